@@ -1,0 +1,116 @@
+"""Per-architecture limits, the ones validation and the occupancy model need.
+
+The figures follow the CUDA Programming Guide's table of compute-capability
+limits and the rules of the CUDA occupancy calculator (cuda_occupancy.h). On a
+GPU, :func:`tuner._runner.device_arch` reads the device's own attributes and
+overrides this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from codegen.errors import UsageError
+
+__all__ = ["ArchLimits", "ARCHS", "parse_arch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchLimits:
+    """Resource limits of one compute capability (per SM unless it says block)."""
+
+    cc: int  # compute capability as major*10 + minor, e.g. 90
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    regs_per_sm: int
+    regs_per_block: int
+    max_regs_per_thread: int
+    reg_alloc_unit: int  # registers are allocated per warp in units of this many
+    smem_per_sm: int  # the largest shared-memory carveout
+    smem_per_block: int  # without opt-in (static limit)
+    smem_per_block_optin: int  # with cudaFuncAttributeMaxDynamicSharedMemorySize
+    smem_reserved_per_block: int  # taken by the driver for every block (sm_80+)
+    smem_alloc_unit: int
+    sub_partitions: int = 4
+    warp_size: int = 32
+    sm_count: int = 0  # typical part; the device's own count overrides it
+    fp32_lanes_per_sm: int = 128  # FP32 FMA lanes per SM
+    clock_mhz: int = 0  # boost clock of the typical part; the device's own overrides it
+    name: str = ""
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.cc}"
+
+    @property
+    def max_warps_per_sm(self) -> int:
+        return self.max_threads_per_sm // self.warp_size
+
+    @property
+    def peak_fp32_tflops(self) -> float:
+        """FMA lanes x 2 FLOP x clock x SMs."""
+        return self.sm_count * self.fp32_lanes_per_sm * 2 * self.clock_mhz * 1e6 / 1e12
+
+    @property
+    def has_cp_async(self) -> bool:
+        return self.cc >= 80
+
+    def replace(self, **changes) -> "ArchLimits":
+        return dataclasses.replace(self, **changes)
+
+
+def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, lanes, mhz, name):
+    return ArchLimits(
+        cc=cc,
+        max_threads_per_block=1024,
+        max_threads_per_sm=threads_sm,
+        max_blocks_per_sm=blocks_sm,
+        regs_per_sm=65536,
+        regs_per_block=65536,
+        max_regs_per_thread=255,
+        reg_alloc_unit=256,
+        smem_per_sm=smem_sm,
+        smem_per_block=48 * 1024,
+        smem_per_block_optin=smem_optin,
+        smem_reserved_per_block=reserved,
+        smem_alloc_unit=unit,
+        sm_count=sms,
+        fp32_lanes_per_sm=lanes,
+        clock_mhz=mhz,
+        name=name,
+    )
+
+
+#: sm_70 is modelled for occupancy, but nvcc 13 no longer compiles for it.
+ARCHS: dict[int, ArchLimits] = {
+    a.cc: a
+    for a in (
+        _arch(70, 2048, 32, 96 * 1024, 96 * 1024, 0, 256, 80, 64, 1530, "V100"),
+        _arch(75, 1024, 16, 64 * 1024, 64 * 1024, 0, 256, 40, 64, 1590, "T4"),
+        _arch(80, 2048, 32, 164 * 1024, 163 * 1024, 1024, 128, 108, 64, 1410, "A100"),
+        _arch(86, 1536, 16, 100 * 1024, 99 * 1024, 1024, 128, 84, 128, 1740, "A40/RTX 30"),
+        _arch(89, 1536, 24, 100 * 1024, 99 * 1024, 1024, 128, 142, 128, 2490, "L40S/RTX 40"),
+        _arch(90, 2048, 32, 228 * 1024, 227 * 1024, 1024, 128, 132, 128, 1980, "H100/H200 SXM"),
+    )
+}
+
+_ARCH_RE = re.compile(r"^(?:sm_?|compute_)?(\d)(\d)a?$")
+
+
+def parse_arch(text: str | int | ArchLimits) -> ArchLimits:
+    """`"sm_90"`, `"90"`, `90` or `"9.0"` -> the limits of that compute capability.
+
+    Raises:
+        UsageError: the text names no architecture in the table.
+    """
+    if isinstance(text, ArchLimits):
+        return text
+    s = str(text).strip().lower().replace(".", "")
+    m = _ARCH_RE.match(s)
+    cc = int(m.group(1) + m.group(2)) if m else None
+    if cc not in ARCHS:
+        known = ", ".join(a.sm for a in ARCHS.values())
+        raise UsageError(f"unknown GPU architecture {text!r} (known: {known})")
+    return ARCHS[cc]

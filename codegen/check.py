@@ -1,0 +1,96 @@
+"""Validation: every reason a configuration cannot be built, as sentences with numbers.
+
+Invalid is a result, not an exception: ``check`` returns an empty list for a
+buildable configuration. The template repeats the structural invariants as
+``static_assert``s so that a hand-edited artifact fails loudly.
+"""
+
+from __future__ import annotations
+
+from codegen.arch import ArchLimits, parse_arch
+from codegen.config import DType, Family, KernelConfig
+
+__all__ = ["check", "MAX_STAGES", "WARP_ARRANGEMENTS"]
+
+MAX_STAGES = 4
+WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
+
+
+def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
+    """Reasons `config` cannot be built for `arch`; empty when it can.
+
+    Example:
+        >>> check(KernelConfig(stages=3), "sm_75")
+        ['cp.async stages (3) need sm_80 or newer; sm_75 has none']
+    """
+    a = parse_arch(arch)
+    c = config
+    why: list[str] = []
+
+    if c.family is not Family.SIMT or c.dtype is not DType.F32:
+        why.append(f"the {c.family.value} family has no {c.dtype.short} kernel")
+
+    sizes = dict(BM=c.bm, BN=c.bn, BK=c.bk, RM=c.rm, RN=c.rn)
+    bad = [f"{k}={v}" for k, v in sizes.items() if v < 1]
+    if bad:
+        why.append(f"tile sizes must be positive ({', '.join(bad)})")
+        return why  # nothing below is meaningful
+    if c.bm % c.rm:
+        why.append(f"BM={c.bm} is not a multiple of RM={c.rm}")
+    if c.bn % c.rn:
+        why.append(f"BN={c.bn} is not a multiple of RN={c.rn}")
+    if c.wt not in WARP_ARRANGEMENTS:
+        why.append(f"warp arrangement {c.wt} x 32/{c.wt} is not a split of 32 lanes")
+        return why
+    if why:
+        return why
+
+    t = c.threads
+    if t % a.warp_size:
+        why.append(f"{t} threads per block is not a multiple of the warp size {a.warp_size}")
+    if t > a.max_threads_per_block:
+        why.append(f"{t} threads per block exceeds the limit of {a.max_threads_per_block}")
+    wm, wn = c.warp_tile
+    if c.bm % wm:
+        why.append(f"warp tile {wm}x{wn} (WT={c.wt} x RM={c.rm}) does not divide BM={c.bm}")
+    if c.bn % wn:
+        why.append(f"warp tile {wm}x{wn} ({c.wt_n} lanes x RN={c.rn}) does not divide BN={c.bn}")
+
+    if c.vec not in (1, 2, 4):
+        why.append(f"vector width {c.vec} is not 1, 2 or 4 floats")
+    else:
+        if c.bk % c.vec:
+            why.append(f"BK={c.bk} is not a multiple of the vector width {c.vec}")
+        if c.bn % c.vec:
+            why.append(f"BN={c.bn} is not a multiple of the vector width {c.vec}")
+        if t and not why:
+            for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
+                vecs = rows * cols // c.vec
+                if vecs % t:
+                    why.append(
+                        f"{t} threads cannot load the {rows}x{cols} {op} tile evenly "
+                        f"({vecs} vectors of {c.vec})"
+                    )
+
+    if not 1 <= c.stages <= MAX_STAGES:
+        why.append(f"stages={c.stages} is outside 1..{MAX_STAGES}")
+    elif c.stages >= 3 and not a.has_cp_async:
+        why.append(f"cp.async stages ({c.stages}) need sm_80 or newer; {a.sm} has none")
+    if not 0 <= c.pad <= 32:
+        why.append(f"padding {c.pad} words is outside 0..32")
+    if c.swizzle < 1:
+        why.append(f"swizzle group {c.swizzle} must be at least 1")
+
+    smem = c.smem_bytes
+    if smem > a.smem_per_block_optin:
+        why.append(
+            f"shared memory {smem} B exceeds the {a.smem_per_block_optin} B per-block "
+            f"limit of {a.sm}"
+        )
+    regs = c.rm * c.rn + c.rm + c.rn
+    if regs > a.max_regs_per_thread:
+        why.append(
+            f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
+            f"the {a.max_regs_per_thread} per-thread limit"
+        )
+    return why

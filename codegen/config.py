@@ -1,0 +1,217 @@
+"""Kernel configurations: frozen dataclasses whose procedural name is their identity."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+
+from codegen.errors import UsageError
+
+__all__ = ["DType", "Family", "Layout", "KernelConfig", "DEFAULT_CONFIG"]
+
+
+class DType(enum.Enum):
+    """Input type of a GEMM: its short name (used in names), C++ spelling, size in bytes."""
+
+    F32 = ("f32", "float", 4)
+    TF32 = ("tf32", "float", 4)
+    F16 = ("f16", "__half", 2)
+    BF16 = ("bf16", "__nv_bfloat16", 2)
+
+    def __init__(self, short: str, cpp: str, size: int):
+        self.short = short
+        self.cpp = cpp
+        self.size = size
+
+    @classmethod
+    def parse(cls, text: str) -> "DType":
+        """`fp32`, `f32`, `float32`, `float` ... -> DType; UsageError otherwise."""
+        aliases = {
+            "fp32": cls.F32, "f32": cls.F32, "float32": cls.F32, "float": cls.F32,
+            "tf32": cls.TF32,
+            "fp16": cls.F16, "f16": cls.F16, "float16": cls.F16, "half": cls.F16,
+            "bf16": cls.BF16, "bfloat16": cls.BF16,
+        }
+        try:
+            return aliases[str(text).strip().lower()]
+        except KeyError:
+            raise UsageError(
+                f"unknown dtype {text!r} (choose from fp32, tf32, fp16, bf16)"
+            ) from None
+
+
+class Family(enum.Enum):
+    """Kernel family: one Jinja2 template each."""
+
+    SIMT = "simt"  # CUDA cores, FP32 FMAs
+
+    @property
+    def template(self) -> str:
+        return f"gemm_{self.value}.cu.j2"
+
+
+class Layout(enum.Enum):
+    """Operand layout in row-major terms: N = as stored, T = transposed."""
+
+    NN = "nn"  # C = A * B with A (M x K) and B (K x N) both row-major
+
+
+_VEC_TYPES = {1: "float", 2: "float2", 4: "float4"}
+
+
+def _widest(n: int, *also: int) -> int:
+    """The widest of 4, 2, 1 floats that divides n and every value in `also`."""
+    return next(v for v in (4, 2, 1) if n % v == 0 and all(a % v == 0 for a in also))
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One point of the SIMT GEMM family.
+
+    Attributes:
+        bm, bn, bk: block tile; a block computes BM x BN of C, marching along K by BK.
+        rm, rn: register micro-tile; each thread accumulates RM x RN outputs.
+        wt: a warp's threads are arranged WT x (32/WT) over its WM x WN warp tile,
+            WM = WT*RM and WN = (32/WT)*RN, so lanes in a row share (broadcast) the
+            A fragment they read from shared memory and lanes in a column share B's.
+        pad: words added to the leading dimension of each shared tile (bank conflicts).
+        vec: floats per global load and store (1, 2, 4); scalar fallback at run time
+            where alignment, a leading dimension or an edge forbids it.
+        stages: 1 = one shared buffer; 2 = double buffer with register prefetch;
+            3-4 = a cp.async ring of that depth (sm_80 and newer).
+        swizzle: blocks are rasterised in groups of this many block rows so that
+            neighbouring blocks share A and B panels in L2 (1 = plain row order).
+
+    Example:
+        >>> KernelConfig().name
+        'gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8'
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 8
+    rm: int = 8
+    rn: int = 8
+    wt: int = 4
+    pad: int = 4
+    vec: int = 4
+    stages: int = 2
+    swizzle: int = 8
+    dtype: DType = DType.F32
+    family: Family = Family.SIMT
+    layout: Layout = Layout.NN
+
+    # ---- identity -----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """Procedural name encoding every parameter; names files, caches and logs."""
+        return (
+            f"gemm_{self.family.value}_{self.dtype.short}"
+            f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
+            f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
+        )
+
+    _NAME_RE = re.compile(
+        r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)$"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> "KernelConfig":
+        """Inverse of :attr:`name`; UsageError for a string that is not a kernel name."""
+        m = cls._NAME_RE.match(name.strip())
+        if not m:
+            raise UsageError(f"{name!r} is not a gemm-tune kernel name")
+        try:
+            family = Family(m["family"])
+            dtype = next(d for d in DType if d.short == m["dtype"])
+        except (ValueError, StopIteration):
+            raise UsageError(f"{name!r} names an unknown family or dtype") from None
+        ints = {k: int(m[k]) for k in ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
+                                       "stages", "swizzle")}
+        cfg = cls(dtype=dtype, family=family, **ints)
+        if cfg.wt_n != int(m["wtn"]):
+            raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
+        return cfg
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(dtype=self.dtype.short, family=self.family.value, layout=self.layout.value)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelConfig":
+        d = dict(d)
+        d["dtype"] = next(x for x in DType if x.short == d["dtype"])
+        d["family"] = Family(d["family"])
+        d["layout"] = Layout(d["layout"])
+        return cls(**d)
+
+    # ---- derived geometry (computed here, passed to the template) -------------
+    @property
+    def wt_n(self) -> int:
+        return 32 // self.wt if self.wt > 0 else 0
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.rm) * (self.bn // self.rn) if self.rm and self.rn else 0
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return self.wt * self.rm, self.wt_n * self.rn
+
+    @property
+    def lda_s(self) -> int:
+        """Leading dimension of the shared A tile, stored transposed as [BK][BM+pad]."""
+        return self.bm + self.pad
+
+    @property
+    def ldb_s(self) -> int:
+        return self.bn + self.pad
+
+    @property
+    def smem_buffers(self) -> int:
+        return self.stages
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block, in bytes."""
+        per_stage = self.bk * (self.lda_s + self.ldb_s)
+        return self.smem_buffers * per_stage * 4
+
+    def template_values(self) -> dict:
+        """Every value the template uses, derived here so the template stays plain."""
+        wm, wn = self.warp_tile
+        va = _widest(self.rm, self.lda_s)  # floats per shared read of the A fragment
+        vb = _widest(self.rn, self.ldb_s)
+        store_vec = min(vb, self.vec)
+        return dict(
+            name=self.name,
+            template=self.family.template,
+            dtype=self.dtype.short,
+            BM=self.bm, BN=self.bn, BK=self.bk, RM=self.rm, RN=self.rn,
+            WT_M=self.wt, WT_N=self.wt_n, WM=wm, WN=wn,
+            WARPS_M=self.bm // wm if wm else 0, WARPS_N=self.bn // wn if wn else 0,
+            THREADS=self.threads, PAD=self.pad, VEC=self.vec, STAGES=self.stages,
+            SWIZZLE=self.swizzle, LDA_S=self.lda_s, LDB_S=self.ldb_s,
+            VA=va, VB=vb, STORE_VEC=store_vec,
+            VEC_T=_VEC_TYPES[self.vec], VA_T=_VEC_TYPES[va], VB_T=_VEC_TYPES[vb],
+            STORE_T=_VEC_TYPES[store_vec],
+            B_STS_VEC=self.vec if self.ldb_s % self.vec == 0 else 1,
+            A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
+            B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
+            SMEM_BYTES=self.smem_bytes,
+        )
+
+    def grid(self, m: int, n: int, split: int = 1) -> tuple[int, int, int]:
+        """Launch grid for an M x N output (1-D over tiles; the kernel swizzles)."""
+        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, split
+
+    def block(self) -> tuple[int, int, int]:
+        return self.threads, 1, 1
+
+
+#: The configuration gemm-tune recommends before any tuning (compiles with 0 spills).
+DEFAULT_CONFIG = KernelConfig()

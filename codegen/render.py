@@ -1,0 +1,50 @@
+"""Rendering: KernelConfig -> CUDA source, through the Jinja2 templates."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import jinja2
+
+from codegen.config import KernelConfig
+
+__all__ = ["render", "template_dir", "template_hash"]
+
+
+@functools.cache
+def template_dir() -> Path:
+    """The templates: installed as codegen/templates, or templates/ beside codegen/ in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "macros.cu.j2").is_file():
+            return candidate
+    raise FileNotFoundError(f"gemm-tune's templates are missing (looked beside {here})")
+
+
+@functools.cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render(config: KernelConfig) -> str:
+    """CUDA source of one configuration (no validation: call codegen.check first)."""
+    return _env().get_template(config.family.template).render(**config.template_values())
+
+
+@functools.cache
+def template_hash() -> str:
+    """sha256 (first 16 hex digits) over every template: part of every cache key."""
+    h = hashlib.sha256()
+    for path in sorted(template_dir().glob("*.j2")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,52 @@
+"""A deterministic sample of SIMT configurations covering every value of every parameter.
+
+Used by the CPU compile test and the GPU correctness test alike.
+"""
+
+import random
+
+from codegen import KernelConfig, check
+
+#: Every value codegen can build, per parameter (wider than the tuner's search space).
+VALUES = {
+    "bm": (16, 32, 64, 128, 256),
+    "bn": (32, 64, 128, 256),
+    "bk": (4, 8, 16, 32),
+    "rm": (1, 2, 4, 8, 16),
+    "rn": (1, 2, 4, 8),
+    "wt": (1, 2, 4, 8, 16, 32),
+    "pad": (0, 1, 2, 4),
+    "vec": (1, 2, 4),
+    "stages": (1, 2, 3, 4),
+    "swizzle": (1, 4, 8),
+}
+ARCHS = ("sm_80", "sm_90")
+
+
+def _valid(c):
+    return all(not check(c, a) for a in ARCHS)
+
+
+def sample_configs(n: int = 56, seed: int = 2026) -> list[KernelConfig]:
+    """At least `n` configurations valid on every arch in ARCHS, covering every value above."""
+    rng = random.Random(seed)
+    chosen: list[KernelConfig] = []
+    # First make sure each value appears: draw until a valid config holds it.
+    for key, values in VALUES.items():
+        for v in values:
+            if any(getattr(c, key) == v for c in chosen):
+                continue
+            for _ in range(200000):
+                params = {k: rng.choice(vs) for k, vs in VALUES.items()}
+                params[key] = v
+                c = KernelConfig(**params)
+                if _valid(c):
+                    chosen.append(c)
+                    break
+            else:
+                raise AssertionError(f"no valid configuration has {key}={v}")
+    while len(chosen) < n:
+        c = KernelConfig(**{k: rng.choice(vs) for k, vs in VALUES.items()})
+        if _valid(c) and c not in chosen:
+            chosen.append(c)
+    return chosen

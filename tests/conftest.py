@@ -1,0 +1,44 @@
+"""GPU tests carry @pytest.mark.gpu and are skipped, once, here, when no CUDA GPU is usable."""
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/_sample.py and friends
+
+
+@functools.cache
+def _gpu_reason() -> str | None:
+    try:
+        import pycuda.driver as drv
+    except ImportError as e:
+        return f"pycuda is not installed ({e})"
+    try:
+        drv.init()
+        if drv.Device.count() < 1:
+            return "no CUDA device"
+    except Exception as e:  # noqa: BLE001 - any driver failure means no GPU here
+        return f"no usable CUDA driver ({e})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("GEMM_TUNE_REQUIRE_GPU") and _gpu_reason():
+        raise pytest.UsageError(f"GEMM_TUNE_REQUIRE_GPU is set but {_gpu_reason()}")
+    gpu_items = [i for i in items if "gpu" in i.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """One compile cache for the whole session (shared by the parallel compiles)."""
+    return tmp_path_factory.mktemp("compile-cache")

@@ -1,0 +1,68 @@
+"""Each kind of invalid configuration is rejected with its reason and numbers."""
+
+import pytest
+
+from codegen import DEFAULT_CONFIG, DType, KernelConfig, UsageError, check, parse_arch
+
+
+def test_default_is_valid_everywhere_it_can_be():
+    for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90"):
+        assert check(DEFAULT_CONFIG, arch) == []
+
+
+@pytest.mark.parametrize("cfg,arch,reason", [
+    (KernelConfig(bm=256, bn=256, rm=4, rn=4), "sm_90",
+     "4096 threads per block exceeds the limit of 1024"),
+    (KernelConfig(bm=16, bn=32, rm=4, rn=8, wt=4), "sm_90",
+     "16 threads per block is not a multiple of the warp size 32"),
+    (KernelConfig(bm=100), "sm_90", "BM=100 is not a multiple of RM=8"),
+    (KernelConfig(bn=100), "sm_90", "BN=100 is not a multiple of RN=8"),
+    (KernelConfig(bm=0), "sm_90", "tile sizes must be positive (BM=0)"),
+    (KernelConfig(wt=3), "sm_90", "warp arrangement 3 x 32/3 is not a split of 32 lanes"),
+    (KernelConfig(wt=32), "sm_90",
+     "warp tile 256x8 (WT=32 x RM=8) does not divide BM=128"),
+    (KernelConfig(wt=1), "sm_90",
+     "warp tile 8x256 (32 lanes x RN=8) does not divide BN=128"),
+    (KernelConfig(vec=3), "sm_90", "vector width 3 is not 1, 2 or 4 floats"),
+    (KernelConfig(bk=2, vec=4), "sm_90", "BK=2 is not a multiple of the vector width 4"),
+    (KernelConfig(bm=64, bn=64, rm=4, rn=4), "sm_90",
+     "256 threads cannot load the 64x8 A tile evenly (128 vectors of 4)"),
+    (KernelConfig(stages=3), "sm_75", "cp.async stages (3) need sm_80 or newer; sm_75 has none"),
+    (KernelConfig(stages=5), "sm_90", "stages=5 is outside 1..4"),
+    (KernelConfig(pad=33), "sm_90", "padding 33 words is outside 0..32"),
+    (KernelConfig(swizzle=0), "sm_90", "swizzle group 0 must be at least 1"),
+    (KernelConfig(bm=256, bn=256, bk=32, rm=16, rn=16, stages=4), "sm_90",
+     "shared memory 266240 B exceeds the 232448 B per-block limit of sm_90"),
+    (KernelConfig(bm=256, bn=256, rm=16, rn=16), "sm_90",
+     "the 16x16 accumulators and fragments need 288 registers, over the 255 per-thread limit"),
+    (KernelConfig(dtype=DType.F16), "sm_90", "the simt family has no f16 kernel"),
+])
+def test_invalid_configs_say_why(cfg, arch, reason):
+    reasons = check(cfg, arch)
+    assert reason in reasons, reasons
+
+
+def test_shared_memory_limit_depends_on_the_arch():
+    cfg = KernelConfig(bk=32, stages=4)
+    assert cfg.smem_bytes == 4 * 32 * (132 + 132) * 4 == 135168
+    assert check(cfg, "sm_80") == []  # 163 KiB opt-in per block
+    assert check(cfg, "sm_86") == [
+        "shared memory 135168 B exceeds the 101376 B per-block limit of sm_86"]
+
+
+def test_check_is_pure_and_lists_every_reason():
+    cfg = KernelConfig(bm=256, bn=256, bk=32, rm=4, rn=4, stages=4, pad=33)
+    first = check(cfg, "sm_75")
+    assert first == check(cfg, "sm_75")
+    assert len(first) >= 3  # threads, stages, padding, shared memory all reported
+
+
+@pytest.mark.parametrize("text", ["sm_90", "90", 90, "9.0", "sm90", "compute_90", "sm_90a"])
+def test_parse_arch_spellings(text):
+    assert parse_arch(text).cc == 90
+
+
+@pytest.mark.parametrize("text", ["sm_91", "gfx90a", "", "sm_"])
+def test_parse_arch_rejects_unknown(text):
+    with pytest.raises(UsageError, match="unknown GPU architecture"):
+        parse_arch(text)

@@ -1,0 +1,73 @@
+"""The command line, called in-process through main(argv) and once as the installed script."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GEMM_TUNE_CACHE_DIR", str(tmp_path / "cc"))
+    code, out, err = _run(capsys, "--shape", "127x129x257", "--dry-run", "--trials", "4",
+                          "--arch", "sm_80", "--artifacts", str(tmp_path / "art"), "--json",
+                          "--jobs", "2")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["shape"] == [127, 129, 257] and report["arch"] == "sm_80"
+    assert report["sampled"] == 4 and report["valid"] > 1000
+    rows = report["candidates"]
+    assert rows[0]["config"] == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8"
+    for r in rows:
+        assert r["status"] in ("ok", "pruned", "compile failed")
+        if r["status"] != "compile failed":
+            assert r["registers"] > 0 and r["blocks_per_sm"] is not None
+        assert (tmp_path / "art" / "sm_80" / f"{r['config']}.cu").is_file()
+
+
+def test_dry_run_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GEMM_TUNE_CACHE_DIR", str(tmp_path / "cc"))
+    code, out, _ = _run(capsys, "--shape", "64x64x64", "--dry-run", "--trials", "2",
+                        "--artifacts", str(tmp_path), "--jobs", "1")
+    assert code == 0
+    assert "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8" in out
+    assert "valid for sm_90" in out and "artifacts:" in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--shape", "4096x4096"], "shape must be MxNxK"),
+    (["--shape", "abc"], "shape must be MxNxK"),
+    (["--shape", "0x16x16"], "M must be at least 1"),
+    (["--shape", "16x-3x16"], "N must be at least 1"),
+    (["--shape", "16x16x99999999999"], "exceeds the largest supported size"),
+    (["--shape", "16x16x16", "--dtype", "int7"], "unknown dtype 'int7'"),
+    (["--shape", "16x16x16", "--trials", "0", "--dry-run"], "--trials must be at least 1"),
+    (["--shape", "16x16x16", "--dry-run", "--arch", "sm_12"], "unknown GPU architecture"),
+    (["--shape", "16x16x16", "--sampler", "magic"], "invalid choice: 'magic'"),
+    ([], "the following arguments are required: --shape"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, msg):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert msg in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_installed_script_and_module_agree(tmp_path):
+    """`gemm-tune` and `python -m tuner` are the same program (run from an unrelated directory)."""
+    script = shutil.which("gemm-tune", path=str(Path(sys.executable).parent))
+    assert script, "the gemm-tune console script is not installed"
+    for cmd in ([script], [sys.executable, "-m", "tuner"]):
+        p = subprocess.run([*cmd, "--shape", "1x2"], capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode == 2 and "shape must be MxNxK" in p.stderr

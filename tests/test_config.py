@@ -1,0 +1,59 @@
+import pytest
+
+from codegen import DEFAULT_CONFIG, DType, KernelConfig, UsageError
+
+
+def test_name_format_is_pinned():
+    assert DEFAULT_CONFIG.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8"
+    c = KernelConfig(bm=64, bn=256, bk=16, rm=4, rn=8, wt=8, pad=0, vec=2, stages=3, swizzle=1)
+    assert c.name == "gemm_simt_f32_64x256x16_r4x8_w8x4_p0_v2_s3_g1"
+
+
+@pytest.mark.parametrize("cfg", [
+    DEFAULT_CONFIG,
+    KernelConfig(bm=16, bn=32, bk=4, rm=1, rn=1, wt=32, pad=1, vec=1, stages=1, swizzle=4),
+    KernelConfig(bm=256, bn=64, bk=32, rm=16, rn=2, wt=1, pad=2, vec=4, stages=4, swizzle=8),
+])
+def test_name_round_trips(cfg):
+    assert KernelConfig.from_name(cfg.name) == cfg
+    assert KernelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("bad", [
+    "", "gemm", "gemm_simt_f32_128x128x8", "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2",
+    "gemm_simt_f99_128x128x8_r8x8_w4x8_p4_v4_s2_g8", "gemm_wat_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8",
+    "gemm_simt_f32_128x128x8_r8x8_w4x4_p4_v4_s2_g8",  # 4x4 is not 32 lanes
+])
+def test_from_name_rejects_non_names(bad):
+    with pytest.raises(UsageError):
+        KernelConfig.from_name(bad)
+
+
+def test_config_is_frozen_and_hashable():
+    with pytest.raises(Exception):
+        DEFAULT_CONFIG.bm = 64  # type: ignore[misc]
+    assert len({DEFAULT_CONFIG, KernelConfig()}) == 1
+
+
+def test_derived_geometry_of_the_default():
+    v = DEFAULT_CONFIG.template_values()
+    assert (v["THREADS"], v["WM"], v["WN"], v["WARPS_M"], v["WARPS_N"]) == (256, 32, 64, 4, 2)
+    assert (v["VA"], v["VB"], v["A_LOADS"], v["B_LOADS"]) == (4, 4, 1, 1)
+    assert v["SMEM_BYTES"] == 2 * 8 * (132 + 132) * 4 == DEFAULT_CONFIG.smem_bytes
+    # Padding of 1 word breaks 16-byte alignment of shared rows: fragment reads go scalar.
+    assert KernelConfig(pad=1).template_values()["VA"] == 1
+    assert KernelConfig(pad=2).template_values()["VA"] == 2
+    assert DEFAULT_CONFIG.grid(1000, 1000) == (8 * 8, 1, 1)
+
+
+@pytest.mark.parametrize("text,want", [
+    ("fp32", DType.F32), ("F32", DType.F32), ("float32", DType.F32), ("tf32", DType.TF32),
+    ("fp16", DType.F16), ("bfloat16", DType.BF16),
+])
+def test_dtype_parse(text, want):
+    assert DType.parse(text) is want
+
+
+def test_dtype_parse_rejects_unknown():
+    with pytest.raises(UsageError, match="unknown dtype 'int7'"):
+        DType.parse("int7")

@@ -1,0 +1,154 @@
+"""The gemm-tune command line.
+
+    gemm-tune --shape 4096x4096x4096            tune on the GPU, compare with cuBLAS
+    gemm-tune --shape 4096x4096x4096 --dry-run  generate, compile and model, no GPU
+
+Errors the user can fix print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from codegen.arch import parse_arch
+from codegen.config import DType
+from codegen.errors import GemmTuneError, UsageError
+from tuner._shape import format_shape, parse_shape
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger(__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # main() prints one line and exits with status 2
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="gemm-tune",
+        exit_on_error=False,
+        description="Generate, compile and tune CUDA GEMM kernels for one problem shape; "
+        "time the winner against cuBLAS and cache it.",
+    )
+    p.add_argument("--shape", required=True, help="problem size MxNxK, e.g. 4096x4096x4096")
+    p.add_argument("--dtype", default="fp32",
+                   help="input type: fp32 (default; FP32 FMAs, FP32 output)")
+    p.add_argument("--arch", default=None,
+                   help="target, e.g. sm_90 (default: the GPU's own; sm_90 for --dry-run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no GPU: sample the space, validate, compile, model occupancy")
+    p.add_argument("--trials", type=int, default=100,
+                   help="candidates to compile and time (default 100)")
+    p.add_argument("--timeout", type=float, default=540.0,
+                   help="stop the search after this many seconds (default 540)")
+    p.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
+                   help="Optuna sampler (default tpe; grid walks the whole valid space)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--force", action="store_true", help="re-tune even if the cache has a winner")
+    p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: all cores)")
+    p.add_argument("--artifacts", type=Path, default=None,
+                   help="where .cu/.cubin/.json go (default ./artifacts or $GEMM_TUNE_ARTIFACTS)")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="winners cache file (default <artifacts>/cache.json)")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage URL (default: in memory)")
+    p.add_argument("--top", type=int, default=5, help="rows in the result table (default 5)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    return p
+
+
+def _artifacts_dir(args) -> Path:
+    return Path(args.artifacts or os.environ.get("GEMM_TUNE_ARTIFACTS") or "artifacts")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _print_dry_run(report, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} on {report.arch}")
+    for col in ("kernel", "regs", "smem B", "spills B", "blocks/SM", "occupancy", "limiter",
+                "bound TFLOP/s", "status"):
+        t.add_column(col, justify="left" if col in ("kernel", "limiter", "status") else "right",
+                     no_wrap=col == "kernel")
+    for r in report.rows:
+        status = r.status if not r.reason else f"{r.status}: {r.reason}"
+        t.add_row(r.config.name, *(("-" if v is None else str(v)) for v in (
+            r.registers, r.smem, r.spill_bytes, r.blocks_per_sm,
+            None if r.occupancy is None else f"{r.occupancy:.0%}",
+        )), r.limiter or "-", "-" if r.bound_tflops is None else f"{r.bound_tflops:.1f}", status)
+    console.print(t)
+    ok = sum(r.status == "ok" for r in report.rows)
+    console.print(
+        f"space {report.space} configurations, {report.valid} valid for {report.arch}; "
+        f"compiled {len(report.rows)}: {ok} ok, "
+        f"{sum(r.status == 'pruned' for r in report.rows)} pruned by the model, "
+        f"{sum(r.status == 'compile failed' for r in report.rows)} failed to compile."
+    )
+    console.print(f"artifacts: {report.artifacts / report.arch}/<kernel>.cu, .cubin, .json")
+
+
+def _dry_run(args, shape, dtype) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from tuner.dryrun import dry_run
+
+    arch = parse_arch(args.arch or "sm_90")
+    out = _console()
+    with Progress("compiling", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True,
+                  disable=args.json) as bar:
+        task = bar.add_task("compile", total=None)
+        report = dry_run(shape, arch, args.trials, args.seed, _artifacts_dir(args), args.jobs,
+                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_dry_run(report, out)
+    return 0
+
+
+def _run(argv) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    shape = parse_shape(args.shape)
+    dtype = DType.parse(args.dtype)
+    if dtype is not DType.F32:
+        raise UsageError(f"--dtype {args.dtype}: only fp32 kernels exist so far")
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1 (got {args.trials})")
+    if args.dry_run:
+        return _dry_run(args, shape, dtype)
+    from tuner import tune as _tune  # the GPU path
+
+    return _tune.run_cli(args, shape, dtype, _artifacts_dir(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script and of `python -m tuner`."""
+    try:
+        return _run(argv)
+    except (GemmTuneError, argparse.ArgumentError) as e:
+        print(f"gemm-tune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gemm-tune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The search space: fixed categorical lists, one per KernelConfig parameter.
+
+Fixed lists keep every Optuna trial on the same distributions (TPE, random and
+grid samplers all work); combinations that cannot be built are rejected by
+codegen.check and cost nothing but the check. The space is narrower than what
+codegen can build: values that never win on a real GPU (scalar global loads,
+a padding that breaks 16-byte shared reads) stay buildable and tested, but are
+not searched.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from codegen.arch import ArchLimits
+from codegen.check import check
+from codegen.config import DType, KernelConfig
+
+__all__ = ["SPACE", "config_from_params", "suggest", "space_size", "valid_configs", "Shape"]
+
+SPACE: dict[str, tuple[int, ...]] = {
+    "bm": (16, 32, 64, 128, 256),
+    "bn": (32, 64, 128, 256),
+    "bk": (8, 16, 32),
+    "rm": (2, 4, 8),
+    "rn": (4, 8),
+    "wt": (2, 4, 8, 16),
+    "pad": (0, 4),
+    "vec": (2, 4),
+    "stages": (1, 2, 3, 4),
+    "swizzle": (1, 8),
+}
+
+Shape = tuple[int, int, int]
+
+
+def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
+    return KernelConfig(dtype=dtype, **{k: int(params[k]) for k in SPACE})
+
+
+def suggest(trial, dtype: DType = DType.F32) -> KernelConfig:
+    """Ask an Optuna trial for one point of the space."""
+    return config_from_params({k: trial.suggest_categorical(k, v) for k, v in SPACE.items()}, dtype)
+
+
+def space_size() -> int:
+    n = 1
+    for v in SPACE.values():
+        n *= len(v)
+    return n
+
+
+def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32) -> Iterator[KernelConfig]:
+    """Every point of the space that codegen.check accepts for `arch`, in grid order."""
+    for vals in itertools.product(*SPACE.values()):
+        c = config_from_params(dict(zip(SPACE, vals)), dtype)
+        if not check(c, arch):
+            yield c
