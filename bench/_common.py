@@ -1,0 +1,37 @@
+"""Shared by the benchmark scripts: where results go and what they record."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def header(dev) -> dict:
+    from codegen.compile import nvcc_version
+    from tuner.cublas import cublas
+
+    return dict(gpu=dev.name, cc=dev.cc, sms=dev.arch.sm_count, clock_mhz=dev.arch.clock_mhz,
+                driver=dev.driver_version, nvcc=nvcc_version(), cublas=cublas().version,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                commit=commit())
+
+
+def write(name: str, data: dict, out_dir: Path | None = None) -> Path:
+    slug = data["gpu"].replace("NVIDIA ", "").replace(" ", "-").lower()
+    path = Path(out_dir or RESULTS) / f"{name}-{slug}-{data['date'][:10]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path

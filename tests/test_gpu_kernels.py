@@ -1,0 +1,165 @@
+"""GPU: every sampled configuration is correct on fresh random data; the runner, cuBLAS
+and the occupancy model agree with the driver. Skipped without a GPU (conftest.py)."""
+
+import numpy as np
+import pytest
+
+from _sample import sample_configs
+from codegen import DEFAULT_CONFIG, compile_many
+from tuner.occupancy import occupancy
+from tuner.space import valid_configs
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 1, 1), (3, 5, 7), (127, 129, 257), (4095, 4097, 1023), (64, 64, 64)]
+
+
+@pytest.fixture(scope="module")
+def dev():
+    from tuner.gpu import device
+
+    return device()
+
+
+@pytest.fixture(scope="module")
+def compiled(dev, compile_cache):
+    configs = sample_configs()
+    out = dict(compile_many(configs, dev.sm, cache_dir=compile_cache))
+    bad = {c.name: r.error for c, r in out.items() if not r.ok}
+    assert not bad, bad
+    return out
+
+
+def _check_all(compiled, problem, tol=1e-5):
+    from tuner.gpu import Kernel, _drv
+
+    failures, worst = {}, 0.0
+    for cfg, res in compiled.items():
+        problem.reset_c()  # NaN poison (and C0 where beta reads it)
+        Kernel(cfg, res.cubin)(*problem.args())
+        _drv().Context.synchronize()
+        err = problem.error()
+        worst = max(worst, err) if err == err else float("nan")
+        if not err <= tol:
+            failures[cfg.name] = err
+        if problem.ldc > problem.n:  # columns past N must be untouched
+            tail = problem.c.get()[:, problem.n:]
+            if not np.array_equal(tail, problem.c0[:, problem.n:]):
+                failures[cfg.name + " (wrote past N)"] = True
+    return failures, worst
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_sampled_config_is_correct(compiled, shape):
+    from tuner.bench import Problem
+
+    p = Problem(shape, seed=None)  # fresh random inputs every run
+    failures, worst = _check_all(compiled, p)
+    print(f"{len(compiled)} configs at {shape}: worst ||C-ref||/||ref|| = {worst:.3g}")
+    assert not failures, failures
+
+
+def test_leading_dimensions_alpha_beta(compiled):
+    from tuner.bench import Problem
+
+    p = Problem((100, 70, 50), seed=None, alpha=0.5, beta=2.0, lda=53, ldb=75, ldc=77)
+    failures, worst = _check_all(compiled, p)
+    print(f"lda=53 ldb=75 ldc=77 alpha=0.5 beta=2: worst {worst:.3g}")
+    assert not failures, failures
+
+
+def test_misaligned_pointers_fall_back_to_scalar(compiled):
+    """A base pointer off a 16-byte boundary must not use vector accesses."""
+    from tuner.bench import Problem
+    from tuner.gpu import Kernel, _drv
+
+    p = Problem((33, 65, 17), seed=None, lda=18, ldb=66, ldc=66)
+    # shift every matrix by one float: still valid memory, now only 4-byte aligned
+    m, n, k = 33, 64, 16
+    a = np.asarray(p.a.get())[:, 1:].astype(np.float64)
+    b = np.asarray(p.b.get())[1:, 1:].astype(np.float64)
+    ref = a[:, :k] @ b[:k, :n]
+    for cfg, res in compiled.items():
+        _drv().memset_d32(p.c.gpudata, 0x7FC00000, 33 * 66)
+        Kernel(cfg, res.cubin)(m, n, k, 1.0, int(p.a.gpudata) + 4, 18,
+                               int(p.b.gpudata) + 4 + 66 * 4, 66, 0.0, int(p.c.gpudata) + 4, 66)
+        _drv().Context.synchronize()
+        c = p.c.get()[:, 1:1 + n].astype(np.float64)
+        err = np.linalg.norm(c - ref) / np.linalg.norm(ref)
+        assert err <= 1e-5, (cfg.name, err)
+
+
+def test_runner_reads_back_what_ptxas_reported(compiled):
+    from tuner.gpu import Kernel
+
+    for cfg, res in list(compiled.items())[:20]:
+        attrs = Kernel(cfg, res.cubin).attributes
+        assert attrs["registers"] == res.resources.registers, cfg.name
+        assert attrs["smem_static"] == res.resources.smem_static, cfg.name
+        assert attrs["local_bytes"] == res.resources.stack_frame, cfg.name
+
+
+def test_device_limits_match_the_table_for_its_arch(dev):
+    from codegen import ARCHS
+
+    base = ARCHS[dev.cc]
+    a = dev.arch
+    assert (a.max_threads_per_sm, a.max_blocks_per_sm, a.regs_per_sm, a.smem_per_sm,
+            a.smem_per_block_optin, a.smem_reserved_per_block) == (
+        base.max_threads_per_sm, base.max_blocks_per_sm, base.regs_per_sm, base.smem_per_sm,
+        base.smem_per_block_optin, base.smem_reserved_per_block)
+    print(f"{dev.name}: {a.sm_count} SMs, {a.clock_mhz} MHz, L2 {dev.l2_bytes >> 20} MiB")
+
+
+def test_occupancy_model_equals_the_driver(dev, compile_cache):
+    """The model's blocks/SM equals cuOccupancyMaxActiveBlocksPerMultiprocessor for >= 100
+    compiled variants drawn across the space (and the codegen sample)."""
+    import random
+
+    from tuner.gpu import driver_occupancy
+
+    pool = list(valid_configs(dev.arch))
+    configs = random.Random(7).sample(pool, 110) + sample_configs() + [DEFAULT_CONFIG]
+    agree, disagree = 0, []
+    for cfg, res in compile_many(configs, dev.sm, cache_dir=compile_cache):
+        assert res.ok, res.error
+        model = occupancy(cfg.threads, res.resources.registers, res.resources.smem, dev.arch)
+        truth = driver_occupancy(res.cubin, cfg.name, cfg.threads, cfg.smem_bytes)
+        if model.blocks_per_sm == truth:
+            agree += 1
+        else:
+            disagree.append((cfg.name, res.resources.registers, res.resources.smem,
+                             model.blocks_per_sm, truth))
+    print(f"occupancy model vs driver: {agree}/{len(configs)} agree")
+    assert not disagree, disagree
+
+
+@pytest.mark.parametrize("shape", [(512, 512, 512), (127, 129, 257)])
+def test_cublas_baseline_is_fp32_accurate(shape):
+    from tuner.bench import GpuBenchmark
+
+    b = GpuBenchmark(shape, seed=None, target_ms=5)
+    m = b.baseline()
+    assert m.error <= 1e-5 and m.timing.median_ms > 0 and len(m.timing.times_ms) >= 10
+
+
+def test_measure_times_a_correct_kernel_and_flags_a_wrong_one(compiled, compile_cache):
+    from codegen import render
+    from codegen.compile import compile_source
+    from tuner.bench import GpuBenchmark
+    from tuner.outcome import Outcome
+
+    b = GpuBenchmark((256, 256, 256), seed=None, target_ms=5)
+    cfg, res = next(iter(compiled.items()))
+    good = b.measure(cfg, res.cubin)
+    assert good.outcome is Outcome.TIMED and good.error <= 1e-5
+    assert good.timing.quantile(0.1) <= good.timing.median_ms <= good.timing.quantile(0.9)
+    # A planted bug: the epilogue drops alpha's product for every other row.
+    broken = render(DEFAULT_CONFIG).replace(
+        "v[s] = alpha * acc[c * VA + i][d * VB + e + s];",
+        "v[s] = (gm & 1) ? 0.0f : alpha * acc[c * VA + i][d * VB + e + s];")
+    bad = compile_source(broken, "sm_90", DEFAULT_CONFIG.name, compile_cache,
+                         smem_dynamic=DEFAULT_CONFIG.smem_bytes)
+    assert bad.ok
+    wrong = b.measure(DEFAULT_CONFIG, bad.cubin)
+    assert wrong.outcome is Outcome.WRONG_RESULT and wrong.error > 0.1
