@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,9 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def commit() -> str:
+    """$GEMM_TUNE_COMMIT (set by the caller: the GPU machine's copy has no .git), else git."""
+    if os.environ.get("GEMM_TUNE_COMMIT"):
+        return os.environ["GEMM_TUNE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, cwd=Path(__file__).parent)
@@ -25,7 +29,9 @@ def header(dev) -> dict:
 
     return dict(gpu=dev.name, cc=dev.cc, sms=dev.arch.sm_count, clock_mhz=dev.arch.clock_mhz,
                 driver=dev.driver_version, nvcc=nvcc_version(), cublas=cublas().version,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                # $GEMM_TUNE_DATE, when set, overrides the clock (reproducing a recorded run)
+                date=os.environ.get("GEMM_TUNE_DATE") or
+                datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 commit=commit())
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import _gpu_reason
 from tuner.cli import main
 
 
@@ -71,3 +72,36 @@ def test_installed_script_and_module_agree(tmp_path):
     for cmd in ([script], [sys.executable, "-m", "tuner"]):
         p = subprocess.run([*cmd, "--shape", "1x2"], capture_output=True, text=True, cwd=tmp_path)
         assert p.returncode == 2 and "shape must be MxNxK" in p.stderr
+
+
+def test_timing_without_a_gpu_names_dry_run(capsys, tmp_path, monkeypatch):
+    import tuner.gpu
+
+    monkeypatch.setattr(tuner.gpu, "_drv", lambda: (_ for _ in ()).throw(
+        tuner.gpu.NoGPUError("timing needs a CUDA GPU and pycuda (none here); "
+                             "install '.[cuda]', or use --dry-run")))
+    code, _, err = _run(capsys, "--shape", "64x64x64", "--artifacts", str(tmp_path))
+    assert code == 2 and "--dry-run" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(_gpu_reason() is None, reason="a GPU is present: this checks the path without")
+def test_no_gpu_here_is_reported_as_such(capsys, tmp_path):
+    code, _, err = _run(capsys, "--shape", "64x64x64", "--artifacts", str(tmp_path))
+    assert code == 2 and "timing needs a CUDA GPU" in err and "--dry-run" in err
+
+
+def test_corrupt_cache_is_reported_and_kept(capsys, tmp_path):
+    bad = tmp_path / "cache.json"
+    bad.write_text("{truncated")
+    code, _, err = _run(capsys, "--shape", "64x64x64", "--cache", str(bad))
+    assert code == 2 and f"cache file {bad} is unreadable" in err
+    assert bad.read_text() == "{truncated"
+
+
+def test_importing_loads_no_gpu_package():
+    code = ("import sys, codegen, tuner, tuner.cli, tuner.search, tuner.cache, tuner.dryrun, "
+            "tuner.bench, tuner.gpu, tuner.cublas; "
+            "bad = [m for m in ('pycuda', 'pycuda.driver', 'cupy', 'torch') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr

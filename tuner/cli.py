@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target, e.g. sm_90 (default: the GPU's own; sm_90 for --dry-run)")
     p.add_argument("--dry-run", action="store_true",
                    help="no GPU: sample the space, validate, compile, model occupancy")
-    p.add_argument("--trials", type=int, default=100,
-                   help="candidates to compile and time (default 100)")
+    p.add_argument("--trials", type=int, default=150,
+                   help="candidates to compile and time (default 150)")
     p.add_argument("--timeout", type=float, default=540.0,
                    help="stop the search after this many seconds (default 540)")
     p.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",

@@ -1,0 +1,312 @@
+"""The Optuna search: ask for configurations, reject the invalid at once, compile the
+rest in a process pool ahead of the GPU, prune what the model calls hopeless, and
+time the survivors against cuBLAS, interleaved.
+
+The benchmark is an argument (anything with `arch`, `flops`, `measure(config, cubin)`
+and `baseline()`), so the loop runs in CPU tests with a fake one.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import logging
+import multiprocessing
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+from codegen.arch import ArchLimits
+from codegen.check import check
+from codegen.compile import CompileResult, Resources, compile_config, default_cache_dir
+from codegen.config import DType, KernelConfig
+from tuner.model import judge
+from tuner.outcome import Measurement, Outcome, Timing
+from tuner.space import SPACE, space_size, suggest
+
+__all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", "make_sampler"]
+
+log = logging.getLogger(__name__)
+
+
+class Benchmark(Protocol):
+    arch: ArchLimits
+    flops: float
+
+    def measure(self, config: KernelConfig, cubin: Path) -> Measurement: ...
+
+    def baseline(self) -> Measurement: ...
+
+
+@dataclasses.dataclass
+class TrialRecord:
+    number: int
+    config: KernelConfig
+    outcome: Outcome
+    reason: str = ""
+    tflops: float | None = None
+    timing: Timing | None = None
+    error: float | None = None
+    resources: Resources | None = None
+    figures: dict = dataclasses.field(default_factory=dict)
+    cubin: Path | None = None
+
+    def to_dict(self) -> dict:
+        return dict(number=self.number, kernel=self.config.name, outcome=self.outcome.value,
+                    reason=self.reason, tflops=self.tflops, error=self.error,
+                    timing=self.timing.to_dict() if self.timing else None,
+                    resources=self.resources.to_dict() if self.resources else None,
+                    figures=self.figures)
+
+
+@dataclasses.dataclass
+class SearchStats:
+    asked: int = 0
+    rejected: int = 0  # invalid by codegen.check (cost: the check)
+    duplicates: int = 0
+    compiled: int = 0  # the budget counts these
+    compile_failed: int = 0
+    pruned: int = 0  # by the model, before timing: the timed runs pruning saved
+    launch_failed: int = 0
+    wrong: int = 0
+    timed: int = 0
+    best_tflops: float | None = None
+    cublas_tflops: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return self.compile_failed + self.pruned + self.launch_failed + self.wrong + self.timed
+
+    @property
+    def failed(self) -> int:
+        return self.compile_failed + self.launch_failed + self.wrong
+
+
+@dataclasses.dataclass
+class SearchResult:
+    shape: tuple[int, int, int]
+    dtype: DType
+    records: list[TrialRecord]
+    baselines: list[Timing]  # cuBLAS, timed at the start, every few candidates and at the end
+    stats: SearchStats
+    study: object  # the optuna.Study
+
+    def timed(self) -> list[TrialRecord]:
+        return sorted((r for r in self.records if r.outcome is Outcome.TIMED),
+                      key=lambda r: -r.tflops)
+
+    @property
+    def cublas_ms(self) -> float:
+        return statistics.median(t.median_ms for t in self.baselines)
+
+
+def make_sampler(name: str, seed: int | None):
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=16)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler({k: list(v) for k, v in SPACE.items()}, seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+class _Teller:
+    """study.tell that survives GridSampler's study.stop() (meant for optimize(), raised
+    outside it once the grid is exhausted; Optuna stores the trial before it raises)."""
+
+    def __init__(self, study):
+        self.study = study
+        self.exhausted = False
+
+    def __call__(self, trial, value=None, state=None):
+        try:
+            if value is not None:
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=state)
+        except RuntimeError as e:
+            if "Study.stop" not in str(e):
+                raise
+            self.exhausted = True
+
+
+def _compile_worker(args) -> CompileResult:
+    config, arch, cache_dir, artifacts = args
+    return compile_config(config, arch, cache_dir, artifacts)
+
+
+class _InlineExecutor(cf.Executor):
+    """jobs=1: compile in this process (tests, and machines with one core)."""
+
+    def submit(self, fn, *args, **kwargs):
+        f: cf.Future = cf.Future()
+        f.set_result(fn(*args, **kwargs))
+        return f
+
+
+def search(
+    shape: tuple[int, int, int],
+    bench: Benchmark,
+    *,
+    dtype: DType = DType.F32,
+    trials: int = 100,
+    timeout: float = 540.0,
+    sampler: str = "tpe",
+    seed: int | None = 0,
+    jobs: int | None = None,
+    artifacts: Path | None = None,
+    cache_dir: Path | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    baseline_every: int = 10,
+    on_event: Callable[[TrialRecord | None, SearchStats], None] | None = None,
+) -> SearchResult:
+    """Search the space for `shape`; `trials` counts candidates compiled (valid, new ones)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    arch = bench.arch
+    stats = SearchStats()
+    records: list[TrialRecord] = []
+    seen: dict[str, tuple[TrialState, float | None]] = {}
+    baselines: list[Timing] = []
+    study = optuna.create_study(
+        direction="maximize", sampler=make_sampler(sampler, seed), storage=storage,
+        study_name=study_name, load_if_exists=True,
+    )
+    tell = _Teller(study)
+    max_asks = trials * 50 + (space_size() if sampler == "grid" else 2000)
+    cache_dir = Path(cache_dir or default_cache_dir())
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    pool = (_InlineExecutor() if jobs == 1 else cf.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("spawn")))
+    pending: collections.deque = collections.deque()
+
+    def emit(rec):
+        stats.seconds = time.monotonic() - t0
+        if on_event:
+            on_event(rec, stats)
+
+    def time_baseline():
+        m = bench.baseline()
+        baselines.append(m.timing)
+        stats.cublas_tflops = bench.flops / (statistics.median(
+            t.median_ms for t in baselines) * 1e-3) / 1e12
+
+    def finish(trial, rec: TrialRecord, value: float | None = None, state=None):
+        trial.set_user_attr("kernel", rec.config.name)
+        trial.set_user_attr("outcome", rec.outcome.value)
+        if rec.reason:
+            trial.set_user_attr("reason", rec.reason)
+        if rec.figures:
+            trial.set_user_attr("figures", rec.figures)
+        tell(trial, value, state)
+        seen[rec.config.name] = (state or TrialState.COMPLETE, value)
+
+    def refill():
+        lookahead = 2 * jobs
+        while (len(pending) < lookahead and stats.compiled < trials and not tell.exhausted
+               and stats.asked < max_asks and time.monotonic() < deadline):
+            trial = study.ask()
+            stats.asked += 1
+            cfg = suggest(trial, dtype)
+            reasons = check(cfg, arch)
+            if reasons:
+                stats.rejected += 1
+                trial.set_user_attr("outcome", Outcome.REJECTED.value)
+                trial.set_user_attr("reason", "; ".join(reasons))
+                tell(trial, state=TrialState.PRUNED)
+                continue
+            if cfg.name in seen:  # asked again: answer from the first time, free
+                stats.duplicates += 1
+                state, value = seen[cfg.name]
+                trial.set_user_attr("duplicate_of", cfg.name)
+                # still compiling or timing: nothing to copy yet
+                tell(trial, value, TrialState.PRUNED if state == TrialState.RUNNING else state)
+                continue
+            seen[cfg.name] = (TrialState.RUNNING, None)
+            stats.compiled += 1
+            fut = pool.submit(_compile_worker, (cfg, arch.sm, cache_dir, artifacts))
+            pending.append((trial, cfg, fut))
+
+    try:
+        time_baseline()
+        refill()
+        while pending:
+            trial, cfg, fut = pending.popleft()
+            if time.monotonic() >= deadline:
+                trial.set_user_attr("reason", "search stopped by --timeout before timing")
+                tell(trial, state=TrialState.FAIL)
+                fut.cancel()
+                continue
+            res: CompileResult = fut.result()
+            refill()  # keep the pool busy while the GPU works
+            if not res.ok:
+                stats.compile_failed += 1
+                rec = TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED,
+                                  res.error.splitlines()[0][:300] if res.error else "")
+                finish(trial, rec, state=TrialState.FAIL)
+                records.append(rec)
+                emit(rec)
+                continue
+            verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops)
+            rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
+                              resources=res.resources, figures=verdict.figures, cubin=res.cubin)
+            if verdict.hopeless:
+                stats.pruned += 1
+                finish(trial, rec, state=TrialState.PRUNED)
+            else:
+                m = bench.measure(cfg, res.cubin)
+                rec.outcome, rec.reason, rec.error = m.outcome, m.message, m.error
+                if m.outcome is Outcome.TIMED:
+                    stats.timed += 1
+                    rec.timing = m.timing
+                    rec.tflops = m.timing.tflops(bench.flops)
+                    stats.best_tflops = max(stats.best_tflops or 0.0, rec.tflops)
+                    finish(trial, rec, value=rec.tflops)
+                    if stats.timed % baseline_every == 0:
+                        time_baseline()  # cuBLAS interleaved with the candidates
+                else:
+                    if m.outcome is Outcome.WRONG_RESULT:
+                        stats.wrong += 1
+                    else:
+                        stats.launch_failed += 1
+                    finish(trial, rec, state=TrialState.FAIL)
+            records.append(rec)
+            emit(rec)
+        time_baseline()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    stats.seconds = time.monotonic() - t0
+    return SearchResult(tuple(shape), dtype, records, baselines, stats, study)
+
+
+def confirm(result: SearchResult, bench: Benchmark, top: int = 5, rounds: int = 3
+            ) -> list[tuple[TrialRecord, Timing, Timing]]:
+    """Re-time the best `top` candidates and cuBLAS in turn (A B A B ...), `rounds` times,
+    so the figures reported side by side come from the same minutes of the same run.
+
+    Returns (record, candidate timing, cuBLAS timing) best first; each timing pools the
+    repetitions of every round.
+    """
+    best = result.timed()[:top]
+    ours: dict[str, list[float]] = {r.config.name: [] for r in best}
+    theirs: list[float] = []
+    for _ in range(rounds):
+        for r in best:
+            m = bench.measure(r.config, r.cubin)
+            if m.outcome is Outcome.TIMED:
+                ours[r.config.name].extend(m.timing.times_ms)
+            theirs.extend(bench.baseline().timing.times_ms)
+    base = Timing(tuple(theirs)) if theirs else None
+    rows = [(r, Timing(tuple(ours[r.config.name])), base) for r in best if ours[r.config.name]]
+    rows.sort(key=lambda row: row[1].median_ms)
+    return rows

@@ -1,0 +1,156 @@
+"""`gemm-tune --shape MxNxK` on a GPU: answer from the cache, or search, confirm the
+best against cuBLAS side by side, cache the winner and show the top candidates."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+from codegen.compile import nvcc_version
+from codegen.config import DType, Layout
+from codegen.errors import UsageError
+from codegen.render import template_hash
+from tuner._shape import format_shape, problem_bytes
+from tuner.cache import CacheKey, WinnerCache
+from tuner.occupancy import occupancy
+
+__all__ = ["run_cli", "cache_key"]
+
+
+def cache_key(dev, dtype: DType, shape, layout: Layout = Layout.NN) -> CacheKey:
+    cuda = re.search(r"release ([\d.]+)", nvcc_version()).group(1)
+    return CacheKey(dev.name, dev.cc, cuda, template_hash(), dtype.short, layout.value, *shape)
+
+
+def _check_fits(dev, shape, dtype) -> None:
+    """The problem, its float64 reference and the L2 flush buffer must fit in free memory."""
+    from tuner.gpu import _drv
+
+    m, n, k = shape
+    need = problem_bytes(shape, dtype.size) + (m * k + k * n + 3 * m * n) * 8 + 2 * dev.l2_bytes
+    free, _total = _drv().mem_get_info()
+    if need > free:
+        raise UsageError(f"{format_shape(shape)} needs {need / 2**30:.1f} GiB on the GPU "
+                         f"(inputs, output, float64 reference); {free / 2**30:.1f} GiB is free")
+
+
+def _row(rank, rec, timing, cublas_ms, flops, arch) -> dict:
+    occ = occupancy(rec.config.threads, rec.resources.registers, rec.resources.smem, arch)
+    tflops = flops / (timing.median_ms * 1e-3) / 1e12
+    return dict(rank=rank, kernel=rec.config.name, tflops=round(tflops, 2),
+                pct_cublas=round(100 * cublas_ms / timing.median_ms, 1),
+                registers=rec.resources.registers, smem=rec.resources.smem,
+                occupancy=round(occ.occupancy, 3), limiter=occ.limiter,
+                timing=timing.to_dict(), error=rec.error)
+
+
+def _print(result: dict, console) -> None:
+    from rich.table import Table
+
+    src = "cache" if result["from_cache"] else "this run"
+    t = Table(title=f"gemm-tune {result['shape']} {result['dtype']} on {result['gpu']} "
+                    f"(from {src})")
+    for col in ("#", "kernel", "TFLOP/s", "% of cuBLAS", "regs", "smem B", "occupancy",
+                "limiter"):
+        t.add_column(col, justify="left" if col in ("kernel", "limiter") else "right",
+                     no_wrap=col == "kernel")
+    for r in result["top"]:
+        t.add_row(str(r["rank"]), r["kernel"], f"{r['tflops']:.1f}", f"{r['pct_cublas']:.1f}%",
+                  str(r["registers"]), str(r["smem"]), f"{r['occupancy']:.0%}", r["limiter"])
+    console.print(t)
+    console.print(f"cuBLAS (FP32, no TF32): {result['cublas_tflops']:.1f} TFLOP/s, measured "
+                  "in the same run")
+    s = result["stats"]
+    console.print(
+        f"search: {s['compiled']} compiled, {s['timed']} timed, {s['pruned']} pruned by the "
+        f"model, {s['failed']} failed, {s['rejected']} invalid rejected, in {s['seconds']:.0f} s")
+    console.print(f"winner source: {result['winner']['source']}")
+
+
+def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
+    from rich.console import Console
+
+    from tuner.gpu import device
+
+    cache = WinnerCache(args.cache or artifacts / "cache.json")
+    cache.entries()  # a corrupt cache is reported before any GPU work, and left as it is
+    dev = device()
+    if args.arch and args.arch.replace("sm_", "") != str(dev.cc):
+        raise UsageError(f"--arch {args.arch} does not match the GPU ({dev.name}, {dev.sm}); "
+                         "use --dry-run to build for another architecture")
+    key = cache_key(dev, dtype, shape)
+    entry = cache.get(key)
+    out = Console(width=None if sys.stdout.isatty() else 200)
+    if entry and not args.force:
+        result = dict(entry["result"], from_cache=True)
+    else:
+        _check_fits(dev, shape, dtype)
+        result = _tune(args, shape, dtype, artifacts, dev, key)
+        cache.put(key, dict(result=dict(result, from_cache=False), **result["winner"]))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result, out)
+    return 0
+
+
+def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner.bench import GpuBenchmark
+    from tuner.search import confirm, search
+
+    bench = GpuBenchmark(shape, dtype, seed=args.seed)
+    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(),
+               TextColumn("pruned {task.fields[pruned]} failed {task.fields[failed]} "
+                          "best {task.fields[best]} TFLOP/s ({task.fields[pct]} of cuBLAS)"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True,
+                  disable=args.json) as bar:
+        task = bar.add_task("tuning", total=args.trials, pruned=0, failed=0, best="-", pct="-")
+
+        def on_event(rec, s):
+            best = f"{s.best_tflops:.1f}" if s.best_tflops else "-"
+            pct = (f"{100 * s.best_tflops / s.cublas_tflops:.0f}%"
+                   if s.best_tflops and s.cublas_tflops else "-")
+            bar.update(task, completed=s.done, pruned=s.pruned, failed=s.failed, best=best,
+                       pct=pct)
+
+        res = search(shape, bench, dtype=dtype, trials=args.trials, timeout=args.timeout,
+                     sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
+                     storage=args.storage, on_event=on_event)
+        bar.update(task, description="confirming")
+        if not res.timed():
+            raise UsageError("no candidate passed verification; see the artifacts' .json files")
+        rows = confirm(res, bench, top=args.top)
+    cublas_ms = rows[0][2].median_ms
+    top = [_row(i + 1, rec, t, cublas_ms, bench.flops, dev.arch)
+           for i, (rec, t, _) in enumerate(rows)]
+    win_rec = rows[0][0]
+    source = artifacts / dev.sm / f"{win_rec.config.name}.cu"
+    cubin = artifacts / dev.sm / f"{win_rec.config.name}.cubin"
+    s = res.stats
+    winner = dict(
+        name=win_rec.config.name, config=win_rec.config.to_dict(), source=str(source),
+        cubin=str(cubin), cubin_sha256=hashlib.sha256(cubin.read_bytes()).hexdigest(),
+        resources=win_rec.resources.to_dict(), occupancy=top[0]["occupancy"],
+        limiter=top[0]["limiter"], timing=top[0]["timing"], tflops=top[0]["tflops"],
+        error=win_rec.error, cublas_timing=rows[0][2].to_dict(),
+        cublas_tflops=round(bench.flops / (cublas_ms * 1e-3) / 1e12, 2),
+        ratio=round(cublas_ms / rows[0][1].median_ms, 4),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    return dict(
+        shape=format_shape(shape), dtype=dtype.short, gpu=dev.name, key=str(key),
+        cublas_tflops=winner["cublas_tflops"], winner=winner, top=top,
+        stats=dict(asked=s.asked, rejected=s.rejected, duplicates=s.duplicates,
+                   compiled=s.compiled, compile_failed=s.compile_failed, pruned=s.pruned,
+                   launch_failed=s.launch_failed, wrong=s.wrong, timed=s.timed,
+                   failed=s.failed, seconds=round(s.seconds, 1), sampler=args.sampler,
+                   trials=args.trials, seed=args.seed),
+    )
