@@ -89,8 +89,8 @@ def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
         result = dict(entry["result"], from_cache=True)
     else:
         _check_fits(dev, shape, dtype)
-        result = _tune(args, shape, dtype, artifacts, dev, key)
-        cache.put(key, dict(result=dict(result, from_cache=False), **result["winner"]))
+        result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
+        cache.put(key, dict(result=result, **result["winner"]))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
