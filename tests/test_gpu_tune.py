@@ -1,6 +1,7 @@
 """GPU: a small end-to-end tune lands in the cache, and the next run answers from it."""
 
 import json
+import sys
 import time
 
 import pytest
@@ -24,7 +25,7 @@ def test_small_tune_lands_in_the_cache_and_is_answered_from_it(tmp_path, capsys)
     assert (art / "sm_90" / f"{w['name']}.cu").is_file()
     assert 1 <= len(first["top"]) <= 5
     print(f"512^3 tune: {w['name']} {w['tflops']} TFLOP/s, cuBLAS {w['cublas_tflops']}, "
-          f"stats {first['stats']}")
+          f"stats {first['stats']}", file=sys.stderr)
 
     cache = json.loads((art / "cache.json").read_text())
     assert list(cache["entries"]) == [first["key"]]
@@ -35,7 +36,7 @@ def test_small_tune_lands_in_the_cache_and_is_answered_from_it(tmp_path, capsys)
     again = json.loads(capsys.readouterr().out)
     assert again["from_cache"] and again["winner"] == w
     assert seconds < 2.0, seconds
-    print(f"answered from the cache in {seconds:.2f} s")
+    print(f"answered from the cache in {seconds:.2f} s", file=sys.stderr)
 
     assert main(argv + ["--force", "--trials", "3"]) == 0
     forced = json.loads(capsys.readouterr().out)
