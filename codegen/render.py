@@ -10,7 +10,7 @@ import jinja2
 
 from codegen.config import KernelConfig
 
-__all__ = ["render", "template_dir", "template_hash"]
+__all__ = ["render", "render_file", "template_dir", "template_hash"]
 
 
 @functools.cache
@@ -40,9 +40,15 @@ def render(config: KernelConfig) -> str:
     return _env().get_template(config.family.template).render(**config.template_values())
 
 
+def render_file(template: str, **values) -> str:
+    """Render any template under templates/ (the export bundle's, for instance)."""
+    return _env().get_template(template).render(**values)
+
+
 @functools.cache
 def template_hash() -> str:
-    """sha256 (first 16 hex digits) over every template: part of every cache key."""
+    """sha256 (first 16 hex digits) over the kernel templates (templates/*.j2, not the
+    export bundle's): part of every cache key."""
     h = hashlib.sha256()
     for path in sorted(template_dir().glob("*.j2")):
         h.update(path.name.encode())

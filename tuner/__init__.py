@@ -1,7 +1,14 @@
 """gemm-tune's tuner: search space, occupancy model, GPU runner, cuBLAS baseline,
-Optuna search, cache of winners and the command line.
+Optuna search, cache of winners, the tuned-kernel library and the command line.
 
 Importing it loads no GPU package; the GPU modules import pycuda when first used.
+
+Example:
+    >>> from tuner import load_library
+    >>> lib = load_library("artifacts/library")   # doctest: +SKIP
+    >>> C = lib.gemm(A, B)                         # doctest: +SKIP
 """
 
-__all__: list[str] = []
+from tuner.library import Library, LibraryError, load_library
+
+__all__ = ["load_library", "Library", "LibraryError"]

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         exit_on_error=False,
         description="Generate, compile and tune CUDA GEMM kernels for one problem shape; "
         "time the winner against cuBLAS and cache it.",
+        epilog="Also: gemm-tune list | inspect NAME|--shape MxNxK | export --out DIR | "
+        "report --shape MxNxK (each with --help).",
     )
     p.add_argument("--shape", required=True, help="problem size MxNxK, e.g. 4096x4096x4096")
     p.add_argument("--dtype", default="fp32",
@@ -57,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where .cu/.cubin/.json go (default ./artifacts or $GEMM_TUNE_ARTIFACTS)")
     p.add_argument("--cache", type=Path, default=None,
                    help="winners cache file (default <artifacts>/cache.json)")
+    p.add_argument("--library", type=Path, default=None,
+                   help="tuned-kernel library the winner joins (default <artifacts>/library)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage URL (default: in memory)")
     p.add_argument("--top", type=int, default=5, help="rows in the result table (default 5)")
@@ -121,7 +125,54 @@ def _dry_run(args, shape, dtype) -> int:
     return 0
 
 
+SUBCOMMANDS = ("list", "inspect", "export", "report")
+
+
+def build_subparsers() -> argparse.ArgumentParser:
+    p = _Parser(prog="gemm-tune", exit_on_error=False,
+                description="Inspect and export a tuned-kernel library.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(q):
+        q.add_argument("--artifacts", type=Path, default=None,
+                       help="artifacts directory (default ./artifacts or $GEMM_TUNE_ARTIFACTS)")
+        q.add_argument("--library", type=Path, default=None,
+                       help="library directory (default <artifacts>/library)")
+        return q
+
+    q = common(sub.add_parser("list", help="tuned entries: shape, kernel, TFLOP/s, % of cuBLAS"))
+    q.add_argument("--json", action="store_true")
+    q = common(sub.add_parser("inspect", help="one kernel (by name) or one tuned shape"))
+    q.add_argument("name", nargs="?", help="kernel name, e.g. gemm_simt_f32_128x128x8_...")
+    q.add_argument("--shape", help="the tuned shape MxNxK instead of a kernel name")
+    q.add_argument("--dtype", default="fp32")
+    q.add_argument("--source", action="store_true", help="print the generated .cu")
+    q.add_argument("--sass", action="store_true", help="print the SASS (cuobjdump)")
+    q.add_argument("--json", action="store_true")
+    q = common(sub.add_parser("export", help="a C/C++ bundle with gemm_tuned.h, CMake and make"))
+    q.add_argument("--out", type=Path, required=True, help="directory for the bundle")
+    q.add_argument("--arch", default=None, help="the arch to export (default: the most tuned)")
+    q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape"))
+    q.add_argument("--shape", required=True)
+    q.add_argument("--dtype", default="fp32")
+    q.add_argument("--out", type=Path, default=None,
+                   help="report directory (default <artifacts>/reports/<shape>-<dtype>)")
+    return p
+
+
+def _run_subcommand(argv) -> int:
+    from tuner import commands
+
+    args = build_subparsers().parse_args(argv)
+    args.artifacts = _artifacts_dir(args)
+    args.library = args.library or args.artifacts / "library"
+    return getattr(commands, f"cmd_{args.command}")(args, _console())
+
+
 def _run(argv) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _run_subcommand(argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -95,6 +95,7 @@ class SearchResult:
     baselines: list[Timing]  # cuBLAS, timed at the start, every few candidates and at the end
     stats: SearchStats
     study: object  # the optuna.Study
+    storage: object = None  # where the study lives (an Optuna storage object or URL)
 
     def timed(self) -> list[TrialRecord]:
         return sorted((r for r in self.records if r.outcome is Outcome.TIMED),
@@ -184,6 +185,7 @@ def search(
     records: list[TrialRecord] = []
     seen: dict[str, tuple[TrialState, float | None]] = {}
     baselines: list[Timing] = []
+    storage = storage or optuna.storages.InMemoryStorage()
     study = optuna.create_study(
         direction="maximize", sampler=make_sampler(sampler, seed), storage=storage,
         study_name=study_name, load_if_exists=True,
@@ -300,7 +302,22 @@ def search(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     stats.seconds = time.monotonic() - t0
-    return SearchResult(tuple(shape), dtype, records, baselines, stats, study)
+    return SearchResult(tuple(shape), dtype, records, baselines, stats, study, storage)
+
+
+def save_study(result: SearchResult, db: Path, name: str) -> None:
+    """Copy the search's study into an SQLite file under `name` (replacing an older one),
+    for `gemm-tune report` and Optuna's own tools (optuna-dashboard sqlite:///...)."""
+    import optuna
+
+    url = f"sqlite:///{Path(db).resolve()}"
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        optuna.delete_study(study_name=name, storage=url)
+    except KeyError:
+        pass
+    optuna.copy_study(from_study_name=result.study.study_name, from_storage=result.storage,
+                      to_storage=url, to_study_name=name)
 
 
 def confirm(result: SearchResult, bench: Benchmark, top: int = 5, rounds: int = 3

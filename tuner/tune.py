@@ -91,6 +91,7 @@ def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
         _check_fits(dev, shape, dtype)
         result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
         cache.put(key, dict(result=result, **result["winner"]))
+        _add_to_library(args, artifacts, dev, key, result)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -98,12 +99,28 @@ def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
     return 0
 
 
+def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> None:
+    from tuner.library import Library
+
+    w = result["winner"]
+    entry = dict(gpu=dev.name, cc=dev.cc, arch=dev.sm, cuda=key.cuda,
+                 template_hash=key.template_hash, dtype=key.dtype, layout=key.layout,
+                 m=key.m, n=key.n, k=key.k, kernel=w["name"], tflops=w["tflops"],
+                 timing=w["timing"], cublas_tflops=w["cublas_tflops"],
+                 cublas_timing=w["cublas_timing"], ratio=w["ratio"], error=w["error"],
+                 resources=w["resources"], occupancy=w["occupancy"], limiter=w["limiter"],
+                 date=w["date"], stats=result["stats"], top=result["top"])
+    source = Path(w["source"])
+    Library.create_or_open(args.library or artifacts / "library").add(
+        entry, source, Path(w["cubin"]), source.with_suffix(".json"))
+
+
 def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.bench import GpuBenchmark
-    from tuner.search import confirm, search
+    from tuner.search import confirm, save_study, search
 
     bench = GpuBenchmark(shape, dtype, seed=args.seed)
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -125,6 +142,7 @@ def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
                      sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
                      storage=args.storage, on_event=on_event)
         bar.update(task, description="confirming")
+        save_study(res, artifacts / "studies.db", str(key))
         if not res.timed():
             raise UsageError("no candidate passed verification; see the artifacts' .json files")
         rows = confirm(res, bench, top=args.top)

@@ -1,0 +1,157 @@
+"""GPU: the runtime library with torch, cupy, pycuda and numpy arrays, and the export bundle."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from _library import BIG, SMALL, build, entry
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(4096, 4096, 4096), (512, 512, 512), (127, 129, 257), (1, 1, 1), (16, 4096, 1000)]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory, compile_cache):
+    from tuner import load_library
+
+    d = tmp_path_factory.mktemp("lib")
+    build(d / "library", compile_cache, d / "art")
+    return load_library(d / "library")
+
+
+def _inputs(kind, m, n, k, rng):
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c0 = rng.standard_normal((m, n), dtype=np.float32)
+    ref = (a.astype(np.float64) @ b.astype(np.float64)) * 0.5 + 2.0 * c0
+    if kind == "numpy":
+        return a, b, c0.copy(), ref
+    if kind == "torch":
+        import torch
+
+        return (torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(),
+                torch.from_numpy(c0).cuda(), ref)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(a), cupy.asarray(b), cupy.asarray(c0), ref
+    import pycuda.gpuarray as ga
+
+    return ga.to_gpu(a), ga.to_gpu(b), ga.to_gpu(c0), ref
+
+
+def _host(x):
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        return x.cpu().numpy()
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return x.get()
+
+
+@pytest.mark.parametrize("kind", ["torch", "cupy", "pycuda", "numpy"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_matches_float64(lib, kind, shape):
+    m, n, k = shape
+    rng = np.random.default_rng()  # fresh inputs every run
+    a, b, c, ref = _inputs(kind, m, n, k, rng)
+    out = lib.gemm(a, b, c, alpha=0.5, beta=2.0)
+    assert out is c
+    got = _host(c).astype(np.float64)
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err <= 1e-5, (kind, shape, err, lib.explain(m, n, k, "fp32"))
+
+
+@pytest.mark.parametrize("kind", ["torch", "cupy", "pycuda", "numpy"])
+def test_gemm_allocates_c_of_the_same_kind(lib, kind):
+    rng = np.random.default_rng()
+    a, b, _, _ = _inputs(kind, 100, 70, 50, rng)
+    c = lib.gemm(a, b)
+    assert type(c).__module__.split(".")[0] == type(a).__module__.split(".")[0]
+    ref = _host(a).astype(np.float64) @ _host(b).astype(np.float64)
+    got = _host(c).astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-5
+
+
+def test_poisoned_output_is_fully_written(lib):
+    import torch
+
+    a = torch.randn(333, 517, device="cuda")
+    b = torch.randn(517, 129, device="cuda")
+    c = torch.full((333, 129), float("nan"), device="cuda")
+    lib.gemm(a, b, c)
+    ref = a.double() @ b.double()
+    assert not torch.isnan(c).any()
+    assert ((c.double() - ref).norm() / ref.norm()).item() <= 1e-5
+
+
+def test_explain_names_the_rule(lib):
+    assert lib.explain(4096, 4096, 4096, "fp32").startswith(f"{BIG.name} (exact)")
+    assert lib.explain(16, 4096, 1000, "fp32").startswith(f"{SMALL.name} (estimate)")
+    assert lib.explain(64, 64, 64, "fp16").startswith("cuBLAS (cublas)")
+
+
+def test_errors_before_any_launch(lib):
+    import torch
+
+    from tuner import LibraryError
+
+    a = torch.randn(64, 32, device="cuda")
+    b = torch.randn(32, 48, device="cuda")
+    cases = [
+        ((a.double(), b), "A is float64"),
+        ((a, b[:16]), "A's columns must equal B's rows"),
+        ((a.t(), b), "A is not row-major"),
+        ((a[:, ::2], b[:16]), "not row-major"),
+        ((a.cpu(), b), "must be a numpy array"),
+        ((a, b, torch.empty(64, 47, device="cuda")), "C is 64x47"),
+        (([[1.0]], b), "got list"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(LibraryError, match=msg):
+            lib.gemm(*args)
+    with pytest.raises(LibraryError, match="beta != 0 needs a C"):
+        lib.gemm(a, b, None, beta=1.0)
+
+
+def test_untuned_arch_falls_back_to_cublas(tmp_path, compile_cache):
+    from codegen import compile_config
+    from tuner import load_library
+    from tuner.library import Library
+
+    lib = Library.create_or_open(tmp_path / "lib80")
+    res = compile_config(SMALL, "sm_80", compile_cache, tmp_path / "art")
+    cu = tmp_path / "art" / "sm_80" / f"{SMALL.name}.cu"
+    lib.add(entry(SMALL, res, (512, 512, 512), 10.0, 12.0, cc=80, gpu="NVIDIA A100"), cu,
+            res.cubin)
+    lib = load_library(tmp_path / "lib80")
+    assert "cuBLAS" in lib.explain(300, 200, 100, "fp32")
+    rng = np.random.default_rng()
+    a, b, c, ref = _inputs("torch", 300, 200, 100, rng)
+    lib.gemm(a, b, c, alpha=0.5, beta=2.0)
+    got = c.cpu().numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-5
+
+
+def test_export_bundle_builds_and_passes_against_cublas(lib, tmp_path):
+    from tuner.cli import main
+
+    out = tmp_path / "bundle"
+    assert main(["export", "--out", str(out), "--library", str(lib.path)]) == 0
+    p = subprocess.run(["make", "-C", str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    run = subprocess.run([str(out / "gemm_tuned_check")], capture_output=True, text=True)
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert " 0 failed" in run.stdout
+    if shutil.which("cmake"):
+        q = subprocess.run(["cmake", "-S", str(out), "-B", str(out / "build")],
+                           capture_output=True, text=True)
+        assert q.returncode == 0, q.stderr[-2000:]
+        q = subprocess.run(["cmake", "--build", str(out / "build")], capture_output=True,
+                           text=True)
+        assert q.returncode == 0, q.stdout[-2000:] + q.stderr[-2000:]

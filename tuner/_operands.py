@@ -1,0 +1,119 @@
+"""Matrix operands of Library.gemm: numpy arrays, pycuda GPUArrays, or objects exposing
+__cuda_array_interface__ (torch, cupy). Everything is checked before any launch."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+
+import numpy as np
+
+from tuner.library import LibraryError
+
+_F32 = np.dtype(np.float32)
+
+
+@dataclasses.dataclass
+class Operand:
+    name: str
+    obj: object
+    rows: int
+    cols: int
+    ld: int  # elements between rows
+    ptr: int | None  # device pointer, None for host (numpy) arrays
+    host: np.ndarray | None = None
+
+
+def _dims(name, shape, strides, itemsize):
+    if len(shape) != 2:
+        raise LibraryError(f"{name} must be a 2-D matrix (got {len(shape)} dimensions)")
+    rows, cols = (int(x) for x in shape)
+    if rows < 1 or cols < 1:
+        raise LibraryError(f"{name} is {rows}x{cols}: every dimension must be at least 1")
+    if strides is None:
+        return rows, cols, cols
+    rs, cs = (int(x) for x in strides)
+    if cs != itemsize or rs % itemsize or rs // itemsize < cols:
+        raise LibraryError(f"{name} is not row-major with contiguous columns (strides {rs}, "
+                           f"{cs} bytes); pass a contiguous array")
+    return rows, cols, rs // itemsize
+
+
+def _device_of(ptr: int, name: str) -> int:
+    from tuner.gpu import _libcuda
+
+    ordinal = ctypes.c_int()
+    # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+    status = _libcuda().cuPointerGetAttribute(ctypes.byref(ordinal), 9, ctypes.c_uint64(ptr))
+    if status != 0:
+        raise LibraryError(f"{name}'s data pointer {ptr:#x} is not CUDA device memory")
+    return ordinal.value
+
+
+def operand(x, name: str, device: int, writable: bool = False) -> Operand:
+    if isinstance(x, np.ndarray):
+        if x.dtype != _F32:
+            raise LibraryError(f"{name} is {x.dtype}; these kernels take float32")
+        rows, cols, _ = _dims(name, x.shape, None, 4)
+        if writable and not x.flags.writeable:
+            raise LibraryError(f"{name} is read-only")
+        return Operand(name, x, rows, cols, cols, None, host=x)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None and hasattr(x, "gpudata"):  # a pycuda GPUArray
+        if x.dtype != _F32:
+            raise LibraryError(f"{name} is {x.dtype}; these kernels take float32")
+        rows, cols, ld = _dims(name, x.shape, x.strides, 4)
+        ptr = int(x.gpudata)
+    elif cai is not None:
+        if np.dtype(cai["typestr"]) != _F32:
+            raise LibraryError(f"{name} is {np.dtype(cai['typestr'])}; these kernels take float32")
+        rows, cols, ld = _dims(name, cai["shape"], cai.get("strides"), 4)
+        ptr, readonly = cai["data"]
+        if writable and readonly:
+            raise LibraryError(f"{name} is read-only")
+    else:
+        raise LibraryError(f"{name} must be a numpy array, a pycuda GPUArray or expose "
+                           f"__cuda_array_interface__ (got {type(x).__name__})")
+    where = _device_of(ptr, name)
+    if where != device:
+        raise LibraryError(f"{name} is on GPU {where}; the library runs on GPU {device}")
+    return Operand(name, x, rows, cols, ld, ptr)
+
+
+def empty_like(a, shape):
+    """An output of a's kind: numpy, pycuda, torch or cupy."""
+    mod = type(a).__module__.split(".")[0]
+    if isinstance(a, np.ndarray):
+        return np.empty(shape, np.float32)
+    if mod == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32, device=a.device)
+    if mod == "cupy":
+        import cupy
+
+        return cupy.empty(shape, dtype=cupy.float32)
+    import pycuda.gpuarray as ga
+
+    return ga.empty(shape, np.float32)
+
+
+@contextlib.contextmanager
+def on_device(*ops: Operand):
+    """Device pointers for the operands; host ones are copied in, and C back out, around
+    a launch on the default stream (synchronized before returning when a copy is due)."""
+    import pycuda.gpuarray as ga
+
+    from tuner.gpu import _drv
+
+    staged = {}
+    for o in ops:
+        if o.host is not None:
+            staged[o.name] = ga.to_gpu(np.ascontiguousarray(o.host))
+    yield tuple(int(staged[o.name].gpudata) if o.name in staged else o.ptr for o in ops)
+    if staged:
+        _drv().Context.synchronize()
+        for o in ops:
+            if o.host is not None and o.name == "C":
+                o.host[...] = staged["C"].get()

@@ -1,0 +1,131 @@
+"""`gemm-tune list | inspect | export | report`: reading a tuned-kernel library."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+from codegen.config import DType, KernelConfig
+from codegen.errors import UsageError
+from tuner._shape import format_shape, parse_shape
+from tuner.library import Library
+
+
+def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None):
+    out = []
+    for e in lib.manifest["entries"]:
+        if shape and (e["m"], e["n"], e["k"]) != tuple(shape):
+            continue
+        if dtype and e["dtype"] != dtype.short:
+            continue
+        if kernel and e["kernel"] != kernel:
+            continue
+        out.append(e)
+    return out
+
+
+def cmd_list(args, console) -> int:
+    from rich.table import Table
+
+    lib = Library.load(args.library)
+    rows = [dict(shape=f"{e['m']}x{e['n']}x{e['k']}", dtype=e["dtype"], gpu=e["gpu"],
+                 kernel=e["kernel"], tflops=e["tflops"], pct_cublas=round(100 * e["ratio"], 1),
+                 cublas_tflops=e["cublas_tflops"], date=e["date"][:10])
+            for e in sorted(lib.manifest["entries"], key=lambda e: (e["gpu"], e["m"] * e["n"] * e["k"]))]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(title=f"gemm-tune library {args.library} ({len(rows)} entries)")
+    for col in ("shape", "dtype", "GPU", "kernel", "TFLOP/s", "% of cuBLAS", "date"):
+        t.add_column(col, justify="right" if col in ("TFLOP/s", "% of cuBLAS") else "left",
+                     no_wrap=col == "kernel")
+    for r in rows:
+        t.add_row(r["shape"], r["dtype"], r["gpu"], r["kernel"], f"{r['tflops']:.1f}",
+                  f"{r['pct_cublas']:.1f}%", r["date"])
+    console.print(t)
+    return 0
+
+
+def cmd_inspect(args, console) -> int:
+    lib = Library.load(args.library)
+    if bool(args.name) == bool(args.shape):
+        raise UsageError("inspect takes a kernel name or --shape MxNxK (one of them)")
+    if args.name:
+        KernelConfig.from_name(args.name)  # a malformed name is a usage error
+        entries = _entries(lib, kernel=args.name)
+        if not entries:
+            raise UsageError(f"kernel {args.name} is not in the library at {args.library}")
+    else:
+        shape = parse_shape(args.shape)
+        entries = _entries(lib, shape, DType.parse(args.dtype))
+        if not entries:
+            raise UsageError(f"no {args.dtype} entry for {format_shape(shape)} in {args.library}")
+    e = entries[0]
+    info = lib.manifest["kernels"][f"{e['arch']}/{e['kernel']}"]
+    source, cubin = lib.path / info["source"], lib.path / info["cubin"]
+    if args.source:
+        print(source.read_text(), end="")
+        return 0
+    if args.sass:
+        tool = shutil.which("cuobjdump")
+        if not tool:
+            raise UsageError("--sass needs cuobjdump (CUDA toolkit) on PATH")
+        print(subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True,
+                             text=True, check=False).stdout, end="")
+        return 0
+    res = e["resources"]
+    doc = dict(kernel=e["kernel"], arch=e["arch"], config=info["config"],
+               registers=res["registers"], smem=res["smem_static"] + res["smem_dynamic"],
+               spill_bytes=res["spill_stores"] + res["spill_loads"],
+               stack_frame=res["stack_frame"], occupancy=e["occupancy"], limiter=e["limiter"],
+               tuned_for=[f"{x['m']}x{x['n']}x{x['k']} {x['dtype']} on {x['gpu']}: "
+                          f"{x['tflops']:.1f} TFLOP/s, cuBLAS {x['cublas_tflops']:.1f}"
+                          for x in entries],
+               timing=e["timing"], cublas_timing=e["cublas_timing"],
+               source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"])
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=e["kernel"], show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    cfg = info["config"]
+    t.add_row("parameters", ", ".join(f"{k}={cfg[k]}" for k in
+                                      ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
+                                       "stages", "swizzle")))
+    t.add_row("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
+                           f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack")
+    t.add_row("occupancy", f"{doc['occupancy']:.0%} (limited by {doc['limiter']})")
+    for line in doc["tuned_for"]:
+        t.add_row("tuned for", line)
+    tm, cb = e["timing"], e["cublas_timing"]
+    t.add_row("time", f"median {tm['median_ms']:.4f} ms (p10 {tm['p10_ms']:.4f}, p90 "
+                      f"{tm['p90_ms']:.4f}, {tm['reps']} reps)")
+    t.add_row("cuBLAS", f"median {cb['median_ms']:.4f} ms (p10 {cb['p10_ms']:.4f}, p90 "
+                        f"{cb['p90_ms']:.4f}, {cb['reps']} reps)")
+    t.add_row("source", doc["source"])
+    t.add_row("cubin", f"{doc['cubin']} (sha256 {doc['cubin_sha256'][:16]}...)")
+    console.print(t)
+    return 0
+
+
+def cmd_export(args, console) -> int:
+    from tuner.export import export
+
+    out = export(Library.load(args.library), args.out, args.arch)
+    console.print(f"exported to {out}: build with `make -C {out}` or "
+                  f"`cmake -S {out} -B {out}/build && cmake --build {out}/build`")
+    return 0
+
+
+def cmd_report(args, console) -> int:
+    from tuner.report import report
+
+    shape, dtype = parse_shape(args.shape), DType.parse(args.dtype)
+    out = args.out or args.artifacts / "reports" / f"{format_shape(shape)}-{dtype.short}"
+    page = report(Library.load(args.library), shape, dtype, args.artifacts / "studies.db", out)
+    console.print(f"report: {page}")
+    return 0

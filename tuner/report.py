@@ -1,0 +1,140 @@
+"""`gemm-tune report --shape MxNxK`: an HTML page and PNG figures for one tuned shape:
+the optimisation history and parameter importances (Optuna's own visualization),
+the winner and cuBLAS on a roofline of the GPU, and the best configurations."""
+
+from __future__ import annotations
+
+import html
+import warnings
+from pathlib import Path
+
+from codegen.arch import ARCHS
+from codegen.config import DType
+from codegen.errors import UsageError
+from tuner._shape import format_shape
+from tuner.library import Library
+
+__all__ = ["report"]
+
+#: Memory bandwidth for the roofline, GB/s: measured where we could (a device-to-device
+#: copy, bytes read + written), the vendor's figure otherwise.
+BANDWIDTH_GBS = {"NVIDIA H200": 4300.0, "NVIDIA H100 80GB HBM3": 3350.0}
+
+
+def _study(db: Path, name: str):
+    import optuna
+
+    if not db.is_file():
+        return None
+    try:
+        return optuna.load_study(study_name=name, storage=f"sqlite:///{db.resolve()}")
+    except KeyError:
+        return None
+
+
+def report(lib: Library, shape, dtype: DType, studies_db: Path, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+
+    m, n, k = shape
+    entries = [e for e in lib.manifest["entries"]
+               if (e["m"], e["n"], e["k"]) == (m, n, k) and e["dtype"] == dtype.short]
+    if not entries:
+        raise UsageError(f"no {dtype.short} entry for {format_shape(shape)} in {lib.path}: "
+                         "tune it first")
+    e = max(entries, key=lambda x: x["date"])
+    out.mkdir(parents=True, exist_ok=True)
+    figures: list[tuple[str, str]] = []
+    key = (f"{e['gpu']}|sm_{e['cc']}|cuda {e['cuda']}|{e['template_hash']}|{e['dtype']}"
+           f"|{e['layout']}|{m}x{n}x{k}")
+    study = _study(studies_db, key)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if study is not None:
+            ax = optuna.visualization.matplotlib.plot_optimization_history(study)
+            ax.axhline(e["cublas_tflops"], color="tab:red", linestyle="--", label="cuBLAS")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend()
+            ax.figure.savefig(out / "history.png", dpi=110, bbox_inches="tight")
+            plt.close(ax.figure)
+            figures.append(("history.png", "Optimisation history (TFLOP/s per trial; pruned "
+                                           "and failed trials have no value)"))
+            try:
+                ax = optuna.visualization.matplotlib.plot_param_importances(study)
+                ax.figure.savefig(out / "importances.png", dpi=110, bbox_inches="tight")
+                plt.close(ax.figure)
+                figures.append(("importances.png", "Parameter importances (fANOVA over the "
+                                                   "timed trials)"))
+            except (ValueError, RuntimeError) as err:  # too few completed trials
+                figures.append(("", f"No parameter importances: {err}"))
+
+    # Roofline of the GPU with the winner and cuBLAS at this shape.
+    arch = ARCHS.get(e["cc"])
+    peak = arch.peak_fp32_tflops if arch else max(e["tflops"], e["cublas_tflops"]) * 1.3
+    bw = BANDWIDTH_GBS.get(e["gpu"], 2000.0)
+    flops = 2.0 * m * n * k
+    ai = flops / ((m * k + k * n + m * n) * 4)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ridge = peak * 1e3 / bw
+    ax.plot([0.5, ridge, 2 ** 14], [0.5 * bw / 1e3, peak, peak], color="black",
+            label=f"roofline: {peak:.1f} TFLOP/s FP32, {bw / 1e3:.1f} TB/s")
+    for other in lib.manifest["entries"]:
+        if other["gpu"] == e["gpu"] and other["dtype"] == e["dtype"] and other is not e:
+            oa = 2.0 * other["m"] * other["n"] * other["k"] / (
+                (other["m"] * other["k"] + other["k"] * other["n"] + other["m"] * other["n"]) * 4)
+            ax.scatter([oa], [other["tflops"]], color="tab:blue", alpha=0.3, s=20)
+    ax.scatter([ai], [e["tflops"]], color="tab:blue", s=60, zorder=3,
+               label=f"gemm-tune {e['tflops']:.1f}")
+    ax.scatter([ai], [e["cublas_tflops"]], color="tab:red", marker="x", s=60, zorder=3,
+               label=f"cuBLAS {e['cublas_tflops']:.1f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of A, B, C)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"{format_shape(shape)} {dtype.short} on {e['gpu']}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.savefig(out / "roofline.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    figures.append(("roofline.png", "The winner and cuBLAS on the GPU's roofline (faint: the "
+                                    "library's other entries)"))
+
+    top = e.get("top") or []
+    if top:
+        fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(top)))
+        ax.barh([t["kernel"] for t in top][::-1], [t["tflops"] for t in top][::-1],
+                color="tab:blue")
+        ax.axvline(e["cublas_tflops"], color="tab:red", linestyle="--", label="cuBLAS")
+        ax.set_xlabel("TFLOP/s (re-timed turn about with cuBLAS)")
+        ax.legend(loc="lower right")
+        ax.tick_params(axis="y", labelsize=7)
+        fig.savefig(out / "top.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        figures.append(("top.png", "The best configurations"))
+
+    rows = "".join(
+        f"<tr><td>{t['rank']}</td><td><code>{html.escape(t['kernel'])}</code></td>"
+        f"<td>{t['tflops']:.1f}</td><td>{t['pct_cublas']:.1f}%</td><td>{t['registers']}</td>"
+        f"<td>{t['smem']}</td><td>{t['occupancy']:.0%}</td><td>{t['limiter']}</td></tr>"
+        for t in top)
+    imgs = "".join(f'<figure><img src="{f}"><figcaption>{html.escape(c)}</figcaption></figure>'
+                   if f else f"<p>{html.escape(c)}</p>" for f, c in figures)
+    stats = e.get("stats", {})
+    page = out / "report.html"
+    page.write_text(f"""<!doctype html><meta charset="utf-8">
+<title>gemm-tune {format_shape(shape)} {dtype.short}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}td,th{{padding:2px 8px}}
+img{{max-width:100%}}</style>
+<h1>{format_shape(shape)} {dtype.short} on {html.escape(e['gpu'])}</h1>
+<p>Winner <code>{html.escape(e['kernel'])}</code>: {e['tflops']:.1f} TFLOP/s, cuBLAS
+{e['cublas_tflops']:.1f} TFLOP/s in the same run ({e['ratio']:.2f}x); tuned {e['date']};
+{stats.get('compiled', '?')} candidates compiled, {stats.get('timed', '?')} timed,
+{stats.get('pruned', '?')} pruned by the model.</p>
+<table><tr><th>#</th><th>kernel</th><th>TFLOP/s</th><th>% of cuBLAS</th><th>regs</th>
+<th>smem B</th><th>occupancy</th><th>limiter</th></tr>{rows}</table>
+{imgs}
+""")
+    return page
