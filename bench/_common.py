@@ -41,3 +41,21 @@ def write(name: str, data: dict, out_dir: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def side_by_side(bench, config, cubin, rounds: int = 3) -> dict:
+    """Time a kernel and cuBLAS turn about (A B A B ...) on one problem; medians of rounds."""
+    import statistics
+
+    ours, theirs, errs = [], [], []
+    for _ in range(rounds):
+        m = bench.measure(config, cubin)
+        if m.outcome.value != "timed":
+            raise RuntimeError(f"{config.name}: {m.outcome.value} {m.message}")
+        ours.append(m.timing.tflops(bench.flops))
+        errs.append(m.error)
+        theirs.append(bench.baseline().timing.tflops(bench.flops))
+    row = dict(kernel=config.name, tflops=statistics.median(ours), tflops_rounds=ours,
+               cublas_tflops=statistics.median(theirs), cublas_rounds=theirs, error=max(errs))
+    row["ratio"] = row["tflops"] / row["cublas_tflops"]
+    return row

@@ -7,14 +7,13 @@ in the same process, interleaved (A B A B ...), on the shapes given.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import header, write  # noqa: E402
+from _common import header, side_by_side, write  # noqa: E402
 
 from codegen import DEFAULT_CONFIG, KernelConfig, compile_config  # noqa: E402
 from tuner._shape import parse_shape  # noqa: E402
@@ -38,18 +37,8 @@ def main() -> None:
     rows = []
     for text in args.shapes:
         shape = parse_shape(text)
-        b = GpuBenchmark(shape, seed=None)
-        ours, theirs, errs = [], [], []
-        for _ in range(args.rounds):
-            m = b.measure(cfg, res.cubin)
-            assert m.outcome.value == "timed", m
-            ours.append(m.timing.tflops(b.flops))
-            errs.append(m.error)
-            theirs.append(b.baseline().timing.tflops(b.flops))
-        row = dict(shape=text, kernel=cfg.name, tflops=statistics.median(ours),
-                   tflops_rounds=ours, cublas_tflops=statistics.median(theirs),
-                   cublas_rounds=theirs, error=max(errs), registers=res.resources.registers)
-        row["ratio"] = row["tflops"] / row["cublas_tflops"]
+        row = dict(shape=text, registers=res.resources.registers,
+                   **side_by_side(GpuBenchmark(shape, seed=None), cfg, res.cubin, args.rounds))
         rows.append(row)
         print(f"{text:>16}  {cfg.name}  {row['tflops']:6.1f} TFLOP/s   cuBLAS "
               f"{row['cublas_tflops']:6.1f}   ratio {row['ratio']:.3f}   err {row['error']:.2e}")

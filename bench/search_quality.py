@@ -44,7 +44,7 @@ def exhaustive(shape: tuple[int, int, int], timeout: float, work: Path) -> dict:
     from tuner.space import valid_configs
 
     bench = GpuBenchmark(shape, seed=0, target_ms=20)
-    n_valid = sum(1 for _ in valid_configs(bench.arch))
+    n_valid = sum(1 for _ in valid_configs(bench.arch, shape=shape))
     res = search(shape, bench, trials=n_valid, timeout=timeout, sampler="grid", seed=0,
                  artifacts=work)
     s = res.stats

@@ -10,9 +10,10 @@ from __future__ import annotations
 from codegen.arch import ArchLimits, parse_arch
 from codegen.config import DType, Family, KernelConfig
 
-__all__ = ["check", "MAX_STAGES", "WARP_ARRANGEMENTS"]
+__all__ = ["check", "MAX_STAGES", "SPLITS", "WARP_ARRANGEMENTS"]
 
 MAX_STAGES = 4
+SPLITS = (1, 2, 4, 8, 16, 32)
 WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
 
 
@@ -80,6 +81,8 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"padding {c.pad} words is outside 0..32")
     if c.swizzle < 1:
         why.append(f"swizzle group {c.swizzle} must be at least 1")
+    if c.split not in SPLITS:
+        why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
 
     smem = c.smem_bytes
     if smem > a.smem_per_block_optin:

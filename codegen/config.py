@@ -82,6 +82,10 @@ class KernelConfig:
             3-4 = a cp.async ring of that depth (sm_80 and newer).
         swizzle: blocks are rasterised in groups of this many block rows so that
             neighbouring blocks share A and B panels in L2 (1 = plain row order).
+        split: split-K; SPLIT blocks share one tile of C, each summing a slice of K
+            into a workspace, and a second kernel adds the slices in a fixed order
+            (deterministic) and applies alpha and beta. 1 = no split. The name
+            carries `_k<split>` only when split > 1.
 
     Example:
         >>> KernelConfig().name
@@ -98,6 +102,7 @@ class KernelConfig:
     vec: int = 4
     stages: int = 2
     swizzle: int = 8
+    split: int = 1
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -110,12 +115,13 @@ class KernelConfig:
             f"gemm_{self.family.value}_{self.dtype.short}"
             f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
             f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
+            + (f"_k{self.split}" if self.split != 1 else "")
         )
 
     _NAME_RE = re.compile(
         r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)$"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+))?$"
     )
 
     @classmethod
@@ -131,6 +137,7 @@ class KernelConfig:
             raise UsageError(f"{name!r} names an unknown family or dtype") from None
         ints = {k: int(m[k]) for k in ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
                                        "stages", "swizzle")}
+        ints["split"] = int(m["split"] or 1)
         cfg = cls(dtype=dtype, family=family, **ints)
         if cfg.wt_n != int(m["wtn"]):
             raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
@@ -203,11 +210,16 @@ class KernelConfig:
             A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
+            SPLIT=self.split,
         )
 
-    def grid(self, m: int, n: int, split: int = 1) -> tuple[int, int, int]:
-        """Launch grid for an M x N output (1-D over tiles; the kernel swizzles)."""
-        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, split
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """Launch grid for an M x N output: tiles along x (the kernel swizzles), K slices along z."""
+        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, self.split
+
+    def workspace_floats(self, m: int, n: int) -> int:
+        """Floats of workspace a split-K launch needs (0 without split)."""
+        return self.split * m * n if self.split > 1 else 0
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1

@@ -31,6 +31,7 @@ def test_default_is_valid_everywhere_it_can_be():
     (KernelConfig(stages=5), "sm_90", "stages=5 is outside 1..4"),
     (KernelConfig(pad=33), "sm_90", "padding 33 words is outside 0..32"),
     (KernelConfig(swizzle=0), "sm_90", "swizzle group 0 must be at least 1"),
+    (KernelConfig(split=3), "sm_90", "split-K 3 is not one of 1, 2, 4, 8, 16, 32"),
     (KernelConfig(bm=256, bn=256, bk=32, rm=16, rn=16, stages=4), "sm_90",
      "shared memory 266240 B exceeds the 232448 B per-block limit of sm_90"),
     (KernelConfig(bm=256, bn=256, rm=16, rn=16), "sm_90",

@@ -7,12 +7,15 @@ def test_name_format_is_pinned():
     assert DEFAULT_CONFIG.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8"
     c = KernelConfig(bm=64, bn=256, bk=16, rm=4, rn=8, wt=8, pad=0, vec=2, stages=3, swizzle=1)
     assert c.name == "gemm_simt_f32_64x256x16_r4x8_w8x4_p0_v2_s3_g1"
+    # split-K appears only when it is used, so names from before it still parse
+    assert KernelConfig(split=8).name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k8"
 
 
 @pytest.mark.parametrize("cfg", [
     DEFAULT_CONFIG,
     KernelConfig(bm=16, bn=32, bk=4, rm=1, rn=1, wt=32, pad=1, vec=1, stages=1, swizzle=4),
     KernelConfig(bm=256, bn=64, bk=32, rm=16, rn=2, wt=1, pad=2, vec=4, stages=4, swizzle=8),
+    KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=32),
 ])
 def test_name_round_trips(cfg):
     assert KernelConfig.from_name(cfg.name) == cfg

@@ -111,9 +111,10 @@ def test_grid_walks_the_valid_space_without_repeats(run, monkeypatch):
     monkeypatch.setattr(sp, "SPACE", small)
     monkeypatch.setattr(ts, "SPACE", small)
     arch = parse_arch("sm_90")
-    valid = {c.name for c in valid_configs(arch)}
+    shape = (1024, 1024, 512)  # 256 tiles of 64x64 fill the SMs: no split-K variants
+    valid = {c.name for c in valid_configs(arch, shape=shape)}
     assert len(valid) == 4 and space_size() == 4
-    res = run(FakeBenchmark(), sampler="grid", trials=100)
+    res = run(FakeBenchmark(shape=shape), sampler="grid", trials=100)
     assert {r.config.name for r in res.records} == valid
     assert res.stats.compiled == 4
 
@@ -126,3 +127,23 @@ def test_confirm_reports_the_best_with_cublas_side_by_side(run):
     medians = [t.median_ms for _, t, _ in rows]
     assert medians == sorted(medians)
     assert all(base.median_ms == pytest.approx(bench._ms(30.0)) for _, _, base in rows)
+
+
+def test_split_k_is_searched_only_where_tiles_leave_sms_idle():
+    from codegen import KernelConfig
+    from tuner.model import shape_reasons
+
+    arch = parse_arch("sm_90")
+    big = {c.split for c in valid_configs(arch, shape=(4096, 4096, 4096))}
+    skinny = {c.split for c in valid_configs(arch, shape=(127, 129, 4097))}
+    assert big == {1} and skinny == {1, 2, 4, 8, 16, 32}
+    assert shape_reasons(KernelConfig(split=4), (4096, 4096, 4096), arch) == [
+        "split-K 4 is not needed: 1024 tiles already cover the 132 SMs"]
+    assert "split-K 32 exceeds the 8 K tiles" in shape_reasons(
+        KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, bk=16, split=32), (32, 32, 128), arch)
+
+
+def test_search_tries_split_k_on_a_skinny_shape(run):
+    res = run(FakeBenchmark(shape=(64, 64, 4096)), trials=12, seed=2, sampler="random")
+    assert any(r.config.split > 1 for r in res.records)
+    assert all(t.params.get("split", 1) in (1, 2, 4, 8, 16, 32) for t in res.study.trials)

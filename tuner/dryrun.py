@@ -61,7 +61,7 @@ def dry_run(
     progress: Callable[[int, int], None] | None = None,
 ) -> DryRunReport:
     """Compile the default configuration and `trials - 1` others drawn from the valid space."""
-    valid = list(valid_configs(arch))
+    valid = list(valid_configs(arch, shape=shape))
     pool = [c for c in valid if c != DEFAULT_CONFIG]
     sample = random.Random(seed).sample(pool, min(max(trials - 1, 0), len(pool)))
     configs = [DEFAULT_CONFIG, *sample] if trials > 0 else []

@@ -41,7 +41,7 @@ def export(lib: Library, out: Path, arch: str | None = None) -> Path:
         res = next(e["resources"] for e in entries if e["kernel"] == name)
         smem = res["smem_static"] + res["smem_dynamic"]
         kernels.append(dict(name=name, bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, threads=cfg.threads,
-                            smem=cfg.smem_bytes,
+                            smem=cfg.smem_bytes, split=cfg.split,
                             blocks_per_sm=occupancy(cfg.threads, res["registers"], smem,
                                                     limits).blocks_per_sm))
         src = (lib.path / lib.manifest["kernels"][f"{arch}/{name}"]["source"]).read_text()

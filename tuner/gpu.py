@@ -106,10 +106,27 @@ def _pop(ctx):
         pass
 
 
-class Kernel:
-    """One compiled configuration, loaded into the current context, ready to launch."""
+_WORKSPACE: list = [None, 0]  # one split-K workspace per process: [allocation, bytes]
 
-    ARG_FORMAT = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc
+
+def workspace(nbytes: int):
+    """A device buffer of at least `nbytes`, grown (never shrunk) as split-K kernels need."""
+    if _WORKSPACE[1] < nbytes:
+        _WORKSPACE[0] = None
+        _WORKSPACE[0] = _drv().mem_alloc(nbytes)
+        _WORKSPACE[1] = nbytes
+    return _WORKSPACE[0]
+
+
+class Kernel:
+    """One compiled configuration, loaded into the current context, ready to launch.
+
+    A split-K configuration is two kernels: the GEMM writes one partial tile per K slice
+    into a workspace, and <name>_reduce sums the slices into C with alpha and beta.
+    """
+
+    ARG_FORMAT = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc  (+ W with split-K)
+    REDUCE_FORMAT = "iifPfPi"  # M N alpha W beta C ldc
 
     def __init__(self, config: KernelConfig, cubin: Path | bytes):
         drv = _drv()
@@ -122,7 +139,11 @@ class Kernel:
         if smem > 48 * 1024:
             self.function.set_attribute(
                 drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        self.function.prepare(self.ARG_FORMAT)
+        self.function.prepare(self.ARG_FORMAT + ("P" if config.split > 1 else ""))
+        self.reduce = None
+        if config.split > 1:
+            self.reduce = self.module.get_function(f"{config.name}_reduce")
+            self.reduce.prepare(self.REDUCE_FORMAT)
         self.smem = smem
 
     @property
@@ -134,11 +155,15 @@ class Kernel:
 
     def __call__(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream=None):
         """Launch on GPU pointers (ints or pycuda allocations); asynchronous."""
-        self.function.prepared_async_call(
-            self.config.grid(m, n), self.config.block(), stream,
-            m, n, k, alpha, int(a), lda, int(b), ldb, beta, int(c), ldc,
-            shared_size=self.smem,
-        )
+        args = [m, n, k, alpha, int(a), lda, int(b), ldb, beta, int(c), ldc]
+        if self.reduce is not None:
+            w = int(workspace(self.config.workspace_floats(m, n) * 4))
+            args.append(w)
+        self.function.prepared_async_call(self.config.grid(m, n), self.config.block(), stream,
+                                          *args, shared_size=self.smem)
+        if self.reduce is not None:
+            self.reduce.prepared_async_call(((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
+                                            m, n, alpha, w, beta, int(c), ldc)
 
 
 @functools.cache

@@ -18,8 +18,9 @@ capability cc:
         estimate = measured TFLOP/s at its tuned shape
                    x min(1, efficiency(new shape) / efficiency(tuned shape))
         efficiency = tile efficiency (useful / computed work with M, N, K rounded up
-                     to the tile) x wave efficiency (tiles / block slots of the waves
-                     they need; slots = SMs x blocks per SM from the occupancy model);
+                     to the tile) x wave efficiency (blocks, tiles x split-K, over the
+                     block slots of the waves they need; slots = SMs x blocks per SM
+                     from the occupancy model);
      capped at 1: no kernel is assumed faster anywhere than where it was measured
      (a kernel tuned on a small problem would otherwise be extrapolated upward);
   3. with no candidate, cuBLAS runs.
@@ -67,7 +68,7 @@ def efficiency(config: KernelConfig, shape, sms: int, blocks_per_sm: int) -> flo
     m, n, k = shape
     tile = (m * n * k) / (_cdiv(m, config.bm) * config.bm * _cdiv(n, config.bn) * config.bn
                           * _cdiv(k, config.bk) * config.bk)
-    tiles = _cdiv(m, config.bm) * _cdiv(n, config.bn)
+    tiles = _cdiv(m, config.bm) * _cdiv(n, config.bn) * config.split
     slots = max(1, sms * max(blocks_per_sm, 1))
     wave = tiles / (_cdiv(tiles, slots) * slots)
     return tile * wave

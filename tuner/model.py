@@ -9,7 +9,8 @@ The bound is an upper bound on the FP32 TFLOP/s a SIMT kernel of this shape can
 reach, the product of:
   peak            SMs x FMA lanes x 2 x clock (the device's own figures on a GPU)
   tile efficiency useful / computed work when M, N, K are rounded up to the tile
-  wave efficiency tiles / (SMs x ceil(tiles / SMs)): SMs idle in the last wave
+  wave efficiency blocks / (SMs x ceil(blocks / SMs)), blocks = tiles x split-K:
+                  SMs idle in the last wave
   issue efficiency FFMA / (FFMA + LDS) in the inner loop: RM*RN FMAs per
                   RM/VA + RN/VB shared loads, each taking an issue slot
 Every factor only removes work a real kernel must do, so a kernel can never beat
@@ -25,7 +26,7 @@ from codegen.compile import Resources
 from codegen.config import KernelConfig
 from tuner.occupancy import Occupancy, occupancy
 
-__all__ = ["Verdict", "judge", "bound_tflops"]
+__all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ def bound_tflops(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLi
     m, n, k = shape
     c = config
     tile = (m * n * k) / (_cdiv(m, c.bm) * c.bm * _cdiv(n, c.bn) * c.bn * _cdiv(k, c.bk) * c.bk)
-    tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn)
+    tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
     sms = max(arch.sm_count, 1)
     wave = tiles / (sms * _cdiv(tiles, sms))
     tv = c.template_values()
@@ -57,6 +58,26 @@ def bound_tflops(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLi
     bound = peak * tile * wave * issue
     figures["bound_tflops"] = round(bound, 2)
     return bound, figures
+
+
+def wants_split(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLimits) -> bool:
+    """Split-K is searched only where the M x N tiles alone leave SMs idle."""
+    m, n, _ = shape
+    return _cdiv(m, config.bm) * _cdiv(n, config.bn) < max(arch.sm_count, 1)
+
+
+def shape_reasons(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLimits) -> list[str]:
+    """Reasons a buildable config is pointless for this shape (rejected before compiling)."""
+    m, n, k = shape
+    why = []
+    if config.split > 1:
+        tiles = _cdiv(m, config.bm) * _cdiv(n, config.bn)
+        if not wants_split(config, shape, arch):
+            why.append(f"split-K {config.split} is not needed: {tiles} tiles already cover "
+                       f"the {arch.sm_count} SMs")
+        if config.split > _cdiv(k, config.bk):
+            why.append(f"split-K {config.split} exceeds the {_cdiv(k, config.bk)} K tiles")
+    return why
 
 
 def judge(

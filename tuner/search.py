@@ -24,7 +24,7 @@ from codegen.arch import ArchLimits
 from codegen.check import check
 from codegen.compile import CompileResult, Resources, compile_config, default_cache_dir
 from codegen.config import DType, KernelConfig
-from tuner.model import judge
+from tuner.model import judge, shape_reasons, wants_split
 from tuner.outcome import Measurement, Outcome, Timing
 from tuner.space import SPACE, suggest, valid_configs
 
@@ -122,11 +122,12 @@ class _GridAsker:
     """Every valid configuration once, in an order shuffled by the seed; each is handed to
     Optuna through a PartialFixedSampler, so a trial's parameters are the configuration's."""
 
-    def __init__(self, study, arch: ArchLimits, dtype: DType, seed: int | None):
+    def __init__(self, study, arch: ArchLimits, dtype: DType, shape, seed: int | None):
         import random
 
         self.study, self.base = study, study.sampler
-        self.todo = [c for c in valid_configs(arch, dtype)]
+        self.shape, self.arch = tuple(shape), arch
+        self.todo = list(valid_configs(arch, dtype, shape))
         random.Random(seed).shuffle(self.todo)
         self.todo.reverse()  # pop() from the end
 
@@ -137,6 +138,8 @@ class _GridAsker:
             return None
         cfg = self.todo.pop()
         params = {k: getattr(cfg, k) for k in SPACE}
+        if wants_split(cfg, self.shape, self.arch):
+            params["split"] = cfg.split
         with warnings.catch_warnings():  # PartialFixedSampler is "experimental" since 2.4
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.sampler = optuna.samplers.PartialFixedSampler(params, self.base)
@@ -190,7 +193,7 @@ def search(
         direction="maximize", sampler=make_sampler(sampler, seed), storage=storage,
         study_name=study_name, load_if_exists=True,
     )
-    grid = _GridAsker(study, arch, dtype, seed) if sampler == "grid" else None
+    grid = _GridAsker(study, arch, dtype, shape, seed) if sampler == "grid" else None
     max_asks = trials * 50 + 2000
 
     def tell(trial, value=None, state=None):
@@ -233,8 +236,8 @@ def search(
             if trial is None:  # the grid is done
                 break
             stats.asked += 1
-            cfg = suggest(trial, dtype)
-            reasons = check(cfg, arch)
+            cfg = suggest(trial, dtype, tuple(shape), arch)
+            reasons = check(cfg, arch) + shape_reasons(cfg, tuple(shape), arch)
             if reasons:
                 stats.rejected += 1
                 trial.set_user_attr("outcome", Outcome.REJECTED.value)

@@ -12,6 +12,7 @@ exhaustive grid run to finish in minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Iterator
 
@@ -19,7 +20,8 @@ from codegen.arch import ArchLimits
 from codegen.check import check
 from codegen.config import DType, KernelConfig
 
-__all__ = ["SPACE", "config_from_params", "suggest", "space_size", "valid_configs", "Shape"]
+__all__ = ["SPACE", "SPLITS", "config_from_params", "suggest", "space_size", "valid_configs",
+           "Shape"]
 
 SPACE: dict[str, tuple[int, ...]] = {
     "bm": (16, 32, 64, 128, 256),
@@ -34,16 +36,28 @@ SPACE: dict[str, tuple[int, ...]] = {
     "swizzle": (1, 8),
 }
 
+#: Split-K, a conditional parameter: asked for only where the tiles of C leave SMs idle.
+SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+
 Shape = tuple[int, int, int]
 
 
 def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
-    return KernelConfig(dtype=dtype, **{k: int(params[k]) for k in SPACE})
+    return KernelConfig(dtype=dtype, split=int(params.get("split", 1)),
+                        **{k: int(params[k]) for k in SPACE})
 
 
-def suggest(trial, dtype: DType = DType.F32) -> KernelConfig:
-    """Ask an Optuna trial for one point of the space."""
-    return config_from_params({k: trial.suggest_categorical(k, v) for k, v in SPACE.items()}, dtype)
+def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
+            arch: ArchLimits | None = None) -> KernelConfig:
+    """Ask an Optuna trial for one point of the space (split-K only where it can help)."""
+    from tuner.model import wants_split
+
+    params = {k: trial.suggest_categorical(k, v) for k, v in SPACE.items()}
+    cfg = config_from_params(params, dtype)
+    if shape is not None and arch is not None and wants_split(cfg, shape, arch):
+        params["split"] = trial.suggest_categorical("split", SPLITS)
+        cfg = config_from_params(params, dtype)
+    return cfg
 
 
 def space_size() -> int:
@@ -53,9 +67,20 @@ def space_size() -> int:
     return n
 
 
-def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32) -> Iterator[KernelConfig]:
-    """Every point of the space that codegen.check accepts for `arch`, in grid order."""
+def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
+                  shape: Shape | None = None) -> Iterator[KernelConfig]:
+    """Every point of the space that codegen.check accepts for `arch` (and, given a shape,
+    that the shape rules keep, split-K variants included), in grid order."""
+    from codegen.arch import parse_arch
+    from tuner.model import shape_reasons, wants_split
+
+    arch = parse_arch(arch)
     for vals in itertools.product(*SPACE.values()):
         c = config_from_params(dict(zip(SPACE, vals)), dtype)
-        if not check(c, arch):
-            yield c
+        if check(c, arch):
+            continue
+        splits = SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
+        for s in splits:
+            cs = c if s == 1 else dataclasses.replace(c, split=s)
+            if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)):
+                yield cs

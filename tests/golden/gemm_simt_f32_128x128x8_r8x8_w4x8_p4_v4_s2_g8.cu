@@ -109,7 +109,6 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
     // May whole vectors be moved? (the pointer and every row aligned)
     const bool a_vec = vec_ok<VEC>(A, lda);
     const bool b_vec = vec_ok<VEC>(B, ldb);
-    const bool c_vec = vec_ok<STORE_VEC>(C, ldc);
 
     // Thread i's v-th vector of the A tile: row r, columns c..c+VEC-1 (likewise B).
     auto a_slot = [&](int v, int& r, int& c) {
@@ -204,14 +203,15 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
     };
 
     const int k_tiles = (K + BK - 1) / BK;
+    const int k_base = 0;
     // Double buffer: the next tile's global loads are in flight while this one computes.
-    load_tiles(0);
+    load_tiles(k_base);
     store_tiles(0);
     __syncthreads();
     for (int kt = 0; kt < k_tiles; ++kt) {
         const bool more = kt + 1 < k_tiles;
         if (more)
-            load_tiles((kt + 1) * BK);
+            load_tiles(k_base + (kt + 1) * BK);
         compute_stage(kt & 1);
         if (more)
             store_tiles((kt + 1) & 1);
@@ -219,6 +219,10 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
     }
 
     // Epilogue: C = alpha * acc + beta * C, guarded at the edges; C is not read when beta == 0.
+    float* const out = C;
+    const int ldo = ldc;
+    const float a_out = alpha, b_out = beta;
+    const bool o_vec = vec_ok<STORE_VEC>(C, ldc);
 #pragma unroll
     for (int c = 0; c < RM / VA; ++c) {
 #pragma unroll
@@ -226,7 +230,7 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
             const int gm = m0 + row_base + c * WT_M * VA + i;
             if (gm >= M)
                 continue;
-            float* crow = C + static_cast<size_t>(gm) * ldc;
+            float* crow = out + static_cast<size_t>(gm) * ldo;
 #pragma unroll
             for (int d = 0; d < RN / VB; ++d) {
 #pragma unroll
@@ -235,21 +239,21 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
                     float v[STORE_VEC];
 #pragma unroll
                     for (int s = 0; s < STORE_VEC; ++s)
-                        v[s] = alpha * acc[c * VA + i][d * VB + e + s];
-                    if (c_vec && gn + STORE_VEC <= N) {
-                        if (beta != 0.0f) {
+                        v[s] = a_out * acc[c * VA + i][d * VB + e + s];
+                    if (o_vec && gn + STORE_VEC <= N) {
+                        if (b_out != 0.0f) {
                             float old[STORE_VEC];
                             ld_vec<STORE_VEC>(old, crow + gn);
 #pragma unroll
                             for (int s = 0; s < STORE_VEC; ++s)
-                                v[s] = fmaf(beta, old[s], v[s]);
+                                v[s] = fmaf(b_out, old[s], v[s]);
                         }
                         st_vec<STORE_VEC>(crow + gn, v);
                     } else {
 #pragma unroll
                         for (int s = 0; s < STORE_VEC; ++s)
                             if (gn + s < N)
-                                crow[gn + s] = beta != 0.0f ? fmaf(beta, crow[gn + s], v[s]) : v[s];
+                                crow[gn + s] = b_out != 0.0f ? fmaf(b_out, crow[gn + s], v[s]) : v[s];
                     }
                 }
             }

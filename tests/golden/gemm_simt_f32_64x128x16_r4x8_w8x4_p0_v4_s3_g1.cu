@@ -137,7 +137,6 @@ gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
     // May whole vectors be moved? (the pointer and every row aligned)
     const bool a_vec = vec_ok<VEC>(A, lda);
     const bool b_vec = vec_ok<VEC>(B, ldb);
-    const bool c_vec = vec_ok<STORE_VEC>(C, ldc);
 
     // Thread i's v-th vector of the A tile: row r, columns c..c+VEC-1 (likewise B).
     auto a_slot = [&](int v, int& r, int& c) {
@@ -215,11 +214,12 @@ gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
     };
 
     const int k_tiles = (K + BK - 1) / BK;
+    const int k_base = 0;
     // cp.async ring of STAGES buffers: STAGES-1 tiles in flight ahead of the compute.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < k_tiles)
-            issue_tiles(s, s * BK);
+            issue_tiles(s, k_base + s * BK);
         cp_async_commit();
     }
     int read_stage = 0, write_stage = STAGES - 1;
@@ -227,7 +227,7 @@ gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
         cp_async_wait<STAGES - 2>();  // tile kt has landed (for this thread) ...
         __syncthreads();              // ... for all threads; stage kt-1 is free again
         if (kt + STAGES - 1 < k_tiles)
-            issue_tiles(write_stage, (kt + STAGES - 1) * BK);
+            issue_tiles(write_stage, k_base + (kt + STAGES - 1) * BK);
         cp_async_commit();            // always, so the group count stays in step
         compute_stage(read_stage);
         read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
@@ -235,6 +235,10 @@ gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
     }
 
     // Epilogue: C = alpha * acc + beta * C, guarded at the edges; C is not read when beta == 0.
+    float* const out = C;
+    const int ldo = ldc;
+    const float a_out = alpha, b_out = beta;
+    const bool o_vec = vec_ok<STORE_VEC>(C, ldc);
 #pragma unroll
     for (int c = 0; c < RM / VA; ++c) {
 #pragma unroll
@@ -242,7 +246,7 @@ gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
             const int gm = m0 + row_base + c * WT_M * VA + i;
             if (gm >= M)
                 continue;
-            float* crow = C + static_cast<size_t>(gm) * ldc;
+            float* crow = out + static_cast<size_t>(gm) * ldo;
 #pragma unroll
             for (int d = 0; d < RN / VB; ++d) {
 #pragma unroll
@@ -251,21 +255,21 @@ gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
                     float v[STORE_VEC];
 #pragma unroll
                     for (int s = 0; s < STORE_VEC; ++s)
-                        v[s] = alpha * acc[c * VA + i][d * VB + e + s];
-                    if (c_vec && gn + STORE_VEC <= N) {
-                        if (beta != 0.0f) {
+                        v[s] = a_out * acc[c * VA + i][d * VB + e + s];
+                    if (o_vec && gn + STORE_VEC <= N) {
+                        if (b_out != 0.0f) {
                             float old[STORE_VEC];
                             ld_vec<STORE_VEC>(old, crow + gn);
 #pragma unroll
                             for (int s = 0; s < STORE_VEC; ++s)
-                                v[s] = fmaf(beta, old[s], v[s]);
+                                v[s] = fmaf(b_out, old[s], v[s]);
                         }
                         st_vec<STORE_VEC>(crow + gn, v);
                     } else {
 #pragma unroll
                         for (int s = 0; s < STORE_VEC; ++s)
                             if (gn + s < N)
-                                crow[gn + s] = beta != 0.0f ? fmaf(beta, crow[gn + s], v[s]) : v[s];
+                                crow[gn + s] = b_out != 0.0f ? fmaf(b_out, crow[gn + s], v[s]) : v[s];
                     }
                 }
             }
