@@ -154,10 +154,11 @@ def test_measure_times_a_correct_kernel_and_flags_a_wrong_one(compiled, compile_
     good = b.measure(cfg, res.cubin)
     assert good.outcome is Outcome.TIMED and good.error <= 1e-5
     assert good.timing.quantile(0.1) <= good.timing.median_ms <= good.timing.quantile(0.9)
-    # A planted bug: the epilogue drops alpha's product for every other row.
-    broken = render(DEFAULT_CONFIG).replace(
-        "v[s] = alpha * acc[c * VA + i][d * VB + e + s];",
-        "v[s] = (gm & 1) ? 0.0f : alpha * acc[c * VA + i][d * VB + e + s];")
+    # A planted bug: the epilogue drops the product for every other row.
+    good_src = render(DEFAULT_CONFIG)
+    line = "v[s] = a_out * acc[c * VA + i][d * VB + e + s];"
+    assert good_src.count(line) == 1, "the planted bug no longer applies: update the test"
+    broken = good_src.replace(line, "v[s] = (gm & 1) ? 0.0f : a_out * acc[c * VA + i][d * VB + e + s];")
     bad = compile_source(broken, "sm_90", DEFAULT_CONFIG.name, compile_cache,
                          smem_dynamic=DEFAULT_CONFIG.smem_bytes)
     assert bad.ok

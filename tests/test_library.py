@@ -36,9 +36,13 @@ def test_adding_the_same_shape_replaces_its_entry(lib, tmp_path, compile_cache):
     res = compile_config(SMALL, "sm_90", compile_cache, tmp_path / "art")
     cu = tmp_path / "art" / "sm_90" / f"{SMALL.name}.cu"
     lib.add(entry(SMALL, res, (4096, 4096, 4096), 30.0, 51.3), cu, res.cubin)
-    entries = load_library(lib.path).manifest["entries"]
+    again = load_library(lib.path)
+    entries = again.manifest["entries"]
     assert len(entries) == 2
     assert [e["kernel"] for e in entries if e["m"] == 4096] == [SMALL.name]
+    # BIG is used by no entry now: it leaves the manifest and the disk
+    assert set(again.manifest["kernels"]) == {f"sm_90/{SMALL.name}"}
+    assert not list((lib.path / "kernels" / "sm_90").glob(f"{BIG.name}.*"))
 
 
 def test_tampered_cubin_is_refused_naming_it(lib):

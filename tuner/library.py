@@ -181,7 +181,17 @@ class Library:
                 if tuple(e[f] for f in same) != tuple(entry[f] for f in same)
             ] + [entry]
             self.manifest["schema"] = SCHEMA
+            orphans = self._unreferenced()
+            for key in orphans:
+                del self.manifest["kernels"][key]
             atomic_write_json(self.path / "manifest.json", self.manifest)
+            for key in orphans:  # after the manifest no longer names them
+                for ext in (".cu", ".cubin", ".json"):
+                    (self.path / "kernels" / f"{key}{ext}").unlink(missing_ok=True)
+
+    def _unreferenced(self) -> list[str]:
+        used = {f"{e['arch']}/{e['kernel']}" for e in self.manifest["entries"]}
+        return [k for k in self.manifest["kernels"] if k not in used]
 
     # ---- dispatch (pure) ---------------------------------------------------------------
     def select(self, m: int, n: int, k: int, dtype: DType = DType.F32, cc: int = 90,
