@@ -32,7 +32,7 @@ from codegen.render import render, template_hash
 __all__ = [
     "Resources", "CompileResult", "ToolchainError", "nvcc_path", "nvcc_version",
     "parse_ptxas", "compile_source", "compile_config", "compile_many", "default_cache_dir",
-    "NVCC_FLAGS",
+    "NVCC_FLAGS", "compile_task",
 ]
 
 log = logging.getLogger(__name__)
@@ -220,8 +220,8 @@ def compile_source(
             return CompileResult(name=name, arch=sm, ok=False, log=f"{text}\n{e}", seconds=seconds,
                                  source=source)
         atomic_write(cubin, out.read_bytes())
-        atomic_write_json(meta, {"log": text, "seconds": seconds, "cmd": cmd[1:-3],
-                                 "nvcc": nvcc_version(), "name": name})
+        atomic_write_json(meta, {"log": text, "seconds": seconds, "arch": sm,
+                                 "flags": list(flags), "nvcc": nvcc_version(), "name": name})
     return CompileResult(
         name=name, arch=sm, ok=True, log=text, seconds=seconds, cubin=cubin,
         resources=dataclasses.replace(res, smem_dynamic=smem_dynamic), source=source,
@@ -265,7 +265,9 @@ def write_artifacts(config: KernelConfig, result: CompileResult, artifacts_dir: 
     return cu
 
 
-def _worker(args) -> CompileResult:
+def compile_task(args) -> CompileResult:
+    """compile_config over one picklable tuple (config, arch, cache_dir, artifacts_dir):
+    what a process-pool worker runs."""
     config, arch, cache_dir, artifacts_dir = args
     return compile_config(config, arch, cache_dir, artifacts_dir)
 
@@ -293,7 +295,8 @@ def compile_many(
         return
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(_worker, (c, arch, cache_dir, artifacts_dir)): c for c in configs}
+        futures = {pool.submit(compile_task, (c, arch, cache_dir, artifacts_dir)): c
+                   for c in configs}
         for fut in cf.as_completed(futures):
             c = futures[fut]
             r = fut.result()

@@ -179,14 +179,10 @@ class KernelConfig:
         return self.bn + self.pad
 
     @property
-    def smem_buffers(self) -> int:
-        return self.stages
-
-    @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block, in bytes."""
         per_stage = self.bk * (self.lda_s + self.ldb_s)
-        return self.smem_buffers * per_stage * 4
+        return self.stages * per_stage * 4
 
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 from codegen.arch import ArchLimits, parse_arch
-from codegen.compile import Resources
 
 __all__ = ["Occupancy", "occupancy", "LIMITERS"]
 
@@ -94,7 +93,3 @@ def occupancy(threads: int, registers: int, smem: int, arch: str | int | ArchLim
         limits=limits,
         max_warps_per_sm=a.max_warps_per_sm,
     )
-
-
-def of_resources(threads: int, res: Resources, arch) -> Occupancy:
-    return occupancy(threads, res.registers, res.smem, arch)

@@ -22,7 +22,7 @@ from typing import Callable, Protocol
 
 from codegen.arch import ArchLimits
 from codegen.check import check
-from codegen.compile import CompileResult, Resources, compile_config, default_cache_dir
+from codegen.compile import CompileResult, Resources, compile_task, default_cache_dir
 from codegen.config import DType, KernelConfig
 from tuner.model import judge, shape_reasons, wants_split
 from tuner.outcome import Measurement, Outcome, Timing
@@ -129,7 +129,6 @@ class _GridAsker:
         self.shape, self.arch = tuple(shape), arch
         self.todo = list(valid_configs(arch, dtype, shape))
         random.Random(seed).shuffle(self.todo)
-        self.todo.reverse()  # pop() from the end
 
     def ask(self):
         import optuna
@@ -144,11 +143,6 @@ class _GridAsker:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.sampler = optuna.samplers.PartialFixedSampler(params, self.base)
         return self.study.ask()
-
-
-def _compile_worker(args) -> CompileResult:
-    config, arch, cache_dir, artifacts = args
-    return compile_config(config, arch, cache_dir, artifacts)
 
 
 class _InlineExecutor(cf.Executor):
@@ -253,7 +247,7 @@ def search(
                 continue
             seen[cfg.name] = (TrialState.RUNNING, None)
             stats.compiled += 1
-            fut = pool.submit(_compile_worker, (cfg, arch.sm, cache_dir, artifacts))
+            fut = pool.submit(compile_task, (cfg, arch.sm, cache_dir, artifacts))
             pending.append((trial, cfg, fut))
 
     try:
