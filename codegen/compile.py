@@ -55,6 +55,7 @@ class Resources:
     stack_frame: int
     barriers: int
     smem_dynamic: int = 0
+    ptxas_ms: float = 0.0  # ptxas's own "Compile time" for this entry
 
     @property
     def smem(self) -> int:
@@ -131,6 +132,7 @@ _FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+
 _USED_RE = re.compile(r"Used (\d+) registers")
 _BAR_RE = re.compile(r"used (\d+) barriers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
+_TIME_RE = re.compile(r"Compile time = ([\d.]+) ms")
 
 
 def parse_ptxas(text: str, entry: str | None = None) -> Resources:
@@ -157,6 +159,7 @@ def parse_ptxas(text: str, entry: str | None = None) -> Resources:
     frame = _FRAME_RE.search(part)
     bars = _BAR_RE.search(part)
     smem = _SMEM_RE.search(part)
+    ms = _TIME_RE.search(part)
     stack, st, ld = (int(g) for g in frame.groups()) if frame else (0, 0, 0)
     return Resources(
         registers=int(used.group(1)),
@@ -165,6 +168,7 @@ def parse_ptxas(text: str, entry: str | None = None) -> Resources:
         spill_loads=ld,
         stack_frame=stack,
         barriers=int(bars.group(1)) if bars else 0,
+        ptxas_ms=float(ms.group(1)) if ms else 0.0,
     )
 
 

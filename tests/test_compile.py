@@ -17,11 +17,12 @@ def test_nvcc_is_present():
 
 @pytest.mark.parametrize("name,want", [
     ("default_sm_90.txt", dict(registers=125, smem_static=0, spill_stores=0, spill_loads=0,
-                               stack_frame=0, barriers=1)),
+                               stack_frame=0, barriers=1, ptxas_ms=118.236)),
     ("default_sm_80.txt", dict(registers=136, smem_static=0, spill_stores=0, spill_loads=0,
-                               stack_frame=0, barriers=1)),
+                               stack_frame=0, barriers=1, ptxas_ms=97.82)),
     ("spilling_sm_90.txt", dict(registers=32, smem_static=0, spill_stores=10140,
-                                spill_loads=10384, stack_frame=3008, barriers=1)),
+                                spill_loads=10384, stack_frame=3008, barriers=1,
+                                ptxas_ms=694.474)),
 ])
 def test_parse_recorded_ptxas_reports(name, want):
     res = parse_ptxas((FIXTURES / "ptxas" / name).read_text())
@@ -32,8 +33,8 @@ def test_parse_picks_the_named_entry():
     text = (FIXTURES / "ptxas" / "two_entries_sm_90.txt").read_text()
     second = parse_ptxas(text, "second_kernel")
     gemm = parse_ptxas(text, "gemm_simt_f32_64x64x16_r4x4_w4x8_p4_v4_s1_g8")
-    assert (second.registers, second.smem_static) == (10, 256)
-    assert (gemm.registers, gemm.smem_static) == (64, 0)
+    assert (second.registers, second.smem_static, second.ptxas_ms) == (10, 256, 2.169)
+    assert (gemm.registers, gemm.smem_static, gemm.ptxas_ms) == (64, 0, 32.4)
     with pytest.raises(ValueError, match="not in the ptxas report"):
         parse_ptxas(text, "missing")
     with pytest.raises(ValueError, match="no 'Compiling entry function'"):
