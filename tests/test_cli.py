@@ -136,3 +136,14 @@ def test_a_problem_too_large_for_the_gpu_is_one_error(monkeypatch):
     _check_fits(dev, (4096, 4096, 4096), DType.F32)  # fits
     with pytest.raises(UsageError, match=r"100000x100000x100000 needs 484\.4 GiB on the GPU"):
         _check_fits(dev, (100000, 100000, 100000), DType.F32)
+
+
+def test_ctrl_c_exits_130(capsys, monkeypatch):
+    import tuner.cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuner.cli, "_run", interrupted)
+    assert main(["--shape", "8x8x8"]) == 130
+    assert capsys.readouterr().err.strip() == "gemm-tune: interrupted"

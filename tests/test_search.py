@@ -1,47 +1,15 @@
 """The search loop with a fake benchmark: real validation, real nvcc compiles, no GPU."""
 
-import math
-
 import optuna
 import pytest
 
 from codegen import parse_arch
-from tuner.model import bound_tflops
-from tuner.outcome import Measurement, Outcome, Timing
+from _fakes import SHAPE, FakeBenchmark
+from tuner.outcome import Outcome
 from tuner.search import confirm, search
 from tuner.space import SPACE, space_size, valid_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-SHAPE = (512, 512, 512)
-
-
-class FakeBenchmark:
-    """Times are a fixed fraction of the model's bound; some configs launch-fail or are wrong."""
-
-    def __init__(self, shape=SHAPE, wrong=lambda c: False, launch_fails=lambda c: False):
-        self.arch = parse_arch("sm_90")
-        self.shape = shape
-        self.flops = 2.0 * math.prod(shape)
-        self.wrong, self.launch_fails = wrong, launch_fails
-        self.measured, self.baselines = [], 0
-
-    def _ms(self, tflops):
-        return self.flops / (tflops * 1e12) * 1e3
-
-    def measure(self, config, cubin):
-        assert cubin.read_bytes()[:4] == b"\x7fELF"
-        self.measured.append(config)
-        if self.launch_fails(config):
-            return Measurement(Outcome.LAUNCH_FAILED, message="an illegal memory access")
-        if self.wrong(config):
-            return Measurement(Outcome.WRONG_RESULT, error=0.5, message="||C-ref||/||ref|| = 0.5")
-        bound, _ = bound_tflops(config, self.shape, self.arch)
-        ms = self._ms(0.6 * bound)
-        return Measurement(Outcome.TIMED, Timing((ms, ms * 1.01, ms * 0.99)), error=1e-7)
-
-    def baseline(self):
-        self.baselines += 1
-        return Measurement(Outcome.TIMED, Timing((self._ms(30.0),) * 3), error=1e-7)
 
 
 @pytest.fixture
@@ -147,3 +115,83 @@ def test_search_tries_split_k_on_a_skinny_shape(run):
     res = run(FakeBenchmark(shape=(64, 64, 4096)), trials=12, seed=2, sampler="random")
     assert any(r.config.split > 1 for r in res.records)
     assert all(t.params.get("split", 1) in (1, 2, 4, 8, 16, 32) for t in res.study.trials)
+
+
+def _finished(study):
+    return {t.user_attrs["kernel"]: t.state for t in study.trials
+            if "kernel" in t.user_attrs and t.state.is_finished()}
+
+
+def test_resume_repeats_no_trial(run, tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = FakeBenchmark()
+    a = run(first, trials=6, seed=4, storage=url, study_name="resume")
+    again = FakeBenchmark()
+    b = run(again, trials=10, seed=4, storage=url, study_name="resume")
+    assert b.stats.resumed == a.stats.timed + a.stats.pruned
+    assert b.stats.compiled == 10  # the budget is the study's, across runs
+    assert not {c.name for c in first.measured} & {c.name for c in again.measured}
+    assert len(_finished(b.study)) == 10
+
+
+def test_ctrl_c_keeps_the_study_and_leaves_nothing_running(run, tmp_path):
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    res = run(FakeBenchmark(interrupt_at=3), trials=10, seed=6, storage=url, study_name="c")
+    assert res.stats.interrupted and res.stats.timed == 2
+    states = [t.state for t in optuna.load_study(study_name="c", storage=url).trials]
+    assert TrialState.RUNNING not in states
+    # the same search again takes over the two timed candidates and goes on
+    more = FakeBenchmark()
+    res2 = run(more, trials=10, seed=6, storage=url, study_name="c")
+    assert not res2.stats.interrupted and res2.stats.resumed >= 2
+    assert res2.stats.compiled == 10
+
+
+_KILLED = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from _fakes import FakeBenchmark
+from tuner.search import search
+search((512, 512, 512), FakeBenchmark(delay=0.3, log={log!r}), trials=40, seed=8, jobs=1,
+       storage={url!r}, study_name="k", cache_dir=Path({cache!r}), artifacts=Path({art!r}))
+"""
+
+
+def test_sigkill_loses_at_most_the_trials_in_flight(tmp_path, compile_cache):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    log = tmp_path / "timed.log"
+    code = _KILLED.format(tests=str(Path(__file__).parent), log=str(log), url=url,
+                          cache=str(compile_cache), art=str(tmp_path / "art"))
+    p = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.1)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    timed = log.read_text().splitlines()
+    assert len(timed) >= 4, "the search did not get going"
+    study = optuna.load_study(study_name="k", storage=url)
+    done = _finished(study)
+    running = [t for t in study.trials if t.state == TrialState.RUNNING]
+    # every candidate timed before the kill but the last is in the study; what is left
+    # RUNNING is the candidate being timed plus the compile look-ahead (2 with jobs=1)
+    assert set(timed[:-1]) <= set(done)
+    assert len(running) <= 3
+    # and the next run takes over what was done
+    res = search((512, 512, 512), FakeBenchmark(), trials=len(done) + 2, seed=8, jobs=1,
+                 storage=url, study_name="k", cache_dir=compile_cache, artifacts=tmp_path)
+    assert res.stats.resumed == len(done)

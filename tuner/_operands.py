@@ -51,7 +51,8 @@ def _device_of(ptr: int, name: str) -> int:
     return ordinal.value
 
 
-def operand(x, name: str, device: int, writable: bool = False) -> Operand:
+def operand(x, name: str, writable: bool = False) -> Operand:
+    """Shape, dtype, layout and kind of one operand; no device access."""
     if isinstance(x, np.ndarray):
         if x.dtype != _F32:
             raise LibraryError(f"{name} is {x.dtype}; these kernels take float32")
@@ -75,10 +76,16 @@ def operand(x, name: str, device: int, writable: bool = False) -> Operand:
     else:
         raise LibraryError(f"{name} must be a numpy array, a pycuda GPUArray or expose "
                            f"__cuda_array_interface__ (got {type(x).__name__})")
-    where = _device_of(ptr, name)
-    if where != device:
-        raise LibraryError(f"{name} is on GPU {where}; the library runs on GPU {device}")
-    return Operand(name, x, rows, cols, ld, ptr)
+    return Operand(name, x, rows, cols, ld, int(ptr))
+
+
+def check_devices(device: int, *ops: Operand) -> None:
+    """Every GPU operand must live on `device` (the library's)."""
+    for o in ops:
+        if o.ptr is not None:
+            where = _device_of(o.ptr, o.name)
+            if where != device:
+                raise LibraryError(f"{o.name} is on GPU {where}; the library runs on GPU {device}")
 
 
 def empty_like(a, shape):

@@ -62,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--library", type=Path, default=None,
                    help="tuned-kernel library the winner joins (default <artifacts>/library)")
     p.add_argument("--storage", default=None,
-                   help="Optuna storage URL (default: in memory)")
+                   help="Optuna storage URL, e.g. sqlite:///tune.db (default: in memory); the "
+                        "same command resumes a study kept there without repeating trials")
+    p.add_argument("--study", default=None,
+                   help="study name in --storage (default: the cache key of the problem)")
     p.add_argument("--top", type=int, default=5, help="rows in the result table (default 5)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")

@@ -260,20 +260,23 @@ class Library:
         """
         from tuner import _operands as ops
 
-        dev = self._device()
-        a = ops.operand(A, "A", dev.index)
-        b = ops.operand(B, "B", dev.index)
+        a = ops.operand(A, "A")
+        b = ops.operand(B, "B")
         if a.cols != b.rows:
             raise LibraryError(f"A is {a.rows}x{a.cols} and B is {b.rows}x{b.cols}: "
                                "A's columns must equal B's rows")
         m, n, k = a.rows, b.cols, a.cols
+        if C is None and beta != 0:
+            raise LibraryError("beta != 0 needs a C to read")
+        if C is not None:
+            c = ops.operand(C, "C", writable=True)
+            if (c.rows, c.cols) != (m, n):
+                raise LibraryError(f"C is {c.rows}x{c.cols}; A @ B is {m}x{n}")
+        dev = self._device()  # everything above is checked before the GPU is touched
         if C is None:
-            if beta != 0:
-                raise LibraryError("beta != 0 needs a C to read")
             C = ops.empty_like(A, (m, n))
-        c = ops.operand(C, "C", dev.index, writable=True)
-        if (c.rows, c.cols) != (m, n):
-            raise LibraryError(f"C is {c.rows}x{c.cols}; A @ B is {m}x{n}")
+            c = ops.operand(C, "C", writable=True)
+        ops.check_devices(dev.index, a, b, c)
         choice = self.select(m, n, k, DType.F32, dev.cc, dev.arch.sm_count)
         with ops.on_device(a, b, c) as (pa, pb, pc):
             if choice.kernel is None:

@@ -22,7 +22,9 @@ from typing import Callable, Protocol
 
 from codegen.arch import ArchLimits
 from codegen.check import check
-from codegen.compile import CompileResult, Resources, compile_task, default_cache_dir
+from codegen.compile import (
+    CompileResult, Resources, compile_config, compile_task, default_cache_dir,
+)
 from codegen.config import DType, KernelConfig
 from tuner.model import judge, shape_reasons, wants_split
 from tuner.outcome import Measurement, Outcome, Timing
@@ -77,6 +79,8 @@ class SearchStats:
     best_tflops: float | None = None
     cublas_tflops: float | None = None
     seconds: float = 0.0
+    resumed: int = 0  # candidates an earlier run of the same study had already done
+    interrupted: bool = False  # stopped by Ctrl-C; the study keeps every finished trial
 
     @property
     def done(self) -> int:
@@ -187,7 +191,10 @@ def search(
         direction="maximize", sampler=make_sampler(sampler, seed), storage=storage,
         study_name=study_name, load_if_exists=True,
     )
+    _resume(study, dtype, seen, records, stats)
     grid = _GridAsker(study, arch, dtype, shape, seed) if sampler == "grid" else None
+    if grid:
+        grid.todo = [c for c in grid.todo if c.name not in seen]
     max_asks = trials * 50 + 2000
 
     def tell(trial, value=None, state=None):
@@ -195,6 +202,7 @@ def search(
             study.tell(trial, value)
         else:
             study.tell(trial, state=state)
+
     cache_dir = Path(cache_dir or default_cache_dir())
     jobs = max(1, jobs or os.cpu_count() or 1)
     pool = (_InlineExecutor() if jobs == 1 else cf.ProcessPoolExecutor(
@@ -250,15 +258,19 @@ def search(
             fut = pool.submit(compile_task, (cfg, arch.sm, cache_dir, artifacts))
             pending.append((trial, cfg, fut))
 
+    current: list = []  # the trial between leaving `pending` and being told
+
     try:
         time_baseline()
         refill()
         while pending:
             trial, cfg, fut = pending.popleft()
+            current[:] = [trial, cfg]
             if time.monotonic() >= deadline:
                 trial.set_user_attr("reason", "search stopped by --timeout before timing")
                 tell(trial, state=TrialState.FAIL)
                 fut.cancel()
+                current.clear()
                 continue
             res: CompileResult = fut.result()
             refill()  # keep the pool busy while the GPU works
@@ -294,12 +306,47 @@ def search(
                         stats.launch_failed += 1
                     finish(trial, rec, state=TrialState.FAIL)
             records.append(rec)
+            current.clear()
             emit(rec)
         time_baseline()
+    except KeyboardInterrupt:
+        # Ctrl-C: every finished trial is already in the study; the unfinished ones are
+        # marked failed (not left RUNNING), so the same command resumes cleanly.
+        stats.interrupted = True
+        unfinished = ([tuple(current)] if current else []) + [(t, c) for t, c, _ in pending]
+        for trial, cfg in unfinished:
+            if seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
+                seen.pop(cfg.name, None)
+                trial.set_user_attr("reason", "interrupted (Ctrl-C) before it finished")
+                tell(trial, state=TrialState.FAIL)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     stats.seconds = time.monotonic() - t0
     return SearchResult(tuple(shape), dtype, records, baselines, stats, study, storage)
+
+
+def _resume(study, dtype: DType, seen: dict, records: list, stats: SearchStats) -> None:
+    """Take in what an earlier run of this study finished: those candidates count towards
+    the budget and are never compiled or timed again. Failed ones are retried."""
+    from optuna.trial import TrialState
+
+    for t in study.trials:
+        name = t.user_attrs.get("kernel")
+        if name is None or t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+            continue
+        cfg = KernelConfig.from_name(name)
+        if cfg.dtype is not dtype or name in seen:
+            continue
+        seen[name] = (t.state, t.value)
+        stats.resumed += 1
+        stats.compiled += 1
+        if t.state == TrialState.COMPLETE:
+            stats.timed += 1
+            stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
+            records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
+                                       figures=t.user_attrs.get("figures", {})))
+        else:
+            stats.pruned += 1
 
 
 def save_study(result: SearchResult, db: Path, name: str) -> None:
@@ -317,15 +364,20 @@ def save_study(result: SearchResult, db: Path, name: str) -> None:
                       to_storage=url, to_study_name=name)
 
 
-def confirm(result: SearchResult, bench: Benchmark, top: int = 5, rounds: int = 3
-            ) -> list[tuple[TrialRecord, Timing, Timing]]:
+def confirm(result: SearchResult, bench: Benchmark, top: int = 5, rounds: int = 3,
+            artifacts: Path | None = None) -> list[tuple[TrialRecord, Timing, Timing]]:
     """Re-time the best `top` candidates and cuBLAS in turn (A B A B ...), `rounds` times,
     so the figures reported side by side come from the same minutes of the same run.
 
     Returns (record, candidate timing, cuBLAS timing) best first; each timing pools the
-    repetitions of every round.
+    repetitions of every round. Candidates taken over from an earlier run are compiled
+    again first (a compile-cache hit) for their cubin, resources and artifacts.
     """
     best = result.timed()[:top]
+    for r in best:
+        if r.cubin is None:
+            res = compile_config(r.config, bench.arch.sm, None, artifacts)
+            r.cubin, r.resources = res.cubin, res.resources
     ours: dict[str, list[float]] = {r.config.name: [] for r in best}
     theirs: list[float] = []
     for _ in range(rounds):

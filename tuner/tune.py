@@ -21,6 +21,14 @@ from tuner.occupancy import occupancy
 __all__ = ["run_cli", "cache_key"]
 
 
+class _Interrupted(Exception):
+    """Ctrl-C during the search: the study is kept; the CLI prints the best so far."""
+
+    def __init__(self, result):
+        super().__init__("interrupted")
+        self.result = result
+
+
 def cache_key(dev, dtype: DType, shape, layout: Layout = Layout.NN) -> CacheKey:
     cuda = re.search(r"release ([\d.]+)", nvcc_version()).group(1)
     return CacheKey(dev.name, dev.cc, cuda, template_hash(), dtype.short, layout.value, *shape)
@@ -89,7 +97,16 @@ def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
         result = dict(entry["result"], from_cache=True)
     else:
         _check_fits(dev, shape, dtype)
-        result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
+        try:
+            result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
+        except _Interrupted as stop:
+            best = stop.result.timed()
+            where = (f"; run the same command to resume (study in {args.storage})"
+                     if args.storage else "; pass --storage sqlite:///FILE to keep a study")
+            print("gemm-tune: interrupted; best so far: " + (
+                f"{best[0].config.name} at {best[0].tflops:.1f} TFLOP/s" if best else "none")
+                + where, file=sys.stderr)
+            return 130
         cache.put(key, dict(result=result, **result["winner"]))
         _add_to_library(args, artifacts, dev, key, result)
     if args.json:
@@ -140,12 +157,16 @@ def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
 
         res = search(shape, bench, dtype=dtype, trials=args.trials, timeout=args.timeout,
                      sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
-                     storage=args.storage, on_event=on_event)
+                     storage=args.storage, study_name=args.study or (str(key) if args.storage
+                                                                     else None),
+                     on_event=on_event)
         bar.update(task, description="confirming")
         save_study(res, artifacts / "studies.db", str(key))
         if not res.timed():
             raise UsageError("no candidate passed verification; see the artifacts' .json files")
-        rows = confirm(res, bench, top=args.top)
+        if res.stats.interrupted:
+            raise _Interrupted(res)
+        rows = confirm(res, bench, top=args.top, artifacts=artifacts)
     cublas_ms = rows[0][2].median_ms
     top = [_row(i + 1, rec, t, cublas_ms, bench.flops, dev.arch)
            for i, (rec, t, _) in enumerate(rows)]

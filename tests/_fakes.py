@@ -1,0 +1,47 @@
+"""A fake benchmark for the search (no GPU): times are a fixed fraction of the model's bound."""
+
+import math
+import time
+
+from codegen import parse_arch
+from tuner.model import bound_tflops
+from tuner.outcome import Measurement, Outcome, Timing
+
+SHAPE = (512, 512, 512)
+
+
+class FakeBenchmark:
+    """Times are a fixed fraction of the model's bound; some configs launch-fail or are wrong."""
+
+    def __init__(self, shape=SHAPE, wrong=lambda c: False, launch_fails=lambda c: False,
+                 interrupt_at=None, delay=0.0, log=None):
+        self.arch = parse_arch("sm_90")
+        self.shape = shape
+        self.flops = 2.0 * math.prod(shape)
+        self.wrong, self.launch_fails = wrong, launch_fails
+        self.interrupt_at, self.delay, self.log = interrupt_at, delay, log
+        self.measured, self.baselines = [], 0
+
+    def _ms(self, tflops):
+        return self.flops / (tflops * 1e12) * 1e3
+
+    def measure(self, config, cubin):
+        assert cubin.read_bytes()[:4] == b"\x7fELF"
+        self.measured.append(config)
+        if self.interrupt_at is not None and len(self.measured) == self.interrupt_at:
+            raise KeyboardInterrupt  # as if Ctrl-C arrived while timing this candidate
+        time.sleep(self.delay)
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(config.name + "\n")
+        if self.launch_fails(config):
+            return Measurement(Outcome.LAUNCH_FAILED, message="an illegal memory access")
+        if self.wrong(config):
+            return Measurement(Outcome.WRONG_RESULT, error=0.5, message="||C-ref||/||ref|| = 0.5")
+        bound, _ = bound_tflops(config, self.shape, self.arch)
+        ms = self._ms(0.6 * bound)
+        return Measurement(Outcome.TIMED, Timing((ms, ms * 1.01, ms * 0.99)), error=1e-7)
+
+    def baseline(self):
+        self.baselines += 1
+        return Measurement(Outcome.TIMED, Timing((self._ms(30.0),) * 3), error=1e-7)
