@@ -8,7 +8,7 @@ buildable configuration. The template repeats the structural invariants as
 from __future__ import annotations
 
 from codegen.arch import ArchLimits, parse_arch
-from codegen.config import DType, Family, KernelConfig
+from codegen.config import DType, Family, KernelConfig, WmmaConfig
 
 __all__ = ["check", "MAX_STAGES", "SPLITS", "WARP_ARRANGEMENTS"]
 
@@ -25,6 +25,8 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
         ['cp.async stages (3) need sm_80 or newer; sm_75 has none']
     """
     a = parse_arch(arch)
+    if isinstance(config, WmmaConfig):
+        return _check_wmma(config, a)
     c = config
     why: list[str] = []
 
@@ -96,4 +98,55 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
             f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
             f"the {a.max_regs_per_thread} per-thread limit"
         )
+    return why
+
+
+def _check_wmma(c: WmmaConfig, a: ArchLimits) -> list[str]:
+    why: list[str] = []
+    if c.dtype not in (DType.F16, DType.BF16, DType.TF32):
+        why.append(f"the wmma family takes f16, bf16 or tf32 inputs, not {c.dtype.short} "
+                   "(f32 runs on the simt family)")
+        return why
+    if c.dtype in (DType.BF16, DType.TF32) and a.cc < 80:
+        why.append(f"{c.dtype.short} tensor cores need sm_80 or newer; {a.sm} has none")
+    sizes = dict(BM=c.bm, BN=c.bn, BK=c.bk, WM=c.wm, WN=c.wn)
+    bad = [f"{k}={v}" for k, v in sizes.items() if v < 1]
+    if bad:
+        return why + [f"tile sizes must be positive ({', '.join(bad)})"]
+    shape = []  # what the rest of the checks need to be true
+    if c.wm % 16 or c.wn % 16:
+        shape.append(f"warp tile {c.wm}x{c.wn} is not made of 16x16 fragments")
+    if c.bm % c.wm or c.bn % c.wn:
+        shape.append(f"warp tile {c.wm}x{c.wn} does not divide the block tile {c.bm}x{c.bn}")
+    if c.bk % c.frag_k:
+        shape.append(f"BK={c.bk} is not a multiple of the {c.dtype.short} fragment depth "
+                     f"{c.frag_k}")
+    if shape:
+        return why + shape
+    t = c.threads
+    if t > a.max_threads_per_block:
+        why.append(f"{t} threads per block exceeds the limit of {a.max_threads_per_block}")
+    if c.vec * c.elem not in (4, 8, 16):
+        why.append(f"vector width {c.vec} x {c.elem} B is not a 4, 8 or 16 byte copy")
+    else:
+        for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
+            if cols % c.vec or (rows * cols // c.vec) % t:
+                why.append(f"{t} threads cannot load the {rows}x{cols} {op} tile evenly "
+                           f"in vectors of {c.vec}")
+    if c.skew < 0 or (c.skew * c.elem) % 16:
+        why.append(f"skew {c.skew} x {c.elem} B must keep shared rows 16-byte aligned "
+                   "(wmma's ldm)")
+    if not 1 <= c.stages <= MAX_STAGES:
+        why.append(f"stages={c.stages} is outside 1..{MAX_STAGES}")
+    elif c.stages >= 2 and not a.has_cp_async:
+        why.append(f"cp.async stages ({c.stages}) need sm_80 or newer; {a.sm} has none")
+    if c.swizzle < 1:
+        why.append(f"swizzle group {c.swizzle} must be at least 1")
+    if c.smem_bytes > a.smem_per_block_optin:
+        why.append(f"shared memory {c.smem_bytes} B exceeds the {a.smem_per_block_optin} B "
+                   f"per-block limit of {a.sm}")
+    acc = (c.wm // 16) * (c.wn // 16) * 8
+    if acc > 128:
+        why.append(f"the {c.wm}x{c.wn} warp tile holds {acc} accumulator registers per thread, "
+                   "over 128")
     return why

@@ -8,7 +8,8 @@ import re
 
 from codegen.errors import UsageError
 
-__all__ = ["DType", "Family", "Layout", "KernelConfig", "DEFAULT_CONFIG"]
+__all__ = ["DType", "Family", "Layout", "KernelConfig", "WmmaConfig", "DEFAULT_CONFIG",
+           "DEFAULT_WMMA", "config_from_name"]
 
 
 class DType(enum.Enum):
@@ -45,6 +46,7 @@ class Family(enum.Enum):
     """Kernel family: one Jinja2 template each."""
 
     SIMT = "simt"  # CUDA cores, FP32 FMAs
+    WMMA = "wmma"  # tensor cores through nvcuda::wmma, FP32 accumulation
 
     @property
     def template(self) -> str:
@@ -223,3 +225,125 @@ class KernelConfig:
 
 #: The configuration gemm-tune recommends before any tuning (compiles with 0 spills).
 DEFAULT_CONFIG = KernelConfig()
+
+
+_WMMA_CPP = {DType.F16: ("__half", "__half"), DType.BF16: ("__nv_bfloat16", "__nv_bfloat16"),
+             DType.TF32: ("float", "wmma::precision::tf32")}
+
+
+@dataclasses.dataclass(frozen=True)
+class WmmaConfig:
+    """One point of the tensor-core (WMMA) GEMM family: fp16, bf16 or tf32 inputs, FP32
+    accumulation and FP32 output.
+
+    Attributes:
+        bm, bn, bk: block tile.
+        wm, wn: warp tile; (BM/WM) x (BN/WN) warps, each holding (WM/16) x (WN/16)
+            16x16 accumulator fragments.
+        skew: elements added to each shared row (bank conflicts of the fragment loads).
+        vec: elements per global-to-shared copy (16, 8 or 4 bytes), scalar at edges.
+        stages: 1 = synchronous loads; 2-4 = a cp.async ring of that depth (sm_80+).
+        swizzle: block rows per rasterisation group (1 = row order).
+
+    Example:
+        >>> WmmaConfig().name
+        'gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8'
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 32
+    wm: int = 64
+    wn: int = 32
+    skew: int = 8
+    vec: int = 8
+    stages: int = 3
+    swizzle: int = 8
+    dtype: DType = DType.F16
+    family: Family = Family.WMMA
+    layout: Layout = Layout.NN
+
+    @property
+    def name(self) -> str:
+        return (f"gemm_wmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}"
+                f"_p{self.skew}_v{self.vec}_s{self.stages}_g{self.swizzle}")
+
+    _NAME_RE = re.compile(
+        r"^gemm_wmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"_w(?P<wm>\d+)x(?P<wn>\d+)_p(?P<skew>\d+)_v(?P<vec>\d+)_s(?P<stages>\d+)"
+        r"_g(?P<swizzle>\d+)$"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> "WmmaConfig":
+        m = cls._NAME_RE.match(name.strip())
+        dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
+        if not m or dtype is None:
+            raise UsageError(f"{name!r} is not a gemm-tune WMMA kernel name")
+        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items() if k != "dtype"})
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(dtype=self.dtype.short, family=self.family.value, layout=self.layout.value)
+        return d
+
+    @property
+    def frag_k(self) -> int:
+        """K of the WMMA fragment shape: m16n16k16 for fp16/bf16, m16n16k8 for tf32."""
+        return 8 if self.dtype is DType.TF32 else 16
+
+    @property
+    def threads(self) -> int:
+        if not (self.wm and self.wn):
+            return 0
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    @property
+    def elem(self) -> int:
+        return self.dtype.size
+
+    @property
+    def pipeline_bytes(self) -> int:
+        return self.stages * (self.bm * (self.bk + self.skew) + self.bk * (self.bn + self.skew)) \
+            * self.elem
+
+    @property
+    def epilogue_bytes(self) -> int:
+        """The FP32 C tile staged through shared memory, rows padded by 4 floats."""
+        return self.bm * (self.bn + 4) * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        return max(self.pipeline_bytes, self.epilogue_bytes)
+
+    def template_values(self) -> dict:
+        t = self.threads or 1
+        elem_t, frag_t = _WMMA_CPP.get(self.dtype, ("float", "float"))
+        return dict(
+            name=self.name, template=self.family.template, dtype=self.dtype.short,
+            BM=self.bm, BN=self.bn, BK=self.bk, WM=self.wm, WN=self.wn,
+            WARPS_N=self.bn // self.wn if self.wn else 0, FM=self.wm // 16, FN=self.wn // 16,
+            FK=self.frag_k, SKEW=self.skew, VEC=self.vec, STAGES=self.stages,
+            SWIZZLE=self.swizzle, THREADS=self.threads, LDA_S=self.bk + self.skew,
+            LDB_S=self.bn + self.skew, LDC_S=self.bn + 4, ES=self.elem,
+            A_LOADS=(self.bm * self.bk) // (self.vec * t),
+            B_LOADS=(self.bk * self.bn) // (self.vec * t),
+            SMEM_BYTES=self.smem_bytes, PIPELINE_BYTES=self.pipeline_bytes,
+            ELEM_T=elem_t, FRAG_T=frag_t, IS_TF32=self.dtype is DType.TF32,
+        )
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, 1
+
+    def block(self) -> tuple[int, int, int]:
+        return self.threads, 1, 1
+
+
+DEFAULT_WMMA = WmmaConfig()
+
+
+def config_from_name(name: str):
+    """KernelConfig or WmmaConfig from a procedural name; UsageError otherwise."""
+    if name.strip().startswith("gemm_wmma_"):
+        return WmmaConfig.from_name(name)
+    return KernelConfig.from_name(name)

@@ -182,7 +182,8 @@ def _run(argv) -> int:
     shape = parse_shape(args.shape)
     dtype = DType.parse(args.dtype)
     if dtype is not DType.F32:
-        raise UsageError(f"--dtype {args.dtype}: only fp32 kernels exist so far")
+        raise UsageError(f"--dtype {args.dtype}: the tuner searches fp32 only so far (the WMMA "
+                         "family for fp16/bf16/tf32 compiles but is not yet verified on a GPU)")
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
     if args.dry_run:
