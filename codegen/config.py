@@ -332,11 +332,17 @@ class WmmaConfig:
             ELEM_T=elem_t, FRAG_T=frag_t, IS_TF32=self.dtype is DType.TF32,
         )
 
+    # The launch interface shared with KernelConfig (the runner needs nothing else).
+    split = 1  # no split-K in this family yet
+
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (-(-m // self.bm)) * (-(-n // self.bn)), 1, 1
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
+
+    def workspace_floats(self, m: int, n: int) -> int:
+        return 0
 
 
 DEFAULT_WMMA = WmmaConfig()
