@@ -99,7 +99,8 @@ def _print_dry_run(report, console) -> None:
     console.print(t)
     ok = sum(r.status == "ok" for r in report.rows)
     console.print(
-        f"space {report.space} configurations, {report.valid} valid for {report.arch}; "
+        f"space {report.space} configurations (and their split-K variants where the tiles "
+        f"leave SMs idle): {report.valid} valid for {report.arch} at this shape; "
         f"compiled {len(report.rows)}: {ok} ok, "
         f"{sum(r.status == 'pruned' for r in report.rows)} pruned by the model, "
         f"{sum(r.status == 'compile failed' for r in report.rows)} failed to compile."
