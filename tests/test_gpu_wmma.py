@@ -7,7 +7,6 @@ Written without a GPU at hand (the session's device time had run out): the next 
 session runs it first, and states the thresholds from what it measures.
 """
 
-import numpy as np
 import pytest
 
 from codegen import DType

@@ -1,7 +1,6 @@
 """The tuned-kernel library on the CPU: manifest, integrity, dispatch, inspection, export."""
 
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -10,7 +9,7 @@ from _library import BIG, SMALL, build
 from codegen import DType
 from tuner import LibraryError, load_library
 from tuner.cli import main
-from tuner.library import SCHEMA, Library
+from tuner.library import SCHEMA
 
 
 @pytest.fixture

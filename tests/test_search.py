@@ -4,7 +4,7 @@ import optuna
 import pytest
 
 from codegen import parse_arch
-from _fakes import SHAPE, FakeBenchmark
+from _fakes import FakeBenchmark
 from tuner.outcome import Outcome
 from tuner.search import confirm, search
 from tuner.space import SPACE, space_size, valid_configs

@@ -288,11 +288,6 @@ class Library:
                                                     pc, c.ld)
         return C
 
-    # ---- inspection -------------------------------------------------------------------
-    def kernel_meta(self, arch: str, name: str) -> dict:
-        info = self.manifest["kernels"][f"{arch}/{name}"]
-        meta = self.path / info["meta"]
-        return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
 def load_library(path: str | Path = "artifacts/library") -> Library:
