@@ -47,15 +47,19 @@ def side_by_side(bench, config, cubin, rounds: int = 3) -> dict:
     """Time a kernel and cuBLAS turn about (A B A B ...) on one problem; medians of rounds."""
     import statistics
 
-    ours, theirs, errs = [], [], []
+    ours, theirs, errs, errs_exact = [], [], [], []
     for _ in range(rounds):
         m = bench.measure(config, cubin)
         if m.outcome.value != "timed":
             raise RuntimeError(f"{config.name}: {m.outcome.value} {m.message}")
         ours.append(m.timing.tflops(bench.flops))
         errs.append(m.error)
-        theirs.append(bench.baseline().timing.tflops(bench.flops))
+        errs_exact.append(m.error_exact)
+        base = bench.baseline()
+        theirs.append(base.timing.tflops(bench.flops))
     row = dict(kernel=config.name, tflops=statistics.median(ours), tflops_rounds=ours,
-               cublas_tflops=statistics.median(theirs), cublas_rounds=theirs, error=max(errs))
+               cublas_tflops=statistics.median(theirs), cublas_rounds=theirs, error=max(errs),
+               error_exact=max(errs_exact), cublas_error=base.error,
+               cublas_error_exact=base.error_exact)
     row["ratio"] = row["tflops"] / row["cublas_tflops"]
     return row

@@ -48,5 +48,6 @@ class Timing:
 class Measurement:
     outcome: Outcome
     timing: Timing | None = None
-    error: float | None = None  # ||C - ref|| / ||ref||
+    error: float | None = None  # ||C - ref|| / ||ref||, ref on the inputs as given
+    error_exact: float | None = None  # against the inputs before rounding to their type
     message: str = ""

@@ -18,9 +18,9 @@ from typing import Iterator
 
 from codegen.arch import ArchLimits
 from codegen.check import check
-from codegen.config import DType, KernelConfig
+from codegen.config import DType, KernelConfig, WmmaConfig
 
-__all__ = ["SPACE", "SPLITS", "config_from_params", "suggest", "space_size", "valid_configs",
+__all__ = ["SPACE", "WMMA_SPACE", "SPLITS", "wmma_from_params", "valid_wmma_configs", "config_from_params", "suggest", "space_size", "valid_configs",
            "Shape"]
 
 SPACE: dict[str, tuple[int, ...]] = {
@@ -36,6 +36,19 @@ SPACE: dict[str, tuple[int, ...]] = {
     "swizzle": (1, 8),
 }
 
+#: The tensor-core (WMMA) family: tiles in elements; skew and vector width in bytes
+#: (16 B rows for wmma's ldm; 16-byte copies), turned into elements per input type.
+WMMA_SPACE: dict[str, tuple[int, ...]] = {
+    "bm": (64, 128, 256),
+    "bn": (64, 128, 256),
+    "bk": (16, 32, 64),
+    "wm": (32, 64),
+    "wn": (32, 64),
+    "skew_bytes": (16, 32),
+    "stages": (2, 3, 4),
+    "swizzle": (1, 8),
+}
+
 #: Split-K, a conditional parameter: asked for only where the tiles of C leave SMs idle.
 SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
@@ -45,6 +58,23 @@ Shape = tuple[int, int, int]
 def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
     return KernelConfig(dtype=dtype, split=int(params.get("split", 1)),
                         **{k: int(params[k]) for k in SPACE})
+
+
+def wmma_from_params(params: dict, dtype: DType) -> WmmaConfig:
+    es = dtype.size
+    return WmmaConfig(dtype=dtype, skew=int(params["skew_bytes"]) // es, vec=16 // es,
+                      **{k: int(params[k]) for k in WMMA_SPACE if k != "skew_bytes"})
+
+
+def valid_wmma_configs(arch: ArchLimits | str, dtype: DType) -> Iterator[WmmaConfig]:
+    """Every point of WMMA_SPACE that codegen.check accepts for `arch`, in grid order."""
+    from codegen.arch import parse_arch
+
+    arch = parse_arch(arch)
+    for vals in itertools.product(*WMMA_SPACE.values()):
+        c = wmma_from_params(dict(zip(WMMA_SPACE, vals)), dtype)
+        if not check(c, arch):
+            yield c
 
 
 def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
