@@ -37,6 +37,7 @@ class ArchLimits:
     warp_size: int = 32
     sm_count: int = 0  # typical part; the device's own count overrides it
     fp32_lanes_per_sm: int = 128  # FP32 FMA lanes per SM
+    tc_fp16_flops_per_clk: int = 0  # dense fp16/bf16 tensor-core FLOP/clock/SM, FP32 accumulate
     clock_mhz: int = 0  # boost clock of the typical part; the device's own overrides it
     name: str = ""
 
@@ -53,6 +54,11 @@ class ArchLimits:
         """FMA lanes x 2 FLOP x clock x SMs."""
         return self.sm_count * self.fp32_lanes_per_sm * 2 * self.clock_mhz * 1e6 / 1e12
 
+    def peak_tensor_tflops(self, dtype) -> float:
+        """Dense tensor-core peak for fp16/bf16 inputs (tf32: half), FP32 accumulation."""
+        per_clk = self.tc_fp16_flops_per_clk // (2 if dtype.short == "tf32" else 1)
+        return self.sm_count * per_clk * self.clock_mhz * 1e6 / 1e12
+
     @property
     def has_cp_async(self) -> bool:
         return self.cc >= 80
@@ -61,7 +67,8 @@ class ArchLimits:
         return dataclasses.replace(self, **changes)
 
 
-def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, lanes, mhz, name):
+def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, lanes, tc, mhz,
+          name):
     return ArchLimits(
         cc=cc,
         max_threads_per_block=1024,
@@ -78,21 +85,25 @@ def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, l
         smem_alloc_unit=unit,
         sm_count=sms,
         fp32_lanes_per_sm=lanes,
+        tc_fp16_flops_per_clk=tc,
         clock_mhz=mhz,
         name=name,
     )
 
 
-#: sm_70 is modelled for occupancy, but nvcc 13 no longer compiles for it.
+#: sm_70 is modelled for occupancy, but nvcc 13 no longer compiles for it. Tensor-core
+#: FLOP/clock/SM from the vendors' dense fp16 peaks with FP32 accumulation (V100 125,
+#: A100 312, H100 SXM 989 TFLOP/s at their clocks; GeForce parts are taken at the
+#: datacenter rate, an upper bound, which is all the model needs).
 ARCHS: dict[int, ArchLimits] = {
     a.cc: a
     for a in (
-        _arch(70, 2048, 32, 96 * 1024, 96 * 1024, 0, 256, 80, 64, 1530, "V100"),
-        _arch(75, 1024, 16, 64 * 1024, 64 * 1024, 0, 256, 40, 64, 1590, "T4"),
-        _arch(80, 2048, 32, 164 * 1024, 163 * 1024, 1024, 128, 108, 64, 1410, "A100"),
-        _arch(86, 1536, 16, 100 * 1024, 99 * 1024, 1024, 128, 84, 128, 1740, "A40/RTX 30"),
-        _arch(89, 1536, 24, 100 * 1024, 99 * 1024, 1024, 128, 142, 128, 2490, "L40S/RTX 40"),
-        _arch(90, 2048, 32, 228 * 1024, 227 * 1024, 1024, 128, 132, 128, 1980, "H100/H200 SXM"),
+        _arch(70, 2048, 32, 96 * 1024, 96 * 1024, 0, 256, 80, 64, 1024, 1530, "V100"),
+        _arch(75, 1024, 16, 64 * 1024, 64 * 1024, 0, 256, 40, 64, 1024, 1590, "T4"),
+        _arch(80, 2048, 32, 164 * 1024, 163 * 1024, 1024, 128, 108, 64, 2048, 1410, "A100"),
+        _arch(86, 1536, 16, 100 * 1024, 99 * 1024, 1024, 128, 84, 128, 1024, 1740, "A40/RTX 30"),
+        _arch(89, 1536, 24, 100 * 1024, 99 * 1024, 1024, 128, 142, 128, 1024, 2490, "L40S/RTX 40"),
+        _arch(90, 2048, 32, 228 * 1024, 227 * 1024, 1024, 128, 132, 128, 4096, 1980, "H100/H200 SXM"),
     )
 }
 

@@ -30,8 +30,11 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
     c = config
     why: list[str] = []
 
-    if c.family is not Family.SIMT or c.dtype is not DType.F32:
+    if c.family is not Family.SIMT or c.dtype is DType.TF32:
         why.append(f"the {c.family.value} family has no {c.dtype.short} kernel")
+    elif c.dtype is not DType.F32 and c.stages > 2:
+        why.append(f"{c.dtype.short} inputs are widened to fp32 on the way through registers, "
+                   f"so stages must be 1 or 2, not {c.stages} (cp.async cannot convert)")
 
     sizes = dict(BM=c.bm, BN=c.bn, BK=c.bk, RM=c.rm, RN=c.rn)
     bad = [f"{k}={v}" for k, v in sizes.items() if v < 1]

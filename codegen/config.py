@@ -9,7 +9,7 @@ import re
 from codegen.errors import UsageError
 
 __all__ = ["DType", "Family", "Layout", "KernelConfig", "WmmaConfig", "DEFAULT_CONFIG",
-           "DEFAULT_WMMA", "config_from_name"]
+           "DEFAULT_WMMA", "config_from_name", "config_from_dict"]
 
 
 class DType(enum.Enum):
@@ -60,6 +60,9 @@ class Layout(enum.Enum):
 
 
 _VEC_TYPES = {1: "float", 2: "float2", 4: "float4"}
+#: C++ element type of the SIMT family's inputs (fp16 / bf16 are widened on load)
+_SIMT_CPP = {DType.F32: "float", DType.TF32: "float", DType.F16: "__half",
+             DType.BF16: "__nv_bfloat16"}
 
 
 def _widest(n: int, *also: int) -> int:
@@ -196,6 +199,7 @@ class KernelConfig:
             name=self.name,
             template=self.family.template,
             dtype=self.dtype.short,
+            ELEM_T=_SIMT_CPP[self.dtype],
             BM=self.bm, BN=self.bn, BK=self.bk, RM=self.rm, RN=self.rn,
             WT_M=self.wt, WT_N=self.wt_n, WM=wm, WN=wn,
             WARPS_M=self.bm // wm if wm else 0, WARPS_N=self.bn // wn if wn else 0,
@@ -287,6 +291,15 @@ class WmmaConfig:
         d.update(dtype=self.dtype.short, family=self.family.value, layout=self.layout.value)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "WmmaConfig":
+        d = dict(d)
+        d["dtype"] = next(x for x in DType if x.short == d["dtype"])
+        if Family(d.pop("family", "wmma")) is not Family.WMMA:
+            raise ValueError("not a wmma config")
+        d["layout"] = Layout(d["layout"])
+        return cls(**d)
+
     @property
     def frag_k(self) -> int:
         """K of the WMMA fragment shape: m16n16k16 for fp16/bf16, m16n16k8 for tf32."""
@@ -353,3 +366,8 @@ def config_from_name(name: str):
     if name.strip().startswith("gemm_wmma_"):
         return WmmaConfig.from_name(name)
     return KernelConfig.from_name(name)
+
+
+def config_from_dict(d: dict):
+    """KernelConfig or WmmaConfig from its to_dict(), by its family."""
+    return (WmmaConfig if d.get("family") == Family.WMMA.value else KernelConfig).from_dict(d)

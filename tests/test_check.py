@@ -36,7 +36,10 @@ def test_default_is_valid_everywhere_it_can_be():
      "shared memory 266240 B exceeds the 232448 B per-block limit of sm_90"),
     (KernelConfig(bm=256, bn=256, rm=16, rn=16), "sm_90",
      "the 16x16 accumulators and fragments need 288 registers, over the 255 per-thread limit"),
-    (KernelConfig(dtype=DType.F16), "sm_90", "the simt family has no f16 kernel"),
+    (KernelConfig(dtype=DType.TF32), "sm_90", "the simt family has no tf32 kernel"),
+    (KernelConfig(dtype=DType.BF16, stages=4), "sm_90",
+     "bf16 inputs are widened to fp32 on the way through registers, so stages must be 1 "
+     "or 2, not 4 (cp.async cannot convert)"),
 ])
 def test_invalid_configs_say_why(cfg, arch, reason):
     reasons = check(cfg, arch)

@@ -107,7 +107,7 @@ def test_errors_before_any_launch(lib):
         ((a, b[:16]), "A's columns must equal B's rows"),
         ((a.t(), b), "A is not row-major"),
         ((a[:, ::2], b[:16]), "not row-major"),
-        ((a.cpu(), b), "must be a numpy array"),
+        ((a.cpu(), b), "CPU torch tensor"),
         ((a, b, torch.empty(64, 47, device="cuda")), "C is 64x47"),
         (([[1.0]], b), "got list"),
     ]

@@ -4,7 +4,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from codegen import DEFAULT_CONFIG, KernelConfig, render, template_hash
+from codegen import DEFAULT_CONFIG, DType, KernelConfig, render, template_hash
 from codegen.render import _env
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -13,6 +13,7 @@ GOLDEN = Path(__file__).parent / "golden"
 @pytest.mark.parametrize("cfg", [
     DEFAULT_CONFIG,  # register double buffer, swizzle
     KernelConfig(bm=64, bn=128, bk=16, rm=4, rn=8, wt=8, pad=0, vec=4, stages=3, swizzle=1),  # cp.async
+    KernelConfig(dtype=DType.F16),  # fp16 inputs widened to fp32 on load
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""

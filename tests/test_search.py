@@ -71,13 +71,11 @@ def test_timeout_stops_the_search(run):
 
 
 def test_grid_walks_the_valid_space_without_repeats(run, monkeypatch):
-    import tuner.search as ts
     import tuner.space as sp
 
     small = dict(SPACE, bm=(64,), bn=(64,), bk=(16,), rm=(4,), rn=(4,), wt=(4, 8), pad=(0,),
                  stages=(2, 3), swizzle=(1,))
     monkeypatch.setattr(sp, "SPACE", small)
-    monkeypatch.setattr(ts, "SPACE", small)
     arch = parse_arch("sm_90")
     shape = (1024, 1024, 512)  # 256 tiles of 64x64 fill the SMs: no split-K variants
     valid = {c.name for c in valid_configs(arch, shape=shape)}

@@ -11,7 +11,12 @@ import numpy as np
 
 from tuner.library import LibraryError
 
+from codegen.config import DType
+
 _F32 = np.dtype(np.float32)
+#: element types by numpy dtype (bfloat16 has none: it comes through torch only)
+_NUMPY = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
+_TORCH = {"torch.float32": DType.F32, "torch.float16": DType.F16, "torch.bfloat16": DType.BF16}
 
 
 @dataclasses.dataclass
@@ -23,6 +28,23 @@ class Operand:
     ld: int  # elements between rows
     ptr: int | None  # device pointer, None for host (numpy) arrays
     host: np.ndarray | None = None
+    dtype: DType = DType.F32
+
+
+def _elem(name: str, kind, inputs: bool) -> DType:
+    """The operand's element type; A and B may be float32, float16 or bfloat16, C float32."""
+    dt = _TORCH.get(str(kind)) or _NUMPY.get(_np_dtype(kind))
+    if dt is None or (dt is not DType.F32 and not inputs):
+        want = "float32, float16 or bfloat16" if inputs else "float32 (FP32 output)"
+        raise LibraryError(f"{name} is {kind}; {name} must be {want}")
+    return dt
+
+
+def _np_dtype(kind):
+    try:
+        return np.dtype(kind)
+    except TypeError:
+        return None
 
 
 def _dims(name, shape, strides, itemsize):
@@ -51,32 +73,40 @@ def _device_of(ptr: int, name: str) -> int:
     return ordinal.value
 
 
-def operand(x, name: str, writable: bool = False) -> Operand:
-    """Shape, dtype, layout and kind of one operand; no device access."""
+def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Operand:
+    """Shape, dtype, layout and kind of one operand; no device access. `inputs`: A or B
+    (float32, float16 or bfloat16); otherwise C (float32)."""
     if isinstance(x, np.ndarray):
-        if x.dtype != _F32:
-            raise LibraryError(f"{name} is {x.dtype}; these kernels take float32")
-        rows, cols, _ = _dims(name, x.shape, None, 4)
+        dt = _elem(name, x.dtype, inputs)
+        rows, cols, _ = _dims(name, x.shape, None, x.itemsize)
         if writable and not x.flags.writeable:
             raise LibraryError(f"{name} is read-only")
-        return Operand(name, x, rows, cols, cols, None, host=x)
+        return Operand(name, x, rows, cols, cols, None, host=x, dtype=dt)
+    if type(x).__module__.split(".")[0] == "torch":  # torch exports no bfloat16 through CAI
+        dt = _elem(name, x.dtype, inputs)
+        if not x.is_cuda:
+            raise LibraryError(f"{name} is a CPU torch tensor; pass a CUDA tensor or numpy")
+        if x.dim() != 2:
+            raise LibraryError(f"{name} must be a 2-D matrix (got {x.dim()} dimensions)")
+        rows, cols, ld = _dims(name, x.shape, [st * x.element_size() for st in x.stride()],
+                               x.element_size())
+        return Operand(name, x, rows, cols, ld, int(x.data_ptr()), dtype=dt)
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None and hasattr(x, "gpudata"):  # a pycuda GPUArray
-        if x.dtype != _F32:
-            raise LibraryError(f"{name} is {x.dtype}; these kernels take float32")
-        rows, cols, ld = _dims(name, x.shape, x.strides, 4)
+        dt = _elem(name, x.dtype, inputs)
+        rows, cols, ld = _dims(name, x.shape, x.strides, x.dtype.itemsize)
         ptr = int(x.gpudata)
     elif cai is not None:
-        if np.dtype(cai["typestr"]) != _F32:
-            raise LibraryError(f"{name} is {np.dtype(cai['typestr'])}; these kernels take float32")
-        rows, cols, ld = _dims(name, cai["shape"], cai.get("strides"), 4)
+        dt = _elem(name, np.dtype(cai["typestr"]), inputs)
+        rows, cols, ld = _dims(name, cai["shape"], cai.get("strides"),
+                               np.dtype(cai["typestr"]).itemsize)
         ptr, readonly = cai["data"]
         if writable and readonly:
             raise LibraryError(f"{name} is read-only")
     else:
-        raise LibraryError(f"{name} must be a numpy array, a pycuda GPUArray or expose "
-                           f"__cuda_array_interface__ (got {type(x).__name__})")
-    return Operand(name, x, rows, cols, ld, int(ptr))
+        raise LibraryError(f"{name} must be a numpy array, a pycuda GPUArray, a torch tensor "
+                           f"or expose __cuda_array_interface__ (got {type(x).__name__})")
+    return Operand(name, x, rows, cols, ld, int(ptr), dtype=dt)
 
 
 def check_devices(device: int, *ops: Operand) -> None:

@@ -41,7 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--shape", required=True, help="problem size MxNxK, e.g. 4096x4096x4096")
     p.add_argument("--dtype", default="fp32",
-                   help="input type: fp32 (default; FP32 FMAs, FP32 output)")
+                   help="input type, always with FP32 accumulation and an FP32 C: fp32 "
+                        "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
+                        "cores are candidates too), fp16 or bf16 (tensor cores, and CUDA "
+                        "cores widening the inputs on load)")
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="with fp32 data, let TF32 tensor cores compete (the tf32 error gate "
+                        "then applies to them, and cuBLAS runs with TF32 too): --dtype tf32")
     p.add_argument("--arch", default=None,
                    help="target, e.g. sm_90 (default: the GPU's own; sm_90 for --dry-run)")
     p.add_argument("--dry-run", action="store_true",
@@ -85,7 +91,8 @@ def _console():
 def _print_dry_run(report, console) -> None:
     from rich.table import Table
 
-    t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} on {report.arch}")
+    t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} {report.dtype} "
+                    f"on {report.arch}")
     for col in ("kernel", "regs", "smem B", "spills B", "blocks/SM", "occupancy", "limiter",
                 "bound TFLOP/s", "status"):
         t.add_column(col, justify="left" if col in ("kernel", "limiter", "status") else "right",
@@ -121,7 +128,8 @@ def _dry_run(args, shape, dtype) -> int:
                   disable=args.json) as bar:
         task = bar.add_task("compile", total=None)
         report = dry_run(shape, arch, args.trials, args.seed, _artifacts_dir(args), args.jobs,
-                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+                         progress=lambda done, total: bar.update(task, completed=done, total=total),
+                         dtype=dtype)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -182,9 +190,10 @@ def _run(argv) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     shape = parse_shape(args.shape)
     dtype = DType.parse(args.dtype)
-    if dtype is not DType.F32:
-        raise UsageError(f"--dtype {args.dtype}: the tuner searches fp32 only so far (the WMMA "
-                         "family for fp16/bf16/tf32 compiles but is not yet verified on a GPU)")
+    if args.allow_tf32:
+        if dtype not in (DType.F32, DType.TF32):
+            raise UsageError(f"--allow-tf32 is for fp32 data, not --dtype {args.dtype}")
+        dtype = DType.TF32
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
     if args.dry_run:

@@ -9,16 +9,17 @@ from typing import Callable
 
 from codegen.arch import ArchLimits
 from codegen.compile import compile_many
-from codegen.config import DEFAULT_CONFIG, KernelConfig
+from codegen.check import check
+from codegen.config import DEFAULT_CONFIG, DEFAULT_WMMA, DType, Family, KernelConfig, WmmaConfig
 from tuner.model import judge
-from tuner.space import space_size, valid_configs
+from tuner.space import families, space_size, valid_configs
 
 __all__ = ["DryRunRow", "DryRunReport", "dry_run"]
 
 
 @dataclasses.dataclass
 class DryRunRow:
-    config: KernelConfig
+    config: KernelConfig | WmmaConfig
     status: str  # "ok", "pruned" (by the model) or "compile failed"
     reason: str = ""
     registers: int | None = None
@@ -43,11 +44,24 @@ class DryRunReport:
     valid: int
     rows: list[DryRunRow]
     artifacts: Path
+    dtype: str = "f32"
 
     def to_dict(self) -> dict:
-        return dict(shape=list(self.shape), arch=self.arch, space=self.space, valid=self.valid,
+        return dict(shape=list(self.shape), dtype=self.dtype, arch=self.arch, space=self.space,
+                    valid=self.valid,
                     sampled=len(self.rows), artifacts=str(self.artifacts),
                     candidates=[r.to_dict() for r in self.rows])
+
+
+def defaults(dtype: DType, arch: ArchLimits) -> list[KernelConfig | WmmaConfig]:
+    """The recommended configuration of each family a request in `dtype` searches."""
+    fams = families(dtype)
+    out = [dataclasses.replace(DEFAULT_CONFIG, dtype=fams[Family.SIMT])]
+    if Family.WMMA in fams:
+        out.append(dataclasses.replace(DEFAULT_WMMA, dtype=fams[Family.WMMA],
+                                       vec=16 // fams[Family.WMMA].size,
+                                       skew=16 // fams[Family.WMMA].size))
+    return [c for c in out if not check(c, arch)]
 
 
 def dry_run(
@@ -59,13 +73,16 @@ def dry_run(
     jobs: int | None = None,
     cache_dir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    dtype: DType = DType.F32,
 ) -> DryRunReport:
-    """Compile the default configuration and `trials - 1` others drawn from the valid space."""
-    valid = list(valid_configs(arch, shape=shape))
-    pool = [c for c in valid if c != DEFAULT_CONFIG]
-    sample = random.Random(seed).sample(pool, min(max(trials - 1, 0), len(pool)))
-    configs = [DEFAULT_CONFIG, *sample] if trials > 0 else []
-    rows: dict[KernelConfig, DryRunRow] = {}
+    """Compile the default configuration of each family and others drawn from the valid
+    space, `trials` in all."""
+    valid = list(valid_configs(arch, dtype, shape))
+    first = defaults(dtype, arch)[: max(trials, 0)]
+    pool = [c for c in valid if c not in first]
+    sample = random.Random(seed).sample(pool, min(max(trials - len(first), 0), len(pool)))
+    configs = [*first, *sample]
+    rows: dict[KernelConfig | WmmaConfig, DryRunRow] = {}
     done = 0
     for cfg, res in compile_many(configs, arch, jobs, cache_dir, artifacts):
         if not res.ok:
@@ -82,4 +99,5 @@ def dry_run(
         if progress:
             progress(done, len(configs))
     ordered = [rows[c] for c in configs]
-    return DryRunReport(shape, arch.sm, space_size(), len(valid), ordered, Path(artifacts))
+    return DryRunReport(shape, arch.sm, space_size(dtype), len(valid), ordered, Path(artifacts),
+                        dtype.short)

@@ -40,7 +40,7 @@ from pathlib import Path
 from codegen._io import atomic_write, atomic_write_json
 from codegen.arch import ARCHS, parse_arch
 from codegen.check import check
-from codegen.config import DType, KernelConfig, Layout
+from codegen.config import DType, KernelConfig, Layout, WmmaConfig, config_from_dict, config_from_name
 from codegen.errors import UsageError
 from tuner.occupancy import occupancy
 
@@ -63,7 +63,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def efficiency(config: KernelConfig, shape, sms: int, blocks_per_sm: int) -> float:
+def efficiency(config: KernelConfig | WmmaConfig, shape, sms: int, blocks_per_sm: int) -> float:
     """Tile efficiency x wave efficiency of `config` on `shape` (see the module doc)."""
     m, n, k = shape
     tile = (m * n * k) / (_cdiv(m, config.bm) * config.bm * _cdiv(n, config.bn) * config.bn
@@ -132,7 +132,7 @@ class Library:
                     raise LibraryError(f"library file {f} does not match its sha256 in the "
                                        "manifest (tampered or truncated): refusing to load it")
             try:
-                cfg = KernelConfig.from_dict(k["config"])
+                cfg = config_from_dict(k["config"])
             except (KeyError, TypeError, ValueError, StopIteration) as e:
                 raise LibraryError(f"kernel {key} in {self.path / 'manifest.json'} has a bad "
                                    f"config ({e})") from None
@@ -170,7 +170,7 @@ class Library:
             if (self.path / "manifest.json").exists():
                 self.manifest = Library.load(self.path, verify=False).manifest
             self.manifest["kernels"][f"{arch}/{name}"] = dict(
-                name=name, arch=arch, config=KernelConfig.from_name(name).to_dict(),
+                name=name, arch=arch, config=config_from_name(name).to_dict(),
                 source=str(rel / f"{name}.cu"), source_sha256=_sha256(d / f"{name}.cu"),
                 cubin=str(rel / f"{name}.cubin"), cubin_sha256=_sha256(d / f"{name}.cubin"),
                 meta=str(rel / f"{name}.json"),
@@ -211,7 +211,7 @@ class Library:
         sms = sms or arch.sm_count
         best: tuple[float, dict] | None = None
         for e in entries:
-            cfg = KernelConfig.from_name(e["kernel"])
+            cfg = config_from_name(e["kernel"])
             res = e["resources"]
             bps = occupancy(cfg.threads, res["registers"],
                             res["smem_static"] + res["smem_dynamic"], arch).blocks_per_sm
@@ -245,23 +245,33 @@ class Library:
             from tuner.gpu import Kernel
 
             info = self.manifest["kernels"][f"{arch}/{name}"]
-            self._kernels[name] = Kernel(KernelConfig.from_name(name), self.path / info["cubin"])
+            self._kernels[name] = Kernel(config_from_name(name), self.path / info["cubin"])
         return self._kernels[name]
 
-    def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0):
+    def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0,
+             allow_tf32: bool = False):
         """C = alpha * A @ B + beta * C with the tuned kernels (see the module doc).
 
-        A (M x K), B (K x N) and C (M x N) are row-major float32 matrices: numpy arrays
-        (copied to the GPU and C back), pycuda GPUArrays, or any object exposing
-        __cuda_array_interface__ (torch and cupy tensors, used in place). Rows may be
-        padded (a leading dimension >= the row length); columns must be contiguous.
-        Returns C (allocated like A when None is passed). Checks everything before
+        A (M x K) and B (K x N) are row-major matrices of one type, float32, float16 or
+        bfloat16; C (M x N) is float32 (FP32 accumulation and output for every type).
+        They are numpy arrays (copied to the GPU and C back), pycuda GPUArrays, torch
+        tensors, or any object exposing __cuda_array_interface__ (cupy), used in place.
+        Rows may be padded (a leading dimension >= the row length); columns must be
+        contiguous. float32 inputs run the fp32 entries, or with `allow_tf32` the tf32
+        ones (TF32 tensor cores; cuBLAS with TF32 when none is tuned). Returns C
+        (allocated, float32, like A when None is passed). Checks everything before
         launching; raises LibraryError for what it cannot serve.
         """
         from tuner import _operands as ops
 
-        a = ops.operand(A, "A")
-        b = ops.operand(B, "B")
+        a = ops.operand(A, "A", inputs=True)
+        b = ops.operand(B, "B", inputs=True)
+        if a.dtype is not b.dtype:
+            raise LibraryError(f"A is {a.dtype.short} and B is {b.dtype.short}: "
+                               "they must be of one type")
+        dtype = a.dtype
+        if allow_tf32 and dtype is DType.F32:
+            dtype = DType.TF32
         if a.cols != b.rows:
             raise LibraryError(f"A is {a.rows}x{a.cols} and B is {b.rows}x{b.cols}: "
                                "A's columns must equal B's rows")
@@ -277,12 +287,12 @@ class Library:
             C = ops.empty_like(A, (m, n))
             c = ops.operand(C, "C", writable=True)
         ops.check_devices(dev.index, a, b, c)
-        choice = self.select(m, n, k, DType.F32, dev.cc, dev.arch.sm_count)
+        choice = self.select(m, n, k, dtype, dev.cc, dev.arch.sm_count)
         with ops.on_device(a, b, c) as (pa, pb, pc):
             if choice.kernel is None:
                 from tuner.cublas import cublas
 
-                cublas().gemm(DType.F32, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, c.ld)
+                cublas().gemm(dtype, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, c.ld)
             else:
                 self._kernel(choice.kernel, dev.sm)(m, n, k, alpha, pa, a.ld, pb, b.ld, beta,
                                                     pc, c.ld)

@@ -5,14 +5,15 @@ A candidate is hopeless, and never timed, when
   2. no block fits on an SM (occupancy model: 0 blocks per SM), or
   3. its *bound* is below the best time already measured.
 
-The bound is an upper bound on the FP32 TFLOP/s a SIMT kernel of this shape can
-reach, the product of:
-  peak            SMs x FMA lanes x 2 x clock (the device's own figures on a GPU)
+The bound is an upper bound on the TFLOP/s a kernel of this shape can reach, the
+product of:
+  peak            SIMT: SMs x FMA lanes x 2 x clock (the device's own figures on a GPU);
+                  WMMA: SMs x tensor-core FLOP/clock x clock (tf32 half of fp16)
   tile efficiency useful / computed work when M, N, K are rounded up to the tile
   wave efficiency blocks / (SMs x ceil(blocks / SMs)), blocks = tiles x split-K:
                   SMs idle in the last wave
-  issue efficiency FFMA / (FFMA + LDS) in the inner loop: RM*RN FMAs per
-                  RM/VA + RN/VB shared loads, each taking an issue slot
+  issue efficiency SIMT: FFMA / (FFMA + LDS) in the inner loop, RM*RN FMAs per
+                  RM/VA + RN/VB shared loads, each taking an issue slot; WMMA: 1
 Every factor only removes work a real kernel must do, so a kernel can never beat
 its bound; pruning on it loses nothing that could have won.
 """
@@ -23,7 +24,7 @@ import dataclasses
 
 from codegen.arch import ArchLimits
 from codegen.compile import Resources
-from codegen.config import KernelConfig
+from codegen.config import KernelConfig, WmmaConfig
 from tuner.occupancy import Occupancy, occupancy
 
 __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split"]
@@ -41,7 +42,8 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def bound_tflops(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLimits) -> tuple[float, dict]:
+def bound_tflops(config: KernelConfig | WmmaConfig, shape: tuple[int, int, int],
+                 arch: ArchLimits) -> tuple[float, dict]:
     """Upper bound on the TFLOP/s of `config` at `shape` on `arch`, and its factors."""
     m, n, k = shape
     c = config
@@ -49,10 +51,13 @@ def bound_tflops(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLi
     tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
     sms = max(arch.sm_count, 1)
     wave = tiles / (sms * _cdiv(tiles, sms))
-    tv = c.template_values()
-    fma = c.rm * c.rn
-    issue = fma / (fma + c.rm // tv["VA"] + c.rn // tv["VB"])
-    peak = arch.peak_fp32_tflops
+    if isinstance(c, WmmaConfig):  # tensor cores: the fragment loads have their own pipe
+        issue, peak = 1.0, arch.peak_tensor_tflops(c.dtype)
+    else:
+        tv = c.template_values()
+        fma = c.rm * c.rn
+        issue = fma / (fma + c.rm // tv["VA"] + c.rn // tv["VB"])
+        peak = arch.peak_fp32_tflops
     figures = dict(peak=round(peak, 2), tile_eff=round(tile, 4), wave_eff=round(wave, 4),
                    issue_eff=round(issue, 4))
     bound = peak * tile * wave * issue

@@ -25,10 +25,10 @@ from codegen.check import check
 from codegen.compile import (
     CompileResult, Resources, compile_config, compile_task, default_cache_dir,
 )
-from codegen.config import DType, KernelConfig
-from tuner.model import judge, shape_reasons, wants_split
+from codegen.config import DType, KernelConfig, WmmaConfig, config_from_name
+from tuner.model import judge, shape_reasons
 from tuner.outcome import Measurement, Outcome, Timing
-from tuner.space import SPACE, suggest, valid_configs
+from tuner.space import is_candidate, params_of, suggest, valid_configs
 
 __all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", "make_sampler"]
 
@@ -39,7 +39,7 @@ class Benchmark(Protocol):
     arch: ArchLimits
     flops: float
 
-    def measure(self, config: KernelConfig, cubin: Path) -> Measurement: ...
+    def measure(self, config: KernelConfig | WmmaConfig, cubin: Path) -> Measurement: ...
 
     def baseline(self) -> Measurement: ...
 
@@ -47,12 +47,13 @@ class Benchmark(Protocol):
 @dataclasses.dataclass
 class TrialRecord:
     number: int
-    config: KernelConfig
+    config: KernelConfig | WmmaConfig
     outcome: Outcome
     reason: str = ""
     tflops: float | None = None
     timing: Timing | None = None
-    error: float | None = None
+    error: float | None = None  # against the inputs as the kernel multiplies them
+    error_exact: float | None = None  # against the inputs before rounding to their type
     resources: Resources | None = None
     figures: dict = dataclasses.field(default_factory=dict)
     cubin: Path | None = None
@@ -60,6 +61,7 @@ class TrialRecord:
     def to_dict(self) -> dict:
         return dict(number=self.number, kernel=self.config.name, outcome=self.outcome.value,
                     reason=self.reason, tflops=self.tflops, error=self.error,
+                    error_exact=self.error_exact,
                     timing=self.timing.to_dict() if self.timing else None,
                     resources=self.resources.to_dict() if self.resources else None,
                     figures=self.figures)
@@ -130,7 +132,7 @@ class _GridAsker:
         import random
 
         self.study, self.base = study, study.sampler
-        self.shape, self.arch = tuple(shape), arch
+        self.shape, self.arch, self.dtype = tuple(shape), arch, dtype
         self.todo = list(valid_configs(arch, dtype, shape))
         random.Random(seed).shuffle(self.todo)
 
@@ -140,9 +142,7 @@ class _GridAsker:
         if not self.todo:
             return None
         cfg = self.todo.pop()
-        params = {k: getattr(cfg, k) for k in SPACE}
-        if wants_split(cfg, self.shape, self.arch):
-            params["split"] = cfg.split
+        params = params_of(cfg, self.dtype, self.shape, self.arch)
         with warnings.catch_warnings():  # PartialFixedSampler is "experimental" since 2.4
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.sampler = optuna.samplers.PartialFixedSampler(params, self.base)
@@ -291,6 +291,7 @@ def search(
             else:
                 m = bench.measure(cfg, res.cubin)
                 rec.outcome, rec.reason, rec.error = m.outcome, m.message, m.error
+                rec.error_exact = m.error_exact
                 if m.outcome is Outcome.TIMED:
                     stats.timed += 1
                     rec.timing = m.timing
@@ -334,8 +335,8 @@ def _resume(study, dtype: DType, seen: dict, records: list, stats: SearchStats) 
         name = t.user_attrs.get("kernel")
         if name is None or t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
             continue
-        cfg = KernelConfig.from_name(name)
-        if cfg.dtype is not dtype or name in seen:
+        cfg = config_from_name(name)
+        if not is_candidate(cfg, dtype) or name in seen:
             continue
         seen[name] = (t.state, t.value)
         stats.resumed += 1

@@ -29,6 +29,11 @@ class _Interrupted(Exception):
         self.result = result
 
 
+#: what cuBLAS is asked for, per request: the same precision as the candidates
+CUBLAS_PRECISION = {"f32": "SGEMM, FP32, no TF32", "tf32": "GemmEx FP32 data, FAST_TF32",
+                    "f16": "GemmEx fp16 inputs, COMPUTE_32F", "bf16": "GemmEx bf16 inputs, COMPUTE_32F"}
+
+
 def cache_key(dev, dtype: DType, shape, layout: Layout = Layout.NN) -> CacheKey:
     cuda = re.search(r"release ([\d.]+)", nvcc_version()).group(1)
     return CacheKey(dev.name, dev.cc, cuda, template_hash(), dtype.short, layout.value, *shape)
@@ -53,7 +58,7 @@ def _row(rank, rec, timing, cublas_ms, flops, arch) -> dict:
                 pct_cublas=round(100 * cublas_ms / timing.median_ms, 1),
                 registers=rec.resources.registers, smem=rec.resources.smem,
                 occupancy=round(occ.occupancy, 3), limiter=occ.limiter,
-                timing=timing.to_dict(), error=rec.error)
+                timing=timing.to_dict(), error=rec.error, error_exact=rec.error_exact)
 
 
 def _print(result: dict, console) -> None:
@@ -70,8 +75,8 @@ def _print(result: dict, console) -> None:
         t.add_row(str(r["rank"]), r["kernel"], f"{r['tflops']:.1f}", f"{r['pct_cublas']:.1f}%",
                   str(r["registers"]), str(r["smem"]), f"{r['occupancy']:.0%}", r["limiter"])
     console.print(t)
-    console.print(f"cuBLAS (FP32, no TF32): {result['cublas_tflops']:.1f} TFLOP/s, measured "
-                  "in the same run")
+    console.print(f"cuBLAS ({CUBLAS_PRECISION[result['dtype']]}): "
+                  f"{result['cublas_tflops']:.1f} TFLOP/s, measured in the same run")
     s = result["stats"]
     console.print(
         f"search: {s['compiled']} compiled, {s['timed']} timed, {s['pruned']} pruned by the "
@@ -179,7 +184,7 @@ def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
         cubin=str(cubin), cubin_sha256=hashlib.sha256(cubin.read_bytes()).hexdigest(),
         resources=win_rec.resources.to_dict(), occupancy=top[0]["occupancy"],
         limiter=top[0]["limiter"], timing=top[0]["timing"], tflops=top[0]["tflops"],
-        error=win_rec.error, cublas_timing=rows[0][2].to_dict(),
+        error=win_rec.error, error_exact=win_rec.error_exact, cublas_timing=rows[0][2].to_dict(),
         cublas_tflops=round(bench.flops / (cublas_ms * 1e-3) / 1e12, 2),
         ratio=round(cublas_ms / rows[0][1].median_ms, 4),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

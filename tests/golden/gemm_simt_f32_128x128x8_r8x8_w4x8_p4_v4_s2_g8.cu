@@ -12,6 +12,7 @@
 
 namespace {
 
+using T = float;  // the input element
 constexpr int BM = 128, BN = 128, BK = 8;
 constexpr int RM = 8, RN = 8;
 constexpr int WT_M = 4, WT_N = 8, WM = 32, WN = 64;
@@ -66,20 +67,21 @@ __device__ __forceinline__ void st_vec(float* p, const float* r)
     }
 }
 
-// May p be read or written V floats at a time? (alignment of the base pointer
+// May p be read or written V elements at a time? (alignment of the base pointer
 // and of every row: the leading dimension)
-template <int V>
-__device__ __forceinline__ bool vec_ok(const float* p, int ld)
+template <int V, typename E>
+__device__ __forceinline__ bool vec_ok(const E* p, int ld)
 {
-    return V == 1 || (ld % V == 0 && reinterpret_cast<unsigned long long>(p) % (4 * V) == 0);
+    return V == 1 ||
+           (ld % V == 0 && reinterpret_cast<unsigned long long>(p) % (sizeof(E) * V) == 0);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
-    const float* __restrict__ A, int lda,
-    const float* __restrict__ B, int ldb,
+    const T* __restrict__ A, int lda,
+    const T* __restrict__ B, int ldb,
     float beta, float* __restrict__ C, int ldc)
 {
     extern __shared__ __align__(16) float smem[];
@@ -130,13 +132,13 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
             int r, c;
             a_slot(v, r, c);
             const int gm = m0 + r, gk = k0 + c;
-            const float* p = A + static_cast<size_t>(gm) * lda + gk;
+            const T* p = A + static_cast<size_t>(gm) * lda + gk;
             if (a_vec && gm < M && gk + VEC <= K) {
                 ld_vec<VEC>(a_reg[v], p);
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j)
-                    a_reg[v][j] = (gm < M && gk + j < K) ? p[j] : 0.0f;
+                    a_reg[v][j] = (gm < M && gk + j < K) ? static_cast<float>(p[j]) : 0.0f;
             }
         }
 #pragma unroll
@@ -144,13 +146,13 @@ gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8(int M, int N, int K, float alpha,
             int r, c;
             b_slot(v, r, c);
             const int gk = k0 + r, gn = n0 + c;
-            const float* p = B + static_cast<size_t>(gk) * ldb + gn;
+            const T* p = B + static_cast<size_t>(gk) * ldb + gn;
             if (b_vec && gk < K && gn + VEC <= N) {
                 ld_vec<VEC>(b_reg[v], p);
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j)
-                    b_reg[v][j] = (gk < K && gn + j < N) ? p[j] : 0.0f;
+                    b_reg[v][j] = (gk < K && gn + j < N) ? static_cast<float>(p[j]) : 0.0f;
             }
         }
     };

@@ -12,6 +12,7 @@
 
 namespace {
 
+using T = float;  // the input element
 constexpr int BM = 64, BN = 128, BK = 16;
 constexpr int RM = 4, RN = 8;
 constexpr int WT_M = 8, WT_N = 4, WM = 32, WN = 32;
@@ -67,12 +68,13 @@ __device__ __forceinline__ void st_vec(float* p, const float* r)
     }
 }
 
-// May p be read or written V floats at a time? (alignment of the base pointer
+// May p be read or written V elements at a time? (alignment of the base pointer
 // and of every row: the leading dimension)
-template <int V>
-__device__ __forceinline__ bool vec_ok(const float* p, int ld)
+template <int V, typename E>
+__device__ __forceinline__ bool vec_ok(const E* p, int ld)
 {
-    return V == 1 || (ld % V == 0 && reinterpret_cast<unsigned long long>(p) % (4 * V) == 0);
+    return V == 1 ||
+           (ld % V == 0 && reinterpret_cast<unsigned long long>(p) % (sizeof(E) * V) == 0);
 }
 
 // cp.async (sm_80+): global -> shared without a register round trip.
@@ -113,8 +115,8 @@ __device__ __forceinline__ void cp_async_wait()
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1(int M, int N, int K, float alpha,
-    const float* __restrict__ A, int lda,
-    const float* __restrict__ B, int ldb,
+    const T* __restrict__ A, int lda,
+    const T* __restrict__ B, int ldb,
     float beta, float* __restrict__ C, int ldc)
 {
     extern __shared__ __align__(16) float smem[];
