@@ -322,8 +322,8 @@ class WmmaConfig:
 
     @property
     def epilogue_bytes(self) -> int:
-        """The FP32 C tile staged through shared memory, rows padded by 4 floats."""
-        return self.bm * (self.bn + 4) * 4
+        """Each warp's 16 x 20 FP32 scratch for staging an edge fragment of C."""
+        return self.threads // 32 * 16 * 20 * 4
 
     @property
     def smem_bytes(self) -> int:
@@ -338,7 +338,7 @@ class WmmaConfig:
             WARPS_N=self.bn // self.wn if self.wn else 0, FM=self.wm // 16, FN=self.wn // 16,
             FK=self.frag_k, SKEW=self.skew, VEC=self.vec, STAGES=self.stages,
             SWIZZLE=self.swizzle, THREADS=self.threads, LDA_S=self.bk + self.skew,
-            LDB_S=self.bn + self.skew, LDC_S=self.bn + 4, ES=self.elem,
+            LDB_S=self.bn + self.skew, LDC_S=20, ES=self.elem,
             A_LOADS=(self.bm * self.bk) // (self.vec * t),
             B_LOADS=(self.bk * self.bn) // (self.vec * t),
             SMEM_BYTES=self.smem_bytes, PIPELINE_BYTES=self.pipeline_bytes,

@@ -36,7 +36,7 @@ def _elem(name: str, kind, inputs: bool) -> DType:
     dt = _TORCH.get(str(kind)) or _NUMPY.get(_np_dtype(kind))
     if dt is None or (dt is not DType.F32 and not inputs):
         want = "float32, float16 or bfloat16" if inputs else "float32 (FP32 output)"
-        raise LibraryError(f"{name} is {kind}; {name} must be {want}")
+        raise LibraryError(f"{name} is {str(kind).replace('torch.', '')}; {name} must be {want}")
     return dt
 
 

@@ -3,6 +3,7 @@ best against cuBLAS side by side, cache the winner and show the top candidates."
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -103,7 +104,9 @@ def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
     else:
         _check_fits(dev, shape, dtype)
         try:
-            result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
+            # stdout carries the result alone (--json): what libraries print goes to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
         except _Interrupted as stop:
             best = stop.result.timed()
             where = (f"; run the same command to resume (study in {args.storage})"

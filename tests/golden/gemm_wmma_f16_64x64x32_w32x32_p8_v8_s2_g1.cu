@@ -22,7 +22,7 @@ constexpr int BM = 64, BN = 64, BK = 32;
 constexpr int WM = 32, WN = 32, FM = 2, FN = 2, FK = 16;
 constexpr int WARPS_N = 2, THREADS = 128;
 constexpr int VEC = 8, ES = 2, STAGES = 2;
-constexpr int LDA_S = 40, LDB_S = 72, LDC_S = 68;
+constexpr int LDA_S = 40, LDB_S = 72, LDC_S = 20;
 constexpr int A_LOADS = 2, B_LOADS = 2;
 
 static_assert(sizeof(T) == ES, "element size");
@@ -35,7 +35,7 @@ static_assert((LDA_S * ES) % 16 == 0 && (LDB_S * ES) % 16 == 0, "wmma ldm: 16-by
 static_assert(A_LOADS >= 1 && A_LOADS * VEC * THREADS == BM * BK, "threads must load the A tile evenly");
 static_assert(B_LOADS >= 1 && B_LOADS * VEC * THREADS == BK * BN, "threads must load the B tile evenly");
 static_assert(19456 == STAGES * (BM * LDA_S + BK * LDB_S) * ES, "pipeline bytes");
-static_assert(19456 >= BM * LDC_S * 4, "the epilogue tile fits");
+static_assert(19456 >= THREADS / 32 * 16 * LDC_S * 4, "the warps' epilogue scratch fits");
 
 // cp.async (sm_80+) of BYTES = 4, 8 or 16 bytes; dst and src aligned to BYTES.
 template <int BYTES>
@@ -79,7 +79,7 @@ gemm_wmma_f16_64x64x32_w32x32_p8_v8_s2_g1(int M, int N, int K, float alpha,
     extern __shared__ __align__(128) unsigned char smem[];
     T* const As = reinterpret_cast<T*>(smem);        // [STAGES][BM][LDA_S]
     T* const Bs = As + STAGES * BM * LDA_S;          // [STAGES][BK][LDB_S]
-    float* const Cs = reinterpret_cast<float*>(smem);  // [BM][LDC_S], after the main loop
+    float* const Cs = reinterpret_cast<float*>(smem);  // [warps][16][LDC_S], after the main loop
 
     const int tiles_n = (N + BN - 1) / BN;
     const int bid = blockIdx.x;
@@ -178,42 +178,48 @@ gemm_wmma_f16_64x64x32_w32x32_p8_v8_s2_g1(int M, int N, int K, float alpha,
         write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
     }
     cp_async_wait<0>();
-    __syncthreads();  // the pipeline's bytes become the epilogue's C tile
+    __syncthreads();  // the pipeline's bytes become the warps' epilogue scratch
 
+    // Epilogue, warp by warp: C = alpha * acc + beta * C (C not read when beta == 0).
+    // A fragment wholly inside C, with every C row 32-byte aligned, goes straight to global
+    // memory (C read back as an accumulator fragment for beta); an edge fragment is staged
+    // through this warp's 16 x LDC_S scratch and stored element by element, guarded.
+    float* const scratch = Cs + warp * 16 * LDC_S;
+    const int lane = tid % 32;
+    const bool c_direct = ldc % 8 == 0 && reinterpret_cast<unsigned long long>(C) % 32 == 0;
 #pragma unroll
-    for (int i = 0; i < FM; ++i)
+    for (int i = 0; i < FM; ++i) {
 #pragma unroll
-        for (int j = 0; j < FN; ++j)
-            wmma::store_matrix_sync(Cs + (wm0 + i * 16) * LDC_S + wn0 + j * 16, acc[i][j], LDC_S,
-                                    wmma::mem_row_major);
-    __syncthreads();
-
-    // Epilogue: C = alpha * tile + beta * C, four floats at a time where C allows it,
-    // guarded at the edges; C is not read when beta == 0.
-    const bool c_vec = ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0;
-    for (int idx = tid; idx < BM * BN / 4; idx += THREADS) {
-        const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-        const int gm = m0 + r, gn = n0 + c;
-        if (gm >= M)
-            continue;
-        float* crow = C + static_cast<size_t>(gm) * ldc;
-        const float* t = Cs + r * LDC_S + c;
-        if (c_vec && gn + 4 <= N) {
-            float4 v = make_float4(alpha * t[0], alpha * t[1], alpha * t[2], alpha * t[3]);
-            if (beta != 0.0f) {
-                const float4 old = *reinterpret_cast<const float4*>(crow + gn);
-                v.x = fmaf(beta, old.x, v.x);
-                v.y = fmaf(beta, old.y, v.y);
-                v.z = fmaf(beta, old.z, v.z);
-                v.w = fmaf(beta, old.w, v.w);
+        for (int j = 0; j < FN; ++j) {
+            const int gm = m0 + wm0 + i * 16, gn = n0 + wn0 + j * 16;
+            if (gm >= M || gn >= N)
+                continue;  // the same for the whole warp
+#pragma unroll
+            for (int e = 0; e < acc[i][j].num_elements; ++e)
+                acc[i][j].x[e] *= alpha;
+            if (c_direct && gm + 16 <= M && gn + 16 <= N) {
+                float* const c = C + static_cast<size_t>(gm) * ldc + gn;
+                if (beta != 0.0f) {
+                    wmma::fragment<wmma::accumulator, 16, 16, FK, float> old;
+                    wmma::load_matrix_sync(old, c, ldc, wmma::mem_row_major);
+#pragma unroll
+                    for (int e = 0; e < old.num_elements; ++e)
+                        acc[i][j].x[e] = fmaf(beta, old.x[e], acc[i][j].x[e]);
+                }
+                wmma::store_matrix_sync(c, acc[i][j], ldc, wmma::mem_row_major);
+            } else {
+                wmma::store_matrix_sync(scratch, acc[i][j], LDC_S, wmma::mem_row_major);
+                __syncwarp();
+                for (int t = lane; t < 256; t += 32) {
+                    const int r = t / 16, cc = t % 16;
+                    if (gm + r < M && gn + cc < N) {
+                        float* const c = C + static_cast<size_t>(gm + r) * ldc + gn + cc;
+                        const float v = scratch[r * LDC_S + cc];
+                        *c = beta != 0.0f ? fmaf(beta, *c, v) : v;
+                    }
+                }
+                __syncwarp();  // the scratch is free for the next fragment
             }
-            *reinterpret_cast<float4*>(crow + gn) = v;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (gn + j < N)
-                    crow[gn + j] = beta != 0.0f ? fmaf(beta, crow[gn + j], alpha * t[j])
-                                                : alpha * t[j];
         }
     }
 }
