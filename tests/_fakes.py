@@ -45,3 +45,20 @@ class FakeBenchmark:
     def baseline(self):
         self.baselines += 1
         return Measurement(Outcome.TIMED, Timing((self._ms(30.0),) * 3), error=1e-7)
+
+
+class WorkerBenchmark(FakeBenchmark):
+    """What a GpuWorker's child builds in CPU tests: a kernel with BM=16 "faults" (the
+    process dies, as after an illegal address) and one with BM=32 hangs."""
+
+    def __init__(self, shape=SHAPE, dtype=None, seed=None, log=None, delay=0.0):
+        super().__init__(shape=shape, log=log, delay=delay)
+
+    def measure(self, config, cubin):
+        import os
+
+        if config.bm == 16:
+            os._exit(3)
+        if config.bm == 32:
+            time.sleep(3600)
+        return super().measure(config, cubin)

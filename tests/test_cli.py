@@ -56,7 +56,7 @@ def test_dry_run_table(tmp_path, capsys, monkeypatch):
     (["--shape", "16x16x16", "--trials", "0", "--dry-run"], "--trials must be at least 1"),
     (["--shape", "16x16x16", "--dry-run", "--arch", "sm_12"], "unknown GPU architecture"),
     (["--shape", "16x16x16", "--sampler", "magic"], "invalid choice: 'magic'"),
-    ([], "the following arguments are required: --shape"),
+    ([], "give a problem: --shape MxNxK"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, msg):
     code, out, err = _run(capsys, *argv)
@@ -147,3 +147,27 @@ def test_ctrl_c_exits_130(capsys, monkeypatch):
     monkeypatch.setattr(tuner.cli, "_run", interrupted)
     assert main(["--shape", "8x8x8"]) == 130
     assert capsys.readouterr().err.strip() == "gemm-tune: interrupted"
+
+
+@pytest.mark.parametrize("lines,msg", [
+    ("4096x4096x4096\n# a comment\n12x0x3\n", "line 3: "),
+    ("# nothing\n\n", "names no shape"),
+])
+def test_shapes_file_errors_name_the_line(tmp_path, capsys, lines, msg):
+    f = tmp_path / "shapes.txt"
+    f.write_text(lines)
+    assert main(["--shapes", str(f), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err and str(f) in err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    ([], "give a problem: --shape MxNxK"),
+    (["--shapes", "/nonexistent/shapes.txt"], "cannot read it"),
+    (["--shape", "8x8x8", "--shape", "16x16x16", "--dry-run"], "--dry-run takes one shape"),
+    (["--shape", "8x8x8", "--kernel-timeout", "0"], "--kernel-timeout must be positive"),
+])
+def test_shape_list_errors(capsys, argv, msg):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and msg in err

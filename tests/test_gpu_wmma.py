@@ -73,6 +73,7 @@ def test_wmma_matches_the_rounded_reference(dtype, shape, compile_cache):
 
 def test_tune_fp16_and_tf32_end_to_end(tmp_path, capsys):
     import json
+    import sys
 
     from tuner.cli import main
 
@@ -84,7 +85,7 @@ def test_tune_fp16_and_tf32_end_to_end(tmp_path, capsys):
         w = r["winner"]
         print(f"{dtype} {r['shape']}: {w['name']} {w['tflops']} TFLOP/s vs cuBLAS "
               f"{w['cublas_tflops']}; error {w['error']:.2e} (exact {w['error_exact']:.2e}); "
-              f"{r['stats']}")
+              f"{r['stats']}", file=sys.stderr)
         assert r["dtype"] == dtype and w["tflops"] > 0 and r["stats"]["timed"] >= 1
         assert w["error"] <= 1e-4 and w["error_exact"] < 1e-2
 

@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Also: gemm-tune list | inspect NAME|--shape MxNxK | export --out DIR | "
         "report --shape MxNxK (each with --help).",
     )
-    p.add_argument("--shape", required=True, help="problem size MxNxK, e.g. 4096x4096x4096")
+    p.add_argument("--shape", action="append", default=[],
+                   help="problem size MxNxK, e.g. 4096x4096x4096 (repeat for several shapes)")
+    p.add_argument("--shapes", type=Path, default=None,
+                   help="a file of shapes, one MxNxK per line (# comments), tuned in turn")
     p.add_argument("--dtype", default="fp32",
                    help="input type, always with FP32 accumulation and an FP32 C: fp32 "
                         "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
@@ -72,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "same command resumes a study kept there without repeating trials")
     p.add_argument("--study", default=None,
                    help="study name in --storage (default: the cache key of the problem)")
+    p.add_argument("--devices", default=None,
+                   help="GPUs to time on, e.g. 0,1: one timing worker process per GPU, all in "
+                        "one study (default: $GEMM_TUNE_DEVICE or 0)")
+    p.add_argument("--kernel-timeout", type=float, default=60.0,
+                   help="seconds a candidate may take before its worker is killed and "
+                        "restarted as hung (default 60)")
     p.add_argument("--top", type=int, default=5, help="rows in the result table (default 5)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -188,7 +197,11 @@ def _run(argv) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    shape = parse_shape(args.shape)
+    shapes = [parse_shape(x) for x in args.shape] + _shapes_file(args.shapes)
+    if not shapes:
+        raise UsageError("give a problem: --shape MxNxK (or --shapes FILE)")
+    if args.kernel_timeout <= 0:
+        raise UsageError(f"--kernel-timeout must be positive (got {args.kernel_timeout:g})")
     dtype = DType.parse(args.dtype)
     if args.allow_tf32:
         if dtype not in (DType.F32, DType.TF32):
@@ -197,10 +210,32 @@ def _run(argv) -> int:
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
     if args.dry_run:
-        return _dry_run(args, shape, dtype)
+        if len(shapes) > 1:
+            raise UsageError("--dry-run takes one shape")
+        return _dry_run(args, shapes[0], dtype)
     from tuner import tune as _tune  # the GPU path
 
-    return _tune.run_cli(args, shape, dtype, _artifacts_dir(args))
+    return _tune.run_cli(args, shapes, dtype, _artifacts_dir(args))
+
+
+def _shapes_file(path: Path | None) -> list:
+    if path is None:
+        return []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--shapes {path}: cannot read it ({e})") from None
+    out = []
+    for no, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if text:
+            try:
+                out.append(parse_shape(text))
+            except UsageError as e:
+                raise UsageError(f"--shapes {path}, line {no}: {e}") from None
+    if not out:
+        raise UsageError(f"--shapes {path} names no shape")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,7 +160,7 @@ class _InlineExecutor(cf.Executor):
 
 def search(
     shape: tuple[int, int, int],
-    bench: Benchmark,
+    bench: Benchmark | list[Benchmark],
     *,
     dtype: DType = DType.F32,
     trials: int = 100,
@@ -175,12 +175,18 @@ def search(
     baseline_every: int = 10,
     on_event: Callable[[TrialRecord | None, SearchStats], None] | None = None,
 ) -> SearchResult:
-    """Search the space for `shape`; `trials` counts candidates compiled (valid, new ones)."""
+    """Search the space for `shape`; `trials` counts candidates compiled (valid, new ones).
+
+    `bench` may be a list, one benchmark per GPU: candidates are then timed on whichever
+    GPU is free, concurrently, and told to the one study as they finish.
+    """
     import optuna
     from optuna.trial import TrialState
 
     t0 = time.monotonic()
     deadline = t0 + timeout
+    benches = list(bench) if isinstance(bench, (list, tuple)) else [bench]
+    bench = benches[0]
     arch = bench.arch
     stats = SearchStats()
     records: list[TrialRecord] = []
@@ -214,8 +220,8 @@ def search(
         if on_event:
             on_event(rec, stats)
 
-    def time_baseline():
-        m = bench.baseline()
+    def time_baseline(b=bench):
+        m = b.baseline()
         baselines.append(m.timing)
         stats.cublas_tflops = bench.flops / (statistics.median(
             t.median_ms for t in baselines) * 1e-3) / 1e12
@@ -258,7 +264,42 @@ def search(
             fut = pool.submit(compile_task, (cfg, arch.sm, cache_dir, artifacts))
             pending.append((trial, cfg, fut))
 
-    current: list = []  # the trial between leaving `pending` and being told
+    current: list = []  # the trial between leaving `pending` and being measured
+    free = collections.deque(benches)  # GPUs with nothing to time
+    inflight: dict = {}  # future -> (trial, record, benchmark)
+    timer = (_InlineExecutor() if len(benches) == 1
+             else cf.ThreadPoolExecutor(max_workers=len(benches)))
+
+    def measured(fut):
+        """A timing finished: tell the study (here, in the search's own thread)."""
+        trial, rec, b = inflight.pop(fut)
+        free.append(b)
+        m = fut.result()
+        rec.outcome, rec.reason, rec.error = m.outcome, m.message, m.error
+        rec.error_exact = m.error_exact
+        if m.outcome is Outcome.TIMED:
+            stats.timed += 1
+            rec.timing = m.timing
+            rec.tflops = m.timing.tflops(bench.flops)
+            stats.best_tflops = max(stats.best_tflops or 0.0, rec.tflops)
+            finish(trial, rec, value=rec.tflops)
+            if stats.timed % baseline_every == 0:
+                time_baseline(b)  # cuBLAS interleaved with the candidates, on that GPU
+        else:
+            if m.outcome is Outcome.WRONG_RESULT:
+                stats.wrong += 1
+            else:
+                stats.launch_failed += 1
+            finish(trial, rec, state=TrialState.FAIL)
+        records.append(rec)
+        emit(rec)
+
+    def wait_for(free_needed: bool):
+        """Collect finished timings: until a GPU is free, or (False) until none is busy."""
+        while inflight and (not free or not free_needed):
+            done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                measured(fut)
 
     try:
         time_baseline()
@@ -280,6 +321,7 @@ def search(
                                   res.error.splitlines()[0][:300] if res.error else "")
                 finish(trial, rec, state=TrialState.FAIL)
                 records.append(rec)
+                current.clear()
                 emit(rec)
                 continue
             verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops)
@@ -288,33 +330,26 @@ def search(
             if verdict.hopeless:
                 stats.pruned += 1
                 finish(trial, rec, state=TrialState.PRUNED)
-            else:
-                m = bench.measure(cfg, res.cubin)
-                rec.outcome, rec.reason, rec.error = m.outcome, m.message, m.error
-                rec.error_exact = m.error_exact
-                if m.outcome is Outcome.TIMED:
-                    stats.timed += 1
-                    rec.timing = m.timing
-                    rec.tflops = m.timing.tflops(bench.flops)
-                    stats.best_tflops = max(stats.best_tflops or 0.0, rec.tflops)
-                    finish(trial, rec, value=rec.tflops)
-                    if stats.timed % baseline_every == 0:
-                        time_baseline()  # cuBLAS interleaved with the candidates
-                else:
-                    if m.outcome is Outcome.WRONG_RESULT:
-                        stats.wrong += 1
-                    else:
-                        stats.launch_failed += 1
-                    finish(trial, rec, state=TrialState.FAIL)
-            records.append(rec)
+                records.append(rec)
+                current.clear()
+                emit(rec)
+                continue
+            wait_for(free_needed=True)
+            b = free.popleft()
+            if len(benches) > 1:
+                trial.set_user_attr("gpu", benches.index(b))
+            inflight[timer.submit(b.measure, cfg, res.cubin)] = (trial, rec, b)
             current.clear()
-            emit(rec)
+            for f in [f for f in inflight if f.done()]:
+                measured(f)
+        wait_for(free_needed=False)
         time_baseline()
     except KeyboardInterrupt:
         # Ctrl-C: every finished trial is already in the study; the unfinished ones are
         # marked failed (not left RUNNING), so the same command resumes cleanly.
         stats.interrupted = True
         unfinished = ([tuple(current)] if current else []) + [(t, c) for t, c, _ in pending]
+        unfinished += [(t, r.config) for t, r, _ in inflight.values()]
         for trial, cfg in unfinished:
             if seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
                 seen.pop(cfg.name, None)
@@ -322,6 +357,7 @@ def search(
                 tell(trial, state=TrialState.FAIL)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        timer.shutdown(wait=False, cancel_futures=True)
     stats.seconds = time.monotonic() - t0
     return SearchResult(tuple(shape), dtype, records, baselines, stats, study, storage)
 

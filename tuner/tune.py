@@ -85,7 +85,9 @@ def _print(result: dict, console) -> None:
     console.print(f"winner source: {result['winner']['source']}")
 
 
-def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
+def run_cli(args, shapes, dtype: DType, artifacts: Path) -> int:
+    """Tune each shape in turn (every shape's candidates spread over all of --devices);
+    print one table per shape, or with --json one document (a list for several shapes)."""
     from rich.console import Console
 
     from tuner.gpu import device
@@ -96,32 +98,57 @@ def run_cli(args, shape, dtype: DType, artifacts: Path) -> int:
     if args.arch and args.arch.replace("sm_", "") != str(dev.cc):
         raise UsageError(f"--arch {args.arch} does not match the GPU ({dev.name}, {dev.sm}); "
                          "use --dry-run to build for another architecture")
-    key = cache_key(dev, dtype, shape)
-    entry = cache.get(key)
+    devices = _devices(args.devices)
     out = Console(width=None if sys.stdout.isatty() else 200)
-    if entry and not args.force:
-        result = dict(entry["result"], from_cache=True)
-    else:
-        _check_fits(dev, shape, dtype)
-        try:
-            # stdout carries the result alone (--json): what libraries print goes to stderr
-            with contextlib.redirect_stdout(sys.stderr):
-                result = dict(_tune(args, shape, dtype, artifacts, dev, key), from_cache=False)
-        except _Interrupted as stop:
-            best = stop.result.timed()
-            where = (f"; run the same command to resume (study in {args.storage})"
-                     if args.storage else "; pass --storage sqlite:///FILE to keep a study")
-            print("gemm-tune: interrupted; best so far: " + (
-                f"{best[0].config.name} at {best[0].tflops:.1f} TFLOP/s" if best else "none")
-                + where, file=sys.stderr)
-            return 130
-        cache.put(key, dict(result=result, **result["winner"]))
-        _add_to_library(args, artifacts, dev, key, result)
+    results = []
+    for shape in shapes:
+        key = cache_key(dev, dtype, shape)
+        entry = cache.get(key)
+        if entry and not args.force:
+            result = dict(entry["result"], from_cache=True)
+        else:
+            _check_fits(dev, shape, dtype)
+            try:
+                # stdout carries the result alone (--json): what libraries print goes to stderr
+                with contextlib.redirect_stdout(sys.stderr):
+                    result = dict(_tune(args, shape, dtype, artifacts, dev, key, devices),
+                                  from_cache=False)
+            except _Interrupted as stop:
+                best = stop.result.timed()
+                where = (f"; run the same command to resume (study in {args.storage})"
+                         if args.storage else "; pass --storage sqlite:///FILE to keep a study")
+                print("gemm-tune: interrupted; best so far: " + (
+                    f"{best[0].config.name} at {best[0].tflops:.1f} TFLOP/s" if best else "none")
+                    + where, file=sys.stderr)
+                return 130
+            cache.put(key, dict(result=result, **result["winner"]))
+            _add_to_library(args, artifacts, dev, key, result)
+        results.append(result)
+        if not args.json:
+            _print(result, out)
     if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print(result, out)
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     return 0
+
+
+def _devices(text: str | None) -> list[int]:
+    """--devices 0,1 -> [0, 1], each a GPU this machine has; default: $GEMM_TUNE_DEVICE or 0."""
+    from tuner.gpu import _drv
+
+    if text is None:
+        import os
+
+        return [int(os.environ.get("GEMM_TUNE_DEVICE", 0))]
+    try:
+        ids = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--devices {text!r}: expected GPU numbers like 0,1") from None
+    count = _drv().Device.count()
+    bad = [i for i in ids if not 0 <= i < count]
+    if not ids or bad or len(set(ids)) != len(ids):
+        raise UsageError(f"--devices {text!r}: this machine has GPUs 0..{count - 1}; name each "
+                         "once")
+    return ids
 
 
 def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> None:
@@ -140,14 +167,25 @@ def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> 
         entry, source, Path(w["cubin"]), source.with_suffix(".json"))
 
 
-def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
+def _tune(args, shape, dtype, artifacts, dev, key, devices) -> dict:
+    from tuner.worker import GpuWorker
+
+    # one timing worker process per GPU: a kernel that faults or hangs costs only its worker
+    workers = [GpuWorker(shape, dtype, seed=args.seed, device=i, timeout_s=args.kernel_timeout)
+               for i in devices]
+    with contextlib.ExitStack() as stack:
+        for w in workers:
+            stack.enter_context(w)
+        return _tune_with(args, shape, dtype, artifacts, dev, key, workers)
+
+
+def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tuner.bench import GpuBenchmark
     from tuner.search import confirm, save_study, search
 
-    bench = GpuBenchmark(shape, dtype, seed=args.seed)
+    bench = workers[0]
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(),
                TextColumn("pruned {task.fields[pruned]} failed {task.fields[failed]} "
                           "best {task.fields[best]} TFLOP/s ({task.fields[pct]} of cuBLAS)"),
@@ -163,7 +201,7 @@ def _tune(args, shape, dtype, artifacts, dev, key) -> dict:
             bar.update(task, completed=s.done, pruned=s.pruned, failed=s.failed, best=best,
                        pct=pct)
 
-        res = search(shape, bench, dtype=dtype, trials=args.trials, timeout=args.timeout,
+        res = search(shape, workers, dtype=dtype, trials=args.trials, timeout=args.timeout,
                      sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
                      storage=args.storage, study_name=args.study or (str(key) if args.storage
                                                                      else None),
