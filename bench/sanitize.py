@@ -25,7 +25,7 @@ CONFIGS = [
     "gemm_wmma_bf16_64x64x32_w32x32_p8_v8_s1_g1",           # tensor cores, bf16, synchronous
     "gemm_wmma_tf32_128x128x16_w64x32_p4_v4_s3_g8",         # tensor cores, tf32
 ]
-SHAPES = ["17x33x9", "127x129x257", "1x1x1"]
+SHAPES = ["17x33x9", "127x129x257"]
 
 
 def one(name: str, shape: str) -> None:
@@ -68,9 +68,10 @@ def main() -> None:
             print(f"{name:<48} {shape:>12}  exit {p.returncode}  {summary}", flush=True)
             if p.returncode:
                 print(p.stdout[-1500:], p.stderr[-1500:])
-    clean = sum(r["exit"] == 0 for r in rows)
+            clean = sum(r["exit"] == 0 for r in rows)  # written as it goes: a cut run keeps it
+            (args.out / "sanitize.json").write_text(
+                json.dumps(dict(rows=rows, clean=clean), indent=2))
     print(f"memcheck clean and correct: {clean} of {len(rows)}")
-    (args.out / "sanitize.json").write_text(json.dumps(dict(rows=rows, clean=clean), indent=2))
 
 
 if __name__ == "__main__":
