@@ -52,36 +52,41 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
     ap.add_argument("--tune", action="store_true", help="tune each shape first (gemm-tune)")
+    ap.add_argument("--tune-shapes", nargs="+", default=None,
+                    help="tune only these shapes first (the rest come from the library)")
     ap.add_argument("--trials", type=int, default=None, help="tuning budget (CLI default)")
+    ap.add_argument("--devices", default=None, help="GPUs to tune on, e.g. 0,1")
     ap.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
-    from codegen import KernelConfig
+    from codegen.config import config_from_name
     from tuner import load_library
     from tuner._shape import parse_shape
     from tuner.bench import GpuBenchmark
     from tuner.gpu import device
 
-    if args.tune:
-        for s in args.shapes:
-            cmd = [sys.executable, "-m", "tuner", "--shape", s, "--artifacts", str(args.artifacts),
-                   "--json"] + (["--trials", str(args.trials)] if args.trials else [])
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            print(f"tuned {s}: exit {p.returncode} {p.stderr.strip()[-200:]}", flush=True)
+    to_tune = args.tune_shapes or (args.shapes if args.tune else [])
+    for s in to_tune:
+        cmd = [sys.executable, "-m", "tuner", "--shape", s, "--artifacts", str(args.artifacts),
+               "--json"] + (["--trials", str(args.trials)] if args.trials else []) + (
+                   ["--devices", args.devices] if args.devices else [])
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        print(f"tuned {s}: exit {p.returncode} {p.stderr.strip()[-200:]}", flush=True)
     dev = device()
     lib = load_library(args.artifacts / "library")
     rows = []
     for s in args.shapes:
         m, n, k = parse_shape(s)
         choice = lib.select(m, n, k, cc=dev.cc, sms=dev.arch.sm_count)
+        cfg = config_from_name(choice.kernel) if choice.kernel else None
         if choice.kernel is None:
             print(f"{s}: nothing in the library", flush=True)
             continue
         info = lib.manifest["kernels"][f"{dev.sm}/{choice.kernel}"]
         row = dict(shape=s, rule=choice.rule, **side_by_side(
-            GpuBenchmark((m, n, k), seed=None), KernelConfig.from_name(choice.kernel),
+            GpuBenchmark((m, n, k), seed=None), cfg,
             lib.path / info["cubin"], args.rounds))
         rows.append(row)
         print(f"{s:>16} {row['kernel']:<52} {row['tflops']:7.2f} TFLOP/s  cuBLAS "
