@@ -193,3 +193,30 @@ def test_sigkill_loses_at_most_the_trials_in_flight(tmp_path, compile_cache):
     res = search((512, 512, 512), FakeBenchmark(), trials=len(done) + 2, seed=8, jobs=1,
                  storage=url, study_name="k", cache_dir=compile_cache, artifacts=tmp_path)
     assert res.stats.resumed == len(done)
+
+
+def test_processes_sharing_a_study_never_time_a_candidate_twice(tmp_path, compile_cache):
+    """Three processes, one journal-file study, the same sampler and seed (so they ask for
+    the same candidates in the same order): each candidate is timed by one of them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    log = tmp_path / "timed.log"
+    url = f"journal:///{tmp_path / 'study.log'}"
+    procs = [subprocess.Popen([sys.executable, str(here / "_share_worker.py"), url, str(log),
+                               str(compile_cache), str(here)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    stats = [tuple(map(int, o[0].split())) for o in outs]
+    names = log.read_text().split()
+    assert len(names) == len(set(names)) == sum(s[1] for s in stats)  # none timed twice
+    assert sum(s[2] for s in stats) > 0  # the workers did ask for each other's candidates
+    from tuner.search import open_storage
+
+    study = optuna.load_study(study_name="shared", storage=open_storage(url))
+    timed = [t.user_attrs["kernel"] for t in study.trials
+             if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+    assert sorted(timed) == sorted(names)  # and none lost: every timing is in the study

@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--library", type=Path, default=None,
                    help="tuned-kernel library the winner joins (default <artifacts>/library)")
     p.add_argument("--storage", default=None,
-                   help="Optuna storage URL, e.g. sqlite:///tune.db (default: in memory); the "
-                        "same command resumes a study kept there without repeating trials")
+                   help="Optuna storage: sqlite:///tune.db, postgresql://..., or "
+                        "journal:///PATH for a journal file (default: in memory); the same "
+                        "command resumes a study kept there without repeating trials, and "
+                        "processes on several hosts can share one study")
     p.add_argument("--study", default=None,
                    help="study name in --storage (default: the cache key of the problem)")
     p.add_argument("--devices", default=None,

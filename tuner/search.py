@@ -30,7 +30,8 @@ from tuner.model import judge, shape_reasons
 from tuner.outcome import Measurement, Outcome, Timing
 from tuner.space import is_candidate, params_of, suggest, valid_configs
 
-__all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", "make_sampler"]
+__all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", "make_sampler",
+           "open_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,8 @@ def search(
     records: list[TrialRecord] = []
     seen: dict[str, tuple[TrialState, float | None]] = {}
     baselines: list[Timing] = []
-    storage = storage or optuna.storages.InMemoryStorage()
+    shared = storage is not None  # other processes may work on the same study
+    storage = open_storage(storage) if storage else optuna.storages.InMemoryStorage()
     study = optuna.create_study(
         direction="maximize", sampler=make_sampler(sampler, seed), storage=storage,
         study_name=study_name, load_if_exists=True,
@@ -250,6 +252,13 @@ def search(
                 stats.rejected += 1
                 trial.set_user_attr("outcome", Outcome.REJECTED.value)
                 trial.set_user_attr("reason", "; ".join(reasons))
+                tell(trial, state=TrialState.PRUNED)
+                continue
+            if cfg.name not in seen and shared and _claimed_elsewhere(study, trial, cfg.name):
+                # another process has it (running or done): the lowest trial number owns it
+                stats.duplicates += 1
+                trial.set_user_attr("duplicate_of", cfg.name)
+                trial.set_user_attr("reason", "claimed by another worker of this study")
                 tell(trial, state=TrialState.PRUNED)
                 continue
             if cfg.name in seen:  # asked again: answer from the first time, free
@@ -362,6 +371,37 @@ def search(
     return SearchResult(tuple(shape), dtype, records, baselines, stats, study, storage)
 
 
+def open_storage(url):
+    """An Optuna storage from a URL: any RDB URL Optuna takes (sqlite:///FILE,
+    postgresql://...), or journal:///PATH for a journal file (several processes or hosts
+    on a shared file system). Storage objects pass through."""
+    import optuna
+
+    if not isinstance(url, str):
+        return url
+    if url.startswith("journal:///"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal://"):]))
+    return url
+
+
+def _claimed_elsewhere(study, trial, name: str) -> bool:
+    """Claim `name` for `trial` in the shared study, then look for another holder (of any
+    process). Each process writes its claim before it reads the others', so of two that
+    race for one candidate at most one goes on (if both see each other, both withdraw
+    and a later ask takes it). Failed trials hold nothing: they are retried."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("claim", name)
+    held = any(t.number != trial.number and t.user_attrs.get("claim") == name
+               for t in study.get_trials(deepcopy=False, states=(
+                   TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)))
+    if held:
+        trial.set_user_attr("claim", None)
+    return held
+
+
 def _resume(study, dtype: DType, seen: dict, records: list, stats: SearchStats) -> None:
     """Take in what an earlier run of this study finished: those candidates count towards
     the budget and are never compiled or timed again. Failed ones are retried."""
@@ -369,7 +409,8 @@ def _resume(study, dtype: DType, seen: dict, records: list, stats: SearchStats) 
 
     for t in study.trials:
         name = t.user_attrs.get("kernel")
-        if name is None or t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+        if name is None or "duplicate_of" in t.user_attrs or \
+                t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
             continue
         cfg = config_from_name(name)
         if not is_candidate(cfg, dtype) or name in seen:
