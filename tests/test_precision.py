@@ -126,3 +126,26 @@ def test_dry_run_per_type(tmp_path, capsys, argv, first):
     names = [c["config"] for c in out["candidates"]]
     assert len(names) == 3 and [n[: len(p)] for n, p in zip(names, first)] == first
     assert all(c["status"] in ("ok", "pruned") for c in out["candidates"])
+
+
+def test_library_lists_and_inspects_tensor_core_entries(tmp_path, compile_cache, capsys):
+    import json
+
+    from _library import entry
+    from tuner import load_library
+    from tuner.library import Library
+
+    cfg = WmmaConfig(dtype=DType.BF16)
+    lib = Library.create_or_open(tmp_path / "lib")
+    res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+    cu = tmp_path / "art" / "sm_90" / f"{cfg.name}.cu"
+    lib.add(entry(cfg, res, (2048, 2048, 2048), 250.0, 700.0, dtype="bf16"), cu, res.cubin)
+    lib = load_library(tmp_path / "lib")  # verifies the WMMA config too
+    assert lib.select(2048, 2048, 2048, DType.BF16).kernel == cfg.name
+    assert lib.select(2048, 2048, 2048, DType.F16).rule == "cublas"
+    assert main(["inspect", cfg.name, "--library", str(lib.path)]) == 0
+    out = capsys.readouterr().out
+    assert "bm=128, bn=128, bk=32, wm=64, wn=32, skew=8, vec=8, stages=3, swizzle=8" in out
+    assert "2048x2048x2048 bf16" in out
+    assert main(["list", "--library", str(lib.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["kernel"] == cfg.name

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
 
-from codegen.config import DType, KernelConfig
+from codegen.config import DType, config_from_dict, config_from_name
 from codegen.errors import UsageError
 from tuner._shape import format_shape, parse_shape
 from tuner.library import Library
@@ -52,7 +53,7 @@ def cmd_inspect(args, console) -> int:
     if bool(args.name) == bool(args.shape):
         raise UsageError("inspect takes a kernel name or --shape MxNxK (one of them)")
     if args.name:
-        KernelConfig.from_name(args.name)  # a malformed name is a usage error
+        config_from_name(args.name)  # a malformed name is a usage error
         entries = _entries(lib, kernel=args.name)
         if not entries:
             raise UsageError(f"kernel {args.name} is not in the library at {args.library}")
@@ -93,9 +94,10 @@ def cmd_inspect(args, console) -> int:
     t.add_column("what", style="bold")
     t.add_column("value")
     cfg = info["config"]
-    t.add_row("parameters", ", ".join(f"{k}={cfg[k]}" for k in
-                                      ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
-                                       "stages", "swizzle")))
+    c = config_from_dict(cfg)
+    t.add_row("parameters", ", ".join(f"{f.name}={getattr(c, f.name)}"
+                                      for f in dataclasses.fields(c)
+                                      if f.name not in ("dtype", "family", "layout")))
     t.add_row("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
                            f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack")
     t.add_row("occupancy", f"{doc['occupancy']:.0%} (limited by {doc['limiter']})")

@@ -74,18 +74,24 @@ def report(lib: Library, shape, dtype: DType, studies_db: Path, out: Path) -> Pa
 
     # Roofline of the GPU with the winner and cuBLAS at this shape.
     arch = ARCHS.get(e["cc"])
-    peak = arch.peak_fp32_tflops if arch else max(e["tflops"], e["cublas_tflops"]) * 1.3
+    tensor = dtype is not DType.F32  # a tf32 / fp16 / bf16 request may run on tensor cores
+    peak = ((arch.peak_tensor_tflops(dtype) if tensor else arch.peak_fp32_tflops) if arch
+            else max(e["tflops"], e["cublas_tflops"]) * 1.3)
+    what = f"{dtype.short} tensor cores" if tensor else "FP32"
     bw = BANDWIDTH_GBS.get(e["gpu"], 2000.0)
-    flops = 2.0 * m * n * k
-    ai = flops / ((m * k + k * n + m * n) * 4)
+    es = 2 if dtype in (DType.F16, DType.BF16) else 4  # bytes of A and B; C is fp32
+
+    def intensity(mm, nn, kk):
+        return 2.0 * mm * nn * kk / ((mm * kk + kk * nn) * es + mm * nn * 4)
+
+    ai = intensity(m, n, k)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ridge = peak * 1e3 / bw
     ax.plot([0.5, ridge, 2 ** 14], [0.5 * bw / 1e3, peak, peak], color="black",
-            label=f"roofline: {peak:.1f} TFLOP/s FP32, {bw / 1e3:.1f} TB/s")
+            label=f"roofline: {peak:.1f} TFLOP/s {what}, {bw / 1e3:.1f} TB/s")
     for other in lib.manifest["entries"]:
         if other["gpu"] == e["gpu"] and other["dtype"] == e["dtype"] and other is not e:
-            oa = 2.0 * other["m"] * other["n"] * other["k"] / (
-                (other["m"] * other["k"] + other["k"] * other["n"] + other["m"] * other["n"]) * 4)
+            oa = intensity(other["m"], other["n"], other["k"])
             ax.scatter([oa], [other["tflops"]], color="tab:blue", alpha=0.3, s=20)
     ax.scatter([ai], [e["tflops"]], color="tab:blue", s=60, zorder=3,
                label=f"gemm-tune {e['tflops']:.1f}")
