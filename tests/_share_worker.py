@@ -12,6 +12,8 @@ if __name__ == "__main__":
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage, log, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     bench = FakeBenchmark(log=log, delay=0.05)
-    res = search(bench.shape, bench, trials=12, jobs=1, seed=4, sampler="random",
+    trials = int(sys.argv[5]) if len(sys.argv) > 5 else 12
+    res = search(bench.shape, bench, trials=trials, jobs=1, seed=4, sampler="random",
                  storage=storage, study_name="shared", cache_dir=cache)
-    print(res.stats.compiled, res.stats.timed, res.stats.duplicates)
+    best = res.timed()[0]
+    print(res.stats.compiled, res.stats.timed, res.stats.duplicates, best.tflops)

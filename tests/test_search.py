@@ -210,7 +210,7 @@ def test_processes_sharing_a_study_never_time_a_candidate_twice(tmp_path, compil
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    stats = [tuple(map(int, o[0].split())) for o in outs]
+    stats = [tuple(map(int, o[0].split()[:3])) for o in outs]
     names = log.read_text().split()
     assert len(names) == len(set(names)) == sum(s[1] for s in stats)  # none timed twice
     assert sum(s[2] for s in stats) > 0  # the workers did ask for each other's candidates
@@ -220,3 +220,10 @@ def test_processes_sharing_a_study_never_time_a_candidate_twice(tmp_path, compil
     timed = [t.user_attrs["kernel"] for t in study.trials
              if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     assert sorted(timed) == sorted(names)  # and none lost: every timing is in the study
+    # a process joining afterwards (no budget of its own) takes the whole study's best
+    p = subprocess.run([sys.executable, str(here / "_share_worker.py"), url, str(log),
+                        str(compile_cache), str(here), "0"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    best = max(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert float(p.stdout.split()[3]) == pytest.approx(best)

@@ -83,6 +83,7 @@ class SearchStats:
     cublas_tflops: float | None = None
     seconds: float = 0.0
     resumed: int = 0  # candidates an earlier run of the same study had already done
+    from_others: int = 0  # timed by other processes of a shared study, taken in at the end
     interrupted: bool = False  # stopped by Ctrl-C; the study keeps every finished trial
 
     @property
@@ -352,6 +353,8 @@ def search(
             for f in [f for f in inflight if f.done()]:
                 measured(f)
         wait_for(free_needed=False)
+        if shared:
+            _take_in_others(study, dtype, seen, records, stats)
         time_baseline()
     except KeyboardInterrupt:
         # Ctrl-C: every finished trial is already in the study; the unfinished ones are
@@ -400,6 +403,25 @@ def _claimed_elsewhere(study, trial, name: str) -> bool:
     if held:
         trial.set_user_attr("claim", None)
     return held
+
+
+def _take_in_others(study, dtype: DType, seen: dict, records: list,
+                    stats: SearchStats) -> None:
+    """The candidates other processes of a shared study timed while this one ran: they
+    join the records (not the budget), so the winner comes from the whole study."""
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        name = t.user_attrs.get("kernel")
+        if name is None or name in seen or "duplicate_of" in t.user_attrs:
+            continue
+        cfg = config_from_name(name)
+        if is_candidate(cfg, dtype):
+            seen[name] = (t.state, t.value)
+            stats.from_others += 1
+            stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
+            records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
+                                       figures=t.user_attrs.get("figures", {})))
 
 
 def _resume(study, dtype: DType, seen: dict, records: list, stats: SearchStats) -> None:

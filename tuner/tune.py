@@ -236,6 +236,7 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
         stats=dict(asked=s.asked, rejected=s.rejected, duplicates=s.duplicates,
                    compiled=s.compiled, compile_failed=s.compile_failed, pruned=s.pruned,
                    launch_failed=s.launch_failed, wrong=s.wrong, timed=s.timed,
-                   failed=s.failed, seconds=round(s.seconds, 1), sampler=args.sampler,
+                   failed=s.failed, resumed=s.resumed, from_others=s.from_others,
+                   seconds=round(s.seconds, 1), sampler=args.sampler,
                    trials=args.trials, seed=args.seed),
     )
