@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import socket
 import statistics
 import time
 import warnings
@@ -389,6 +390,10 @@ def open_storage(url):
     return url
 
 
+#: who ran a trial of a shared study: host and process
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _claimed_elsewhere(study, trial, name: str) -> bool:
     """Claim `name` for `trial` in the shared study, then look for another holder (of any
     process). Each process writes its claim before it reads the others', so of two that
@@ -397,6 +402,7 @@ def _claimed_elsewhere(study, trial, name: str) -> bool:
     from optuna.trial import TrialState
 
     trial.set_user_attr("claim", name)
+    trial.set_user_attr("worker", _WORKER)
     held = any(t.number != trial.number and t.user_attrs.get("claim") == name
                for t in study.get_trials(deepcopy=False, states=(
                    TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)))

@@ -1,0 +1,71 @@
+"""Several gemm-tune processes, one per GPU, joining one Optuna study through a journal
+file (as processes on several hosts would through a shared file system or PostgreSQL):
+who timed what, that nothing was timed twice or left unfinished, and each one's winner.
+
+    python bench/shared_study.py [--shape 2048x2048x2048] [--trials 60] [--devices 0,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from _common import header, write  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="2048x2048x2048")
+    ap.add_argument("--trials", type=int, default=60)
+    ap.add_argument("--devices", default="0,1")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import optuna
+
+    from tuner.gpu import device
+    from tuner.search import open_storage
+
+    with tempfile.TemporaryDirectory() as d:
+        url = f"journal:///{d}/study.log"
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "tuner", "--shape", args.shape, "--trials", str(args.trials),
+             "--storage", url, "--study", "shared", "--devices", i, "--artifacts",
+             f"{d}/art{i}", "--json", "--seed", i], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True) for i in args.devices.split(",")]
+        outs = [p.communicate() for p in procs]
+        for p, (_, err) in zip(procs, outs):
+            if p.returncode:
+                raise SystemExit(err[-2000:])
+        results = [json.loads(o) for o, _ in outs]
+        study = optuna.load_study(study_name="shared", storage=open_storage(url))
+    trials = study.trials
+    measured = [t for t in trials if t.user_attrs.get("outcome") in
+                ("timed", "wrong result", "launch failed")]
+    names = [t.user_attrs["kernel"] for t in measured]
+    best = max(t.value for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    row = dict(processes=len(procs), trials=len(trials),
+               by_worker=dict(collections.Counter(t.user_attrs.get("worker") for t in measured)),
+               measured=len(names), measured_twice=len(names) - len(set(names)),
+               claimed_elsewhere=sum(t.user_attrs.get("reason") ==
+                                     "claimed by another worker of this study" for t in trials),
+               unfinished=sum(not t.state.is_finished() for t in trials),
+               study_best_tflops=best,
+               winners=[dict(winner=r["winner"]["name"], tflops=r["winner"]["tflops"],
+                             cublas_tflops=r["winner"]["cublas_tflops"], stats=r["stats"])
+                        for r in results])
+    print(json.dumps(row, indent=1))
+    print("wrote", write("shared-study", dict(header(device()), benchmark="shared_study",
+                                              shape=args.shape, **row), args.out))
+
+
+if __name__ == "__main__":
+    main()
