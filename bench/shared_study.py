@@ -47,7 +47,7 @@ def main() -> None:
                 raise SystemExit(err[-2000:])
         results = [json.loads(o) for o, _ in outs]
         study = optuna.load_study(study_name="shared", storage=open_storage(url))
-    trials = study.trials
+        trials = study.trials  # read before the journal file goes
     measured = [t for t in trials if t.user_attrs.get("outcome") in
                 ("timed", "wrong result", "launch failed")]
     names = [t.user_attrs["kernel"] for t in measured]
