@@ -257,7 +257,7 @@ def search(
                 tell(trial, state=TrialState.PRUNED)
                 continue
             if cfg.name not in seen and shared and _claimed_elsewhere(study, trial, cfg.name):
-                # another process has it (running or done): the lowest trial number owns it
+                # another process holds it (running or done): never timed twice
                 stats.duplicates += 1
                 trial.set_user_attr("duplicate_of", cfg.name)
                 trial.set_user_attr("reason", "claimed by another worker of this study")

@@ -1,4 +1,6 @@
-"""The search space: fixed categorical lists, one per KernelConfig parameter.
+"""The search space: fixed categorical lists, one per parameter of each family
+(SPACE for the CUDA-core KernelConfig, WMMA_SPACE for the tensor-core WmmaConfig; which
+families a request searches depends on its dtype, see `families`).
 
 Fixed lists keep every Optuna trial on the same distributions (TPE, random and
 grid samplers all work); combinations that cannot be built are rejected by
