@@ -86,6 +86,8 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"padding {c.pad} words is outside 0..32")
     if c.swizzle < 1:
         why.append(f"swizzle group {c.swizzle} must be at least 1")
+    if c.frags not in (1, 2):
+        why.append(f"fragment buffers {c.frags} must be 1 or 2")
     if c.split not in SPLITS:
         why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
 
@@ -95,7 +97,7 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
             f"shared memory {smem} B exceeds the {a.smem_per_block_optin} B per-block "
             f"limit of {a.sm}"
         )
-    regs = c.rm * c.rn + c.rm + c.rn
+    regs = c.rm * c.rn + (c.rm + c.rn) * c.frags
     if regs > a.max_regs_per_thread:
         why.append(
             f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "

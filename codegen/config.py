@@ -91,6 +91,10 @@ class KernelConfig:
             into a workspace, and a second kernel adds the slices in a fixed order
             (deterministic) and applies alpha and beta. 1 = no split. The name
             carries `_k<split>` only when split > 1.
+        frags: 1 = each k-step loads its A and B fragments from shared memory and then
+            does its FMAs; 2 = the fragments are double-buffered in registers (step
+            kk+1's loads are issued before step kk's FMAs). The name carries `_f2` only
+            when 2.
 
     Example:
         >>> KernelConfig().name
@@ -108,6 +112,7 @@ class KernelConfig:
     stages: int = 2
     swizzle: int = 8
     split: int = 1
+    frags: int = 1
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -121,12 +126,13 @@ class KernelConfig:
             f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
             f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
             + (f"_k{self.split}" if self.split != 1 else "")
+            + (f"_f{self.frags}" if self.frags != 1 else "")
         )
 
     _NAME_RE = re.compile(
         r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+))?$"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+))?(?:_f(?P<frags>\d+))?$"
     )
 
     @classmethod
@@ -143,6 +149,7 @@ class KernelConfig:
         ints = {k: int(m[k]) for k in ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
                                        "stages", "swizzle")}
         ints["split"] = int(m["split"] or 1)
+        ints["frags"] = int(m["frags"] or 1)
         cfg = cls(dtype=dtype, family=family, **ints)
         if cfg.wt_n != int(m["wtn"]):
             raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
@@ -212,7 +219,7 @@ class KernelConfig:
             A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
-            SPLIT=self.split,
+            SPLIT=self.split, FRAGS=self.frags,
         )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:

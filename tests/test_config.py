@@ -60,3 +60,12 @@ def test_dtype_parse(text, want):
 def test_dtype_parse_rejects_unknown():
     with pytest.raises(UsageError, match="unknown dtype 'int7'"):
         DType.parse("int7")
+
+
+def test_fragment_double_buffering_is_named_and_checked():
+    from codegen import check
+
+    c = KernelConfig(frags=2, split=4)
+    assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k4_f2"
+    assert KernelConfig.from_name(c.name) == c and KernelConfig.from_dict(c.to_dict()) == c
+    assert check(KernelConfig(frags=3), "sm_90") == ["fragment buffers 3 must be 1 or 2"]
