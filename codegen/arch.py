@@ -38,6 +38,7 @@ class ArchLimits:
     sm_count: int = 0  # typical part; the device's own count overrides it
     fp32_lanes_per_sm: int = 128  # FP32 FMA lanes per SM
     tc_fp16_flops_per_clk: int = 0  # dense fp16/bf16 tensor-core FLOP/clock/SM, FP32 accumulate
+    mem_gbs: int = 1000  # DRAM bandwidth of the typical part, GB/s (a lower bound for H200)
     clock_mhz: int = 0  # boost clock of the typical part; the device's own overrides it
     name: str = ""
 
@@ -68,7 +69,7 @@ class ArchLimits:
 
 
 def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, lanes, tc, mhz,
-          name):
+          gbs, name):
     return ArchLimits(
         cc=cc,
         max_threads_per_block=1024,
@@ -87,6 +88,7 @@ def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, l
         fp32_lanes_per_sm=lanes,
         tc_fp16_flops_per_clk=tc,
         clock_mhz=mhz,
+        mem_gbs=gbs,
         name=name,
     )
 
@@ -98,12 +100,12 @@ def _arch(cc, threads_sm, blocks_sm, smem_sm, smem_optin, reserved, unit, sms, l
 ARCHS: dict[int, ArchLimits] = {
     a.cc: a
     for a in (
-        _arch(70, 2048, 32, 96 * 1024, 96 * 1024, 0, 256, 80, 64, 1024, 1530, "V100"),
-        _arch(75, 1024, 16, 64 * 1024, 64 * 1024, 0, 256, 40, 64, 1024, 1590, "T4"),
-        _arch(80, 2048, 32, 164 * 1024, 163 * 1024, 1024, 128, 108, 64, 2048, 1410, "A100"),
-        _arch(86, 1536, 16, 100 * 1024, 99 * 1024, 1024, 128, 84, 128, 1024, 1740, "A40/RTX 30"),
-        _arch(89, 1536, 24, 100 * 1024, 99 * 1024, 1024, 128, 142, 128, 1024, 2490, "L40S/RTX 40"),
-        _arch(90, 2048, 32, 228 * 1024, 227 * 1024, 1024, 128, 132, 128, 4096, 1980, "H100/H200 SXM"),
+        _arch(70, 2048, 32, 96 * 1024, 96 * 1024, 0, 256, 80, 64, 1024, 1530, 900, "V100"),
+        _arch(75, 1024, 16, 64 * 1024, 64 * 1024, 0, 256, 40, 64, 1024, 1590, 320, "T4"),
+        _arch(80, 2048, 32, 164 * 1024, 163 * 1024, 1024, 128, 108, 64, 2048, 1410, 1555, "A100"),
+        _arch(86, 1536, 16, 100 * 1024, 99 * 1024, 1024, 128, 84, 128, 1024, 1740, 696, "A40/RTX 30"),
+        _arch(89, 1536, 24, 100 * 1024, 99 * 1024, 1024, 128, 142, 128, 1024, 2490, 864, "L40S/RTX 40"),
+        _arch(90, 2048, 32, 228 * 1024, 227 * 1024, 1024, 128, 132, 128, 4096, 1980, 3350, "H100/H200 SXM"),
     )
 }
 

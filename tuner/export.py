@@ -17,7 +17,7 @@ from codegen._io import atomic_write
 from codegen.arch import parse_arch
 from codegen.config import KernelConfig
 from codegen.render import render_file
-from tuner.library import Library, LibraryError
+from tuner.library import REDUCE_LAUNCH_MS, Library, LibraryError
 from tuner.occupancy import occupancy
 
 __all__ = ["export"]
@@ -48,8 +48,9 @@ def export(lib: Library, out: Path, arch: str | None = None) -> Path:
         atomic_write(out / "kernels" / f"{name}.cu",
                      src + render_file("export/launcher.cu.j2", **kernels[-1]))
     rows = [dict(m=e["m"], n=e["n"], k=e["k"], kernel=names.index(e["kernel"]),
-                 tflops=round(e["tflops"], 3)) for e in entries]
-    values = dict(arch=arch, cc=limits.cc, gpu=entries[0]["gpu"], kernels=kernels, entries=rows)
+                 tflops=e["tflops"]) for e in entries]  # exactly what Python dispatches on
+    values = dict(arch=arch, cc=limits.cc, gpu=entries[0]["gpu"], kernels=kernels, entries=rows,
+                  mem_gbs=float(limits.mem_gbs), reduce_launch_ms=REDUCE_LAUNCH_MS)
     for template, target in (("gemm_tuned.h.j2", "gemm_tuned.h"),
                              ("gemm_tuned.cu.j2", "gemm_tuned.cu"),
                              ("CMakeLists.txt.j2", "CMakeLists.txt"),

@@ -22,7 +22,11 @@ capability cc:
                      block slots of the waves they need; slots = SMs x blocks per SM
                      from the occupancy model);
      capped at 1: no kernel is assumed faster anywhere than where it was measured
-     (a kernel tuned on a small problem would otherwise be extrapolated upward);
+     (a kernel tuned on a small problem would otherwise be extrapolated upward).
+     A split-K kernel's second pass does not scale that way: its time,
+        reduce(M, N) = (2 x SPLIT + 1) x M x N x 4 bytes / DRAM bandwidth + 2 us
+     (the partial tiles written and read back, C written, and a launch), is taken out
+     of the measured time before the scaling and the new shape's is added back;
   3. with no candidate, cuBLAS runs.
 `Library.explain` says which of these applies and with what figures.
 """
@@ -35,6 +39,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 from pathlib import Path
 
 from codegen._io import atomic_write, atomic_write_json
@@ -44,7 +49,8 @@ from codegen.config import DType, KernelConfig, Layout, WmmaConfig, config_from_
 from codegen.errors import UsageError
 from tuner.occupancy import occupancy
 
-__all__ = ["SCHEMA", "LibraryError", "Library", "Choice", "load_library", "efficiency"]
+__all__ = ["SCHEMA", "LibraryError", "Library", "Choice", "load_library", "efficiency",
+           "estimate_tflops", "reduce_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,29 @@ def _sha256(path: Path) -> str:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+REDUCE_LAUNCH_MS = 0.002
+
+
+def reduce_ms(config: KernelConfig | WmmaConfig, m: int, n: int, mem_gbs: float) -> float:
+    """Milliseconds of a split-K kernel's reduce pass at M x N (0 without split-K)."""
+    if config.split <= 1:
+        return 0.0
+    return (2 * config.split + 1) * m * n * 4 / (mem_gbs * 1e6) + REDUCE_LAUNCH_MS
+
+
+def estimate_tflops(config, entry: dict, shape, sms: int, blocks_per_sm: int,
+                    mem_gbs: float) -> float:
+    """The module doc's estimate for `config`, tuned and measured as `entry`, at `shape`."""
+    tuned = (entry["m"], entry["n"], entry["k"])
+    ratio = min(1.0, efficiency(config, shape, sms, blocks_per_sm)
+                / efficiency(config, tuned, sms, blocks_per_sm))
+    flops_tuned, flops = 2.0 * math.prod(tuned), 2.0 * math.prod(shape)
+    main_tuned = max(flops_tuned / (entry["tflops"] * 1e9)
+                     - reduce_ms(config, tuned[0], tuned[1], mem_gbs), 1e-6)  # ms
+    main = flops / (flops_tuned / main_tuned * ratio)
+    return flops / ((main + reduce_ms(config, shape[0], shape[1], mem_gbs)) * 1e9)
 
 
 def efficiency(config: KernelConfig | WmmaConfig, shape, sms: int, blocks_per_sm: int) -> float:
@@ -215,8 +244,7 @@ class Library:
             res = e["resources"]
             bps = occupancy(cfg.threads, res["registers"],
                             res["smem_static"] + res["smem_dynamic"], arch).blocks_per_sm
-            est = e["tflops"] * min(1.0, efficiency(cfg, (m, n, k), sms, bps)
-                                    / efficiency(cfg, (e["m"], e["n"], e["k"]), sms, bps))
+            est = estimate_tflops(cfg, e, (m, n, k), sms, bps, arch.mem_gbs)
             if best is None or est > best[0]:
                 best = (est, e)
         est, e = best
@@ -224,7 +252,7 @@ class Library:
                       f"no entry for {m}x{n}x{k}; of {len(entries)} kernels tuned on sm_{cc}, "
                       f"{e['kernel']} (tuned at {e['m']}x{e['n']}x{e['k']}, {e['tflops']:.1f} "
                       f"TFLOP/s) has the best estimate, {est:.1f} TFLOP/s, from tile and wave "
-                      "efficiency", est)
+                      "efficiency (and split-K's reduce pass)", est)
 
     def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32) -> str:
         """Which kernel `gemm` would run for this problem on this GPU, and why."""
