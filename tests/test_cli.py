@@ -166,6 +166,9 @@ def test_shapes_file_errors_name_the_line(tmp_path, capsys, lines, msg):
     (["--shapes", "/nonexistent/shapes.txt"], "cannot read it"),
     (["--shape", "8x8x8", "--shape", "16x16x16", "--dry-run"], "--dry-run takes one shape"),
     (["--shape", "8x8x8", "--kernel-timeout", "0"], "--kernel-timeout must be positive"),
+    (["--shape", "8x8x8", "--devices", "0,x"], "expected distinct GPU numbers like 0,1"),
+    (["--shape", "8x8x8", "--devices", "1,1"], "expected distinct GPU numbers like 0,1"),
+    (["--shape", "8x8x8", "--devices", "-1"], "expected distinct GPU numbers like 0,1"),
 ])
 def test_shape_list_errors(capsys, argv, msg):
     assert main(argv) == 2

@@ -202,6 +202,8 @@ def _run(argv) -> int:
     shapes = [parse_shape(x) for x in args.shape] + _shapes_file(args.shapes)
     if not shapes:
         raise UsageError("give a problem: --shape MxNxK (or --shapes FILE)")
+    if args.devices is not None:
+        args.devices = _device_list(args.devices)
     if args.kernel_timeout <= 0:
         raise UsageError(f"--kernel-timeout must be positive (got {args.kernel_timeout:g})")
     dtype = DType.parse(args.dtype)
@@ -218,6 +220,17 @@ def _run(argv) -> int:
     from tuner import tune as _tune  # the GPU path
 
     return _tune.run_cli(args, shapes, dtype, _artifacts_dir(args))
+
+
+def _device_list(text: str) -> list[int]:
+    """--devices 0,1 -> [0, 1]: GPU numbers, each once (checked against the GPUs later)."""
+    try:
+        ids = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise UsageError(f"--devices {text!r}: expected distinct GPU numbers like 0,1")
+    return ids
 
 
 def _shapes_file(path: Path | None) -> list:

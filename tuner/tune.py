@@ -131,23 +131,20 @@ def run_cli(args, shapes, dtype: DType, artifacts: Path) -> int:
     return 0
 
 
-def _devices(text: str | None) -> list[int]:
-    """--devices 0,1 -> [0, 1], each a GPU this machine has; default: $GEMM_TUNE_DEVICE or 0."""
+def _devices(ids: list[int] | None) -> list[int]:
+    """--devices (parsed by the CLI) checked against this machine's GPUs; default:
+    $GEMM_TUNE_DEVICE or 0."""
+    import os
+
     from tuner.gpu import _drv
 
-    if text is None:
-        import os
-
+    if ids is None:
         return [int(os.environ.get("GEMM_TUNE_DEVICE", 0))]
-    try:
-        ids = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--devices {text!r}: expected GPU numbers like 0,1") from None
     count = _drv().Device.count()
-    bad = [i for i in ids if not 0 <= i < count]
-    if not ids or bad or len(set(ids)) != len(ids):
-        raise UsageError(f"--devices {text!r}: this machine has GPUs 0..{count - 1}; name each "
-                         "once")
+    bad = [i for i in ids if i >= count]
+    if bad:
+        raise UsageError(f"--devices {','.join(map(str, ids))}: this machine has GPUs "
+                         f"0..{count - 1}")
     return ids
 
 
