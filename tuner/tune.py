@@ -168,11 +168,10 @@ def _tune(args, shape, dtype, artifacts, dev, key, devices) -> dict:
     from tuner.worker import GpuWorker
 
     # one timing worker process per GPU: a kernel that faults or hangs costs only its worker
-    workers = [GpuWorker(shape, dtype, seed=args.seed, device=i, timeout_s=args.kernel_timeout)
-               for i in devices]
     with contextlib.ExitStack() as stack:
-        for w in workers:
-            stack.enter_context(w)
+        workers = [stack.enter_context(GpuWorker(shape, dtype, seed=args.seed, device=i,
+                                                 timeout_s=args.kernel_timeout))
+                   for i in devices]
         return _tune_with(args, shape, dtype, artifacts, dev, key, workers)
 
 
