@@ -75,13 +75,33 @@ operands = st.one_of(matrices, st.none(), st.integers(), st.text(max_size=3),
 
 
 def _valid(a, b, c, beta):
-    ok = lambda x: isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 \
+    """A and B float32 or float16 (one type), C float32 (FP32 output for every type)."""
+    ok = lambda x, types: isinstance(x, np.ndarray) and x.dtype in types and x.ndim == 2 \
         and min(x.shape) >= 1
-    if not (ok(a) and ok(b)) or a.shape[1] != b.shape[0]:
+    inputs = (np.float32, np.float16)
+    if not (ok(a, inputs) and ok(b, inputs)) or a.dtype != b.dtype or a.shape[1] != b.shape[0]:
         return False
     if c is None:
         return beta == 0
-    return ok(c) and c.shape == (a.shape[0], b.shape[1]) and c.flags.writeable
+    return ok(c, (np.float32,)) and c.shape == (a.shape[0], b.shape[1]) and c.flags.writeable
+
+
+@pytest.mark.parametrize("a,b,c,msg", [
+    (np.float16, np.float32, None, "A is f16 and B is f32: they must be of one type"),
+    (np.float16, np.float16, np.float16, "C is float16; C must be float32 (FP32 output)"),
+    (np.float64, np.float64, None, "A is float64; A must be float32, float16 or bfloat16"),
+])
+def test_input_types_are_checked_before_the_gpu(offline_lib, a, b, c, msg):
+    args = [np.ones((4, 3), a), np.ones((3, 5), b)] + ([np.ones((4, 5), c)] if c else [])
+    with pytest.raises(LibraryError) as e:
+        offline_lib.gemm(*args)
+    assert str(e.value) == msg
+
+
+def test_valid_fp16_inputs_reach_the_gpu(offline_lib):
+    with pytest.raises(_Touched):  # everything checked: the next step is the GPU
+        offline_lib.gemm(np.ones((4, 3), np.float16), np.ones((3, 5), np.float16),
+                         np.zeros((4, 5), np.float32))
 
 
 @SETTINGS
