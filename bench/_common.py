@@ -63,3 +63,17 @@ def side_by_side(bench, config, cubin, rounds: int = 3) -> dict:
                cublas_error_exact=base.error_exact)
     row["ratio"] = row["tflops"] / row["cublas_tflops"]
     return row
+
+
+def trial_counts(trials, by: str) -> dict:
+    """What a study's trials say about sharing: candidates that reached a GPU, grouped by
+    the user attribute `by` ("gpu", "worker"), how many were timed twice, how many trials
+    were left unfinished."""
+    import collections
+
+    measured = [t for t in trials
+                if t.user_attrs.get("outcome") in ("timed", "wrong result", "launch failed")]
+    names = [t.user_attrs["kernel"] for t in measured]
+    return {f"by_{by}": dict(collections.Counter(str(t.user_attrs.get(by, 0)) for t in measured)),
+            "measured": len(names), "measured_twice": len(names) - len(set(names)),
+            "unfinished": sum(not t.state.is_finished() for t in trials)}

@@ -8,7 +8,6 @@ candidate was lost or timed twice.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import header, write  # noqa: E402
+from _common import header, trial_counts, write  # noqa: E402
 
 
 def run(shape: str, trials: int, devices: str, art: Path) -> dict:
@@ -36,17 +35,11 @@ def run(shape: str, trials: int, devices: str, art: Path) -> dict:
     import optuna
 
     study = optuna.load_study(study_name=r["key"], storage=f"sqlite:///{art / 'studies.db'}")
-    measured = [t for t in study.trials if t.user_attrs.get("outcome") in
-                ("timed", "wrong result", "launch failed")]
-    names = [t.user_attrs["kernel"] for t in measured]
     s = r["stats"]
     return dict(devices=devices, wall_s=round(wall, 1), search_s=s["seconds"], stats=s,
                 trials_per_s=round(s["compiled"] / s["seconds"], 2),
                 timed_per_s=round(s["timed"] / s["seconds"], 2),
-                by_gpu=dict(collections.Counter(str(t.user_attrs.get("gpu", 0)) for t in measured)),
-                measured=len(names), measured_twice=len(names) - len(set(names)),
-                finished=sum(t.state.is_finished() for t in study.trials),
-                unfinished=sum(not t.state.is_finished() for t in study.trials),
+                **trial_counts(study.trials, "gpu"),
                 winner=r["winner"]["name"], tflops=r["winner"]["tflops"],
                 cublas_tflops=r["winner"]["cublas_tflops"])
 

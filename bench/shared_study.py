@@ -8,7 +8,6 @@ who timed what, that nothing was timed twice or left unfinished, and each one's 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import subprocess
 import sys
@@ -19,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import header, write  # noqa: E402
+from _common import header, trial_counts, write  # noqa: E402
 
 
 def main() -> None:
@@ -48,16 +47,10 @@ def main() -> None:
         results = [json.loads(o) for o, _ in outs]
         study = optuna.load_study(study_name="shared", storage=open_storage(url))
         trials = study.trials  # read before the journal file goes
-    measured = [t for t in trials if t.user_attrs.get("outcome") in
-                ("timed", "wrong result", "launch failed")]
-    names = [t.user_attrs["kernel"] for t in measured]
     best = max(t.value for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
-    row = dict(processes=len(procs), trials=len(trials),
-               by_worker=dict(collections.Counter(t.user_attrs.get("worker") for t in measured)),
-               measured=len(names), measured_twice=len(names) - len(set(names)),
+    row = dict(processes=len(procs), trials=len(trials), **trial_counts(trials, "worker"),
                claimed_elsewhere=sum(t.user_attrs.get("reason") ==
                                      "claimed by another worker of this study" for t in trials),
-               unfinished=sum(not t.state.is_finished() for t in trials),
                study_best_tflops=best,
                winners=[dict(winner=r["winner"]["name"], tflops=r["winner"]["tflops"],
                              cublas_tflops=r["winner"]["cublas_tflops"], stats=r["stats"])

@@ -108,6 +108,8 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
 
 def _check_wmma(c: WmmaConfig, a: ArchLimits) -> list[str]:
     why: list[str] = []
+    if c.family is not Family.WMMA:
+        why.append(f"a WmmaConfig must be of the wmma family, not {c.family.value}")
     if c.dtype not in (DType.F16, DType.BF16, DType.TF32):
         why.append(f"the wmma family takes f16, bf16 or tf32 inputs, not {c.dtype.short} "
                    "(f32 runs on the simt family)")

@@ -70,8 +70,25 @@ def _widest(n: int, *also: int) -> int:
     return next(v for v in (4, 2, 1) if n % v == 0 and all(a % v == 0 for a in also))
 
 
+class _Serial:
+    """to_dict / from_dict of a config dataclass: enums as their short strings."""
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(dtype=self.dtype.short, family=self.family.value, layout=self.layout.value)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        d = dict(d)
+        d["dtype"] = next(x for x in DType if x.short == d["dtype"])
+        d["family"] = Family(d["family"])
+        d["layout"] = Layout(d["layout"])
+        return cls(**d)
+
+
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:
+class KernelConfig(_Serial):
     """One point of the SIMT GEMM family.
 
     Attributes:
@@ -155,19 +172,6 @@ class KernelConfig:
             raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
         return cfg
 
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.update(dtype=self.dtype.short, family=self.family.value, layout=self.layout.value)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "KernelConfig":
-        d = dict(d)
-        d["dtype"] = next(x for x in DType if x.short == d["dtype"])
-        d["family"] = Family(d["family"])
-        d["layout"] = Layout(d["layout"])
-        return cls(**d)
-
     # ---- derived geometry (computed here, passed to the template) -------------
     @property
     def wt_n(self) -> int:
@@ -243,7 +247,7 @@ _WMMA_CPP = {DType.F16: ("__half", "__half"), DType.BF16: ("__nv_bfloat16", "__n
 
 
 @dataclasses.dataclass(frozen=True)
-class WmmaConfig:
+class WmmaConfig(_Serial):
     """One point of the tensor-core (WMMA) GEMM family: fp16, bf16 or tf32 inputs, FP32
     accumulation and FP32 output.
 
@@ -292,20 +296,6 @@ class WmmaConfig:
         if not m or dtype is None:
             raise UsageError(f"{name!r} is not a gemm-tune WMMA kernel name")
         return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items() if k != "dtype"})
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.update(dtype=self.dtype.short, family=self.family.value, layout=self.layout.value)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "WmmaConfig":
-        d = dict(d)
-        d["dtype"] = next(x for x in DType if x.short == d["dtype"])
-        if Family(d.pop("family", "wmma")) is not Family.WMMA:
-            raise ValueError("not a wmma config")
-        d["layout"] = Layout(d["layout"])
-        return cls(**d)
 
     @property
     def frag_k(self) -> int:
