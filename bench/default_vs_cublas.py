@@ -1,7 +1,9 @@
-"""The recommended default configuration against cuBLAS SGEMM (FP32, no TF32), timed
-in the same process, interleaved (A B A B ...), on the shapes given.
+"""Named kernels against cuBLAS SGEMM (FP32, no TF32), timed in the same process,
+interleaved (A B A B ...): the recommended default on the shapes given, or any kernel on
+any shape (--pair, repeatable), e.g. a technique's variants side by side.
 
     python bench/default_vs_cublas.py [--shapes 4096x4096x4096 ...] [--out DIR]
+    python bench/default_vs_cublas.py --label splitk --pair 127x129x4097 gemm_simt_..._k8c ...
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["4096x4096x4096"])
     ap.add_argument("--kernel", default=DEFAULT_CONFIG.name)
+    ap.add_argument("--pair", nargs=2, action="append", metavar=("SHAPE", "KERNEL"),
+                    help="time KERNEL at SHAPE (repeatable; replaces --shapes and --kernel)")
+    ap.add_argument("--label", default="default-vs-cublas", help="result file name prefix")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -31,19 +36,21 @@ def main() -> None:
     from tuner.gpu import device
 
     dev = device()
-    cfg = KernelConfig.from_name(args.kernel)
-    res = compile_config(cfg, dev.sm)
-    assert res.ok, res.error
-    rows = []
-    for text in args.shapes:
-        shape = parse_shape(text)
-        row = dict(shape=text, registers=res.resources.registers,
-                   **side_by_side(GpuBenchmark(shape, seed=None), cfg, res.cubin, args.rounds))
+    pairs = args.pair or [(s, args.kernel) for s in args.shapes]
+    rows, benches = [], {}
+    for text, name in pairs:
+        cfg = KernelConfig.from_name(name)
+        res = compile_config(cfg, dev.sm)
+        assert res.ok, res.error
+        bench = benches.setdefault(text, GpuBenchmark(parse_shape(text), seed=None))
+        row = dict(shape=text, registers=res.resources.registers, smem=res.resources.smem,
+                   **side_by_side(bench, cfg, res.cubin, args.rounds))
         rows.append(row)
-        print(f"{text:>16}  {cfg.name}  {row['tflops']:6.1f} TFLOP/s   cuBLAS "
-              f"{row['cublas_tflops']:6.1f}   ratio {row['ratio']:.3f}   err {row['error']:.2e}")
-    data = dict(header(dev), benchmark="default_vs_cublas", dtype="fp32", rows=rows)
-    print("wrote", write("default-vs-cublas", data, args.out))
+        print(f"{text:>16}  {cfg.name:<56} {row['tflops']:6.2f} TFLOP/s   cuBLAS "
+              f"{row['cublas_tflops']:6.2f}   ratio {row['ratio']:.3f}   err {row['error']:.2e}",
+              flush=True)
+    data = dict(header(dev), benchmark="kernels_vs_cublas", dtype="fp32", rows=rows)
+    print("wrote", write(args.label, data, args.out))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The FP32 suite of ../shared/BASELINES.md: for each shape, the library's kernel (tuned
 first with --tune) and cuBLAS timed turn about in one run; JSON and a PNG of the ratios.
 
-    python bench/suite.py --tune [--trials N] [--shapes ...] [--out DIR]
+    python bench/suite.py --tune [--force] [--trials N] [--devices 0,1] [--shapes ...] [--out DIR]
     python bench/suite.py --library artifacts/library      # time what is there
 """
 
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--tune-shapes", nargs="+", default=None,
                     help="tune only these shapes first (the rest come from the library)")
     ap.add_argument("--trials", type=int, default=None, help="tuning budget (CLI default)")
+    ap.add_argument("--force", action="store_true", help="re-tune shapes the cache answers")
     ap.add_argument("--devices", default=None, help="GPUs to tune on, e.g. 0,1")
     ap.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     ap.add_argument("--rounds", type=int, default=3)
@@ -71,7 +72,8 @@ def main() -> None:
     for s in to_tune:
         cmd = [sys.executable, "-m", "tuner", "--shape", s, "--artifacts", str(args.artifacts),
                "--json"] + (["--trials", str(args.trials)] if args.trials else []) + (
-                   ["--devices", args.devices] if args.devices else [])
+                   ["--devices", args.devices] if args.devices else []) + (
+                   ["--force"] if args.force else [])
         p = subprocess.run(cmd, capture_output=True, text=True)
         print(f"tuned {s}: exit {p.returncode} {p.stderr.strip()[-200:]}", flush=True)
     dev = device()

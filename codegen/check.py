@@ -10,10 +10,12 @@ from __future__ import annotations
 from codegen.arch import ArchLimits, parse_arch
 from codegen.config import DType, Family, KernelConfig, WmmaConfig
 
-__all__ = ["check", "MAX_STAGES", "SPLITS", "WARP_ARRANGEMENTS"]
+__all__ = ["check", "MAX_STAGES", "SPLITS", "REDUCES", "CLUSTER_SPLITS", "WARP_ARRANGEMENTS"]
 
 MAX_STAGES = 4
 SPLITS = (1, 2, 4, 8, 16, 32)
+REDUCES = ("pass", "cluster")
+CLUSTER_SPLITS = (2, 4, 8)
 WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
 
 
@@ -90,6 +92,15 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"fragment buffers {c.frags} must be 1 or 2")
     if c.split not in SPLITS:
         why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
+    if c.reduce not in REDUCES:
+        why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(REDUCES)}")
+    elif c.reduce == "cluster":
+        if c.split not in CLUSTER_SPLITS:
+            why.append(f"a cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} "
+                       f"slices (a portable cluster size), not {c.split}")
+        if a.cc < 90:
+            why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
+                       f"{a.sm} has none")
 
     smem = c.smem_bytes
     if smem > a.smem_per_block_optin:

@@ -104,10 +104,15 @@ class KernelConfig(_Serial):
             3-4 = a cp.async ring of that depth (sm_80 and newer).
         swizzle: blocks are rasterised in groups of this many block rows so that
             neighbouring blocks share A and B panels in L2 (1 = plain row order).
-        split: split-K; SPLIT blocks share one tile of C, each summing a slice of K
-            into a workspace, and a second kernel adds the slices in a fixed order
-            (deterministic) and applies alpha and beta. 1 = no split. The name
-            carries `_k<split>` only when split > 1.
+        split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
+            1 = no split. The name carries `_k<split>` only when split > 1.
+        reduce: how split-K's partial tiles are summed, in a fixed order (deterministic)
+            either way: "pass" = each block writes its partial tile to a workspace and
+            a second kernel adds them and applies alpha and beta; "cluster" = the SPLIT
+            blocks of a tile form a thread-block cluster (sm_90+, SPLIT <= 8), leave
+            their partial tiles in shared memory and sum them through distributed
+            shared memory: one launch, no workspace. The name carries `c` after
+            `_k<split>` for "cluster".
         frags: 1 = each k-step loads its A and B fragments from shared memory and then
             does its FMAs; 2 = the fragments are double-buffered in registers (step
             kk+1's loads are issued before step kk's FMAs). The name carries `_f2` only
@@ -130,6 +135,7 @@ class KernelConfig(_Serial):
     swizzle: int = 8
     split: int = 1
     frags: int = 1
+    reduce: str = "pass"
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -143,13 +149,14 @@ class KernelConfig(_Serial):
             f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
             f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
             + (f"_k{self.split}" if self.split != 1 else "")
+            + ("c" if self.cluster else "")
             + (f"_f{self.frags}" if self.frags != 1 else "")
         )
 
     _NAME_RE = re.compile(
         r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+))?(?:_f(?P<frags>\d+))?$"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<cluster>c)?)?(?:_f(?P<frags>\d+))?$"
     )
 
     @classmethod
@@ -167,12 +174,18 @@ class KernelConfig(_Serial):
                                        "stages", "swizzle")}
         ints["split"] = int(m["split"] or 1)
         ints["frags"] = int(m["frags"] or 1)
-        cfg = cls(dtype=dtype, family=family, **ints)
+        cfg = cls(dtype=dtype, family=family, reduce="cluster" if m["cluster"] else "pass",
+                  **ints)
         if cfg.wt_n != int(m["wtn"]):
             raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
         return cfg
 
     # ---- derived geometry (computed here, passed to the template) -------------
+    @property
+    def cluster(self) -> bool:
+        """Split-K summed across a thread-block cluster (one launch, no workspace)."""
+        return self.split > 1 and self.reduce == "cluster"
+
     @property
     def wt_n(self) -> int:
         return 32 // self.wt if self.wt > 0 else 0
@@ -196,9 +209,10 @@ class KernelConfig(_Serial):
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per block, in bytes."""
-        per_stage = self.bk * (self.lda_s + self.ldb_s)
-        return self.stages * per_stage * 4
+        """Dynamic shared memory per block, in bytes (with a cluster split-K, at least the
+        BM x BN partial tile the main loop's buffers are reused for)."""
+        main = self.stages * self.bk * (self.lda_s + self.ldb_s) * 4
+        return max(main, self.bm * self.bn * 4) if self.cluster else main
 
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""
@@ -223,7 +237,8 @@ class KernelConfig(_Serial):
             A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
-            SPLIT=self.split, FRAGS=self.frags,
+            SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
+            MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
@@ -231,8 +246,13 @@ class KernelConfig(_Serial):
         return (-(-m // self.bm)) * (-(-n // self.bn)), 1, self.split
 
     def workspace_floats(self, m: int, n: int) -> int:
-        """Floats of workspace a split-K launch needs (0 without split)."""
-        return self.split * m * n if self.split > 1 else 0
+        """Floats of workspace a split-K launch needs (0 without split, or in a cluster)."""
+        return self.split * m * n if self.split > 1 and not self.cluster else 0
+
+    @property
+    def reduce_pass(self) -> bool:
+        """Does a launch end with the <name>_reduce kernel?"""
+        return self.split > 1 and not self.cluster
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
@@ -344,6 +364,7 @@ class WmmaConfig(_Serial):
 
     # The launch interface shared with KernelConfig (the runner needs nothing else).
     split = 1  # no split-K in this family yet
+    cluster = reduce_pass = False
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (-(-m // self.bm)) * (-(-n // self.bn)), 1, 1

@@ -20,34 +20,49 @@ VALUES = {
     "stages": (1, 2, 3, 4),
     "swizzle": (1, 4, 8),
     "split": (1, 2, 4, 8, 16, 32),
+    "reduce": ("pass", "cluster"),
 }
 ARCHS = ("sm_80", "sm_90")
 
 
 def _valid(c):
-    return all(not check(c, a) for a in ARCHS)
+    """Buildable on every arch in ARCHS; a cluster split-K on sm_90 only (it needs clusters)."""
+    return all(not check(c, a) for a in (("sm_90",) if c.cluster else ARCHS))
 
 
-def sample_configs(n: int = 56, seed: int = 2026) -> list[KernelConfig]:
-    """At least `n` configurations valid on every arch in ARCHS, covering every value above."""
+def for_arch(configs, arch: str) -> list[KernelConfig]:
+    """The configurations buildable on `arch`."""
+    return [c for c in configs if not check(c, arch)]
+
+
+def sample_configs(n: int = 56, clusters: int = 8, seed: int = 2026) -> list[KernelConfig]:
+    """At least `n` configurations valid on every arch in ARCHS, covering every value above,
+    then `clusters` cluster split-K configurations (sm_90 only)."""
     rng = random.Random(seed)
     chosen: list[KernelConfig] = []
+
+    def draw(**fixed) -> KernelConfig:
+        params = {k: rng.choice(vs) for k, vs in VALUES.items() if k != "reduce"}
+        return KernelConfig(**{**params, **fixed})
+
     # First make sure each value appears: draw until a valid config holds it.
     for key, values in VALUES.items():
         for v in values:
             if any(getattr(c, key) == v for c in chosen):
                 continue
             for _ in range(200000):
-                params = {k: rng.choice(vs) for k, vs in VALUES.items()}
-                params[key] = v
-                c = KernelConfig(**params)
+                c = draw(**{key: v})
                 if _valid(c):
                     chosen.append(c)
                     break
             else:
                 raise AssertionError(f"no valid configuration has {key}={v}")
     while len(chosen) < n:
-        c = KernelConfig(**{k: rng.choice(vs) for k, vs in VALUES.items()})
+        c = draw()
+        if _valid(c) and c not in chosen:
+            chosen.append(c)
+    while sum(c.cluster for c in chosen) < clusters:
+        c = draw(reduce="cluster")
         if _valid(c) and c not in chosen:
             chosen.append(c)
     return chosen

@@ -16,6 +16,7 @@ def test_name_format_is_pinned():
     KernelConfig(bm=16, bn=32, bk=4, rm=1, rn=1, wt=32, pad=1, vec=1, stages=1, swizzle=4),
     KernelConfig(bm=256, bn=64, bk=32, rm=16, rn=2, wt=1, pad=2, vec=4, stages=4, swizzle=8),
     KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=32),
+    KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=8, reduce="cluster", frags=2),
 ])
 def test_name_round_trips(cfg):
     assert KernelConfig.from_name(cfg.name) == cfg
@@ -69,3 +70,19 @@ def test_fragment_double_buffering_is_named_and_checked():
     assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k4_f2"
     assert KernelConfig.from_name(c.name) == c and KernelConfig.from_dict(c.to_dict()) == c
     assert check(KernelConfig(frags=3), "sm_90") == ["fragment buffers 3 must be 1 or 2"]
+
+
+def test_cluster_split_k_is_named_and_sized():
+    """A cluster split-K is one launch with no workspace; its shared memory holds at least
+    the BM x BN partial tile."""
+    c = KernelConfig(split=4, reduce="cluster")
+    assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k4c"
+    assert c.cluster and not c.reduce_pass and c.workspace_floats(100, 100) == 0
+    assert c.smem_bytes == 128 * 128 * 4  # over the 16896 B of the main loop
+    assert c.grid(300, 200) == (3 * 2, 1, 4)
+    p = KernelConfig(split=4)
+    assert p.reduce_pass and not p.cluster and p.workspace_floats(100, 100) == 40000
+    assert p.smem_bytes == 16896
+    big = KernelConfig(bm=32, bn=32, bk=16, rm=2, rn=4, wt=16, stages=4, split=2,
+                       reduce="cluster")
+    assert big.smem_bytes == 4 * 16 * (36 + 36) * 4  # the ring is larger than 32x32x4

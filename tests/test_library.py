@@ -172,9 +172,12 @@ def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
     from codegen import KernelConfig, compile_config
 
     split = KernelConfig(bm=64, bn=64, bk=16, rm=4, rn=4, stages=3, split=16)
-    res = compile_config(split, "sm_90", compile_cache, tmp_path / "art")
-    cu = tmp_path / "art" / "sm_90" / f"{split.name}.cu"
-    lib.add(entry(split, res, (127, 129, 4097), 6.6, 7.4), cu, res.cubin)
+    cluster = KernelConfig(bm=32, bn=64, bk=16, rm=4, rn=4, wt=8, stages=3, split=8,
+                           reduce="cluster")
+    for cfg, shape, tf in ((split, (127, 129, 4097), 6.6), (cluster, (16, 4096, 4096), 4.0)):
+        res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+        cu = tmp_path / "art" / "sm_90" / f"{cfg.name}.cu"
+        lib.add(entry(cfg, res, shape, tf, 5.9), cu, res.cubin)
     lib = load_library(lib.path)
     out = tmp_path / "bundle"
     assert main(["export", "--out", str(out), "--library", str(lib.path)]) == 0
@@ -189,13 +192,13 @@ def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
     so.gemm_tuned_kernel_name_on.restype = ctypes.c_char_p
     dims = (1, 16, 127, 129, 500, 1000, 4096, 8192)
     picked = set()
-    for (m, n, k), sms in itertools.product(itertools.product(dims, dims, (257, 4097)),
+    for (m, n, k), sms in itertools.product(itertools.product(dims, dims, (257, 4096, 4097)),
                                             (108, 132)):
         want = lib.select(m, n, k, DType.F32, 90, sms).kernel
         got = so.gemm_tuned_kernel_name_on(m, n, k, sms).decode()
         assert got == want, ((m, n, k), sms, got, want)
         picked.add(got)
-    assert picked == {BIG.name, SMALL.name, split.name}  # every rule path was exercised
+    assert picked == {BIG.name, SMALL.name, split.name, cluster.name}  # every rule path
 
 
 def test_reduce_pass_is_modelled_apart():
@@ -212,3 +215,9 @@ def test_reduce_pass_is_modelled_apart():
     scaled = 33.4 * min(1.0, efficiency(cfg, (1000,) * 3, 132, 1)
                         / efficiency(cfg, (256, 256, 16384), 132, 1))
     assert estimate_tflops(cfg, e, (1000, 1000, 1000), 132, 1, 3350) < 0.6 * scaled
+    # a split-K summed within a cluster has no second pass: it scales like any kernel
+    c8 = KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=4, wt=16, split=8, reduce="cluster")
+    assert reduce_ms(c8, 256, 256, 3350) == 0.0
+    assert estimate_tflops(c8, e, (1000, 1000, 1000), 132, 1, 3350) == pytest.approx(
+        33.4 * min(1.0, efficiency(c8, (1000,) * 3, 132, 1)
+                   / efficiency(c8, (256, 256, 16384), 132, 1)))

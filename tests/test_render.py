@@ -14,6 +14,8 @@ GOLDEN = Path(__file__).parent / "golden"
     DEFAULT_CONFIG,  # register double buffer, swizzle
     KernelConfig(bm=64, bn=128, bk=16, rm=4, rn=8, wt=8, pad=0, vec=4, stages=3, swizzle=1),  # cp.async
     KernelConfig(dtype=DType.F16),  # fp16 inputs widened to fp32 on load
+    KernelConfig(bm=32, bn=64, bk=16, rm=4, rn=4, wt=8, pad=4, stages=3, swizzle=1, split=8,
+                 reduce="cluster"),  # split-K summed across a thread-block cluster
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -53,3 +55,14 @@ def test_strict_undefined_catches_a_missing_value():
 def test_template_hash_is_stable_hex():
     h = template_hash()
     assert len(h) == 16 and int(h, 16) >= 0 and h == template_hash()
+
+
+def test_split_k_routes_render_what_they_use():
+    pass_ = render(KernelConfig(split=4))
+    cluster = render(KernelConfig(split=4, reduce="cluster"))
+    assert "_reduce(int M, int N" in pass_ and "float* __restrict__ W)" in pass_
+    assert "cluster" not in pass_.split("Split-K reduction")[0].lower().replace(
+        "cluster_dims", "")  # the pass route mentions no cluster before its reduce kernel
+    assert "_reduce" not in cluster and "float* __restrict__ W" not in cluster
+    assert "__cluster_dims__(1, 1, SPLIT) __launch_bounds__(THREADS)" in cluster
+    assert cluster.count("cluster.sync()") == 2 and "map_shared_rank" in cluster

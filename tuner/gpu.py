@@ -121,8 +121,9 @@ def workspace(nbytes: int):
 class Kernel:
     """One compiled configuration, loaded into the current context, ready to launch.
 
-    A split-K configuration is two kernels: the GEMM writes one partial tile per K slice
-    into a workspace, and <name>_reduce sums the slices into C with alpha and beta.
+    A split-K configuration reduced in a pass is two kernels: the GEMM writes one partial
+    tile per K slice into a workspace, and <name>_reduce sums the slices into C with alpha
+    and beta. One reduced in a cluster is one kernel (the cluster shape is compiled in).
     """
 
     ARG_FORMAT = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc  (+ W with split-K)
@@ -139,9 +140,9 @@ class Kernel:
         if smem > 48 * 1024:
             self.function.set_attribute(
                 drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        self.function.prepare(self.ARG_FORMAT + ("P" if config.split > 1 else ""))
+        self.function.prepare(self.ARG_FORMAT + ("P" if config.reduce_pass else ""))
         self.reduce = None
-        if config.split > 1:
+        if config.reduce_pass:
             self.reduce = self.module.get_function(f"{config.name}_reduce")
             self.reduce.prepare(self.REDUCE_FORMAT)
         self.smem = smem

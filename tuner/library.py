@@ -73,8 +73,9 @@ REDUCE_LAUNCH_MS = 0.002
 
 
 def reduce_ms(config: KernelConfig | WmmaConfig, m: int, n: int, mem_gbs: float) -> float:
-    """Milliseconds of a split-K kernel's reduce pass at M x N (0 without split-K)."""
-    if config.split <= 1:
+    """Milliseconds of a split-K kernel's reduce pass at M x N (0 without one: no split-K,
+    or split-K summed within a cluster)."""
+    if not config.reduce_pass:
         return 0.0
     return (2 * config.split + 1) * m * n * 4 / (mem_gbs * 1e6) + REDUCE_LAUNCH_MS
 

@@ -19,7 +19,7 @@ import itertools
 from typing import Iterator
 
 from codegen.arch import ArchLimits
-from codegen.check import check
+from codegen.check import CLUSTER_SPLITS, REDUCES, check
 from codegen.config import DType, Family, KernelConfig, WmmaConfig
 
 __all__ = ["SPACE", "WMMA_SPACE", "SPLITS", "wmma_from_params", "valid_wmma_configs",
@@ -54,13 +54,22 @@ WMMA_SPACE: dict[str, tuple[int, ...]] = {
 
 #: Split-K, a conditional parameter: asked for only where the tiles of C leave SMs idle.
 SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+#: How split-K sums its slices ("split_reduce"): asked for only where both are buildable
+#: (a split a cluster can hold, on sm_90 or newer).
+SPLIT_REDUCES: tuple[str, ...] = REDUCES
 
 Shape = tuple[int, int, int]
 
 
 def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
     return KernelConfig(dtype=dtype, split=int(params.get("split", 1)),
+                        reduce=params.get("split_reduce", "pass"),
                         **{k: int(params[k]) for k in SPACE})
+
+
+def _reduces(split: int, arch: ArchLimits) -> tuple[str, ...]:
+    """The split-K reductions to search for a split of `split` slices on `arch`."""
+    return SPLIT_REDUCES if split in CLUSTER_SPLITS and arch.cc >= 90 else ("pass",)
 
 
 def wmma_from_params(params: dict, dtype: DType) -> WmmaConfig:
@@ -132,6 +141,8 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     cfg = config_from_params(params, fams[family])
     if shape is not None and arch is not None and wants_split(cfg, shape, arch):
         params["split"] = trial.suggest_categorical("split", SPLITS)
+        if len(_reduces(params["split"], arch)) > 1:
+            params["split_reduce"] = trial.suggest_categorical("split_reduce", SPLIT_REDUCES)
         cfg = config_from_params(params, fams[family])
     return cfg
 
@@ -150,6 +161,8 @@ def params_of(config: KernelConfig | WmmaConfig, dtype: DType, shape: Shape,
     p = {_simt_param(k, widened): getattr(config, k) for k in SPACE}
     if wants_split(config, shape, arch):
         p["split"] = config.split
+        if len(_reduces(config.split, arch)) > 1:
+            p["split_reduce"] = config.reduce
     return {"family": Family.SIMT.value, **p} if multi else p
 
 
@@ -182,8 +195,8 @@ def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
         if check(c, arch):
             continue
         splits = SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
-        for s in splits:
-            cs = c if s == 1 else dataclasses.replace(c, split=s)
+        for s, r in ((s, r) for s in splits for r in _reduces(s, arch)):
+            cs = c if s == 1 else dataclasses.replace(c, split=s, reduce=r)
             if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)):
                 yield cs
     if Family.WMMA in fams:
