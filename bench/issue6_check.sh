@@ -2,8 +2,8 @@
 # Device calls for the FP32 performance work (issue 6). Writes logs and JSON under $OUT.
 #   bash bench/issue6_check.sh check   GPU tests, the split-K variants side by side with
 #                                      cuBLAS, compute-sanitizer on the sample
-#   bash bench/issue6_check.sh suite   tune the 13 suite shapes on every GPU, time the suite,
-#                                      and bring the library back (library.tgz)
+#   TUNE="..." bash bench/issue6_check.sh suite   tune those shapes on every GPU, time the
+#                                      suite, and bring the library back (library.tgz)
 set -uo pipefail
 source .device-env/install.sh >/dev/null
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -36,8 +36,10 @@ check)
   timeout ${SANITIZE_S:-150} python3 bench/sanitize.py --out "$OUT" 2>&1 | tail -12
   ;;
 suite)
-  python3 bench/suite.py --tune --force --devices ${DEVICES:-0,1} --trials ${TRIALS:-150} \
-    --out "$OUT" 2>&1 | tee "$OUT/suite.log"
-  tar czf "$OUT/library.tgz" artifacts/library artifacts/cache.json
+  # TUNE: the shapes to (re)tune first at TRIALS candidates; SHAPES: the shapes to time
+  # (default all 13); the library comes back as library.tgz
+  python3 bench/suite.py --tune-shapes ${TUNE} --force --devices ${DEVICES:-0,1} \
+    --trials ${TRIALS:-150} ${SHAPES:+--shapes $SHAPES} --out "$OUT" 2>&1 | tee "$OUT/suite.log"
+  tar czf "$OUT/library.tgz" artifacts/library
   ;;
 esac
