@@ -37,7 +37,7 @@ def plot(rows, path: Path, gpu: str) -> None:
     ax.bar(names, ratios, color=["tab:green" if x >= 1 else "tab:blue" for x in ratios])
     ax.axhline(1.0, color="tab:red", linestyle="--", label="cuBLAS")
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    ax.axhline(geo, color="gray", linestyle=":", label=f"geometric mean {geo:.2f}")
+    ax.axhline(geo, color="gray", linestyle=":", label=f"geometric mean {geo:.3f}")
     for i, r in enumerate(rows):
         ax.text(i, r["ratio"], f"{r['tflops']:.1f}", ha="center", va="bottom", fontsize=7)
     ax.set_ylabel("gemm-tune / cuBLAS (FP32, same run)")

@@ -12,6 +12,7 @@
 
 namespace {
 
+using T = float;  // the input element
 constexpr int BM = 256, BN = 128, BK = 16;
 constexpr int RM = 8, RN = 8;
 constexpr int WT_M = 16, WT_N = 2, WM = 128, WN = 16;
@@ -66,20 +67,21 @@ __device__ __forceinline__ void st_vec(float* p, const float* r)
     }
 }
 
-// May p be read or written V floats at a time? (alignment of the base pointer
+// May p be read or written V elements at a time? (alignment of the base pointer
 // and of every row: the leading dimension)
-template <int V>
-__device__ __forceinline__ bool vec_ok(const float* p, int ld)
+template <int V, typename E>
+__device__ __forceinline__ bool vec_ok(const E* p, int ld)
 {
-    return V == 1 || (ld % V == 0 && reinterpret_cast<unsigned long long>(p) % (4 * V) == 0);
+    return V == 1 ||
+           (ld % V == 0 && reinterpret_cast<unsigned long long>(p) % (sizeof(E) * V) == 0);
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha,
-    const float* __restrict__ A, int lda,
-    const float* __restrict__ B, int ldb,
+    const T* __restrict__ A, int lda,
+    const T* __restrict__ B, int ldb,
     float beta, float* __restrict__ C, int ldc)
 {
     extern __shared__ __align__(16) float smem[];
@@ -102,7 +104,6 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
     // May whole vectors be moved? (the pointer and every row aligned)
     const bool a_vec = vec_ok<VEC>(A, lda);
     const bool b_vec = vec_ok<VEC>(B, ldb);
-    const bool c_vec = vec_ok<STORE_VEC>(C, ldc);
 
     // Thread i's v-th vector of the A tile: row r, columns c..c+VEC-1 (likewise B).
     auto a_slot = [&](int v, int& r, int& c) {
@@ -124,13 +125,13 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
             int r, c;
             a_slot(v, r, c);
             const int gm = m0 + r, gk = k0 + c;
-            const float* p = A + static_cast<size_t>(gm) * lda + gk;
+            const T* p = A + static_cast<size_t>(gm) * lda + gk;
             if (a_vec && gm < M && gk + VEC <= K) {
                 ld_vec<VEC>(a_reg[v], p);
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j)
-                    a_reg[v][j] = (gm < M && gk + j < K) ? p[j] : 0.0f;
+                    a_reg[v][j] = (gm < M && gk + j < K) ? static_cast<float>(p[j]) : 0.0f;
             }
         }
 #pragma unroll
@@ -138,13 +139,13 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
             int r, c;
             b_slot(v, r, c);
             const int gk = k0 + r, gn = n0 + c;
-            const float* p = B + static_cast<size_t>(gk) * ldb + gn;
+            const T* p = B + static_cast<size_t>(gk) * ldb + gn;
             if (b_vec && gk < K && gn + VEC <= N) {
                 ld_vec<VEC>(b_reg[v], p);
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j)
-                    b_reg[v][j] = (gk < K && gn + j < N) ? p[j] : 0.0f;
+                    b_reg[v][j] = (gk < K && gn + j < N) ? static_cast<float>(p[j]) : 0.0f;
             }
         }
     };
@@ -197,14 +198,15 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
     };
 
     const int k_tiles = (K + BK - 1) / BK;
+    const int k_base = 0;
     // Double buffer: the next tile's global loads are in flight while this one computes.
-    load_tiles(0);
+    load_tiles(k_base);
     store_tiles(0);
     __syncthreads();
     for (int kt = 0; kt < k_tiles; ++kt) {
         const bool more = kt + 1 < k_tiles;
         if (more)
-            load_tiles((kt + 1) * BK);
+            load_tiles(k_base + (kt + 1) * BK);
         compute_stage(kt & 1);
         if (more)
             store_tiles((kt + 1) & 1);
@@ -212,6 +214,10 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
     }
 
     // Epilogue: C = alpha * acc + beta * C, guarded at the edges; C is not read when beta == 0.
+    float* const out = C;
+    const int ldo = ldc;
+    const float a_out = alpha, b_out = beta;
+    const bool o_vec = vec_ok<STORE_VEC>(C, ldc);
 #pragma unroll
     for (int c = 0; c < RM / VA; ++c) {
 #pragma unroll
@@ -219,7 +225,7 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
             const int gm = m0 + row_base + c * WT_M * VA + i;
             if (gm >= M)
                 continue;
-            float* crow = C + static_cast<size_t>(gm) * ldc;
+            float* crow = out + static_cast<size_t>(gm) * ldo;
 #pragma unroll
             for (int d = 0; d < RN / VB; ++d) {
 #pragma unroll
@@ -228,21 +234,21 @@ gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1(int M, int N, int K, float alpha
                     float v[STORE_VEC];
 #pragma unroll
                     for (int s = 0; s < STORE_VEC; ++s)
-                        v[s] = alpha * acc[c * VA + i][d * VB + e + s];
-                    if (c_vec && gn + STORE_VEC <= N) {
-                        if (beta != 0.0f) {
+                        v[s] = a_out * acc[c * VA + i][d * VB + e + s];
+                    if (o_vec && gn + STORE_VEC <= N) {
+                        if (b_out != 0.0f) {
                             float old[STORE_VEC];
                             ld_vec<STORE_VEC>(old, crow + gn);
 #pragma unroll
                             for (int s = 0; s < STORE_VEC; ++s)
-                                v[s] = fmaf(beta, old[s], v[s]);
+                                v[s] = fmaf(b_out, old[s], v[s]);
                         }
                         st_vec<STORE_VEC>(crow + gn, v);
                     } else {
 #pragma unroll
                         for (int s = 0; s < STORE_VEC; ++s)
                             if (gn + s < N)
-                                crow[gn + s] = beta != 0.0f ? fmaf(beta, crow[gn + s], v[s]) : v[s];
+                                crow[gn + s] = b_out != 0.0f ? fmaf(b_out, crow[gn + s], v[s]) : v[s];
                     }
                 }
             }
