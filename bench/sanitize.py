@@ -21,6 +21,7 @@ CONFIGS = [
     "gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1",        # cp.async ring
     "gemm_simt_f32_32x64x16_r2x8_w8x4_p4_v4_s4_g8_k8",      # split-K, deep ring
     "gemm_simt_f32_32x64x16_r4x4_w8x4_p0_v4_s3_g1_k8c",     # split-K across a cluster
+    "gemm_simt_f32_16x32x16_r4x4_w4x8_p4_v4_s2_g8_k32l",    # split-K summed by the last block
     "gemm_simt_f16_128x128x8_r8x8_w4x8_p4_v4_s2_g8",        # fp16 widened on load
     "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8",          # tensor cores, fp16
     "gemm_wmma_bf16_64x64x32_w32x32_p8_v8_s1_g1",           # tensor cores, bf16, synchronous

@@ -14,7 +14,7 @@ __all__ = ["check", "MAX_STAGES", "SPLITS", "REDUCES", "CLUSTER_SPLITS", "WARP_A
 
 MAX_STAGES = 4
 SPLITS = (1, 2, 4, 8, 16, 32)
-REDUCES = ("pass", "cluster")
+REDUCES = ("pass", "last", "cluster")
 CLUSTER_SPLITS = (2, 4, 8)
 WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
 

@@ -65,6 +65,10 @@ _SIMT_CPP = {DType.F32: "float", DType.TF32: "float", DType.F16: "__half",
              DType.BF16: "__nv_bfloat16"}
 
 
+#: the name's mark of each split-K reduction, after `_k<split>`
+_REDUCE_SUFFIX = {"pass": "", "last": "l", "cluster": "c"}
+
+
 def _widest(n: int, *also: int) -> int:
     """The widest of 4, 2, 1 floats that divides n and every value in `also`."""
     return next(v for v in (4, 2, 1) if n % v == 0 and all(a % v == 0 for a in also))
@@ -107,12 +111,14 @@ class KernelConfig(_Serial):
         split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
             1 = no split. The name carries `_k<split>` only when split > 1.
         reduce: how split-K's partial tiles are summed, in a fixed order (deterministic)
-            either way: "pass" = each block writes its partial tile to a workspace and
-            a second kernel adds them and applies alpha and beta; "cluster" = the SPLIT
-            blocks of a tile form a thread-block cluster (sm_90+, SPLIT <= 8), leave
-            their partial tiles in shared memory and sum them through distributed
-            shared memory: one launch, no workspace. The name carries `c` after
-            `_k<split>` for "cluster".
+            each way: "pass" = each block writes its partial tile to a workspace and
+            a second kernel adds them and applies alpha and beta; "last" = the same
+            workspace, but the last block of each tile to finish (a ticket counter per
+            tile) adds them: one launch; "cluster" = the SPLIT blocks of a tile form a
+            thread-block cluster (sm_90+, SPLIT <= 8), leave their partial tiles in
+            shared memory and sum them through distributed shared memory: one launch,
+            no workspace. The name carries `l` or `c` after `_k<split>` for "last" or
+            "cluster".
         frags: 1 = each k-step loads its A and B fragments from shared memory and then
             does its FMAs; 2 = the fragments are double-buffered in registers (step
             kk+1's loads are issued before step kk's FMAs). The name carries `_f2` only
@@ -149,14 +155,14 @@ class KernelConfig(_Serial):
             f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
             f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
             + (f"_k{self.split}" if self.split != 1 else "")
-            + ("c" if self.cluster else "")
+            + (_REDUCE_SUFFIX[self.reduce] if self.split > 1 else "")
             + (f"_f{self.frags}" if self.frags != 1 else "")
         )
 
     _NAME_RE = re.compile(
         r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<cluster>c)?)?(?:_f(?P<frags>\d+))?$"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<reduce>[cl])?)?(?:_f(?P<frags>\d+))?$"
     )
 
     @classmethod
@@ -174,8 +180,8 @@ class KernelConfig(_Serial):
                                        "stages", "swizzle")}
         ints["split"] = int(m["split"] or 1)
         ints["frags"] = int(m["frags"] or 1)
-        cfg = cls(dtype=dtype, family=family, reduce="cluster" if m["cluster"] else "pass",
-                  **ints)
+        reduce = {v: k for k, v in _REDUCE_SUFFIX.items()}[m["reduce"] or ""]
+        cfg = cls(dtype=dtype, family=family, reduce=reduce, **ints)
         if cfg.wt_n != int(m["wtn"]):
             raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
         return cfg
@@ -238,6 +244,7 @@ class KernelConfig(_Serial):
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
+            LAST=self.split > 1 and self.reduce == "last", REDUCE_PASS=self.reduce_pass,
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
@@ -249,10 +256,15 @@ class KernelConfig(_Serial):
         """Floats of workspace a split-K launch needs (0 without split, or in a cluster)."""
         return self.split * m * n if self.split > 1 and not self.cluster else 0
 
+    def ticket_count(self, m: int, n: int) -> int:
+        """Zeroed tile counters a "last" split-K launch needs (one per tile of C; each is
+        reset to zero by the block that sums its tile)."""
+        return self.grid(m, n)[0] if self.split > 1 and self.reduce == "last" else 0
+
     @property
     def reduce_pass(self) -> bool:
         """Does a launch end with the <name>_reduce kernel?"""
-        return self.split > 1 and not self.cluster
+        return self.split > 1 and self.reduce == "pass"
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
@@ -373,6 +385,9 @@ class WmmaConfig(_Serial):
         return self.threads, 1, 1
 
     def workspace_floats(self, m: int, n: int) -> int:
+        return 0
+
+    def ticket_count(self, m: int, n: int) -> int:
         return 0
 
 

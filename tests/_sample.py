@@ -20,7 +20,7 @@ VALUES = {
     "stages": (1, 2, 3, 4),
     "swizzle": (1, 4, 8),
     "split": (1, 2, 4, 8, 16, 32),
-    "reduce": ("pass", "cluster"),
+    "reduce": ("pass", "last", "cluster"),
 }
 ARCHS = ("sm_80", "sm_90")
 
@@ -35,9 +35,11 @@ def for_arch(configs, arch: str) -> list[KernelConfig]:
     return [c for c in configs if not check(c, arch)]
 
 
-def sample_configs(n: int = 56, clusters: int = 8, seed: int = 2026) -> list[KernelConfig]:
+def sample_configs(n: int = 56, extra: tuple = (("cluster", 8), ("last", 6)),
+                   seed: int = 2026) -> list[KernelConfig]:
     """At least `n` configurations valid on every arch in ARCHS, covering every value above,
-    then `clusters` cluster split-K configurations (sm_90 only)."""
+    then, for each (reduce, count) of `extra`, that many split-K configurations of that
+    reduction (the cluster ones valid on sm_90 only)."""
     rng = random.Random(seed)
     chosen: list[KernelConfig] = []
 
@@ -61,8 +63,9 @@ def sample_configs(n: int = 56, clusters: int = 8, seed: int = 2026) -> list[Ker
         c = draw()
         if _valid(c) and c not in chosen:
             chosen.append(c)
-    while sum(c.cluster for c in chosen) < clusters:
-        c = draw(reduce="cluster")
-        if _valid(c) and c not in chosen:
-            chosen.append(c)
+    for reduce, count in extra:
+        while sum(c.split > 1 and c.reduce == reduce for c in chosen) < count:
+            c = draw(reduce=reduce)
+            if _valid(c) and c not in chosen:
+                chosen.append(c)
     return chosen

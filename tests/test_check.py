@@ -39,7 +39,7 @@ def test_default_is_valid_everywhere_it_can_be():
     (KernelConfig(split=4, reduce="cluster"), "sm_80",
      "a cluster split-K needs thread-block clusters (sm_90 or newer); sm_80 has none"),
     (KernelConfig(split=4, reduce="atomic"), "sm_90",
-     "split-K reduce 'atomic' is not one of pass, cluster"),
+     "split-K reduce 'atomic' is not one of pass, last, cluster"),
     (KernelConfig(bm=256, bn=256, rm=16, rn=8, split=2, reduce="cluster"), "sm_90",
      "shared memory 262144 B exceeds the 232448 B per-block limit of sm_90"),
     (KernelConfig(bm=256, bn=256, bk=32, rm=16, rn=16, stages=4), "sm_90",

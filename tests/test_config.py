@@ -17,6 +17,7 @@ def test_name_format_is_pinned():
     KernelConfig(bm=256, bn=64, bk=32, rm=16, rn=2, wt=1, pad=2, vec=4, stages=4, swizzle=8),
     KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=32),
     KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=8, reduce="cluster", frags=2),
+    KernelConfig(bm=16, bn=32, rm=4, rn=4, wt=4, stages=2, split=32, reduce="last"),
 ])
 def test_name_round_trips(cfg):
     assert KernelConfig.from_name(cfg.name) == cfg
@@ -86,3 +87,15 @@ def test_cluster_split_k_is_named_and_sized():
     big = KernelConfig(bm=32, bn=32, bk=16, rm=2, rn=4, wt=16, stages=4, split=2,
                        reduce="cluster")
     assert big.smem_bytes == 4 * 16 * (36 + 36) * 4  # the ring is larger than 32x32x4
+
+
+def test_last_block_split_k_is_named_and_sized():
+    """The last block of each tile sums it: the pass's workspace, a counter per tile."""
+    c = KernelConfig(split=32, reduce="last")
+    assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k32l"
+    assert not c.reduce_pass and not c.cluster
+    assert c.workspace_floats(100, 300) == 32 * 100 * 300
+    assert c.ticket_count(300, 200) == 3 * 2 and KernelConfig(split=32).ticket_count(300, 200) == 0
+    assert c.smem_bytes == KernelConfig(split=32).smem_bytes
+    # reduce only means something with a split: no mark on the name without one
+    assert KernelConfig(reduce="last").name == KernelConfig().name

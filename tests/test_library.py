@@ -174,9 +174,13 @@ def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
     split = KernelConfig(bm=64, bn=64, bk=16, rm=4, rn=4, stages=3, split=16)
     cluster = KernelConfig(bm=32, bn=64, bk=16, rm=4, rn=4, wt=8, stages=3, split=8,
                            reduce="cluster")
-    for cfg, shape, tf in ((split, (127, 129, 4097), 6.6), (cluster, (16, 4096, 4096), 4.0)):
+    last = KernelConfig(bm=16, bn=32, bk=16, rm=4, rn=4, wt=4, stages=2, split=32,
+                        reduce="last")
+    for cfg, shape, tf in ((split, (127, 129, 4097), 6.6), (cluster, (16, 4096, 4096), 4.0),
+                           (last, (129, 127, 4097), 7.0)):
         res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
         cu = tmp_path / "art" / "sm_90" / f"{cfg.name}.cu"
+        assert res.ok, res.error
         lib.add(entry(cfg, res, shape, tf, 5.9), cu, res.cubin)
     lib = load_library(lib.path)
     out = tmp_path / "bundle"
@@ -198,7 +202,7 @@ def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
         got = so.gemm_tuned_kernel_name_on(m, n, k, sms).decode()
         assert got == want, ((m, n, k), sms, got, want)
         picked.add(got)
-    assert picked == {BIG.name, SMALL.name, split.name, cluster.name}  # every rule path
+    assert picked == {BIG.name, SMALL.name, split.name, cluster.name, last.name}
 
 
 def test_reduce_pass_is_modelled_apart():
@@ -215,7 +219,10 @@ def test_reduce_pass_is_modelled_apart():
     scaled = 33.4 * min(1.0, efficiency(cfg, (1000,) * 3, 132, 1)
                         / efficiency(cfg, (256, 256, 16384), 132, 1))
     assert estimate_tflops(cfg, e, (1000, 1000, 1000), 132, 1, 3350) < 0.6 * scaled
-    # a split-K summed within a cluster has no second pass: it scales like any kernel
+    # the last block's sum moves the same workspace, without a second launch
+    last = KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=4, wt=16, split=32, reduce="last")
+    assert reduce_ms(last, 256, 256, 3350) == pytest.approx(65 * 256 * 256 * 4 / 3.35e9)
+    # a split-K summed within a cluster has no workspace: it scales like any kernel
     c8 = KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=4, wt=16, split=8, reduce="cluster")
     assert reduce_ms(c8, 256, 256, 3350) == 0.0
     assert estimate_tflops(c8, e, (1000, 1000, 1000), 132, 1, 3350) == pytest.approx(

@@ -16,6 +16,8 @@ GOLDEN = Path(__file__).parent / "golden"
     KernelConfig(dtype=DType.F16),  # fp16 inputs widened to fp32 on load
     KernelConfig(bm=32, bn=64, bk=16, rm=4, rn=4, wt=8, pad=4, stages=3, swizzle=1, split=8,
                  reduce="cluster"),  # split-K summed across a thread-block cluster
+    KernelConfig(bm=16, bn=32, bk=16, rm=4, rn=4, wt=4, pad=4, stages=2, split=32,
+                 reduce="last"),  # split-K summed by the last block of each tile
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -66,3 +68,7 @@ def test_split_k_routes_render_what_they_use():
     assert "_reduce" not in cluster and "float* __restrict__ W" not in cluster
     assert "__cluster_dims__(1, 1, SPLIT) __launch_bounds__(THREADS)" in cluster
     assert cluster.count("cluster.sync()") == 2 and "map_shared_rank" in cluster
+    last = render(KernelConfig(split=4, reduce="last"))
+    assert "_reduce" not in last and "unsigned* __restrict__ tickets)" in last
+    assert "atomicAdd(&tickets[bid], 1u) == SPLIT - 1" in last and "tickets[bid] = 0;" in last
+    assert "tickets" not in pass_ and "tickets" not in cluster

@@ -42,7 +42,8 @@ def export(lib: Library, out: Path, arch: str | None = None) -> Path:
         smem = res["smem_static"] + res["smem_dynamic"]
         kernels.append(dict(name=name, bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, threads=cfg.threads,
                             smem=cfg.smem_bytes, split=cfg.split,
-                            reduce_pass=cfg.reduce_pass,
+                            reduce=cfg.reduce, reduce_pass=cfg.reduce_pass,
+                            workspace=cfg.workspace_floats(1, 1) > 0,
                             blocks_per_sm=occupancy(cfg.threads, res["registers"], smem,
                                                     limits).blocks_per_sm))
         src = (lib.path / lib.manifest["kernels"][f"{arch}/{name}"]["source"]).read_text()

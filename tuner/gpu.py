@@ -118,15 +118,30 @@ def workspace(nbytes: int):
     return _WORKSPACE[0]
 
 
+_TICKETS: list = [None, 0]  # the "last" split-K's tile counters: [allocation, count]
+
+
+def tickets(count: int):
+    """At least `count` zeroed 32-bit tile counters, grown as needed (a launch leaves
+    every counter it used at zero again, so they are zeroed only when allocated)."""
+    if _TICKETS[1] < count:
+        _TICKETS[0] = None
+        _TICKETS[0] = _drv().mem_alloc(count * 4)
+        _drv().memset_d32(_TICKETS[0], 0, count)
+        _TICKETS[1] = count
+    return _TICKETS[0]
+
+
 class Kernel:
     """One compiled configuration, loaded into the current context, ready to launch.
 
     A split-K configuration reduced in a pass is two kernels: the GEMM writes one partial
     tile per K slice into a workspace, and <name>_reduce sums the slices into C with alpha
-    and beta. One reduced in a cluster is one kernel (the cluster shape is compiled in).
+    and beta. One summed by its last block is one kernel with the workspace and a tile
+    counter each; one reduced in a cluster is one kernel (the cluster shape is compiled in).
     """
 
-    ARG_FORMAT = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc  (+ W with split-K)
+    ARG_FORMAT = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc (+ W [+ tickets])
     REDUCE_FORMAT = "iifPfPi"  # M N alpha W beta C ldc
 
     def __init__(self, config: KernelConfig, cubin: Path | bytes):
@@ -140,7 +155,8 @@ class Kernel:
         if smem > 48 * 1024:
             self.function.set_attribute(
                 drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        self.function.prepare(self.ARG_FORMAT + ("P" if config.reduce_pass else ""))
+        self.function.prepare(self.ARG_FORMAT + "P" * ((config.workspace_floats(1, 1) > 0)
+                                                       + (config.ticket_count(1, 1) > 0)))
         self.reduce = None
         if config.reduce_pass:
             self.reduce = self.module.get_function(f"{config.name}_reduce")
@@ -157,9 +173,11 @@ class Kernel:
     def __call__(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream=None):
         """Launch on GPU pointers (ints or pycuda allocations); asynchronous."""
         args = [m, n, k, alpha, int(a), lda, int(b), ldb, beta, int(c), ldc]
-        if self.reduce is not None:
+        if self.config.workspace_floats(m, n):
             w = int(workspace(self.config.workspace_floats(m, n) * 4))
             args.append(w)
+        if self.config.ticket_count(m, n):
+            args.append(int(tickets(self.config.ticket_count(m, n))))
         self.function.prepared_async_call(self.config.grid(m, n), self.config.block(), stream,
                                           *args, shared_size=self.smem)
         if self.reduce is not None:

@@ -73,11 +73,13 @@ REDUCE_LAUNCH_MS = 0.002
 
 
 def reduce_ms(config: KernelConfig | WmmaConfig, m: int, n: int, mem_gbs: float) -> float:
-    """Milliseconds of a split-K kernel's reduce pass at M x N (0 without one: no split-K,
-    or split-K summed within a cluster)."""
-    if not config.reduce_pass:
+    """Milliseconds of a split-K kernel's reduction at M x N: the workspace written and read
+    again, plus a launch for a second pass (0 without a workspace: no split-K, or one
+    summed within a cluster)."""
+    if not config.workspace_floats(m, n):
         return 0.0
-    return (2 * config.split + 1) * m * n * 4 / (mem_gbs * 1e6) + REDUCE_LAUNCH_MS
+    launch = REDUCE_LAUNCH_MS if config.reduce_pass else 0.0
+    return (2 * config.split + 1) * m * n * 4 / (mem_gbs * 1e6) + launch
 
 
 def estimate_tflops(config, entry: dict, shape, sms: int, blocks_per_sm: int,

@@ -54,8 +54,8 @@ WMMA_SPACE: dict[str, tuple[int, ...]] = {
 
 #: Split-K, a conditional parameter: asked for only where the tiles of C leave SMs idle.
 SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-#: How split-K sums its slices ("split_reduce"): asked for only where both are buildable
-#: (a split a cluster can hold, on sm_90 or newer).
+#: How split-K sums its slices ("split_reduce"), asked for with every split > 1; a cluster
+#: is buildable only for a split it can hold, on sm_90 or newer (codegen.check says why).
 SPLIT_REDUCES: tuple[str, ...] = REDUCES
 
 Shape = tuple[int, int, int]
@@ -68,8 +68,11 @@ def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
 
 
 def _reduces(split: int, arch: ArchLimits) -> tuple[str, ...]:
-    """The split-K reductions to search for a split of `split` slices on `arch`."""
-    return SPLIT_REDUCES if split in CLUSTER_SPLITS and arch.cc >= 90 else ("pass",)
+    """The split-K reductions buildable for a split of `split` slices on `arch`."""
+    if split == 1:
+        return ("pass",)
+    return tuple(r for r in SPLIT_REDUCES
+                 if r != "cluster" or (split in CLUSTER_SPLITS and arch.cc >= 90))
 
 
 def wmma_from_params(params: dict, dtype: DType) -> WmmaConfig:
@@ -141,7 +144,7 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     cfg = config_from_params(params, fams[family])
     if shape is not None and arch is not None and wants_split(cfg, shape, arch):
         params["split"] = trial.suggest_categorical("split", SPLITS)
-        if len(_reduces(params["split"], arch)) > 1:
+        if params["split"] > 1:
             params["split_reduce"] = trial.suggest_categorical("split_reduce", SPLIT_REDUCES)
         cfg = config_from_params(params, fams[family])
     return cfg
@@ -161,7 +164,7 @@ def params_of(config: KernelConfig | WmmaConfig, dtype: DType, shape: Shape,
     p = {_simt_param(k, widened): getattr(config, k) for k in SPACE}
     if wants_split(config, shape, arch):
         p["split"] = config.split
-        if len(_reduces(config.split, arch)) > 1:
+        if config.split > 1:
             p["split_reduce"] = config.reduce
     return {"family": Family.SIMT.value, **p} if multi else p
 
