@@ -103,11 +103,10 @@ def test_split_k_is_searched_only_where_tiles_leave_sms_idle():
     big = {(c.split, c.reduce) for c in valid_configs(arch, shape=(4096, 4096, 4096))}
     skinny = {(c.split, c.reduce) for c in valid_configs(arch, shape=(127, 129, 4097))}
     assert big == {(1, "pass")}
-    splits = (2, 4, 8, 16, 32)
-    assert skinny == {(1, "pass")} | {(s, r) for s in splits for r in ("pass", "last")} | {
-        (s, "cluster") for s in (2, 4, 8)}
+    assert skinny == {(s, "pass") for s in (1, 2, 4, 8, 16, 32)} | {
+        (s, "cluster") for s in (2, 4, 8)}  # "last" is buildable but not searched
     old = {(c.split, c.reduce) for c in valid_configs(parse_arch("sm_80"), shape=(127, 129, 4097))}
-    assert old == {(1, "pass")} | {(s, r) for s in splits for r in ("pass", "last")}
+    assert old == {(s, "pass") for s in (1, 2, 4, 8, 16, 32)}  # no clusters before sm_90
     assert shape_reasons(KernelConfig(split=4), (4096, 4096, 4096), arch) == [
         "split-K 4 is not needed: 1024 tiles already cover the 132 SMs"]
     assert "split-K 32 exceeds the 8 K tiles" in shape_reasons(
@@ -118,11 +117,11 @@ def test_search_tries_split_k_on_a_skinny_shape(run):
     res = run(FakeBenchmark(shape=(64, 64, 4096)), trials=12, seed=2, sampler="random")
     assert any(r.config.split > 1 for r in res.records)
     assert all(t.params.get("split", 1) in (1, 2, 4, 8, 16, 32) for t in res.study.trials)
-    # the reduction is asked for with every split
+    # the reduction is asked for only where a cluster can hold the split
     for t in res.study.trials:
-        assert ("split_reduce" in t.params) == (t.params.get("split", 1) > 1), t.params
-    assert {r.config.reduce for r in res.records if r.config.split > 1} == {
-        "pass", "last", "cluster"}
+        assert ("split_reduce" in t.params) == (t.params.get("split") in (2, 4, 8)), t.params
+    assert {r.config.reduce for r in res.records if r.config.split in (2, 4, 8)} == {
+        "pass", "cluster"}
 
 
 def _finished(study):
