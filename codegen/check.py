@@ -90,6 +90,9 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"swizzle group {c.swizzle} must be at least 1")
     if c.frags not in (1, 2):
         why.append(f"fragment buffers {c.frags} must be 1 or 2")
+    if c.minb < 1 or c.minb * t > a.max_threads_per_sm:
+        why.append(f"__launch_bounds__ minimum of {c.minb} blocks of {t} threads does not fit "
+                   f"the {a.max_threads_per_sm} threads of an SM")
     if c.split not in SPLITS:
         why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
     if c.reduce not in REDUCES:

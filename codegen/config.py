@@ -123,6 +123,9 @@ class KernelConfig(_Serial):
             does its FMAs; 2 = the fragments are double-buffered in registers (step
             kk+1's loads are issued before step kk's FMAs). The name carries `_f2` only
             when 2.
+        minb: the second argument of __launch_bounds__, the blocks per SM ptxas must
+            leave room for (it caps the registers at 64K / (threads x minb)). The name
+            carries `_b<minb>` only when above 1.
 
     Example:
         >>> KernelConfig().name
@@ -142,6 +145,7 @@ class KernelConfig(_Serial):
     split: int = 1
     frags: int = 1
     reduce: str = "pass"
+    minb: int = 1
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -157,12 +161,13 @@ class KernelConfig(_Serial):
             + (f"_k{self.split}" if self.split != 1 else "")
             + (_REDUCE_SUFFIX[self.reduce] if self.split > 1 else "")
             + (f"_f{self.frags}" if self.frags != 1 else "")
+            + (f"_b{self.minb}" if self.minb != 1 else "")
         )
 
     _NAME_RE = re.compile(
         r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<reduce>[cl])?)?(?:_f(?P<frags>\d+))?$"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<reduce>[cl])?)?(?:_f(?P<frags>\d+))?(?:_b(?P<minb>\d+))?$"
     )
 
     @classmethod
@@ -180,6 +185,7 @@ class KernelConfig(_Serial):
                                        "stages", "swizzle")}
         ints["split"] = int(m["split"] or 1)
         ints["frags"] = int(m["frags"] or 1)
+        ints["minb"] = int(m["minb"] or 1)
         reduce = {v: k for k, v in _REDUCE_SUFFIX.items()}[m["reduce"] or ""]
         cfg = cls(dtype=dtype, family=family, reduce=reduce, **ints)
         if cfg.wt_n != int(m["wtn"]):
@@ -245,6 +251,7 @@ class KernelConfig(_Serial):
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
             LAST=self.split > 1 and self.reduce == "last", REDUCE_PASS=self.reduce_pass,
+            MIN_BLOCKS=self.minb,
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
