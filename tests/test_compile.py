@@ -100,3 +100,15 @@ def test_compile_cache_hits_on_the_same_source(tmp_path):
 def test_static_asserts_guard_hand_edits():
     text = (FIXTURES / "static_assert_failure.txt").read_text()
     assert 'static assertion failed with "threads must load the A tile evenly"' in text
+
+
+def test_launch_bounds_minimum_caps_the_registers(compile_cache):
+    """__launch_bounds__(128, 4) leaves 65536 / 512 = 128 registers a thread: ptxas obeys,
+    spilling what does not fit (the model then prunes it)."""
+    free = KernelConfig(bm=128, bn=64, bk=16, rm=8, rn=8, wt=4, swizzle=1)
+    capped = KernelConfig(bm=128, bn=64, bk=16, rm=8, rn=8, wt=4, swizzle=1, minb=4)
+    a, b = (compile_config(c, "sm_90", compile_cache) for c in (free, capped))
+    assert a.ok and b.ok, (a.log, b.log)
+    assert a.resources.registers > 128 and a.resources.spill_bytes == 0
+    assert b.resources.registers <= 128 and b.resources.spill_bytes > 0
+    assert "__launch_bounds__(THREADS, 4)" in render(capped)

@@ -99,3 +99,16 @@ def test_last_block_split_k_is_named_and_sized():
     assert c.smem_bytes == KernelConfig(split=32).smem_bytes
     # reduce only means something with a split: no mark on the name without one
     assert KernelConfig(reduce="last").name == KernelConfig().name
+
+
+def test_launch_bounds_minimum_is_named_and_checked():
+    from codegen import check
+
+    c = KernelConfig(bm=128, bn=64, bk=16, swizzle=1, minb=4)
+    assert c.name == "gemm_simt_f32_128x64x16_r8x8_w4x8_p4_v4_s2_g1_b4"
+    assert KernelConfig.from_name(c.name) == c and KernelConfig.from_dict(c.to_dict()) == c
+    assert KernelConfig.from_name("gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k4c_f2_b2") == \
+        KernelConfig(split=4, reduce="cluster", frags=2, minb=2)
+    assert check(KernelConfig(minb=9), "sm_90") == [
+        "__launch_bounds__ minimum of 9 blocks of 256 threads does not fit the 2048 threads "
+        "of an SM"]
