@@ -104,6 +104,8 @@ def check(config: KernelConfig, arch: str | int | ArchLimits) -> list[str]:
         if a.cc < 90:
             why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
                        f"{a.sm} has none")
+    elif c.reduce == "last" and c.split == 1:
+        why.append("a last-block split-K needs a split of 2 or more, not 1")
 
     smem = c.smem_bytes
     if smem > a.smem_per_block_optin:

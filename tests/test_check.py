@@ -38,6 +38,7 @@ def test_default_is_valid_everywhere_it_can_be():
      "a cluster split-K takes 2, 4, 8 slices (a portable cluster size), not 1"),
     (KernelConfig(split=4, reduce="cluster"), "sm_80",
      "a cluster split-K needs thread-block clusters (sm_90 or newer); sm_80 has none"),
+    (KernelConfig(reduce="last"), "sm_90", "a last-block split-K needs a split of 2 or more, not 1"),
     (KernelConfig(split=4, reduce="atomic"), "sm_90",
      "split-K reduce 'atomic' is not one of pass, last, cluster"),
     (KernelConfig(bm=256, bn=256, rm=16, rn=8, split=2, reduce="cluster"), "sm_90",
