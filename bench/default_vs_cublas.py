@@ -42,7 +42,9 @@ def main() -> None:
         cfg = KernelConfig.from_name(name)
         res = compile_config(cfg, dev.sm)
         assert res.ok, res.error
-        bench = benches.setdefault(text, GpuBenchmark(parse_shape(text), seed=None))
+        if text not in benches:  # one problem (and its GPU buffers) per shape
+            benches[text] = GpuBenchmark(parse_shape(text), seed=None)
+        bench = benches[text]
         row = dict(shape=text, registers=res.resources.registers, smem=res.resources.smem,
                    **side_by_side(bench, cfg, res.cubin, args.rounds))
         rows.append(row)

@@ -199,6 +199,21 @@ class KernelConfig(_Serial):
         return self.split > 1 and self.reduce == "cluster"
 
     @property
+    def last(self) -> bool:
+        """Split-K summed by the last block of each tile (one launch, workspace + tickets)."""
+        return self.split > 1 and self.reduce == "last"
+
+    @property
+    def reduce_pass(self) -> bool:
+        """Does a launch end with the <name>_reduce kernel?"""
+        return self.split > 1 and self.reduce == "pass"
+
+    @property
+    def has_workspace(self) -> bool:
+        """Do the partial tiles go through a workspace in global memory (pass or last)?"""
+        return self.reduce_pass or self.last
+
+    @property
     def wt_n(self) -> int:
         return 32 // self.wt if self.wt > 0 else 0
 
@@ -250,7 +265,7 @@ class KernelConfig(_Serial):
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
-            LAST=self.split > 1 and self.reduce == "last", REDUCE_PASS=self.reduce_pass,
+            LAST=self.last, REDUCE_PASS=self.reduce_pass,
             MIN_BLOCKS=self.minb,
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
@@ -261,17 +276,12 @@ class KernelConfig(_Serial):
 
     def workspace_floats(self, m: int, n: int) -> int:
         """Floats of workspace a split-K launch needs (0 without split, or in a cluster)."""
-        return self.split * m * n if self.split > 1 and not self.cluster else 0
+        return self.split * m * n if self.has_workspace else 0
 
     def ticket_count(self, m: int, n: int) -> int:
         """Zeroed tile counters a "last" split-K launch needs (one per tile of C; each is
         reset to zero by the block that sums its tile)."""
-        return self.grid(m, n)[0] if self.split > 1 and self.reduce == "last" else 0
-
-    @property
-    def reduce_pass(self) -> bool:
-        """Does a launch end with the <name>_reduce kernel?"""
-        return self.split > 1 and self.reduce == "pass"
+        return self.grid(m, n)[0] if self.last else 0
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
@@ -383,7 +393,7 @@ class WmmaConfig(_Serial):
 
     # The launch interface shared with KernelConfig (the runner needs nothing else).
     split = 1  # no split-K in this family yet
-    cluster = reduce_pass = False
+    cluster = last = reduce_pass = has_workspace = False
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (-(-m // self.bm)) * (-(-n // self.bn)), 1, 1

@@ -78,7 +78,7 @@ def test_cluster_split_k_is_named_and_sized():
     the BM x BN partial tile."""
     c = KernelConfig(split=4, reduce="cluster")
     assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k4c"
-    assert c.cluster and not c.reduce_pass and c.workspace_floats(100, 100) == 0
+    assert c.cluster and not c.reduce_pass and not c.has_workspace and c.workspace_floats(100, 100) == 0
     assert c.smem_bytes == 128 * 128 * 4  # over the 16896 B of the main loop
     assert c.grid(300, 200) == (3 * 2, 1, 4)
     p = KernelConfig(split=4)
@@ -93,7 +93,7 @@ def test_last_block_split_k_is_named_and_sized():
     """The last block of each tile sums it: the pass's workspace, a counter per tile."""
     c = KernelConfig(split=32, reduce="last")
     assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k32l"
-    assert not c.reduce_pass and not c.cluster
+    assert c.last and c.has_workspace and not c.reduce_pass and not c.cluster
     assert c.workspace_floats(100, 300) == 32 * 100 * 300
     assert c.ticket_count(300, 200) == 3 * 2 and KernelConfig(split=32).ticket_count(300, 200) == 0
     assert c.smem_bytes == KernelConfig(split=32).smem_bytes

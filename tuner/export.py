@@ -43,7 +43,7 @@ def export(lib: Library, out: Path, arch: str | None = None) -> Path:
         kernels.append(dict(name=name, bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, threads=cfg.threads,
                             smem=cfg.smem_bytes, split=cfg.split,
                             reduce=cfg.reduce, reduce_pass=cfg.reduce_pass,
-                            workspace=cfg.workspace_floats(1, 1) > 0,
+                            workspace=cfg.has_workspace,
                             blocks_per_sm=occupancy(cfg.threads, res["registers"], smem,
                                                     limits).blocks_per_sm))
         src = (lib.path / lib.manifest["kernels"][f"{arch}/{name}"]["source"]).read_text()

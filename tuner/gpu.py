@@ -155,8 +155,7 @@ class Kernel:
         if smem > 48 * 1024:
             self.function.set_attribute(
                 drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        self.function.prepare(self.ARG_FORMAT + "P" * ((config.workspace_floats(1, 1) > 0)
-                                                       + (config.ticket_count(1, 1) > 0)))
+        self.function.prepare(self.ARG_FORMAT + "P" * (config.has_workspace + config.last))
         self.reduce = None
         if config.reduce_pass:
             self.reduce = self.module.get_function(f"{config.name}_reduce")
@@ -173,10 +172,10 @@ class Kernel:
     def __call__(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream=None):
         """Launch on GPU pointers (ints or pycuda allocations); asynchronous."""
         args = [m, n, k, alpha, int(a), lda, int(b), ldb, beta, int(c), ldc]
-        if self.config.workspace_floats(m, n):
+        if self.config.has_workspace:
             w = int(workspace(self.config.workspace_floats(m, n) * 4))
             args.append(w)
-        if self.config.ticket_count(m, n):
+        if self.config.last:
             args.append(int(tickets(self.config.ticket_count(m, n))))
         self.function.prepared_async_call(self.config.grid(m, n), self.config.block(), stream,
                                           *args, shared_size=self.smem)

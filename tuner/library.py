@@ -76,7 +76,7 @@ def reduce_ms(config: KernelConfig | WmmaConfig, m: int, n: int, mem_gbs: float)
     """Milliseconds of a split-K kernel's reduction at M x N: the workspace written and read
     again, plus a launch for a second pass (0 without a workspace: no split-K, or one
     summed within a cluster)."""
-    if not config.workspace_floats(m, n):
+    if not config.has_workspace:
         return 0.0
     launch = REDUCE_LAUNCH_MS if config.reduce_pass else 0.0
     return (2 * config.split + 1) * m * n * 4 / (mem_gbs * 1e6) + launch
