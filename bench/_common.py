@@ -25,7 +25,7 @@ def commit() -> str:
 
 def header(dev) -> dict:
     from codegen.compile import nvcc_version
-    from tuner.cublas import cublas
+    from tuner.gpu import cublas
 
     return dict(gpu=dev.name, cc=dev.cc, sms=dev.arch.sm_count, clock_mhz=dev.arch.clock_mhz,
                 driver=dev.driver_version, nvcc=nvcc_version(), cublas=cublas().version,

@@ -24,7 +24,7 @@ def entry(cfg, res, shape, tflops, cublas, cc=90, dtype="f32", gpu="NVIDIA H200"
 
 
 def build(path: Path, cache_dir: Path, artifacts: Path):
-    from tuner.library import Library
+    from tuner.runtime.library import Library
 
     lib = Library.create_or_open(path)
     for cfg, shape, tflops, cublas in ((BIG, (4096, 4096, 4096), 46.1, 51.3),

@@ -101,9 +101,20 @@ def test_corrupt_cache_is_reported_and_kept(capsys, tmp_path):
 
 def test_importing_loads_no_gpu_package():
     code = ("import sys, codegen, tuner, tuner.cli, tuner.search, tuner.cache, tuner.dryrun, "
-            "tuner.bench, tuner.gpu, tuner.cublas; "
-            "bad = [m for m in ('pycuda', 'pycuda.driver', 'cupy', 'torch') if m in sys.modules]; "
+            "tuner.bench, tuner.gpu, tuner.runtime.cublas, tuner.runtime.launch; "
+            "bad = [m for m in ('pycuda', 'pycuda.driver', 'cupy', 'torch', 'cuda.bindings') "
+            "if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_run_path_imports_nothing_of_the_search():
+    """A program that only runs tuned kernels pulls in no optuna, matplotlib or rich."""
+    code = ("import sys, tuner.runtime, tuner.runtime.launch, tuner.runtime.measure, "
+            "tuner.runtime.export; "
+            "bad = [m for m in ('optuna', 'matplotlib', 'rich', 'pycuda', 'tuner.search', "
+            "'tuner.space') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
 

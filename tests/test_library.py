@@ -9,7 +9,7 @@ from _library import BIG, SMALL, build
 from codegen import DType
 from tuner import LibraryError, load_library
 from tuner.cli import main
-from tuner.library import SCHEMA
+from tuner.runtime.library import SCHEMA
 
 
 @pytest.fixture
@@ -79,16 +79,42 @@ def test_missing_library_is_one_error(tmp_path):
 
 
 def test_dispatch_exact_estimate_and_cublas(lib):
+    # BIG was tuned at 4096^3 at 0.90x cuBLAS in the same run: cuBLAS runs there
     exact = lib.select(4096, 4096, 4096, DType.F32, 90, 132)
-    assert (exact.kernel, exact.rule) == (BIG.name, "exact")
-    # A skinny problem: the big tile would compute 16 rows of 256 and fill 32 of 132 SMs.
+    assert (exact.kernel, exact.rule) == (None, "exact") and "0.90x" in exact.reason
+    # ... unless the operands are misaligned (then the rule measures) or from another GPU
+    assert lib.select(4096, 4096, 4096, DType.F32, 90, 132, aligned=False).rule == "estimate"
+    assert lib.select(4096, 4096, 4096, DType.F32, 90, 132, gpu="NVIDIA H100").rule \
+        == "estimate"
+    # A skinny problem: the big tile would compute 16 rows of 256 and fill 32 of 132 SMs;
+    # the small kernel's estimate beats cuBLAS's (scaled from the nearest entry's figure)
     skinny = lib.select(16, 4096, 4096, DType.F32, 90, 132)
     assert (skinny.kernel, skinny.rule) == (SMALL.name, "estimate")
-    # A big untuned square: the big kernel's estimate stays near its measured rate.
+    est = dict((e["kernel"], t) for t, e in lib.ranked(16, 4096, 4096, DType.F32, 90, 132))
+    assert skinny.estimate_tflops == est[SMALL.name] > est[BIG.name]
+    # A big untuned square: the big kernel's estimate stays near its measured rate, under
+    # cuBLAS's (51.3 there): cuBLAS runs
     big = lib.select(8192, 8192, 8192, DType.F32, 90, 132)
-    assert big.kernel == BIG.name and 40 < big.estimate_tflops <= 46.1 * 1.05
+    assert (big.kernel, big.rule) == (None, "estimate")
+    assert 40 < lib.ranked(8192, 8192, 8192, DType.F32, 90, 132)[0][0] <= 46.1 * 1.05
+    assert big.estimate_tflops == pytest.approx(51.3)
     assert lib.select(64, 64, 64, DType.F32, 80, 108).rule == "cublas"  # nothing for sm_80
     assert lib.select(64, 64, 64, DType.F16, 90, 132).rule == "cublas"  # nor for fp16
+
+
+def test_cublas_estimate_scales_from_the_nearest_entry():
+    from tuner.runtime.dispatch import cublas_estimate
+
+    entries = [dict(m=4096, n=4096, k=4096, cublas_tflops=51.0),
+               dict(m=16, n=4096, k=4096, cublas_tflops=6.6)]
+    assert cublas_estimate(entries, (4096, 4096, 4096), 132) == 51.0
+    assert cublas_estimate(entries, (8192, 8192, 8192), 132) == pytest.approx(51.0)
+    assert cublas_estimate(entries, (16, 4096, 4096), 132) == 6.6
+    # 32 rows is nearer the skinny entry, and no faster than it
+    assert cublas_estimate(entries, (32, 4096, 4096), 132) == 6.6
+    # 3000^3 is nearest the square one: 24 x 24 tiles of 128 fill 5 waves of 132 to 87%
+    assert cublas_estimate(entries, (3000, 3000, 3000), 132) == pytest.approx(
+        51.0 * (3000 ** 3 / (3072 ** 2 * 3008)) * (576 / 660) / (1024 / 1056))
 
 
 def test_list_and_inspect(lib, capsys):
@@ -163,8 +189,9 @@ def test_report_draws_the_figures(lib, tmp_path, capsys):
 
 
 def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
-    """The C++ bundle's choice (split-K reduce model included) is the Python runtime's,
-    checked by calling the built library on the host, for many shapes and SM counts."""
+    """The C++ bundle's choice (split-K reduce model included) is the Python runtime's
+    choice among the tuned kernels, checked by calling the built library on the host, for
+    many shapes and SM counts."""
     import ctypes
     import itertools
 
@@ -198,7 +225,10 @@ def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
     picked = set()
     for (m, n, k), sms in itertools.product(itertools.product(dims, dims, (257, 4096, 4097)),
                                             (108, 132)):
-        want = lib.select(m, n, k, DType.F32, 90, sms).kernel
+        # the bundle's rule is the library's over its kernels alone (no cuBLAS rival)
+        exact = [e["kernel"] for e in lib.manifest["entries"] if (e["m"], e["n"], e["k"]) ==
+                 (m, n, k)]
+        want = exact[0] if exact else lib.ranked(m, n, k, DType.F32, 90, sms)[0][1]["kernel"]
         got = so.gemm_tuned_kernel_name_on(m, n, k, sms).decode()
         assert got == want, ((m, n, k), sms, got, want)
         picked.add(got)
@@ -208,7 +238,7 @@ def test_exported_dispatch_agrees_with_python(lib, tmp_path, compile_cache):
 def test_reduce_pass_is_modelled_apart():
     """A split-K kernel's reduce time does not shrink with the tile and wave efficiency."""
     from codegen import KernelConfig
-    from tuner.library import efficiency, estimate_tflops, reduce_ms
+    from tuner.runtime.dispatch import efficiency, estimate_tflops, reduce_ms
 
     cfg = KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=4, wt=16, split=32)
     e = dict(m=256, n=256, k=16384, tflops=33.4)

@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 from tuner import LibraryError
 from tuner._shape import parse_shape
 from tuner.cli import main
-from tuner.library import Library
+from tuner.runtime.library import Library
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -57,14 +57,15 @@ class _Touched(Exception):
 
 
 @pytest.fixture
-def offline_lib(tmp_path):
-    lib = Library(tmp_path, {"schema": 1, "kernels": {}, "entries": []})
+def offline_lib(tmp_path, monkeypatch):
+    from tuner.runtime import driver
 
-    def no_gpu():
+    def no_gpu(*args):
         raise _Touched
 
-    lib._device = no_gpu
-    return lib
+    for name in ("gpu", "current_device", "entered", "_cu"):
+        monkeypatch.setattr(driver, name, no_gpu)
+    return Library(tmp_path, {"schema": 1, "kernels": {}, "entries": []})
 
 
 float_dtypes = st.sampled_from([np.float32, np.float64, np.float16, np.int32, np.complex64])

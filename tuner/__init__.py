@@ -1,7 +1,8 @@
 """gemm-tune's tuner: search space, occupancy model, GPU runner, cuBLAS baseline,
 Optuna search, cache of winners, the tuned-kernel library and the command line.
 
-Importing it loads no GPU package; the GPU modules import pycuda when first used.
+Importing it loads no GPU package; the GPU modules import pycuda (the tuner) or
+cuda-bindings (the run path, tuner.runtime) when first used.
 
 Example:
     >>> from tuner import load_library
@@ -9,6 +10,6 @@ Example:
     >>> C = lib.gemm(A, B)                         # doctest: +SKIP
 """
 
-from tuner.library import Library, LibraryError, load_library
+from tuner.runtime import Library, LibraryError, load_library
 
 __all__ = ["load_library", "Library", "LibraryError"]

@@ -15,8 +15,7 @@ from typing import Callable
 import numpy as np
 
 from codegen.config import DType, Family, KernelConfig, WmmaConfig
-from tuner.cublas import cublas
-from tuner.gpu import Kernel, _drv, device
+from tuner.gpu import Kernel, _drv, cublas, device
 from tuner.outcome import Measurement, Outcome, Timing
 
 __all__ = ["L2Flush", "do_bench", "Problem", "GpuBenchmark", "TOLERANCE", "tolerance",

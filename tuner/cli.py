@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate, compile and tune CUDA GEMM kernels for one problem shape; "
         "time the winner against cuBLAS and cache it.",
         epilog="Also: gemm-tune list | inspect NAME|--shape MxNxK | export --out DIR | "
-        "report --shape MxNxK (each with --help).",
+        "report --shape MxNxK | prewarm --shapes FILE (each with --help).",
     )
     p.add_argument("--shape", action="append", default=[],
                    help="problem size MxNxK, e.g. 4096x4096x4096 (repeat for several shapes)")
@@ -148,7 +148,7 @@ def _dry_run(args, shape, dtype) -> int:
     return 0
 
 
-SUBCOMMANDS = ("list", "inspect", "export", "report")
+SUBCOMMANDS = ("list", "inspect", "export", "report", "prewarm")
 
 
 def build_subparsers() -> argparse.ArgumentParser:
@@ -175,6 +175,13 @@ def build_subparsers() -> argparse.ArgumentParser:
     q = common(sub.add_parser("export", help="a C/C++ bundle with gemm_tuned.h, CMake and make"))
     q.add_argument("--out", type=Path, required=True, help="directory for the bundle")
     q.add_argument("--arch", default=None, help="the arch to export (default: the most tuned)")
+    q = common(sub.add_parser(
+        "prewarm", help="decide, by measuring on this GPU, the kernel for each shape of a file "
+                        "(the dispatch table a library's first calls would fill)"))
+    q.add_argument("--shapes", type=Path, required=True, help="one MxNxK per line (# comments)")
+    q.add_argument("--dtype", default="fp32")
+    q.add_argument("--allow-tf32", action="store_true", help="decide the tf32 calls of fp32 data")
+    q.add_argument("--json", action="store_true")
     q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape"))
     q.add_argument("--shape", required=True)
     q.add_argument("--dtype", default="fp32")

@@ -10,7 +10,7 @@ import subprocess
 from codegen.config import DType, config_from_dict, config_from_name
 from codegen.errors import UsageError
 from tuner._shape import format_shape, parse_shape
-from tuner.library import Library
+from tuner.runtime.library import Library
 
 
 def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None):
@@ -115,11 +115,49 @@ def cmd_inspect(args, console) -> int:
 
 
 def cmd_export(args, console) -> int:
-    from tuner.export import export
+    from tuner.runtime.export import export
 
     out = export(Library.load(args.library), args.out, args.arch)
     console.print(f"exported to {out}: build with `make -C {out}` or "
                   f"`cmake -S {out} -B {out}/build && cmake --build {out}/build`")
+    return 0
+
+
+def cmd_prewarm(args, console) -> int:
+    from tuner.cli import _shapes_file
+
+    shapes = _shapes_file(args.shapes)
+    if not shapes:
+        raise UsageError(f"--shapes {args.shapes}: no shape in it")
+    dtype = DType.parse(args.dtype)
+    if args.allow_tf32:
+        if dtype is not DType.F32:
+            raise UsageError(f"--allow-tf32 is for fp32 data, not --dtype {args.dtype}")
+        dtype = DType.TF32
+    lib = Library.load(args.library)
+    rows = []
+    from rich.progress import track
+
+    for m, n, k in track(shapes, description="measuring", console=console,
+                         disable=args.json):
+        c = lib.decide(m, n, k, dtype)
+        rows.append(dict(shape=format_shape((m, n, k)), kernel=c.kernel or "cuBLAS",
+                         rule=c.rule, measured_ms=c.measured_ms, reason=c.reason))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"dispatch decisions for {len(rows)} shapes ({dtype.short}), kept in "
+                    f"{lib.table_path}")
+    for col in ("shape", "runs", "rule", "ms (runs / cuBLAS)"):
+        t.add_column(col)
+    for r in rows:
+        ms = r["measured_ms"] or {}
+        ran = ms.get(r["kernel"] if r["kernel"] != "cuBLAS" else "cublas")
+        figs = f"{ran:.4f} / {ms['cublas']:.4f}" if ran is not None and "cublas" in ms else "-"
+        t.add_row(r["shape"], r["kernel"], r["rule"], figs)
+    console.print(t)
     return 0
 
 

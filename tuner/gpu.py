@@ -18,7 +18,7 @@ from codegen.arch import ARCHS, ArchLimits
 from codegen.config import KernelConfig
 from codegen.errors import UsageError
 
-__all__ = ["NoGPUError", "Device", "device", "Kernel", "driver_occupancy"]
+__all__ = ["NoGPUError", "Device", "device", "Kernel", "driver_occupancy", "cublas"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,15 @@ def device(index: int | None = None) -> Device:
     return Device(index=index, name=dev.name(), cc=cc, arch=arch,
                   l2_bytes=get("L2_CACHE_SIZE", 0), total_mem=dev.total_memory(),
                   driver_version=drv.get_driver_version())
+
+
+@functools.cache
+def cublas():
+    """The tuner's cuBLAS handle (the baseline), in this process's primary context."""
+    from tuner.runtime.cublas import Cublas
+
+    device()  # the primary context must be current before cublasCreate
+    return Cublas()
 
 
 def _pop(ctx):

@@ -12,7 +12,7 @@ from codegen.arch import ARCHS
 from codegen.config import DType
 from codegen.errors import UsageError
 from tuner._shape import format_shape
-from tuner.library import Library
+from tuner.runtime.library import Library
 
 __all__ = ["report"]
 

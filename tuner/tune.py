@@ -149,7 +149,7 @@ def _devices(ids: list[int] | None) -> list[int]:
 
 
 def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> None:
-    from tuner.library import Library
+    from tuner.runtime.library import Library
 
     w = result["winner"]
     entry = dict(gpu=dev.name, cc=dev.cc, arch=dev.sm, cuda=key.cuda,

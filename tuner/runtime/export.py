@@ -17,7 +17,8 @@ from codegen._io import atomic_write
 from codegen.arch import parse_arch
 from codegen.config import KernelConfig
 from codegen.render import render_file
-from tuner.library import REDUCE_LAUNCH_MS, Library, LibraryError
+from tuner.runtime.dispatch import REDUCE_LAUNCH_MS
+from tuner.runtime.library import Library, LibraryError
 from tuner.occupancy import occupancy
 
 __all__ = ["export"]

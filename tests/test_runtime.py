@@ -1,0 +1,342 @@
+"""The run path on the CPU, through a fake driver: the dispatch table, memoised plans, the
+measure-off rule, decisions measured once and kept, graph capture, streams and launch
+arguments, per-stream scratch."""
+
+import json
+import logging
+import multiprocessing
+import struct
+
+import numpy as np
+import pytest
+
+from _library import BIG, SMALL, build
+from codegen.arch import ARCHS
+from tuner.runtime import cublas as cublas_mod
+from tuner.runtime import driver, launch, measure, operands
+from tuner.runtime.dispatch import DispatchTable, table_path
+from tuner.runtime.library import LibraryError, load_library
+
+
+class Cai:
+    """A device matrix known only by its __cuda_array_interface__."""
+
+    def __init__(self, rows, cols, ptr, typestr="<f4", ld=None, stream=None):
+        size = np.dtype(typestr).itemsize
+        self.__cuda_array_interface__ = dict(
+            shape=(rows, cols), typestr=typestr, data=(ptr, False), version=3, stream=stream,
+            strides=None if ld is None else (ld * size, size))
+
+
+class _NoContext:
+    def __init__(self, g):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FakeGpu:
+    """Records every launch and cuBLAS call instead of running it."""
+
+    def __init__(self, monkeypatch):
+        self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
+        self.times = {}  # kernel name or "cublas" -> ms a first-use measurement reports
+        g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
+                       total_mem=140 << 30, driver_version=13000, ctx=1)
+        world = self
+
+        class Image:
+            def __init__(self, library, name, smem):
+                self.name, self.blocks = name, {}
+
+            def prepare(self, g):
+                pass
+
+            def params(self, signature):
+                self.blocks.setdefault(signature, driver.ParamBlock(signature))
+                self.last = self.blocks[signature]
+                return self.last
+
+            def launch(self, grid, block, stream, address):
+                assert address == self.last.address
+                world.launches.append((self.name, grid, block, stream,
+                                       self.last.fmt.unpack_from(self.last.buf)))
+
+        class Blas:
+            version = 130100
+
+            def gemm(self, *args, allocate_captured=None):
+                world.blas.append(args)
+
+        def time_candidates(g, runners, m, n, k, lda, ldb, ldc, size, offsets, budget_ms=20):
+            world.measured.append(((m, n, k), sorted(runners)))
+            return {name: world.times.get(name, 1.0) for name in runners}
+
+        monkeypatch.setattr(driver, "gpu", lambda i: g)
+        monkeypatch.setattr(driver, "current_device", lambda: 0)
+        monkeypatch.setattr(driver, "entered", _NoContext)
+        monkeypatch.setattr(driver, "is_capturing", lambda s: s in self.capturing)
+        monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: what)
+        monkeypatch.setattr(driver, "KernelImage", Image)
+        monkeypatch.setattr(cublas_mod, "device_blas", lambda g: Blas())
+        monkeypatch.setattr(cublas_mod, "_BLAS", {0: Blas()})
+        monkeypatch.setattr(cublas_mod, "cublas_version", lambda: 130100)
+        monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 0)
+        monkeypatch.setattr(measure, "time_candidates", time_candidates)
+
+
+@pytest.fixture
+def lib(tmp_path, compile_cache):
+    build(tmp_path / "library", compile_cache, tmp_path / "art")
+    return load_library(tmp_path / "library")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return FakeGpu(monkeypatch)
+
+
+def test_launch_arguments_and_the_callers_stream(lib, fake):
+    a, b, c = Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000, ld=72)
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    assert lib.gemm(a, b, c, alpha=0.5, beta=2.0, stream=1234) is c
+    assert fake.measured == [((100, 70, 50), sorted([SMALL.name, BIG.name, "cublas"]))]
+    name, grid, block, stream, args = fake.launches[-1]
+    assert (name, stream) == (SMALL.name, 1234)
+    assert grid == SMALL.grid(100, 70) and block == SMALL.block()
+    assert args == (100, 70, 50, 0.5, 0x10000, 50, 0x20000, 70, 2.0, 0x30000, 72)
+    # the stream a __cuda_array_interface__ producer names, when the call names none
+    lib.gemm(Cai(100, 50, 0x10000, stream=77), b, c, alpha=0.5, beta=2.0)
+    assert fake.launches[-1][3] == 77
+    lib.gemm(a, b, c)  # no stream anywhere: the legacy default stream
+    assert fake.launches[-1][3] == 0
+    # any stream object: torch's .cuda_stream, cupy's .ptr, pycuda's .handle, the protocol
+    for obj in (type("T", (), {"cuda_stream": 5})(), type("C", (), {"ptr": 6})(),
+                type("P", (), {"handle": 7})(),
+                type("S", (), {"__cuda_stream__": lambda self: (0, 8)})()):
+        lib.gemm(a, b, c, stream=obj)
+        assert fake.launches[-1][3] == operands.stream_handle(obj)
+    assert len(fake.measured) == 1  # decided once
+
+
+def test_plans_are_memoised_per_shape_and_alignment(lib, fake, monkeypatch):
+    calls = []
+    decide = type(lib)._decide
+
+    def counted(self, *args, **kw):
+        calls.append(args[1:5])
+        return decide(self, *args, **kw)
+
+    monkeypatch.setattr(type(lib), "_decide", counted)
+    fake.times = {SMALL.name: 0.5}
+    a, b, c = Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000)
+    for _ in range(5):
+        lib.gemm(a, b, c)
+    assert len(calls) == 1 and len(fake.launches) == 5
+    lib.gemm(Cai(100, 50, 0x10004), b, c)  # A 4-byte aligned: another alignment class
+    lib.gemm(a, Cai(50, 71, 0x20000), Cai(100, 71, 0x30000))  # another shape
+    assert len(calls) == 3
+
+
+def test_measure_off_compares_estimates_with_cublas(lib, fake):
+    a, b, c = Cai(8192, 8192, 0x10000), Cai(8192, 8192, 0x20000), Cai(8192, 8192, 0x30000)
+    lib.gemm(a, b, c, measure=False)
+    assert fake.measured == [] and fake.launches == [] and len(fake.blas) == 1
+    assert fake.blas[0][1:4] == (8192, 8192, 8192)
+    skinny = Cai(16, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(16, 4096, 0x30000)
+    lib.gemm(*skinny, measure=False)
+    assert fake.launches[-1][0] == SMALL.name and fake.measured == []
+
+
+def test_measure_off_by_environment(lib, fake, monkeypatch):
+    monkeypatch.setenv("GEMM_TUNE_MEASURE", "0")
+    lib.gemm(Cai(16, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(16, 4096, 0x30000))
+    assert fake.measured == [] and fake.launches[-1][0] == SMALL.name
+
+
+def test_exact_entry_slower_than_cublas_runs_cublas(lib, fake):
+    lib.gemm(Cai(4096, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(4096, 4096, 0x30000))
+    assert fake.launches == [] and len(fake.blas) == 1 and fake.measured == []
+
+
+def test_a_measured_decision_is_kept_for_the_next_process(lib, fake):
+    fake.times = {SMALL.name: 0.9, BIG.name: 2.0, "cublas": 0.5}
+    ops = Cai(300, 200, 0x10000), Cai(200, 100, 0x20000), Cai(300, 100, 0x30000)
+    lib.gemm(*ops)
+    assert len(fake.blas) == 1 and len(fake.measured) == 1
+    table = json.loads((lib.path / "dispatch.json").read_text())
+    (key, d), = table["decisions"].items()
+    assert "300x100x200" in key and "align 16.16.16" in key and "NVIDIA H200" in key
+    assert d["kernel"] is None and d["measured_ms"] == {SMALL.name: 0.9, BIG.name: 2.0,
+                                                        "cublas": 0.5}
+    again = load_library(lib.path)  # a new process: no measurement, the same choice
+    again.gemm(*ops)
+    assert len(fake.measured) == 1 and len(fake.blas) == 2
+    assert again.explain(300, 100, 200, "fp32").startswith("cuBLAS (measured)")
+    assert "cublas 0.5000 ms" in again.explain(300, 100, 200, "fp32")
+    # a kernel must win by the margin: 1% faster than cuBLAS is not enough
+    fake.times = {SMALL.name: 0.99, BIG.name: 2.0, "cublas": 1.0}
+    again.gemm(Cai(301, 200, 0x10000), Cai(200, 100, 0x20000), Cai(301, 100, 0x30000))
+    assert len(fake.blas) == 3
+    fake.times = {SMALL.name: 0.5, BIG.name: 2.0, "cublas": 1.0}
+    again.gemm(Cai(302, 200, 0x10000), Cai(200, 100, 0x20000), Cai(302, 100, 0x30000))
+    assert fake.launches[-1][0] == SMALL.name
+
+
+def test_a_shape_first_seen_during_capture_uses_the_estimate(lib, fake):
+    ops = Cai(16, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(16, 4096, 0x30000)
+    fake.capturing.add(99)
+    fake.times = {SMALL.name: 5.0, BIG.name: 9.0, "cublas": 1.0}
+    lib.gemm(*ops, stream=99)  # nothing measured, nothing kept: the estimate's kernel
+    assert fake.measured == [] and fake.launches[-1][0] == SMALL.name
+    assert not (lib.path / "dispatch.json").exists()
+    lib.gemm(*ops, stream=5)  # outside capture: measured, cuBLAS wins, kept
+    assert len(fake.measured) == 1 and len(fake.blas) == 1
+    lib.gemm(*ops, stream=99)  # during a later capture the measured decision holds
+    assert len(fake.blas) == 2 and len(fake.measured) == 1
+
+
+def test_errors_before_any_launch(lib, fake):
+    a, b = Cai(64, 32, 0x10000), Cai(32, 48, 0x20000)
+    cases = [
+        ((a, Cai(16, 48, 0x20000)), "A's columns must equal B's rows"),
+        ((a, b, Cai(64, 47, 0x30000)), "C is 64x47"),
+        ((Cai(64, 32, 0x10000, typestr="<f8"), b), "A is float64"),
+        ((a, Cai(32, 48, 0x20000, typestr="<f2")), "they must be of one type"),
+        ((a, b, Cai(64, 48, 0x30000, typestr="<f2")), "C must be float32"),
+        ((a, Cai(32, 48, 0x20000, ld=40)), "not row-major"),
+        (([[1.0]], b), "got list"),
+    ]
+    for args, msg in cases:
+        with pytest.raises(LibraryError, match=msg):
+            lib.gemm(*args)
+    with pytest.raises(LibraryError, match="beta != 0 needs a C"):
+        lib.gemm(a, b, None, beta=1.0)
+    with pytest.raises(LibraryError, match="stream must be"):
+        lib.gemm(a, b, Cai(64, 48, 0x30000), stream="s")
+    assert fake.launches == [] and fake.blas == []
+
+
+def test_operands_on_two_gpus_are_refused(lib, fake, monkeypatch):
+    monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 1 if name == "B" else 0)
+    with pytest.raises(LibraryError, match="A on GPU 0, B on GPU 1"):
+        lib.gemm(Cai(4, 4, 0x10000), Cai(4, 4, 0x20000), Cai(4, 4, 0x30000))
+
+
+# ---- per-stream scratch ----------------------------------------------------------------------
+class FakeCu:
+    def __init__(self):
+        self.next, self.memsets = 0x100000, []
+
+    def cuMemAlloc(self, size):
+        self.next += 1 << 30
+        return 0, self.next
+
+    def cuMemsetD32Async(self, ptr, value, count, stream):
+        self.memsets.append((ptr, count, stream))
+        return (0,)
+
+
+def test_scratch_is_per_stream_and_graph_safe(monkeypatch):
+    cu = FakeCu()
+    monkeypatch.setattr(driver, "_cu", lambda: cu)
+    capturing = set()
+    monkeypatch.setattr(driver, "is_capturing", lambda s: s in capturing)
+    g = driver.Gpu(0, "NVIDIA H200", 90, ARCHS[90], 0, 0, 0, 1)
+    s = driver.Scratch()
+    w1 = s.get(g, 1, "split-K workspace", 1000)
+    w2 = s.get(g, 2, "split-K workspace", 1000)
+    assert w1 != w2  # two streams never share a workspace
+    assert s.get(g, 1, "split-K workspace", 500) == w1  # reused
+    assert s.get(g, 1, "split-K workspace", 1500) not in (w1, w2)  # grown
+    t = s.get(g, 1, "split-K tickets", 64, zero=True)
+    assert cu.memsets == [(t, 64, 1)]
+    capturing.add(3)
+    with pytest.raises(driver.UsageError, match="make the same call once before capturing"):
+        s.get(g, 3, "split-K workspace", 1000)
+    kept = []
+    p = s.get(g, 3, "split-K workspace", 1000,
+              allocate_captured=lambda n: (0xABC00, kept.append(n) or "owner"))
+    assert p == 0xABC00 and kept == [1000] and "owner" in s._keep
+
+
+def test_param_block_packs_every_argument():
+    blk = driver.ParamBlock(launch.KernelRunner.SIGNATURE + "P")
+    address = blk.pack(7, 8, 9, 0.5, 0xDEAD0000, 9, 0xBEEF0000, 8, 2.0, 0xF00D0000, 8, 0x1000)
+    assert address == blk.address
+    ptrs = [blk.ptrs[i] for i in range(12)]
+    base = ptrs[0]
+    assert ptrs == [base + 8 * i for i in range(12)]
+    raw = bytes(blk.buf)
+    assert struct.unpack_from("<i", raw, 0)[0] == 7
+    assert struct.unpack_from("<f", raw, 24)[0] == 0.5
+    assert struct.unpack_from("<Q", raw, 32)[0] == 0xDEAD0000
+    assert struct.unpack_from("<Q", raw, 88)[0] == 0x1000
+
+
+# ---- the dispatch table ----------------------------------------------------------------------
+def _key(**kw):
+    args = dict(gpu_name="NVIDIA H200", driver=13000, cublas=130100, fingerprint="abc",
+                dtype="f32", layout="nn", m=3, n=4, k=5, align=(16, 16, 16))
+    args.update(kw)
+    return DispatchTable.key(**args)
+
+
+def test_table_round_trip_and_keying(tmp_path):
+    t = DispatchTable(tmp_path / "dispatch.json")
+    d = dict(kernel="k", measured_ms={"k": 1.0, "cublas": 2.0}, date="2026-12-01T00:00:00")
+    t.put(_key(), d)
+    again = DispatchTable(tmp_path / "dispatch.json")
+    assert again.get(_key()) == d
+    for change in (dict(gpu_name="NVIDIA H100"), dict(driver=12080), dict(cublas=120900),
+                   dict(fingerprint="abd"), dict(dtype="tf32"), dict(m=4),
+                   dict(align=(16, 4, 16))):
+        assert again.get(_key(**change)) is None, change
+
+
+def test_table_beside_a_read_only_library_goes_to_the_user_cache(tmp_path, monkeypatch):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    assert table_path(lib) == lib / "dispatch.json"
+    monkeypatch.setenv("GEMM_TUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("os.access", lambda p, mode: False)
+    p = table_path(lib)
+    assert p.parent == tmp_path / "cache" / "dispatch" and p.suffix == ".json"
+
+
+@pytest.mark.parametrize("text", ["{trunc", "[1, 2]", '{"schema": 99, "decisions": {}}'])
+def test_a_corrupt_table_is_set_aside_with_a_warning(tmp_path, caplog, text):
+    path = tmp_path / "dispatch.json"
+    path.write_text(text)
+    t = DispatchTable(path)
+    with caplog.at_level(logging.WARNING):
+        assert t.get(_key()) is None
+    assert "is corrupt" in caplog.text and "set aside" in caplog.text
+    aside = list(tmp_path.glob("dispatch.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text() == text
+    t.put(_key(), dict(kernel=None, measured_ms={}, date=""))
+    assert DispatchTable(path).get(_key()) is not None
+
+
+def _writer(path, worker, count):
+    t = DispatchTable(path)
+    for i in range(count):
+        t.put(_key(m=worker * 1000 + i), dict(kernel=f"w{worker}", measured_ms={}, date=""))
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "dispatch.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, w, 15)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    decisions = json.loads(path.read_text())["decisions"]
+    assert len(decisions) == 60
+    assert {d["kernel"] for d in decisions.values()} == {"w0", "w1", "w2", "w3"}

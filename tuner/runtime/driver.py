@@ -1,0 +1,340 @@
+"""The CUDA driver for the run path, through NVIDIA's cuda-bindings (no pycuda).
+
+- Devices: each GPU's primary context (the one torch, cupy and the runtime API use),
+  retained once; its limits read off the device.
+- Contexts per call: :func:`entered` makes the operands' device current on the calling
+  thread for one launch, and leaves the thread as it found it. Any thread may call.
+- Kernels: a cubin is loaded once per process as a context-independent library
+  (cuLibraryLoadData); the driver loads it into each context on its first launch there,
+  so a kernel works on every GPU of the process.
+- Launches: parameters are packed with one ``struct.pack_into`` into a per-thread,
+  per-signature block whose pointer array is built once; cuLaunchKernel takes its
+  address. The stream is the caller's (an int handle; 0 is the legacy default stream).
+- Scratch memory (split-K workspaces, tile tickets, cuBLAS workspaces, staging of host
+  arrays) per (device, stream, purpose): work on two streams never shares a buffer.
+  Nothing is allocated while a stream is being captured into a CUDA graph: a buffer
+  that is missing then is drawn from the caller's framework (torch's allocator is
+  graph-aware) or refused with an error, never silently shared.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import struct
+import threading
+
+from codegen.arch import ARCHS, ArchLimits
+from codegen.errors import GemmTuneError, UsageError
+
+__all__ = ["DriverError", "NoGPUError", "Gpu", "gpu", "current_device", "entered",
+           "KernelImage", "load_cubin", "ParamBlock", "is_capturing", "Scratch", "scratch", "sync"]
+
+
+class DriverError(GemmTuneError):
+    """A CUDA driver call failed."""
+
+
+class NoGPUError(UsageError):
+    """No usable CUDA GPU, or no cuda-bindings, on this machine."""
+
+
+@functools.cache
+def _cu():
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as e:
+        raise NoGPUError(f"the run-time library needs NVIDIA's cuda-bindings ({e}); "
+                         "install gemm-tune's '[cuda]' extra") from None
+    try:
+        err, = cu.cuInit(0)
+    except Exception as e:  # noqa: BLE001 - cuda-bindings raises when it finds no libcuda
+        raise NoGPUError(f"no usable CUDA driver ({e})") from None
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise NoGPUError(f"no usable CUDA driver or GPU (cuInit: {_name(cu, err)})")
+    return cu
+
+
+def _name(cu, err) -> str:
+    e, s = cu.cuGetErrorName(err)
+    return s.decode() if e == cu.CUresult.CUDA_SUCCESS and s else str(err)
+
+
+def _check(result, what: str):
+    """(err, *values) from cuda-bindings -> values (one value unwrapped); DriverError."""
+    err = result[0]
+    if err != 0:
+        raise DriverError(f"{what} failed: {_name(_cu(), err)}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+# ---- devices ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One GPU of this process: its primary context and what the dispatch needs of it."""
+
+    index: int
+    name: str
+    cc: int
+    arch: ArchLimits  # the table's entry with the device's own figures
+    l2_bytes: int
+    total_mem: int
+    driver_version: int
+    ctx: int  # the primary context's handle
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.cc}"
+
+
+_GPUS: dict[int, Gpu] = {}
+_GPU_LOCK = threading.Lock()
+
+
+def gpu(index: int) -> Gpu:
+    """The GPU `index` (primary context retained once per process, any thread)."""
+    g = _GPUS.get(index)
+    if g is None:
+        with _GPU_LOCK:
+            g = _GPUS.get(index) or _open(index)
+            _GPUS[index] = g
+    return g
+
+
+def _open(index: int) -> Gpu:
+    cu = _cu()
+    count = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    if not 0 <= index < count:
+        raise NoGPUError(f"GPU {index} does not exist ({count} CUDA device(s) here)")
+    dev = _check(cu.cuDeviceGet(index), "cuDeviceGet")
+    ctx = _check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    A = cu.CUdevice_attribute
+
+    def get(attr: str) -> int:
+        return int(_check(cu.cuDeviceGetAttribute(getattr(A, attr), dev), attr))
+
+    cc = get("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR") * 10 \
+        + get("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
+    name = _check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0")[0].decode()
+    base = ARCHS.get(cc) or ARCHS[max(ARCHS)]
+    arch = base.replace(
+        cc=cc, name=name,
+        sm_count=get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+        max_threads_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR"),
+        max_blocks_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR"),
+        regs_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        smem_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        smem_per_block_optin=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+        clock_mhz=get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE") // 1000 or base.clock_mhz,
+    )
+    return Gpu(index=index, name=name, cc=cc, arch=arch,
+               l2_bytes=get("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
+               total_mem=int(_check(cu.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
+               driver_version=int(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion")),
+               ctx=int(ctx))
+
+
+def current_device() -> int:
+    """The device of the calling thread's current context; 0 when none is current."""
+    cu = _cu()
+    ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if not int(ctx):
+        return 0
+    return int(_check(cu.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+class entered:
+    """``with entered(g):`` makes GPU g's primary context current on this thread for the
+    block. A thread with no current context keeps g's afterwards (as the runtime API would
+    have made it); one with another context current gets it back."""
+
+    __slots__ = ("ctx", "pushed")
+
+    def __init__(self, g: Gpu):
+        self.ctx = g.ctx
+        self.pushed = False
+
+    def __enter__(self):
+        cu = _cu()
+        err, cur = cu.cuCtxGetCurrent()
+        cur = int(cur)
+        if cur != self.ctx:
+            if cur:
+                _check(cu.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+                self.pushed = True
+            else:
+                _check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            _check(_cu().cuCtxPopCurrent(), "cuCtxPopCurrent")
+        return False
+
+
+def is_capturing(stream: int) -> bool:
+    """Is `stream` being captured into a CUDA graph (where nothing may allocate, synchronise
+    or time)? The legacy default stream also reports an illegal state while another stream
+    captures in global mode: counted as capturing."""
+    cu = _cu()
+    err, status = cu.cuStreamIsCapturing(stream)
+    if err == cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return True
+    _check((err, status), "cuStreamIsCapturing")
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def sync(stream: int) -> None:
+    _check(_cu().cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+# ---- kernels --------------------------------------------------------------------------
+_PARAM_SLOT = {"i": "i4x", "f": "f4x", "P": "Q"}  # each parameter in an 8-byte slot
+
+
+class ParamBlock:
+    """Launch parameters of one signature ("iiifPiPifPi": int, float, pointer), packed into
+    one buffer whose pointer array is built once; :meth:`pack` fills it in one call."""
+
+    __slots__ = ("fmt", "buf", "ptrs", "address")
+
+    def __init__(self, signature: str):
+        self.fmt = struct.Struct("<" + "".join(_PARAM_SLOT[c] for c in signature))
+        self.buf = ctypes.create_string_buffer(8 * len(signature))
+        base = ctypes.addressof(self.buf)
+        self.ptrs = (ctypes.c_void_p * len(signature))(*(base + 8 * i
+                                                         for i in range(len(signature))))
+        self.address = ctypes.addressof(self.ptrs)
+
+    def pack(self, *values) -> int:
+        self.fmt.pack_into(self.buf, 0, *values)
+        return self.address
+
+
+def load_cubin(cubin: bytes, what: str):
+    """A cubin loaded once per process as a context-independent library (cuLibrary)."""
+    return _check(_cu().cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
+                  f"cuLibraryLoadData({what})")
+
+
+class KernelImage:
+    """One kernel of a loaded cubin (context-independent), launchable on any GPU and stream
+    from any thread."""
+
+    def __init__(self, library, name: str, smem: int):
+        self.name, self.smem = name, smem
+        cu = _cu()
+        self.kernel = _check(cu.cuLibraryGetKernel(library, name.encode()),
+                             f"cuLibraryGetKernel({name})")
+        self._f = cu.CUfunction(int(self.kernel))  # cuLaunchKernel takes a CUkernel so cast
+        self._ready: set[int] = set()  # devices where it is loaded and its smem opt-in set
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+
+    def prepare(self, g: Gpu) -> None:
+        """Once per device, with g's context current: load the kernel into the context now
+        (not lazily at a first launch, which may be inside a graph capture) and allow the
+        dynamic shared memory it launches with."""
+        if g.index in self._ready:
+            return
+        with self._lock:
+            cu = _cu()
+            _check(cu.cuKernelGetFunction(self.kernel), f"cuKernelGetFunction({self.name})")
+            if self.smem > 48 * 1024:
+                dev = _check(cu.cuDeviceGet(g.index), "cuDeviceGet")
+                _check(cu.cuKernelSetAttribute(
+                    cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    self.smem, self.kernel, dev), f"cuKernelSetAttribute({self.name})")
+            self._ready.add(g.index)
+
+    def params(self, signature: str) -> ParamBlock:
+        """This thread's parameter block for `signature`."""
+        blk = getattr(self._tls, signature, None)
+        if blk is None:
+            blk = ParamBlock(signature)
+            setattr(self._tls, signature, blk)
+        return blk
+
+    def launch(self, grid, block, stream: int, params_address: int) -> None:
+        err, = _cu().cuLaunchKernel(self._f, grid[0], grid[1], grid[2],
+                                    block[0], block[1], block[2], self.smem, stream,
+                                    params_address, 0)
+        if err != 0:
+            raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(_cu(), err)}")
+
+    def attributes(self, g: Gpu) -> dict:
+        """What the driver says of the kernel on GPU g (to check against ptxas)."""
+        cu = _cu()
+        dev = _check(cu.cuDeviceGet(g.index), "cuDeviceGet")
+        F = cu.CUfunction_attribute
+
+        def get(attr):
+            return int(_check(cu.cuKernelGetAttribute(getattr(F, attr), self.kernel, dev), attr))
+
+        return dict(registers=get("CU_FUNC_ATTRIBUTE_NUM_REGS"),
+                    smem_static=get("CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES"),
+                    local_bytes=get("CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES"),
+                    max_threads=get("CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"))
+
+
+# ---- scratch memory ---------------------------------------------------------------------
+class Scratch:
+    """Device buffers per (device, stream, purpose), grown by doubling and never freed while
+    the process runs (a CUDA graph may have recorded an old one). Allocated outside graph
+    capture with cuMemAlloc; during capture through `allocate_captured` (torch's
+    graph-aware allocator for torch callers) or refused."""
+
+    def __init__(self):
+        self._bufs: dict[tuple, tuple[int, int]] = {}  # key -> (pointer, bytes)
+        self._keep: list = []  # every allocation, alive until exit
+        self._lock = threading.Lock()
+
+    def get(self, g: Gpu, stream: int, purpose: str, nbytes: int, zero: bool = False,
+            allocate_captured=None) -> int:
+        key = (g.index, stream, purpose)
+        have = self._bufs.get(key)
+        if have is not None and have[1] >= nbytes:
+            return have[0]
+        with self._lock:
+            have = self._bufs.get(key)
+            if have is not None and have[1] >= nbytes:
+                return have[0]
+            size = max(nbytes, 2 * have[1] if have else 0, 256)
+            if is_capturing(stream):
+                if allocate_captured is None:
+                    raise UsageError(
+                        f"a CUDA graph is being captured and this call needs {nbytes} bytes "
+                        f"of {purpose} on a stream that has none yet: make the same call once "
+                        "before capturing")
+                ptr, owner = allocate_captured(size)
+                self._keep.append(owner)
+            else:
+                cu = _cu()
+                ptr = int(_check(cu.cuMemAlloc(size), f"cuMemAlloc({size}) for {purpose}"))
+                self._keep.append(_Allocation(g, ptr))
+            if zero:
+                _check(_cu().cuMemsetD32Async(ptr, 0, size // 4, stream), "cuMemsetD32Async")
+            self._bufs[key] = (ptr, size)
+            return ptr
+
+
+class _Allocation:
+    """A cuMemAlloc'd pointer freed when the process lets go of it."""
+
+    __slots__ = ("gpu", "ptr")
+
+    def __init__(self, g: Gpu, ptr: int):
+        self.gpu, self.ptr = g, ptr
+
+    def __del__(self):
+        try:
+            with entered(self.gpu):
+                _cu().cuMemFree(self.ptr)
+        except Exception:  # noqa: BLE001 - at exit the context may be gone
+            pass
+
+
+@functools.cache
+def scratch() -> Scratch:
+    return Scratch()

@@ -1,0 +1,262 @@
+"""The call path of Library.gemm: operands -> memoised plan -> launch on the caller's stream.
+
+A plan is made once per call key, which for torch tensors is the tuple of what a call
+reads off them anyway (dtypes, shapes, strides, devices and the pointers' alignment), so
+a repeated call costs a tuple, one dict lookup, the raw current-stream handle, one
+context check and one cuLaunchKernel. Other operand kinds are parsed in full on every
+call (a few microseconds more) and keyed by what the parse found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from codegen.config import DType
+from tuner.runtime import driver
+from tuner.runtime.operands import (
+    Operand, align_class, empty_like, operand, resolve_stream, same_device, stream_handle,
+)
+
+__all__ = ["KernelRunner", "Plan", "gemm"]
+
+
+class KernelRunner:
+    """One tuned kernel (and its split-K reduce kernel), loaded once per process.
+
+    Split-K workspaces and tile tickets come from the per-(device, stream) scratch, so
+    two streams never share one; during graph capture a missing one is drawn through
+    `allocate_captured` (torch's graph-aware allocator) or refused.
+    """
+
+    SIGNATURE = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc (+ W [+ tickets])
+    REDUCE_SIGNATURE = "iifPfPi"  # M N alpha W beta C ldc
+
+    def __init__(self, config, cubin: bytes):
+        self.config = config
+        library = driver.load_cubin(cubin, config.name)
+        self.main = driver.KernelImage(library, config.name, config.smem_bytes)
+        self.reduce = (driver.KernelImage(library, f"{config.name}_reduce", 0)
+                       if config.reduce_pass else None)
+        self.signature = self.SIGNATURE + "P" * (config.has_workspace + config.last)
+
+    def prepare(self, g) -> None:
+        self.main.prepare(g)
+        if self.reduce is not None:
+            self.reduce.prepare(g)
+
+    def __call__(self, g, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream: int,
+                 allocate_captured=None) -> None:
+        cfg = self.config
+        self.prepare(g)
+        args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc]
+        if cfg.has_workspace:
+            w = driver.scratch().get(g, stream, "split-K workspace",
+                                     cfg.workspace_floats(m, n) * 4,
+                                     allocate_captured=allocate_captured)
+            args.append(w)
+        if cfg.last:
+            args.append(driver.scratch().get(g, stream, "split-K tickets",
+                                             cfg.ticket_count(m, n) * 4, zero=True,
+                                             allocate_captured=allocate_captured))
+        self.main.launch(cfg.grid(m, n), cfg.block(), stream,
+                         self.main.params(self.signature).pack(*args))
+        if self.reduce is not None:
+            self.reduce.launch(((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
+                               self.reduce.params(self.REDUCE_SIGNATURE).pack(
+                                   m, n, alpha, w, beta, c, ldc))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything about a call that its key fixes."""
+
+    gpu: driver.Gpu
+    dtype: DType  # what runs: F32, TF32, F16 or BF16
+    m: int
+    n: int
+    k: int
+    choice: object  # dispatch.Choice
+    run: Callable  # (a, b, c, alpha, beta, stream) -> None
+    memo: bool  # False: decided by the estimate only because a graph was being captured
+
+
+_TENSOR = None  # torch.Tensor, once a torch tensor has been seen
+
+
+def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+    """Library.gemm (see its doc)."""
+    global _TENSOR
+    if C is None and beta != 0:
+        from tuner.runtime.library import LibraryError
+
+        raise LibraryError("beta != 0 needs a C to read")
+    t = type(A)
+    if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
+        _TENSOR = t
+    if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
+        return _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
+    return _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
+
+
+def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+    pa, pb = A.data_ptr(), B.data_ptr()
+    if C is None:
+        ckey, pc = None, 0
+    else:
+        pc = C.data_ptr()
+        ckey = (C.dtype, C.shape, C.stride(), C.get_device(), pc & 15)
+    key = ("torch", A.dtype, B.dtype, A.shape, B.shape, A.stride(), B.stride(), A.get_device(),
+           B.get_device(), pa & 15, pb & 15, ckey, bool(allow_tf32), measure)
+    plan = lib._plans.get(key)
+    s = None
+    if plan is None:
+        ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
+               None if C is None else operand(C, "C", writable=True))
+        dev = same_device(*(o for o in ops if o is not None))
+        s = resolve_stream(stream, ops[:2], dev)
+        plan = _plan(lib, *ops, allow_tf32, measure, dev, s, allocate=_torch_allocator(A))
+        if plan.memo:
+            lib._plans[key] = plan
+    g = plan.gpu
+    if s is None:
+        import torch
+
+        s = torch._C._cuda_getCurrentRawStream(g.index) if stream is None \
+            else stream_handle(stream)
+    if C is None:
+        import torch
+
+        C = torch.empty((plan.m, plan.n), dtype=torch.float32, device=A.device)
+        pc = C.data_ptr()
+    with driver.entered(g):
+        plan.run(pa, pb, pc, alpha, beta, s)
+    return C
+
+
+def _torch_allocator(A):
+    """Graph-safe scratch for torch callers: torch's caching allocator, which serves a
+    capture from the graph's private pool."""
+    import torch
+
+    device = A.device
+
+    def allocate(nbytes: int):
+        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return t.data_ptr(), t
+
+    return allocate
+
+
+def _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+    a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
+    c = None if C is None else operand(C, "C", writable=True)
+    ops = (a, b) if c is None else (a, b, c)
+    check_call(a, b, c)
+    dev = same_device(*ops)
+    host = a.host is not None or b.host is not None or (c is not None and c.host is not None)
+    if dev is None:
+        dev = driver.current_device()
+    s = resolve_stream(stream, ops, dev)
+    key = ("general", dev, a.dtype, b.dtype, a.rows, a.cols, a.ld, b.rows, b.cols, b.ld,
+           None if c is None else (c.rows, c.cols, c.ld, c.host is None), host,
+           tuple(align_class(o.ptr or 0, o.ld, o.dtype.size) for o in ops),
+           bool(allow_tf32), measure)
+    plan = lib._plans.get(key)
+    if plan is None:
+        allocate = _torch_allocator(A) if a.kind == "torch" else None
+        plan = _plan(lib, a, b, c, allow_tf32, measure, dev, s, allocate=allocate)
+        if plan.memo:
+            lib._plans[key] = plan
+    if C is None:
+        C = empty_like(a, (plan.m, plan.n), dev)
+        c = operand(C, "C", writable=True)
+    g = plan.gpu
+    with driver.entered(g):
+        if host:
+            _staged(plan, a, b, c, alpha, beta, s)
+        else:
+            plan.run(a.ptr, b.ptr, c.ptr, alpha, beta, s)
+    return C
+
+
+def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int) -> None:
+    """Host operands copied into per-stream device buffers, C copied back; synchronous."""
+    import numpy as np
+
+    cu = driver._cu()
+    ptrs = []
+    for o in (a, b, c):
+        if o.host is None:
+            ptrs.append(o.ptr)
+            continue
+        host = np.ascontiguousarray(o.host)
+        dptr = driver.scratch().get(plan.gpu, s, f"staged {o.name}", host.nbytes)
+        if o.name != "C" or beta != 0:
+            driver._check(cu.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, s),
+                          "cuMemcpyHtoDAsync")
+        ptrs.append(dptr)
+    plan.run(*ptrs, alpha, beta, s)
+    if c.host is not None:
+        out = np.empty_like(c.host) if not c.host.flags.c_contiguous else c.host
+        driver._check(cu.cuMemcpyDtoHAsync(out.ctypes.data, ptrs[2], out.nbytes, s),
+                      "cuMemcpyDtoHAsync")
+        driver.sync(s)
+        if out is not c.host:
+            c.host[...] = out
+    else:
+        driver.sync(s)  # the host inputs' staging buffers are reused by the next call
+
+
+def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int]:
+    """M, N, K of a call whose operands agree; LibraryError otherwise (no GPU touched)."""
+    from tuner.runtime.library import LibraryError
+
+    if a.dtype is not b.dtype:
+        raise LibraryError(f"A is {a.dtype.short} and B is {b.dtype.short}: "
+                           "they must be of one type")
+    if a.cols != b.rows:
+        raise LibraryError(f"A is {a.rows}x{a.cols} and B is {b.rows}x{b.cols}: "
+                           "A's columns must equal B's rows")
+    m, n, k = a.rows, b.cols, a.cols
+    if c is not None and (c.rows, c.cols) != (m, n):
+        raise LibraryError(f"C is {c.rows}x{c.cols}; A @ B is {m}x{n}")
+    return m, n, k
+
+
+def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, measure: bool,
+          dev: int, stream: int, allocate=None) -> Plan:
+    """Check a call and decide it (dispatch.py's rule); raises LibraryError."""
+    from tuner.runtime.cublas import _BLAS, device_blas
+    from tuner.runtime.library import LibraryError
+
+    m, n, k = check_call(a, b, c)
+    dtype = DType.TF32 if allow_tf32 and a.dtype is DType.F32 else a.dtype
+    g = driver.gpu(dev)
+    ldc = c.ld if c is not None else n
+    align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size)
+                  for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
+    offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
+    with driver.entered(g):
+        choice = lib._decide(g, dtype, m, n, k, a.ld, b.ld, ldc, align, stream, measure,
+                             offsets)
+        capturing = driver.is_capturing(stream)
+        if choice.kernel is None:
+            if capturing and g.index not in _BLAS:
+                raise LibraryError("a CUDA graph is being captured and cuBLAS has not run on "
+                                   f"GPU {g.index} yet (its handle cannot be made during "
+                                   "capture): make one call before capturing")
+            blas = device_blas(g)
+
+            def run(pa, pb, pc, alpha, beta, s):
+                blas.gemm(dtype, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, ldc, s,
+                          allocate)
+        else:
+            kernel = lib._runner(choice.kernel, g.sm)
+            kernel.prepare(g)
+            lda, ldb = a.ld, b.ld
+
+            def run(pa, pb, pc, alpha, beta, s):
+                kernel(g, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate)
+    memo = not (measure and choice.rule == "estimate" and capturing)
+    return Plan(g, dtype, m, n, k, choice, run, memo)

@@ -1,0 +1,397 @@
+"""The tuned kernel library: a directory with a versioned manifest and, per kernel, its
+.cu, its .cubin (sha256 in the manifest) and its metadata; and the runtime that loads
+it and runs C = alpha*A*B + beta*C on the caller's GPU and stream.
+
+Layout:
+    library/manifest.json                 {"schema": 1, "kernels": {...}, "entries": [...]}
+    library/kernels/<arch>/<name>.cu      the generated source
+    library/kernels/<arch>/<name>.cubin   nvcc's output (sha256 checked on load)
+    library/kernels/<arch>/<name>.json    config, resources, flags, nvcc, template hash
+    library/dispatch.json                 decisions measured on first use (see dispatch.py;
+                                          in the user cache where the library is read-only)
+
+Which kernel runs what is tuner.runtime.dispatch's rule; cuBLAS is always a candidate.
+
+The call path (Library.gemm) is thin: a call's operands are read (for torch tensors:
+dtype, shape, strides, device and the pointers' alignment), and that tuple is the key of
+a memo holding the call's plan (the decision, the launch geometry, the kernel loaded), so
+the rule, the estimates and the checks run once per (device, dtype, layout, M, N, K,
+leading dimensions, alignment class). Then the caller's stream is read (torch's raw
+handle) and the kernel launched through the driver API with a parameter block packed in
+one call. Any thread may call; kernels are loaded once per process and into each GPU's
+primary context on first launch there; nothing is allocated, synchronised or timed while
+a CUDA graph is being captured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from codegen._io import atomic_write, atomic_write_json
+from codegen.arch import ARCHS, parse_arch
+from codegen.check import check
+from codegen.config import DType, Layout, config_from_dict, config_from_name
+from codegen.errors import UsageError
+from tuner.occupancy import occupancy
+from tuner.runtime.dispatch import (
+    Choice, DispatchTable, cublas_estimate, estimate_tflops, table_path,
+)
+
+__all__ = ["SCHEMA", "LibraryError", "Library", "Choice", "load_library"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+#: how many library kernels (best estimates first) a first-use measurement times beside cuBLAS
+MEASURE_TOP = 3
+#: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen
+MEASURE_MARGIN = 1.02
+FULL_ALIGN = (16, 16, 16)
+
+
+class LibraryError(UsageError):
+    """A library that cannot be used as it is, or a call it cannot serve."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _measure_default() -> bool:
+    return os.environ.get("GEMM_TUNE_MEASURE", "1").strip().lower() not in ("0", "no", "off",
+                                                                           "false")
+
+
+class Library:
+    """A tuned-kernel library on disk. Use :func:`load_library` to open one for running."""
+
+    def __init__(self, path: str | Path, manifest: dict):
+        self.path = Path(path)
+        self.manifest = manifest
+        self._runners: dict = {}  # kernel name -> launch.KernelRunner, loaded on first use
+        self._plans: dict = {}  # call key -> launch.Plan (see launch.gemm)
+        self._dispatch: DispatchTable | None = None
+        self._load_lock = threading.Lock()
+        self._measure_lock = threading.Lock()
+
+    # ---- on disk ------------------------------------------------------------------
+    @classmethod
+    def create_or_open(cls, path: str | Path) -> "Library":
+        path = Path(path)
+        if (path / "manifest.json").exists():
+            return cls.load(path, verify=False)
+        return cls(path, {"schema": SCHEMA, "kernels": {}, "entries": []})
+
+    @classmethod
+    def load(cls, path: str | Path, verify: bool = True) -> "Library":
+        """Read the manifest; with `verify`, check every file's hash and re-validate every
+        config. Raises LibraryError, naming the file, for anything wrong."""
+        path = Path(path)
+        mpath = path / "manifest.json"
+        if not mpath.is_file():
+            raise LibraryError(f"no library at {path}: {mpath} does not exist")
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LibraryError(f"library manifest {mpath} is unreadable ({e})") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("kernels"), dict) \
+                or not isinstance(manifest.get("entries"), list):
+            raise LibraryError(f"library manifest {mpath} is not a gemm-tune manifest")
+        schema = manifest.get("schema")
+        if not isinstance(schema, int) or schema > SCHEMA:
+            raise LibraryError(f"library manifest {mpath} has schema {schema!r}; this gemm-tune "
+                               f"reads schema {SCHEMA} and older: upgrade gemm-tune")
+        lib = cls(path, manifest)
+        if verify:
+            lib.verify()
+        return lib
+
+    def verify(self) -> None:
+        for key, k in self.manifest["kernels"].items():
+            for field in ("source", "cubin"):
+                f = self.path / k[field]
+                if not f.is_file():
+                    raise LibraryError(f"library file {f} is missing")
+                if _sha256(f) != k[f"{field}_sha256"]:
+                    raise LibraryError(f"library file {f} does not match its sha256 in the "
+                                       "manifest (tampered or truncated): refusing to load it")
+            try:
+                cfg = config_from_dict(k["config"])
+            except (KeyError, TypeError, ValueError, StopIteration) as e:
+                raise LibraryError(f"kernel {key} in {self.path / 'manifest.json'} has a bad "
+                                   f"config ({e})") from None
+            why = check(cfg, k["arch"])
+            if why or cfg.name != k["name"]:
+                raise LibraryError(f"kernel {key} in {self.path / 'manifest.json'} does not "
+                                   f"validate: {'; '.join(why) or 'name does not match config'}")
+        for e in self.manifest["entries"]:
+            if f"{e['arch']}/{e['kernel']}" not in self.manifest["kernels"]:
+                raise LibraryError(f"entry {e['m']}x{e['n']}x{e['k']} in "
+                                   f"{self.path / 'manifest.json'} names a missing kernel")
+
+    @contextlib.contextmanager
+    def _lock(self):
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None) -> None:
+        """Add (or replace) a tuned entry and its kernel's files; the manifest is rewritten
+        atomically under a lock, and re-read first so concurrent writers lose nothing."""
+        arch, name = entry["arch"], entry["kernel"]
+        rel = Path("kernels") / arch
+        with self._lock():
+            d = self.path / rel
+            d.mkdir(parents=True, exist_ok=True)
+            atomic_write(d / f"{name}.cu", Path(source).read_bytes())
+            atomic_write(d / f"{name}.cubin", Path(cubin).read_bytes())
+            if meta is not None and Path(meta).is_file():
+                atomic_write(d / f"{name}.json", Path(meta).read_bytes())
+            if (self.path / "manifest.json").exists():
+                self.manifest = Library.load(self.path, verify=False).manifest
+            self.manifest["kernels"][f"{arch}/{name}"] = dict(
+                name=name, arch=arch, config=config_from_name(name).to_dict(),
+                source=str(rel / f"{name}.cu"), source_sha256=_sha256(d / f"{name}.cu"),
+                cubin=str(rel / f"{name}.cubin"), cubin_sha256=_sha256(d / f"{name}.cubin"),
+                meta=str(rel / f"{name}.json"),
+            )
+            same = ("cc", "dtype", "layout", "m", "n", "k", "gpu")
+            self.manifest["entries"] = [
+                e for e in self.manifest["entries"]
+                if tuple(e[f] for f in same) != tuple(entry[f] for f in same)
+            ] + [entry]
+            self.manifest["schema"] = SCHEMA
+            orphans = self._unreferenced()
+            for key in orphans:
+                del self.manifest["kernels"][key]
+            atomic_write_json(self.path / "manifest.json", self.manifest)
+            for key in orphans:  # after the manifest no longer names them
+                for ext in (".cu", ".cubin", ".json"):
+                    (self.path / "kernels" / f"{key}{ext}").unlink(missing_ok=True)
+
+    def _unreferenced(self) -> list[str]:
+        used = {f"{e['arch']}/{e['kernel']}" for e in self.manifest["entries"]}
+        return [k for k in self.manifest["kernels"] if k not in used]
+
+    # ---- dispatch (pure) ---------------------------------------------------------------
+    def _entries(self, dtype: DType, cc: int, layout: Layout) -> list[dict]:
+        return [e for e in self.manifest["entries"]
+                if e["cc"] == cc and e["dtype"] == dtype.short and e["layout"] == layout.value]
+
+    @property
+    def fingerprint(self) -> str:
+        """The library's kernel set and entries, hashed: a dispatch decision is keyed with it."""
+        rows = sorted(f"{e['gpu']}|{e['dtype']}|{e['m']}x{e['n']}x{e['k']}|{e['kernel']}"
+                      for e in self.manifest["entries"])
+        return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:12]
+
+    def ranked(self, m: int, n: int, k: int, dtype: DType, cc: int, sms: int,
+               layout: Layout = Layout.NN) -> list[tuple[float, dict]]:
+        """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
+        layout, best first, one row per kernel."""
+        arch = ARCHS.get(cc) or parse_arch("sm_90")
+        best: dict[str, tuple[float, dict]] = {}
+        for e in self._entries(dtype, cc, layout):
+            cfg = config_from_name(e["kernel"])
+            res = e["resources"]
+            bps = occupancy(cfg.threads, res["registers"],
+                            res["smem_static"] + res["smem_dynamic"], arch).blocks_per_sm
+            est = estimate_tflops(cfg, e, (m, n, k), sms, bps, arch.mem_gbs)
+            if e["kernel"] not in best or est > best[e["kernel"]][0]:
+                best[e["kernel"]] = (est, e)
+        return sorted(best.values(), key=lambda r: -r[0])
+
+    def select(self, m: int, n: int, k: int, dtype: DType = DType.F32, cc: int = 90,
+               sms: int | None = None, layout: Layout = Layout.NN, gpu: str | None = None,
+               aligned: bool = True) -> Choice:
+        """The rule without measuring (dispatch.py's rules 1 and 3): exact, estimate or
+        cuBLAS. `gpu`: the GPU's name (an exact entry must come from the same model)."""
+        entries = self._entries(dtype, cc, layout)
+        what = f"{m}x{n}x{k} {dtype.short}"
+        if not entries:
+            return Choice(None, "cublas", f"no kernel tuned for {dtype.short} "
+                                          f"{layout.value} on sm_{cc}: cuBLAS runs")
+        for e in entries:
+            if (e["m"], e["n"], e["k"]) == (m, n, k) and aligned and gpu in (None, e["gpu"]):
+                if e["ratio"] >= 1.0:
+                    return Choice(e["kernel"], "exact",
+                                  f"tuned for exactly {what} on {e['gpu']}: {e['tflops']:.1f} "
+                                  f"TFLOP/s there, {e['ratio']:.2f}x cuBLAS", e["tflops"])
+                return Choice(None, "exact",
+                              f"tuned for exactly {what} on {e['gpu']}, but its kernel "
+                              f"{e['kernel']} ran {e['tflops']:.1f} TFLOP/s, {e['ratio']:.2f}x "
+                              f"cuBLAS's {e['cublas_tflops']:.1f}: cuBLAS runs",
+                              e["cublas_tflops"])
+        sms = sms or (ARCHS.get(cc) or parse_arch("sm_90")).sm_count
+        est, e = self.ranked(m, n, k, dtype, cc, sms, layout)[0]
+        blas = cublas_estimate(entries, (m, n, k), sms)
+        figures = (f"{e['kernel']} (tuned at {e['m']}x{e['n']}x{e['k']}, {e['tflops']:.1f} "
+                   f"TFLOP/s) has the best estimate, {est:.1f} TFLOP/s, against cuBLAS's "
+                   f"estimated {blas:.1f}")
+        if est > blas:
+            return Choice(e["kernel"], "estimate", f"no entry for {what}; {figures}", est)
+        return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
+
+    @property
+    def table_path(self) -> Path:
+        """Where the dispatch table of this library is kept."""
+        return self._table().path
+
+    def decide(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
+               device: int | None = None) -> Choice:
+        """The kernel that runs this problem (fully aligned, packed operands) on this GPU,
+        measuring now if the rule asks to and no decision is kept (`gemm-tune prewarm`)."""
+        from tuner.runtime import driver
+
+        dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        g = driver.gpu(driver.current_device() if device is None else device)
+        with driver.entered(g):
+            return self._decide(g, dtype, m, n, k, k, n, n, FULL_ALIGN, stream=None,
+                                measure=True)
+
+    def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
+                device: int | None = None) -> str:
+        """Which kernel `gemm` runs for this problem (fully aligned, packed operands) on this
+        GPU, and why: the exact entry, the measured figures, or the estimates."""
+        from tuner.runtime import driver
+
+        dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        g = driver.gpu(driver.current_device() if device is None else device)
+        c = self._decide(g, dtype, m, n, k, k, n, n, FULL_ALIGN, stream=None, measure=False)
+        if c.rule != "exact" and self._entries(dtype, g.cc, Layout.NN):
+            d = self._table().get(self._table_key(g, dtype, m, n, k, FULL_ALIGN))
+            if d is not None:
+                c = _measured_choice(d)
+        return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
+
+    # ---- deciding ----------------------------------------------------------------------
+    def _table(self) -> DispatchTable:
+        if self._dispatch is None:
+            self._dispatch = DispatchTable(table_path(self.path))
+        return self._dispatch
+
+    def _table_key(self, g, dtype: DType, m: int, n: int, k: int, align: tuple) -> str:
+        from tuner.runtime.cublas import cublas_version
+
+        return DispatchTable.key(g.name, g.driver_version, cublas_version(),
+                                 self.fingerprint, dtype.short, Layout.NN.value, m, n, k, align)
+
+    def _decide(self, g, dtype: DType, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+                align: tuple, stream: int | None, measure: bool,
+                offsets: tuple = (0, 0, 0)) -> Choice:
+        """dispatch.py's rule for one problem on GPU g (measuring if asked and allowed)."""
+        from tuner.runtime import driver
+
+        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, gpu=g.name,
+                             aligned=align == FULL_ALIGN)
+        if choice.rule in ("exact", "cublas") or not measure:
+            return choice
+        key = self._table_key(g, dtype, m, n, k, align)
+        with self._measure_lock:
+            d = self._table().get(key)
+            if d is None:
+                if stream is not None and driver.is_capturing(stream):
+                    return Choice(choice.kernel, "estimate", choice.reason + " (a CUDA graph "
+                                  "is being captured: nothing is measured)",
+                                  choice.estimate_tflops)
+                d = self._measure(g, dtype, m, n, k, lda, ldb, ldc, offsets)
+                self._table().put(key, d)
+        return _measured_choice(d)
+
+    def _measure(self, g, dtype, m, n, k, lda, ldb, ldc, offsets) -> dict:
+        import datetime
+
+        from tuner.runtime.cublas import device_blas
+        from tuner.runtime.measure import time_candidates
+
+        ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count)[:MEASURE_TOP]
+        runners = {}
+        for _, e in ranked:
+            run = self._runner(e["kernel"], g.sm)
+            runners[e["kernel"]] = (lambda a, b, c, s, run=run:
+                                    run(g, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, s))
+        blas = device_blas(g)
+        runners["cublas"] = (lambda a, b, c, s:
+                             blas.gemm(dtype, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, s))
+        ms = time_candidates(g, runners, m, n, k, lda, ldb, ldc, dtype.size, offsets)
+        best = min((t, name) for name, t in ms.items() if name != "cublas")
+        kernel = best[1] if best[0] * MEASURE_MARGIN < ms["cublas"] else None
+        log.info("dispatch %dx%dx%d %s measured: %s", m, n, k, dtype.short, ms)
+        return dict(kernel=kernel, measured_ms={n_: round(t, 5) for n_, t in ms.items()},
+                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                        timespec="seconds"))
+
+    # ---- running ----------------------------------------------------------------------
+    def _runner(self, name: str, arch: str):
+        """A kernel's launcher, loaded once per process (any thread)."""
+        run = self._runners.get(name)
+        if run is None:
+            from tuner.runtime.launch import KernelRunner
+
+            with self._load_lock:
+                run = self._runners.get(name)
+                if run is None:
+                    info = self.manifest["kernels"][f"{arch}/{name}"]
+                    run = KernelRunner(config_from_name(name),
+                                       (self.path / info["cubin"]).read_bytes())
+                    self._runners[name] = run
+        return run
+
+    def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0,
+             allow_tf32: bool = False, stream=None, measure: bool | None = None):
+        """C = alpha * A @ B + beta * C with the tuned kernels, or cuBLAS where it is faster
+        (see tuner.runtime.dispatch for the rule).
+
+        A (M x K) and B (K x N) are row-major matrices of one type, float32, float16 or
+        bfloat16; C (M x N) is float32 (FP32 accumulation and output for every type).
+        They are torch tensors, cupy arrays, pycuda GPUArrays or any object exposing
+        __cuda_array_interface__, used in place, or numpy arrays (copied to the GPU and C
+        back). Rows may be padded (a leading dimension >= the row length); columns must
+        be contiguous. float32 inputs run the fp32 entries, or with `allow_tf32` the tf32
+        ones (cuBLAS with TF32 where none wins).
+
+        The call runs on `stream` when given (an int handle or a torch, cupy, pycuda or
+        CUDA Python stream), else on torch's current stream for torch tensors, cupy's for
+        cupy arrays, else the legacy default stream; on the GPU holding the operands,
+        from any thread, and inside CUDA-graph capture. `measure` (default: on, unless
+        GEMM_TUNE_MEASURE=0) lets a shape with no exact entry be decided by timing the
+        best candidates and cuBLAS once (see Library.explain). Returns C (allocated like A,
+        float32, when None is passed). Raises LibraryError, before any launch, for what it
+        cannot serve.
+        """
+        from tuner.runtime import launch
+
+        return launch.gemm(self, A, B, C, alpha, beta, allow_tf32, stream,
+                           _measure_default() if measure is None else measure)
+
+
+def _measured_choice(d: dict) -> Choice:
+    ms = d["measured_ms"]
+    figures = ", ".join(f"{name} {t:.4f} ms" for name, t in sorted(ms.items(), key=lambda r: r[1]))
+    who = d["kernel"] or "cuBLAS"
+    return Choice(d["kernel"], "measured",
+                  f"measured on first use ({d['date'][:10]}): {figures}; {who} runs", None, ms)
+
+
+def load_library(path: str | Path = "artifacts/library") -> Library:
+    """Open a tuned-kernel library: every file's sha256 is checked and every config
+    re-validated before anything runs.
+
+    Example:
+        >>> lib = load_library("artifacts/library")            # doctest: +SKIP
+        >>> lib.explain(4096, 4096, 4096, "fp32")               # doctest: +SKIP
+        'gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1 (exact): ...'
+        >>> C = lib.gemm(A, B)   # torch / cupy / pycuda / numpy  # doctest: +SKIP
+    """
+    return Library.load(path, verify=True)
