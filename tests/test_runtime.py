@@ -2,6 +2,7 @@
 measure-off rule, decisions measured once and kept, graph capture, streams and launch
 arguments, per-stream scratch."""
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -44,6 +45,8 @@ class FakeGpu:
 
     def __init__(self, monkeypatch):
         self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
+        self.scratch_calls = []  # launches and cuBLAS calls made by a measurement
+        self.measuring = False
         self.times = {}  # kernel name or "cublas" -> ms a first-use measurement reports
         g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
                        total_mem=140 << 30, driver_version=13000, ctx=1)
@@ -54,26 +57,36 @@ class FakeGpu:
                 self.name, self.blocks = name, {}
 
             def prepare(self, g):
-                pass
+                return f"{self.name} on GPU {g.index}"
 
             def params(self, signature):
                 self.blocks.setdefault(signature, driver.ParamBlock(signature))
                 self.last = self.blocks[signature]
                 return self.last
 
-            def launch(self, grid, block, stream, address):
-                assert address == self.last.address
-                world.launches.append((self.name, grid, block, stream,
-                                       self.last.fmt.unpack_from(self.last.buf)))
+            def launch(self, f, grid, block, stream, address):
+                assert address == self.last.address and f == f"{self.name} on GPU 0"
+                (world.scratch_calls if world.measuring else world.launches).append(
+                    (self.name, grid, block, stream, self.last.fmt.unpack_from(self.last.buf)))
 
         class Blas:
             version = 130100
 
             def gemm(self, *args, allocate_captured=None):
-                world.blas.append(args)
+                (world.scratch_calls if world.measuring else world.blas).append(args)
 
-        def time_candidates(g, runners, m, n, k, lda, ldb, ldc, size, offsets, budget_ms=20):
-            world.measured.append(((m, n, k), sorted(runners)))
+        @contextlib.contextmanager
+        def scratch_operands(g, m, n, k, lda, ldb, ldc, size, offsets):
+            world.measured.append(((m, n, k), (lda, ldb, ldc), offsets))
+            yield 4242, (0x1000, 0x2000, 0x3000)
+
+        def time_candidates(g, runners, stream, budget_ms=2.0, rounds=3):
+            assert stream == 4242
+            world.measured[-1] += (sorted(runners),)
+            world.measuring = True
+            for run in runners.values():  # each runs on the scratch operands
+                run(stream)
+            world.measuring = False
             return {name: world.times.get(name, 1.0) for name in runners}
 
         monkeypatch.setattr(driver, "gpu", lambda i: g)
@@ -87,6 +100,7 @@ class FakeGpu:
         monkeypatch.setattr(cublas_mod, "cublas_version", lambda: 130100)
         monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 0)
         monkeypatch.setattr(measure, "time_candidates", time_candidates)
+        monkeypatch.setattr(measure, "driver_operands", scratch_operands)
 
 
 @pytest.fixture
@@ -104,7 +118,12 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
     a, b, c = Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000, ld=72)
     fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
     assert lib.gemm(a, b, c, alpha=0.5, beta=2.0, stream=1234) is c
-    assert fake.measured == [((100, 70, 50), sorted([SMALL.name, BIG.name, "cublas"]))]
+    # measured on scratch operands of the call's leading dimensions, each candidate once
+    assert fake.measured == [((100, 70, 50), (50, 70, 72), (0, 0, 0),
+                              sorted([SMALL.name, BIG.name, "cublas"]))]
+    assert {(call[0], call[3], call[4][4]) for call in fake.scratch_calls[:2]} == {
+        (SMALL.name, 4242, 0x1000), (BIG.name, 4242, 0x1000)}
+    assert fake.scratch_calls[2][5:7] == (0x1000, 50) and fake.scratch_calls[2][-1] == 4242
     name, grid, block, stream, args = fake.launches[-1]
     assert (name, stream) == (SMALL.name, 1234)
     assert grid == SMALL.grid(100, 70) and block == SMALL.block()
@@ -114,13 +133,15 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
     assert fake.launches[-1][3] == 77
     lib.gemm(a, b, c)  # no stream anywhere: the legacy default stream
     assert fake.launches[-1][3] == 0
+    lib.gemm(Cai(100, 50, 0x10004), b, c, stream=3)  # measured where the caller's A was
+    assert fake.measured[-1][2] == (4, 0, 0)
     # any stream object: torch's .cuda_stream, cupy's .ptr, pycuda's .handle, the protocol
     for obj in (type("T", (), {"cuda_stream": 5})(), type("C", (), {"ptr": 6})(),
                 type("P", (), {"handle": 7})(),
                 type("S", (), {"__cuda_stream__": lambda self: (0, 8)})()):
         lib.gemm(a, b, c, stream=obj)
         assert fake.launches[-1][3] == operands.stream_handle(obj)
-    assert len(fake.measured) == 1  # decided once
+    assert len(fake.measured) == 2  # decided once per alignment class
 
 
 def test_plans_are_memoised_per_shape_and_alignment(lib, fake, monkeypatch):
@@ -146,6 +167,7 @@ def test_measure_off_compares_estimates_with_cublas(lib, fake):
     a, b, c = Cai(8192, 8192, 0x10000), Cai(8192, 8192, 0x20000), Cai(8192, 8192, 0x30000)
     lib.gemm(a, b, c, measure=False)
     assert fake.measured == [] and fake.launches == [] and len(fake.blas) == 1
+    assert lib.explain(8192, 8192, 8192).endswith("a first call will measure")
     assert fake.blas[0][1:4] == (8192, 8192, 8192)
     skinny = Cai(16, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(16, 4096, 0x30000)
     lib.gemm(*skinny, measure=False)
@@ -158,9 +180,14 @@ def test_measure_off_by_environment(lib, fake, monkeypatch):
     assert fake.measured == [] and fake.launches[-1][0] == SMALL.name
 
 
-def test_exact_entry_slower_than_cublas_runs_cublas(lib, fake):
-    lib.gemm(Cai(4096, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(4096, 4096, 0x30000))
+def test_an_exact_entry_that_lost_to_cublas_is_measured(lib, fake):
+    ops = Cai(4096, 4096, 0x10000), Cai(4096, 4096, 0x20000), Cai(4096, 4096, 0x30000)
+    lib.gemm(*ops, measure=False)  # the recorded ratio (0.90x) decides: cuBLAS
     assert fake.launches == [] and len(fake.blas) == 1 and fake.measured == []
+    fake.times = {BIG.name: 0.9, SMALL.name: 5.0, "cublas": 1.0}
+    lib.gemm(*ops)  # measured against cuBLAS as this caller reaches it
+    assert fake.measured[0][0] == (4096, 4096, 4096) and fake.launches[-1][0] == BIG.name
+    assert "(measured, gemm-tune callers)" in lib.explain(4096, 4096, 4096)
 
 
 def test_a_measured_decision_is_kept_for_the_next_process(lib, fake):
@@ -171,12 +198,15 @@ def test_a_measured_decision_is_kept_for_the_next_process(lib, fake):
     table = json.loads((lib.path / "dispatch.json").read_text())
     (key, d), = table["decisions"].items()
     assert "300x100x200" in key and "align 16.16.16" in key and "NVIDIA H200" in key
+    assert "via gemm-tune" in key and d["route"] == "gemm-tune"
+    del d["route"]
     assert d["kernel"] is None and d["measured_ms"] == {SMALL.name: 0.9, BIG.name: 2.0,
                                                         "cublas": 0.5}
     again = load_library(lib.path)  # a new process: no measurement, the same choice
     again.gemm(*ops)
     assert len(fake.measured) == 1 and len(fake.blas) == 2
-    assert again.explain(300, 100, 200, "fp32").startswith("cuBLAS (measured)")
+    assert again.explain(300, 100, 200, "fp32").startswith(
+        "cuBLAS (measured, gemm-tune callers)")
     assert "cublas 0.5000 ms" in again.explain(300, 100, 200, "fp32")
     # a kernel must win by the margin: 1% faster than cuBLAS is not enough
     fake.times = {SMALL.name: 0.99, BIG.name: 2.0, "cublas": 1.0}

@@ -219,34 +219,34 @@ def load_cubin(cubin: bytes, what: str):
 
 
 class KernelImage:
-    """One kernel of a loaded cubin (context-independent), launchable on any GPU and stream
-    from any thread."""
+    """One kernel of a loaded cubin, launchable on any GPU and stream from any thread. It is
+    context-independent (a CUkernel); each GPU's own CUfunction, got once with that GPU's
+    context current, is what launches (cheaper than resolving the CUkernel every time)."""
 
     def __init__(self, library, name: str, smem: int):
         self.name, self.smem = name, smem
-        cu = _cu()
-        self.kernel = _check(cu.cuLibraryGetKernel(library, name.encode()),
+        self.kernel = _check(_cu().cuLibraryGetKernel(library, name.encode()),
                              f"cuLibraryGetKernel({name})")
-        self._f = cu.CUfunction(int(self.kernel))  # cuLaunchKernel takes a CUkernel so cast
-        self._ready: set[int] = set()  # devices where it is loaded and its smem opt-in set
+        self.functions: dict[int, object] = {}  # GPU index -> CUfunction in its context
         self._lock = threading.Lock()
         self._tls = threading.local()
 
-    def prepare(self, g: Gpu) -> None:
-        """Once per device, with g's context current: load the kernel into the context now
-        (not lazily at a first launch, which may be inside a graph capture) and allow the
-        dynamic shared memory it launches with."""
-        if g.index in self._ready:
-            return
+    def prepare(self, g: Gpu):
+        """Once per GPU, with g's context current: load the kernel into the context now
+        (not lazily at a first launch, which may be inside a graph capture), allow the
+        dynamic shared memory it launches with, and return g's CUfunction."""
+        f = self.functions.get(g.index)
+        if f is not None:
+            return f
         with self._lock:
             cu = _cu()
-            _check(cu.cuKernelGetFunction(self.kernel), f"cuKernelGetFunction({self.name})")
+            f = _check(cu.cuKernelGetFunction(self.kernel), f"cuKernelGetFunction({self.name})")
             if self.smem > 48 * 1024:
-                dev = _check(cu.cuDeviceGet(g.index), "cuDeviceGet")
-                _check(cu.cuKernelSetAttribute(
-                    cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    self.smem, self.kernel, dev), f"cuKernelSetAttribute({self.name})")
-            self._ready.add(g.index)
+                _check(cu.cuFuncSetAttribute(
+                    f, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    self.smem), f"cuFuncSetAttribute({self.name})")
+            self.functions[g.index] = f
+        return f
 
     def params(self, signature: str) -> ParamBlock:
         """This thread's parameter block for `signature`."""
@@ -256,10 +256,10 @@ class KernelImage:
             setattr(self._tls, signature, blk)
         return blk
 
-    def launch(self, grid, block, stream: int, params_address: int) -> None:
-        err, = _cu().cuLaunchKernel(self._f, grid[0], grid[1], grid[2],
-                                    block[0], block[1], block[2], self.smem, stream,
-                                    params_address, 0)
+    def launch(self, f, grid, block, stream: int, params_address: int) -> None:
+        """Launch g's CUfunction `f` (from :meth:`prepare`)."""
+        err, = _cu().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
+                                    block[2], self.smem, stream, params_address, 0)
         if err != 0:
             raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(_cu(), err)}")
 

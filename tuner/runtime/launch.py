@@ -39,16 +39,20 @@ class KernelRunner:
         self.reduce = (driver.KernelImage(library, f"{config.name}_reduce", 0)
                        if config.reduce_pass else None)
         self.signature = self.SIGNATURE + "P" * (config.has_workspace + config.last)
+        self.functions: dict[int, tuple] = {}  # GPU index -> (main, reduce) CUfunctions
 
-    def prepare(self, g) -> None:
-        self.main.prepare(g)
-        if self.reduce is not None:
-            self.reduce.prepare(g)
+    def prepare(self, g) -> tuple:
+        """The kernels' CUfunctions on GPU g (loaded once, with its context current)."""
+        fs = self.functions.get(g.index)
+        if fs is None:
+            fs = self.functions[g.index] = (
+                self.main.prepare(g), self.reduce.prepare(g) if self.reduce is not None else None)
+        return fs
 
     def __call__(self, g, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream: int,
                  allocate_captured=None) -> None:
         cfg = self.config
-        self.prepare(g)
+        f, fr = self.functions.get(g.index) or self.prepare(g)
         args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc]
         if cfg.has_workspace:
             w = driver.scratch().get(g, stream, "split-K workspace",
@@ -59,10 +63,10 @@ class KernelRunner:
             args.append(driver.scratch().get(g, stream, "split-K tickets",
                                              cfg.ticket_count(m, n) * 4, zero=True,
                                              allocate_captured=allocate_captured))
-        self.main.launch(cfg.grid(m, n), cfg.block(), stream,
+        self.main.launch(f, cfg.grid(m, n), cfg.block(), stream,
                          self.main.params(self.signature).pack(*args))
-        if self.reduce is not None:
-            self.reduce.launch(((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
+        if fr is not None:
+            self.reduce.launch(fr, ((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
                                self.reduce.params(self.REDUCE_SIGNATURE).pack(
                                    m, n, alpha, w, beta, c, ldc))
 
@@ -77,22 +81,41 @@ class Plan:
     n: int
     k: int
     choice: object  # dispatch.Choice
-    run: Callable  # (a, b, c, alpha, beta, stream) -> None
+    run: Callable | None  # (a, b, c, alpha, beta, stream) -> None, on pointers
     memo: bool  # False: decided by the estimate only because a graph was being captured
+    torch_run: Callable | None = None  # (A, B, C, alpha, beta): cuBLAS through torch
+
+
+def _torch_tf32() -> bool:
+    """Does torch let its fp32 matmuls use TF32 (torch.backends.cuda.matmul.allow_tf32)?"""
+    import torch
+
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def _torch_addmm(A, B, C, alpha: float = 1.0, beta: float = 0.0):
+    """cuBLAS through torch on its current stream: C = alpha A B + beta C (beta 0: C unread)."""
+    import torch
+
+    return torch.addmm(C, A, B, beta=beta, alpha=alpha, out=C)
 
 
 _TENSOR = None  # torch.Tensor, once a torch tensor has been seen
+_TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been seen
 
 
 def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
     """Library.gemm (see its doc)."""
-    global _TENSOR
+    global _TENSOR, _TF32
     if C is None and beta != 0:
         from tuner.runtime.library import LibraryError
 
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
     if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
+        import torch
+
+        _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
         _TENSOR = t
     if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
         return _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
@@ -106,8 +129,10 @@ def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
     else:
         pc = C.data_ptr()
         ckey = (C.dtype, C.shape, C.stride(), C.get_device(), pc & 15)
+    tf32 = _TF32()
     key = ("torch", A.dtype, B.dtype, A.shape, B.shape, A.stride(), B.stride(), A.get_device(),
-           B.get_device(), pa & 15, pb & 15, ckey, bool(allow_tf32), measure)
+           B.get_device(), pa & 15, pb & 15, ckey, bool(allow_tf32), measure, stream is None,
+           tf32)
     plan = lib._plans.get(key)
     s = None
     if plan is None:
@@ -115,9 +140,21 @@ def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
                None if C is None else operand(C, "C", writable=True))
         dev = same_device(*(o for o in ops if o is not None))
         s = resolve_stream(stream, ops[:2], dev)
-        plan = _plan(lib, *ops, allow_tf32, measure, dev, s, allocate=_torch_allocator(A))
+        dtype = DType.TF32 if allow_tf32 and ops[0].dtype is DType.F32 else ops[0].dtype
+        # cuBLAS through torch where torch's own precision is the one asked for
+        via_torch = stream is None and dtype in (DType.F32, DType.TF32) \
+            and tf32 == (dtype is DType.TF32)
+        plan = _plan(lib, *ops, allow_tf32, measure, dev, s, allocate=_torch_allocator(A),
+                     via_torch=via_torch)
         if plan.memo:
             lib._plans[key] = plan
+    if plan.torch_run is not None:
+        if C is None:
+            import torch
+
+            C = torch.empty((plan.m, plan.n), dtype=torch.float32, device=A.device)
+        plan.torch_run(A, B, C, alpha, beta)
+        return C
     g = plan.gpu
     if s is None:
         import torch
@@ -225,8 +262,10 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
 
 
 def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, measure: bool,
-          dev: int, stream: int, allocate=None) -> Plan:
-    """Check a call and decide it (dispatch.py's rule); raises LibraryError."""
+          dev: int, stream: int, allocate=None, via_torch: bool = False) -> Plan:
+    """Check a call and decide it (dispatch.py's rule); raises LibraryError. `via_torch`:
+    cuBLAS is reached through torch.addmm (a torch caller on torch's current stream, whose
+    precision flags match the request), else through gemm-tune's own binding."""
     from tuner.runtime.cublas import _BLAS, device_blas
     from tuner.runtime.library import LibraryError
 
@@ -238,10 +277,12 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
                   for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
     with driver.entered(g):
+        route = "torch" if via_torch else "gemm-tune"
         choice = lib._decide(g, dtype, m, n, k, a.ld, b.ld, ldc, align, stream, measure,
-                             offsets)
+                             offsets, route, _torch_addmm)
         capturing = driver.is_capturing(stream)
-        if choice.kernel is None:
+        run = None  # via torch: Plan.torch_run
+        if choice.kernel is None and not via_torch:
             if capturing and g.index not in _BLAS:
                 raise LibraryError("a CUDA graph is being captured and cuBLAS has not run on "
                                    f"GPU {g.index} yet (its handle cannot be made during "
@@ -251,7 +292,7 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
             def run(pa, pb, pc, alpha, beta, s):
                 blas.gemm(dtype, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, ldc, s,
                           allocate)
-        else:
+        elif choice.kernel is not None:
             kernel = lib._runner(choice.kernel, g.sm)
             kernel.prepare(g)
             lda, ldb = a.ld, b.ld
@@ -259,4 +300,5 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
             def run(pa, pb, pc, alpha, beta, s):
                 kernel(g, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate)
     memo = not (measure and choice.rule == "estimate" and capturing)
-    return Plan(g, dtype, m, n, k, choice, run, memo)
+    torch_run = _torch_addmm if via_torch and choice.kernel is None else None
+    return Plan(g, dtype, m, n, k, choice, run, memo, torch_run)

@@ -249,31 +249,45 @@ class Library:
         return self._table().path
 
     def decide(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
-               device: int | None = None) -> Choice:
+               device: int | None = None, route: str | None = None) -> Choice:
         """The kernel that runs this problem (fully aligned, packed operands) on this GPU,
-        measuring now if the rule asks to and no decision is kept (`gemm-tune prewarm`)."""
+        measuring now if the rule asks to and no decision is kept (`gemm-tune prewarm`).
+        `route`: how cuBLAS is reached, "torch" (torch tensors; the default where torch is
+        installed) or "gemm-tune" (cupy, pycuda, numpy, pointers)."""
         from tuner.runtime import driver
+        from tuner.runtime.launch import _torch_addmm
 
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        if route is None:
+            route = "torch" if _torch_importable() and dtype in (DType.F32, DType.TF32) \
+                else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
         with driver.entered(g):
             return self._decide(g, dtype, m, n, k, k, n, n, FULL_ALIGN, stream=None,
-                                measure=True)
+                                measure=True, route=route, blas_run=_torch_addmm)
 
     def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
                 device: int | None = None) -> str:
         """Which kernel `gemm` runs for this problem (fully aligned, packed operands) on this
-        GPU, and why: the exact entry, the measured figures, or the estimates."""
+        GPU, and why: the exact entry, the figures measured (for each route to cuBLAS that
+        has been measured: torch callers', and everyone else's), or the estimates."""
         from tuner.runtime import driver
 
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
         g = driver.gpu(driver.current_device() if device is None else device)
         c = self._decide(g, dtype, m, n, k, k, n, n, FULL_ALIGN, stream=None, measure=False)
-        if c.rule != "exact" and self._entries(dtype, g.cc, Layout.NN):
-            d = self._table().get(self._table_key(g, dtype, m, n, k, FULL_ALIGN))
+        if c.rule == "exact" and c.kernel is not None or not self._entries(dtype, g.cc,
+                                                                           Layout.NN):
+            return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
+        lines = []
+        for route in ("torch", "gemm-tune"):
+            d = self._table().get(self._table_key(g, dtype, m, n, k, FULL_ALIGN, route))
             if d is not None:
-                c = _measured_choice(d)
-        return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
+                mc = _measured_choice(d)
+                lines.append(f"{mc.kernel or 'cuBLAS'} ({mc.rule}, {route} callers): "
+                             f"{mc.reason}")
+        return "\n".join(lines) or (f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}; "
+                                     "a first call will measure")
 
     # ---- deciding ----------------------------------------------------------------------
     def _table(self) -> DispatchTable:
@@ -281,54 +295,69 @@ class Library:
             self._dispatch = DispatchTable(table_path(self.path))
         return self._dispatch
 
-    def _table_key(self, g, dtype: DType, m: int, n: int, k: int, align: tuple) -> str:
+    def _table_key(self, g, dtype: DType, m: int, n: int, k: int, align: tuple,
+                   route: str = "gemm-tune") -> str:
         from tuner.runtime.cublas import cublas_version
 
-        return DispatchTable.key(g.name, g.driver_version, cublas_version(),
+        return DispatchTable.key(g.name, g.driver_version, f"{cublas_version()} via {route}",
                                  self.fingerprint, dtype.short, Layout.NN.value, m, n, k, align)
 
     def _decide(self, g, dtype: DType, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                align: tuple, stream: int | None, measure: bool,
-                offsets: tuple = (0, 0, 0)) -> Choice:
-        """dispatch.py's rule for one problem on GPU g (measuring if asked and allowed)."""
+                align: tuple, stream: int | None, measure: bool, offsets: tuple = (0, 0, 0),
+                route: str = "gemm-tune", blas_run=None) -> Choice:
+        """dispatch.py's rule for one problem on GPU g (measuring if asked and allowed).
+        `route`: how cuBLAS would be called ("torch": torch.addmm for a torch caller;
+        "gemm-tune": gemm-tune's own binding); `blas_run(A, B, C)` runs it in a measurement."""
         from tuner.runtime import driver
 
         choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, gpu=g.name,
                              aligned=align == FULL_ALIGN)
-        if choice.rule in ("exact", "cublas") or not measure:
+        # an exact entry that beat cuBLAS where it was tuned runs; one that lost is measured
+        # against cuBLAS as this caller reaches it, like any other shape
+        if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
+                or not measure:
             return choice
-        key = self._table_key(g, dtype, m, n, k, align)
+        key = self._table_key(g, dtype, m, n, k, align, route)
         with self._measure_lock:
             d = self._table().get(key)
             if d is None:
                 if stream is not None and driver.is_capturing(stream):
-                    return Choice(choice.kernel, "estimate", choice.reason + " (a CUDA graph "
+                    return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "
                                   "is being captured: nothing is measured)",
                                   choice.estimate_tflops)
-                d = self._measure(g, dtype, m, n, k, lda, ldb, ldc, offsets)
+                d = self._measure(g, dtype, m, n, k, lda, ldb, ldc, offsets, route, blas_run)
                 self._table().put(key, d)
         return _measured_choice(d)
 
-    def _measure(self, g, dtype, m, n, k, lda, ldb, ldc, offsets) -> dict:
+    def _measure(self, g, dtype, m, n, k, lda, ldb, ldc, offsets, route, blas_run) -> dict:
         import datetime
 
+        from tuner.runtime import measure
         from tuner.runtime.cublas import device_blas
-        from tuner.runtime.measure import time_candidates
 
         ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count)[:MEASURE_TOP]
-        runners = {}
-        for _, e in ranked:
-            run = self._runner(e["kernel"], g.sm)
-            runners[e["kernel"]] = (lambda a, b, c, s, run=run:
-                                    run(g, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, s))
-        blas = device_blas(g)
-        runners["cublas"] = (lambda a, b, c, s:
-                             blas.gemm(dtype, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, s))
-        ms = time_candidates(g, runners, m, n, k, lda, ldb, ldc, dtype.size, offsets)
+        kernels = {e["kernel"]: self._runner(e["kernel"], g.sm) for _, e in ranked}
+        if route == "torch":
+            operands = measure.torch_operands(g, m, n, k, lda, ldb, ldc, dtype.short, offsets)
+        else:
+            operands = measure.driver_operands(g, m, n, k, lda, ldb, ldc, dtype.size, offsets)
+        with operands as (stream, ops):
+            ptrs = [int(o) if isinstance(o, int) else o.data_ptr() for o in ops]
+            runners = {name: (lambda s, run=run: run(g, m, n, k, 1.0, ptrs[0], lda, ptrs[1],
+                                                     ldb, 0.0, ptrs[2], ldc, s))
+                       for name, run in kernels.items()}
+            if route == "torch":
+                runners["cublas"] = lambda s: blas_run(*ops)
+            else:
+                blas = device_blas(g)
+                runners["cublas"] = (lambda s: blas.gemm(dtype, m, n, k, 1.0, ptrs[0], lda,
+                                                         ptrs[1], ldb, 0.0, ptrs[2], ldc, s))
+            ms = measure.time_candidates(g, runners, stream)
         best = min((t, name) for name, t in ms.items() if name != "cublas")
         kernel = best[1] if best[0] * MEASURE_MARGIN < ms["cublas"] else None
         log.info("dispatch %dx%dx%d %s measured: %s", m, n, k, dtype.short, ms)
-        return dict(kernel=kernel, measured_ms={n_: round(t, 5) for n_, t in ms.items()},
+        return dict(kernel=kernel, route=route,
+                    measured_ms={name: round(t, 5) for name, t in ms.items()},
                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                         timespec="seconds"))
 
@@ -376,12 +405,19 @@ class Library:
                            _measure_default() if measure is None else measure)
 
 
+def _torch_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
 def _measured_choice(d: dict) -> Choice:
     ms = d["measured_ms"]
     figures = ", ".join(f"{name} {t:.4f} ms" for name, t in sorted(ms.items(), key=lambda r: r[1]))
-    who = d["kernel"] or "cuBLAS"
+    who = d["kernel"] or f"cuBLAS (through {d.get('route', 'gemm-tune')})"
     return Choice(d["kernel"], "measured",
-                  f"measured on first use ({d['date'][:10]}): {figures}; {who} runs", None, ms)
+                  f"measured on first use ({d['date'][:10]}), ms per call in a loop: {figures}; "
+                  f"{who} runs", None, ms)
 
 
 def load_library(path: str | Path = "artifacts/library") -> Library:

@@ -1,28 +1,34 @@
 """Timing a few candidates for a shape on first use, as the dispatch rule asks.
 
-The candidates run on scratch buffers of the problem's shape, leading dimensions and
-alignment (never the caller's data), filled with pseudo-random values (never zeros), on a
-private stream after the device has drained, with CUDA events around each launch: one
-warm-up, then repetitions until about `budget_ms` of work (3 to 25), median. The library
-kernels and cuBLAS are timed turn about, so a clock change hits them alike.
+The candidates run on scratch operands of the problem's shape, leading dimensions and
+alignment (never the caller's data), filled with random values (never zeros), on a
+private stream after the device has drained. Each is timed as a caller's loop sees it:
+CUDA events around N back-to-back calls through the same route a call would take (so a
+split-K kernel's second launch and cuBLAS's own host work count), N sized to about
+`budget_ms`, turn about for 3 rounds, median per call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import numpy as np
 
 from tuner.runtime import driver
 
-__all__ = ["time_candidates"]
+__all__ = ["time_candidates", "driver_operands", "torch_operands"]
 
 _SEED_ELEMS = 1 << 18
-_STREAMS: dict[int, int] = {}  # one private stream per GPU, kept (its scratch is keyed by it)
+_STREAMS: dict[tuple, object] = {}  # (GPU, kind) -> a private stream, kept
+
+
+def _sizes(m, n, k, lda, ldb, ldc, in_size):
+    return ((m - 1) * lda + k) * in_size, ((k - 1) * ldb + n) * in_size, ((m - 1) * ldc + n) * 4
 
 
 def _fill(cu, ptr: int, nbytes: int, rng) -> None:
-    """Pseudo-random bytes of values in [-1, 1) (of the buffer's type), doubled by copies."""
+    """Random values in [-1, 1) (read as any float type), doubled by device copies."""
     seed = rng.uniform(-1, 1, _SEED_ELEMS).astype(np.float16).view(np.uint8)
     first = min(nbytes, seed.nbytes)
     driver._check(cu.cuMemcpyHtoD(ptr, seed.ctypes.data, first), "cuMemcpyHtoD")
@@ -33,47 +39,77 @@ def _fill(cu, ptr: int, nbytes: int, rng) -> None:
         done += step
 
 
-def time_candidates(g, runners: dict, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                    in_size: int, offsets: tuple[int, int, int], budget_ms: float = 20.0
-                    ) -> dict[str, float]:
-    """Median milliseconds of each runner (name -> callable(a, b, c, stream)) on scratch
-    operands: A m x k (leading dimension lda), B k x n, C m x n float32, each starting
-    `offsets` bytes past a 256-byte boundary, as the caller's did."""
+@contextlib.contextmanager
+def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
+    """(stream, (a, b, c) pointers) on cuMemAlloc'd scratch, each `offsets` bytes past a
+    256-byte boundary as the caller's were; freed on exit."""
     cu = driver._cu()
-    rng = np.random.default_rng(0)
-    sizes = ((m - 1) * lda + k) * in_size, ((k - 1) * ldb + n) * in_size, ((m - 1) * ldc + n) * 4
     allocs, ptrs = [], []
-    with driver.entered(g):
+    try:
+        for size, off in zip(_sizes(m, n, k, lda, ldb, ldc, in_size), offsets):
+            p = int(driver._check(cu.cuMemAlloc(size + 256), "cuMemAlloc"))
+            allocs.append(p)
+            ptrs.append(p + off)
+            _fill(cu, p, size + 256, np.random.default_rng(len(allocs)))
+        key = (g.index, "driver")
+        if key not in _STREAMS:  # non-blocking: no implicit sync with stream 0
+            _STREAMS[key] = int(driver._check(cu.cuStreamCreate(1), "cuStreamCreate"))
+        yield _STREAMS[key], tuple(ptrs)
+    finally:
         driver._check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        try:
-            for size, off in zip(sizes, offsets):
-                p = int(driver._check(cu.cuMemAlloc(size + 256), "cuMemAlloc"))
-                allocs.append(p)
-                ptrs.append(p + off)
-                _fill(cu, p, size + 256, rng)
-            if g.index not in _STREAMS:  # non-blocking: no implicit sync with stream 0
-                _STREAMS[g.index] = int(driver._check(cu.cuStreamCreate(1), "cuStreamCreate"))
-            s = _STREAMS[g.index]
-            start, end = (driver._check(cu.cuEventCreate(0), "cuEventCreate") for _ in "se")
+        for p in allocs:
+            cu.cuMemFree(p)
 
-            def once(run) -> float:
-                driver._check(cu.cuEventRecord(start, s), "cuEventRecord")
-                run(*ptrs, s)
-                driver._check(cu.cuEventRecord(end, s), "cuEventRecord")
-                driver._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-                return float(driver._check(cu.cuEventElapsedTime(start, end),
-                                           "cuEventElapsedTime"))
 
-            first = {name: once(run) for name, run in runners.items()}  # warm-up
-            reps = int(min(25, max(3, budget_ms / max(min(first.values()), 1e-3))))
-            times = {name: [] for name in runners}
-            for _ in range(reps):
-                for name, run in runners.items():
-                    times[name].append(once(run))
-            for ev in (start, end):
-                driver._check(cu.cuEventDestroy(ev), "cuEventDestroy")
-        finally:
-            driver._check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-            for p in allocs:
-                cu.cuMemFree(p)
+@contextlib.contextmanager
+def torch_operands(g, m, n, k, lda, ldb, ldc, dtype_name, offsets):
+    """(stream, (A, B, C) tensors) for a torch caller: torch's allocator, the same strides
+    and alignment, a private torch stream made current for the measurement."""
+    import torch
+
+    key = (g.index, "torch")
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device=g.index)
+    stream = _STREAMS[key]
+    dt = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16,
+          "bf16": torch.bfloat16}[dtype_name]
+    out = []
+    with torch.cuda.stream(stream):
+        for (rows, cols, ld), off, t in zip(((m, k, lda), (k, n, ldb), (m, n, ldc)), offsets,
+                                            (dt, dt, torch.float32)):
+            size = torch.empty((), dtype=t).element_size()
+            flat = torch.randn((rows - 1) * ld + cols + 256 // size, device=f"cuda:{g.index}",
+                               dtype=t)
+            out.append(flat.as_strided((rows, cols), (ld, 1), off // size))
+        yield stream.cuda_stream, tuple(out)
+    stream.synchronize()
+
+
+def time_candidates(g, runners: dict, stream: int, budget_ms: float = 2.0,
+                    rounds: int = 3) -> dict[str, float]:
+    """Median milliseconds per call of each runner (name -> callable(stream)) in loops."""
+    cu = driver._cu()
+    driver._check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    start, end = (driver._check(cu.cuEventCreate(0), "cuEventCreate") for _ in "se")
+
+    def loop(run, reps) -> float:
+        driver._check(cu.cuEventRecord(start, stream), "cuEventRecord")
+        for _ in range(reps):
+            run(stream)
+        driver._check(cu.cuEventRecord(end, stream), "cuEventRecord")
+        driver._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+        return float(driver._check(cu.cuEventElapsedTime(start, end),
+                                   "cuEventElapsedTime")) / reps
+
+    try:
+        first = {name: loop(run, 1) for name, run in runners.items()}  # warm-up
+        reps = {name: int(min(50, max(2, budget_ms / max(t, 1e-4))))
+                for name, t in first.items()}
+        times: dict[str, list] = {name: [] for name in runners}
+        for _ in range(rounds):
+            for name, run in runners.items():
+                times[name].append(loop(run, reps[name]))
+    finally:
+        for ev in (start, end):
+            cu.cuEventDestroy(ev)
     return {name: statistics.median(t) for name, t in times.items()}
