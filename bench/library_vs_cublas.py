@@ -101,8 +101,6 @@ def per_call_us(fn, calls=20000) -> float:
 
 def host_steps(torch, lib) -> dict:
     """The host cost of each step of a 1x1x1 call, and of the alternatives."""
-    from cuda.bindings import driver as cu
-
     from tuner.runtime import driver
 
     a, b, c = (torch.randn(1, 1, device="cuda") for _ in range(3))
@@ -140,11 +138,10 @@ def host_steps(torch, lib) -> dict:
         address = blk.pack(1, 1, 1, 1.0, a.data_ptr(), 1, b.data_ptr(), 1, 0.0, c.data_ptr(),
                            1, *([0] * (len(runner.signature) - 11)))
         libcuda = ctypes.CDLL("libcuda.so.1")
-        with driver.entered(g):
-            fn = driver._check(cu.cuKernelGetFunction(img.kernel), "cuKernelGetFunction")
+        fn = img.functions[g.index]
         f, grid, block = ctypes.c_void_p(int(fn)), runner.config.grid(1, 1), runner.config.block()
         steps["cuLaunchKernel through cuda-bindings"] = per_call_us(
-            lambda: img.launch(grid, block, 0, address))
+            lambda: img.launch(fn, grid, block, 0, address))
         steps["cuLaunchKernel through ctypes (not used)"] = per_call_us(
             lambda: libcuda.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
                                            block[2], img.smem, None,
@@ -220,6 +217,9 @@ def main(argv=None) -> int:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 library=str(args.library), summary=summary, host_steps_us=steps, rows=rows)
     path = write("library-vs-cublas", data, args.out)
+    table = lib.table_path
+    if table.is_file():  # the decisions measured on first use, for inspection
+        (args.out / "dispatch-table.json").write_text(table.read_text())
     plot(rows, summary, path.with_suffix(".png"), g.name)
     print(f"\ngeomean {summary['geomean']:.3f}, min {summary['min_ratio']:.3f} "
           f"({summary['worst']}), below 0.95: {summary['below_095']}, median host "

@@ -52,22 +52,41 @@ class FakeGpu:
                        total_mem=140 << 30, driver_version=13000, ctx=1)
         world = self
 
+        blocks = {}  # parameter-block address -> block
+
         class Image:
             def __init__(self, library, name, smem):
-                self.name, self.blocks = name, {}
+                self.name, self.smem, self.blocks = name, smem, {}
 
             def prepare(self, g):
                 return f"{self.name} on GPU {g.index}"
 
             def params(self, signature):
-                self.blocks.setdefault(signature, driver.ParamBlock(signature))
-                self.last = self.blocks[signature]
-                return self.last
+                blk = self.blocks.setdefault(signature, driver.ParamBlock(signature))
+                blocks[blk.address] = blk
+                return blk
 
             def launch(self, f, grid, block, stream, address):
-                assert address == self.last.address and f == f"{self.name} on GPU 0"
+                cu.cuLaunchKernel(f, *grid, *block, self.smem, stream, address, 0)
+
+        class Cu:
+            def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, address, extra):
+                name, on = f.split(" on GPU ")
+                assert on == "0" and extra == 0
+                blk = blocks[address]
                 (world.scratch_calls if world.measuring else world.launches).append(
-                    (self.name, grid, block, stream, self.last.fmt.unpack_from(self.last.buf)))
+                    (name, (gx, gy, gz), (bx, by, bz), stream, blk.fmt.unpack_from(blk.buf)))
+                return (0,)
+
+            def cuMemAlloc(self, size):
+                world.allocs.append(size)
+                return 0, 0x7000000 + len(world.allocs) * 0x100000
+
+            def cuMemsetD32Async(self, ptr, value, count, stream):
+                return (0,)
+
+        cu = Cu()
+        self.allocs = []
 
         class Blas:
             version = 130100
@@ -95,6 +114,7 @@ class FakeGpu:
         monkeypatch.setattr(driver, "is_capturing", lambda s: s in self.capturing)
         monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: what)
         monkeypatch.setattr(driver, "KernelImage", Image)
+        monkeypatch.setattr(driver, "_cu", lambda: cu)
         monkeypatch.setattr(cublas_mod, "device_blas", lambda g: Blas())
         monkeypatch.setattr(cublas_mod, "_BLAS", {0: Blas()})
         monkeypatch.setattr(cublas_mod, "cublas_version", lambda: 130100)
@@ -255,6 +275,31 @@ def test_operands_on_two_gpus_are_refused(lib, fake, monkeypatch):
     monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 1 if name == "B" else 0)
     with pytest.raises(LibraryError, match="A on GPU 0, B on GPU 1"):
         lib.gemm(Cai(4, 4, 0x10000), Cai(4, 4, 0x20000), Cai(4, 4, 0x30000))
+
+
+def test_split_k_workspaces_are_per_stream(lib, fake, monkeypatch, compile_cache, tmp_path):
+    from _library import entry
+    from codegen import KernelConfig, compile_config
+
+    monkeypatch.setattr(driver, "scratch", lambda s=driver.Scratch(): s)
+    split = KernelConfig(bm=64, bn=64, bk=16, rm=4, rn=4, stages=3, split=16)
+    res = compile_config(split, "sm_90", compile_cache, tmp_path / "art")
+    lib.add(entry(split, res, (128, 128, 4096), 20.0, 10.0),
+            tmp_path / "art" / "sm_90" / f"{split.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+    ops = Cai(128, 4096, 0x10000), Cai(4096, 128, 0x20000), Cai(128, 128, 0x30000)
+    lib.gemm(*ops, alpha=0.5, beta=2.0, stream=1)
+    lib.gemm(*ops, alpha=0.5, beta=2.0, stream=2)
+    lib.gemm(*ops, alpha=0.5, beta=2.0, stream=1)
+    main = [x for x in fake.launches if x[0] == split.name]
+    reduce = [x for x in fake.launches if x[0] == split.name + "_reduce"]
+    assert [x[3] for x in main] == [1, 2, 1] and [x[3] for x in reduce] == [1, 2, 1]
+    w = [x[4][11] for x in main]
+    assert w[0] == w[2] != w[1]  # one workspace per stream, reused on it
+    assert fake.allocs == [16 * 128 * 128 * 4] * 2
+    assert main[0][1] == (4, 1, 16)  # 2 x 2 tiles, 16 K slices
+    # the reduce pass reads the same workspace and applies alpha and beta to C
+    assert [r[4] for r in reduce[:1]] == [(128, 128, 0.5, w[0], 2.0, 0x30000, 128)]
 
 
 # ---- per-stream scratch ----------------------------------------------------------------------

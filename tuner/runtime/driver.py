@@ -261,7 +261,10 @@ class KernelImage:
         err, = _cu().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
                                     block[2], self.smem, stream, params_address, 0)
         if err != 0:
-            raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(_cu(), err)}")
+            self.failed(err)
+
+    def failed(self, err):
+        raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(_cu(), err)}")
 
     def attributes(self, g: Gpu) -> dict:
         """What the driver says of the kernel on GPU g (to check against ptxas)."""

@@ -49,26 +49,40 @@ class KernelRunner:
                 self.main.prepare(g), self.reduce.prepare(g) if self.reduce is not None else None)
         return fs
 
-    def __call__(self, g, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream: int,
-                 allocate_captured=None) -> None:
+    def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+             allocate_captured=None) -> Callable:
+        """A launcher of this kernel for one problem on GPU g (its context current while
+        binding and launching): run(a, b, c, alpha, beta, stream) with everything but the
+        pointers, scalars and stream fixed now."""
         cfg = self.config
-        f, fr = self.functions.get(g.index) or self.prepare(g)
-        args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc]
-        if cfg.has_workspace:
-            w = driver.scratch().get(g, stream, "split-K workspace",
-                                     cfg.workspace_floats(m, n) * 4,
-                                     allocate_captured=allocate_captured)
-            args.append(w)
-        if cfg.last:
-            args.append(driver.scratch().get(g, stream, "split-K tickets",
-                                             cfg.ticket_count(m, n) * 4, zero=True,
-                                             allocate_captured=allocate_captured))
-        self.main.launch(f, cfg.grid(m, n), cfg.block(), stream,
-                         self.main.params(self.signature).pack(*args))
-        if fr is not None:
-            self.reduce.launch(fr, ((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
-                               self.reduce.params(self.REDUCE_SIGNATURE).pack(
-                                   m, n, alpha, w, beta, c, ldc))
+        f, fr = self.prepare(g)
+        grid, block = cfg.grid(m, n), cfg.block()
+        main, sig, smem = self.main, self.signature, self.main.smem
+        launch = driver._cu().cuLaunchKernel
+        if not cfg.has_workspace:
+            def run(a, b, c, alpha, beta, stream):
+                err, = launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                              stream, main.params(sig).pack(m, n, k, alpha, a, lda, b, ldb,
+                                                             beta, c, ldc), 0)
+                if err != 0:
+                    main.failed(err)
+            return run
+        scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n) * 4
+        tickets = cfg.ticket_count(m, n) * 4
+
+        def run(a, b, c, alpha, beta, stream):
+            w = scratch.get(g, stream, "split-K workspace", wbytes,
+                            allocate_captured=allocate_captured)
+            args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, w]
+            if cfg.last:
+                args.append(scratch.get(g, stream, "split-K tickets", tickets, zero=True,
+                                        allocate_captured=allocate_captured))
+            main.launch(f, grid, block, stream, main.params(sig).pack(*args))
+            if fr is not None:
+                self.reduce.launch(fr, ((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
+                                   self.reduce.params(self.REDUCE_SIGNATURE).pack(
+                                       m, n, alpha, w, beta, c, ldc))
+        return run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +108,12 @@ def _torch_tf32() -> bool:
 
 
 def _torch_addmm(A, B, C, alpha: float = 1.0, beta: float = 0.0):
-    """cuBLAS through torch on its current stream: C = alpha A B + beta C (beta 0: C unread)."""
+    """cuBLAS through torch on its current stream: C = alpha A B + beta C (beta 0: C unread);
+    torch.mm, torch.matmul's own path, when alpha is 1 and beta 0."""
     import torch
 
+    if alpha == 1.0 and beta == 0.0:
+        return torch.mm(A, B, out=C)
     return torch.addmm(C, A, B, beta=beta, alpha=alpha, out=C)
 
 
@@ -293,12 +310,7 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
                 blas.gemm(dtype, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, ldc, s,
                           allocate)
         elif choice.kernel is not None:
-            kernel = lib._runner(choice.kernel, g.sm)
-            kernel.prepare(g)
-            lda, ldb = a.ld, b.ld
-
-            def run(pa, pb, pc, alpha, beta, s):
-                kernel(g, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate)
+            run = lib._runner(choice.kernel, g.sm).bind(g, m, n, k, a.ld, b.ld, ldc, allocate)
     memo = not (measure and choice.rule == "estimate" and capturing)
     torch_run = _torch_addmm if via_torch and choice.kernel is None else None
     return Plan(g, dtype, m, n, k, choice, run, memo, torch_run)

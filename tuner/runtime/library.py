@@ -40,6 +40,7 @@ from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
 from codegen.errors import UsageError
 from tuner.occupancy import occupancy
+from tuner.runtime import launch
 from tuner.runtime.dispatch import (
     Choice, DispatchTable, cublas_estimate, estimate_tflops, table_path,
 )
@@ -343,9 +344,9 @@ class Library:
             operands = measure.driver_operands(g, m, n, k, lda, ldb, ldc, dtype.size, offsets)
         with operands as (stream, ops):
             ptrs = [int(o) if isinstance(o, int) else o.data_ptr() for o in ops]
-            runners = {name: (lambda s, run=run: run(g, m, n, k, 1.0, ptrs[0], lda, ptrs[1],
-                                                     ldb, 0.0, ptrs[2], ldc, s))
-                       for name, run in kernels.items()}
+            bound = {name: run.bind(g, m, n, k, lda, ldb, ldc) for name, run in kernels.items()}
+            runners = {name: (lambda s, run=run: run(ptrs[0], ptrs[1], ptrs[2], 1.0, 0.0, s))
+                       for name, run in bound.items()}
             if route == "torch":
                 runners["cublas"] = lambda s: blas_run(*ops)
             else:
@@ -399,8 +400,6 @@ class Library:
         float32, when None is passed). Raises LibraryError, before any launch, for what it
         cannot serve.
         """
-        from tuner.runtime import launch
-
         return launch.gemm(self, A, B, C, alpha, beta, allow_tf32, stream,
                            _measure_default() if measure is None else measure)
 

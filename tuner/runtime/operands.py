@@ -115,7 +115,7 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
                        dtype=dt, kind="torch")
     cai = getattr(x, "__cuda_array_interface__", None)
     stream = None
-    if cai is None and hasattr(x, "gpudata"):  # a pycuda GPUArray
+    if hasattr(x, "gpudata"):  # a pycuda GPUArray (which also exports the interface)
         dt = _elem(name, x.dtype, inputs)
         rows, cols, ld = _dims(name, x.shape, x.strides, x.dtype.itemsize)
         ptr, kind = int(x.gpudata), "pycuda"
