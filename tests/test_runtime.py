@@ -143,7 +143,7 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
                               sorted([SMALL.name, BIG.name, "cublas"]))]
     assert {(call[0], call[3], call[4][4]) for call in fake.scratch_calls[:2]} == {
         (SMALL.name, 4242, 0x1000), (BIG.name, 4242, 0x1000)}
-    assert fake.scratch_calls[2][5:7] == (0x1000, 50) and fake.scratch_calls[2][-1] == 4242
+    assert fake.scratch_calls[2][5:7] == (0x1000, 50) and fake.scratch_calls[2][12] == 4242
     name, grid, block, stream, args = fake.launches[-1]
     assert (name, stream) == (SMALL.name, 1234)
     assert grid == SMALL.grid(100, 70) and block == SMALL.block()

@@ -139,17 +139,22 @@ def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
     return _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
 
 
-def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+def _torch_key(A, B, C, allow_tf32, measure, stream):
+    """The memo key of a torch call: what the call reads off its tensors anyway."""
     pa, pb = A.data_ptr(), B.data_ptr()
     if C is None:
         ckey, pc = None, 0
     else:
         pc = C.data_ptr()
         ckey = (C.dtype, C.shape, C.stride(), C.get_device(), pc & 15)
-    tf32 = _TF32()
     key = ("torch", A.dtype, B.dtype, A.shape, B.shape, A.stride(), B.stride(), A.get_device(),
            B.get_device(), pa & 15, pb & 15, ckey, bool(allow_tf32), measure, stream is None,
-           tf32)
+           _TF32())
+    return key, pa, pb, pc
+
+
+def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+    key, pa, pb, pc = _torch_key(A, B, C, allow_tf32, measure, stream)
     plan = lib._plans.get(key)
     s = None
     if plan is None:
@@ -160,7 +165,7 @@ def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
         dtype = DType.TF32 if allow_tf32 and ops[0].dtype is DType.F32 else ops[0].dtype
         # cuBLAS through torch where torch's own precision is the one asked for
         via_torch = stream is None and dtype in (DType.F32, DType.TF32) \
-            and tf32 == (dtype is DType.TF32)
+            and key[-1] == (dtype is DType.TF32)
         plan = _plan(lib, *ops, allow_tf32, measure, dev, s, allocate=_torch_allocator(A),
                      via_torch=via_torch)
         if plan.memo:
@@ -281,11 +286,8 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
 def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, measure: bool,
           dev: int, stream: int, allocate=None, via_torch: bool = False) -> Plan:
     """Check a call and decide it (dispatch.py's rule); raises LibraryError. `via_torch`:
-    cuBLAS is reached through torch.addmm (a torch caller on torch's current stream, whose
+    cuBLAS is reached through torch (a torch caller on torch's current stream, whose
     precision flags match the request), else through gemm-tune's own binding."""
-    from tuner.runtime.cublas import _BLAS, device_blas
-    from tuner.runtime.library import LibraryError
-
     m, n, k = check_call(a, b, c)
     dtype = DType.TF32 if allow_tf32 and a.dtype is DType.F32 else a.dtype
     g = driver.gpu(dev)
@@ -293,13 +295,53 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
     align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size)
                   for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
+    problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, allow_tf32,
+                      measure, allocate)
     with driver.entered(g):
-        route = "torch" if via_torch else "gemm-tune"
-        choice = lib._decide(g, dtype, m, n, k, a.ld, b.ld, ldc, align, stream, measure,
-                             offsets, route, _torch_addmm)
+        choice = lib._decide(g, dtype, m, n, k, align, stream, measure, problem.route,
+                             problem.timer(lib))
         capturing = driver.is_capturing(stream)
-        run = None  # via torch: Plan.torch_run
-        if choice.kernel is None and not via_torch:
+        plan = problem.build(lib, choice, capturing)
+    if measure and choice.rule == "estimate" and capturing:
+        plan = dataclasses.replace(plan, memo=False)
+    return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a plan for a call is built from, and how its candidates are timed."""
+
+    gpu: driver.Gpu
+    dtype: DType
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    offsets: tuple  # the operands' byte offsets past a 256-byte boundary
+    via_torch: bool
+    allow_tf32: bool
+    measure: bool
+    allocate: Callable | None = None  # graph-safe scratch (torch callers)
+
+    @property
+    def route(self) -> str:
+        return "torch" if self.via_torch else "gemm-tune"
+
+    def build(self, lib, choice, capturing: bool = False) -> Plan:
+        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route)."""
+        from tuner.runtime.cublas import _BLAS, device_blas
+        from tuner.runtime.library import LibraryError
+
+        g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
+        lda, ldb, ldc, allocate = self.lda, self.ldb, self.ldc, self.allocate
+        run = torch_run = None
+        if choice.kernel is not None:
+            run = lib._runner(choice.kernel, g.sm).bind(g, m, n, k, lda, ldb, ldc, allocate)
+        elif self.via_torch:
+            torch_run = _torch_addmm
+        else:
             if capturing and g.index not in _BLAS:
                 raise LibraryError("a CUDA graph is being captured and cuBLAS has not run on "
                                    f"GPU {g.index} yet (its handle cannot be made during "
@@ -307,10 +349,49 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
             blas = device_blas(g)
 
             def run(pa, pb, pc, alpha, beta, s):
-                blas.gemm(dtype, m, n, k, alpha, pa, a.ld, pb, b.ld, beta, pc, ldc, s,
-                          allocate)
-        elif choice.kernel is not None:
-            run = lib._runner(choice.kernel, g.sm).bind(g, m, n, k, a.ld, b.ld, ldc, allocate)
-    memo = not (measure and choice.rule == "estimate" and capturing)
-    torch_run = _torch_addmm if via_torch and choice.kernel is None else None
-    return Plan(g, dtype, m, n, k, choice, run, memo, torch_run)
+                blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate)
+        return Plan(g, dtype, m, n, k, choice, run, True, torch_run)
+
+    def timer(self, lib) -> Callable:
+        """time(kernel names) -> {name or "cublas": ms per call}: each candidate timed on
+        scratch operands like the caller's, in loops, as the call would run it. A torch
+        caller's candidates are timed through lib.gemm itself (the call's whole host path,
+        its own plan swapped in), everyone else's through the plan's launcher."""
+        from tuner.runtime import measure
+        from tuner.runtime.dispatch import Choice
+
+        def plans(names):
+            out = {name: self.build(lib, Choice(name, "measured", "")) for name in names}
+            out["cublas"] = self.build(lib, Choice(None, "measured", ""))
+            return out
+
+        def time_torch(names):
+            with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
+                                        self.ldc, self.dtype.short, self.offsets) as (s, ops):
+                A, B, C = ops
+                key = _torch_key(A, B, C, self.allow_tf32, self.measure, None)[0]
+                saved = lib._plans.get(key)
+
+                def runner(plan):
+                    def run(stream):
+                        lib._plans[key] = plan
+                        lib.gemm(A, B, C, allow_tf32=self.allow_tf32, measure=self.measure)
+                    return run
+
+                try:
+                    return measure.time_candidates(
+                        self.gpu, {name: runner(p) for name, p in plans(names).items()}, s)
+                finally:
+                    if saved is None:
+                        lib._plans.pop(key, None)
+                    else:
+                        lib._plans[key] = saved
+
+        def time_pointers(names):
+            with measure.driver_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
+                                         self.ldc, self.dtype.size, self.offsets) as (s, ptrs):
+                return measure.time_candidates(
+                    self.gpu, {name: (lambda st, p=p: p.run(*ptrs, 1.0, 0.0, st))
+                               for name, p in plans(names).items()}, s)
+
+        return time_torch if self.via_torch else time_pointers

@@ -256,16 +256,17 @@ class Library:
         `route`: how cuBLAS is reached, "torch" (torch tensors; the default where torch is
         installed) or "gemm-tune" (cupy, pycuda, numpy, pointers)."""
         from tuner.runtime import driver
-        from tuner.runtime.launch import _torch_addmm
 
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
         if route is None:
             route = "torch" if _torch_importable() and dtype in (DType.F32, DType.TF32) \
                 else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
+        problem = launch.Problem(g, dtype, m, n, k, k, n, n, (0, 0, 0), route == "torch",
+                                 dtype is DType.TF32, True)
         with driver.entered(g):
-            return self._decide(g, dtype, m, n, k, k, n, n, FULL_ALIGN, stream=None,
-                                measure=True, route=route, blas_run=_torch_addmm)
+            return self._decide(g, dtype, m, n, k, FULL_ALIGN, None, True, route,
+                                problem.timer(self))
 
     def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
                 device: int | None = None) -> str:
@@ -276,7 +277,7 @@ class Library:
 
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
         g = driver.gpu(driver.current_device() if device is None else device)
-        c = self._decide(g, dtype, m, n, k, k, n, n, FULL_ALIGN, stream=None, measure=False)
+        c = self._decide(g, dtype, m, n, k, FULL_ALIGN, stream=None, measure=False)
         if c.rule == "exact" and c.kernel is not None or not self._entries(dtype, g.cc,
                                                                            Layout.NN):
             return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
@@ -303,12 +304,12 @@ class Library:
         return DispatchTable.key(g.name, g.driver_version, f"{cublas_version()} via {route}",
                                  self.fingerprint, dtype.short, Layout.NN.value, m, n, k, align)
 
-    def _decide(self, g, dtype: DType, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                align: tuple, stream: int | None, measure: bool, offsets: tuple = (0, 0, 0),
-                route: str = "gemm-tune", blas_run=None) -> Choice:
-        """dispatch.py's rule for one problem on GPU g (measuring if asked and allowed).
-        `route`: how cuBLAS would be called ("torch": torch.addmm for a torch caller;
-        "gemm-tune": gemm-tune's own binding); `blas_run(A, B, C)` runs it in a measurement."""
+    def _decide(self, g, dtype: DType, m: int, n: int, k: int, align: tuple,
+                stream: int | None, measure: bool, route: str = "gemm-tune",
+                timer=None) -> Choice:
+        """dispatch.py's rule for one problem on GPU g, measuring with `timer` (kernel
+        names -> {name or "cublas": ms per call}) if asked and allowed. `route`: how cuBLAS
+        is reached ("torch": through torch for a torch caller; "gemm-tune": its own binding)."""
         from tuner.runtime import driver
 
         choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, gpu=g.name,
@@ -316,7 +317,7 @@ class Library:
         # an exact entry that beat cuBLAS where it was tuned runs; one that lost is measured
         # against cuBLAS as this caller reaches it, like any other shape
         if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
-                or not measure:
+                or not measure or timer is None:
             return choice
         key = self._table_key(g, dtype, m, n, k, align, route)
         with self._measure_lock:
@@ -326,34 +327,15 @@ class Library:
                     return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "
                                   "is being captured: nothing is measured)",
                                   choice.estimate_tflops)
-                d = self._measure(g, dtype, m, n, k, lda, ldb, ldc, offsets, route, blas_run)
+                d = self._measure(g, dtype, m, n, k, route, timer)
                 self._table().put(key, d)
         return _measured_choice(d)
 
-    def _measure(self, g, dtype, m, n, k, lda, ldb, ldc, offsets, route, blas_run) -> dict:
+    def _measure(self, g, dtype, m, n, k, route, timer) -> dict:
         import datetime
 
-        from tuner.runtime import measure
-        from tuner.runtime.cublas import device_blas
-
         ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count)[:MEASURE_TOP]
-        kernels = {e["kernel"]: self._runner(e["kernel"], g.sm) for _, e in ranked}
-        if route == "torch":
-            operands = measure.torch_operands(g, m, n, k, lda, ldb, ldc, dtype.short, offsets)
-        else:
-            operands = measure.driver_operands(g, m, n, k, lda, ldb, ldc, dtype.size, offsets)
-        with operands as (stream, ops):
-            ptrs = [int(o) if isinstance(o, int) else o.data_ptr() for o in ops]
-            bound = {name: run.bind(g, m, n, k, lda, ldb, ldc) for name, run in kernels.items()}
-            runners = {name: (lambda s, run=run: run(ptrs[0], ptrs[1], ptrs[2], 1.0, 0.0, s))
-                       for name, run in bound.items()}
-            if route == "torch":
-                runners["cublas"] = lambda s: blas_run(*ops)
-            else:
-                blas = device_blas(g)
-                runners["cublas"] = (lambda s: blas.gemm(dtype, m, n, k, 1.0, ptrs[0], lda,
-                                                         ptrs[1], ldb, 0.0, ptrs[2], ldc, s))
-            ms = measure.time_candidates(g, runners, stream)
+        ms = timer([e["kernel"] for _, e in ranked])
         best = min((t, name) for name, t in ms.items() if name != "cublas")
         kernel = best[1] if best[0] * MEASURE_MARGIN < ms["cublas"] else None
         log.info("dispatch %dx%dx%d %s measured: %s", m, n, k, dtype.short, ms)

@@ -63,8 +63,9 @@ def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
 
 @contextlib.contextmanager
 def torch_operands(g, m, n, k, lda, ldb, ldc, dtype_name, offsets):
-    """(stream, (A, B, C) tensors) for a torch caller: torch's allocator, the same strides
-    and alignment, a private torch stream made current for the measurement."""
+    """(stream, (A, B, C) tensors) for a torch caller: torch's allocator, tensors laid out
+    as a caller's are (rows of `ld` elements, `cols` used, the same byte offset from a
+    256-byte boundary), a private torch stream made current for the measurement."""
     import torch
 
     key = (g.index, "torch")
@@ -77,10 +78,9 @@ def torch_operands(g, m, n, k, lda, ldb, ldc, dtype_name, offsets):
     with torch.cuda.stream(stream):
         for (rows, cols, ld), off, t in zip(((m, k, lda), (k, n, ldb), (m, n, ldc)), offsets,
                                             (dt, dt, torch.float32)):
-            size = torch.empty((), dtype=t).element_size()
-            flat = torch.randn((rows - 1) * ld + cols + 256 // size, device=f"cuda:{g.index}",
-                               dtype=t)
-            out.append(flat.as_strided((rows, cols), (ld, 1), off // size))
+            skip = off // torch.empty((), dtype=t).element_size()
+            flat = torch.randn(skip + rows * ld, device=f"cuda:{g.index}", dtype=t)
+            out.append(flat[skip:].view(rows, ld)[:, :cols])
         yield stream.cuda_stream, tuple(out)
     stream.synchronize()
 
