@@ -311,3 +311,13 @@ def test_probe_table_and_json_shape():
             "cublas_f16": dict(ms=0.2, tflops=687.2, variant="torch.mm")})])
     table = wgmma_probe._table(report)
     assert "1/2" in table and "137.4" in table and "NOT OK" in table and "hang" in table
+
+
+def test_probe_child_reader_times_out_on_a_hang():
+    script = "import json, time; print(json.dumps({'ready': True}), flush=True); time.sleep(60)"
+    child = wgmma_probe._Child([sys.executable, "-c", script])
+    assert child.line(30) == {"ready": True}
+    assert child.line(0.5) is None  # the hang: no answer within the deadline
+    assert child.proc.poll() is None
+    child.stop()
+    assert child.proc.poll() is not None
