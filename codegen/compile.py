@@ -25,14 +25,14 @@ from typing import Callable, Iterable, Iterator
 
 from codegen._io import atomic_write, atomic_write_json
 from codegen.arch import ArchLimits, parse_arch
-from codegen.config import KernelConfig
+from codegen.config import Family, KernelConfig
 from codegen.errors import GemmTuneError
 from codegen.render import render, template_hash
 
 __all__ = [
     "Resources", "CompileResult", "ToolchainError", "nvcc_path", "nvcc_version",
     "parse_ptxas", "compile_source", "compile_config", "compile_many", "default_cache_dir",
-    "NVCC_FLAGS", "compile_task",
+    "NVCC_FLAGS", "compile_task", "arch_target",
 ]
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,17 @@ def _key(source: str, arch: str, flags: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
+def arch_target(arch: str | int | ArchLimits) -> tuple[str, list[str]]:
+    """The target name and nvcc's flag for `arch`: ("sm_90", ["-arch=sm_90"]), or for an
+    architecture-specific target such as "sm_90a" (wgmma, setmaxnreg) one -gencode, since
+    nvcc's -arch=sm_90a shorthand may add a plain sm_90 pass that rejects those."""
+    sm = parse_arch(arch).sm
+    if isinstance(arch, str) and arch.strip().lower().endswith("a"):
+        cc = sm.removeprefix("sm_")
+        return f"{sm}a", [f"-gencode=arch=compute_{cc}a,code=sm_{cc}a"]
+    return sm, [f"-arch={sm}"]
+
+
 def compile_source(
     source: str,
     arch: str | int | ArchLimits,
@@ -190,7 +201,7 @@ def compile_source(
     smem_dynamic: int = 0,
 ) -> CompileResult:
     """Compile `source` to a cubin for `arch`; an error is a result with the compiler's message."""
-    sm = parse_arch(arch).sm
+    sm, target = arch_target(arch)
     cache_dir = Path(cache_dir or default_cache_dir()) / "cubin"
     key = _key(source, sm, flags)
     cubin = cache_dir / f"{key}.cubin"
@@ -210,7 +221,7 @@ def compile_source(
         src = Path(tmp, f"{name}.cu")
         out = Path(tmp, f"{name}.cubin")
         src.write_text(source)
-        cmd = [nvcc_path(), "-cubin", f"-arch={sm}", *flags, "-o", str(out), str(src)]
+        cmd = [nvcc_path(), "-cubin", *target, *flags, "-o", str(out), str(src)]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         seconds = time.perf_counter() - t0
@@ -238,7 +249,10 @@ def compile_config(
     cache_dir: Path | None = None,
     artifacts_dir: Path | None = None,
 ) -> CompileResult:
-    """Render and compile one configuration; write its artifacts if `artifacts_dir` is given."""
+    """Render and compile one configuration; write its artifacts if `artifacts_dir` is given.
+    The wgmma family always compiles for the architecture-specific target (sm_90a)."""
+    if config.family is Family.WGMMA:
+        arch = parse_arch(arch).sm + "a"
     source = render(config)
     result = compile_source(source, arch, config.name, cache_dir, smem_dynamic=config.smem_bytes)
     if artifacts_dir is not None:

@@ -47,6 +47,7 @@ class Family(enum.Enum):
 
     SIMT = "simt"  # CUDA cores, FP32 FMAs
     WMMA = "wmma"  # tensor cores through nvcuda::wmma, FP32 accumulation
+    WGMMA = "wgmma"  # Hopper: TMA + mbarriers + warp-specialised wgmma (codegen/wgmma.py)
 
     @property
     def template(self) -> str:

@@ -1,0 +1,430 @@
+"""GPU probe of the wgmma family (issue 13): compile, check every step, time against cuBLAS.
+
+Run from the repository root on an sm_90 GPU machine (needs nvcc, torch, numpy, jinja2 and
+cuda-bindings; not optuna, not pycuda):
+
+    python3 bench/wgmma_probe.py                 # everything, JSON to $OUT/wgmma-probe.json
+    python3 bench/wgmma_probe.py --no-time       # correctness only
+    python3 bench/wgmma_probe.py --configs gemm_wgmma_f16_128x128x64_c1_s4_x1_p0_g8
+    python3 bench/wgmma_probe.py --dry-run       # no GPU: compile and list what would run
+
+Each config's correctness cases run in a child process that reports one JSON line per
+case; a case that does not answer within its timeout is reported as "hang", the child is
+killed and the config's later (larger) cases are skipped (a hung mbarrier never hangs the
+probe); a case that raises (a launch fault) is "error" and a fresh child goes on.
+Shapes 1x1x1 ... 4096^3, alpha=0.5, beta=2 and beta=0 (C poisoned with NaN), leading
+dimensions padded to TMA's 16 bytes with NaN in the padding (it must never be read), C
+with a guard band of extra rows and columns (it must never be written). Error
+||C - ref|| / ||ref|| against a float64 product of the inputs as given; gate 2e-5
+(scaled by K/4096 above K = 4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from codegen.config import DType  # noqa: E402
+from codegen.wgmma import WgmmaConfig, check_wgmma, tma_reasons  # noqa: E402
+
+#: steps (a)-(d) of issue 13, fp16 and bf16; BN=64 makes B's LBO irrelevant (a diagnostic)
+CONFIGS = [
+    "gemm_wgmma_f16_64x64x64_c1_s4_x1_p0_g1",      # (a) smallest: one B box, LBO unused
+    "gemm_wgmma_f16_128x128x64_c1_s4_x1_p0_g8",    # (a) two wgmmas per k-step (WM=128)
+    "gemm_wgmma_bf16_128x128x64_c1_s4_x1_p0_g8",   # (a) bf16
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p0_g8",    # (b) two consumers, N=256
+    "gemm_wgmma_bf16_256x128x64_c2_s4_x1_p0_g8",   # (b) two consumers of 128 rows each
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8",    # (c) persistent
+    "gemm_wgmma_f16_128x192x64_c2_s4_x1_p1_g16",   # (c) persistent, N=192
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8",   # (c) bf16
+    "gemm_wgmma_f16_128x128x64_c1_s5_x2_p0_g8",    # (d) cluster of 2, one consumer
+    "gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8",    # (d) cluster + persistent
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8",   # (d) bf16
+]
+SHAPES = [(1, 1, 1), (17, 33, 9), (127, 129, 257), (4095, 4097, 1023), (4096, 4096, 4096)]
+BETAS = (2.0, 0.0)
+ALPHA = 0.5
+TIME_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+GUARD = 3  # extra rows and columns of C that must never be written
+CASE_TIMEOUT_S = 15.0  # per case (the child's start-up has 30 s more)
+BUDGET_S = 300.0  # correctness stops starting configs after this (the probe must end in 6 min)
+TIMING_TIMEOUT_S = 150.0
+
+
+def gate(k: int) -> float:
+    return 2e-5 * max(1.0, k / 4096)
+
+
+def step(c: WgmmaConfig) -> str:
+    if c.cluster > 1:
+        return "d"
+    if c.persistent:
+        return "c"
+    return "b" if c.consumers > 1 else "a"
+
+
+def cases() -> list[dict]:
+    return [dict(m=m, n=n, k=k, beta=b) for (m, n, k) in SHAPES for b in BETAS]
+
+
+def padded(x: int, dtype: DType) -> int:
+    """The least leading dimension >= x whose rows are a multiple of 16 bytes."""
+    per = 16 // dtype.size
+    return -(-x // per) * per
+
+
+def misaligned_case(dtype: DType = DType.F16, k: int = 1023) -> dict:
+    """An lda that is not a multiple of 8 halves: the host must refuse it, with numbers."""
+    lda = k + 1 if (k + 1) % 8 else k + 2
+    reasons = tma_reasons(dtype, lda, 1024, 0x10000, 0x20000, 64, 1024, k)
+    return dict(lda=lda, reasons=reasons, refused=bool(reasons))
+
+
+# ---- child: correctness --------------------------------------------------------------
+def _torch_dtype(torch, dtype: DType):
+    return {DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dtype]
+
+
+def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
+    import torch
+
+    from tuner import wgmma_launch as wl
+
+    cfg = WgmmaConfig.from_name(name)
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    fn = wl.load_function(Path(cubin).read_bytes(), name)
+    stream = torch.cuda.current_stream().cuda_stream
+    tdt = _torch_dtype(torch, cfg.dtype)
+    print(json.dumps({"ready": True}), flush=True)
+    for case in todo:
+        t0 = time.perf_counter()
+        out = dict(case)
+        try:
+            if case.get("misaligned"):
+                k = case["k"]
+                lda = case["lda"]
+                a = torch.randn(64, lda, device="cuda").to(tdt)
+                b = torch.randn(k, 1024, device="cuda").to(tdt)
+                c = torch.zeros(64, 1024, device="cuda")
+                try:
+                    wl.launch(fn, cfg, 64, 1024, k, 1.0, a.data_ptr(), lda, b.data_ptr(), 1024,
+                              0.0, c.data_ptr(), 1024, stream)
+                    out.update(status="fail", error="launch accepted a misaligned lda")
+                except wl.TmaUnsupported as e:
+                    out.update(status="ok", error=str(e))
+                print(json.dumps(out), flush=True)
+                continue
+            m, n, k, beta = case["m"], case["n"], case["k"], case["beta"]
+            lda, ldb, ldc = padded(k, cfg.dtype), padded(n, cfg.dtype), n + GUARD
+            a = torch.randn(m, lda, device="cuda").to(tdt)
+            b = torch.randn(k, ldb, device="cuda").to(tdt)
+            a[:, k:] = float("nan")  # TMA's tensor map ends at K and N: never read
+            b[:, n:] = float("nan")
+            c = torch.full((m + GUARD, ldc), 12345.0, device="cuda")
+            if beta != 0.0:
+                c[:m, :n] = torch.randn(m, n, device="cuda")
+            else:
+                c[:m, :n] = float("nan")  # beta == 0 must not read C
+            c0 = c[:m, :n].double().clone()
+            ref = ALPHA * (a[:, :k].double() @ b[:, :n].double())
+            if beta != 0.0:
+                ref += beta * c0
+            wl.launch(fn, cfg, m, n, k, ALPHA, a.data_ptr(), lda, b.data_ptr(), ldb, beta,
+                      c.data_ptr(), ldc, stream)
+            torch.cuda.synchronize()
+            got = c[:m, :n].double()
+            err = (torch.linalg.norm(got - ref) / torch.linalg.norm(ref).clamp_min(1e-300)).item()
+            guard_ok = bool((c[:m, n:] == 12345.0).all().item() and (c[m:, :] == 12345.0).all().item())
+            nan = bool(torch.isnan(got).any().item())
+            ok = (err <= gate(k)) and guard_ok and not nan
+            out.update(status="ok" if ok else "fail", err=err, gate=gate(k), guard_ok=guard_ok,
+                       nan=nan)
+        except Exception as e:  # noqa: BLE001 - reported as data; the parent decides
+            out.update(status="error", error=f"{type(e).__name__}: {e}")
+        out["seconds"] = round(time.perf_counter() - t0, 3)
+        print(json.dumps(out), flush=True)
+        if out["status"] == "error":
+            return  # the context may be broken (a launch fault): the parent starts a fresh child
+
+
+# ---- child: timing -------------------------------------------------------------------
+def _child_time(spec: list[dict], reps: int, warmup: int) -> None:
+    import torch
+
+    from tuner import wgmma_launch as wl
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    fns = {s["name"]: (WgmmaConfig.from_name(s["name"]),
+                       wl.load_function(Path(s["cubin"]).read_bytes(), s["name"])) for s in spec}
+    print(json.dumps({"ready": True}), flush=True)
+    for (m, n, k) in TIME_SHAPES:
+        result = {"shape": [m, n, k], "kernels": {}}
+        for dt in sorted({c.dtype for c, _ in fns.values()}, key=lambda d: d.short):
+            tdt = _torch_dtype(torch, dt)
+            a = torch.randn(m, k, device="cuda").to(tdt)
+            b = torch.randn(k, n, device="cuda").to(tdt)
+            c = torch.empty(m, n, device="cuda")
+            runs = {}
+            for name, (cfg, fn) in fns.items():
+                if cfg.dtype is dt:
+                    runs[name] = (lambda cfg=cfg, fn=fn: wl.launch(
+                        fn, cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n, 0.0,
+                        c.data_ptr(), n, stream))
+            try:
+                torch.mm(a, b, out_dtype=torch.float32)
+                cublas = lambda: torch.mm(a, b, out_dtype=torch.float32)  # noqa: E731
+                variant = f"torch.mm {dt.short} -> fp32 (out_dtype)"
+            except (TypeError, RuntimeError):
+                cublas = lambda: torch.matmul(a, b)  # noqa: E731
+                variant = f"torch.matmul {dt.short} -> {dt.short}"
+            runs[f"cublas_{dt.short}"] = cublas
+            times = {name: [] for name in runs}
+            for _ in range(warmup):
+                for f in runs.values():
+                    f()
+            torch.cuda.synchronize()
+            for _ in range(reps):  # interleaved: every kernel once per round
+                for name, f in runs.items():
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    f()
+                    e1.record()
+                    times[name].append((e0, e1))
+            torch.cuda.synchronize()
+            flops = 2.0 * m * n * k
+            base = None
+            for name, ev in times.items():
+                ms = sorted(x.elapsed_time(y) for x, y in ev)
+                med = ms[len(ms) // 2]
+                row = dict(ms=med, p10=ms[len(ms) // 10], p90=ms[(9 * len(ms)) // 10],
+                           tflops=flops / med / 1e9, reps=len(ms))
+                if name.startswith("cublas_"):
+                    row["variant"] = variant
+                    base = row
+                result["kernels"][name] = row
+            for name, row in result["kernels"].items():
+                if not name.startswith("cublas_") and fns[name][0].dtype is dt and base:
+                    row["vs_cublas"] = row["tflops"] / base["tflops"]
+        print(json.dumps(result), flush=True)
+
+
+# ---- parent --------------------------------------------------------------------------
+class _Child:
+    """A child process whose stdout lines are read with a deadline."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=ROOT, start_new_session=True)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def line(self, timeout: float) -> dict | None:
+        """The next JSON line, or None when the deadline passes or the child ends."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sel.select(left):
+                return None
+            text = self.proc.stdout.readline()
+            if not text:
+                return None
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                continue  # stray output
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by its pid
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            err = ""
+        return (err or "")[-2000:]
+
+
+def run_cases(cubin: str, name: str, todo: list[dict], timeout: float = CASE_TIMEOUT_S) -> list[dict]:
+    done: list[dict] = []
+    while len(done) < len(todo):
+        rest = todo[len(done):]
+        child = _Child([sys.executable, __file__, "--child-cases", cubin, name, json.dumps(rest)])
+        ready = child.line(timeout + 30)
+        if not ready:
+            err = child.stop()
+            done += [dict(c, status="error", error=f"child did not start: {err}") for c in rest]
+            break
+        for case in rest:
+            got = child.line(timeout)
+            if got is None:
+                alive = child.proc.poll() is None
+                err = child.stop()
+                done.append(dict(case, status="hang" if alive else "crash",
+                                 error=f"no answer in {timeout:.0f} s" if alive else err))
+                if alive:  # one hang costs a timeout; the later (larger) cases would hang too
+                    done += [dict(c, status="skipped", error="after a hang")
+                             for c in todo[len(done):]]
+                break
+            done.append(got)
+            print(f"  {name} {case.get('m', '-')}x{case.get('n', '-')}x{case['k']} "
+                  f"beta={case.get('beta', '-')}: {got['status']} "
+                  f"{got.get('err', got.get('error', ''))}", flush=True)
+            if got["status"] == "error":
+                child.stop()
+                break
+        else:
+            child.stop()
+    return done
+
+
+def time_configs(spec: list[dict], reps: int, warmup: int) -> list[dict]:
+    if not spec:
+        return []
+    child = _Child([sys.executable, __file__, "--child-time", json.dumps(spec), str(reps),
+                    str(warmup)])
+    out = []
+    if child.line(60) is None:
+        return [{"error": f"timing child did not start: {child.stop()}"}]
+    deadline = time.monotonic() + TIMING_TIMEOUT_S
+    for _ in TIME_SHAPES:
+        got = child.line(max(1.0, deadline - time.monotonic()))
+        if got is None:
+            out.append({"error": f"timing hung or crashed: {child.stop()}"})
+            return out
+        out.append(got)
+    child.stop()
+    return out
+
+
+def compile_all(names: list[str], cache: Path) -> dict:
+    from codegen.compile import compile_many
+
+    cfgs = [WgmmaConfig.from_name(n) for n in names]
+    res = {}
+    for c, r in compile_many(cfgs, "sm_90", cache_dir=cache):
+        warnings = [l for l in r.log.splitlines() if "warning" in l.lower()]
+        res[c.name] = dict(
+            ok=r.ok and not any("C7508" in w for w in warnings),
+            cubin=str(r.cubin) if r.cubin else None, seconds=round(r.seconds, 2),
+            registers=r.resources.registers if r.resources else None,
+            spill_bytes=r.resources.spill_bytes if r.resources else None,
+            smem=r.resources.smem if r.resources else None,
+            warnings=warnings, error=None if r.ok else r.error[-3000:])
+    return res
+
+
+def _table(report: dict) -> str:
+    lines = [f"{'config':44} {'step':4} {'regs':>4} {'spill':>5} {'cases':>7} {'max err':>9}  "
+             f"{'4096 TF':>8} {'x cuBLAS':>8} {'8192 TF':>8} {'x cuBLAS':>8}"]
+    timing = {tuple(t["shape"]): t["kernels"] for t in report.get("timing", []) if "shape" in t}
+    for c in report["configs"]:
+        comp = c["compile"]
+        passed = sum(x["status"] == "ok" for x in c["cases"])
+        errs = [x["err"] for x in c["cases"] if isinstance(x.get("err"), float)]
+        tcols = []
+        for shp in TIME_SHAPES:
+            row = timing.get(shp, {}).get(c["name"])
+            tcols += [f"{row['tflops']:8.1f}", f"{row.get('vs_cublas', 0):8.2f}"] if row else \
+                [f"{'-':>8}", f"{'-':>8}"]
+        lines.append(f"{c['name']:44} {c['step']:4} {comp.get('registers') or '-':>4} "
+                     f"{comp.get('spill_bytes') if comp.get('spill_bytes') is not None else '-':>5} "
+                     f"{passed:>3}/{len(c['cases']):<3} "
+                     f"{(max(errs) if errs else float('nan')):9.2e}  " + " ".join(tcols))
+    for shp, ks in timing.items():
+        for name, row in ks.items():
+            if name.startswith("cublas_"):
+                lines.append(f"{name} {shp}: {row['tflops']:.1f} TFLOP/s ({row['variant']})")
+    bad = [(c["name"], x) for c in report["configs"] for x in c["cases"] if x["status"] != "ok"]
+    for name, x in bad[:30]:
+        lines.append(f"NOT OK {name} {x}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", help="comma-separated kernel names (default: the probe's list)")
+    ap.add_argument("--no-time", action="store_true", help="skip the timing against cuBLAS")
+    ap.add_argument("--dry-run", action="store_true", help="compile and list; no GPU")
+    ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--child-cases", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--child-time", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child_cases:
+        cubin, name, todo = args.child_cases
+        _child_cases(cubin, name, json.loads(todo))
+        return 0
+    if args.child_time:
+        spec, reps, warmup = args.child_time
+        _child_time(json.loads(spec), int(reps), int(warmup))
+        return 0
+
+    t_start = time.perf_counter()
+    out_dir = Path(os.environ.get("OUT") or "out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = args.configs.split(",") if args.configs else CONFIGS
+    report: dict = dict(probe="wgmma", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        alpha=ALPHA, betas=list(BETAS), shapes=SHAPES, configs=[],
+                        misaligned=misaligned_case())
+    invalid = {n: check_wgmma(WgmmaConfig.from_name(n), "sm_90") for n in names}
+    invalid = {n: w for n, w in invalid.items() if w}
+    if invalid:
+        print(f"invalid configs: {invalid}")
+        return 2
+    print(f"compiling {len(names)} configs ...", flush=True)
+    compiled = compile_all(names, out_dir / "compile-cache")
+    try:
+        import torch
+        report["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        report["torch"] = torch.__version__
+    except ImportError:
+        report["gpu"] = None
+    from codegen.compile import nvcc_version
+    report["nvcc"] = nvcc_version()
+
+    for name in names:
+        cfg = WgmmaConfig.from_name(name)
+        entry = dict(name=name, step=step(cfg), dtype=cfg.dtype.short, config=cfg.to_dict(),
+                     grid_4096=list(cfg.grid(4096, 4096, 132)), smem_bytes=cfg.smem_bytes,
+                     compile={k: v for k, v in compiled[name].items() if k != "cubin"}, cases=[])
+        report["configs"].append(entry)
+        comp = compiled[name]
+        print(f"{name}: compile {'ok' if comp['ok'] else 'FAILED'} regs={comp['registers']} "
+              f"spills={comp['spill_bytes']}", flush=True)
+        if not comp["ok"] or args.dry_run:
+            continue
+        if time.perf_counter() - t_start > BUDGET_S:
+            entry["cases"] = [dict(c, status="skipped", error="time budget") for c in cases()]
+            continue
+        todo = cases()
+        if name == names[0]:
+            mis = report["misaligned"]
+            todo.append(dict(misaligned=True, k=1023, lda=mis["lda"]))
+        entry["cases"] = run_cases(comp["cubin"], name, todo)
+
+    passing = [dict(name=c["name"], cubin=compiled[c["name"]]["cubin"]) for c in report["configs"]
+               if c["cases"] and all(x["status"] == "ok" for x in c["cases"])]
+    if not args.no_time and not args.dry_run:
+        print(f"timing {len(passing)} passing configs against cuBLAS ...", flush=True)
+        report["timing"] = time_configs(passing, args.reps, args.warmup)
+    report["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    path = out_dir / "wgmma-probe.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    print(_table(report))
+    print(f"wrote {path} in {report['total_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

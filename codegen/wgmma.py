@@ -1,0 +1,361 @@
+"""The Hopper (sm_90a) GEMM family: TMA loads, mbarrier ring, warp-specialised wgmma.
+
+One frozen dataclass, :class:`WgmmaConfig`, its validation :func:`check_wgmma`, its
+searchable values :data:`WGMMA_SPACE`, and :func:`tma_reasons`, the host-side test of
+whether given operands can be described by TMA tensor maps at all (when not, the
+library dispatches another family). Pure Python: nothing here touches a GPU.
+
+The kernel (templates/gemm_wgmma.cu.j2) is built in steps that are values of its
+parameters, so that a simpler step still works if a fancier one fails on the GPU:
+
+    (a) consumers=1, cluster=1, persistent=0   one wgmma warpgroup, one tile per block
+    (b) consumers=2                            two wgmma warpgroups share a block tile
+    (c) persistent=1                           #SMs blocks walk the tiles (swizzled raster)
+    (d) cluster=2                              two blocks along M share B by TMA multicast
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+
+from codegen.arch import ArchLimits, parse_arch
+from codegen.config import DType, Family, Layout, _Serial
+from codegen.errors import UsageError
+
+__all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "check_wgmma", "sample_wgmma",
+           "tma_reasons", "PRODUCER_REGS", "SWIZZLE_BYTES"]
+
+#: registers a producer (TMA) thread keeps after setmaxnreg.dec
+PRODUCER_REGS = 40
+#: bytes of one row of a 128B-swizzled tile: the TMA box's inner extent and the swizzle span
+SWIZZLE_BYTES = 128
+#: slack added to the dynamic shared memory so the kernel can round its base up to 1024 B
+ALIGN_SLACK = 1024
+#: registers a consumer thread needs besides its accumulators (addresses, loop state, epilogue)
+CONSUMER_OVERHEAD_REGS = 48
+
+_PTX_TYPE = {DType.F16: "f16", DType.BF16: "bf16", DType.TF32: "tf32"}
+
+#: the searchable values of each parameter (check_wgmma prunes the combinations)
+WGMMA_SPACE: dict[str, tuple] = {
+    "bm": (64, 128, 256),
+    "bn": (64, 128, 192, 256),
+    "bk": (64,),
+    "stages": (2, 3, 4, 5, 6),
+    "consumers": (1, 2),
+    "cluster": (1, 2),
+    "persistent": (0, 1),
+    "group": (1, 8, 16),
+    "dtype": (DType.F16, DType.BF16),
+}
+
+
+def _up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+@dataclasses.dataclass(frozen=True)
+class WgmmaConfig(_Serial):
+    """One point of the wgmma family: fp16 or bf16 inputs, FP32 accumulation and output.
+
+    Attributes:
+        bm, bn, bk: block tile. BM = 64 or 128 rows per consumer warpgroup; BN a multiple of
+            64 (one 128-byte swizzled TMA box of B per 64 columns) up to 256 (wgmma's
+            largest N); BK = 64 elements (128 bytes, the 128B swizzle span).
+        stages: depth of the shared-memory ring the TMA producer fills ahead of the consumers.
+        consumers: wgmma warpgroups (1 or 2), each owning BM/consumers rows of the tile.
+        cluster: 1, or 2 blocks along M in a thread-block cluster that load B once and
+            multicast it to both (each block loads half of B's rows).
+        persistent: 0 = one (cluster) tile per block; 1 = min(#tiles, #SMs) blocks stride
+            over the tiles (the kernel is the same; only the launch grid differs).
+        group: cluster-tile rows per rasterisation group (1 = row order).
+
+    Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``.
+
+    Example:
+        >>> WgmmaConfig().name
+        'gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8'
+    """
+
+    bm: int = 128
+    bn: int = 256
+    bk: int = 64
+    stages: int = 4
+    consumers: int = 2
+    cluster: int = 1
+    persistent: int = 1
+    group: int = 8
+    dtype: DType = DType.F16
+    family: Family = Family.WGMMA
+    layout: Layout = Layout.NN
+
+    # ---- identity -----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return (f"gemm_wgmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_c{self.consumers}"
+                f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}")
+
+    _NAME_RE = re.compile(
+        r"^gemm_wgmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"_c(?P<consumers>\d+)_s(?P<stages>\d+)_x(?P<cluster>\d+)_p(?P<persistent>\d+)"
+        r"_g(?P<group>\d+)$"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> "WgmmaConfig":
+        """Inverse of :attr:`name`; UsageError for a string that is not a wgmma kernel name."""
+        m = cls._NAME_RE.match(name.strip())
+        dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
+        if not m or dtype is None:
+            raise UsageError(f"{name!r} is not a gemm-tune wgmma kernel name")
+        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items() if k != "dtype"})
+
+    # ---- derived geometry -----------------------------------------------------
+    @property
+    def elem(self) -> int:
+        return self.dtype.size
+
+    @property
+    def threads(self) -> int:
+        """One producer warpgroup plus the consumer warpgroups."""
+        return 128 * (1 + self.consumers)
+
+    @property
+    def wm(self) -> int:
+        """Rows of the tile each consumer warpgroup owns."""
+        return self.bm // self.consumers if self.consumers else 0
+
+    @property
+    def a_stage_bytes(self) -> int:
+        return self.bm * self.bk * self.elem
+
+    @property
+    def b_chunk_bytes(self) -> int:
+        """One 64-column (128-byte) wide, BK-deep column block of B, as TMA swizzles it."""
+        return self.bk * SWIZZLE_BYTES
+
+    @property
+    def b_stage_bytes(self) -> int:
+        return self.bk * self.bn * self.elem
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes one ring stage receives: the mbarrier's expect_tx count (out-of-bounds
+        parts of a box are zero-filled and counted too)."""
+        return self.a_stage_bytes + self.b_stage_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the ring (1024-byte aligned stages), the full and empty
+        mbarriers, rounded up to 1024, plus 1024 of slack for aligning the base."""
+        return ALIGN_SLACK + _up(self.stages * self.stage_bytes + 16 * self.stages, 1024)
+
+    @property
+    def acc_regs(self) -> int:
+        """FP32 accumulators per consumer thread: (BM/consumers) x BN over 128 threads."""
+        return self.wm * self.bn // 128
+
+    @property
+    def launch_regs(self) -> int:
+        """Registers per thread at launch: what __launch_bounds__(threads, 1) leaves
+        (64K per SM over the block, in units of 8, at most 255)."""
+        return min(255, 65536 // self.threads // 8 * 8) if self.threads else 0
+
+    @property
+    def consumer_regs(self) -> int:
+        """Registers per consumer thread after setmaxnreg.inc: what the producer gives back,
+        shared among the consumer threads, in units of 8, at most 256 (never below launch)."""
+        spare = 65536 - 128 * PRODUCER_REGS
+        regs = min(256, spare // (128 * max(self.consumers, 1)) // 8 * 8)
+        # ptxas's entry allocation rounds 255 up to 256; setmaxnreg never shrinks a consumer
+        return max(regs, _up(self.launch_regs, 8)) if self.threads else 0
+
+    @property
+    def setmaxnreg_inc(self) -> bool:
+        """Is there anything for the consumers to take? (not with one consumer: 256 threads
+        launch with 255 registers each already)"""
+        return self.consumer_regs > _up(self.launch_regs, 8)
+
+    def template_values(self) -> dict:
+        """Every value the template uses, derived here so the template stays plain."""
+        return dict(
+            name=self.name, template=self.family.template, dtype=self.dtype.short,
+            PTX_T=_PTX_TYPE.get(self.dtype, "f16"),
+            BM=self.bm, BN=self.bn, BK=self.bk, STAGES=self.stages,
+            CONSUMERS=self.consumers, CLUSTER=self.cluster, PERSISTENT=self.persistent,
+            GROUP=self.group, THREADS=self.threads, WM=self.wm,
+            M_WGMMAS=self.wm // 64, K_STEPS=self.bk // 16, ACC=self.bn // 2,
+            B_CHUNKS=self.bn // 64, B_BOX_ROWS=self.bk // max(self.cluster, 1),
+            ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
+            B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
+            TILES_BYTES=self.stages * self.stage_bytes, SMEM_BYTES=self.smem_bytes,
+            PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=self.consumer_regs,
+            LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
+            ACC_REGS=self.acc_regs,
+        )
+
+    # ---- launch geometry ------------------------------------------------------
+    def tiles(self, m: int, n: int) -> int:
+        """Cluster tiles of an M x N output: (ceil(M/BM) rounded up to the cluster) x ceil(N/BN),
+        counted in clusters."""
+        tiles_m = -(-m // self.bm)
+        return -(-tiles_m // self.cluster) * -(-n // self.bn)
+
+    def grid(self, m: int, n: int, sms: int = 132) -> tuple[int, int, int]:
+        """Blocks along x: a cluster per tile, or (persistent) at most sms // cluster clusters."""
+        clusters = self.tiles(m, n)
+        if self.persistent:
+            clusters = max(1, min(clusters, sms // self.cluster))
+        return clusters * self.cluster, 1, 1
+
+    def block(self) -> tuple[int, int, int]:
+        return self.threads, 1, 1
+
+    def cluster_dims(self) -> tuple[int, int, int]:
+        """The cluster-dimension launch attribute (blocks of one cluster are adjacent in x)."""
+        return self.cluster, 1, 1
+
+    def tma_boxes(self) -> dict[str, tuple[int, int]]:
+        """(rows, cols) of the TMA box of each operand, in elements: A's BM x BK tile in one
+        box; B as BN/64 boxes of 64 columns, each block of a cluster loading BK/cluster rows
+        of each and multicasting them."""
+        return {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, SWIZZLE_BYTES // self.elem)}
+
+    # The launch interface shared with the other families.
+    split = 1
+    last = reduce_pass = has_workspace = False
+
+    def workspace_floats(self, m: int, n: int) -> int:
+        return 0
+
+    def ticket_count(self, m: int, n: int) -> int:
+        return 0
+
+
+DEFAULT_WGMMA = WgmmaConfig()
+
+
+def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
+    """Reasons `c` cannot be built for `arch`, as sentences with numbers; empty when it can.
+
+    Example:
+        >>> check_wgmma(WgmmaConfig(bn=200), "sm_90")
+        ['BN=200 is not a multiple of 64, the width of one 128-byte swizzled B box']
+    """
+    a = parse_arch(arch)
+    why: list[str] = []
+    if c.family is not Family.WGMMA:
+        why.append(f"a WgmmaConfig must be of the wgmma family, not {c.family.value}")
+    if c.dtype is DType.TF32:
+        why.append("tf32 is not built in the wgmma family yet (wgmma's tf32 shape needs "
+                   "K-major B, and row-major B is N-major)")
+    elif c.dtype not in (DType.F16, DType.BF16):
+        why.append(f"the wgmma family takes f16 or bf16 inputs, not {c.dtype.short}")
+    if a.cc < 90:
+        why.append(f"wgmma, TMA and setmaxnreg need sm_90a; {a.sm} has none")
+    bad = {k: v for k, v in dict(BM=c.bm, BN=c.bn, BK=c.bk, stages=c.stages,
+                                 consumers=c.consumers, cluster=c.cluster).items() if v < 1}
+    if bad:
+        return why + [f"sizes must be positive ({', '.join(f'{k}={v}' for k, v in bad.items())})"]
+
+    if c.consumers not in (1, 2):
+        why.append(f"consumers={c.consumers}: one or two wgmma warpgroups")
+    elif c.bm % c.consumers or c.wm not in (64, 128):
+        why.append(f"BM={c.bm} gives each of the {c.consumers} consumer warpgroups "
+                   f"{c.bm / c.consumers:g} rows, not 64 or 128 (wgmma's M is 64)")
+    if c.bm > 256:
+        why.append(f"BM={c.bm} rows exceed the 256 of one TMA box")
+    if c.bn % 8 or c.bn > 256:
+        why.append(f"BN={c.bn} is not one of wgmma's N: a multiple of 8 up to 256")
+    elif c.bn % 64:
+        why.append(f"BN={c.bn} is not a multiple of 64, the width of one 128-byte swizzled B box")
+    if c.bk * c.elem != SWIZZLE_BYTES:
+        why.append(f"BK={c.bk} x {c.elem} B = {c.bk * c.elem} B per row; the 128B swizzle needs "
+                   f"{SWIZZLE_BYTES} (BK={SWIZZLE_BYTES // c.elem})")
+    if c.cluster not in (1, 2):
+        why.append(f"cluster={c.cluster}: 1, or 2 blocks sharing B")
+    elif c.cluster == 2 and (c.bk // 2) % 8:
+        why.append(f"BK={c.bk} splits into {c.bk / 2:g}-row halves, not whole 8-row swizzle atoms")
+    if c.persistent not in (0, 1):
+        why.append(f"persistent={c.persistent} is not 0 or 1")
+    if c.group < 1:
+        why.append(f"raster group {c.group} must be at least 1")
+    if not 1 <= c.stages <= 8:
+        why.append(f"stages={c.stages} is outside 1..8")
+    if why:
+        return why
+
+    if c.smem_bytes > a.smem_per_block_optin:
+        why.append(f"shared memory {c.smem_bytes} B ({c.stages} stages of {c.stage_bytes} B) "
+                   f"exceeds the {a.smem_per_block_optin} B per-block opt-in limit of {a.sm}")
+    budget = 128 * PRODUCER_REGS + 128 * c.consumers * c.consumer_regs
+    if budget > a.regs_per_sm:
+        why.append(f"setmaxnreg budget 128 x {PRODUCER_REGS} + {128 * c.consumers} x "
+                   f"{c.consumer_regs} = {budget} registers exceeds the {a.regs_per_sm} of an SM")
+    if c.acc_regs + CONSUMER_OVERHEAD_REGS > c.consumer_regs:
+        why.append(f"the {c.wm}x{c.bn} consumer tile holds {c.acc_regs} accumulators per thread; "
+                   f"with {CONSUMER_OVERHEAD_REGS} more that is over the {c.consumer_regs} "
+                   f"registers a consumer thread gets")
+    return why
+
+
+def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
+                m: int = 1, n: int = 1, k: int = 1) -> list[str]:
+    """Why row-major A (lda) and B (ldb) at these addresses cannot be TMA tensor maps;
+    empty when they can. The library dispatches another family when this is not empty.
+
+    cuTensorMapEncodeTiled needs a 16-byte aligned global address, row strides that are
+    multiples of 16 bytes (and below 2^40), and dimensions below 2^32.
+
+    Example:
+        >>> tma_reasons(DType.F16, 1001, 1024, 0, 0)
+        ['lda=1001 x 2 B = 2002 B is not a multiple of 16 bytes']
+    """
+    why: list[str] = []
+    es = dtype.size
+    for op, ptr in (("A", a_ptr), ("B", b_ptr)):
+        if ptr % 16:
+            why.append(f"{op} at 0x{ptr:x} is not 16-byte aligned (off by {ptr % 16} B)")
+    for op, ld in (("lda", lda), ("ldb", ldb)):
+        if (ld * es) % 16:
+            why.append(f"{op}={ld} x {es} B = {ld * es} B is not a multiple of 16 bytes")
+        if ld * es >= 1 << 40:
+            why.append(f"{op}={ld} x {es} B is not below the 2^40-byte stride limit")
+    for what, v in (("M", m), ("N", n), ("K", k)):
+        if v >= 1 << 32:
+            why.append(f"{what}={v} is not below TMA's 2^32 elements per dimension")
+    if lda < k:
+        why.append(f"lda={lda} is below K={k}")
+    if ldb < n:
+        why.append(f"ldb={ldb} is below N={n}")
+    return why
+
+
+def _draw(rng: random.Random, **fixed) -> WgmmaConfig:
+    p = {k: rng.choice(v) for k, v in WGMMA_SPACE.items()}
+    p.update(fixed)
+    return WgmmaConfig(**p)
+
+
+def sample_wgmma(n: int = 8, seed: int = 13, arch: str = "sm_90") -> list[WgmmaConfig]:
+    """n distinct valid configurations that between them take every value of consumers,
+    cluster, persistent and dtype (deterministic for a seed)."""
+    rng = random.Random(seed)
+    chosen: list[WgmmaConfig] = []
+    wanted = [(k, v) for k in ("consumers", "cluster", "persistent", "dtype")
+              for v in WGMMA_SPACE[k]]
+    for key, value in wanted:
+        if any(getattr(c, key) == value for c in chosen):
+            continue
+        for _ in range(10000):
+            c = _draw(rng, **{key: value})
+            if not check_wgmma(c, arch) and c not in chosen:
+                chosen.append(c)
+                break
+    while len(chosen) < n:
+        c = _draw(rng)
+        if not check_wgmma(c, arch) and c not in chosen:
+            chosen.append(c)
+    return chosen[:max(n, len(chosen))]

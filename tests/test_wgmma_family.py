@@ -1,0 +1,323 @@
+"""The wgmma (Hopper, sm_90a) family on the CPU: names, validation, rendering, compiling,
+SASS, the host-side TMA rules and the GPU probe's non-GPU parts.
+
+Correctness and speed on a GPU are bench/wgmma_probe.py's (run by hand on an H200).
+"""
+
+import ctypes
+import dataclasses
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codegen import DType, UsageError, compile_many, render
+from codegen.compile import arch_target, compile_config
+from codegen.config import Family
+from codegen.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, check_wgmma, sample_wgmma,
+                           tma_reasons)
+from tuner import wgmma_launch as wl
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+sys.path.insert(0, str(ROOT / "bench"))
+import wgmma_probe  # noqa: E402
+
+
+# ---- identity ------------------------------------------------------------------------
+def test_name_is_pinned_and_round_trips():
+    assert DEFAULT_WGMMA.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8"
+    c = WgmmaConfig(bm=64, bn=192, stages=6, consumers=1, cluster=2, persistent=0, group=16,
+                    dtype=DType.BF16)
+    assert c.name == "gemm_wgmma_bf16_64x192x64_c1_s6_x2_p0_g16"
+    assert WgmmaConfig.from_name(c.name) == c
+    assert WgmmaConfig.from_dict(c.to_dict()) == c
+    assert c.to_dict()["family"] == "wgmma" and c.to_dict()["dtype"] == "bf16"
+    assert Family.WGMMA.template == "gemm_wgmma.cu.j2"
+    for bad in ("gemm_wgmma_f99_64x64x64_c1_s4_x1_p0_g1", "gemm_wgmma_f16_64x64x64_c1_s4_p0_g1",
+                "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8"):
+        with pytest.raises(UsageError):
+            WgmmaConfig.from_name(bad)
+
+
+def test_derived_geometry():
+    c = DEFAULT_WGMMA  # 128 x 256, two consumers of 64 rows, 4 stages
+    assert c.threads == 384 and c.block() == (384, 1, 1) and c.wm == 64
+    assert c.stage_bytes == 128 * 64 * 2 + 64 * 256 * 2 == 49152
+    assert c.smem_bytes == 1024 + 4 * 49152 + 1024 == 198656
+    assert c.smem_bytes % 1024 == 0
+    assert c.acc_regs == 128 and c.launch_regs == 168 and c.consumer_regs == 232
+    assert c.setmaxnreg_inc
+    one = WgmmaConfig(bm=128, bn=128, consumers=1)
+    assert one.threads == 256 and one.launch_regs == 255 and not one.setmaxnreg_inc
+    assert c.tma_boxes() == {"A": (128, 64), "B": (64, 64)}
+    assert dataclasses.replace(c, cluster=2).tma_boxes() == {"A": (128, 64), "B": (32, 64)}
+    # 4096 x 4096: 32 x 16 tiles; persistent caps at the SMs, clusters count in pairs
+    assert dataclasses.replace(c, persistent=0).grid(4096, 4096) == (512, 1, 1)
+    assert c.grid(4096, 4096, sms=132) == (132, 1, 1)
+    cl = dataclasses.replace(c, cluster=2)
+    assert cl.tiles(4095, 4097) == 16 * 17 and cl.grid(4095, 4097, 132) == (132, 1, 1)
+    assert dataclasses.replace(cl, persistent=0).grid(100, 1, 132) == (2, 1, 1)
+    assert cl.cluster_dims() == (2, 1, 1) and c.cluster_dims() == (1, 1, 1)
+    assert c.grid(1, 1) == (1, 1, 1)
+
+
+# ---- validation -----------------------------------------------------------------------
+@pytest.mark.parametrize("cfg,arch,reason", [
+    (WgmmaConfig(), "sm_80", "wgmma, TMA and setmaxnreg need sm_90a; sm_80 has none"),
+    (WgmmaConfig(dtype=DType.F32), "sm_90", "the wgmma family takes f16 or bf16 inputs, not f32"),
+    (WgmmaConfig(dtype=DType.TF32, bk=32), "sm_90", "tf32 is not built in the wgmma family yet"),
+    (WgmmaConfig(bn=260), "sm_90", "BN=260 is not one of wgmma's N: a multiple of 8 up to 256"),
+    (WgmmaConfig(bn=100), "sm_90", "BN=100 is not one of wgmma's N"),
+    (WgmmaConfig(bn=200), "sm_90", "BN=200 is not a multiple of 64, the width of one 128-byte"),
+    (WgmmaConfig(bk=32), "sm_90", "BK=32 x 2 B = 64 B per row; the 128B swizzle needs 128 (BK=64)"),
+    (WgmmaConfig(bm=96), "sm_90", "BM=96 gives each of the 2 consumer warpgroups 48 rows"),
+    (WgmmaConfig(bm=512, consumers=2), "sm_90", "BM=512 rows exceed the 256 of one TMA box"),
+    (WgmmaConfig(consumers=3, bm=192), "sm_90", "consumers=3: one or two wgmma warpgroups"),
+    (WgmmaConfig(cluster=4), "sm_90", "cluster=4: 1, or 2 blocks sharing B"),
+    (WgmmaConfig(persistent=2), "sm_90", "persistent=2 is not 0 or 1"),
+    (WgmmaConfig(group=0), "sm_90", "raster group 0 must be at least 1"),
+    (WgmmaConfig(stages=0), "sm_90", "sizes must be positive (stages=0)"),
+    (WgmmaConfig(stages=5), "sm_90",
+     # 1024 + 5 x 49152 + 1024 (80 B of barriers, rounded up)
+     "shared memory 247808 B (5 stages of 49152 B) exceeds the 232448 B per-block opt-in "
+     "limit of sm_90"),
+    (WgmmaConfig(bm=256, bn=256, consumers=2, stages=2), "sm_90",
+     "the 128x256 consumer tile holds 256 accumulators per thread; with 48 more that is over "
+     "the 232 registers a consumer thread gets"),
+])
+def test_invalid_configs_say_why(cfg, arch, reason):
+    why = check_wgmma(cfg, arch)
+    assert any(reason in r for r in why), why
+
+
+def test_default_and_space_values_are_buildable():
+    assert check_wgmma(DEFAULT_WGMMA, "sm_90") == []
+    assert check_wgmma(DEFAULT_WGMMA, "sm_90a") == []
+    keys = list(WGMMA_SPACE)
+    valid = [c for vals in itertools.product(*WGMMA_SPACE.values())
+             if not check_wgmma(c := WgmmaConfig(**dict(zip(keys, vals))), "sm_90")]
+    assert len(valid) > 200
+    for k, vs in WGMMA_SPACE.items():  # every searchable value is part of a valid config
+        assert {getattr(c, k) for c in valid} == set(vs), k
+
+
+def test_sample_is_valid_and_covers_the_steps():
+    s = sample_wgmma(8)
+    assert len(s) == 8 and len(set(s)) == 8
+    assert all(check_wgmma(c, "sm_90") == [] for c in s)
+    for k in ("consumers", "cluster", "persistent", "dtype"):
+        assert {getattr(c, k) for c in s} == set(WGMMA_SPACE[k]), k
+    assert sample_wgmma(8) == s  # deterministic
+
+
+# ---- rendering ------------------------------------------------------------------------
+GOLDEN_CFG = WgmmaConfig(bm=128, bn=128, stages=4, consumers=2, cluster=2, persistent=1, group=8)
+
+
+def test_golden_source():
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    path = GOLDEN / f"{GOLDEN_CFG.name}.cu"
+    src = render(GOLDEN_CFG)
+    if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
+        path.write_text(src)
+    assert src == path.read_text()
+
+
+def test_header_and_invariants_in_the_source():
+    src = render(DEFAULT_WGMMA)
+    head = src.splitlines()
+    assert head[0] == "// Generated by gemm-tune from templates/gemm_wgmma.cu.j2 - do not edit."
+    assert "// Kernel:     gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8" in head
+    assert any("dynamic shared memory = 198656 bytes" in l for l in head[:14])
+    assert any("block = (384, 1, 1), cluster = (1, 1, 1)" in l for l in head[:14])
+    assert 'extern "C" __global__ void __launch_bounds__(THREADS, 1)' in src
+    assert "const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB" in src
+    assert src.count("static_assert(") >= 9
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src
+    assert " %128, %129, p, 1, 1, 0, 1;" in src  # transpose-B for the N-major B tile
+    assert "setmaxnreg.dec.sync.aligned.u32 40;" in src
+    assert "setmaxnreg.inc.sync.aligned.u32 232;" in src
+    assert "multicast" not in src and "cluster_sync()" not in src and "__syncthreads();" in src
+    assert "mbar_init(empty(s), CONSUMERS * CLUSTER);" in src
+
+
+def test_variants_render_what_they_use():
+    one = render(WgmmaConfig(bm=128, bn=128, consumers=1))
+    assert "setmaxnreg.dec" in one and "setmaxnreg.inc" not in one
+    bf = render(dataclasses.replace(DEFAULT_WGMMA, dtype=DType.BF16, bn=192))
+    assert "m64n192k16.f32.bf16.bf16" in bf and "%95}," in bf
+    cl = render(dataclasses.replace(DEFAULT_WGMMA, cluster=2))
+    assert cl.count("cluster_sync();") == 2 and "multicast::cluster" in cl
+    assert "mapa.shared::cluster.u32" in cl and "__trap();" in cl
+    assert "constexpr int ES = 2, B_CHUNKS = 4, B_BOX_ROWS = 32;" in cl
+    p0, p1 = (render(dataclasses.replace(DEFAULT_WGMMA, persistent=p)) for p in (0, 1))
+    assert "grid  = (tiles * 1, 1, 1)" in p0 and "grid  = (min(tiles, SMs / 1) * 1, 1, 1)" in p1
+
+
+# ---- compiling ------------------------------------------------------------------------
+def test_arch_target():
+    assert arch_target("sm_90") == ("sm_90", ["-arch=sm_90"])
+    assert arch_target("sm_90a") == ("sm_90a", ["-gencode=arch=compute_90a,code=sm_90a"])
+    assert arch_target(80) == ("sm_80", ["-arch=sm_80"])
+
+
+def _cuobjdump() -> tuple[str | None, dict]:
+    """cuobjdump (and the nvdisasm it runs) from the toolkit, PATH or the pip wheels."""
+    env = dict(os.environ)
+    dirs = [Path("/usr/local/cuda/bin")]
+    try:
+        import nvidia.cu13 as cu13  # nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels
+        dirs += [Path(p) / "bin" for p in cu13.__path__]
+    except ImportError:
+        pass
+    env["PATH"] = os.pathsep.join([str(d) for d in dirs] + [env.get("PATH", "")])
+    return shutil.which("cuobjdump", path=env["PATH"]), env
+
+
+@pytest.fixture(scope="module")
+def compiled(compile_cache):
+    """The sample and the probe's configs, compiled in parallel for sm_90a."""
+    cfgs = list(dict.fromkeys(sample_wgmma(8) + [WgmmaConfig.from_name(n)
+                                                 for n in wgmma_probe.CONFIGS]))
+    return dict(compile_many(cfgs, "sm_90", jobs=2, cache_dir=compile_cache))
+
+
+def test_every_config_compiles_without_spills_or_c7508(compiled):
+    failed = {c.name: r.error for c, r in compiled.items() if not r.ok}
+    assert not failed, failed
+    for c, r in compiled.items():
+        assert r.arch == "sm_90a"
+        assert "C7508" not in r.log and "setmaxnreg" not in r.log.lower(), (c.name, r.log)
+        assert "serialized" not in r.log, (c.name, r.log)  # wgmma serialisation warning
+        res = r.resources
+        assert res.spill_bytes == 0 and res.stack_frame == 0, (c.name, res)
+        assert res.registers == c.launch_regs, (c.name, res.registers)
+        assert res.smem_dynamic == c.smem_bytes and res.smem_static == 0, (c.name, res)
+
+
+def test_sass_has_hgmma_and_tma(compiled, compile_cache):
+    tool, env = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (install the dev extra: nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    for c in (DEFAULT_WGMMA, WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8"),
+              WgmmaConfig.from_name("gemm_wgmma_bf16_256x128x64_c2_s4_x1_p0_g8")):
+        r = compile_config(c, "sm_90", compile_cache)  # cached when the sample had it
+        sass = subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                              env=env, check=True).stdout
+        hgmma = [l for l in sass.splitlines() if "HGMMA.64x" in l]
+        assert len(hgmma) == (c.wm // 64) * (c.bk // 16), (c.name, len(hgmma))
+        assert all(f"HGMMA.64x{c.bn}x16.F32" in l and "tnspB" in l for l in hgmma)
+        assert sass.count("UTMALDG.2D") >= 1 + c.bn // 64, c.name  # A box + one per 64 columns
+        assert "USETMAXREG.DEALLOC" in sass and "SYNCS.PHASECHK" in sass
+        assert "STL" not in sass and "LDL" not in sass  # no local memory
+        if c.cluster > 1:
+            assert "MULTICAST" in sass.upper(), c.name
+
+
+# ---- host side: TMA rules and launch arguments ---------------------------------------------
+def test_tma_reasons_say_why_with_numbers():
+    assert tma_reasons(DType.F16, 1024, 4096, 0x10000, 0x20000, 64, 4096, 1024) == []
+    assert tma_reasons(DType.F16, 1001, 4096, 0, 0) == [
+        "lda=1001 x 2 B = 2002 B is not a multiple of 16 bytes"]
+    why = tma_reasons(DType.BF16, 1024, 4100, 0x10002, 0x20000, 8, 4096, 1024)
+    assert "A at 0x10002 is not 16-byte aligned (off by 2 B)" in why
+    assert "ldb=4100 x 2 B = 8200 B is not a multiple of 16 bytes" in why
+    assert tma_reasons(DType.F16, 1000, 4096, 0, 0, k=1024) == ["lda=1000 is below K=1024"]
+    mis = wgmma_probe.misaligned_case()
+    assert mis["refused"] and mis["lda"] % 8 and "not a multiple of 16 bytes" in mis["reasons"][0]
+
+
+def test_tensor_map_arguments_are_well_formed():
+    args = wl.tensor_map_args(DType.F16, 0x7F0000000000, rows=4095, cols=1023, ld=1024,
+                              box_rows=128, box_cols=64)
+    assert args["globalDim"] == [1023, 4095]  # innermost first
+    assert args["globalStrides"] == [2048]     # bytes, rank - 1 of them
+    assert args["boxDim"] == [64, 128] and args["elementStrides"] == [1, 1]
+    assert args["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_128B"
+    assert args["oobFill"] == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"  # zeros out of bounds
+    assert args["tensorDataType"] == "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
+    assert wl.tensor_map_args(DType.BF16, 0, 64, 64, 64, 32, 64)["tensorDataType"] == \
+        "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"
+    for bad, says in [(dict(ptr=8), "not 16-byte aligned"), (dict(ld=1025), "multiple of 16"),
+                      (dict(box_cols=128), "exceed the 128 B of SWIZZLE_128B"),
+                      (dict(box_rows=512), "outside 1..256"), (dict(ld=512), "below the 1023")]:
+        kw = dict(dtype=DType.F16, ptr=0, rows=4095, cols=1023, ld=1024, box_rows=128,
+                  box_cols=64)
+        kw.update(bad)
+        with pytest.raises(wl.TmaUnsupported, match=says):
+            wl.tensor_map_args(**kw)
+
+
+def test_tensor_map_enum_names_exist_in_cuda_bindings():
+    driver = pytest.importorskip("cuda.bindings.driver")
+    args = wl.tensor_map_args(DType.F16, 0, 64, 64, 64, 64, 64)
+    for key, enum in [("tensorDataType", "CUtensorMapDataType"), ("swizzle", "CUtensorMapSwizzle"),
+                      ("interleave", "CUtensorMapInterleave"),
+                      ("l2Promotion", "CUtensorMapL2promotion"),
+                      ("oobFill", "CUtensorMapFloatOOBfill")]:
+        assert hasattr(getattr(driver, enum), args[key]), (enum, args[key])
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x = 2
+    assert attr.value.clusterDim.x == 2
+
+
+def test_kernel_arguments_follow_the_signature():
+    args = wl.kernel_arg_layout(17, 33, 9, 0.5, 2.0, 0xABC0, 36)
+    assert [n for n, _ in args] == ["M", "N", "K", "alpha", "beta", "C", "ldc"]
+    assert [ctypes.sizeof(v) for _, v in args] == [4, 4, 4, 4, 4, 8, 4]
+    src = render(DEFAULT_WGMMA)
+    assert "int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)" in src
+
+
+def test_launch_refuses_misaligned_operands_before_touching_the_driver():
+    with pytest.raises(wl.TmaUnsupported, match="lda=1025"):
+        wl.launch(None, DEFAULT_WGMMA, 64, 1024, 1023, 1.0, 0, 1025, 0, 1024, 0.0, 0, 1024)
+
+
+def test_no_gpu_package_on_import():
+    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tuner.wgmma_launch, "
+            "codegen.compile; bad = [m for m in ('optuna', 'pycuda', 'cuda.bindings', 'torch') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ---- the probe's plan -------------------------------------------------------------------
+def test_probe_plan_covers_every_step():
+    cfgs = [WgmmaConfig.from_name(n) for n in wgmma_probe.CONFIGS]
+    assert 8 <= len(cfgs) <= 12 and all(check_wgmma(c, "sm_90") == [] for c in cfgs)
+    assert {wgmma_probe.step(c) for c in cfgs} == {"a", "b", "c", "d"}
+    for s in "abcd":
+        assert {c.dtype for c in cfgs if wgmma_probe.step(c) == s} >= {DType.F16}, s
+    assert {c.dtype for c in cfgs} == {DType.F16, DType.BF16}
+    cases = wgmma_probe.cases()
+    assert len(cases) == 10 and {c["beta"] for c in cases} == {0.0, 2.0}
+    assert wgmma_probe.gate(4096) == 2e-5 and wgmma_probe.gate(8192) == 4e-5
+    assert wgmma_probe.padded(9, DType.F16) == 16 and wgmma_probe.padded(4096, DType.BF16) == 4096
+
+
+def test_probe_table_and_json_shape():
+    report = dict(configs=[dict(
+        name=wgmma_probe.CONFIGS[0], step="a", compile=dict(registers=255, spill_bytes=0),
+        cases=[dict(m=1, n=1, k=1, beta=0.0, status="ok", err=1e-7),
+               dict(m=17, n=33, k=9, beta=2.0, status="hang", error="no answer in 25 s")])],
+        timing=[dict(shape=[4096, 4096, 4096], kernels={
+            wgmma_probe.CONFIGS[0]: dict(ms=1.0, tflops=137.4, vs_cublas=0.2),
+            "cublas_f16": dict(ms=0.2, tflops=687.2, variant="torch.mm")})])
+    table = wgmma_probe._table(report)
+    assert "1/2" in table and "137.4" in table and "NOT OK" in table and "hang" in table
+
+
+def test_probe_child_reader_times_out_on_a_hang():
+    script = "import json, time; print(json.dumps({'ready': True}), flush=True); time.sleep(60)"
+    child = wgmma_probe._Child([sys.executable, "-c", script])
+    assert child.line(30) == {"ready": True}
+    assert child.line(0.5) is None  # the hang: no answer within the deadline
+    assert child.proc.poll() is None
+    child.stop()
+    assert child.proc.poll() is not None

@@ -1,0 +1,220 @@
+"""Host side of the wgmma family: TMA tensor maps and the cluster launch, through
+cuda.bindings (the CUDA driver API), imported only when first used.
+
+The pure parts (:func:`tensor_map_args`, :func:`kernel_arg_layout`) run anywhere and
+are tested without a GPU; :func:`encode_tensor_map`, :func:`load_function` and
+:func:`launch` need the driver and a current context (torch's primary context, for one).
+
+Example (on a GPU):
+    >>> fn = load_function(cubin_bytes, cfg.name)                # doctest: +SKIP
+    >>> launch(fn, cfg, m, n, k, 1.0, a_ptr, lda, b_ptr, ldb, 0.0, c_ptr, ldc, stream)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+from codegen.config import DType
+from codegen.errors import GemmTuneError
+from codegen.wgmma import SWIZZLE_BYTES, WgmmaConfig, tma_reasons
+
+__all__ = ["TmaUnsupported", "tensor_map_args", "encode_tensor_map", "load_function",
+           "launch", "kernel_arg_layout", "clear_caches"]
+
+log = logging.getLogger(__name__)
+
+#: names of the driver's CUtensorMapDataType per input type
+_TMA_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+              DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+              DType.TF32: "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32",
+              DType.F32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+_SWIZZLE = {"none": ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), "32B": ("CU_TENSOR_MAP_SWIZZLE_32B", 32),
+            "64B": ("CU_TENSOR_MAP_SWIZZLE_64B", 64), "128B": ("CU_TENSOR_MAP_SWIZZLE_128B", 128)}
+
+
+class TmaUnsupported(GemmTuneError):
+    """The operands break a TMA rule (alignment, stride): dispatch another family."""
+
+
+def _cu():
+    from cuda.bindings import driver as cu  # lazily: importing tuner loads no GPU package
+
+    return cu
+
+
+def _check(result):
+    """(CUresult, *values) -> values; RuntimeError naming the driver's error otherwise."""
+    cu = _cu()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        raise RuntimeError(f"CUDA driver error {name.decode() if name else err}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+# ---- tensor maps ------------------------------------------------------------------
+def tensor_map_args(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box_rows: int,
+                    box_cols: int, swizzle: str = "128B") -> dict:
+    """The arguments of cuTensorMapEncodeTiled for a row-major rows x cols matrix with
+    leading dimension ld (elements) at ptr, as plain values (enum members by name).
+
+    Raises:
+        TmaUnsupported: a rule of cuTensorMapEncodeTiled is broken; the message says which.
+    """
+    es = dtype.size
+    why = []
+    if ptr % 16:
+        why.append(f"address 0x{ptr:x} is not 16-byte aligned")
+    if (ld * es) % 16 or ld * es >= 1 << 40:
+        why.append(f"row stride {ld} x {es} B is not a multiple of 16 bytes below 2^40")
+    if ld < cols:
+        why.append(f"leading dimension {ld} is below the {cols} columns")
+    if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256):
+        why.append(f"box {box_rows} x {box_cols} has a side outside 1..256")
+    name, span = _SWIZZLE[swizzle]
+    if span and box_cols * es > span:
+        why.append(f"box rows of {box_cols} x {es} B exceed the {span} B of SWIZZLE_{swizzle}")
+    if (box_cols * es) % 16:
+        why.append(f"box rows of {box_cols} x {es} B are not a multiple of 16 bytes")
+    if not (1 <= rows < 1 << 32 and 1 <= cols < 1 << 32):
+        why.append(f"dimensions {rows} x {cols} are outside 1..2^32-1")
+    if why:
+        raise TmaUnsupported("cannot encode a TMA tensor map: " + "; ".join(why))
+    return dict(
+        tensorDataType=_TMA_DTYPE[dtype], tensorRank=2, globalAddress=ptr,
+        globalDim=[cols, rows],          # innermost first
+        globalStrides=[ld * es],         # bytes, rank - 1 entries (the innermost is implied)
+        boxDim=[box_cols, box_rows],
+        elementStrides=[1, 1],
+        interleave="CU_TENSOR_MAP_INTERLEAVE_NONE", swizzle=name,
+        l2Promotion="CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+        oobFill="CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",  # out-of-bounds elements read as zero
+    )
+
+
+def _encode(args: dict):
+    cu = _cu()
+    return _check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, args["tensorDataType"]), args["tensorRank"],
+        args["globalAddress"],
+        [cu.cuuint64_t(v) for v in args["globalDim"]],
+        [cu.cuuint64_t(v) for v in args["globalStrides"]],
+        [cu.cuuint32_t(v) for v in args["boxDim"]],
+        [cu.cuuint32_t(v) for v in args["elementStrides"]],
+        getattr(cu.CUtensorMapInterleave, args["interleave"]),
+        getattr(cu.CUtensorMapSwizzle, args["swizzle"]),
+        getattr(cu.CUtensorMapL2promotion, args["l2Promotion"]),
+        getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"]),
+    ))
+
+
+_MAPS: dict[tuple, object] = {}
+
+
+def encode_tensor_map(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box_rows: int,
+                      box_cols: int, swizzle: str = "128B"):
+    """A CUtensorMap for the row-major matrix at ptr, cached per (dtype, pointer, shape,
+    leading dimension, box, swizzle). Raises TmaUnsupported where TMA cannot describe it."""
+    key = (dtype, ptr, rows, cols, ld, box_rows, box_cols, swizzle)
+    tm = _MAPS.get(key)
+    if tm is None:
+        tm = _MAPS[key] = _encode(tensor_map_args(dtype, ptr, rows, cols, ld, box_rows, box_cols,
+                                                  swizzle))
+    return tm
+
+
+def clear_caches() -> None:
+    """Forget cached tensor maps (after freeing the buffers they describe)."""
+    _MAPS.clear()
+
+
+# ---- modules and launches -----------------------------------------------------------
+def ensure_context():
+    """Make sure a CUDA context is current (the device's primary one, as torch uses)."""
+    cu = _cu()
+    _check(cu.cuInit(0))
+    ctx = _check(cu.cuCtxGetCurrent())
+    if ctx is None or int(ctx) == 0:
+        dev = _check(cu.cuDeviceGet(0))
+        ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
+        _check(cu.cuCtxSetCurrent(ctx))
+    return ctx
+
+
+_MODULES: list = []  # loaded modules stay loaded for the process
+
+
+def load_function(cubin: bytes, name: str):
+    """cuModuleLoadData + cuModuleGetFunction (the module is kept alive)."""
+    cu = _cu()
+    ensure_context()
+    module = _check(cu.cuModuleLoadData(cubin))
+    _MODULES.append(module)
+    return _check(cu.cuModuleGetFunction(module, name.encode()))
+
+
+@functools.cache
+def _sm_count() -> int:
+    cu = _cu()
+    dev = _check(cu.cuCtxGetDevice())
+    return _check(cu.cuDeviceGetAttribute(
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+
+
+_SMEM_SET: set[int] = set()
+
+
+def _allow_smem(function, nbytes: int) -> None:
+    key = int(function)
+    if key not in _SMEM_SET:
+        cu = _cu()
+        _check(cu.cuFuncSetAttribute(
+            function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            nbytes))
+        _SMEM_SET.add(key)
+
+
+def kernel_arg_layout(m: int, n: int, k: int, alpha: float, beta: float, c: int,
+                      ldc: int) -> list[tuple[str, object]]:
+    """The scalar kernel arguments after the two tensor maps, as (name, ctypes value)."""
+    return [("M", ctypes.c_int32(m)), ("N", ctypes.c_int32(n)), ("K", ctypes.c_int32(k)),
+            ("alpha", ctypes.c_float(alpha)), ("beta", ctypes.c_float(beta)),
+            ("C", ctypes.c_uint64(c)), ("ldc", ctypes.c_int32(ldc))]
+
+
+def launch(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a: int,
+           lda: int, b: int, ldb: int, beta: float, c: int, ldc: int, stream=0) -> None:
+    """C = alpha * A * B + beta * C with the wgmma kernel `function` of `config`; a, b, c
+    are device addresses, stream a CUstream or its integer handle.
+
+    Raises:
+        TmaUnsupported: A or B break a TMA rule (tma_reasons says which); nothing is launched.
+    """
+    why = tma_reasons(config.dtype, lda, ldb, a, b, m, n, k)
+    if why:
+        raise TmaUnsupported("; ".join(why))
+    cu = _cu()
+    boxes = config.tma_boxes()
+    tm_a = encode_tensor_map(config.dtype, a, m, k, lda, *boxes["A"])
+    tm_b = encode_tensor_map(config.dtype, b, k, n, ldb, *boxes["B"])
+    _allow_smem(function, config.smem_bytes)
+
+    scalars = kernel_arg_layout(m, n, k, alpha, beta, c, ldc)
+    ptrs = [tm_a.getPtr(), tm_b.getPtr()] + [ctypes.addressof(v) for _, v in scalars]
+    params = (ctypes.c_void_p * len(ptrs))(*ptrs)
+
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config.grid(m, n, _sm_count())
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config.block()
+    cfg.sharedMemBytes = config.smem_bytes
+    cfg.hStream = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream or 0))
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = \
+        config.cluster_dims()
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    _check(cu.cuLaunchKernelEx(cfg, function, ctypes.addressof(params), 0))
+    del scalars  # the driver copied the arguments at launch
