@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid configs: {invalid}")
         return 2
     print(f"compiling {len(names)} configs ...", flush=True)
-    compiled = compile_all(names, out_dir / "compile-cache")
+    compiled = compile_all(names, Path(os.environ.get("GEMM_TUNE_CACHE_DIR") or out_dir) / "wgmma-probe-cache")
     try:
         import torch
         report["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
