@@ -46,6 +46,7 @@ class FakeGpu:
     def __init__(self, monkeypatch):
         self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
         self.scratch_calls = []  # launches and cuBLAS calls made by a measurement
+        self.measure_streams = []
         self.measuring = False
         self.times = {}  # kernel name or "cublas" -> ms a first-use measurement reports
         g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
@@ -97,10 +98,10 @@ class FakeGpu:
         @contextlib.contextmanager
         def scratch_operands(g, m, n, k, lda, ldb, ldc, size, offsets):
             world.measured.append(((m, n, k), (lda, ldb, ldc), offsets))
-            yield 4242, (0x1000, 0x2000, 0x3000)
+            yield 0x1000, 0x2000, 0x3000
 
         def time_candidates(g, runners, stream, budget_ms=2.0, rounds=3):
-            assert stream == 4242
+            world.measure_streams.append(stream)
             world.measured[-1] += (sorted(runners),)
             world.measuring = True
             for run in runners.values():  # each runs on the scratch operands
@@ -141,9 +142,11 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
     # measured on scratch operands of the call's leading dimensions, each candidate once
     assert fake.measured == [((100, 70, 50), (50, 70, 72), (0, 0, 0),
                               sorted([SMALL.name, BIG.name, "cublas"]))]
+    # ... on the call's own stream
+    assert fake.measure_streams == [1234]
     assert {(call[0], call[3], call[4][4]) for call in fake.scratch_calls[:2]} == {
-        (SMALL.name, 4242, 0x1000), (BIG.name, 4242, 0x1000)}
-    assert fake.scratch_calls[2][5:7] == (0x1000, 50) and fake.scratch_calls[2][12] == 4242
+        (SMALL.name, 1234, 0x1000), (BIG.name, 1234, 0x1000)}
+    assert fake.scratch_calls[2][5:7] == (0x1000, 50) and fake.scratch_calls[2][12] == 1234
     name, grid, block, stream, args = fake.launches[-1]
     assert (name, stream) == (SMALL.name, 1234)
     assert grid == SMALL.grid(100, 70) and block == SMALL.block()

@@ -119,11 +119,12 @@ def _torch_addmm(A, B, C, alpha: float = 1.0, beta: float = 0.0):
 
 _TENSOR = None  # torch.Tensor, once a torch tensor has been seen
 _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been seen
+_DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 
 
 def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
     """Library.gemm (see its doc)."""
-    global _TENSOR, _TF32
+    global _TENSOR, _TF32, _DEVICE
     if C is None and beta != 0:
         from tuner.runtime.library import LibraryError
 
@@ -133,6 +134,7 @@ def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
         import torch
 
         _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
+        _DEVICE = torch._C._cuda_getDevice
         _TENSOR = t
     if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
         return _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
@@ -188,6 +190,13 @@ def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
 
         C = torch.empty((plan.m, plan.n), dtype=torch.float32, device=A.device)
         pc = C.data_ptr()
+    if _DEVICE() == g.index:  # torch's device is current: launch; if no context is, retry
+        try:
+            plan.run(pa, pb, pc, alpha, beta, s)
+            return C
+        except driver.DriverError as e:
+            if "CONTEXT" not in str(e) and "INVALID_HANDLE" not in str(e):
+                raise
     with driver.entered(g):
         plan.run(pa, pb, pc, alpha, beta, s)
     return C
@@ -296,7 +305,7 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, meas
                   for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
     problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, allow_tf32,
-                      measure, allocate)
+                      measure, stream, allocate)
     with driver.entered(g):
         choice = lib._decide(g, dtype, m, n, k, align, stream, measure, problem.route,
                              problem.timer(lib))
@@ -323,6 +332,7 @@ class Problem:
     via_torch: bool
     allow_tf32: bool
     measure: bool
+    stream: int  # the call's stream: candidates are timed there, as the call would run
     allocate: Callable | None = None  # graph-safe scratch (torch callers)
 
     @property
@@ -354,9 +364,10 @@ class Problem:
 
     def timer(self, lib) -> Callable:
         """time(kernel names) -> {name or "cublas": ms per call}: each candidate timed on
-        scratch operands like the caller's, in loops, as the call would run it. A torch
-        caller's candidates are timed through lib.gemm itself (the call's whole host path,
-        its own plan swapped in), everyone else's through the plan's launcher."""
+        scratch operands like the caller's, on the call's stream, in loops, as the call
+        would run it. A torch caller's candidates are timed through lib.gemm itself (the
+        call's whole host path, its own plan swapped in), everyone else's through the
+        plan's launcher."""
         from tuner.runtime import measure
         from tuner.runtime.dispatch import Choice
 
@@ -367,7 +378,7 @@ class Problem:
 
         def time_torch(names):
             with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                        self.ldc, self.dtype.short, self.offsets) as (s, ops):
+                                        self.ldc, self.dtype.short, self.offsets) as ops:
                 A, B, C = ops
                 key = _torch_key(A, B, C, self.allow_tf32, self.measure, None)[0]
                 saved = lib._plans.get(key)
@@ -380,7 +391,8 @@ class Problem:
 
                 try:
                     return measure.time_candidates(
-                        self.gpu, {name: runner(p) for name, p in plans(names).items()}, s)
+                        self.gpu, {name: runner(p) for name, p in plans(names).items()},
+                        self.stream)
                 finally:
                     if saved is None:
                         lib._plans.pop(key, None)
@@ -389,9 +401,9 @@ class Problem:
 
         def time_pointers(names):
             with measure.driver_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                         self.ldc, self.dtype.size, self.offsets) as (s, ptrs):
+                                         self.ldc, self.dtype.size, self.offsets) as ptrs:
                 return measure.time_candidates(
                     self.gpu, {name: (lambda st, p=p: p.run(*ptrs, 1.0, 0.0, st))
-                               for name, p in plans(names).items()}, s)
+                               for name, p in plans(names).items()}, self.stream)
 
         return time_torch if self.via_torch else time_pointers

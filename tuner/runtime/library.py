@@ -334,8 +334,13 @@ class Library:
     def _measure(self, g, dtype, m, n, k, route, timer) -> dict:
         import datetime
 
-        ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count)[:MEASURE_TOP]
-        ms = timer([e["kernel"] for _, e in ranked])
+        ranked = [e["kernel"] for _, e in self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count)]
+        names = ranked[:MEASURE_TOP]
+        # and the best-estimated kernel of one launch, where a host-bound call is decided
+        single = [name for name in ranked if not config_from_name(name).reduce_pass]
+        if single and single[0] not in names:
+            names.append(single[0])
+        ms = timer(names)
         best = min((t, name) for name, t in ms.items() if name != "cublas")
         kernel = best[1] if best[0] * MEASURE_MARGIN < ms["cublas"] else None
         log.info("dispatch %dx%dx%d %s measured: %s", m, n, k, dtype.short, ms)

@@ -1,8 +1,10 @@
 """Timing a few candidates for a shape on first use, as the dispatch rule asks.
 
 The candidates run on scratch operands of the problem's shape, leading dimensions and
-alignment (never the caller's data), filled with random values (never zeros), on a
-private stream after the device has drained. Each is timed as a caller's loop sees it:
+alignment (never the caller's data), filled with random values (never zeros), on the
+call's own stream once it has drained (a private stream measured the same launches
+several microseconds slower on the H200, enough to flip the decision for the smallest
+problems). Each is timed as a caller's loop sees it:
 CUDA events around N back-to-back calls through the same route a call would take (so a
 split-K kernel's second launch and cuBLAS's own host work count), N sized to about
 `budget_ms`, turn about for 3 rounds, median per call.
@@ -20,7 +22,6 @@ from tuner.runtime import driver
 __all__ = ["time_candidates", "driver_operands", "torch_operands"]
 
 _SEED_ELEMS = 1 << 18
-_STREAMS: dict[tuple, object] = {}  # (GPU, kind) -> a private stream, kept
 
 
 def _sizes(m, n, k, lda, ldb, ldc, in_size):
@@ -41,8 +42,8 @@ def _fill(cu, ptr: int, nbytes: int, rng) -> None:
 
 @contextlib.contextmanager
 def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
-    """(stream, (a, b, c) pointers) on cuMemAlloc'd scratch, each `offsets` bytes past a
-    256-byte boundary as the caller's were; freed on exit."""
+    """(a, b, c) pointers on cuMemAlloc'd scratch, each `offsets` bytes past a 256-byte
+    boundary as the caller's were; freed on exit."""
     cu = driver._cu()
     allocs, ptrs = [], []
     try:
@@ -51,10 +52,7 @@ def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
             allocs.append(p)
             ptrs.append(p + off)
             _fill(cu, p, size + 256, np.random.default_rng(len(allocs)))
-        key = (g.index, "driver")
-        if key not in _STREAMS:  # non-blocking: no implicit sync with stream 0
-            _STREAMS[key] = int(driver._check(cu.cuStreamCreate(1), "cuStreamCreate"))
-        yield _STREAMS[key], tuple(ptrs)
+        yield tuple(ptrs)
     finally:
         driver._check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         for p in allocs:
@@ -63,33 +61,29 @@ def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
 
 @contextlib.contextmanager
 def torch_operands(g, m, n, k, lda, ldb, ldc, dtype_name, offsets):
-    """(stream, (A, B, C) tensors) for a torch caller: torch's allocator, tensors laid out
-    as a caller's are (rows of `ld` elements, `cols` used, the same byte offset from a
-    256-byte boundary), a private torch stream made current for the measurement."""
+    """(A, B, C) tensors for a torch caller, from torch's allocator on its current stream,
+    laid out as a caller's are (rows of `ld` elements, `cols` used, the same byte offset
+    from a 256-byte boundary)."""
     import torch
 
-    key = (g.index, "torch")
-    if key not in _STREAMS:
-        _STREAMS[key] = torch.cuda.Stream(device=g.index)
-    stream = _STREAMS[key]
     dt = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16,
           "bf16": torch.bfloat16}[dtype_name]
     out = []
-    with torch.cuda.stream(stream):
-        for (rows, cols, ld), off, t in zip(((m, k, lda), (k, n, ldb), (m, n, ldc)), offsets,
-                                            (dt, dt, torch.float32)):
-            skip = off // torch.empty((), dtype=t).element_size()
-            flat = torch.randn(skip + rows * ld, device=f"cuda:{g.index}", dtype=t)
-            out.append(flat[skip:].view(rows, ld)[:, :cols])
-        yield stream.cuda_stream, tuple(out)
-    stream.synchronize()
+    for (rows, cols, ld), off, t in zip(((m, k, lda), (k, n, ldb), (m, n, ldc)), offsets,
+                                        (dt, dt, torch.float32)):
+        skip = off // torch.empty((), dtype=t).element_size()
+        flat = torch.randn(skip + rows * ld, device=f"cuda:{g.index}", dtype=t)
+        out.append(flat[skip:].view(rows, ld)[:, :cols])
+    yield tuple(out)
+    torch.cuda.current_stream(g.index).synchronize()
 
 
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 2.0,
                     rounds: int = 3) -> dict[str, float]:
-    """Median milliseconds per call of each runner (name -> callable(stream)) in loops."""
+    """Median milliseconds per call of each runner (name -> callable(stream)) in loops on
+    `stream`."""
     cu = driver._cu()
-    driver._check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    driver.sync(stream)
     start, end = (driver._check(cu.cuEventCreate(0), "cuEventCreate") for _ in "se")
 
     def loop(run, reps) -> float:
