@@ -124,21 +124,26 @@ _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch 
 
 def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
     """Library.gemm (see its doc)."""
-    global _TENSOR, _TF32, _DEVICE
     if C is None and beta != 0:
         from tuner.runtime.library import LibraryError
 
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
     if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
-        import torch
-
-        _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
-        _DEVICE = torch._C._cuda_getDevice
-        _TENSOR = t
+        _see_torch()
     if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
         return _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
     return _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
+
+
+def _see_torch() -> None:
+    """Bind torch's cheap accessors, once torch tensors are seen."""
+    global _TENSOR, _TF32, _DEVICE
+    import torch
+
+    _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
+    _DEVICE = torch._C._cuda_getDevice
+    _TENSOR = torch.Tensor
 
 
 def _torch_key(A, B, C, allow_tf32, measure, stream):
@@ -377,6 +382,7 @@ class Problem:
             return out
 
         def time_torch(names):
+            _see_torch()
             with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
                                         self.ldc, self.dtype.short, self.offsets) as ops:
                 A, B, C = ops

@@ -81,6 +81,8 @@ class Library:
         self._dispatch: DispatchTable | None = None
         self._load_lock = threading.Lock()
         self._measure_lock = threading.Lock()
+        #: gemm's default for `measure`: on, unless GEMM_TUNE_MEASURE=0 when the library loads
+        self.measure = _measure_default()
 
     # ---- on disk ------------------------------------------------------------------
     @classmethod
@@ -388,7 +390,7 @@ class Library:
         cannot serve.
         """
         return launch.gemm(self, A, B, C, alpha, beta, allow_tf32, stream,
-                           _measure_default() if measure is None else measure)
+                           self.measure if measure is None else measure)
 
 
 def _torch_importable() -> bool:

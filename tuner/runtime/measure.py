@@ -7,7 +7,7 @@ several microseconds slower on the H200, enough to flip the decision for the sma
 problems). Each is timed as a caller's loop sees it:
 CUDA events around N back-to-back calls through the same route a call would take (so a
 split-K kernel's second launch and cuBLAS's own host work count), N sized to about
-`budget_ms`, turn about for 3 rounds, median per call.
+`budget_ms`, after a warm-up loop, turn about for 5 rounds, median per call.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def torch_operands(g, m, n, k, lda, ldb, ldc, dtype_name, offsets):
     torch.cuda.current_stream(g.index).synchronize()
 
 
-def time_candidates(g, runners: dict, stream: int, budget_ms: float = 2.0,
-                    rounds: int = 3) -> dict[str, float]:
+def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
+                    rounds: int = 5) -> dict[str, float]:
     """Median milliseconds per call of each runner (name -> callable(stream)) in loops on
     `stream`."""
     cu = driver._cu()
@@ -96,9 +96,14 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 2.0,
                                    "cuEventElapsedTime")) / reps
 
     try:
-        first = {name: loop(run, 1) for name, run in runners.items()}  # warm-up
-        reps = {name: int(min(50, max(2, budget_ms / max(t, 1e-4))))
+        # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise),
+        # then one whole loop each, discarded: on the H200 the first loop of a shape still
+        # ran up to 3x slower than the later ones
+        first = {name: loop(run, 1) for name, run in runners.items()}
+        reps = {name: int(min(100, max(2, budget_ms / max(t, 1e-4))))
                 for name, t in first.items()}
+        for name, run in runners.items():
+            loop(run, reps[name])
         times: dict[str, list] = {name: [] for name in runners}
         for _ in range(rounds):
             for name, run in runners.items():
