@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from codegen.arch import ArchLimits
@@ -154,13 +155,14 @@ FAMILIES: dict[str, FamilySpec] = {}
 
 
 def register(spec: FamilySpec) -> FamilySpec:
-    """Add a family. Its name and config type must be new (GemmTuneError otherwise)."""
+    """Add a family. Its name (lower-case letters and digits, so that no family's name
+    prefix gemm_<name>_ starts another's) and its config type must be new
+    (GemmTuneError otherwise)."""
+    if not re.fullmatch(r"[a-z][a-z0-9]*", spec.name):
+        raise GemmTuneError(f"family name {spec.name!r} is not lower-case letters and digits")
     clash = [s.name for s in FAMILIES.values() if s.name == spec.name or s.config is spec.config]
     if clash:
         raise GemmTuneError(f"family {spec.name!r} clashes with the registered {clash[0]!r}")
-    if any(spec.prefix.startswith(s.prefix) or s.prefix.startswith(spec.prefix)
-           for s in FAMILIES.values()):
-        raise GemmTuneError(f"family name {spec.name!r} would make names ambiguous")
     FAMILIES[spec.name] = spec
     return spec
 
