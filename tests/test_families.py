@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from codegen import DType, GemmTuneError, UsageError, check, parse_arch, render
-from codegen.config import DEFAULT_CONFIG, DEFAULT_WMMA, Family, KernelConfig, WmmaConfig, \
+from codegen.config import DEFAULT_CONFIG, DEFAULT_WMMA, Family, KernelConfig, \
     config_from_dict, config_from_name
 from codegen.families import (
     FAMILIES, FamilySpec, Math, families_for, family_of, register,

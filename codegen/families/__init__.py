@@ -11,8 +11,9 @@ data and each kind brings its own emitter.
 What a family module ``codegen/families/<name>.py`` provides:
 
 * A config: a frozen dataclass (mix in ``_common.Serial`` for ``to_dict`` /
-  ``from_dict``) with ``dtype: DType``, ``family`` (its ``Family`` member) and
-  ``layout: Layout`` fields and:
+  ``from_dict``) with ``dtype: DType``, ``family`` (defaulting to its ``Family``
+  member; a family registered from outside uses its plain name) and ``layout: Layout``
+  fields, and:
 
   - ``name``: the procedural name ``gemm_<family>_<dtype>_...`` encoding every field
     (STYLE 3), and ``from_name(name)``, its inverse (``UsageError`` otherwise);
