@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from codegen.config import DType  # noqa: E402
-from codegen.wgmma import WgmmaConfig, check_wgmma, tma_reasons  # noqa: E402
+from codegen.families.wgmma import WgmmaConfig, check_wgmma, tma_reasons  # noqa: E402
 
 #: steps (a)-(d) of issue 13, fp16 and bf16; BN=64 makes B's LBO irrelevant (a diagnostic)
 CONFIGS = [

@@ -4,7 +4,7 @@ Pure Python plus nvcc; never creates a CUDA context.
 
 Example:
     >>> from codegen import KernelConfig, check, render
-    >>> cfg = KernelConfig(bm=64, bn=64, rm=4, rn=4)
+    >>> cfg = KernelConfig(bm=64, bn=64, bk=16, rm=4, rn=4)
     >>> check(cfg, "sm_90")
     []
     >>> "extern \\"C\\" __global__" in render(cfg)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 from codegen._io import atomic_write, atomic_write_json
 from codegen.arch import ArchLimits, parse_arch
-from codegen.config import Family, KernelConfig
+from codegen.families import Config, Family
 from codegen.errors import GemmTuneError
 from codegen.render import render, template_hash
 
@@ -244,7 +244,7 @@ def compile_source(
 
 
 def compile_config(
-    config: KernelConfig,
+    config: Config,
     arch: str | int | ArchLimits,
     cache_dir: Path | None = None,
     artifacts_dir: Path | None = None,
@@ -260,7 +260,7 @@ def compile_config(
     return result
 
 
-def write_artifacts(config: KernelConfig, result: CompileResult, artifacts_dir: Path) -> Path:
+def write_artifacts(config: Config, result: CompileResult, artifacts_dir: Path) -> Path:
     """artifacts/<arch>/<name>.cu, .cubin (when compiled) and .json; returns the .cu path."""
     d = Path(artifacts_dir) / result.arch
     cu = atomic_write(d / f"{config.name}.cu", result.source or render(config))
@@ -291,13 +291,13 @@ def compile_task(args) -> CompileResult:
 
 
 def compile_many(
-    configs: Iterable[KernelConfig],
+    configs: Iterable[Config],
     arch: str | int | ArchLimits,
     jobs: int | None = None,
     cache_dir: Path | None = None,
     artifacts_dir: Path | None = None,
-    on_done: Callable[[KernelConfig, CompileResult], None] | None = None,
-) -> Iterator[tuple[KernelConfig, CompileResult]]:
+    on_done: Callable[[Config, CompileResult], None] | None = None,
+) -> Iterator[tuple[Config, CompileResult]]:
     """Compile many configurations in a spawn process pool; yields (config, result) as each ends."""
     configs = list(configs)
     arch = parse_arch(arch).sm

@@ -1,4 +1,4 @@
-"""Rendering: KernelConfig -> CUDA source, through the Jinja2 templates."""
+"""Rendering: a config -> CUDA source, through its family's Jinja2 template."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import jinja2
 
-from codegen.config import KernelConfig
+from codegen.errors import GemmTuneError
+from codegen.families import Config, family_of
 
 __all__ = ["render", "render_file", "template_dir", "template_hash"]
 
@@ -35,9 +36,12 @@ def _env() -> jinja2.Environment:
     )
 
 
-def render(config: KernelConfig) -> str:
+def render(config: Config) -> str:
     """CUDA source of one configuration (no validation: call codegen.check first)."""
-    return _env().get_template(config.family.template).render(**config.template_values())
+    template = family_of(config).template
+    if template is None:
+        raise GemmTuneError(f"the {family_of(config).name} family renders no source")
+    return _env().get_template(template).render(**config.template_values())
 
 
 def render_file(template: str, **values) -> str:

@@ -18,7 +18,7 @@ import pytest
 from codegen import DType, UsageError, compile_many, render
 from codegen.compile import arch_target, compile_config
 from codegen.config import Family
-from codegen.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, check_wgmma, sample_wgmma,
+from codegen.families.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, check_wgmma, sample_wgmma,
                            tma_reasons)
 from tuner import wgmma_launch as wl
 

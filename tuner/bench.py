@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from codegen.config import DType, Family, KernelConfig, WmmaConfig
+from codegen.config import DType
+from codegen.families import Config, Math, family_of
 from tuner.gpu import Kernel, _drv, cublas, device
 from tuner.outcome import Measurement, Outcome, Timing
 
@@ -37,9 +38,10 @@ log = logging.getLogger(__name__)
 TOLERANCE = {DType.F32: 1e-5, DType.TF32: 1e-4, DType.F16: 2e-5, DType.BF16: 2e-5}
 
 
-def tolerance(config, k: int) -> float:
-    """The gate for `config` at depth K."""
-    if config.family is Family.SIMT:
+def tolerance(config: Config, k: int) -> float:
+    """The gate for `config` at depth K, by its family's math: FP32 FMAs on exactly
+    widened inputs meet fp32's gate; tensor cores their input type's, growing with K."""
+    if family_of(config).math is Math.CUDA_CORE:
         return TOLERANCE[DType.F32]
     return TOLERANCE[config.dtype] * max(1.0, k / 4096)
 
@@ -186,7 +188,7 @@ class GpuBenchmark:
         self.flush = L2Flush(self.dev.l2_bytes)
         self.flops = self.problem.flops
 
-    def measure(self, config: KernelConfig | WmmaConfig, cubin) -> Measurement:
+    def measure(self, config: Config, cubin) -> Measurement:
         drv = _drv()
         p = self.problem
         try:

@@ -10,16 +10,17 @@ from typing import Callable
 from codegen.arch import ArchLimits
 from codegen.compile import compile_many
 from codegen.check import check
-from codegen.config import DEFAULT_CONFIG, DEFAULT_WMMA, DType, Family, KernelConfig, WmmaConfig
+from codegen.config import DType
+from codegen.families import Config, families_for
 from tuner.model import judge
-from tuner.space import families, space_size, valid_configs
+from tuner.space import space_size, valid_configs
 
 __all__ = ["DryRunRow", "DryRunReport", "dry_run"]
 
 
 @dataclasses.dataclass
 class DryRunRow:
-    config: KernelConfig | WmmaConfig
+    config: Config
     status: str  # "ok", "pruned" (by the model) or "compile failed"
     reason: str = ""
     registers: int | None = None
@@ -53,14 +54,9 @@ class DryRunReport:
                     candidates=[r.to_dict() for r in self.rows])
 
 
-def defaults(dtype: DType, arch: ArchLimits) -> list[KernelConfig | WmmaConfig]:
+def defaults(dtype: DType, arch: ArchLimits) -> list[Config]:
     """The recommended configuration of each family a request in `dtype` searches."""
-    fams = families(dtype)
-    out = [dataclasses.replace(DEFAULT_CONFIG, dtype=fams[Family.SIMT])]
-    if Family.WMMA in fams:
-        out.append(dataclasses.replace(DEFAULT_WMMA, dtype=fams[Family.WMMA],
-                                       vec=16 // fams[Family.WMMA].size,
-                                       skew=16 // fams[Family.WMMA].size))
+    out = [spec.default(spec.dtypes[dtype]) for spec in families_for(dtype, arch)]
     return [c for c in out if not check(c, arch)]
 
 
@@ -82,7 +78,7 @@ def dry_run(
     pool = [c for c in valid if c not in first]
     sample = random.Random(seed).sample(pool, min(max(trials - len(first), 0), len(pool)))
     configs = [*first, *sample]
-    rows: dict[KernelConfig | WmmaConfig, DryRunRow] = {}
+    rows: dict[Config, DryRunRow] = {}
     done = 0
     for cfg, res in compile_many(configs, arch, jobs, cache_dir, artifacts):
         if not res.ok:

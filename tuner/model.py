@@ -7,13 +7,15 @@ A candidate is hopeless, and never timed, when
 
 The bound is an upper bound on the TFLOP/s a kernel of this shape can reach, the
 product of:
-  peak            SIMT: SMs x FMA lanes x 2 x clock (the device's own figures on a GPU);
-                  WMMA: SMs x tensor-core FLOP/clock x clock (tf32 half of fp16)
+  peak            by the family's math (codegen.families.Math): CUDA cores: SMs x FMA
+                  lanes x 2 x clock (the device's own figures on a GPU); tensor cores:
+                  SMs x tensor-core FLOP/clock x clock (tf32 half of fp16)
   tile efficiency useful / computed work when M, N, K are rounded up to the tile
   wave efficiency blocks / (SMs x ceil(blocks / SMs)), blocks = tiles x split-K:
                   SMs idle in the last wave
-  issue efficiency SIMT: FFMA / (FFMA + LDS) in the inner loop, RM*RN FMAs per
-                  RM/VA + RN/VB shared loads, each taking an issue slot; WMMA: 1
+  issue efficiency the family's own figure (FamilySpec.issue_efficiency); SIMT:
+                  FFMA / (FFMA + LDS) in the inner loop, RM*RN FMAs per RM/VA + RN/VB
+                  shared loads, each taking an issue slot; WMMA: 1
 Every factor only removes work a real kernel must do, so a kernel can never beat
 its bound; pruning on it loses nothing that could have won.
 """
@@ -24,7 +26,9 @@ import dataclasses
 
 from codegen.arch import ArchLimits
 from codegen.compile import Resources
-from codegen.config import KernelConfig, WmmaConfig
+from codegen.families import Config, family_of
+# the shape rules live with the configs (the families' spaces use them); re-exported here
+from codegen.families._common import cdiv as _cdiv, shape_reasons, wants_split
 from tuner.occupancy import Occupancy, occupancy
 
 __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split"]
@@ -38,11 +42,7 @@ class Verdict:
     occupancy: Occupancy
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def bound_tflops(config: KernelConfig | WmmaConfig, shape: tuple[int, int, int],
+def bound_tflops(config: Config, shape: tuple[int, int, int],
                  arch: ArchLimits) -> tuple[float, dict]:
     """Upper bound on the TFLOP/s of `config` at `shape` on `arch`, and its factors."""
     m, n, k = shape
@@ -51,13 +51,8 @@ def bound_tflops(config: KernelConfig | WmmaConfig, shape: tuple[int, int, int],
     tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
     sms = max(arch.sm_count, 1)
     wave = tiles / (sms * _cdiv(tiles, sms))
-    if isinstance(c, WmmaConfig):  # tensor cores: the fragment loads have their own pipe
-        issue, peak = 1.0, arch.peak_tensor_tflops(c.dtype)
-    else:
-        tv = c.template_values()
-        fma = c.rm * c.rn
-        issue = fma / (fma + c.rm // tv["VA"] + c.rn // tv["VB"])
-        peak = arch.peak_fp32_tflops
+    family = family_of(c)
+    issue, peak = family.issue_efficiency(c), family.math.peak_tflops(c.dtype, arch)
     figures = dict(peak=round(peak, 2), tile_eff=round(tile, 4), wave_eff=round(wave, 4),
                    issue_eff=round(issue, 4))
     bound = peak * tile * wave * issue
@@ -65,28 +60,8 @@ def bound_tflops(config: KernelConfig | WmmaConfig, shape: tuple[int, int, int],
     return bound, figures
 
 
-def wants_split(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLimits) -> bool:
-    """Split-K is searched only where the M x N tiles alone leave SMs idle."""
-    m, n, _ = shape
-    return _cdiv(m, config.bm) * _cdiv(n, config.bn) < max(arch.sm_count, 1)
-
-
-def shape_reasons(config: KernelConfig, shape: tuple[int, int, int], arch: ArchLimits) -> list[str]:
-    """Reasons a buildable config is pointless for this shape (rejected before compiling)."""
-    m, n, k = shape
-    why = []
-    if config.split > 1:
-        tiles = _cdiv(m, config.bm) * _cdiv(n, config.bn)
-        if not wants_split(config, shape, arch):
-            why.append(f"split-K {config.split} is not needed: {tiles} tiles already cover "
-                       f"the {arch.sm_count} SMs")
-        if config.split > _cdiv(k, config.bk):
-            why.append(f"split-K {config.split} exceeds the {_cdiv(k, config.bk)} K tiles")
-    return why
-
-
 def judge(
-    config: KernelConfig,
+    config: Config,
     resources: Resources,
     shape: tuple[int, int, int],
     arch: ArchLimits,

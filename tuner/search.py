@@ -26,7 +26,8 @@ from codegen.check import check
 from codegen.compile import (
     CompileResult, Resources, compile_config, compile_task, default_cache_dir,
 )
-from codegen.config import DType, KernelConfig, WmmaConfig, config_from_name
+from codegen.config import DType, config_from_name
+from codegen.families import Config
 from tuner.model import judge, shape_reasons
 from tuner.outcome import Measurement, Outcome, Timing
 from tuner.space import is_candidate, params_of, suggest, valid_configs
@@ -41,7 +42,7 @@ class Benchmark(Protocol):
     arch: ArchLimits
     flops: float
 
-    def measure(self, config: KernelConfig | WmmaConfig, cubin: Path) -> Measurement: ...
+    def measure(self, config: Config, cubin: Path) -> Measurement: ...
 
     def baseline(self) -> Measurement: ...
 
@@ -49,7 +50,7 @@ class Benchmark(Protocol):
 @dataclasses.dataclass
 class TrialRecord:
     number: int
-    config: KernelConfig | WmmaConfig
+    config: Config
     outcome: Outcome
     reason: str = ""
     tflops: float | None = None

@@ -18,7 +18,7 @@ import logging
 
 from codegen.config import DType
 from codegen.errors import GemmTuneError
-from codegen.wgmma import SWIZZLE_BYTES, WgmmaConfig, tma_reasons
+from codegen.families.wgmma import SWIZZLE_BYTES, WgmmaConfig, tma_reasons
 
 __all__ = ["TmaUnsupported", "tensor_map_args", "encode_tensor_map", "load_function",
            "launch", "kernel_arg_layout", "clear_caches"]

@@ -21,7 +21,9 @@ import random
 import re
 
 from codegen.arch import ArchLimits, parse_arch
-from codegen.config import DType, Family, Layout, _Serial
+from codegen.families import Family, FamilySpec, Math, register
+from codegen.families._common import DType, Layout
+from codegen.families._common import Serial as _Serial
 from codegen.errors import UsageError
 
 __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "check_wgmma", "sample_wgmma",
@@ -359,3 +361,50 @@ def sample_wgmma(n: int = 8, seed: int = 13, arch: str = "sm_90") -> list[WgmmaC
         if not check_wgmma(c, arch) and c not in chosen:
             chosen.append(c)
     return chosen[:max(n, len(chosen))]
+
+
+# ---- the family's registration ----------------------------------------------------------
+_SEARCHED = [k for k in WGMMA_SPACE if k != "dtype"]
+
+
+def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
+    """Ask a trial (anything with Optuna's suggest_categorical) for one point."""
+    return WgmmaConfig(dtype=dtype, **{k: trial.suggest_categorical(f"wgmma_{k}",
+                                                                    WGMMA_SPACE[k])
+                                       for k in _SEARCHED})
+
+
+def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
+    """The trial parameters that make `suggest` return `config`."""
+    return {f"wgmma_{k}": getattr(config, k) for k in _SEARCHED}
+
+
+def valid_configs(arch, dtype: DType, shape=None):
+    """Every point of the space that `check_wgmma` accepts for `arch`, in grid order."""
+    import itertools
+
+    arch = parse_arch(arch)
+    for vals in itertools.product(*(WGMMA_SPACE[k] for k in _SEARCHED)):
+        c = WgmmaConfig(dtype=dtype, **dict(zip(_SEARCHED, vals)))
+        if not check_wgmma(c, arch):
+            yield c
+
+
+WGMMA = register(FamilySpec(
+    name=Family.WGMMA.value,
+    config=WgmmaConfig,
+    template="gemm_wgmma.cu.j2",
+    check=check_wgmma,
+    dtypes={DType.F16: DType.F16, DType.BF16: DType.BF16},
+    # not searched yet: the tuner's runner cannot launch TMA kernels until the family is
+    # wired into it (rendered, compiled, tested and probed on the GPU so far)
+    searched=False,
+    math=Math.TENSOR_CORE,
+    space={f"wgmma_{k}": WGMMA_SPACE[k] for k in _SEARCHED},
+    suggest=suggest,
+    params_of=params_of,
+    valid_configs=valid_configs,
+    default=lambda dtype: dataclasses.replace(DEFAULT_WGMMA, dtype=dtype),
+    min_cc=90,
+    max_cc=90,
+))

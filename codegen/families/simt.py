@@ -1,0 +1,450 @@
+"""The SIMT family: CUDA cores, FP32 FMAs (fp16 / bf16 inputs widened exactly on load).
+
+Its config (:class:`KernelConfig`), its check, its search space and its template
+values; registered as "simt" with templates/gemm_simt.cu.j2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Iterator
+
+from codegen.arch import ArchLimits, parse_arch
+from codegen.errors import UsageError
+from codegen.families import Family, FamilySpec, Math, register
+from codegen.families._common import (
+    DType, Layout, Serial, Shape, positive_sizes, shape_reasons, smem_reasons, stages_reasons,
+    swizzle_reasons, threads_reasons, wants_split, widest,
+)
+
+__all__ = ["KernelConfig", "DEFAULT_CONFIG", "TEMPLATE", "check", "SPLITS", "REDUCES",
+           "CLUSTER_SPLITS", "WARP_ARRANGEMENTS", "SPACE", "SEARCH_SPLITS", "SPLIT_REDUCES",
+           "WIDENED_STAGES", "config_from_params", "suggest", "params_of", "valid_configs",
+           "issue_efficiency", "SIMT"]
+
+TEMPLATE = "gemm_simt.cu.j2"
+
+_VEC_TYPES = {1: "float", 2: "float2", 4: "float4"}
+#: C++ element type of the SIMT family's inputs (fp16 / bf16 are widened on load)
+_SIMT_CPP = {DType.F32: "float", DType.TF32: "float", DType.F16: "__half",
+             DType.BF16: "__nv_bfloat16"}
+
+
+#: the name's mark of each split-K reduction, after `_k<split>`
+_REDUCE_SUFFIX = {"pass": "", "last": "l", "cluster": "c"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig(Serial):
+    """One point of the SIMT GEMM family.
+
+    Attributes:
+        bm, bn, bk: block tile; a block computes BM x BN of C, marching along K by BK.
+        rm, rn: register micro-tile; each thread accumulates RM x RN outputs.
+        wt: a warp's threads are arranged WT x (32/WT) over its WM x WN warp tile,
+            WM = WT*RM and WN = (32/WT)*RN, so lanes in a row share (broadcast) the
+            A fragment they read from shared memory and lanes in a column share B's.
+        pad: words added to the leading dimension of each shared tile (bank conflicts).
+        vec: floats per global load and store (1, 2, 4); scalar fallback at run time
+            where alignment, a leading dimension or an edge forbids it.
+        stages: 1 = one shared buffer; 2 = double buffer with register prefetch;
+            3-4 = a cp.async ring of that depth (sm_80 and newer).
+        swizzle: blocks are rasterised in groups of this many block rows so that
+            neighbouring blocks share A and B panels in L2 (1 = plain row order).
+        split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
+            1 = no split. The name carries `_k<split>` only when split > 1.
+        reduce: how split-K's partial tiles are summed, in a fixed order (deterministic)
+            each way: "pass" = each block writes its partial tile to a workspace and
+            a second kernel adds them and applies alpha and beta; "last" = the same
+            workspace, but the last block of each tile to finish (a ticket counter per
+            tile) adds them: one launch; "cluster" = the SPLIT blocks of a tile form a
+            thread-block cluster (sm_90+, SPLIT <= 8), leave their partial tiles in
+            shared memory and sum them through distributed shared memory: one launch,
+            no workspace. The name carries `l` or `c` after `_k<split>` for "last" or
+            "cluster".
+        frags: 1 = each k-step loads its A and B fragments from shared memory and then
+            does its FMAs; 2 = the fragments are double-buffered in registers (step
+            kk+1's loads are issued before step kk's FMAs). The name carries `_f2` only
+            when 2.
+        minb: the second argument of __launch_bounds__, the blocks per SM ptxas must
+            leave room for (it caps the registers at 64K / (threads x minb)). The name
+            carries `_b<minb>` only when above 1.
+
+    Example:
+        >>> KernelConfig().name
+        'gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8'
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 8
+    rm: int = 8
+    rn: int = 8
+    wt: int = 4
+    pad: int = 4
+    vec: int = 4
+    stages: int = 2
+    swizzle: int = 8
+    split: int = 1
+    frags: int = 1
+    reduce: str = "pass"
+    minb: int = 1
+    dtype: DType = DType.F32
+    family: Family = Family.SIMT
+    layout: Layout = Layout.NN
+
+    # ---- identity -----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """Procedural name encoding every parameter; names files, caches and logs."""
+        return (
+            f"gemm_{self.family.value}_{self.dtype.short}"
+            f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
+            f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
+            + (f"_k{self.split}" if self.split != 1 else "")
+            + (_REDUCE_SUFFIX[self.reduce] if self.split > 1 else "")
+            + (f"_f{self.frags}" if self.frags != 1 else "")
+            + (f"_b{self.minb}" if self.minb != 1 else "")
+        )
+
+    _NAME_RE = re.compile(
+        r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
+        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<reduce>[cl])?)?(?:_f(?P<frags>\d+))?(?:_b(?P<minb>\d+))?$"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> "KernelConfig":
+        """Inverse of :attr:`name`; UsageError for a string that is not a kernel name."""
+        m = cls._NAME_RE.match(name.strip())
+        if not m:
+            raise UsageError(f"{name!r} is not a gemm-tune kernel name")
+        try:
+            family = Family(m["family"])
+            dtype = next(d for d in DType if d.short == m["dtype"])
+        except (ValueError, StopIteration):
+            raise UsageError(f"{name!r} names an unknown family or dtype") from None
+        ints = {k: int(m[k]) for k in ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
+                                       "stages", "swizzle")}
+        ints["split"] = int(m["split"] or 1)
+        ints["frags"] = int(m["frags"] or 1)
+        ints["minb"] = int(m["minb"] or 1)
+        reduce = {v: k for k, v in _REDUCE_SUFFIX.items()}[m["reduce"] or ""]
+        cfg = cls(dtype=dtype, family=family, reduce=reduce, **ints)
+        if cfg.wt_n != int(m["wtn"]):
+            raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
+        return cfg
+
+    # ---- derived geometry (computed here, passed to the template) -------------
+    @property
+    def cluster(self) -> bool:
+        """Split-K summed across a thread-block cluster (one launch, no workspace)."""
+        return self.split > 1 and self.reduce == "cluster"
+
+    @property
+    def last(self) -> bool:
+        """Split-K summed by the last block of each tile (one launch, workspace + tickets)."""
+        return self.split > 1 and self.reduce == "last"
+
+    @property
+    def reduce_pass(self) -> bool:
+        """Does a launch end with the <name>_reduce kernel?"""
+        return self.split > 1 and self.reduce == "pass"
+
+    @property
+    def has_workspace(self) -> bool:
+        """Do the partial tiles go through a workspace in global memory (pass or last)?"""
+        return self.reduce_pass or self.last
+
+    @property
+    def wt_n(self) -> int:
+        return 32 // self.wt if self.wt > 0 else 0
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.rm) * (self.bn // self.rn) if self.rm and self.rn else 0
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return self.wt * self.rm, self.wt_n * self.rn
+
+    @property
+    def lda_s(self) -> int:
+        """Leading dimension of the shared A tile, stored transposed as [BK][BM+pad]."""
+        return self.bm + self.pad
+
+    @property
+    def ldb_s(self) -> int:
+        return self.bn + self.pad
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block, in bytes (with a cluster split-K, at least the
+        BM x BN partial tile the main loop's buffers are reused for)."""
+        main = self.stages * self.bk * (self.lda_s + self.ldb_s) * 4
+        return max(main, self.bm * self.bn * 4) if self.cluster else main
+
+    def template_values(self) -> dict:
+        """Every value the template uses, derived here so the template stays plain."""
+        wm, wn = self.warp_tile
+        va = widest(self.rm, self.lda_s)  # floats per shared read of the A fragment
+        vb = widest(self.rn, self.ldb_s)
+        store_vec = min(vb, self.vec)
+        return dict(
+            name=self.name,
+            template=TEMPLATE,
+            dtype=self.dtype.short,
+            ELEM_T=_SIMT_CPP[self.dtype],
+            BM=self.bm, BN=self.bn, BK=self.bk, RM=self.rm, RN=self.rn,
+            WT_M=self.wt, WT_N=self.wt_n, WM=wm, WN=wn,
+            WARPS_M=self.bm // wm if wm else 0, WARPS_N=self.bn // wn if wn else 0,
+            THREADS=self.threads, PAD=self.pad, VEC=self.vec, STAGES=self.stages,
+            SWIZZLE=self.swizzle, LDA_S=self.lda_s, LDB_S=self.ldb_s,
+            VA=va, VB=vb, STORE_VEC=store_vec,
+            VEC_T=_VEC_TYPES[self.vec], VA_T=_VEC_TYPES[va], VB_T=_VEC_TYPES[vb],
+            STORE_T=_VEC_TYPES[store_vec],
+            B_STS_VEC=self.vec if self.ldb_s % self.vec == 0 else 1,
+            A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
+            B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
+            SMEM_BYTES=self.smem_bytes,
+            SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
+            LAST=self.last, REDUCE_PASS=self.reduce_pass,
+            MIN_BLOCKS=self.minb,
+            MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
+        )
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """Launch grid for an M x N output: tiles along x (the kernel swizzles), K slices along z."""
+        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, self.split
+
+    def workspace_floats(self, m: int, n: int) -> int:
+        """Floats of workspace a split-K launch needs (0 without split, or in a cluster)."""
+        return self.split * m * n if self.has_workspace else 0
+
+    def ticket_count(self, m: int, n: int) -> int:
+        """Zeroed tile counters a "last" split-K launch needs (one per tile of C; each is
+        reset to zero by the block that sums its tile)."""
+        return self.grid(m, n)[0] if self.last else 0
+
+    def block(self) -> tuple[int, int, int]:
+        return self.threads, 1, 1
+
+
+#: The configuration gemm-tune recommends before any tuning (compiles with 0 spills).
+DEFAULT_CONFIG = KernelConfig()
+
+
+
+# ---- validation -----------------------------------------------------------------------
+SPLITS = (1, 2, 4, 8, 16, 32)
+REDUCES = ("pass", "last", "cluster")
+CLUSTER_SPLITS = (2, 4, 8)
+WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
+
+
+def check(c: KernelConfig, a: ArchLimits) -> list[str]:
+    """Reasons `c` cannot be built for `a`; empty when it can.
+
+    Example:
+        >>> check(KernelConfig(stages=3), parse_arch("sm_75"))
+        ['cp.async stages (3) need sm_80 or newer; sm_75 has none']
+    """
+    why: list[str] = []
+
+    if c.family is not Family.SIMT or c.dtype is DType.TF32:
+        why.append(f"the {c.family.value} family has no {c.dtype.short} kernel")
+    elif c.dtype is not DType.F32 and c.stages > 2:
+        why.append(f"{c.dtype.short} inputs are widened to fp32 on the way through registers, "
+                   f"so stages must be 1 or 2, not {c.stages} (cp.async cannot convert)")
+
+    bad = positive_sizes(BM=c.bm, BN=c.bn, BK=c.bk, RM=c.rm, RN=c.rn)
+    if bad:
+        return why + bad  # nothing below is meaningful
+    if c.bm % c.rm:
+        why.append(f"BM={c.bm} is not a multiple of RM={c.rm}")
+    if c.bn % c.rn:
+        why.append(f"BN={c.bn} is not a multiple of RN={c.rn}")
+    if c.wt not in WARP_ARRANGEMENTS:
+        why.append(f"warp arrangement {c.wt} x 32/{c.wt} is not a split of 32 lanes")
+        return why
+    if why:
+        return why
+
+    t = c.threads
+    if t % a.warp_size:
+        why.append(f"{t} threads per block is not a multiple of the warp size {a.warp_size}")
+    why += threads_reasons(t, a)
+    wm, wn = c.warp_tile
+    if c.bm % wm:
+        why.append(f"warp tile {wm}x{wn} (WT={c.wt} x RM={c.rm}) does not divide BM={c.bm}")
+    if c.bn % wn:
+        why.append(f"warp tile {wm}x{wn} ({c.wt_n} lanes x RN={c.rn}) does not divide BN={c.bn}")
+
+    if c.vec not in (1, 2, 4):
+        why.append(f"vector width {c.vec} is not 1, 2 or 4 floats")
+    else:
+        if c.bk % c.vec:
+            why.append(f"BK={c.bk} is not a multiple of the vector width {c.vec}")
+        if c.bn % c.vec:
+            why.append(f"BN={c.bn} is not a multiple of the vector width {c.vec}")
+        if t and not why:
+            for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
+                vecs = rows * cols // c.vec
+                if vecs % t:
+                    why.append(
+                        f"{t} threads cannot load the {rows}x{cols} {op} tile evenly "
+                        f"({vecs} vectors of {c.vec})"
+                    )
+
+    why += stages_reasons(c.stages, a, cp_async_from=3)
+    if not 0 <= c.pad <= 32:
+        why.append(f"padding {c.pad} words is outside 0..32")
+    why += swizzle_reasons(c.swizzle)
+    if c.frags not in (1, 2):
+        why.append(f"fragment buffers {c.frags} must be 1 or 2")
+    if c.minb < 1 or c.minb * t > a.max_threads_per_sm:
+        why.append(f"__launch_bounds__ minimum of {c.minb} blocks of {t} threads does not fit "
+                   f"the {a.max_threads_per_sm} threads of an SM")
+    if c.split not in SPLITS:
+        why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
+    if c.reduce not in REDUCES:
+        why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(REDUCES)}")
+    elif c.reduce == "cluster":
+        if c.split not in CLUSTER_SPLITS:
+            why.append(f"a cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} "
+                       f"slices (a portable cluster size), not {c.split}")
+        if a.cc < 90:
+            why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
+                       f"{a.sm} has none")
+    elif c.reduce == "last" and c.split == 1:
+        why.append("a last-block split-K needs a split of 2 or more, not 1")
+
+    why += smem_reasons(c.smem_bytes, a)
+    regs = c.rm * c.rn + (c.rm + c.rn) * c.frags
+    if regs > a.max_regs_per_thread:
+        why.append(
+            f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
+            f"the {a.max_regs_per_thread} per-thread limit"
+        )
+    return why
+
+
+# ---- the search space -----------------------------------------------------------------
+#: Fixed categorical lists keep every Optuna trial on the same distributions. The space
+#: is narrower than what codegen builds: values that rarely win on a real GPU (narrower
+#: global vectors, which help only where a leading dimension is 2 mod 4; BK=32; a padding
+#: that breaks 16-byte shared reads) stay buildable and tested, but are not searched,
+#: which keeps the valid space small enough (2736 on sm_90) for an exhaustive grid.
+SPACE: dict[str, tuple[int, ...]] = {
+    "bm": (16, 32, 64, 128, 256),
+    "bn": (32, 64, 128, 256),
+    "bk": (8, 16),
+    "rm": (2, 4, 8),
+    "rn": (4, 8),
+    "wt": (2, 4, 8, 16),
+    "pad": (0, 4),
+    "vec": (4,),  # the kernel falls back to scalar at run time where 4 is not allowed
+    "stages": (1, 2, 3, 4),
+    "swizzle": (1, 8),
+}
+
+#: Split-K, a conditional parameter: asked for only where the tiles of C leave SMs idle.
+SEARCH_SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+#: How split-K sums its slices ("split_reduce"): asked for only where a cluster can hold
+#: the split (sm_90 or newer). The "last" reduction (REDUCES) stays buildable and tested
+#: but is not searched: it lost to the pass on every shape measured (bench/NOTES.md).
+SPLIT_REDUCES: tuple[str, ...] = ("pass", "cluster")
+
+#: fp16 / bf16 inputs on CUDA cores are widened on their way through registers, so that
+#: variant takes stages 1-2 only: a parameter of its own, so no ask is wasted on 3-4.
+WIDENED_STAGES = (1, 2)
+
+
+def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
+    return KernelConfig(dtype=dtype, split=int(params.get("split", 1)),
+                        reduce=params.get("split_reduce", "pass"),
+                        **{k: int(params[k]) for k in SPACE})
+
+
+def _reduces(split: int, arch: ArchLimits) -> tuple[str, ...]:
+    """The split-K reductions searched for a split of `split` slices on `arch`."""
+    return SPLIT_REDUCES if split in CLUSTER_SPLITS and arch.cc >= 90 else ("pass",)
+
+
+def _param(name: str, widened: bool) -> str:
+    return "widened_stages" if widened and name == "stages" else name
+
+
+def _values(name: str, widened: bool) -> tuple[int, ...]:
+    return WIDENED_STAGES if widened and name == "stages" else SPACE[name]
+
+
+def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
+            arch: ArchLimits | None = None) -> KernelConfig:
+    """Ask a trial (anything with Optuna's suggest_categorical) for one point; split-K
+    only where it can help. Parameter names: those of SPACE, unprefixed."""
+    widened = dtype is not DType.F32  # register-staged only: its own stages list
+    params = {k: trial.suggest_categorical(_param(k, widened), _values(k, widened))
+              for k in SPACE}
+    cfg = config_from_params(params, dtype)
+    if shape is not None and arch is not None and wants_split(cfg, shape, arch):
+        params["split"] = trial.suggest_categorical("split", SEARCH_SPLITS)
+        if len(_reduces(params["split"], arch)) > 1:
+            params["split_reduce"] = trial.suggest_categorical("split_reduce", SPLIT_REDUCES)
+        cfg = config_from_params(params, dtype)
+    return cfg
+
+
+def params_of(config: KernelConfig, shape: Shape, arch: ArchLimits) -> dict:
+    """The trial parameters that make `suggest` return `config` (the grid's inverse)."""
+    widened = config.dtype is not DType.F32
+    p = {_param(k, widened): getattr(config, k) for k in SPACE}
+    if wants_split(config, shape, arch):
+        p["split"] = config.split
+        if len(_reduces(config.split, arch)) > 1:
+            p["split_reduce"] = config.reduce
+    return p
+
+
+def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
+                  shape: Shape | None = None) -> Iterator[KernelConfig]:
+    """Every point of SPACE that `check` accepts (and, given a shape, that the shape rules
+    keep, split-K variants included), in grid order."""
+    arch = parse_arch(arch)
+    for vals in itertools.product(*SPACE.values()):
+        c = config_from_params(dict(zip(SPACE, vals)), dtype)
+        if check(c, arch):
+            continue
+        splits = SEARCH_SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
+        for s, r in ((s, r) for s in splits for r in _reduces(s, arch)):
+            cs = c if s == 1 else dataclasses.replace(c, split=s, reduce=r)
+            if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)):
+                yield cs
+
+
+def issue_efficiency(c: KernelConfig) -> float:
+    """FFMA / (FFMA + LDS) in the inner loop: RM*RN FMAs per RM/VA + RN/VB shared loads,
+    each taking an issue slot."""
+    tv = c.template_values()
+    fma = c.rm * c.rn
+    return fma / (fma + c.rm // tv["VA"] + c.rn // tv["VB"])
+
+
+SIMT = register(FamilySpec(
+    name=Family.SIMT.value,
+    config=KernelConfig,
+    template=TEMPLATE,
+    check=check,
+    # fp32 data on FP32 FMAs also for a tf32 request; fp16 / bf16 widened on load
+    dtypes={DType.F32: DType.F32, DType.TF32: DType.F32, DType.F16: DType.F16,
+            DType.BF16: DType.BF16},
+    math=Math.CUDA_CORE,
+    space=SPACE,
+    suggest=suggest,
+    params_of=params_of,
+    valid_configs=valid_configs,
+    default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
+    issue_efficiency=issue_efficiency,
+))

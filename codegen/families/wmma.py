@@ -1,0 +1,256 @@
+"""The WMMA family: tensor cores through nvcuda::wmma, fp16 / bf16 / tf32 inputs, FP32
+accumulation and output.
+
+Its config (:class:`WmmaConfig`), its check, its search space and its template values;
+registered as "wmma" with templates/gemm_wmma.cu.j2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Iterator
+
+from codegen.arch import ArchLimits, parse_arch
+from codegen.errors import UsageError
+from codegen.families import Family, FamilySpec, Math, register
+from codegen.families._common import (
+    DType, Layout, Serial, Shape, positive_sizes, smem_reasons, stages_reasons,
+    swizzle_reasons, threads_reasons,
+)
+
+__all__ = ["WmmaConfig", "DEFAULT_WMMA", "TEMPLATE", "check", "SPACE", "from_params",
+           "suggest", "params_of", "valid_configs", "WMMA"]
+
+TEMPLATE = "gemm_wmma.cu.j2"
+
+_WMMA_CPP = {DType.F16: ("__half", "__half"), DType.BF16: ("__nv_bfloat16", "__nv_bfloat16"),
+             DType.TF32: ("float", "wmma::precision::tf32")}
+
+
+@dataclasses.dataclass(frozen=True)
+class WmmaConfig(Serial):
+    """One point of the tensor-core (WMMA) GEMM family: fp16, bf16 or tf32 inputs, FP32
+    accumulation and FP32 output.
+
+    Attributes:
+        bm, bn, bk: block tile.
+        wm, wn: warp tile; (BM/WM) x (BN/WN) warps, each holding (WM/16) x (WN/16)
+            16x16 accumulator fragments.
+        skew: elements added to each shared row (bank conflicts of the fragment loads).
+        vec: elements per global-to-shared copy (16, 8 or 4 bytes), scalar at edges.
+        stages: 1 = synchronous loads; 2-4 = a cp.async ring of that depth (sm_80+).
+        swizzle: block rows per rasterisation group (1 = row order).
+
+    Example:
+        >>> WmmaConfig().name
+        'gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8'
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 32
+    wm: int = 64
+    wn: int = 32
+    skew: int = 8
+    vec: int = 8
+    stages: int = 3
+    swizzle: int = 8
+    dtype: DType = DType.F16
+    family: Family = Family.WMMA
+    layout: Layout = Layout.NN
+
+    @property
+    def name(self) -> str:
+        return (f"gemm_wmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}"
+                f"_p{self.skew}_v{self.vec}_s{self.stages}_g{self.swizzle}")
+
+    _NAME_RE = re.compile(
+        r"^gemm_wmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"_w(?P<wm>\d+)x(?P<wn>\d+)_p(?P<skew>\d+)_v(?P<vec>\d+)_s(?P<stages>\d+)"
+        r"_g(?P<swizzle>\d+)$"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> "WmmaConfig":
+        m = cls._NAME_RE.match(name.strip())
+        dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
+        if not m or dtype is None:
+            raise UsageError(f"{name!r} is not a gemm-tune WMMA kernel name")
+        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items() if k != "dtype"})
+
+    @property
+    def frag_k(self) -> int:
+        """K of the WMMA fragment shape: m16n16k16 for fp16/bf16, m16n16k8 for tf32."""
+        return 8 if self.dtype is DType.TF32 else 16
+
+    @property
+    def threads(self) -> int:
+        if not (self.wm and self.wn):
+            return 0
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    @property
+    def elem(self) -> int:
+        return self.dtype.size
+
+    @property
+    def pipeline_bytes(self) -> int:
+        return self.stages * (self.bm * (self.bk + self.skew) + self.bk * (self.bn + self.skew)) \
+            * self.elem
+
+    @property
+    def epilogue_bytes(self) -> int:
+        """Each warp's 16 x 20 FP32 scratch for staging an edge fragment of C."""
+        return self.threads // 32 * 16 * 20 * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        return max(self.pipeline_bytes, self.epilogue_bytes)
+
+    def template_values(self) -> dict:
+        t = self.threads or 1
+        elem_t, frag_t = _WMMA_CPP.get(self.dtype, ("float", "float"))
+        return dict(
+            name=self.name, template=TEMPLATE, dtype=self.dtype.short,
+            BM=self.bm, BN=self.bn, BK=self.bk, WM=self.wm, WN=self.wn,
+            WARPS_N=self.bn // self.wn if self.wn else 0, FM=self.wm // 16, FN=self.wn // 16,
+            FK=self.frag_k, SKEW=self.skew, VEC=self.vec, STAGES=self.stages,
+            SWIZZLE=self.swizzle, THREADS=self.threads, LDA_S=self.bk + self.skew,
+            LDB_S=self.bn + self.skew, LDC_S=20, ES=self.elem,
+            A_LOADS=(self.bm * self.bk) // (self.vec * t),
+            B_LOADS=(self.bk * self.bn) // (self.vec * t),
+            SMEM_BYTES=self.smem_bytes, PIPELINE_BYTES=self.pipeline_bytes,
+            ELEM_T=elem_t, FRAG_T=frag_t, IS_TF32=self.dtype is DType.TF32,
+        )
+
+    # The launch interface shared with KernelConfig (the runner needs nothing else).
+    split = 1  # no split-K in this family yet
+    cluster = last = reduce_pass = has_workspace = False
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, 1
+
+    def block(self) -> tuple[int, int, int]:
+        return self.threads, 1, 1
+
+    def workspace_floats(self, m: int, n: int) -> int:
+        return 0
+
+    def ticket_count(self, m: int, n: int) -> int:
+        return 0
+
+
+DEFAULT_WMMA = WmmaConfig()
+
+
+
+# ---- validation -----------------------------------------------------------------------
+def check(c: WmmaConfig, a: ArchLimits) -> list[str]:
+    """Reasons `c` cannot be built for `a`; empty when it can."""
+    why: list[str] = []
+    if c.family is not Family.WMMA:
+        why.append(f"a WmmaConfig must be of the wmma family, not {c.family.value}")
+    if c.dtype not in (DType.F16, DType.BF16, DType.TF32):
+        why.append(f"the wmma family takes f16, bf16 or tf32 inputs, not {c.dtype.short} "
+                   "(f32 runs on the simt family)")
+        return why
+    if c.dtype in (DType.BF16, DType.TF32) and a.cc < 80:
+        why.append(f"{c.dtype.short} tensor cores need sm_80 or newer; {a.sm} has none")
+    bad = positive_sizes(BM=c.bm, BN=c.bn, BK=c.bk, WM=c.wm, WN=c.wn)
+    if bad:
+        return why + bad
+    shape = []  # what the rest of the checks need to be true
+    if c.wm % 16 or c.wn % 16:
+        shape.append(f"warp tile {c.wm}x{c.wn} is not made of 16x16 fragments")
+    if c.bm % c.wm or c.bn % c.wn:
+        shape.append(f"warp tile {c.wm}x{c.wn} does not divide the block tile {c.bm}x{c.bn}")
+    if c.bk % c.frag_k:
+        shape.append(f"BK={c.bk} is not a multiple of the {c.dtype.short} fragment depth "
+                     f"{c.frag_k}")
+    if shape:
+        return why + shape
+    t = c.threads
+    why += threads_reasons(t, a)
+    if c.vec * c.elem not in (4, 8, 16):
+        why.append(f"vector width {c.vec} x {c.elem} B is not a 4, 8 or 16 byte copy")
+    else:
+        for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
+            if cols % c.vec or (rows * cols // c.vec) % t:
+                why.append(f"{t} threads cannot load the {rows}x{cols} {op} tile evenly "
+                           f"in vectors of {c.vec}")
+    if c.skew < 0 or (c.skew * c.elem) % 16:
+        why.append(f"skew {c.skew} x {c.elem} B must keep shared rows 16-byte aligned "
+                   "(wmma's ldm)")
+    why += stages_reasons(c.stages, a, cp_async_from=2)
+    why += swizzle_reasons(c.swizzle)
+    why += smem_reasons(c.smem_bytes, a)
+    acc = (c.wm // 16) * (c.wn // 16) * 8
+    if acc > 128:
+        why.append(f"the {c.wm}x{c.wn} warp tile holds {acc} accumulator registers per thread, "
+                   "over 128")
+    return why
+
+
+# ---- the search space -----------------------------------------------------------------
+#: Tiles in elements; skew and vector width in bytes (16 B rows for wmma's ldm; 16-byte
+#: copies), turned into elements per input type. Trial parameters are named wmma_<name>.
+SPACE: dict[str, tuple[int, ...]] = {
+    "bm": (64, 128, 256),
+    "bn": (64, 128, 256),
+    "bk": (16, 32, 64),
+    "wm": (32, 64),
+    "wn": (32, 64),
+    "skew_bytes": (16, 32),
+    "stages": (2, 3, 4),
+    "swizzle": (1, 8),
+}
+
+
+def from_params(params: dict, dtype: DType) -> WmmaConfig:
+    es = dtype.size
+    return WmmaConfig(dtype=dtype, skew=int(params["skew_bytes"]) // es, vec=16 // es,
+                      **{k: int(params[k]) for k in SPACE if k != "skew_bytes"})
+
+
+def suggest(trial, dtype: DType, shape: Shape | None = None,
+            arch: ArchLimits | None = None) -> WmmaConfig:
+    """Ask a trial (anything with Optuna's suggest_categorical) for one point."""
+    return from_params({k: trial.suggest_categorical(f"wmma_{k}", v) for k, v in SPACE.items()},
+                       dtype)
+
+
+def params_of(config: WmmaConfig, shape: Shape, arch: ArchLimits) -> dict:
+    """The trial parameters that make `suggest` return `config`."""
+    p = {f"wmma_{k}": getattr(config, k) for k in SPACE if k != "skew_bytes"}
+    p["wmma_skew_bytes"] = config.skew * config.elem
+    return p
+
+
+def valid_configs(arch: ArchLimits | str, dtype: DType,
+                  shape: Shape | None = None) -> Iterator[WmmaConfig]:
+    """Every point of SPACE that `check` accepts for `arch`, in grid order."""
+    arch = parse_arch(arch)
+    for vals in itertools.product(*SPACE.values()):
+        c = from_params(dict(zip(SPACE, vals)), dtype)
+        if not check(c, arch):
+            yield c
+
+
+WMMA = register(FamilySpec(
+    name=Family.WMMA.value,
+    config=WmmaConfig,
+    template=TEMPLATE,
+    check=check,
+    # tf32 only by consent: a tf32 request (--dtype tf32 or --allow-tf32), never fp32's
+    dtypes={DType.TF32: DType.TF32, DType.F16: DType.F16, DType.BF16: DType.BF16},
+    math=Math.TENSOR_CORE,  # the fragment loads have their own pipe: issue efficiency 1
+    space=SPACE,
+    suggest=suggest,
+    params_of=params_of,
+    valid_configs=valid_configs,
+    default=lambda dtype: dataclasses.replace(DEFAULT_WMMA, dtype=dtype, vec=16 // dtype.size,
+                                              skew=16 // dtype.size),
+    min_cc=70,
+))

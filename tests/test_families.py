@@ -1,0 +1,213 @@
+"""The family registry: every family round-trips name <-> config <-> dict and its trial
+parameters; and a family registered from outside (a toy, here) is picked up by names,
+dicts, check, render, the search space, the model and the precision gate without any
+other module knowing of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import re
+
+import optuna
+import pytest
+
+from codegen import DType, GemmTuneError, UsageError, check, parse_arch, render
+from codegen.config import DEFAULT_CONFIG, DEFAULT_WMMA, Family, KernelConfig, \
+    config_from_dict, config_from_name
+from codegen.families import (
+    FAMILIES, FamilySpec, Math, families_for, family_of, register,
+)
+from codegen.families._common import Layout, Serial, positive_sizes
+
+ARCH = parse_arch("sm_90")
+SHAPE = (127, 129, 4097)  # few tiles, deep K: split-K variants are in the space
+
+
+# ---- every registered family ------------------------------------------------------------
+def _sample(spec: FamilySpec, dtype: DType, n: int = 25) -> list:
+    pool = list(itertools.islice(spec.valid_configs(ARCH, spec.dtypes[dtype], SHAPE), 4000))
+    return random.Random(7).sample(pool, min(n, len(pool)))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_round_trips_names_dicts_and_parameters(name):
+    spec = FAMILIES[name]
+    assert spec.dtypes, f"{name} serves no dtype"
+    for dtype in spec.dtypes:
+        configs = _sample(spec, dtype)
+        assert configs, f"{name} has no valid {dtype.short} config on sm_90"
+        for c in configs:
+            assert family_of(c) is spec and type(c) is spec.config
+            assert c.name.startswith(spec.prefix) and c.to_dict()["family"] == spec.name
+            assert c.dtype is spec.dtypes[dtype]
+            assert config_from_name(c.name) == c
+            assert config_from_dict(c.to_dict()) == c
+            assert spec.config.from_name(c.name) == c
+            assert check(c, ARCH) == []
+            trial = optuna.trial.FixedTrial(spec.params_of(c, SHAPE, ARCH))
+            assert spec.suggest(trial, c.dtype, SHAPE, ARCH) == c
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_states_its_parts(name):
+    spec = FAMILIES[name]
+    assert spec.name == name and re.fullmatch(r"[a-z][a-z0-9]*", name)
+    assert spec.template is None or spec.template == f"gemm_{name}.cu.j2"
+    assert isinstance(spec.math, Math) and spec.space_size() >= 1
+    for dtype in spec.dtypes:
+        d = spec.default(spec.dtypes[dtype])
+        assert family_of(d) is spec and check(d, ARCH) == []
+        assert 0 < spec.issue_efficiency(d) <= 1
+
+
+def test_built_in_families_and_compatibility_names():
+    assert list(FAMILIES)[:2] == ["simt", "wmma"]  # the grid walks them in this order
+    assert family_of(DEFAULT_CONFIG) is FAMILIES["simt"] and Family.SIMT == "simt"
+    assert family_of(DEFAULT_WMMA) is FAMILIES["wmma"] and Family.WMMA.template == \
+        "gemm_wmma.cu.j2"
+    assert FAMILIES["simt"].math is Math.CUDA_CORE and FAMILIES["wmma"].math is Math.TENSOR_CORE
+    assert [s.name for s in families_for(DType.F32)] == ["simt"]  # tf32 only by consent
+    assert [s.name for s in families_for(DType.BF16)] == ["simt", "wmma"]
+
+
+def test_unknown_names_dicts_and_types_are_refused():
+    with pytest.raises(UsageError, match="is not a gemm-tune kernel name"):
+        config_from_name("gemm_nope_f32_1x1x1")
+    with pytest.raises(UsageError, match="unknown kernel family 'nope'"):
+        config_from_dict({**DEFAULT_CONFIG.to_dict(), "family": "nope"})
+    with pytest.raises(GemmTuneError, match="not the config of a registered family"):
+        check(object(), ARCH)
+    with pytest.raises(GemmTuneError, match="clashes"):
+        register(FAMILIES["simt"])
+    with pytest.raises(GemmTuneError, match="letters and digits"):  # gemm_simt_x_ is gemm_simt_
+        register(dataclasses.replace(FAMILIES["simt"], name="simt_x", config=object))
+
+
+# ---- a fourth family, registered here and nowhere else ------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ToyConfig(Serial):
+    """A family of one parameter that renders nothing."""
+
+    bm: int = 32
+    bn: int = 32
+    bk: int = 8
+    dtype: DType = DType.F32
+    family: str = "toy"
+    layout: Layout = Layout.NN
+    split = 1
+
+    @property
+    def name(self) -> str:
+        return f"gemm_toy_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}"
+
+    @classmethod
+    def from_name(cls, name: str) -> "ToyConfig":
+        m = re.fullmatch(r"gemm_toy_f32_(\d+)x(\d+)x(\d+)", name)
+        if not m:
+            raise UsageError(f"{name!r} is not a toy kernel name")
+        return cls(*map(int, m.groups()))
+
+    @property
+    def threads(self) -> int:
+        return 64
+
+    @property
+    def smem_bytes(self) -> int:
+        return 0
+
+    def template_values(self) -> dict:
+        return dict(name=self.name, BM=self.bm)
+
+
+def _toy_check(c: ToyConfig, a) -> list[str]:
+    return positive_sizes(BM=c.bm) + ([f"BM={c.bm} is over 64"] if c.bm > 64 else [])
+
+
+def _toy_valid(arch, dtype, shape=None):
+    return (c for c in (ToyConfig(bm=v) for v in TOY_SPACE["toy_bm"]) if not _toy_check(c, arch))
+
+
+TOY_SPACE = {"toy_bm": (32, 64, 128)}
+TOY = FamilySpec(
+    name="toy", config=ToyConfig, template=None, check=_toy_check,
+    dtypes={DType.F32: DType.F32}, math=Math.CUDA_CORE, space=TOY_SPACE,
+    suggest=lambda trial, dtype, shape, arch: ToyConfig(
+        bm=trial.suggest_categorical("toy_bm", TOY_SPACE["toy_bm"])),
+    params_of=lambda c, shape, arch: {"toy_bm": c.bm},
+    valid_configs=_toy_valid, default=lambda dtype: ToyConfig(),
+    issue_efficiency=lambda c: 0.5,
+)
+
+
+@pytest.fixture
+def toy():
+    register(TOY)
+    yield TOY
+    del FAMILIES[TOY.name]
+
+
+def test_a_registered_family_is_picked_up_everywhere(toy):
+    from tuner.bench import tolerance
+    from tuner.dryrun import defaults
+    from tuner.model import bound_tflops
+    from tuner.space import families, is_candidate, params_of, space_size, suggest, \
+        valid_configs
+
+    c = ToyConfig(bm=64)
+    # names, dicts, check, render
+    assert config_from_name(c.name) == c and config_from_dict(c.to_dict()) == c
+    assert c.to_dict()["family"] == "toy" and family_of(c) is toy
+    assert check(c, "sm_90") == [] and check(ToyConfig(bm=128), "sm_90") == ["BM=128 is over 64"]
+    with pytest.raises(GemmTuneError, match="renders no source"):
+        render(c)
+    # the search space of an fp32 request: simt, then the toy
+    assert families(DType.F32) == {Family.SIMT: DType.F32, "toy": DType.F32}
+    assert families(DType.F16) == {Family.SIMT: DType.F16, Family.WMMA: DType.F16}
+    simt_only = FAMILIES["simt"].space_size()
+    assert space_size(DType.F32) == simt_only + 3
+    grid = list(valid_configs(ARCH, DType.F32, (4096, 4096, 4096)))
+    assert grid[-2:] == [ToyConfig(bm=32), ToyConfig(bm=64)] and type(grid[0]) is KernelConfig
+    assert is_candidate(c, DType.F32) and not is_candidate(c, DType.F16)
+    for cfg in (c, KernelConfig()):
+        p = params_of(cfg, DType.F32, SHAPE, ARCH)
+        assert p["family"] == family_of(cfg).name
+        assert suggest(optuna.trial.FixedTrial(p), DType.F32, SHAPE, ARCH) == cfg
+    # the model's bound, the precision gate and the dry run's defaults
+    bound, figures = bound_tflops(c, (4096, 4096, 4096), ARCH)
+    assert figures["issue_eff"] == 0.5 and figures["peak"] == round(ARCH.peak_fp32_tflops, 2)
+    assert tolerance(c, 65536) == 1e-5  # CUDA-core math: fp32's gate
+    assert ToyConfig() in defaults(DType.F32, ARCH)
+
+
+def test_a_mixed_study_asks_for_the_registered_family(toy):
+    from tuner.space import suggest
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(20):
+        trial = study.ask()
+        seen.add(family_of(suggest(trial, DType.F32, (4096, 4096, 4096), ARCH)).name)
+        study.tell(trial, 1.0)
+    assert seen == {"simt", "toy"}
+
+
+def test_unregistered_toy_leaves_no_trace():
+    assert "toy" not in FAMILIES
+    with pytest.raises(UsageError):
+        config_from_name("gemm_toy_f32_32x32x8")
+
+
+def test_families_need_no_other_module_than_their_own():
+    """A family module imports codegen only (never tuner, never optuna)."""
+    import ast
+    from pathlib import Path
+
+    import codegen.families as fam
+
+    for path in Path(fam.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in mods if m.split(".")[0] in ("tuner", "optuna", "pycuda")}, path
