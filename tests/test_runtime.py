@@ -13,6 +13,7 @@ import pytest
 
 from _library import BIG, SMALL, build
 from codegen.arch import ARCHS
+from codegen.config import DType
 from tuner.runtime import cublas as cublas_mod
 from tuner.runtime import driver, launch, measure, operands
 from tuner.runtime.dispatch import DispatchTable, table_path
@@ -86,7 +87,7 @@ class FakeGpu:
             def cuMemsetD32Async(self, ptr, value, count, stream):
                 return (0,)
 
-        cu = Cu()
+        cu = self.cu = Cu()
         self.allocs = []
 
         class Blas:
@@ -304,6 +305,58 @@ def test_split_k_workspaces_are_per_stream(lib, fake, monkeypatch, compile_cache
     assert main[0][1] == (4, 1, 16)  # 2 x 2 tiles, 16 K slices
     # the reduce pass reads the same workspace and applies alpha and beta to C
     assert [r[4] for r in reduce[:1]] == [(128, 128, 0.5, w[0], 2.0, 0x30000, 128)]
+
+
+def test_wgmma_kernels_get_tensor_maps_and_only_aligned_operands(
+        lib, fake, monkeypatch, compile_cache, tmp_path):
+    import ctypes
+
+    from _library import entry
+    from codegen import compile_config
+    from codegen.families.wgmma import WgmmaConfig
+    from tuner import wgmma_launch
+
+    cfg = WgmmaConfig(bm=128, bn=128, bk=64, stages=4, consumers=1, cluster=1, persistent=0,
+                      group=8, dtype=DType.F16)
+    res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+    assert res.ok, res.log[-2000:]
+    lib.add(entry(cfg, res, (256, 256, 256), 900.0, 700.0, dtype="f16"),
+            tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+
+    class Map:  # a CUtensorMap's stand-in: 128 bytes at a fixed address
+        def __init__(self, args):
+            self.args, self.buf = args, ctypes.create_string_buffer(128)
+
+        def getPtr(self):
+            return ctypes.addressof(self.buf)
+
+    encoded = []
+    monkeypatch.setattr(wgmma_launch, "_encode", lambda args: encoded.append(args) or Map(args))
+    launched = []
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, address, extra):
+        ptrs = (ctypes.c_void_p * 9).from_address(address)
+        scalars = struct.unpack("<i4xi4xi4xf4xf4xQi4x", ctypes.string_at(ptrs[2], 56))
+        launched.append((f, (gx, gy, gz), (bx, by, bz), smem, stream, ptrs[0], ptrs[1],
+                         scalars))
+        return (0,)
+
+    monkeypatch.setattr(fake.cu, "cuLaunchKernel", launch_kernel, raising=False)
+    a, b = Cai(256, 256, 0x100000, typestr="<f2"), Cai(256, 256, 0x200000, typestr="<f2")
+    c = Cai(256, 256, 0x300000)
+    lib.gemm(a, b, c, alpha=0.5, beta=2.0, stream=9)  # the exact entry: the wgmma kernel
+    f, grid, block, smem, stream, tma, tmb, scalars = launched[-1]
+    assert f == f"{cfg.name} on GPU 0" and stream == 9 and smem == cfg.smem_bytes
+    assert grid == cfg.grid(256, 256, 132) and block == cfg.block()
+    assert scalars == (256, 256, 256, 0.5, 2.0, 0x300000, 256)
+    assert [e["globalAddress"] for e in encoded] == [0x100000, 0x200000]
+    assert encoded[0]["boxDim"] == [64, 128] and encoded[1]["globalStrides"] == [512]
+    lib.gemm(a, b, c, stream=9)  # the same pointers: the maps are reused
+    assert len(encoded) == 2 and launched[-1][5:7] == (tma, tmb)
+    # A 2-byte aligned (not TMA's 16): the wgmma kernel is never a candidate
+    lib.gemm(Cai(256, 256, 0x100002, typestr="<f2"), b, c, stream=9)
+    assert len(launched) == 2 and fake.blas
 
 
 # ---- per-stream scratch ----------------------------------------------------------------------

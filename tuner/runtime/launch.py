@@ -9,7 +9,9 @@ call (a few microseconds more) and keyed by what the parse found.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import threading
 from typing import Callable
 
 from codegen.config import DType
@@ -83,6 +85,88 @@ class KernelRunner:
                                    self.reduce.params(self.REDUCE_SIGNATURE).pack(
                                        m, n, alpha, w, beta, c, ldc))
         return run
+
+
+class TmaKernelRunner(KernelRunner):
+    """A wgmma + TMA kernel: its A and B go in as two TMA tensor maps (128-byte structs
+    passed by value), encoded once per (A, B) pointer pair of a plan and cached; a
+    cluster kernel is launched with cuLaunchKernelEx and its cluster dimension."""
+
+    SIGNATURE = "iiiffPi"  # after the two tensor maps: M N K alpha beta C ldc
+    MAPS_PER_PLAN = 16  # pointer pairs whose tensor maps a plan keeps
+
+    def __init__(self, config, cubin: bytes):
+        self.config = config
+        library = driver.load_cubin(cubin, config.name)
+        self.main = driver.KernelImage(library, config.name, config.smem_bytes)
+        self.reduce = None
+        self.signature = self.SIGNATURE
+        self.functions = {}
+
+    def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+             allocate_captured=None) -> Callable:
+        from tuner.wgmma_launch import _encode, tensor_map_args
+
+        cfg, cu = self.config, driver._cu()
+        f, _ = self.prepare(g)
+        grid, block, smem = cfg.grid(m, n, g.arch.sm_count), cfg.block(), self.main.smem
+        boxes = cfg.tma_boxes()
+        maps: dict[tuple, tuple] = {}
+        tls = threading.local()
+
+        def params(a: int, b: int):
+            """This thread's parameter pointers with the maps of (a, b) in front."""
+            pair = maps.get((a, b))
+            if pair is None:
+                if len(maps) >= self.MAPS_PER_PLAN:
+                    maps.pop(next(iter(maps)), None)
+                pair = maps[(a, b)] = (
+                    _encode(tensor_map_args(cfg.dtype, a, m, k, lda, *boxes["A"])),
+                    _encode(tensor_map_args(cfg.dtype, b, k, n, ldb, *boxes["B"])))
+            blk = getattr(tls, "blk", None)
+            if blk is None:
+                blk = tls.blk = driver.ParamBlock(self.SIGNATURE)
+                tls.ptrs = (ctypes.c_void_p * 9)(0, 0, *blk.ptrs)
+            tls.ptrs[0], tls.ptrs[1] = pair[0].getPtr(), pair[1].getPtr()
+            tls.pair = pair  # alive while this thread's launch reads it
+            return blk, tls.ptrs
+
+        if cfg.cluster == 1:
+            def run(a, b, c, alpha, beta, stream):
+                blk, ptrs = params(a, b)
+                blk.pack(m, n, k, alpha, beta, c, ldc)
+                err, = cu.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
+                                         block[2], smem, stream, ctypes.addressof(ptrs), 0)
+                if err != 0:
+                    self.main.failed(err)
+            return run
+
+        def run(a, b, c, alpha, beta, stream):
+            blk, ptrs = params(a, b)
+            blk.pack(m, n, k, alpha, beta, c, ldc)
+            lc = getattr(tls, "config", None)
+            if lc is None:
+                lc = tls.config = cu.CUlaunchConfig()
+                lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid
+                lc.blockDimX, lc.blockDimY, lc.blockDimZ = block
+                lc.sharedMemBytes = smem
+                attr = cu.CUlaunchAttribute()
+                attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = \
+                    cfg.cluster_dims()
+                lc.attrs = [attr]
+                lc.numAttrs = 1
+            lc.hStream = cu.CUstream(stream)
+            err, = cu.cuLaunchKernelEx(lc, f, ctypes.addressof(ptrs), 0)
+            if err != 0:
+                self.main.failed(err)
+        return run
+
+
+def runner_for(config, cubin: bytes) -> KernelRunner:
+    """The launcher of a kernel of any family."""
+    return TmaKernelRunner(config, cubin) if config.family == "wgmma" else \
+        KernelRunner(config, cubin)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -200,13 +200,16 @@ class Library:
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:12]
 
     def ranked(self, m: int, n: int, k: int, dtype: DType, cc: int, sms: int,
-               layout: Layout = Layout.NN) -> list[tuple[float, dict]]:
+               layout: Layout = Layout.NN, tma_ok: bool = True) -> list[tuple[float, dict]]:
         """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
-        layout, best first, one row per kernel."""
+        layout, best first, one row per kernel; without `tma_ok` (A or B not 16-byte aligned
+        in address or row stride), none of the TMA family."""
         arch = ARCHS.get(cc) or parse_arch("sm_90")
         best: dict[str, tuple[float, dict]] = {}
         for e in self._entries(dtype, cc, layout):
             cfg = config_from_name(e["kernel"])
+            if not tma_ok and cfg.family == "wgmma":
+                continue
             res = e["resources"]
             bps = occupancy(cfg.threads, res["registers"],
                             res["smem_static"] + res["smem_dynamic"], arch).blocks_per_sm
@@ -217,9 +220,11 @@ class Library:
 
     def select(self, m: int, n: int, k: int, dtype: DType = DType.F32, cc: int = 90,
                sms: int | None = None, layout: Layout = Layout.NN, gpu: str | None = None,
-               aligned: bool = True) -> Choice:
+               aligned: bool = True, tma_ok: bool = True) -> Choice:
         """The rule without measuring (dispatch.py's rules 1 and 3): exact, estimate or
-        cuBLAS. `gpu`: the GPU's name (an exact entry must come from the same model)."""
+        cuBLAS. `gpu`: the GPU's name (an exact entry must come from the same model);
+        `aligned`: every operand fully (16-byte) aligned; `tma_ok`: A and B are (TMA's
+        rule: without it no wgmma kernel is a candidate)."""
         entries = self._entries(dtype, cc, layout)
         what = f"{m}x{n}x{k} {dtype.short}"
         if not entries:
@@ -237,7 +242,12 @@ class Library:
                               f"cuBLAS's {e['cublas_tflops']:.1f}: cuBLAS runs",
                               e["cublas_tflops"])
         sms = sms or (ARCHS.get(cc) or parse_arch("sm_90")).sm_count
-        est, e = self.ranked(m, n, k, dtype, cc, sms, layout)[0]
+        ranked = self.ranked(m, n, k, dtype, cc, sms, layout, tma_ok)
+        if not ranked:
+            return Choice(None, "cublas", f"no kernel tuned for {dtype.short} {layout.value} "
+                                          f"on sm_{cc} takes these operands (TMA needs A and B "
+                                          "16-byte aligned): cuBLAS runs")
+        est, e = ranked[0]
         blas = cublas_estimate(entries, (m, n, k), sms)
         figures = (f"{e['kernel']} (tuned at {e['m']}x{e['n']}x{e['k']}, {e['tflops']:.1f} "
                    f"TFLOP/s) has the best estimate, {est:.1f} TFLOP/s, against cuBLAS's "
@@ -314,8 +324,9 @@ class Library:
         is reached ("torch": through torch for a torch caller; "gemm-tune": its own binding)."""
         from tuner.runtime import driver
 
+        tma_ok = align[0] == align[1] == 16
         choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, gpu=g.name,
-                             aligned=align == FULL_ALIGN)
+                             aligned=align == FULL_ALIGN, tma_ok=tma_ok)
         # an exact entry that beat cuBLAS where it was tuned runs; one that lost is measured
         # against cuBLAS as this caller reaches it, like any other shape
         if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
@@ -329,14 +340,15 @@ class Library:
                     return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "
                                   "is being captured: nothing is measured)",
                                   choice.estimate_tflops)
-                d = self._measure(g, dtype, m, n, k, route, timer)
+                d = self._measure(g, dtype, m, n, k, route, timer, tma_ok)
                 self._table().put(key, d)
         return _measured_choice(d)
 
-    def _measure(self, g, dtype, m, n, k, route, timer) -> dict:
+    def _measure(self, g, dtype, m, n, k, route, timer, tma_ok=True) -> dict:
         import datetime
 
-        ranked = [e["kernel"] for _, e in self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count)]
+        ranked = [e["kernel"] for _, e in self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count,
+                                                      tma_ok=tma_ok)]
         names = ranked[:MEASURE_TOP]
         # and the best-estimated kernel of one launch, where a host-bound call is decided
         single = [name for name in ranked if not config_from_name(name).reduce_pass]
@@ -356,14 +368,12 @@ class Library:
         """A kernel's launcher, loaded once per process (any thread)."""
         run = self._runners.get(name)
         if run is None:
-            from tuner.runtime.launch import KernelRunner
-
             with self._load_lock:
                 run = self._runners.get(name)
                 if run is None:
                     info = self.manifest["kernels"][f"{arch}/{name}"]
-                    run = KernelRunner(config_from_name(name),
-                                       (self.path / info["cubin"]).read_bytes())
+                    run = launch.runner_for(config_from_name(name),
+                                            (self.path / info["cubin"]).read_bytes())
                     self._runners[name] = run
         return run
 
