@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import re
 import socket
 import threading
@@ -104,6 +105,9 @@ def open_storage(url, retry_s: float = 60.0):
         raise UsageError(f"--storage {url!r}: expected sqlite:///FILE, postgresql://... or "
                          "journal:///PATH")
 
+    if url.startswith("sqlite:///"):
+        _sqlite_wal(url[len("sqlite:///"):])
+
     def make():
         return optuna.storages.get_storage(optuna.storages.RDBStorage(
             url, engine_kwargs={"pool_pre_ping": True}))
@@ -112,6 +116,24 @@ def open_storage(url, retry_s: float = 60.0):
         return _retry(make, "opening", retry_s, describe(url))
     except (ValueError, RuntimeError, ImportError) as e:
         raise StorageError(f"storage {describe(url)}: {str(e).splitlines()[0][:200]}") from None
+
+
+def _sqlite_wal(path: str) -> None:
+    """Put an SQLite study file in write-ahead-log mode (it stays so): one fsync per
+    commit instead of the rollback journal's several, and readers never block the writer.
+    SQLite is for one host (WAL needs shared memory, so no network file system)."""
+    import sqlite3
+
+    if not path or path == ":memory:":
+        return
+    try:
+        con = sqlite3.connect(path, timeout=30)
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        log.warning("sqlite %s: WAL mode not set (%s)", path, e)
 
 
 class _FairLock:
@@ -191,6 +213,9 @@ class SharedStudy:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.trials: list = []  # the last read
+        self._writes: "queue.Queue" = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
         self.lost = 0  # own claims another worker failed as stale (we were silent too long)
 
     # -- storage calls, retried ------------------------------------------------------
@@ -224,6 +249,10 @@ class SharedStudy:
     def stop(self, clean: bool = True) -> None:
         """Stop renewing; a clean stop says so, and others need not wait out the grace."""
         self._stop.set()
+        if self._writer is not None:
+            self._writes.put(None)
+            self._writer.join(self.retry_s + 5)
+            self._writer = None
         if self._thread is not None:
             self._thread.join(self.interval + 5)
             self._thread = None
@@ -367,6 +396,37 @@ class SharedStudy:
                 self.storage.set_trial_user_attr(trial_id, "reason", reason),
                 self.storage.set_trial_state_values(trial_id, TrialState.PRUNED)))
         return why
+
+    def finish_later(self, trial_id: int, attrs: dict, state, value: float | None = None):
+        """`finish` from a writer thread, so the search does not wait for the commits;
+        `flush` waits for every one (and raises a StorageError one of them met)."""
+        if self._write_error is not None:
+            raise self._write_error
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="gemm-tune-writes",
+                                            daemon=True)
+            self._writer.start()
+        self._writes.put((trial_id, attrs, state, value))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._writes.get()
+            try:
+                if job is None:
+                    return
+                if self._write_error is None:
+                    self.finish(*job)
+            except BaseException as e:  # noqa: BLE001 - raised again by flush
+                self._write_error = e
+            finally:
+                self._writes.task_done()
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writes.join()
+        if self._write_error is not None:
+            e, self._write_error = self._write_error, None
+            raise e
 
     def finish(self, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:
         """Record an own claim's end; False if another worker had failed it as stale."""

@@ -312,7 +312,8 @@ def search(
         tell(trial, value, state)
         seen[rec.config.name] = (state or TrialState.COMPLETE, value)
         if trial.number in own:
-            shared.finish(own.pop(trial.number), attrs, state or TrialState.COMPLETE, value)
+            shared.finish_later(own.pop(trial.number), attrs, state or TrialState.COMPLETE,
+                                value)
 
     def release(trial, cfg, reason: str):
         """An own claim ends unfinished (Ctrl-C, --timeout): failed without an outcome, so
@@ -484,6 +485,7 @@ def search(
             else:
                 break
             sync()
+        shared is not None and shared.flush()
         sync(force=True)
         time_baseline()
     except KeyboardInterrupt:
@@ -499,7 +501,10 @@ def search(
         pool.shutdown(wait=False, cancel_futures=True)
         timer.shutdown(wait=False, cancel_futures=True)
         if shared is not None:
-            shared.stop(clean=True)
+            try:
+                shared.flush()
+            finally:
+                shared.stop(clean=True)
     stats.seconds = time.monotonic() - t0
     if shared is not None:
         stats.lost = shared.lost
