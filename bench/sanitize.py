@@ -1,14 +1,20 @@
-"""compute-sanitizer memcheck over a sample of configurations on odd shapes: each launch
-runs in its own process under the sanitizer, and must be clean and correct.
+"""compute-sanitizer over a sample of configurations on odd shapes: each launch, and the
+verification that gates it (the float64 reference by cuBLAS, the difference, the norms by
+cuBLAS Dnrm2), runs in its own process under each tool, and must be clean and correct.
 
-    python bench/sanitize.py [--out DIR]     (on the GPU machine)
+    python bench/sanitize.py [--out DIR] [--tools memcheck,racecheck,synccheck]
     python bench/sanitize.py --one NAME MxNxK   (what each sanitized process runs)
+
+racecheck and synccheck see shared-memory hazards and barrier misuse in every kernel of
+the process: the candidate's and the verification path's (pycuda's ReductionKernel, which
+the error norm used before, showed 10-20 racecheck hazards there).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -55,25 +61,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one", nargs=2)
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
     args = ap.parse_args()
     if args.one:
         return one(*args.one)
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     rows = []
-    for name in CONFIGS:
-        for shape in SHAPES:
-            p = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "9",
-                                "--leak-check", "no", sys.executable, __file__, "--one", name,
-                                shape], capture_output=True, text=True)
-            summary = next((ln for ln in p.stdout.splitlines() if "ERROR SUMMARY" in ln), "")
-            rows.append(dict(kernel=name, shape=shape, exit=p.returncode, summary=summary))
-            print(f"{name:<48} {shape:>12}  exit {p.returncode}  {summary}", flush=True)
-            if p.returncode:
-                print(p.stdout[-1500:], p.stderr[-1500:])
-            clean = sum(r["exit"] == 0 for r in rows)  # written as it goes: a cut run keeps it
-            (args.out / "sanitize.json").write_text(
-                json.dumps(dict(rows=rows, clean=clean), indent=2))
-    print(f"memcheck clean and correct: {clean} of {len(rows)}")
+    extra = {"memcheck": ["--leak-check", "no"], "racecheck": ["--racecheck-report", "all"],
+             "synccheck": []}
+    tools = args.tools.split(",")
+    for t in tools:
+        for name in CONFIGS:
+            for shape in SHAPES:
+                p = subprocess.run([tool, "--tool", t, "--error-exitcode", "9", *extra[t],
+                                    sys.executable, __file__, "--one", name, shape],
+                                   capture_output=True, text=True)
+                out = p.stdout + p.stderr
+                summary = next((ln for ln in out.splitlines() if "ERROR SUMMARY" in ln
+                                or "RACECHECK SUMMARY" in ln), "")
+                kernels = sorted(set(re.findall(r"in (?:void )?([A-Za-z_][\w:<>, ]*?)\(", out)))
+                rows.append(dict(tool=t, kernel=name, shape=shape, exit=p.returncode,
+                                 summary=summary, hazard_kernels=kernels[:10],
+                                 compiler_output_lines=out.count("*** compiler output")))
+                print(f"{t:<9} {name:<48} {shape:>12}  exit {p.returncode}  {summary}",
+                      flush=True)
+                if p.returncode:
+                    print(p.stdout[-1500:], p.stderr[-1500:])
+                # written as it goes: a cut run keeps it
+                clean = {x: sum(r["exit"] == 0 for r in rows if r["tool"] == x) for x in tools}
+                (args.out / "sanitize.json").write_text(
+                    json.dumps(dict(rows=rows, clean=clean, of=len(CONFIGS) * len(SHAPES)),
+                               indent=2))
+    for t in tools:
+        print(f"{t} clean and correct: {clean[t]} of {len(CONFIGS) * len(SHAPES)}")
 
 
 if __name__ == "__main__":

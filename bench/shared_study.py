@@ -35,12 +35,21 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         url = f"journal:///{d}/study.log"
+        # outputs to files: reading one process's pipes to the end before the next's
+        # blocked a process that wrote more than a pipe holds until the first had finished
+        files = [(open(f"{d}/out{i}", "w+"), open(f"{d}/err{i}", "w+"))
+                 for i in args.devices.split(",")]
         procs = [subprocess.Popen(
             [sys.executable, "-m", "tuner", "--shape", args.shape, "--trials", str(args.trials),
              "--storage", url, "--study", "shared", "--devices", i, "--artifacts",
-             f"{d}/art{i}", "--json", "--seed", i], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True) for i in args.devices.split(",")]
-        outs = [p.communicate() for p in procs]
+             f"{d}/art{i}", "--json", "--seed", i], stdout=o, stderr=e)
+            for i, (o, e) in zip(args.devices.split(","), files)]
+        outs = []
+        for p, (o, e) in zip(procs, files):
+            p.wait()
+            o.seek(0)
+            e.seek(0)
+            outs.append((o.read(), e.read()))
         for p, (_, err) in zip(procs, outs):
             if p.returncode:
                 raise SystemExit(err[-2000:])

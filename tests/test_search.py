@@ -200,9 +200,12 @@ def test_sigkill_loses_at_most_the_trials_in_flight(tmp_path, compile_cache):
     assert set(timed[:-1]) <= set(done)
     assert len(running) <= 3
     # and the next run takes over what was done
+    # (its claims still RUNNING are released once the dead worker's lease runs out, 3 s)
     res = search((512, 512, 512), FakeBenchmark(), trials=len(done) + 2, seed=8, jobs=1,
-                 storage=url, study_name="k", cache_dir=compile_cache, artifacts=tmp_path)
+                 storage=url, study_name="k", cache_dir=compile_cache, artifacts=tmp_path,
+                 lease=(0.5, 3.0))
     assert res.stats.resumed == len(done)
+    assert not [t for t in res.study.trials if t.state == TrialState.RUNNING]
 
 
 def test_processes_sharing_a_study_never_time_a_candidate_twice(tmp_path, compile_cache):

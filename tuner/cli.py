@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate, compile and tune CUDA GEMM kernels for one problem shape; "
         "time the winner against cuBLAS and cache it.",
         epilog="Also: gemm-tune list | inspect NAME|--shape MxNxK | export --out DIR | "
-        "report --shape MxNxK | prewarm --shapes FILE (each with --help).",
+        "report --shape MxNxK | prewarm --shapes FILE | status --storage URL [--study NAME] "
+        "(each with --help).",
     )
     p.add_argument("--shape", action="append", default=[],
                    help="problem size MxNxK, e.g. 4096x4096x4096 (repeat for several shapes)")
@@ -80,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", default=None,
                    help="GPUs to time on, e.g. 0,1: one timing worker process per GPU, all in "
                         "one study (default: $GEMM_TUNE_DEVICE or 0)")
+    p.add_argument("--lease", type=float, default=60.0,
+                   help="with --storage: seconds a process may go without renewing its lease "
+                        "(every lease/6 s) before the others fail its claims and retry them "
+                        "(default 60)")
     p.add_argument("--kernel-timeout", type=float, default=60.0,
                    help="seconds a candidate may take before its worker is killed and "
                         "restarted as hung (default 60)")
@@ -148,7 +153,7 @@ def _dry_run(args, shape, dtype) -> int:
     return 0
 
 
-SUBCOMMANDS = ("list", "inspect", "export", "report", "prewarm")
+SUBCOMMANDS = ("list", "inspect", "export", "report", "prewarm", "status")
 
 
 def build_subparsers() -> argparse.ArgumentParser:
@@ -187,6 +192,11 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--dtype", default="fp32")
     q.add_argument("--out", type=Path, default=None,
                    help="report directory (default <artifacts>/reports/<shape>-<dtype>)")
+    q = common(sub.add_parser("status", help="a shared study's state: candidates done, "
+                                             "running, stale, released; its workers' leases"))
+    q.add_argument("--storage", required=True, help="the study's storage URL (as --storage)")
+    q.add_argument("--study", default=None, help="one study (default: every study there)")
+    q.add_argument("--json", action="store_true")
     return p
 
 

@@ -169,3 +169,27 @@ def cmd_report(args, console) -> int:
     page = report(Library.load(args.library), shape, dtype, args.artifacts / "studies.db", out)
     console.print(f"report: {page}")
     return 0
+
+
+def cmd_status(args, console) -> int:
+    """`gemm-tune status --storage URL [--study NAME]`: what a shared study holds."""
+    from rich.table import Table
+
+    from tuner._study import describe, open_storage, study_state
+
+    rows = study_state(open_storage(args.storage, retry_s=10.0), args.study)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        t = Table(title=f"study {r['study']} in {describe(args.storage)}")
+        for col in ("done", "timed", "running", "stale", "released", "trials", "best"):
+            t.add_column(col, justify="right")
+        best = f"{r['best']['kernel']} {r['best']['tflops']}" if r["best"] else "-"
+        t.add_row(*(str(r[c]) for c in ("done", "timed", "running", "stale", "released",
+                                         "trials")), best)
+        console.print(t)
+        for w, d in sorted(r["workers"].items()):
+            age = "-" if d["age_s"] is None else f"{d['age_s']:.0f} s ago"
+            console.print(f"  worker {w}: {d['state']} (lease renewed {age})")
+    return 0

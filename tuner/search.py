@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import multiprocessing
 import os
-import socket
 import statistics
 import time
 import warnings
@@ -28,6 +27,9 @@ from codegen.compile import (
 )
 from codegen.config import DType, config_from_name
 from codegen.families import Config
+from tuner._study import (
+    LEASE_GRACE, LEASE_INTERVAL, SharedStudy, _retry, describe, open_storage as _open_storage,
+)
 from tuner.model import judge, shape_reasons
 from tuner.outcome import Measurement, Outcome, Timing
 from tuner.space import is_candidate, params_of, suggest, valid_configs
@@ -87,6 +89,7 @@ class SearchStats:
     resumed: int = 0  # candidates an earlier run of the same study had already done
     from_others: int = 0  # timed by other processes of a shared study, taken in at the end
     interrupted: bool = False  # stopped by Ctrl-C; the study keeps every finished trial
+    lost: int = 0  # own claims another process released (this one fell silent too long)
 
     @property
     def done(self) -> int:
@@ -138,6 +141,7 @@ class _GridAsker:
         self.study, self.base = study, study.sampler
         self.shape, self.arch, self.dtype = tuple(shape), arch, dtype
         self.todo = list(valid_configs(arch, dtype, shape))
+        self.last = None
         random.Random(seed).shuffle(self.todo)
 
     def ask(self):
@@ -145,7 +149,7 @@ class _GridAsker:
 
         if not self.todo:
             return None
-        cfg = self.todo.pop()
+        cfg = self.last = self.todo.pop()
         params = params_of(cfg, self.dtype, self.shape, self.arch)
         with warnings.catch_warnings():  # PartialFixedSampler is "experimental" since 2.4
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -177,12 +181,21 @@ def search(
     storage: str | None = None,
     study_name: str | None = None,
     baseline_every: int = 10,
+    lease: tuple[float, float] = (LEASE_INTERVAL, LEASE_GRACE),
+    storage_retry: float = 60.0,
     on_event: Callable[[TrialRecord | None, SearchStats], None] | None = None,
 ) -> SearchResult:
-    """Search the space for `shape`; `trials` counts candidates compiled (valid, new ones).
+    """Search the space for `shape`; `trials` counts the study's candidates (valid, new
+    ones, compiled by this process, an earlier run of the study, or another process).
 
     `bench` may be a list, one benchmark per GPU: candidates are then timed on whichever
     GPU is free, concurrently, and told to the one study as they finish.
+
+    The sampler asks in a study in this process's memory. With `storage`, each valid new
+    candidate is claimed in the shared study there (one write), and its result written
+    back; what other processes finish is read back into the local study (incrementally),
+    so invalid asks and duplicates cost the storage nothing. `lease` is (interval, grace)
+    in seconds: see tuner._study.
     """
     import optuna
     from optuna.trial import TrialState
@@ -194,19 +207,76 @@ def search(
     arch = bench.arch
     stats = SearchStats()
     records: list[TrialRecord] = []
-    seen: dict[str, tuple[TrialState, float | None]] = {}
+    seen: dict[str, tuple[TrialState, float | None]] = {}  # own and taken-in candidates
     baselines: list[Timing] = []
-    shared = storage is not None  # other processes may work on the same study
-    storage = open_storage(storage) if storage else optuna.storages.InMemoryStorage()
-    study = optuna.create_study(
-        direction="maximize", sampler=make_sampler(sampler, seed), storage=storage,
-        study_name=study_name, load_if_exists=True,
-    )
-    _resume(study, dtype, seen, records, stats)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed),
+                                study_name=study_name)
+    shared = None
+    if storage is not None:
+        where = describe(storage)
+        storage = open_storage(storage, storage_retry)
+        remote = _retry(lambda: optuna.create_study(
+            direction="maximize", storage=storage, study_name=study_name or study.study_name,
+            load_if_exists=True), "opening the study", storage_retry, where)
+        shared = SharedStudy(storage, remote._study_id, interval=lease[0], grace=lease[1],
+                             retry_s=storage_retry, where=where).start()
     grid = _GridAsker(study, arch, dtype, shape, seed) if sampler == "grid" else None
-    if grid:
-        grid.todo = [c for c in grid.todo if c.name not in seen]
     max_asks = trials * 50 + 2000
+    own: dict[int, int] = {}  # local trial number -> shared trial id
+    retrying: set[str] = set()
+    synced = [0, False]  # shared trials taken in so far; first sync done
+
+    def take_in():
+        """What the shared study finished that this process did not: into the local study
+        (the sampler learns from it) and the records; the first time, as resumed."""
+        first = not synced[1]
+        for name, c in shared.claims().items():
+            t = c.trial
+            if c.status != "done" or name in seen:
+                continue
+            cfg = config_from_name(name)
+            if not is_candidate(cfg, dtype):
+                continue
+            seen[name] = (t.state, t.value)
+            try:
+                study.add_trial(optuna.trial.create_trial(
+                    params=t.params, distributions=t.distributions, value=t.value,
+                    state=t.state, user_attrs=dict(t.user_attrs)))
+            except ValueError:  # a parameter outside this run's space: the record still counts
+                pass
+            if first:
+                stats.resumed += 1
+                stats.compiled += 1
+            else:
+                stats.from_others += 1
+            if t.state == TrialState.COMPLETE:
+                stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
+                if first:
+                    stats.timed += 1
+                records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
+                                           figures=t.user_attrs.get("figures", {})))
+            elif first:
+                out = t.user_attrs.get("outcome")
+                if out == Outcome.COMPILE_FAILED.value:
+                    stats.compile_failed += 1
+                elif out == Outcome.LAUNCH_FAILED.value:
+                    stats.launch_failed += 1
+                elif out == Outcome.WRONG_RESULT.value:
+                    stats.wrong += 1
+                else:
+                    stats.pruned += 1
+        synced[1] = True
+
+    def sync(force=False):
+        if shared is not None and (force or time.monotonic() - synced[0] >= 1.0):
+            shared.read()
+            synced[0] = time.monotonic()
+            take_in()
+
+    def full() -> bool:
+        if shared is None:
+            return stats.compiled >= trials
+        return len(shared.held()) >= trials
 
     def tell(trial, value=None, state=None):
         if value is not None:
@@ -231,37 +301,72 @@ def search(
         stats.cublas_tflops = bench.flops / (statistics.median(
             t.median_ms for t in baselines) * 1e-3) / 1e12
 
-    def finish(trial, rec: TrialRecord, value: float | None = None, state=None):
-        trial.set_user_attr("kernel", rec.config.name)
-        trial.set_user_attr("outcome", rec.outcome.value)
+    def finish(trial, rec: TrialRecord, value: float | None = None, state=None, extra=None):
+        attrs = dict(kernel=rec.config.name, outcome=rec.outcome.value)
         if rec.reason:
-            trial.set_user_attr("reason", rec.reason)
+            attrs["reason"] = rec.reason
         if rec.figures:
-            trial.set_user_attr("figures", rec.figures)
+            attrs["figures"] = rec.figures
+        attrs.update(extra or {})
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
         tell(trial, value, state)
         seen[rec.config.name] = (state or TrialState.COMPLETE, value)
+        if trial.number in own:
+            shared.finish_later(own.pop(trial.number), attrs, state or TrialState.COMPLETE,
+                                value)
+
+    def release(trial, cfg, reason: str):
+        """An own claim ends unfinished (Ctrl-C, --timeout): failed without an outcome, so
+        a later run or another process takes it up again."""
+        seen.pop(cfg.name, None)
+        trial.set_user_attr("reason", reason)
+        tell(trial, state=TrialState.FAIL)
+        if trial.number in own:
+            shared.finish(own.pop(trial.number), {"reason": reason}, TrialState.FAIL)
+
+    def ask():
+        """The next trial: a released candidate of the shared study first, else the
+        sampler's (or the grid's) choice."""
+        if shared is not None:
+            for t in shared.released():
+                name = t.user_attrs.get("claim")
+                if name not in retrying and name not in seen:
+                    retrying.add(name)
+                    study.enqueue_trial(t.params, skip_if_exists=False)
+        trial = grid.ask() if grid else study.ask()
+        return trial
+
+    def claim(trial, cfg) -> str | None:
+        """Claim `cfg` in the shared study; None if it is ours, else why not."""
+        if shared is None:
+            return None
+        if cfg.name in shared.held():  # the cached view says another worker holds it
+            return "held"
+        tid = shared.propose(cfg.name, trial.params, trial.distributions, {})
+        why = shared.confirm(tid, cfg.name, trials)
+        synced[0] = time.monotonic()
+        take_in()
+        if why is None:
+            own[trial.number] = tid
+        return why
 
     def refill():
         lookahead = 2 * jobs
-        while (len(pending) < lookahead and stats.compiled < trials
+        while (len(pending) < lookahead and not full()
                and stats.asked < max_asks and time.monotonic() < deadline):
-            trial = grid.ask() if grid else study.ask()
+            trial = ask()
             if trial is None:  # the grid is done
                 break
             stats.asked += 1
             cfg = suggest(trial, dtype, tuple(shape), arch)
+            if grid and grid.last is not None and cfg.name != grid.last.name:
+                grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
             reasons = check(cfg, arch) + shape_reasons(cfg, tuple(shape), arch)
             if reasons:
                 stats.rejected += 1
                 trial.set_user_attr("outcome", Outcome.REJECTED.value)
                 trial.set_user_attr("reason", "; ".join(reasons))
-                tell(trial, state=TrialState.PRUNED)
-                continue
-            if cfg.name not in seen and shared and _claimed_elsewhere(study, trial, cfg.name):
-                # another process holds it (running or done): never timed twice
-                stats.duplicates += 1
-                trial.set_user_attr("duplicate_of", cfg.name)
-                trial.set_user_attr("reason", "claimed by another worker of this study")
                 tell(trial, state=TrialState.PRUNED)
                 continue
             if cfg.name in seen:  # asked again: answer from the first time, free
@@ -271,6 +376,14 @@ def search(
                 # still compiling or timing: nothing to copy yet
                 tell(trial, value, TrialState.PRUNED if state == TrialState.RUNNING else state)
                 continue
+            why = claim(trial, cfg)
+            if why is not None:  # another process holds it, or the study is full
+                stats.duplicates += 1
+                trial.set_user_attr("duplicate_of", cfg.name)
+                trial.set_user_attr("reason", "claimed by another worker of this study"
+                                    if why == "held" else "the study holds its budget")
+                tell(trial, state=TrialState.PRUNED)
+                continue
             seen[cfg.name] = (TrialState.RUNNING, None)
             stats.compiled += 1
             fut = pool.submit(compile_task, (cfg, arch.sm, cache_dir, artifacts))
@@ -278,15 +391,18 @@ def search(
 
     current: list = []  # the trial between leaving `pending` and being measured
     free = collections.deque(benches)  # GPUs with nothing to time
-    inflight: dict = {}  # future -> (trial, record, benchmark)
+    inflight: dict = {}  # future -> (trial, record, benchmark, start time)
     timer = (_InlineExecutor() if len(benches) == 1
              else cf.ThreadPoolExecutor(max_workers=len(benches)))
 
     def measured(fut):
         """A timing finished: tell the study (here, in the search's own thread)."""
-        trial, rec, b = inflight.pop(fut)
+        trial, rec, b, started = inflight.pop(fut)
         free.append(b)
         m = fut.result()
+        extra = dict(timed_at=[round(started, 3), round(time.time(), 3)])
+        if len(benches) > 1:
+            extra["gpu"] = benches.index(b)
         rec.outcome, rec.reason, rec.error = m.outcome, m.message, m.error
         rec.error_exact = m.error_exact
         if m.outcome is Outcome.TIMED:
@@ -294,7 +410,7 @@ def search(
             rec.timing = m.timing
             rec.tflops = m.timing.tflops(bench.flops)
             stats.best_tflops = max(stats.best_tflops or 0.0, rec.tflops)
-            finish(trial, rec, value=rec.tflops)
+            finish(trial, rec, value=rec.tflops, extra=extra)
             if stats.timed % baseline_every == 0:
                 time_baseline(b)  # cuBLAS interleaved with the candidates, on that GPU
         else:
@@ -302,7 +418,7 @@ def search(
                 stats.wrong += 1
             else:
                 stats.launch_failed += 1
-            finish(trial, rec, state=TrialState.FAIL)
+            finish(trial, rec, state=TrialState.FAIL, extra=extra)
         records.append(rec)
         emit(rec)
 
@@ -313,147 +429,96 @@ def search(
             for fut in done:
                 measured(fut)
 
-    try:
-        time_baseline()
-        refill()
-        while pending:
-            trial, cfg, fut = pending.popleft()
-            current[:] = [trial, cfg]
-            if time.monotonic() >= deadline:
-                trial.set_user_attr("reason", "search stopped by --timeout before timing")
-                tell(trial, state=TrialState.FAIL)
-                fut.cancel()
-                current.clear()
-                continue
-            res: CompileResult = fut.result()
-            refill()  # keep the pool busy while the GPU works
-            if not res.ok:
-                stats.compile_failed += 1
-                rec = TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED,
-                                  res.error.splitlines()[0][:300] if res.error else "")
-                finish(trial, rec, state=TrialState.FAIL)
-                records.append(rec)
-                current.clear()
-                emit(rec)
-                continue
-            verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops)
-            rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
-                              resources=res.resources, figures=verdict.figures, cubin=res.cubin)
-            if verdict.hopeless:
-                stats.pruned += 1
-                finish(trial, rec, state=TrialState.PRUNED)
-                records.append(rec)
-                current.clear()
-                emit(rec)
-                continue
-            wait_for(free_needed=True)
-            b = free.popleft()
-            if len(benches) > 1:
-                trial.set_user_attr("gpu", benches.index(b))
-            inflight[timer.submit(b.measure, cfg, res.cubin)] = (trial, rec, b)
+    def step(trial, cfg, fut):
+        """One compiled candidate: judged by the model, then handed to a free GPU."""
+        current[:] = [trial, cfg]
+        if time.monotonic() >= deadline:
+            fut.cancel()
+            release(trial, cfg, "search stopped by --timeout before timing")
             current.clear()
-            for f in [f for f in inflight if f.done()]:
-                measured(f)
-        wait_for(free_needed=False)
-        if shared:
-            _take_in_others(study, dtype, seen, records, stats)
+            return
+        res: CompileResult = fut.result()
+        refill()  # keep the pool busy while the GPU works
+        if not res.ok:
+            stats.compile_failed += 1
+            rec = TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED,
+                              res.error.splitlines()[0][:300] if res.error else "")
+            finish(trial, rec, state=TrialState.FAIL)
+            records.append(rec)
+            current.clear()
+            emit(rec)
+            return
+        verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops)
+        rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
+                          resources=res.resources, figures=verdict.figures, cubin=res.cubin)
+        if verdict.hopeless:
+            stats.pruned += 1
+            finish(trial, rec, state=TrialState.PRUNED)
+            records.append(rec)
+            current.clear()
+            emit(rec)
+            return
+        wait_for(free_needed=True)
+        b = free.popleft()
+        inflight[timer.submit(b.measure, cfg, res.cubin)] = (trial, rec, b, time.time())
+        current.clear()
+        for f in [f for f in inflight if f.done()]:
+            measured(f)
+
+    try:
+        sync(force=True)  # what an earlier run, or another process, has done
+        if grid:
+            grid.todo = [c for c in grid.todo if c.name not in seen]
+        time_baseline()
+        while True:
+            refill()
+            if pending:
+                step(*pending.popleft())
+            elif inflight:
+                wait_for(free_needed=False)
+            elif shared is not None and time.monotonic() < deadline and (
+                    shared.others_running() or (not full() and shared.released())):
+                # others still hold claims: wait for them to finish, or to go stale
+                # and be retried here, so the study ends with every candidate done
+                time.sleep(min(max(shared.interval / 4, 0.05), 1.0,
+                               max(deadline - time.monotonic(), 0)))
+                sync(force=True)
+            else:
+                break
+            sync()
+        shared is not None and shared.flush()
+        sync(force=True)
         time_baseline()
     except KeyboardInterrupt:
         # Ctrl-C: every finished trial is already in the study; the unfinished ones are
         # marked failed (not left RUNNING), so the same command resumes cleanly.
         stats.interrupted = True
         unfinished = ([tuple(current)] if current else []) + [(t, c) for t, c, _ in pending]
-        unfinished += [(t, r.config) for t, r, _ in inflight.values()]
+        unfinished += [(t, r.config) for t, r, _, _ in inflight.values()]
         for trial, cfg in unfinished:
             if seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
-                seen.pop(cfg.name, None)
-                trial.set_user_attr("reason", "interrupted (Ctrl-C) before it finished")
-                tell(trial, state=TrialState.FAIL)
+                release(trial, cfg, "interrupted (Ctrl-C) before it finished")
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         timer.shutdown(wait=False, cancel_futures=True)
+        if shared is not None:
+            try:
+                shared.flush()
+            finally:
+                shared.stop(clean=True)
     stats.seconds = time.monotonic() - t0
-    return SearchResult(tuple(shape), dtype, records, baselines, stats, study, storage)
+    if shared is not None:
+        stats.lost = shared.lost
+        remote = optuna.load_study(study_name=remote.study_name, storage=storage)
+        return SearchResult(tuple(shape), dtype, records, baselines, stats, remote, storage)
+    return SearchResult(tuple(shape), dtype, records, baselines, stats, study, study._storage)
 
 
-def open_storage(url):
+def open_storage(url, retry_s: float = 60.0):
     """An Optuna storage from a URL: any RDB URL Optuna takes (sqlite:///FILE,
     postgresql://...), or journal:///PATH for a journal file (several processes or hosts
-    on a shared file system). Storage objects pass through."""
-    import optuna
-
-    if not isinstance(url, str):
-        return url
-    if url.startswith("journal:///"):
-        from optuna.storages.journal import JournalFileBackend
-
-        return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal://"):]))
-    return url
-
-
-#: who ran a trial of a shared study: host and process
-_WORKER = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _claimed_elsewhere(study, trial, name: str) -> bool:
-    """Claim `name` for `trial` in the shared study, then look for another holder (of any
-    process). Each process writes its claim before it reads the others', so of two that
-    race for one candidate at most one goes on (if both see each other, both withdraw
-    and a later ask takes it). Failed trials hold nothing: they are retried."""
-    from optuna.trial import TrialState
-
-    trial.set_user_attr("claim", name)
-    trial.set_user_attr("worker", _WORKER)
-    held = any(t.number != trial.number and t.user_attrs.get("claim") == name
-               for t in study.get_trials(deepcopy=False, states=(
-                   TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)))
-    if held:
-        trial.set_user_attr("claim", None)
-    return held
-
-
-def _take_in_others(study, dtype: DType, seen: dict, records: list,
-                    stats: SearchStats) -> None:
-    """The candidates other processes of a shared study timed while this one ran: they
-    join the records (not the budget), so the winner comes from the whole study."""
-    from optuna.trial import TrialState
-
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        name = t.user_attrs.get("kernel")
-        if name is None or name in seen or "duplicate_of" in t.user_attrs:
-            continue
-        cfg = config_from_name(name)
-        if is_candidate(cfg, dtype):
-            seen[name] = (t.state, t.value)
-            stats.from_others += 1
-            stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
-            records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
-                                       figures=t.user_attrs.get("figures", {})))
-
-
-def _resume(study, dtype: DType, seen: dict, records: list, stats: SearchStats) -> None:
-    """Take in what an earlier run of this study finished: those candidates count towards
-    the budget and are never compiled or timed again. Failed ones are retried."""
-    from optuna.trial import TrialState
-
-    for t in study.trials:
-        name = t.user_attrs.get("kernel")
-        if name is None or "duplicate_of" in t.user_attrs or \
-                t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
-            continue
-        cfg = config_from_name(name)
-        if not is_candidate(cfg, dtype) or name in seen:
-            continue
-        seen[name] = (t.state, t.value)
-        stats.resumed += 1
-        stats.compiled += 1
-        if t.state == TrialState.COMPLETE:
-            stats.timed += 1
-            stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
-            records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
-                                       figures=t.user_attrs.get("figures", {})))
-        else:
-            stats.pruned += 1
+    on a shared file system). Storage objects pass through. See tuner._study."""
+    return _open_storage(url, retry_s)
 
 
 def save_study(result: SearchResult, db: Path, name: str) -> None:

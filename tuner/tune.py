@@ -201,7 +201,7 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
                      sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
                      storage=args.storage, study_name=args.study or (str(key) if args.storage
                                                                      else None),
-                     on_event=on_event)
+                     lease=(max(args.lease / 6, 0.1), args.lease), on_event=on_event)
         bar.update(task, description="confirming")
         save_study(res, artifacts / "studies.db", str(key))
         if not res.timed():

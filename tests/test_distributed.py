@@ -1,0 +1,342 @@
+"""Shared studies: claims, leases and retries (tuner._study), on SQLite, journal files,
+in memory (every interleaving of claim, finish and crash, by hypothesis) and on a real
+PostgreSQL server (three processes, a SIGKILL, a database restart).
+
+The PostgreSQL tests need $GEMM_TUNE_TEST_POSTGRES (a SQLAlchemy URL; .ci/run starts a
+server and sets it). Without it they skip, except under CI (CI=true), where they fail.
+"""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from tuner._study import SharedStudy, open_storage, study_state
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+HERE = Path(__file__).parent
+DIST = dict(x=CategoricalDistribution(tuple(range(100))))
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _workers(storage, names, clock, interval=1.0, grace=5.0):
+    sid = optuna.create_study(storage=storage, study_name="s", load_if_exists=True)._study_id
+    return [SharedStudy(storage, sid, worker=w, interval=interval, grace=grace, clock=clock,
+                        retry_s=5) for w in names]
+
+
+def _census(trials):
+    """name -> states of the trials that claimed it (withdrawn ones left out)."""
+    out = collections.defaultdict(list)
+    for t in trials:
+        if "duplicate_of" not in t.user_attrs and t.user_attrs.get("claim"):
+            out[t.user_attrs["claim"]].append((t.state, t.user_attrs.get("outcome"),
+                                               t.user_attrs.get("reason")))
+    return out
+
+
+def _done_once(census, names):
+    """Every name done exactly once (timed, or failed with an outcome and a reason); every
+    other trial of it released with a reason; nothing left RUNNING."""
+    for name in names:
+        rows = census[name]
+        done = [r for r in rows if r[0] in (TrialState.COMPLETE, TrialState.PRUNED)
+                or (r[0] == TrialState.FAIL and r[1])]
+        assert len(done) == 1, (name, rows)
+        assert all(r[2] for r in done if r[0] == TrialState.FAIL), (name, rows)
+        rest = [r for r in rows if r not in done]
+        assert all(r[0] == TrialState.FAIL and r[2] for r in rest), (name, rows)
+
+
+@pytest.fixture(params=["sqlite", "journal"])
+def storage(request, tmp_path):
+    if request.param == "sqlite":
+        return open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    return open_storage(f"journal:///{tmp_path / 's.log'}")
+
+
+def test_lease_releases_a_silent_workers_claims(storage):
+    clock = Clock()
+    a, b = _workers(storage, ["a", "b"], clock)
+    a.beat()
+    b.beat()
+    ta = a.propose("k1", {"x": 1}, DIST, {})
+    assert a.confirm(ta, "k1", budget=10) is None
+    tb = b.propose("k1", {"x": 1}, DIST, {})
+    assert b.confirm(tb, "k1", budget=10) == "held"  # a's claim is live
+    clock.t = 3.0
+    b.beat()
+    b.read()
+    assert b.claims()["k1"].status == "running"  # within the grace period
+    clock.t = 7.0  # a has not renewed for 7 s > 5 s: its claim is failed and released
+    b.read()
+    states = {t._trial_id: t for t in b.trials}
+    assert states[ta].state == TrialState.FAIL and "released" in states[ta].user_attrs["reason"]
+    assert [t.user_attrs["claim"] for t in b.released()] == ["k1"]
+    tb2 = b.propose("k1", {"x": 1}, DIST, {})
+    assert b.confirm(tb2, "k1", budget=10) is None  # retried by the survivor
+    assert b.finish(tb2, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+    assert not a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 2.0)  # too late
+    assert a.lost == 1
+    _done_once(_census(storage.get_all_trials(a.study_id)), ["k1"])
+
+
+def test_a_renewed_lease_keeps_its_claims_and_a_clean_stop_frees_them(storage):
+    clock = Clock()
+    a, b = _workers(storage, ["a", "b"], clock)
+    a.beat()
+    ta = a.propose("k1", {"x": 1}, DIST, {})
+    assert a.confirm(ta, "k1", budget=None) is None
+    for t in range(1, 30):  # 29 s, renewed every second: never stale
+        clock.t = float(t)
+        a.beat()
+        b.read()
+        assert b.claims()["k1"].status == "running"
+    a.stop(clean=True)  # (a real stop first fails its unfinished claims)
+    b._read_leases(force=True)
+    assert not b.alive("a")
+
+
+def test_the_budget_is_the_studys(storage):
+    clock = Clock()
+    a, b = _workers(storage, ["a", "b"], clock)
+    for w in (a, b):
+        w.beat()
+    got = []
+    for i in range(6):
+        w = (a, b)[i % 2]
+        tid = w.propose(f"k{i}", {"x": i}, DIST, {})
+        got.append(w.confirm(tid, f"k{i}", budget=4))
+    assert got == [None] * 4 + ["full"] * 2
+    a.read()
+    assert len(a.held()) == 4
+
+
+def test_heartbeat_thread_renews_the_lease(tmp_path):
+    storage = open_storage(f"sqlite:///{tmp_path / 'h.db'}")
+    sid = optuna.create_study(storage=storage, study_name="h")._study_id
+    w = SharedStudy(storage, sid, worker="w", interval=0.1, grace=1.0).start()
+    try:
+        first = storage.get_study_user_attrs(sid)["lease:w"]["n"]
+        time.sleep(0.5)
+        assert storage.get_study_user_attrs(sid)["lease:w"]["n"] >= first + 2
+    finally:
+        w.stop()
+    assert storage.get_study_user_attrs(sid)["lease:w"] == "stopped"
+
+
+# -- every interleaving of claim, finish and crash, in memory ------------------------------
+
+NAMES = [f"k{i}" for i in range(5)]
+OPS = st.lists(st.tuples(st.sampled_from(["propose", "confirm", "finish", "crash", "tick"]),
+                         st.integers(0, 2)), max_size=40)
+
+
+class _Worker:
+    def __init__(self, shared):
+        self.s, self.alive, self.proposed, self.held = shared, True, None, []
+
+    def next_free(self):
+        self.s.read()
+        claims = self.s.claims()
+        return next((n for n in NAMES if n not in claims or claims[n].status == "released"),
+                    None)
+
+    def propose(self):
+        if self.proposed is None:
+            name = self.next_free()
+            if name is not None:
+                self.proposed = (self.s.propose(name, {"x": int(name[1:])}, DIST, {}), name)
+
+    def confirm(self):
+        if self.proposed is not None:
+            tid, name = self.proposed
+            self.proposed = None
+            if self.s.confirm(tid, name, budget=len(NAMES)) is None:
+                self.held.append((tid, name))
+
+    def finish(self, timed):
+        if self.held:
+            tid, name = self.held.pop(0)
+            if name == "k3":  # one candidate fails for good, with a reason
+                ok = self.s.finish(tid, {"outcome": "launch failed", "reason": "fault"},
+                                   TrialState.FAIL)
+            else:
+                ok = self.s.finish(tid, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+            if ok:
+                timed.append(name)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, n=st.integers(2, 3))
+def test_interleavings_of_claim_finish_and_crash(ops, n):
+    """Any interleaving of two or three workers claiming, finishing and crashing on one
+    study; then the survivors (one is kept alive) go on until the study is done. Every
+    candidate ends done exactly once (timed, or failed with a reason); nothing RUNNING."""
+    storage = optuna.storages.InMemoryStorage()
+    clock = Clock()
+    ws = [_Worker(s) for s in _workers(storage, [f"w{i}" for i in range(n)], clock)]
+    for w in ws:
+        w.s.beat()
+    timed: list[str] = []
+    for op, i in ops:
+        w = ws[i % n]
+        if op == "tick":
+            clock.t += 2.0
+            for x in ws:
+                if x.alive:
+                    x.s.beat()
+        elif not w.alive:
+            continue
+        elif op == "crash" and w is not ws[0]:  # the first always survives
+            w.alive = False
+        elif op == "propose":
+            w.propose()
+        elif op == "confirm":
+            w.confirm()
+        elif op == "finish":
+            w.finish(timed)
+    # the survivors finish their work, wait out the crashed leases, and retry what is left
+    for _ in range(40):
+        clock.t += 2.0
+        for w in ws:
+            if w.alive:
+                w.s.beat()
+                w.confirm()
+                while w.held:
+                    w.finish(timed)
+                w.propose()
+                w.confirm()
+    trials = storage.get_all_trials(ws[0].s.study_id)
+    _done_once(_census(trials), NAMES)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert sorted(timed) == sorted(set(timed)), "a result was recorded twice"
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+@pytest.fixture
+def pg_url():
+    url = os.environ.get("GEMM_TUNE_TEST_POSTGRES")
+    if not url:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI=true but GEMM_TUNE_TEST_POSTGRES is not set: .ci/run starts a "
+                        "PostgreSQL server and sets it", pytrace=False)
+        pytest.skip("no PostgreSQL server: set GEMM_TUNE_TEST_POSTGRES (see .ci/postgres.sh)")
+    return url
+
+
+def _spawn(url, study, log, cache, trials, delay=0.1, seed=4, lease="0.5,4", retry=60.0):
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "_dist_worker.py"), url, "--study", study, "--log",
+         str(log), "--cache", str(cache), "--tests", str(HERE), "--trials", str(trials),
+         "--delay", str(delay), "--seed", str(seed), "--lease", lease, "--retry", str(retry),
+         "--timeout", "240"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_lines(log, n, procs, limit=180):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if log.exists() and len(log.read_text().split()) >= n:
+            return
+        if all(p.poll() is not None for p in procs):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the workers did not get going within {limit} s")
+
+
+def _final(url, study, trials):
+    storage = open_storage(url)
+    state = study_state(storage, study)[0]
+    sid = storage.get_study_id_from_name(study)
+    census = _census(storage.get_all_trials(sid))
+    assert state["done"] == trials and len(census) >= trials, state
+    assert state["running"] == state["stale"] == state["released"] == 0, state
+    _done_once(census, [n for n in census if any(r[0] != TrialState.FAIL or r[1]
+                                                  for r in census[n])])
+    return census, state
+
+
+def test_postgres_three_processes_one_study(pg_url, tmp_path, compile_cache):
+    study, log, trials = f"three-{uuid.uuid4().hex[:8]}", tmp_path / "timed.log", 15
+    procs = [_spawn(pg_url, study, log, compile_cache, trials, delay=0.05) for _ in range(3)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outs]
+    stats = [json.loads(o[0].splitlines()[-1]) for o in outs]
+    names = log.read_text().split()
+    assert len(names) == len(set(names)) == sum(s["timed"] for s in stats)  # none twice
+    census, state = _final(pg_url, study, trials)
+    timed = sorted(n for n, rows in census.items() if any(r[0] == TrialState.COMPLETE
+                                                          for r in rows))
+    assert timed == sorted(names)  # none lost: every timing is in the study
+    assert sum(s["duplicates"] for s in stats) > 0  # they did ask for each other's
+
+
+def test_postgres_sigkill_one_of_three(pg_url, tmp_path, compile_cache):
+    """One worker is SIGKILLed while it holds claims: the others fail them once its lease
+    (4 s) runs out, retry them, and the study still ends with exactly the budget."""
+    study, trials = f"kill-{uuid.uuid4().hex[:8]}", 15
+    logs = [tmp_path / f"timed{i}.log" for i in range(3)]
+    victim = _spawn(pg_url, study, logs[0], compile_cache, trials, delay=0.4, seed=1)
+    _wait_lines(logs[0], 2, [victim])
+    others = [_spawn(pg_url, study, logs[i], compile_cache, trials, delay=0.1, seed=i + 1)
+              for i in (1, 2)]
+    _wait_lines(logs[0], 3, [victim])
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    storage = open_storage(pg_url)
+    sid = storage.get_study_id_from_name(study)
+    held = {t.user_attrs["claim"] for t in storage.get_all_trials(sid)
+            if t.state == TrialState.RUNNING and t.user_attrs.get("worker", "").endswith(
+                f":{victim.pid}")}
+    t_kill = time.monotonic()
+    outs = [p.communicate(timeout=400) for p in others]
+    assert all(p.returncode == 0 for p in others), [o[1][-1500:] for o in outs]
+    census, _ = _final(pg_url, study, trials)
+    for name in held:  # each claim the victim held is done by a survivor
+        rows = census[name]
+        assert any("released" in (r[2] or "") for r in rows), rows
+    survivors = [n for lg in logs[1:] if lg.exists() for n in lg.read_text().split()]
+    assert len(survivors) == len(set(survivors))  # the survivors timed nothing twice
+    assert time.monotonic() - t_kill < 200
+
+
+def test_postgres_restart_mid_study(pg_url, tmp_path, compile_cache):
+    """The database stops and starts while three workers run: they retry with backoff
+    and finish, or stop with a one-line error naming the storage; none hangs."""
+    pgctl = os.environ.get("GEMM_TUNE_TEST_PGCTL")
+    if not pgctl:
+        pytest.skip("GEMM_TUNE_TEST_PGCTL (how to stop and start the server) is not set")
+    study, log, trials = f"restart-{uuid.uuid4().hex[:8]}", tmp_path / "timed.log", 18
+    procs = [_spawn(pg_url, study, log, compile_cache, trials, delay=0.2, seed=i)
+             for i in range(3)]
+    _wait_lines(log, 3, procs)
+    subprocess.run(f"{pgctl} stop -m fast", shell=True, check=True, capture_output=True)
+    time.sleep(3)
+    subprocess.run(f"{pgctl} start", shell=True, check=True, capture_output=True)
+    outs = [p.communicate(timeout=400) for p in procs]  # bounded: none hangs
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            last = err.strip().splitlines()[-1]
+            assert p.returncode == 2 and last.startswith("gemm-tune: error: storage "), err[-1500:]
+    if all(p.returncode == 0 for p in procs):
+        _final(pg_url, study, trials)

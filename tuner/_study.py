@@ -1,0 +1,502 @@
+"""The shared side of a search: one Optuna study in a storage that several processes, on
+one host or several, join (SQLite, PostgreSQL, or a journal file).
+
+What lives in the shared study, and what each process does with it:
+
+- A **claim** is a RUNNING trial created in one write, its parameters and the user
+  attributes ``claim`` (the candidate's name), ``kernel`` and ``worker`` (host:pid) with
+  it. A process claims a candidate before compiling it: it writes its claim, then reads
+  the study; if another live claim holds the same name, or the study already holds the
+  budget, it withdraws (``duplicate_of``; PRUNED). Of two processes that race, at most one
+  goes on (each writes before it reads, so the later reader sees both).
+- A **lease**: each process renews the study attribute ``lease:<worker>`` every
+  `interval` seconds from a thread. Another process that sees a lease unchanged for
+  `grace` seconds of its own clock (no clocks are compared across hosts) fails that
+  worker's RUNNING claims with the reason; a failed claim without an outcome is
+  *released*, and the survivors retry it, so no candidate is lost.
+- A claim is **done** once COMPLETE, PRUNED, or FAIL with an outcome (compile failed,
+  launch failed, wrong result): it is never timed again.
+
+Every storage call is retried with backoff for `retry_s` seconds (a database restart, a
+dropped connection); after that a :class:`StorageError` names the storage in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import re
+import socket
+import threading
+import time
+from typing import Callable
+
+from codegen.errors import UsageError
+
+__all__ = ["StorageError", "SharedStudy", "open_storage", "describe", "study_state", "WORKER",
+           "LEASE_INTERVAL", "LEASE_GRACE"]
+
+log = logging.getLogger(__name__)
+
+#: who holds a claim: host and process
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+#: default lease: renewed every 10 s, a worker silent for 60 s is taken for dead
+LEASE_INTERVAL, LEASE_GRACE = 10.0, 60.0
+#: outcomes that end a claim for good (the candidate is never timed again)
+FINAL = frozenset({"timed", "pruned", "compile failed", "launch failed", "wrong result"})
+STOPPED = "stopped"  # the lease of a worker that ended cleanly
+
+
+class StorageError(UsageError):
+    """The study's storage could not be reached (after retrying); one line names it."""
+
+
+def describe(url) -> str:
+    """A storage URL without its password, for messages."""
+    if not isinstance(url, str):
+        return type(url).__name__
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def _retry(fn: Callable, what: str, retry_s: float, where: str):
+    """fn() until it succeeds, backing off 0.1 s .. 5 s, for at most `retry_s` seconds.
+
+    Optuna's own logic errors (KeyError for an unknown study, a finished trial) are not
+    retried: only errors of the storage itself (the database, the file system)."""
+    import optuna
+
+    deadline = time.monotonic() + retry_s
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except (KeyError, ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError,
+                optuna.exceptions.DuplicatedStudyError):
+            raise
+        except Exception as e:  # noqa: BLE001 - sqlalchemy, psycopg, OSError: retried
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            if time.monotonic() + delay > deadline:
+                raise StorageError(f"storage {where}: {what} failed for {retry_s:g} s "
+                                   f"({type(e).__name__}: {first})") from None
+            log.warning("storage %s: %s failed (%s); retrying in %.1f s", where, what, first,
+                        delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def open_storage(url, retry_s: float = 60.0):
+    """An Optuna storage from a URL: an RDB URL (sqlite:///FILE, postgresql+psycopg://...,
+    postgresql://... is taken as psycopg's) or journal:///PATH (a journal file, for several
+    processes or hosts on a shared file system). Storage objects pass through."""
+    import optuna
+
+    if not isinstance(url, str):
+        return url
+    if url.startswith("journal:///"):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = url[len("journal://"):]
+        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=_FairLock(path)))
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    if "://" not in url:
+        raise UsageError(f"--storage {url!r}: expected sqlite:///FILE, postgresql://... or "
+                         "journal:///PATH")
+
+    if url.startswith("sqlite:///"):
+        _sqlite_wal(url[len("sqlite:///"):])
+
+    def make():
+        return optuna.storages.get_storage(optuna.storages.RDBStorage(
+            url, engine_kwargs={"pool_pre_ping": True}))
+
+    try:
+        return _retry(make, "opening", retry_s, describe(url))
+    except (ValueError, RuntimeError, ImportError) as e:
+        raise StorageError(f"storage {describe(url)}: {str(e).splitlines()[0][:200]}") from None
+
+
+def _sqlite_wal(path: str) -> None:
+    """Put an SQLite study file in write-ahead-log mode (it stays so): one fsync per
+    commit instead of the rollback journal's several, and readers never block the writer.
+    SQLite is for one host (WAL needs shared memory, so no network file system)."""
+    import sqlite3
+
+    if not path or path == ":memory:":
+        return
+    try:
+        con = sqlite3.connect(path, timeout=30)
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        log.warning("sqlite %s: WAL mode not set (%s)", path, e)
+
+
+class _FairLock:
+    """The journal file's lock: Optuna's symlink lock (works on NFS), polled every 1-10 ms.
+
+    Optuna's own backs off to one poll a second; a process appending in a tight loop
+    (an fsync per append) takes the lock back within milliseconds of releasing it, so a
+    second process polling once a second can wait for as long as the first keeps writing.
+    """
+
+    def __init__(self, path: str, grace_period: float = 30.0):
+        from optuna.storages.journal import JournalFileSymlinkLock
+
+        self._lock = JournalFileSymlinkLock(path, grace_period=int(grace_period))
+        self._file = self._lock._lock_file
+        self.grace_period = grace_period
+
+    def acquire(self) -> bool:
+        sleep, seen, since = 0.001, None, time.monotonic()
+        while True:
+            try:
+                os.symlink(self._lock._lock_target_file, self._file)
+                return True
+            except FileExistsError:
+                try:  # a holder that died leaves the link: broken after the grace period
+                    mtime = os.lstat(self._file).st_mtime
+                except OSError:
+                    continue
+                if mtime != seen:
+                    seen, since = mtime, time.monotonic()
+                elif time.monotonic() - since > self.grace_period:
+                    log.warning("journal lock %s held for %g s: breaking it", self._file,
+                                self.grace_period)
+                    try:
+                        self._lock.release()
+                    except RuntimeError:
+                        pass
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 0.01)
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+@dataclasses.dataclass
+class Claim:
+    """What the study says of one candidate name."""
+
+    status: str  # done | running | stale | released
+    trial: object  # the FrozenTrial deciding it
+
+
+def _claim_of(t):
+    """The candidate a shared trial claims, or None (withdrawn, or no claim)."""
+    a = t.user_attrs
+    if "duplicate_of" in a:
+        return None
+    return a.get("claim")
+
+
+class SharedStudy:
+    """One process's side of a shared study: claims, leases, and a cached view.
+
+    `clock` is the local monotonic clock leases are judged by (tests pass a fake one).
+    """
+
+    def __init__(self, storage, study_id: int, *, worker: str = WORKER,
+                 interval: float = LEASE_INTERVAL, grace: float = LEASE_GRACE,
+                 retry_s: float = 60.0, where: str = "", clock=time.monotonic):
+        self.storage, self.study_id, self.worker = storage, study_id, worker
+        self.interval, self.grace, self.retry_s = interval, grace, retry_s
+        self.where = where or describe(storage)
+        self.clock = clock
+        self._seen_leases: dict[str, tuple[object, float]] = {}  # worker -> (value, since)
+        self._leases_read = -1e9
+        self._beats = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.trials: list = []  # the last read
+        self._writes: "queue.Queue" = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
+        self.lost = 0  # own claims another worker failed as stale (we were silent too long)
+
+    # -- storage calls, retried ------------------------------------------------------
+    def _call(self, what: str, fn: Callable):
+        return _retry(fn, what, self.retry_s, self.where)
+
+    # -- leases -----------------------------------------------------------------------
+    def beat(self, value=None) -> None:
+        self._beats += 1
+        v = value if value is not None else dict(n=self._beats, t=round(time.time(), 3),
+                                                 grace=self.grace)
+        self._call("renewing the lease", lambda: self.storage.set_study_user_attr(
+            self.study_id, f"lease:{self.worker}", v))
+
+    def start(self) -> "SharedStudy":
+        """Renew the lease now and then every `interval` seconds, from a thread."""
+        self.beat()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat_loop, name="gemm-tune-lease",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception as e:  # noqa: BLE001 - keep beating; the main loop reports
+                log.warning("lease not renewed: %s", e)
+
+    def stop(self, clean: bool = True) -> None:
+        """Stop renewing; a clean stop says so, and others need not wait out the grace."""
+        self._stop.set()
+        if self._writer is not None:
+            self._writes.put(None)
+            self._writer.join(self.retry_s + 5)
+            self._writer = None
+        if self._thread is not None:
+            self._thread.join(self.interval + 5)
+            self._thread = None
+        if clean:
+            try:
+                self.beat(STOPPED)
+            except Exception as e:  # noqa: BLE001 - the lease then runs out on its own
+                log.warning("could not mark the lease stopped: %s", e)
+
+    def _read_leases(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._leases_read < min(self.interval, self.grace / 4):
+            return
+        attrs = self._call("reading leases",
+                           lambda: self.storage.get_study_user_attrs(self.study_id))
+        self._leases_read = now
+        for key, value in attrs.items():
+            if key.startswith("lease:"):
+                w = key[len("lease:"):]
+                old = self._seen_leases.get(w)
+                if old is None or old[0] != value:
+                    self._seen_leases[w] = (value, now)
+
+    def alive(self, worker: str | None) -> bool:
+        """Has `worker` renewed its lease within the grace period (by this clock)?"""
+        if worker == self.worker:
+            return True
+        seen = self._seen_leases.get(worker)
+        if seen is None:  # never seen a lease: count from now
+            self._seen_leases[worker] = seen = (None, self.clock())
+        if seen[0] == STOPPED:
+            return False
+        return self.clock() - seen[1] <= self.grace
+
+    # -- the view ---------------------------------------------------------------------
+    def read(self) -> list:
+        """Every trial of the study (the storage caches finished ones), leases, and the
+        stale claims failed (released for a retry)."""
+        self.trials = self._call("reading the study", lambda: self.storage.get_all_trials(
+            self.study_id, deepcopy=False))
+        self._read_leases()
+        if self.reap():
+            self.trials = self._call("reading the study", lambda: self.storage.get_all_trials(
+                self.study_id, deepcopy=False))
+        return self.trials
+
+    def claims(self, trials=None) -> dict[str, Claim]:
+        """name -> the strongest claim on it: done > running > stale > released."""
+        from optuna.trial import TrialState
+
+        rank = dict(done=3, running=2, stale=1, released=0)
+        out: dict[str, Claim] = {}
+        for t in self.trials if trials is None else trials:
+            name = _claim_of(t)
+            if name is None:
+                continue
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                s = "done"
+            elif t.state == TrialState.FAIL:
+                s = "done" if t.user_attrs.get("outcome") in FINAL else "released"
+            elif t.state == TrialState.RUNNING:
+                s = "running" if self.alive(t.user_attrs.get("worker")) else "stale"
+            else:
+                continue
+            if name not in out or rank[s] > rank[out[name].status]:
+                out[name] = Claim(s, t)
+        return out
+
+    def held(self) -> set[str]:
+        """Names done or claimed by a live worker (the budget counts these)."""
+        return {n for n, c in self.claims().items() if c.status in ("done", "running")}
+
+    def reap(self) -> int:
+        """Fail the RUNNING claims of workers whose lease ran out; returns how many."""
+        import optuna
+        from optuna.trial import TrialState
+
+        n = 0
+        for t in self.trials:
+            w = t.user_attrs.get("worker")
+            if t.state != TrialState.RUNNING or _claim_of(t) is None or self.alive(w):
+                continue
+            why = (f"released: worker {w} stopped renewing its lease (silent over "
+                   f"{self.grace:g} s); retried by the others")
+            try:
+                self._call("failing a stale claim", lambda: (
+                    self.storage.set_trial_user_attr(t._trial_id, "reason", why),
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)))
+                log.warning("%s: %s", t.user_attrs.get("claim"), why)
+                n += 1
+            except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
+                pass  # finished meanwhile, or another survivor failed it first
+        return n
+
+    def others_running(self) -> bool:
+        """Does a live worker other than this one hold a RUNNING claim?"""
+        return any(c.status == "running" and c.trial.user_attrs.get("worker") != self.worker
+                   for c in self.claims().values())
+
+    def released(self) -> list:
+        """Released candidates no one holds now: the FrozenTrials to retry."""
+        return [c.trial for c in self.claims().values() if c.status == "released"]
+
+    # -- claims -----------------------------------------------------------------------
+    def propose(self, name: str, params: dict, distributions: dict, attrs: dict) -> int:
+        """Write a claim on `name` (one write); returns its trial id."""
+        import optuna
+        from optuna.trial import TrialState
+
+        template = optuna.trial.FrozenTrial(
+            number=-1, state=TrialState.RUNNING, value=None, values=None,
+            datetime_start=None, datetime_complete=None, params=params,
+            distributions=distributions, intermediate_values={}, system_attrs={},
+            trial_id=-1,
+            user_attrs=dict(attrs, claim=name, kernel=name, worker=self.worker))
+        template.datetime_start = _now()
+        return self._call("claiming a candidate", lambda: self.storage.create_new_trial(
+            self.study_id, template_trial=template))
+
+    def confirm(self, trial_id: int, name: str, budget: int | None) -> str | None:
+        """After `propose`: read the study; None if the claim stands, else why it was
+        withdrawn ("held": another live claim; "full": the study holds the budget)."""
+        from optuna.trial import TrialState
+
+        self.read()
+        why = None
+        for t in self.trials:
+            if t._trial_id != trial_id and _claim_of(t) == name and (
+                    t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                    or (t.state == TrialState.FAIL and t.user_attrs.get("outcome") in FINAL)
+                    or (t.state == TrialState.RUNNING and self.alive(t.user_attrs.get("worker")))):
+                why = "held"
+                break
+        if why is None and budget is not None and len(self.held()) > budget:
+            why = "full"
+        if why:
+            reason = ("claimed by another worker of this study" if why == "held" else
+                      "the study already holds its budget of candidates")
+            self._call("withdrawing a claim", lambda: (
+                self.storage.set_trial_user_attr(trial_id, "duplicate_of", name),
+                self.storage.set_trial_user_attr(trial_id, "reason", reason),
+                self.storage.set_trial_state_values(trial_id, TrialState.PRUNED)))
+        return why
+
+    def finish_later(self, trial_id: int, attrs: dict, state, value: float | None = None):
+        """`finish` from a writer thread, so the search does not wait for the commits;
+        `flush` waits for every one (and raises a StorageError one of them met)."""
+        if self._write_error is not None:
+            raise self._write_error
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="gemm-tune-writes",
+                                            daemon=True)
+            self._writer.start()
+        self._writes.put((trial_id, attrs, state, value))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._writes.get()
+            try:
+                if job is None:
+                    return
+                if self._write_error is None:
+                    self.finish(*job)
+            except BaseException as e:  # noqa: BLE001 - raised again by flush
+                self._write_error = e
+            finally:
+                self._writes.task_done()
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writes.join()
+        if self._write_error is not None:
+            e, self._write_error = self._write_error, None
+            raise e
+
+    def finish(self, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:
+        """Record an own claim's end; False if another worker had failed it as stale."""
+        import optuna
+
+        try:
+            self._call("recording a result", lambda: (
+                [self.storage.set_trial_user_attr(trial_id, k, v) for k, v in attrs.items()],
+                self.storage.set_trial_state_values(
+                    trial_id, state, None if value is None else [value])))
+            return True
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError) as e:
+            self.lost += 1
+            log.warning("claim %d was released by another worker before it finished (%s): "
+                        "its result is dropped, the study keeps the retry's", trial_id,
+                        str(e).splitlines()[0][:120])
+            return False
+
+
+def _now():
+    import datetime
+
+    return datetime.datetime.now()
+
+
+def study_state(storage, study_name: str | None = None, grace: float | None = None) -> list[dict]:
+    """What `gemm-tune status` shows: per study, its candidates done / running / stale /
+    released, and its workers with the age of their lease.
+
+    Staleness here is judged by the wall clock (the lease's own time stamp against this
+    machine's), so hosts' clocks should roughly agree; a search itself judges leases by
+    watching them change on its own clock, which needs no agreement.
+    """
+    import optuna
+
+    out = []
+    summaries = optuna.study.get_all_study_summaries(storage, include_best_trial=False)
+    for s in summaries:
+        if study_name is not None and s.study_name != study_name:
+            continue
+        sid = storage.get_study_id_from_name(s.study_name)
+        attrs = storage.get_study_user_attrs(sid)
+        now = time.time()
+        workers = {}
+        for key, v in attrs.items():
+            if key.startswith("lease:"):
+                w = key[len("lease:"):]
+                if v == STOPPED:
+                    workers[w] = dict(state="stopped", age_s=None)
+                else:
+                    age = now - float(v.get("t", 0))
+                    g = grace or float(v.get("grace", LEASE_GRACE))
+                    workers[w] = dict(state="alive" if age <= g else "silent",
+                                      age_s=round(age, 1), grace_s=g)
+        view = SharedStudy(storage, sid, worker="status", grace=0.0, clock=lambda: 0.0)
+        view.trials = storage.get_all_trials(sid, deepcopy=False)
+        view._seen_leases = {w: ("x", 0.0 if d["state"] == "alive" else -1.0)
+                             for w, d in workers.items()}
+        counts = dict(done=0, running=0, stale=0, released=0)
+        best = None
+        for c in view.claims().values():
+            counts[c.status] += 1
+            if c.trial.value is not None and c.status == "done":
+                if best is None or c.trial.value > best[1]:
+                    best = (c.trial.user_attrs.get("kernel"), c.trial.value)
+        out.append(dict(study=s.study_name, trials=len(view.trials), **counts,
+                        timed=sum(c.trial.user_attrs.get("outcome") == "timed"
+                                  for c in view.claims().values()),
+                        best=dict(kernel=best[0], tflops=round(best[1], 2)) if best else None,
+                        workers=workers))
+    if study_name is not None and not out:
+        raise UsageError(f"no study {study_name!r} in {describe(storage)}")
+    return out
