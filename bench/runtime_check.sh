@@ -8,7 +8,7 @@ source .device-env/install.sh >/dev/null
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 GEMM_TUNE_CACHE_DIR=/tmp/gemm-tune-cache GEMM_TUNE_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
-python3 - <<'PY' 2>&1 | tee "$OUT/smoke.log"
+python3 - <<'PY' 2>&1 | tee /tmp/smoke.log
 import torch
 from tuner.runtime import load_library
 lib = load_library("artifacts/library")
@@ -20,4 +20,4 @@ PY
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -x -rs ${TESTS:-tests/test_gpu_runtime.py tests/test_gpu_library.py} \
   > "$OUT/gpu-tests-runtime.log" 2>&1
 tail -25 "$OUT/gpu-tests-runtime.log"
-[ -n "${NO_BENCH:-}" ] || timeout ${BENCH_TIMEOUT:-300} python3 bench/library_vs_cublas.py --out "$OUT" 2>&1 | tee "$OUT/library-vs-cublas.log" | tail -45
+[ -n "${NO_BENCH:-}" ] || timeout ${BENCH_TIMEOUT:-300} python3 bench/library_vs_cublas.py --out "$OUT" 2>&1 | tee /tmp/library-vs-cublas.log | tail -45
