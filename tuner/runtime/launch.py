@@ -193,11 +193,11 @@ def _torch_tf32() -> bool:
 
 def _torch_addmm(A, B, C, alpha: float = 1.0, beta: float = 0.0):
     """cuBLAS through torch on its current stream: C = alpha A B + beta C (beta 0: C unread);
-    torch.mm, torch.matmul's own path, when alpha is 1 and beta 0."""
+    torch.matmul itself when alpha is 1 and beta 0 (what such a caller would have called)."""
     import torch
 
     if alpha == 1.0 and beta == 0.0:
-        return torch.mm(A, B, out=C)
+        return torch.matmul(A, B, out=C)
     return torch.addmm(C, A, B, beta=beta, alpha=alpha, out=C)
 
 
