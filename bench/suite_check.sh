@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device calls for the FP32 performance work (issue 6). Writes logs and JSON under $OUT.
-#   bash bench/issue6_check.sh check   GPU tests, kernels side by side with cuBLAS
+#   bash bench/suite_check.sh check   GPU tests, kernels side by side with cuBLAS
 #                                      ($PAIRS), compute-sanitizer on the sample
-#   TUNE="..." bash bench/issue6_check.sh suite   tune those shapes on every GPU, time the
+#   TUNE="..." bash bench/suite_check.sh suite   tune those shapes on every GPU, time the
 #                                      suite, and bring the library back (library.tgz)
 set -uo pipefail
 source .device-env/install.sh >/dev/null
