@@ -472,3 +472,32 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     decisions = json.loads(path.read_text())["decisions"]
     assert len(decisions) == 60
     assert {d["kernel"] for d in decisions.values()} == {"w0", "w1", "w2", "w3"}
+
+
+def test_prewarm_without_a_gpu_is_one_line(lib, tmp_path, capsys):
+    from tuner.cli import main
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("# warm these\n300x200x100\n16x4096x4096\n")
+    assert main(["prewarm", "--shapes", str(shapes), "--library", str(lib.path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "cuda" in err.lower()  # no cuda-bindings, or no driver: it says which
+    shapes.write_text("300x200\n")
+    assert main(["prewarm", "--shapes", str(shapes), "--library", str(lib.path)]) == 2
+    assert "shape must be MxNxK" in capsys.readouterr().err
+
+
+def test_prewarm_measures_each_shape_and_keeps_it(lib, fake, tmp_path, capsys):
+    from tuner.cli import main
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("300x200x100\n16x4096x4096\n")
+    fake.times = {SMALL.name: 0.5}
+    assert main(["prewarm", "--shapes", str(shapes), "--library", str(lib.path),
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["shape"], r["kernel"], r["rule"]) for r in rows] == [
+        ("300x200x100", SMALL.name, "measured"), ("16x4096x4096", SMALL.name, "measured")]
+    assert [m[0] for m in fake.measured] == [(300, 200, 100), (16, 4096, 4096)]
+    assert len(json.loads((lib.path / "dispatch.json").read_text())["decisions"]) == 2

@@ -274,8 +274,9 @@ class Library:
             route = "torch" if _torch_importable() and dtype in (DType.F32, DType.TF32) \
                 else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
+        stream = 0  # the legacy default stream: torch's default stream too
         problem = launch.Problem(g, dtype, m, n, k, k, n, n, (0, 0, 0), route == "torch",
-                                 dtype is DType.TF32, True)
+                                 dtype is DType.TF32, True, stream)
         with driver.entered(g):
             return self._decide(g, dtype, m, n, k, FULL_ALIGN, None, True, route,
                                 problem.timer(self))
