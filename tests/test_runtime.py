@@ -501,3 +501,33 @@ def test_prewarm_measures_each_shape_and_keeps_it(lib, fake, tmp_path, capsys):
         ("300x200x100", SMALL.name, "measured"), ("16x4096x4096", SMALL.name, "measured")]
     assert [m[0] for m in fake.measured] == [(300, 200, 100), (16, 4096, 4096)]
     assert len(json.loads((lib.path / "dispatch.json").read_text())["decisions"]) == 2
+
+
+# ---- host-resident GEMMs ---------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(1, 200_000), n=st.integers(1, 20_000), k=st.integers(1, 20_000),
+       elem=st.sampled_from([2, 4]), target=st.sampled_from([1 << 20, 16 << 20, 64 << 20]))
+def test_chunks_cover_the_rows_in_order(m, n, k, elem, target):
+    from tuner.runtime.host import ROW_GRAIN, STREAMS, plan_chunks
+
+    chunks = plan_chunks(m, n, k, elem, target)
+    assert chunks[0][0] == 0 and chunks[-1][1] == m
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))  # no gap, no overlap
+    assert all(r1 > r0 for r0, r1 in chunks)
+    assert all((r1 - r0) % ROW_GRAIN == 0 for r0, r1 in chunks[:-1])  # whole tiles
+    assert len(chunks) <= 64
+    # enough chunks for the copies to overlap the compute, wherever M has the rows
+    assert len(chunks) >= min(2 * STREAMS, m // ROW_GRAIN) or m <= ROW_GRAIN
+    sizes = [r1 - r0 for r0, r1 in chunks]
+    assert max(sizes) - min(sizes[:-1] or sizes) == 0  # all equal but the last
+
+
+def test_gemm_batch_takes_numpy_pairs_only(lib, fake):
+    with pytest.raises(LibraryError, match="gemm_batch takes numpy arrays; A is Cai"):
+        lib.gemm_batch([(Cai(4, 4, 0x1000), np.ones((4, 4), np.float32))])
+    with pytest.raises(LibraryError, match="2 outputs for 1"):
+        lib.gemm_batch([(np.ones((4, 4), np.float32),) * 2], out=[None, None])

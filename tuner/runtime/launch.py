@@ -182,6 +182,18 @@ class Plan:
     run: Callable | None  # (a, b, c, alpha, beta, stream) -> None, on pointers
     memo: bool  # False: decided by the estimate only because a graph was being captured
     torch_run: Callable | None = None  # (A, B, C, alpha, beta): cuBLAS through torch
+    problem: "Problem | None" = None  # what it was built from
+    #: rows -> the plan running the same choice on a chunk of that many packed rows
+    chunks: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def chunk(self, lib, rows: int) -> "Plan":
+        """This plan's choice (the same kernel) on `rows` packed rows of A and C."""
+        p = self.chunks.get(rows)
+        if p is None:
+            problem = dataclasses.replace(self.problem, m=rows, lda=self.k, ldb=self.n,
+                                          ldc=self.n, offsets=(0, 0, 0))
+            p = self.chunks[rows] = problem.build(lib, self.choice)
+        return p
 
 
 def _torch_tf32() -> bool:
@@ -206,7 +218,7 @@ _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 
 
-def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline=True):
     """Library.gemm (see its doc)."""
     if C is None and beta != 0:
         from tuner.runtime.library import LibraryError
@@ -217,7 +229,7 @@ def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
         _see_torch()
     if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
         return _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
-    return _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
+    return _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline)
 
 
 def _see_torch() -> None:
@@ -305,7 +317,9 @@ def _torch_allocator(A):
     return allocate
 
 
-def _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
+def _general_plan(lib, A, B, C, allow_tf32, stream, measure):
+    """(plan, operands a, b, c, stream) of a call with operands of any kind but torch's
+    fast path: each parsed in full, the plan memoised on what the parse found."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
     ops = (a, b) if c is None else (a, b, c)
@@ -325,16 +339,58 @@ def _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
         plan = _plan(lib, a, b, c, allow_tf32, measure, dev, s, allocate=allocate)
         if plan.memo:
             lib._plans[key] = plan
+    return plan, a, b, c, s
+
+
+def _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline=True):
+    plan, a, b, c, s = _general_plan(lib, A, B, C, allow_tf32, stream, measure)
     if C is None:
-        C = empty_like(a, (plan.m, plan.n), dev)
+        C = empty_like(a, (plan.m, plan.n), plan.gpu.index)
         c = operand(C, "C", writable=True)
     g = plan.gpu
     with driver.entered(g):
-        if host:
+        if all(o.host is not None for o in (a, b, c)):
+            from tuner.runtime.host import run_pipelined
+
+            run_pipelined(g, lambda rows: plan.chunk(lib, rows), a.host, b.host, c.host,
+                          alpha, beta, chunks=None if pipeline else [(0, plan.m)],
+                          pinned_staging=pipeline != "pageable")
+        elif a.host is not None or b.host is not None or c.host is not None:
             _staged(plan, a, b, c, alpha, beta, s)
         else:
             plan.run(a.ptr, b.ptr, c.ptr, alpha, beta, s)
     return C
+
+
+def gemm_batch(lib, pairs, alpha, beta, outs, allow_tf32, measure):
+    """Library.gemm_batch (see its doc)."""
+    from tuner.runtime.host import run_batch
+
+    import numpy as np
+
+    pairs = list(pairs)
+    outs = list(outs) if outs is not None else [None] * len(pairs)
+    if len(outs) != len(pairs):
+        from tuner.runtime.library import LibraryError
+
+        raise LibraryError(f"{len(outs)} outputs for {len(pairs)} (A, B) pairs")
+    items = []
+    for (A, B), C in zip(pairs, outs):
+        for x, name in ((A, "A"), (B, "B"), (C, "C")):
+            if x is not None and not isinstance(x, np.ndarray):
+                from tuner.runtime.library import LibraryError
+
+                raise LibraryError(f"gemm_batch takes numpy arrays; {name} is "
+                                   f"{type(x).__name__} (lib.gemm runs device arrays)")
+        plan, a, b, c, _ = _general_plan(lib, A, B, C, allow_tf32, None, measure)
+        if C is None:
+            C = np.empty((plan.m, plan.n), np.float32)
+        items.append((plan, a.host, b.host, C))
+    if items:
+        g = items[0][0].gpu
+        with driver.entered(g):
+            run_batch(g, items, alpha, beta)
+    return [C for _, _, _, C in items]
 
 
 def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int) -> None:
@@ -449,7 +505,7 @@ class Problem:
 
             def run(pa, pb, pc, alpha, beta, s):
                 blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate)
-        return Plan(g, dtype, m, n, k, choice, run, True, torch_run)
+        return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self)
 
     def timer(self, lib) -> Callable:
         """time(kernel names) -> {name or "cublas": ms per call}: each candidate timed on

@@ -379,15 +379,19 @@ class Library:
         return run
 
     def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0,
-             allow_tf32: bool = False, stream=None, measure: bool | None = None):
+             allow_tf32: bool = False, stream=None, measure: bool | None = None,
+             pipeline: bool | str = True):
         """C = alpha * A @ B + beta * C with the tuned kernels, or cuBLAS where it is faster
         (see tuner.runtime.dispatch for the rule).
 
         A (M x K) and B (K x N) are row-major matrices of one type, float32, float16 or
         bfloat16; C (M x N) is float32 (FP32 accumulation and output for every type).
         They are torch tensors, cupy arrays, pycuda GPUArrays or any object exposing
-        __cuda_array_interface__, used in place, or numpy arrays (copied to the GPU and C
-        back). Rows may be padded (a leading dimension >= the row length); columns must
+        __cuda_array_interface__, used in place, or numpy arrays: when A, B and C are all
+        numpy, the product runs as a pipeline over chunks of rows, its copies through
+        pinned buffers overlapping the compute (tuner.runtime.host; `pipeline=False`:
+        copy in, compute, copy out, one after the other; "pageable": the same pipeline
+        without pinned staging, to show why it is there). Rows may be padded (a leading dimension >= the row length); columns must
         be contiguous. float32 inputs run the fp32 entries, or with `allow_tf32` the tf32
         ones (cuBLAS with TF32 where none wins).
 
@@ -396,12 +400,22 @@ class Library:
         cupy arrays, else the legacy default stream; on the GPU holding the operands,
         from any thread, and inside CUDA-graph capture. `measure` (default: on, unless
         GEMM_TUNE_MEASURE=0) lets a shape with no exact entry be decided by timing the
-        best candidates and cuBLAS once (see Library.explain). Returns C (allocated like A,
+        best candidates and cuBLAS once (see Library.explain); its default is the
+        library's `measure` attribute. Returns C (allocated like A,
         float32, when None is passed). Raises LibraryError, before any launch, for what it
         cannot serve.
         """
         return launch.gemm(self, A, B, C, alpha, beta, allow_tf32, stream,
-                           self.measure if measure is None else measure)
+                           self.measure if measure is None else measure, pipeline)
+
+    def gemm_batch(self, pairs, alpha: float = 1.0, beta: float = 0.0, out=None,
+                   allow_tf32: bool = False, measure: bool | None = None) -> list:
+        """C_i = alpha * A_i @ B_i (+ beta * C_i) for a list of (A_i, B_i) numpy pairs, in
+        a pipeline over three streams with pinned staging (tuner.runtime.host): item i+1's
+        copies in and item i-1's copy out overlap item i's GEMM. `out`: the C_i (float32
+        numpy, read when beta != 0), else allocated. Returns the C_i."""
+        return launch.gemm_batch(self, pairs, alpha, beta, out, allow_tf32,
+                                 self.measure if measure is None else measure)
 
 
 def _torch_importable() -> bool:
