@@ -531,3 +531,16 @@ def test_gemm_batch_takes_numpy_pairs_only(lib, fake):
         lib.gemm_batch([(Cai(4, 4, 0x1000), np.ones((4, 4), np.float32))])
     with pytest.raises(LibraryError, match="2 outputs for 1"):
         lib.gemm_batch([(np.ones((4, 4), np.float32),) * 2], out=[None, None])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (5000, 700), (123457, 3)])
+def test_copy_rows_copies_everything(shape):
+    from tuner.runtime.host import copy_rows
+
+    src = np.random.default_rng().standard_normal(shape).astype(np.float32)
+    dst = np.full_like(src, np.nan)
+    copy_rows(dst, src)
+    assert np.array_equal(dst, src)
+    wide = np.full((shape[0], shape[1] + 3), np.nan, np.float32)
+    copy_rows(wide[:, :shape[1]], src)  # into a view with padded rows
+    assert np.array_equal(wide[:, :shape[1]], src) and np.isnan(wide[:, shape[1]:]).all()
