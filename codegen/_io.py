@@ -1,11 +1,27 @@
-"""Atomic file writes: write a temporary file beside the target, fsync, rename."""
+"""Atomic file writes (write a temporary file beside the target, fsync, rename) and the
+exclusive lock that read-modify-write updates of a shared file take."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike):
+    """Hold an exclusive flock on `path` (created, with its folder, if missing)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:

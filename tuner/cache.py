@@ -9,13 +9,11 @@ A file that cannot be read is never overwritten: the user is told, in one line.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 from pathlib import Path
 
-from codegen._io import atomic_write_json
+from codegen._io import atomic_write_json, file_lock
 from codegen.errors import UsageError
 
 __all__ = ["CacheKey", "WinnerCache", "SCHEMA"]
@@ -66,15 +64,8 @@ class WinnerCache:
     def get(self, key: CacheKey) -> dict | None:
         return self.entries().get(str(key))
 
-    @contextlib.contextmanager
     def _lock(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return file_lock(self.path.with_name(self.path.name + ".lock"))
 
     def put(self, key: CacheKey, entry: dict) -> None:
         """Add or replace one entry; every other entry survives (read-modify-write, locked)."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -41,7 +40,7 @@ import os
 import time
 from pathlib import Path
 
-from codegen._io import atomic_write_json
+from codegen._io import atomic_write_json, file_lock
 
 __all__ = ["Choice", "efficiency", "estimate_tflops", "reduce_ms", "cublas_estimate",
            "REDUCE_LAUNCH_MS", "DispatchTable", "table_path", "TABLE_SCHEMA"]
@@ -185,15 +184,8 @@ class DispatchTable:
                         "will be measured again", self.path, e, aside.name)
             return {}
 
-    @contextlib.contextmanager
     def _lock(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return file_lock(self.path.with_name(self.path.name + ".lock"))
 
     def put(self, key: str, decision: dict) -> None:
         """Record a decision; persisted at once (best effort: a read-only disk only warns)."""

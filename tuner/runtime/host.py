@@ -126,9 +126,18 @@ def _view(buf: np.ndarray, rows: int, cols: int, dtype) -> np.ndarray:
 
 @dataclasses.dataclass
 class _Slot:
+    """One stream of the pipeline, its event, and the copy out it still owes."""
+
     stream: int
     event: object
-    pending: tuple | None = None  # (rows r0, r1, pinned C view) to copy out once done
+    pending: tuple | None = None  # (destination, pinned source) to copy once the event is
+
+    def drain(self) -> None:
+        """Wait for this slot's last work and copy its result out: its buffers are free."""
+        if self.pending is not None:
+            driver._check(driver._cu().cuEventSynchronize(self.event), "cuEventSynchronize")
+            copy_rows(*self.pending)
+            self.pending = None
 
 
 def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, alpha: float,
@@ -162,18 +171,10 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             driver._check(cu.cuStreamWaitEvent(s, b_ready, 0), "cuStreamWaitEvent")
         slots.append(_Slot(s, driver._check(cu.cuEventCreate(2), "cuEventCreate")))
 
-    def drain(slot: _Slot) -> None:
-        if slot.pending is not None:
-            driver._check(cu.cuEventSynchronize(slot.event), "cuEventSynchronize")
-            r0, r1, pc = slot.pending
-            if pinned_staging:
-                copy_rows(C[r0:r1], pc)
-            slot.pending = None
-
     try:
         for t, (r0, r1) in enumerate(chunks):
             slot = slots[t % STREAMS]
-            drain(slot)  # its buffers are free again once its last chunk is out
+            slot.drain()  # its buffers are free again once its last chunk is out
             rows, s = r1 - r0, slot.stream
             dA = scratch.get(g, s, "host A", rows_max * k * A.itemsize)
             dC = scratch.get(g, s, "host C", rows_max * n * 4)
@@ -196,9 +197,9 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             driver._check(cu.cuMemcpyDtoHAsync(pc.ctypes.data, dC, pc.nbytes, s),
                           "cuMemcpyDtoHAsync")
             driver._check(cu.cuEventRecord(slot.event, s), "cuEventRecord")
-            slot.pending = (r0, r1, pc)
+            slot.pending = (C[r0:r1], pc) if pinned_staging else None
         for slot in slots:
-            drain(slot)
+            slot.drain()
     finally:
         for slot in slots:
             driver.sync(slot.stream)
@@ -215,17 +216,10 @@ def run_batch(g, items: list, alpha: float, beta: float) -> None:
     scratch = driver.scratch()
     slots = [_Slot(s, driver._check(cu.cuEventCreate(2), "cuEventCreate")) for s in streams]
 
-    def drain(slot: _Slot) -> None:
-        if slot.pending is not None:
-            driver._check(cu.cuEventSynchronize(slot.event), "cuEventSynchronize")
-            C, pc = slot.pending
-            copy_rows(C, pc)
-            slot.pending = None
-
     try:
         for i, (plan, A, B, C) in enumerate(items):
             slot = slots[i % STREAMS]
-            drain(slot)
+            slot.drain()
             s, j = slot.stream, i % STREAMS
             staged = []
             for name, x, dtype in (("A", A, A.dtype), ("B", B, B.dtype), ("C", C, np.float32)):
@@ -243,7 +237,7 @@ def run_batch(g, items: list, alpha: float, beta: float) -> None:
             driver._check(cu.cuEventRecord(slot.event, s), "cuEventRecord")
             slot.pending = (C, pc)
         for slot in slots:
-            drain(slot)
+            slot.drain()
     finally:
         for slot in slots:
             driver.sync(slot.stream)

@@ -25,8 +25,6 @@ a CUDA graph is being captured.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,7 +32,7 @@ import os
 import threading
 from pathlib import Path
 
-from codegen._io import atomic_write, atomic_write_json
+from codegen._io import atomic_write, atomic_write_json, file_lock
 from codegen.arch import ARCHS, parse_arch
 from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
@@ -139,15 +137,8 @@ class Library:
                 raise LibraryError(f"entry {e['m']}x{e['n']}x{e['k']} in "
                                    f"{self.path / 'manifest.json'} names a missing kernel")
 
-    @contextlib.contextmanager
     def _lock(self):
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return file_lock(self.path / ".lock")
 
     def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None) -> None:
         """Add (or replace) a tuned entry and its kernel's files; the manifest is rewritten
