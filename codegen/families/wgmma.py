@@ -50,7 +50,7 @@ _PTX_TYPE = {DType.F16: "f16", DType.BF16: "bf16", DType.TF32: "tf32", DType.F32
 FP32_DATA = (DType.TF32, DType.F32)
 #: registers a consumer thread of the fp32-data variants needs besides its accumulators: the
 #: stage conversion holds a 4x4 block of B and its tf32 parts on top of the f16 overhead
-TF32_OVERHEAD_REGS = 64
+TF32_OVERHEAD_REGS = 72
 
 #: the searchable values of each parameter (check_wgmma prunes the combinations)
 WGMMA_SPACE: dict[str, tuple] = {
