@@ -298,7 +298,7 @@ def test_launch_refuses_misaligned_operands_before_touching_the_driver():
 
 
 def test_no_gpu_package_on_import():
-    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tuner.wgmma_launch, "
+    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tf32x3_accuracy, tuner.wgmma_launch, "
             "codegen.compile; bad = [m for m in ('optuna', 'pycuda', 'cuda.bindings', 'torch') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
@@ -506,3 +506,22 @@ def test_fp32_probe_plan():
     assert wgmma_probe.timeable([dict(status="ok"), dict(status="fail", kind="deep")])
     assert not wgmma_probe.timeable([dict(status="fail"), dict(status="ok", kind="deep")])
     assert not wgmma_probe.timeable([dict(status="ok"), dict(status="hang", kind="tiny")])
+
+
+def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
+    import tf32x3_accuracy as acc  # bench/, on the path above; imports no GPU package
+
+    for name in (acc.T3_DEFAULT, acc.TF32_DEFAULT):
+        assert check_wgmma(WgmmaConfig.from_name(name), "sm_90") == []
+    assert WgmmaConfig.from_name(acc.T3_DEFAULT).terms == 3
+    assert acc.SIMT_DEFAULT in (ROOT / "artifacts/library/manifest.json").read_text()
+    assert acc.DISTRIBUTIONS["uniform_pm1_k16384"]["k"] == 16384 and len(acc.DISTRIBUTIONS) == 5
+    assert [tuple(s) for s in acc.SPEED_SHAPES] == [(4096,) * 3, (8192,) * 3, (8192, 8192, 1024)]
+    pytest.importorskip("matplotlib")
+    report = dict(gpu="NVIDIA H200", accuracy=[
+        dict(distribution=d, methods={m: dict(rel_fro=1e-6 * (i + 1)) for i, m in
+                                      enumerate(acc.METHODS)}) for d in acc.DISTRIBUTIONS],
+        speed=[dict(shape=list(s), methods={m: dict(tflops=10.0 * (i + 1)) for i, m in
+                                            enumerate(acc.METHODS)}) for s in acc.SPEED_SHAPES])
+    acc.plot(report, tmp_path / "x.png")
+    assert (tmp_path / "x.png").stat().st_size > 10000
