@@ -69,8 +69,25 @@ def test_derived_geometry():
 # ---- validation -----------------------------------------------------------------------
 @pytest.mark.parametrize("cfg,arch,reason", [
     (WgmmaConfig(), "sm_80", "wgmma, TMA and setmaxnreg need sm_90a; sm_80 has none"),
-    (WgmmaConfig(dtype=DType.F32), "sm_90", "the wgmma family takes f16 or bf16 inputs, not f32"),
-    (WgmmaConfig(dtype=DType.TF32, bk=32), "sm_90", "tf32 is not built in the wgmma family yet"),
+    (WgmmaConfig(dtype=DType.F32, bk=32), "sm_90",
+     "f32 in the wgmma family is 3xTF32 only (terms=3)"),
+    (WgmmaConfig(dtype=DType.TF32), "sm_90",
+     "BK=64 x 4 B = 256 B per row; the 128B swizzle needs 128 (BK=32)"),
+    (WgmmaConfig(terms=3), "sm_90", "terms=3 (3xTF32) splits fp32 data: dtype f32, not f16"),
+    (WgmmaConfig(dtype=DType.F32, bk=32, terms=2), "sm_90", "terms=2: 1 product, or 3 (3xTF32)"),
+    (WgmmaConfig(dtype=DType.TF32, bk=32, stages=1), "sm_90",
+     "stages=1: fp32 data needs 2 or more"),
+    (WgmmaConfig(dtype=DType.TF32, bk=32, bn=80), "sm_90",
+     "BN=80 is not a multiple of 32, the width of one 128-byte swizzled B box"),
+    (WgmmaConfig(dtype=DType.F32, bk=32, terms=3, bm=128, bn=256, stages=2), "sm_90",
+     # 1024 + 2 x (16384 A + 32768 B + 32768 Bt + 16384 As + 32768 Bts) + 1024
+     "shared memory 264192 B (2 stages of 131072 B) exceeds the 232448 B per-block opt-in"),
+    (WgmmaConfig(dtype=DType.F32, bk=32, terms=3, bm=128, bn=256, stages=2), "sm_90",
+     "the 64x256 consumer tile holds 256 accumulators per thread (partial sums and totals: "
+     "3xTF32); with 72 more that is over the 232 registers"),
+    (WgmmaConfig(dtype=DType.TF32, bk=32, bm=128, bn=256, stages=3), "sm_90",
+     # 1024 + 3 x (16384 A + 32768 B + 32768 Bt) + 1024 (48 B of barriers, rounded up)
+     "shared memory 247808 B (3 stages of 81920 B) exceeds the 232448 B"),
     (WgmmaConfig(bn=260), "sm_90", "BN=260 is not one of wgmma's N: a multiple of 8 up to 256"),
     (WgmmaConfig(bn=100), "sm_90", "BN=100 is not one of wgmma's N"),
     (WgmmaConfig(bn=200), "sm_90", "BN=200 is not a multiple of 64, the width of one 128-byte"),
@@ -281,7 +298,7 @@ def test_launch_refuses_misaligned_operands_before_touching_the_driver():
 
 
 def test_no_gpu_package_on_import():
-    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tuner.wgmma_launch, "
+    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tf32x3_accuracy, tuner.wgmma_launch, "
             "codegen.compile; bad = [m for m in ('optuna', 'pycuda', 'cuda.bindings', 'torch') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
@@ -321,3 +338,190 @@ def test_probe_child_reader_times_out_on_a_hang():
     assert child.proc.poll() is None
     child.stop()
     assert child.proc.poll() is not None
+
+
+# ---- fp32 data: tf32 and 3xTF32 ---------------------------------------------------------
+from codegen.families.wgmma import TF32_SPACE, sample_wgmma_tf32  # noqa: E402
+
+TF32_GOLDEN = WgmmaConfig(bm=128, bn=128, bk=32, stages=4, consumers=2, cluster=1, persistent=1,
+                          group=8, dtype=DType.TF32)
+T3_GOLDEN = WgmmaConfig(bm=128, bn=128, bk=32, stages=2, consumers=2, cluster=1, persistent=1,
+                        group=8, dtype=DType.F32, terms=3)
+
+
+def test_fp32_names_are_pinned_and_round_trip():
+    assert TF32_GOLDEN.name == "gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8"
+    assert T3_GOLDEN.name == "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3"
+    for c in (TF32_GOLDEN, T3_GOLDEN):
+        assert WgmmaConfig.from_name(c.name) == c
+        assert WgmmaConfig.from_dict(c.to_dict()) == c
+    assert T3_GOLDEN.to_dict()["terms"] == 3 and T3_GOLDEN.to_dict()["dtype"] == "f32"
+    assert "_t" not in DEFAULT_WGMMA.name  # terms=1 adds nothing: the f16 names stay as they were
+    with pytest.raises(UsageError):
+        WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_tx")
+
+
+def test_fp32_geometry():
+    c = TF32_GOLDEN
+    assert c.fp32_data and c.mma_k == 8 and c.elem == 4 and c.tma_dtype is DType.F32
+    assert c.tx_bytes == 128 * 32 * 4 + 32 * 128 * 4 == 32768
+    assert c.stage_bytes == c.tx_bytes + 32 * 128 * 4 == 49152  # + Bt
+    assert c.smem_bytes == 1024 + 4 * 49152 + 1024
+    assert c.tma_boxes() == {"A": (128, 32), "B": (32, 32)}
+    assert dataclasses.replace(c, cluster=2).tma_boxes() == {"A": (128, 32), "B": (16, 32)}
+    t = T3_GOLDEN
+    assert t.stage_bytes == 16384 + 16384 + 16384 + 16384 + 16384  # A, B, Bt, As, Bts
+    assert t.acc_regs == 2 * 64 * 128 // 128  # partial sums and totals
+    v = t.template_values()
+    assert (v["BT_OFF"], v["AS_OFF"], v["BTS_OFF"]) == (32768, 49152, 65536)
+    assert v["K_STEPS"] == 4 and v["B_CHUNKS"] == 4 and v["B_BOX_COLS"] == 32 and v["NC"] == 256
+    assert DEFAULT_WGMMA.tma_dtype is DType.F16 and DEFAULT_WGMMA.conv_bytes == 0
+
+
+def test_fp32_space_and_sample():
+    keys = list(TF32_SPACE)
+    valid = [c for vals in itertools.product(*TF32_SPACE.values())
+             if not check_wgmma(c := WgmmaConfig(terms=3 if vals[-1] is DType.F32 else 1,
+                                                 **dict(zip(keys, vals))), "sm_90")]
+    assert {c.dtype for c in valid} == {DType.TF32, DType.F32}
+    for k, vs in TF32_SPACE.items():
+        assert {getattr(c, k) for c in valid} == set(vs), k
+    s = sample_wgmma_tf32()
+    assert len(s) >= 6 and len(set(s)) == len(s) and sample_wgmma_tf32() == s
+    assert all(check_wgmma(c, "sm_90") == [] for c in s)
+    for k in ("consumers", "cluster", "persistent", "dtype"):
+        assert {getattr(c, k) for c in s} == set(TF32_SPACE[k]), k
+
+
+@pytest.mark.parametrize("cfg", [TF32_GOLDEN, T3_GOLDEN], ids=lambda c: c.name)
+def test_fp32_golden_source(cfg):
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    path = GOLDEN / f"{cfg.name}.cu"
+    src = render(cfg)
+    if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
+        path.write_text(src)
+    assert src == path.read_text()
+
+
+def test_fp32_source_says_what_it_does():
+    src = render(TF32_GOLDEN)
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in src
+    assert " %64, %65, p, 1, 1;" in src  # no transpose immediates for tf32
+    assert "cvt.rna.tf32.f32" in src and "fence.proxy.async.shared::cta" in src
+    assert "mbar_arrive_expect_tx(bar, TX_BYTES);" in src and "n0 + j * 32" in src
+    assert "bar.sync 1, %0" in src and "split_tf32" not in src and "bar.red" not in src
+    assert "B box 32 x 32 (rows x cols)" in src
+    t3 = render(T3_GOLDEN)
+    assert "split_tf32" in t3 and "bar.red.or.pred" in t3 and "clear_nonfinite_big" in t3
+    assert "acc[i][j] += part[i][j]" in t3
+    # two stages: the tf32 loop syncs the consumers before converting into the previous stage
+    two = render(dataclasses.replace(TF32_GOLDEN, stages=2))
+    assert two.count("consumers_sync();") == render(TF32_GOLDEN).count("consumers_sync();") + 1
+
+
+def _conversion_plan(bn: int, nc: int):
+    """The template's B conversion, mirrored: (phase key, raw address, Bt offset, n, k block)."""
+    for ct in range(nc):
+        for it in range((bn * 2 + nc - 1) // nc):
+            w = ct + it * nc
+            if w >= bn * 2:
+                continue
+            l, box, kb = w % 8, w // 64, ((w % 8 >> 1) + w // 8) % 8
+            yield (it, ct // 8), l, box, kb
+
+
+@pytest.mark.parametrize("bn,nc", [(64, 128), (128, 256), (192, 128), (256, 256)])
+def test_fp32_conversion_covers_b_once_without_bank_conflicts(bn, nc):
+    """B (k, n) from TMA's 128B-swizzled boxes to Bt (n, k), K-major 128B-swizzled: every
+    element exactly once, and each 8-lane phase of 16-byte accesses on 8 distinct bank groups."""
+    def swz(row, chunk):
+        return row * 128 + ((chunk ^ (row % 8)) << 4)
+
+    seen, reads, writes = [], {}, {}
+    for key, l, box, kb in _conversion_plan(bn, nc):
+        for i in range(4):
+            k = 4 * kb + i
+            raw = box * 4096 + k * 128 + ((l ^ (k % 8)) << 4)  # as the template computes it
+            assert raw == box * 4096 + swz(k, ((box * 32 + 4 * l) % 32) // 4)  # where TMA put it
+            reads.setdefault(key + (i,), []).append(raw % 128 // 16)
+        for j in range(4):
+            n = box * 32 + 4 * l + j
+            off = n * 128 + ((kb ^ (n % 8)) << 4)
+            assert off == swz(n, kb)  # K-major: row n, k = 4 kb .. 4 kb + 3
+            writes.setdefault(key + (j,), []).append(off % 128 // 16)
+            seen += [(n, 4 * kb + i) for i in range(4)]
+    assert sorted(seen) == [(n, k) for n in range(bn) for k in range(32)]
+    for banks in list(reads.values()) + list(writes.values()):
+        assert len(set(banks)) == len(banks), banks
+
+
+@pytest.fixture(scope="module")
+def compiled_fp32(compile_cache):
+    cfgs = list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN] +
+                              [WgmmaConfig.from_name(n) for n in wgmma_probe.FP32_CONFIGS]))
+    return dict(compile_many(cfgs, "sm_90", jobs=2, cache_dir=compile_cache))
+
+
+def test_fp32_configs_compile_without_spills_or_serialisation(compiled_fp32):
+    failed = {c.name: r.error for c, r in compiled_fp32.items() if not r.ok}
+    assert not failed, failed
+    for c, r in compiled_fp32.items():
+        assert r.arch == "sm_90a"
+        assert "C7508" not in r.log and "C7520" not in r.log, (c.name, r.log)
+        assert "serialized" not in r.log and "warning" not in r.log.lower(), (c.name, r.log)
+        res = r.resources
+        assert res.spill_bytes == 0 and res.stack_frame == 0, (c.name, res)
+        assert res.registers == c.launch_regs, (c.name, res.registers)
+        assert res.smem_dynamic == c.smem_bytes and res.smem_static == 0, (c.name, res)
+
+
+def test_fp32_sass_has_tf32_hgmma(compiled_fp32, compile_cache):
+    tool, env = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (install the dev extra: nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    for c in (TF32_GOLDEN, T3_GOLDEN, WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8"),
+              WgmmaConfig.from_name("gemm_wgmma_f32_128x64x32_c1_s3_x2_p1_g8_t3")):
+        r = compile_config(c, "sm_90", compile_cache)
+        sass = subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                              env=env, check=True).stdout
+        hgmma = [l for l in sass.splitlines() if "HGMMA.64x" in l]
+        assert len(hgmma) == c.terms * (c.wm // 64) * (c.bk // 8), (c.name, len(hgmma))
+        assert all(f"HGMMA.64x{c.bn}x8.F32.TF32" in l and "tnsp" not in l for l in hgmma), c.name
+        assert sass.count("UTMALDG.2D") >= 1 + c.bn // 32, c.name
+        assert "FENCE.VIEW.ASYNC.S" in sass and "BAR.SYNC.DEFER_BLOCKING 0x1" in sass
+        assert ("BAR.RED.OR" in sass) == (c.terms == 3), c.name
+        assert "STL" not in sass and "LDL" not in sass
+
+
+def test_fp32_probe_plan():
+    cfgs = [WgmmaConfig.from_name(n) for n in wgmma_probe.FP32_CONFIGS]
+    assert all(check_wgmma(c, "sm_90") == [] for c in cfgs)
+    assert {c.dtype for c in cfgs} == {DType.TF32, DType.F32}
+    assert {c.stages == 2 for c in cfgs} == {True, False} and {c.cluster for c in cfgs} == {1, 2}
+    assert {c.consumers for c in cfgs if c.terms == 3} == {1, 2}
+    kinds = [c.get("kind") for c in wgmma_probe.cases(fp32=True)]
+    assert kinds.count(None) == 10 and {"deep", "nonfinite", "tiny"} <= set(kinds)
+    assert wgmma_probe.gate(4096, DType.F32) == 1e-5 == wgmma_probe.gate(16384, DType.F32)
+    assert wgmma_probe.gate(8192, DType.TF32) == 2e-4
+    assert wgmma_probe.timeable([dict(status="ok"), dict(status="fail", kind="deep")])
+    assert not wgmma_probe.timeable([dict(status="fail"), dict(status="ok", kind="deep")])
+    assert not wgmma_probe.timeable([dict(status="ok"), dict(status="hang", kind="tiny")])
+
+
+def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
+    import tf32x3_accuracy as acc  # bench/, on the path above; imports no GPU package
+
+    for name in (acc.T3_DEFAULT, acc.TF32_DEFAULT):
+        assert check_wgmma(WgmmaConfig.from_name(name), "sm_90") == []
+    assert WgmmaConfig.from_name(acc.T3_DEFAULT).terms == 3
+    assert acc.SIMT_DEFAULT in (ROOT / "artifacts/library/manifest.json").read_text()
+    assert acc.DISTRIBUTIONS["uniform_pm1_k16384"]["k"] == 16384 and len(acc.DISTRIBUTIONS) == 5
+    assert [tuple(s) for s in acc.SPEED_SHAPES] == [(4096,) * 3, (8192,) * 3, (8192, 8192, 1024)]
+    pytest.importorskip("matplotlib")
+    report = dict(gpu="NVIDIA H200", accuracy=[
+        dict(distribution=d, methods={m: dict(rel_fro=1e-6 * (i + 1)) for i, m in
+                                      enumerate(acc.METHODS)}) for d in acc.DISTRIBUTIONS],
+        speed=[dict(shape=list(s), methods={m: dict(tflops=10.0 * (i + 1)) for i, m in
+                                            enumerate(acc.METHODS)}) for s in acc.SPEED_SHAPES])
+    acc.plot(report, tmp_path / "x.png")
+    assert (tmp_path / "x.png").stat().st_size > 10000

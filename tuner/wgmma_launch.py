@@ -197,8 +197,9 @@ def launch(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, 
         raise TmaUnsupported("; ".join(why))
     cu = _cu()
     boxes = config.tma_boxes()
-    tm_a = encode_tensor_map(config.dtype, a, m, k, lda, *boxes["A"])
-    tm_b = encode_tensor_map(config.dtype, b, k, n, ldb, *boxes["B"])
+    # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it itself
+    tm_a = encode_tensor_map(config.tma_dtype, a, m, k, lda, *boxes["A"])
+    tm_b = encode_tensor_map(config.tma_dtype, b, k, n, ldb, *boxes["B"])
     _allow_smem(function, config.smem_bytes)
 
     scalars = kernel_arg_layout(m, n, k, alpha, beta, c, ldc)

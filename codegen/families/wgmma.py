@@ -12,6 +12,12 @@ parameters, so that a simpler step still works if a fancier one fails on the GPU
     (b) consumers=2                            two wgmma warpgroups share a block tile
     (c) persistent=1                           #SMs blocks walk the tiles (swizzled raster)
     (d) cluster=2                              two blocks along M share B by TMA multicast
+
+The same kernel takes fp32 data (``dtype`` tf32, or f32 with ``terms=3``): wgmma's k8 tf32
+shape wants both operands K-major, so the consumer warpgroups convert each stage in shared
+memory before their wgmmas read it (A rounded in place, B transposed into a K-major copy),
+see the template's header. ``terms=3`` is 3xTF32: big = tf32(x), small = tf32(x - big),
+A*B ~ Abig*Bbig + Abig*Bsmall + Asmall*Bbig, an fp32 candidate held to fp32's gate.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from codegen.families._common import DType, Layout
 from codegen.families._common import Serial as _Serial
 from codegen.errors import UsageError
 
-__all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "check_wgmma", "sample_wgmma",
-           "tma_reasons", "PRODUCER_REGS", "SWIZZLE_BYTES"]
+__all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_wgmma",
+           "sample_wgmma", "sample_wgmma_tf32", "tma_reasons", "PRODUCER_REGS", "SWIZZLE_BYTES"]
 
 #: registers a producer (TMA) thread keeps after setmaxnreg.dec
 PRODUCER_REGS = 40
@@ -38,7 +44,13 @@ ALIGN_SLACK = 1024
 #: registers a consumer thread needs besides its accumulators (addresses, loop state, epilogue)
 CONSUMER_OVERHEAD_REGS = 48
 
-_PTX_TYPE = {DType.F16: "f16", DType.BF16: "bf16", DType.TF32: "tf32"}
+_PTX_TYPE = {DType.F16: "f16", DType.BF16: "bf16", DType.TF32: "tf32", DType.F32: "tf32"}
+#: fp32 data multiplied on the tf32 tensor cores: tf32 (one product, inputs rounded to
+#: nearest) or f32 (terms=3: 3xTF32)
+FP32_DATA = (DType.TF32, DType.F32)
+#: registers a consumer thread of the fp32-data variants needs besides its accumulators: the
+#: stage conversion holds a 4x4 block of B and its tf32 parts on top of the f16 overhead
+TF32_OVERHEAD_REGS = 72
 
 #: the searchable values of each parameter (check_wgmma prunes the combinations)
 WGMMA_SPACE: dict[str, tuple] = {
@@ -51,6 +63,20 @@ WGMMA_SPACE: dict[str, tuple] = {
     "persistent": (0, 1),
     "group": (1, 8, 16),
     "dtype": (DType.F16, DType.BF16),
+}
+
+#: the searchable values for fp32 data (tf32, and f32 as 3xTF32): BK = 32 floats = 128 bytes;
+#: the converted copies take shared memory, so fewer stages fit (check_wgmma prunes)
+TF32_SPACE: dict[str, tuple] = {
+    "bm": (64, 128, 256),
+    "bn": (64, 128, 192, 256),
+    "bk": (32,),
+    "stages": (2, 3, 4),
+    "consumers": (1, 2),
+    "cluster": (1, 2),
+    "persistent": (0, 1),
+    "group": (1, 8, 16),
+    "dtype": (DType.TF32, DType.F32),
 }
 
 
@@ -73,8 +99,12 @@ class WgmmaConfig(_Serial):
         persistent: 0 = one (cluster) tile per block; 1 = min(#tiles, #SMs) blocks stride
             over the tiles (the kernel is the same; only the launch grid differs).
         group: cluster-tile rows per rasterisation group (1 = row order).
+        terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
+            Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
+            accumulators with round-to-nearest FADDs).
 
-    Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``.
+    Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
+    plus ``_t3`` for 3xTF32 (``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``).
 
     Example:
         >>> WgmmaConfig().name
@@ -90,6 +120,7 @@ class WgmmaConfig(_Serial):
     persistent: int = 1
     group: int = 8
     dtype: DType = DType.F16
+    terms: int = 1
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
 
@@ -97,12 +128,13 @@ class WgmmaConfig(_Serial):
     @property
     def name(self) -> str:
         return (f"gemm_wgmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_c{self.consumers}"
-                f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}")
+                f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}"
+                + (f"_t{self.terms}" if self.terms != 1 else ""))
 
     _NAME_RE = re.compile(
         r"^gemm_wgmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_c(?P<consumers>\d+)_s(?P<stages>\d+)_x(?P<cluster>\d+)_p(?P<persistent>\d+)"
-        r"_g(?P<group>\d+)$"
+        r"_g(?P<group>\d+)(?:_t(?P<terms>\d+))?$"
     )
 
     @classmethod
@@ -112,12 +144,30 @@ class WgmmaConfig(_Serial):
         dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
         if not m or dtype is None:
             raise UsageError(f"{name!r} is not a gemm-tune wgmma kernel name")
-        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items() if k != "dtype"})
+        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items()
+                                   if k != "dtype" and v is not None})
 
     # ---- derived geometry -----------------------------------------------------
     @property
     def elem(self) -> int:
         return self.dtype.size
+
+    @property
+    def fp32_data(self) -> bool:
+        """fp32 data on the tf32 tensor cores (tf32, or f32 as 3xTF32): converted in shared
+        memory by the consumers before the wgmmas read it."""
+        return self.dtype in FP32_DATA
+
+    @property
+    def mma_k(self) -> int:
+        """K of one wgmma: 16 for fp16 / bf16, 8 for tf32 (32 bytes of a row either way)."""
+        return 32 // self.elem
+
+    @property
+    def tma_dtype(self) -> DType:
+        """The element type of the TMA tensor maps: fp32 data is copied bit for bit (the kernel
+        rounds it itself; 3xTF32 needs every bit)."""
+        return DType.F32 if self.fp32_data else self.dtype
 
     @property
     def threads(self) -> int:
@@ -135,18 +185,38 @@ class WgmmaConfig(_Serial):
 
     @property
     def b_chunk_bytes(self) -> int:
-        """One 64-column (128-byte) wide, BK-deep column block of B, as TMA swizzles it."""
+        """One 128-byte wide (64 fp16 or 32 fp32 columns), BK-deep column block of B, as TMA
+        swizzles it."""
         return self.bk * SWIZZLE_BYTES
+
+    @property
+    def b_box_cols(self) -> int:
+        """Columns of B in one 128-byte TMA box."""
+        return SWIZZLE_BYTES // self.elem
 
     @property
     def b_stage_bytes(self) -> int:
         return self.bk * self.bn * self.elem
 
     @property
-    def stage_bytes(self) -> int:
-        """Bytes one ring stage receives: the mbarrier's expect_tx count (out-of-bounds
+    def tx_bytes(self) -> int:
+        """Bytes TMA writes into one ring stage: the mbarrier's expect_tx count (out-of-bounds
         parts of a box are zero-filled and counted too)."""
         return self.a_stage_bytes + self.b_stage_bytes
+
+    @property
+    def conv_bytes(self) -> int:
+        """Per stage, the copies the consumers write for fp32 data: B transposed to K-major
+        (tf32 big parts), and for 3xTF32 the small parts of A and of B as well."""
+        if not self.fp32_data:
+            return 0
+        return self.b_stage_bytes + (self.a_stage_bytes + self.b_stage_bytes
+                                     if self.terms == 3 else 0)
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of one ring stage: what TMA writes, plus the converted copies for fp32 data."""
+        return self.tx_bytes + self.conv_bytes
 
     @property
     def smem_bytes(self) -> int:
@@ -156,8 +226,9 @@ class WgmmaConfig(_Serial):
 
     @property
     def acc_regs(self) -> int:
-        """FP32 accumulators per consumer thread: (BM/consumers) x BN over 128 threads."""
-        return self.wm * self.bn // 128
+        """FP32 accumulators per consumer thread: (BM/consumers) x BN over 128 threads (twice
+        that for 3xTF32: the k-tile's partial sums and the running total)."""
+        return self.wm * self.bn // 128 * (2 if self.terms == 3 else 1)
 
     @property
     def launch_regs(self) -> int:
@@ -188,14 +259,19 @@ class WgmmaConfig(_Serial):
             BM=self.bm, BN=self.bn, BK=self.bk, STAGES=self.stages,
             CONSUMERS=self.consumers, CLUSTER=self.cluster, PERSISTENT=self.persistent,
             GROUP=self.group, THREADS=self.threads, WM=self.wm,
-            M_WGMMAS=self.wm // 64, K_STEPS=self.bk // 16, ACC=self.bn // 2,
-            B_CHUNKS=self.bn // 64, B_BOX_ROWS=self.bk // max(self.cluster, 1),
+            M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
+            B_CHUNKS=self.bn // self.b_box_cols, B_BOX_ROWS=self.bk // max(self.cluster, 1),
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
             B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
             TILES_BYTES=self.stages * self.stage_bytes, SMEM_BYTES=self.smem_bytes,
             PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=self.consumer_regs,
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
+            TF32=self.fp32_data, TERMS=self.terms, MMA_K=self.mma_k,
+            B_BOX_COLS=self.b_box_cols, TX_BYTES=self.tx_bytes,
+            BT_OFF=self.tx_bytes, AS_OFF=self.tx_bytes + self.b_stage_bytes,
+            BTS_OFF=self.tx_bytes + self.b_stage_bytes + self.a_stage_bytes,
+            NC=128 * self.consumers,
         )
 
     # ---- launch geometry ------------------------------------------------------
@@ -221,9 +297,9 @@ class WgmmaConfig(_Serial):
 
     def tma_boxes(self) -> dict[str, tuple[int, int]]:
         """(rows, cols) of the TMA box of each operand, in elements: A's BM x BK tile in one
-        box; B as BN/64 boxes of 64 columns, each block of a cluster loading BK/cluster rows
-        of each and multicasting them."""
-        return {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, SWIZZLE_BYTES // self.elem)}
+        box; B as BN/64 boxes of 64 columns (BN/32 of 32 for fp32 data), each block of a
+        cluster loading BK/cluster rows of each and multicasting them."""
+        return {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)}
 
     # The launch interface shared with the other families.
     split = 1
@@ -250,11 +326,16 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     why: list[str] = []
     if c.family is not Family.WGMMA:
         why.append(f"a WgmmaConfig must be of the wgmma family, not {c.family.value}")
-    if c.dtype is DType.TF32:
-        why.append("tf32 is not built in the wgmma family yet (wgmma's tf32 shape needs "
-                   "K-major B, and row-major B is N-major)")
-    elif c.dtype not in (DType.F16, DType.BF16):
-        why.append(f"the wgmma family takes f16 or bf16 inputs, not {c.dtype.short}")
+    if c.dtype not in (DType.F16, DType.BF16, DType.TF32, DType.F32):
+        why.append(f"the wgmma family takes f16, bf16, tf32 or f32 (3xTF32) inputs, "
+                   f"not {c.dtype.short}")
+    elif c.terms not in (1, 3):
+        why.append(f"terms={c.terms}: 1 product, or 3 (3xTF32)")
+    elif c.dtype is DType.F32 and c.terms != 3:
+        why.append("f32 in the wgmma family is 3xTF32 only (terms=3); one tf32 product is "
+                   "dtype tf32, and FP32 FMAs are the CUDA-core family's")
+    elif c.terms == 3 and c.dtype is not DType.F32:
+        why.append(f"terms=3 (3xTF32) splits fp32 data: dtype f32, not {c.dtype.short}")
     if a.cc < 90:
         why.append(f"wgmma, TMA and setmaxnreg need sm_90a; {a.sm} has none")
     bad = {k: v for k, v in dict(BM=c.bm, BN=c.bn, BK=c.bk, stages=c.stages,
@@ -271,8 +352,9 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"BM={c.bm} rows exceed the 256 of one TMA box")
     if c.bn % 8 or c.bn > 256:
         why.append(f"BN={c.bn} is not one of wgmma's N: a multiple of 8 up to 256")
-    elif c.bn % 64:
-        why.append(f"BN={c.bn} is not a multiple of 64, the width of one 128-byte swizzled B box")
+    elif c.bn % c.b_box_cols:
+        why.append(f"BN={c.bn} is not a multiple of {c.b_box_cols}, the width of one 128-byte "
+                   f"swizzled B box")
     if c.bk * c.elem != SWIZZLE_BYTES:
         why.append(f"BK={c.bk} x {c.elem} B = {c.bk * c.elem} B per row; the 128B swizzle needs "
                    f"{SWIZZLE_BYTES} (BK={SWIZZLE_BYTES // c.elem})")
@@ -286,6 +368,9 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"raster group {c.group} must be at least 1")
     if not 1 <= c.stages <= 8:
         why.append(f"stages={c.stages} is outside 1..8")
+    elif c.fp32_data and c.stages < 2:
+        why.append(f"stages={c.stages}: fp32 data needs 2 or more (the consumers convert one "
+                   f"stage while the wgmmas read the previous one)")
     if why:
         return why
 
@@ -296,9 +381,11 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     if budget > a.regs_per_sm:
         why.append(f"setmaxnreg budget 128 x {PRODUCER_REGS} + {128 * c.consumers} x "
                    f"{c.consumer_regs} = {budget} registers exceeds the {a.regs_per_sm} of an SM")
-    if c.acc_regs + CONSUMER_OVERHEAD_REGS > c.consumer_regs:
-        why.append(f"the {c.wm}x{c.bn} consumer tile holds {c.acc_regs} accumulators per thread; "
-                   f"with {CONSUMER_OVERHEAD_REGS} more that is over the {c.consumer_regs} "
+    overhead = TF32_OVERHEAD_REGS if c.fp32_data else CONSUMER_OVERHEAD_REGS
+    if c.acc_regs + overhead > c.consumer_regs:
+        why.append(f"the {c.wm}x{c.bn} consumer tile holds {c.acc_regs} accumulators per thread"
+                   f"{' (partial sums and totals: 3xTF32)' if c.terms == 3 else ''}; "
+                   f"with {overhead} more that is over the {c.consumer_regs} "
                    f"registers a consumer thread gets")
     return why
 
@@ -361,6 +448,35 @@ def sample_wgmma(n: int = 8, seed: int = 13, arch: str = "sm_90") -> list[WgmmaC
         if not check_wgmma(c, arch) and c not in chosen:
             chosen.append(c)
     return chosen[:max(n, len(chosen))]
+
+
+def _draw_fp32(rng: random.Random, **fixed) -> WgmmaConfig:
+    p = {k: rng.choice(v) for k, v in TF32_SPACE.items()}
+    p.update(fixed)
+    return WgmmaConfig(terms=3 if p["dtype"] is DType.F32 else 1, **p)
+
+
+def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[WgmmaConfig]:
+    """n distinct valid fp32-data configurations (tf32 and 3xTF32) that between them take
+    every value of consumers, cluster, persistent and dtype (deterministic for a seed)."""
+    rng = random.Random(seed)
+    chosen: list[WgmmaConfig] = []
+    wanted = [(k, v) for k in ("consumers", "cluster", "persistent", "dtype")
+              for v in TF32_SPACE[k]]
+    wanted += [("dtype", DType.F32)] * 2  # 3xTF32 has few valid tiles: make sure of two
+    for key, value in wanted:
+        if key != "dtype" and any(getattr(c, key) == value for c in chosen):
+            continue
+        for _ in range(10000):
+            c = _draw_fp32(rng, **{key: value})
+            if not check_wgmma(c, arch) and c not in chosen:
+                chosen.append(c)
+                break
+    while len(chosen) < n:
+        c = _draw_fp32(rng)
+        if not check_wgmma(c, arch) and c not in chosen:
+            chosen.append(c)
+    return chosen
 
 
 # ---- the family's registration ----------------------------------------------------------
