@@ -1,8 +1,12 @@
-"""compute-sanitizer memcheck over a sample of configurations on odd shapes: each launch
-runs in its own process under the sanitizer, and must be clean and correct.
+"""compute-sanitizer (memcheck, or --tool racecheck) over a sample of configurations on odd
+shapes: each launch runs in its own process under the sanitizer, and must be clean and
+correct.
 
-    python bench/sanitize.py [--out DIR]     (on the GPU machine)
+    python bench/sanitize.py [--out DIR] [--tool racecheck] [--configs wgmma]
     python bench/sanitize.py --one NAME MxNxK   (what each sanitized process runs)
+
+A TMA family (wgmma) gets leading dimensions padded to 16 bytes plus 8 elements (TMA's
+rule; the padding must never be read), the others odd ones (K + 3, N + 1).
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ CONFIGS = [
     "gemm_wmma_bf16_64x64x32_w32x32_p8_v8_s1_g1",           # tensor cores, bf16, synchronous
     "gemm_wmma_tf32_128x128x16_w64x32_p4_v4_s3_g8",         # tensor cores, tf32
 ]
+WGMMA_CONFIGS = [
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8",            # two consumers, persistent
+    "gemm_wgmma_bf16_128x128x64_c1_s5_x1_p0_g1",           # one consumer, bf16
+    "gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8",            # cluster of 2, B multicast
+]
 SHAPES = ["17x33x9", "127x129x257"]
 
 
@@ -35,16 +44,21 @@ def one(name: str, shape: str) -> None:
     from codegen.config import config_from_name
     from tuner._shape import parse_shape
     from tuner.bench import Problem, tolerance
-    from tuner.gpu import Kernel, _drv, device
+    from codegen.families import family_of
+    from tuner.gpu import _drv, device, load_kernel
 
     cfg = config_from_name(name)
     res = compile_config(cfg, device().sm)
     assert res.ok, res.error
     m, n, k = parse_shape(shape)
-    p = Problem((m, n, k), cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=k + 3, ldb=n + 1,
+    lda, ldb = k + 3, n + 1
+    if family_of(cfg).kernel:  # TMA: rows of a multiple of 16 bytes
+        per = 16 // cfg.dtype.size
+        lda, ldb = -(-k // per) * per + 8, -(-n // per) * per + 8
+    p = Problem((m, n, k), cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=lda, ldb=ldb,
                 ldc=n + 2)
     p.reset_c()
-    Kernel(cfg, res.cubin)(*p.args())
+    load_kernel(cfg, res.cubin)(*p.args())
     _drv().Context.synchronize()
     err = p.error(cfg.dtype)
     print(f"{name} {shape}: error {err:.2e}")
@@ -55,25 +69,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one", nargs=2)
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--tool", default="memcheck", choices=("memcheck", "racecheck", "synccheck"))
+    ap.add_argument("--configs", default="all", choices=("all", "wgmma"))
     args = ap.parse_args()
     if args.one:
         return one(*args.one)
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     rows = []
-    for name in CONFIGS:
-        for shape in SHAPES:
-            p = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "9",
-                                "--leak-check", "no", sys.executable, __file__, "--one", name,
-                                shape], capture_output=True, text=True)
+    names = WGMMA_CONFIGS if args.configs == "wgmma" else CONFIGS + WGMMA_CONFIGS
+    extra = ["--leak-check", "no"] if args.tool == "memcheck" else []
+    shapes = SHAPES[-1:] if args.configs == "wgmma" else SHAPES  # the wgmma sample: one odd shape
+    for name in names:
+        for shape in shapes:
+            p = subprocess.run([tool, "--tool", args.tool, "--error-exitcode", "9", *extra,
+                                sys.executable, __file__, "--one", name, shape],
+                               capture_output=True, text=True)
             summary = next((ln for ln in p.stdout.splitlines() if "ERROR SUMMARY" in ln), "")
             rows.append(dict(kernel=name, shape=shape, exit=p.returncode, summary=summary))
             print(f"{name:<48} {shape:>12}  exit {p.returncode}  {summary}", flush=True)
             if p.returncode:
                 print(p.stdout[-1500:], p.stderr[-1500:])
             clean = sum(r["exit"] == 0 for r in rows)  # written as it goes: a cut run keeps it
-            (args.out / "sanitize.json").write_text(
-                json.dumps(dict(rows=rows, clean=clean), indent=2))
-    print(f"memcheck clean and correct: {clean} of {len(rows)}")
+            (args.out / f"sanitize-{args.tool}-{args.configs}.json").write_text(
+                json.dumps(dict(tool=args.tool, rows=rows, clean=clean), indent=2))
+    print(f"{args.tool} clean and correct: {clean} of {len(rows)}")
 
 
 if __name__ == "__main__":
