@@ -6,7 +6,9 @@ fp16 and bf16 at 4096^3 and 8192^3 (the bar: >= 0.90x cuBLAS and ahead of Triton
 8192x8192x1024, 4096x14336x4096, 16384x1024x4096. Three interleaved rounds: each round
 times every candidate, cuBLAS and Triton once more, turn about, so all figures of a shape
 come from the same minutes. Each timing: CUDA events around one launch, the L2 flushed
-before each repetition (a buffer of twice its size written), repetitions to ~40 ms.
+before each repetition (a buffer of four times its size written: the flush also gives
+the host time to enqueue the launch, so a runner's Python overhead stays off its time),
+repetitions to ~40 ms.
 
 - ours: a small fixed list of wgmma configs per dtype (the probe's winners and a few
   neighbours), launched through tuner/wgmma_launch.py on torch's buffers and stream;
@@ -14,7 +16,7 @@ before each repetition (a buffer of twice its size written), repetitions to ~40 
   candidate's figures beside it (best-of-N: a small selection bias, stated).
 - cuBLAS: torch.mm(a, b, out_dtype=torch.float32) where torch has it (FP32 C, as ours),
   else cublasGemmEx through tuner.runtime.cublas with an FP32 C.
-- Triton: torch.compile(mode="max-autotune") of torch.mm with
+- Triton: torch.compile(mode="max-autotune-no-cudagraphs") of torch.mm with
   torch._inductor.config.max_autotune_gemm_backends = "TRITON" (Triton templates only).
   Its output is the input type (Triton's GEMM template writes 2-byte C; ours and cuBLAS
   write 4-byte FP32 C, so Triton moves less memory). Compiles are bounded by
@@ -68,7 +70,7 @@ class Timer:
     def __init__(self, torch):
         self.torch = torch
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        self.flush_buf = torch.empty(max(2 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+        self.flush_buf = torch.empty(max(4 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
 
     def __call__(self, fn) -> list[float]:
         torch = self.torch
@@ -133,7 +135,10 @@ def compile_triton(torch, dtype, shape, deadline: float) -> tuple[object, str]:
     b = torch.randn(k, n, device="cuda").to(_tdt(torch, dtype))
     t0 = time.monotonic()
     try:
-        fn = torch.compile(lambda x, y: torch.mm(x, y), mode="max-autotune", dynamic=False)
+        # no CUDA graphs: a graph tree copies non-static inputs into its buffers on every
+        # call, which would add two operand copies to Triton's time
+        fn = torch.compile(lambda x, y: torch.mm(x, y), mode="max-autotune-no-cudagraphs",
+                           dynamic=False)
         fn(a, b)
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - recorded, the benchmark goes on
