@@ -2,12 +2,14 @@
 verification that gates it (the float64 reference by cuBLAS, the difference, the norms by
 cuBLAS Dnrm2), runs in its own process under each tool, and must be clean and correct.
 
-    python bench/sanitize.py [--out DIR] [--tools memcheck,racecheck,synccheck]
+    python bench/sanitize.py [--out DIR] [--tools memcheck,racecheck,synccheck] [--configs wgmma]
     python bench/sanitize.py --one NAME MxNxK   (what each sanitized process runs)
 
 racecheck and synccheck see shared-memory hazards and barrier misuse in every kernel of
 the process: the candidate's and the verification path's (pycuda's ReductionKernel, which
-the error norm used before, showed 10-20 racecheck hazards there).
+the error norm used before, showed 10-20 racecheck hazards there). A TMA family (wgmma)
+gets leading dimensions padded to 16 bytes plus 8 elements (TMA's rule; the padding must
+never be read), the others odd ones (K + 3, N + 1).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ CONFIGS = [
     "gemm_wmma_bf16_64x64x32_w32x32_p8_v8_s1_g1",           # tensor cores, bf16, synchronous
     "gemm_wmma_tf32_128x128x16_w64x32_p4_v4_s3_g8",         # tensor cores, tf32
 ]
+WGMMA_CONFIGS = [
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8",            # two consumers, persistent
+    "gemm_wgmma_bf16_128x128x64_c1_s5_x1_p0_g1",           # one consumer, bf16
+    "gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8",            # cluster of 2, B multicast
+]
 SHAPES = ["17x33x9", "127x129x257"]
 
 
@@ -41,16 +48,21 @@ def one(name: str, shape: str) -> None:
     from codegen.config import config_from_name
     from tuner._shape import parse_shape
     from tuner.bench import Problem, tolerance
-    from tuner.gpu import Kernel, _drv, device
+    from codegen.families import family_of
+    from tuner.gpu import _drv, device, load_kernel
 
     cfg = config_from_name(name)
     res = compile_config(cfg, device().sm)
     assert res.ok, res.error
     m, n, k = parse_shape(shape)
-    p = Problem((m, n, k), cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=k + 3, ldb=n + 1,
+    lda, ldb = k + 3, n + 1
+    if family_of(cfg).kernel:  # TMA: rows of a multiple of 16 bytes
+        per = 16 // cfg.dtype.size
+        lda, ldb = -(-k // per) * per + 8, -(-n // per) * per + 8
+    p = Problem((m, n, k), cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=lda, ldb=ldb,
                 ldc=n + 2)
     p.reset_c()
-    Kernel(cfg, res.cubin)(*p.args())
+    load_kernel(cfg, res.cubin)(*p.args())
     _drv().Context.synchronize()
     err = p.error(cfg.dtype)
     print(f"{name} {shape}: error {err:.2e}")
@@ -62,17 +74,20 @@ def main() -> None:
     ap.add_argument("--one", nargs=2)
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
+    ap.add_argument("--configs", default="all", choices=("all", "wgmma"))
     args = ap.parse_args()
     if args.one:
         return one(*args.one)
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     rows = []
+    names = WGMMA_CONFIGS if args.configs == "wgmma" else CONFIGS + WGMMA_CONFIGS
+    shapes = SHAPES[-1:] if args.configs == "wgmma" else SHAPES  # the wgmma sample: one odd shape
     extra = {"memcheck": ["--leak-check", "no"], "racecheck": ["--racecheck-report", "all"],
              "synccheck": []}
     tools = args.tools.split(",")
     for t in tools:
-        for name in CONFIGS:
-            for shape in SHAPES:
+        for name in names:
+            for shape in shapes:
                 p = subprocess.run([tool, "--tool", t, "--error-exitcode", "9", *extra[t],
                                     sys.executable, __file__, "--one", name, shape],
                                    capture_output=True, text=True)
@@ -89,11 +104,11 @@ def main() -> None:
                     print(p.stdout[-1500:], p.stderr[-1500:])
                 # written as it goes: a cut run keeps it
                 clean = {x: sum(r["exit"] == 0 for r in rows if r["tool"] == x) for x in tools}
-                (args.out / "sanitize.json").write_text(
-                    json.dumps(dict(rows=rows, clean=clean, of=len(CONFIGS) * len(SHAPES)),
+                (args.out / f"sanitize-{args.configs}.json").write_text(
+                    json.dumps(dict(rows=rows, clean=clean, of=len(names) * len(shapes)),
                                indent=2))
     for t in tools:
-        print(f"{t} clean and correct: {clean[t]} of {len(CONFIGS) * len(SHAPES)}")
+        print(f"{t} clean and correct: {clean[t]} of {len(names) * len(shapes)}")
 
 
 if __name__ == "__main__":

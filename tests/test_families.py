@@ -23,11 +23,18 @@ from codegen.families._common import Layout, Serial, positive_sizes
 
 ARCH = parse_arch("sm_90")
 SHAPE = (127, 129, 4097)  # few tiles, deep K: split-K variants are in the space
+ALIGNED = (127, 136, 4096)  # the same for a family that needs 16-byte rows (TMA: wgmma)
+
+
+def _shape(spec: FamilySpec, dtype: DType) -> tuple:
+    d = spec.default(spec.dtypes[dtype])
+    return ALIGNED if spec.shape_reasons(d, SHAPE, ARCH) else SHAPE
 
 
 # ---- every registered family ------------------------------------------------------------
 def _sample(spec: FamilySpec, dtype: DType, n: int = 25) -> list:
-    pool = list(itertools.islice(spec.valid_configs(ARCH, spec.dtypes[dtype], SHAPE), 4000))
+    pool = list(itertools.islice(spec.valid_configs(ARCH, spec.dtypes[dtype],
+                                                    _shape(spec, dtype)), 4000))
     return random.Random(7).sample(pool, min(n, len(pool)))
 
 
@@ -46,8 +53,10 @@ def test_every_family_round_trips_names_dicts_and_parameters(name):
             assert config_from_dict(c.to_dict()) == c
             assert spec.config.from_name(c.name) == c
             assert check(c, ARCH) == []
-            trial = optuna.trial.FixedTrial(spec.params_of(c, SHAPE, ARCH))
-            assert spec.suggest(trial, c.dtype, SHAPE, ARCH) == c
+            shape = _shape(spec, dtype)
+            assert spec.shape_reasons(c, shape, ARCH) == []
+            trial = optuna.trial.FixedTrial(spec.params_of(c, shape, ARCH))
+            assert spec.suggest(trial, c.dtype, shape, ARCH) == c
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -69,7 +78,8 @@ def test_built_in_families_and_compatibility_names():
         "gemm_wmma.cu.j2"
     assert FAMILIES["simt"].math is Math.CUDA_CORE and FAMILIES["wmma"].math is Math.TENSOR_CORE
     assert [s.name for s in families_for(DType.F32)] == ["simt"]  # tf32 only by consent
-    assert [s.name for s in families_for(DType.BF16)] == ["simt", "wmma"]
+    assert [s.name for s in families_for(DType.BF16)] == ["simt", "wmma", "wgmma"]
+    assert [s.name for s in families_for(DType.F16, parse_arch("sm_80"))] == ["simt", "wmma"]
 
 
 def test_unknown_names_dicts_and_types_are_refused():
@@ -164,7 +174,8 @@ def test_a_registered_family_is_picked_up_everywhere(toy):
         render(c)
     # the search space of an fp32 request: simt, then the toy
     assert families(DType.F32) == {Family.SIMT: DType.F32, "toy": DType.F32}
-    assert families(DType.F16) == {Family.SIMT: DType.F16, Family.WMMA: DType.F16}
+    assert families(DType.F16) == {Family.SIMT: DType.F16, Family.WMMA: DType.F16,
+                                   Family.WGMMA: DType.F16}
     simt_only = FAMILIES["simt"].space_size()
     assert space_size(DType.F32) == simt_only + 3
     grid = list(valid_configs(ARCH, DType.F32, (4096, 4096, 4096)))

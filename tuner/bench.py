@@ -16,8 +16,8 @@ import numpy as np
 
 from codegen.config import DType
 from codegen.families import Config, Math, family_of
-from tuner.gpu import Kernel, _drv, cublas, device
-from tuner.outcome import Measurement, Outcome, Timing
+from tuner.gpu import _drv, cublas, device, load_kernel
+from tuner.outcome import LaunchError, Measurement, Outcome, Timing, Unsupported
 
 __all__ = ["L2Flush", "do_bench", "Problem", "GpuBenchmark", "TOLERANCE", "tolerance",
            "round_to", "norm2"]
@@ -213,14 +213,19 @@ class GpuBenchmark:
         self.flops = self.problem.flops
 
     def measure(self, config: Config, cubin) -> Measurement:
+        """Load, check and time one candidate on this problem. A kernel that cannot take
+        the problem's operands (a wgmma kernel where TMA cannot describe them) is REJECTED
+        with its reason and never launched; a launch that fails is LAUNCH_FAILED."""
         drv = _drv()
         p = self.problem
         try:
-            kernel = Kernel(config, cubin)
+            kernel = load_kernel(config, cubin)
             p.reset_c()
             kernel(*p.args())
             drv.Context.synchronize()
-        except drv.Error as e:
+        except Unsupported as e:
+            return Measurement(Outcome.REJECTED, message=str(e)[:300])
+        except (drv.Error, LaunchError) as e:
             return Measurement(Outcome.LAUNCH_FAILED, message=str(e).splitlines()[0][:300])
         err = p.error(config.dtype)  # the inputs as this candidate multiplies them
         gate = tolerance(config, p.k)

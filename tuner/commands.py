@@ -13,6 +13,23 @@ from tuner._shape import format_shape, parse_shape
 from tuner.runtime.library import Library
 
 
+def find_cuobjdump() -> tuple[str | None, dict]:
+    """cuobjdump (and the nvdisasm it runs) from PATH, the toolkit's bin, or the pip wheels
+    (nvidia-cuda-cuobjdump / -nvdisasm, the dev extra); with the environment to run it in."""
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ)
+    dirs = [Path("/usr/local/cuda/bin")]
+    try:
+        import nvidia.cu13 as cu13
+        dirs += [Path(p) / "bin" for p in cu13.__path__]
+    except ImportError:
+        pass
+    env["PATH"] = os.pathsep.join([env.get("PATH", "")] + [str(d) for d in dirs])
+    return shutil.which("cuobjdump", path=env["PATH"]), env
+
+
 def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None):
     out = []
     for e in lib.manifest["entries"]:
@@ -69,11 +86,15 @@ def cmd_inspect(args, console) -> int:
         print(source.read_text(), end="")
         return 0
     if args.sass:
-        tool = shutil.which("cuobjdump")
+        tool, env = find_cuobjdump()
         if not tool:
-            raise UsageError("--sass needs cuobjdump (CUDA toolkit) on PATH")
-        print(subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True,
-                             text=True, check=False).stdout, end="")
+            raise UsageError("--sass needs cuobjdump (the CUDA toolkit, or the dev extra's "
+                             "nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
+        p = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True,
+                           check=False, env=env)
+        if p.returncode:
+            raise UsageError(f"cuobjdump failed on {cubin}: {p.stderr.strip()[:300]}")
+        print(p.stdout, end="")
         return 0
     res = e["resources"]
     doc = dict(kernel=e["kernel"], arch=e["arch"], config=info["config"],

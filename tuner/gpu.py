@@ -18,7 +18,8 @@ from codegen.arch import ARCHS, ArchLimits
 from codegen.config import KernelConfig
 from codegen.errors import UsageError
 
-__all__ = ["NoGPUError", "Device", "device", "Kernel", "driver_occupancy", "cublas"]
+__all__ = ["NoGPUError", "Device", "device", "Kernel", "load_kernel", "driver_occupancy",
+           "cublas"]
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,27 @@ class Kernel:
         if self.reduce is not None:
             self.reduce.prepared_async_call(((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
                                             m, n, alpha, w, beta, int(c), ldc)
+
+
+def kernel_class(config):
+    """The class the runner loads `config` with: its family's own (FamilySpec.kernel,
+    "module:Class", imported here, lazily) or :class:`Kernel`."""
+    import importlib
+
+    from codegen.families import family_of
+
+    spec = family_of(config).kernel
+    if not spec:
+        return Kernel
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_kernel(config, cubin: Path | bytes):
+    """`config`'s kernel loaded into the current context, ready to call as
+    ``kernel(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream=None)``."""
+    device()
+    return kernel_class(config)(config, cubin)
 
 
 @functools.cache

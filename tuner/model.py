@@ -28,10 +28,17 @@ from codegen.arch import ArchLimits
 from codegen.compile import Resources
 from codegen.families import Config, family_of
 # the shape rules live with the configs (the families' spaces use them); re-exported here
-from codegen.families._common import cdiv as _cdiv, shape_reasons, wants_split
+from codegen.families._common import cdiv as _cdiv, shape_reasons as _shape_reasons, wants_split
 from tuner.occupancy import Occupancy, occupancy
 
 __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split"]
+
+
+def shape_reasons(config: Config, shape: tuple[int, int, int], arch: ArchLimits) -> list[str]:
+    """Reasons a buildable config is pointless or unusable at this shape (rejected before
+    compiling): the split-K rules every family shares, then the family's own."""
+    return _shape_reasons(config, shape, arch) + family_of(config).shape_reasons(
+        config, shape, arch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,11 +17,11 @@ import functools
 import logging
 
 from codegen.config import DType
-from codegen.errors import GemmTuneError
 from codegen.families.wgmma import SWIZZLE_BYTES, WgmmaConfig, tma_reasons
+from tuner.outcome import LaunchError, Unsupported
 
 __all__ = ["TmaUnsupported", "tensor_map_args", "encode_tensor_map", "load_function",
-           "launch", "kernel_arg_layout", "clear_caches"]
+           "launch", "bind", "WgmmaKernel", "kernel_arg_layout", "clear_caches"]
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ _SWIZZLE = {"none": ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), "32B": ("CU_TENSOR_MAP_SW
             "64B": ("CU_TENSOR_MAP_SWIZZLE_64B", 64), "128B": ("CU_TENSOR_MAP_SWIZZLE_128B", 128)}
 
 
-class TmaUnsupported(GemmTuneError):
-    """The operands break a TMA rule (alignment, stride): dispatch another family."""
+class TmaUnsupported(Unsupported):
+    """The operands break a TMA rule (alignment, stride): dispatch another family (the
+    tuner's runner reports the candidate REJECTED with this message)."""
 
 
 def _cu():
@@ -45,12 +46,13 @@ def _cu():
 
 
 def _check(result):
-    """(CUresult, *values) -> values; RuntimeError naming the driver's error otherwise."""
+    """(CUresult, *values) -> values; LaunchError (a RuntimeError) naming the driver's
+    error otherwise."""
     cu = _cu()
     err, *rest = result if isinstance(result, tuple) else (result,)
     if err != cu.CUresult.CUDA_SUCCESS:
         _, name = cu.cuGetErrorName(err)
-        raise RuntimeError(f"CUDA driver error {name.decode() if name else err}")
+        raise LaunchError(f"CUDA driver error {name.decode() if name else err}")
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
@@ -192,6 +194,26 @@ def launch(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, 
     Raises:
         TmaUnsupported: A or B break a TMA rule (tma_reasons says which); nothing is launched.
     """
+    bind(function, config, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream)()
+
+
+def launch_config(config: WgmmaConfig, m: int, n: int, sms: int) -> dict:
+    """The launch geometry of `config` at M x N on `sms` SMs, as plain values: what
+    cuLaunchKernelEx is given (pure; tested without a GPU)."""
+    return dict(grid=config.grid(m, n, sms), block=config.block(), smem=config.smem_bytes,
+                cluster=config.cluster_dims())
+
+
+def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a: int,
+         lda: int, b: int, ldb: int, beta: float, c: int, ldc: int, stream=0):
+    """Everything of a launch but the launch: the TMA checks, the tensor maps, the argument
+    block and the launch configuration, built once; returns a callable that only calls
+    cuLaunchKernelEx (a few microseconds of host time, so a timing loop measures the
+    kernel, not Python).
+
+    Raises:
+        TmaUnsupported: A or B break a TMA rule (tma_reasons says which).
+    """
     why = tma_reasons(config.dtype, lda, ldb, a, b, m, n, k)
     if why:
         raise TmaUnsupported("; ".join(why))
@@ -205,17 +227,68 @@ def launch(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, 
     scalars = kernel_arg_layout(m, n, k, alpha, beta, c, ldc)
     ptrs = [tm_a.getPtr(), tm_b.getPtr()] + [ctypes.addressof(v) for _, v in scalars]
     params = (ctypes.c_void_p * len(ptrs))(*ptrs)
+    geometry = launch_config(config, m, n, _sm_count())
 
     cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config.grid(m, n, _sm_count())
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config.block()
-    cfg.sharedMemBytes = config.smem_bytes
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = geometry["grid"]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = geometry["block"]
+    cfg.sharedMemBytes = geometry["smem"]
     cfg.hStream = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream or 0))
     attr = cu.CUlaunchAttribute()
     attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = \
-        config.cluster_dims()
+        geometry["cluster"]
     cfg.attrs = [attr]
     cfg.numAttrs = 1
-    _check(cu.cuLaunchKernelEx(cfg, function, ctypes.addressof(params), 0))
-    del scalars  # the driver copied the arguments at launch
+    address = ctypes.addressof(params)
+    keep = (tm_a, tm_b, scalars, params, cfg)  # alive as long as the closure
+
+    def run() -> None:
+        _check(cu.cuLaunchKernelEx(cfg, function, address, 0))
+
+    run.keep = keep
+    return run
+
+
+class WgmmaKernel:
+    """A wgmma configuration loaded into the current context (pycuda's primary context is
+    the one cuda.bindings sees), called like tuner.gpu.Kernel: the tuner's runner loads
+    this family's candidates through it (FamilySpec.kernel).
+
+    Each distinct call (problem, pointers, scalars, stream) is bound once (:func:`bind`)
+    and replayed, so repeated timing launches cost only cuLaunchKernelEx.
+    """
+
+    def __init__(self, config: WgmmaConfig, cubin):
+        from pathlib import Path
+
+        self.config = config
+        image = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
+        self.function = load_function(image, config.name)
+        self.smem = config.smem_bytes
+        self._bound: dict[tuple, object] = {}
+
+    @property
+    def attributes(self) -> dict:
+        """What the driver says of the loaded function (to check against ptxas)."""
+        cu = _cu()
+        A = cu.CUfunction_attribute
+
+        def get(a):
+            return int(_check(cu.cuFuncGetAttribute(a, self.function)))
+
+        return dict(registers=get(A.CU_FUNC_ATTRIBUTE_NUM_REGS),
+                    smem_static=get(A.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                    local_bytes=get(A.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                    max_threads=get(A.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+
+    def __call__(self, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream=None):
+        """Launch on device addresses (ints or objects int() takes); asynchronous.
+        TmaUnsupported where the operands break a TMA rule (nothing launched)."""
+        s = int(getattr(stream, "handle", stream) or 0)
+        key = (m, n, k, float(alpha), int(a), lda, int(b), ldb, float(beta), int(c), ldc, s)
+        run = self._bound.get(key)
+        if run is None:
+            run = self._bound[key] = bind(self.function, self.config, m, n, k, alpha, int(a),
+                                          lda, int(b), ldb, beta, int(c), ldc, s)
+        run()

@@ -45,6 +45,12 @@ What a family module ``codegen/families/<name>.py`` provides:
   from it - and ``issue_efficiency(config)``, the fraction of issue slots its inner loop
   gives to math (the model's bound; 1.0 where the math has a pipe of its own).
 
+* Optionally ``shape_reasons(config, shape, arch)``, the family's own reasons a config
+  cannot run the tuner's dense problem at a shape (the wgmma family: TMA's 16-byte
+  strides), and ``kernel``, "module:Class" of the runner's loader for a family that does
+  not launch through pycuda's plain kernel call (the wgmma family: tensor maps and a
+  cluster launch through tuner/wgmma_launch.py).
+
 Then: a member of :class:`Family` here, an import at the bottom of this file, and a
 template ``templates/gemm_<family>.cu.j2``. Nothing else changes. A family registered
 from outside (a plugin, a test) works without a ``Family`` member: the registry is keyed
@@ -118,6 +124,10 @@ def _full_issue(config: Any) -> float:
     return 1.0
 
 
+def _no_shape_rules(config: Any, shape: Shape, arch: ArchLimits) -> list[str]:
+    return []
+
+
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
     """One kernel family, as data (see the module doc for what each part must do)."""
@@ -137,6 +147,12 @@ class FamilySpec:
     min_cc: int = 0
     max_cc: int = 10_000
     searched: bool = True  # False: buildable and tested, not yet a candidate of the search
+    #: reasons of the family's own why a buildable config cannot run the tuner's problem at
+    #: `shape` (dense row-major operands): rejected before compiling, never timed
+    shape_reasons: Callable[[Any, Shape, ArchLimits], list[str]] = _no_shape_rules
+    #: "module:Class" of the GPU-side kernel the tuner's runner loads for this family's
+    #: configs (Class(config, cubin), called like tuner.gpu.Kernel); None: tuner.gpu.Kernel
+    kernel: str | None = None
 
     @property
     def prefix(self) -> str:

@@ -480,13 +480,29 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 
 
 # ---- the family's registration ----------------------------------------------------------
-_SEARCHED = [k for k in WGMMA_SPACE if k != "dtype"]
+#: what the tuner searches (a subset of WGMMA_SPACE, which stays the buildable space). The GPU
+#: probe (bench/results/wgmma-probe-h200-2026-12-01.json) measured two consumers with
+#: BN 128-256 winning (0.93-1.01x cuBLAS) and clusters of 2 losing (0.30-0.59x): clusters
+#: stay buildable and tested but are not searched until that gap is understood
+#: (bench/NOTES.md, "wgmma family"). Two stages never keep the tensor cores fed (one TMA
+#: in flight), so the ring starts at three.
+SEARCH_SPACE: dict[str, tuple] = {
+    "bm": (64, 128, 256),
+    "bn": (64, 128, 192, 256),
+    "bk": (64,),
+    "stages": (3, 4, 5, 6),
+    "consumers": (1, 2),
+    "cluster": (1,),
+    "persistent": (0, 1),
+    "group": (1, 8, 16),
+}
+_SEARCHED = list(SEARCH_SPACE)
 
 
 def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
     """Ask a trial (anything with Optuna's suggest_categorical) for one point."""
     return WgmmaConfig(dtype=dtype, **{k: trial.suggest_categorical(f"wgmma_{k}",
-                                                                    WGMMA_SPACE[k])
+                                                                    SEARCH_SPACE[k])
                                        for k in _SEARCHED})
 
 
@@ -495,12 +511,29 @@ def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
     return {f"wgmma_{k}": getattr(config, k) for k in _SEARCHED}
 
 
+def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) -> list[str]:
+    """Why the tuner's problem at `shape` (dense row-major A and B: lda = K, ldb = N, in
+    allocations aligned to 256 bytes) cannot be given to `config` as TMA tensor maps; the
+    search rejects such candidates before compiling them, with these reasons.
+
+    Example:
+        >>> problem_reasons(WgmmaConfig(), (4096, 4095, 4096))
+        ['TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes']
+    """
+    m, n, k = shape
+    why = tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
+    return [f"TMA cannot describe the operands: {w}" for w in why]
+
+
 def valid_configs(arch, dtype: DType, shape=None):
-    """Every point of the space that `check_wgmma` accepts for `arch`, in grid order."""
+    """Every searched point that `check_wgmma` (and, given a shape, `problem_reasons`)
+    accepts for `arch`, in grid order."""
     import itertools
 
     arch = parse_arch(arch)
-    for vals in itertools.product(*(WGMMA_SPACE[k] for k in _SEARCHED)):
+    if shape is not None and problem_reasons(WgmmaConfig(dtype=dtype), shape, arch):
+        return
+    for vals in itertools.product(*(SEARCH_SPACE[k] for k in _SEARCHED)):
         c = WgmmaConfig(dtype=dtype, **dict(zip(_SEARCHED, vals)))
         if not check_wgmma(c, arch):
             yield c
@@ -512,15 +545,16 @@ WGMMA = register(FamilySpec(
     template="gemm_wgmma.cu.j2",
     check=check_wgmma,
     dtypes={DType.F16: DType.F16, DType.BF16: DType.BF16},
-    # not searched yet: the tuner's runner cannot launch TMA kernels until the family is
-    # wired into it (rendered, compiled, tested and probed on the GPU so far)
-    searched=False,
+    searched=True,
     math=Math.TENSOR_CORE,
-    space={f"wgmma_{k}": WGMMA_SPACE[k] for k in _SEARCHED},
+    space={f"wgmma_{k}": SEARCH_SPACE[k] for k in _SEARCHED},
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
     default=lambda dtype: dataclasses.replace(DEFAULT_WGMMA, dtype=dtype),
+    shape_reasons=problem_reasons,
+    # the runner launches these through tensor maps and cuLaunchKernelEx, not pycuda's call
+    kernel="tuner.wgmma_launch:WgmmaKernel",
     min_cc=90,
     max_cc=90,
 ))
