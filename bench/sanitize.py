@@ -82,8 +82,11 @@ def main() -> None:
     rows = []
     names = WGMMA_CONFIGS if args.configs == "wgmma" else CONFIGS + WGMMA_CONFIGS
     shapes = SHAPES[-1:] if args.configs == "wgmma" else SHAPES  # the wgmma sample: one odd shape
-    extra = {"memcheck": ["--leak-check", "no"], "racecheck": ["--racecheck-report", "all"],
-             "synccheck": []}
+    # cuda-bindings (the wgmma launcher's) probes driver entry points with cuGetProcAddress,
+    # which fails by design for symbols this driver lacks: 34 API "errors" a process on the
+    # H200, no memory error (checked with and without this flag); they are not reported
+    extra = {"memcheck": ["--leak-check", "no", "--report-api-errors", "no"],
+             "racecheck": ["--racecheck-report", "all"], "synccheck": []}
     tools = args.tools.split(",")
     for t in tools:
         for name in names:
