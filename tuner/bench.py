@@ -41,8 +41,8 @@ TOLERANCE = {DType.F32: 1e-5, DType.TF32: 1e-4, DType.F16: 2e-5, DType.BF16: 2e-
 def tolerance(config: Config, k: int) -> float:
     """The gate for `config` at depth K, by its family's math: FP32 FMAs on exactly
     widened inputs meet fp32's gate; tensor cores their input type's, growing with K."""
-    if family_of(config).math is Math.CUDA_CORE:
-        return TOLERANCE[DType.F32]
+    if family_of(config).math is Math.CUDA_CORE or config.dtype is DType.F32:
+        return TOLERANCE[DType.F32]  # FP32 FMAs, or 3xTF32 held to fp32's gate
     return TOLERANCE[config.dtype] * max(1.0, k / 4096)
 
 
@@ -57,7 +57,7 @@ def round_to(x: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
     bf16 is stored as uint16 bits, rounded to nearest even.
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if dtype is DType.F32:
+    if dtype in (DType.F32, DType.F32X3):
         return x, x
     bits = x.view(np.uint32)
     if dtype is DType.TF32:
@@ -153,7 +153,7 @@ class Problem:
         self.a32 = rng.standard_normal((self.m, self.lda), dtype=np.float32)
         self.b32 = rng.standard_normal((self.k, self.ldb), dtype=np.float32)
         self.c0 = rng.standard_normal((self.m, self.ldc), dtype=np.float32) if beta else None
-        stored = DType.F32 if dtype is DType.TF32 else dtype
+        stored = DType.F32 if dtype in (DType.TF32, DType.F32X3) else dtype
         self.a = ga.to_gpu(round_to(self.a32, stored)[0])
         self.b = ga.to_gpu(round_to(self.b32, stored)[0])
         self.c = ga.empty((self.m, self.ldc), np.float32)

@@ -47,11 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32",
                    help="input type, always with FP32 accumulation and an FP32 C: fp32 "
                         "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
-                        "cores are candidates too), fp16 or bf16 (tensor cores, and CUDA "
+                        "cores are candidates too), 3xtf32 (fp32 data at fp32 accuracy; "
+                        "3xTF32 tensor-core kernels are candidates too), fp16 or bf16 "
+                        "(tensor cores, and CUDA "
                         "cores widening the inputs on load)")
     p.add_argument("--allow-tf32", action="store_true",
                    help="with fp32 data, let TF32 tensor cores compete (the tf32 error gate "
                         "then applies to them, and cuBLAS runs with TF32 too): --dtype tf32")
+    p.add_argument("--allow-3xtf32", action="store_true",
+                   help="with fp32 data, let 3xTF32 tensor-core kernels compete: each input "
+                        "split into two tf32 parts, three TF32 products, FP32 accumulation; "
+                        "held to the fp32 gate (1e-5), timed against cuBLAS SGEMM: "
+                        "--dtype 3xtf32")
     p.add_argument("--arch", default=None,
                    help="target, e.g. sm_90 (default: the GPU's own; sm_90 for --dry-run)")
     p.add_argument("--dry-run", action="store_true",
@@ -186,6 +193,8 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--shapes", type=Path, required=True, help="one MxNxK per line (# comments)")
     q.add_argument("--dtype", default="fp32")
     q.add_argument("--allow-tf32", action="store_true", help="decide the tf32 calls of fp32 data")
+    q.add_argument("--allow-3xtf32", action="store_true",
+                   help="decide the 3xTF32 calls of fp32 data")
     q.add_argument("--json", action="store_true")
     q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape"))
     q.add_argument("--shape", required=True)
@@ -223,11 +232,7 @@ def _run(argv) -> int:
         args.devices = _device_list(args.devices)
     if args.kernel_timeout <= 0:
         raise UsageError(f"--kernel-timeout must be positive (got {args.kernel_timeout:g})")
-    dtype = DType.parse(args.dtype)
-    if args.allow_tf32:
-        if dtype not in (DType.F32, DType.TF32):
-            raise UsageError(f"--allow-tf32 is for fp32 data, not --dtype {args.dtype}")
-        dtype = DType.TF32
+    dtype = _fp32_mode(DType.parse(args.dtype), args)
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
     if args.dry_run:
@@ -248,6 +253,19 @@ def _device_list(text: str) -> list[int]:
     if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
         raise UsageError(f"--devices {text!r}: expected distinct GPU numbers like 0,1")
     return ids
+
+
+def _fp32_mode(dtype: DType, args) -> DType:
+    """The request's dtype with --allow-tf32 / --allow-3xtf32 applied (fp32 data only)."""
+    if args.allow_tf32 and args.allow_3xtf32:
+        raise UsageError("--allow-tf32 and --allow-3xtf32 exclude each other")
+    for flag, mode in (("allow_tf32", DType.TF32), ("allow_3xtf32", DType.F32X3)):
+        if getattr(args, flag):
+            if dtype not in (DType.F32, mode):
+                raise UsageError(f"--{flag.replace('_', '-')} is for fp32 data, not "
+                                 f"--dtype {args.dtype}")
+            return mode
+    return dtype
 
 
 def _shapes_file(path: Path | None) -> list:

@@ -150,11 +150,9 @@ def cmd_prewarm(args, console) -> int:
     shapes = _shapes_file(args.shapes)
     if not shapes:
         raise UsageError(f"--shapes {args.shapes}: no shape in it")
-    dtype = DType.parse(args.dtype)
-    if args.allow_tf32:
-        if dtype is not DType.F32:
-            raise UsageError(f"--allow-tf32 is for fp32 data, not --dtype {args.dtype}")
-        dtype = DType.TF32
+    from tuner.cli import _fp32_mode
+
+    dtype = _fp32_mode(DType.parse(args.dtype), args)
     lib = Library.load(args.library)
     rows = []
     from rich.progress import track

@@ -24,6 +24,9 @@ class DType(enum.Enum):
 
     F32 = ("f32", "float", 4)
     TF32 = ("tf32", "float", 4)
+    #: a request, not a kernel type: fp32 data at fp32 accuracy, 3xTF32 tensor-core kernels
+    #: allowed beside the CUDA-core ones (--allow-3xtf32); those kernels' configs are f32
+    F32X3 = ("f32x3", "float", 4)
     F16 = ("f16", "__half", 2)
     BF16 = ("bf16", "__nv_bfloat16", 2)
 
@@ -37,7 +40,7 @@ class DType(enum.Enum):
         """`fp32`, `f32`, `float32`, `float` ... -> DType; UsageError otherwise."""
         aliases = {
             "fp32": cls.F32, "f32": cls.F32, "float32": cls.F32, "float": cls.F32,
-            "tf32": cls.TF32,
+            "tf32": cls.TF32, "f32x3": cls.F32X3, "3xtf32": cls.F32X3,
             "fp16": cls.F16, "f16": cls.F16, "float16": cls.F16, "half": cls.F16,
             "bf16": cls.BF16, "bfloat16": cls.BF16,
         }
@@ -45,7 +48,7 @@ class DType(enum.Enum):
             return aliases[str(text).strip().lower()]
         except KeyError:
             raise UsageError(
-                f"unknown dtype {text!r} (choose from fp32, tf32, fp16, bf16)"
+                f"unknown dtype {text!r} (choose from fp32, tf32, 3xtf32, fp16, bf16)"
             ) from None
 
     @classmethod

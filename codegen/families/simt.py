@@ -438,7 +438,8 @@ SIMT = register(FamilySpec(
     template=TEMPLATE,
     check=check,
     # fp32 data on FP32 FMAs also for a tf32 request; fp16 / bf16 widened on load
-    dtypes={DType.F32: DType.F32, DType.TF32: DType.F32, DType.F16: DType.F16,
+    dtypes={DType.F32: DType.F32, DType.TF32: DType.F32, DType.F32X3: DType.F32,
+            DType.F16: DType.F16,
             DType.BF16: DType.BF16},
     math=Math.CUDA_CORE,
     space=SPACE,

@@ -489,7 +489,6 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 SEARCH_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
-    "bk": (64,),
     "stages": (3, 4, 5, 6),
     "consumers": (1, 2),
     "cluster": (1,),
@@ -499,11 +498,17 @@ SEARCH_SPACE: dict[str, tuple] = {
 _SEARCHED = list(SEARCH_SPACE)
 
 
+def _point(dtype: DType, **params) -> WgmmaConfig:
+    """A searched point: BK one 128-byte swizzle row of the input type (64 halves, 32
+    floats), and fp32 data (an f32x3 request's f32 configs) as 3xTF32."""
+    return WgmmaConfig(dtype=dtype, bk=128 // dtype.size, terms=3 if dtype is DType.F32 else 1,
+                       **params)
+
+
 def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
     """Ask a trial (anything with Optuna's suggest_categorical) for one point."""
-    return WgmmaConfig(dtype=dtype, **{k: trial.suggest_categorical(f"wgmma_{k}",
-                                                                    SEARCH_SPACE[k])
-                                       for k in _SEARCHED})
+    return _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", SEARCH_SPACE[k])
+                            for k in _SEARCHED})
 
 
 def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
@@ -534,9 +539,22 @@ def valid_configs(arch, dtype: DType, shape=None):
     if shape is not None and problem_reasons(WgmmaConfig(dtype=dtype), shape, arch):
         return
     for vals in itertools.product(*(SEARCH_SPACE[k] for k in _SEARCHED)):
-        c = WgmmaConfig(dtype=dtype, **dict(zip(_SEARCHED, vals)))
+        c = _point(dtype, **dict(zip(_SEARCHED, vals)))
         if not check_wgmma(c, arch):
             yield c
+
+
+def _default(dtype: DType) -> WgmmaConfig:
+    """The best measured on the H200 (bench/results/wgmma-probe*-h200-2026-12-01.json):
+    fp16/bf16 128x256x64 with two consumers; tf32 256x128x32 (3 stages); 3xTF32 128x128x32
+    (2 stages: its split tiles take the room of the others)."""
+    if dtype is DType.TF32:
+        return _point(dtype, bm=256, bn=128, stages=3, consumers=2, cluster=1, persistent=1,
+                      group=8)
+    if dtype is DType.F32:
+        return _point(dtype, bm=128, bn=128, stages=2, consumers=2, cluster=1, persistent=1,
+                      group=8)
+    return dataclasses.replace(DEFAULT_WGMMA, dtype=dtype)
 
 
 WGMMA = register(FamilySpec(
@@ -544,14 +562,16 @@ WGMMA = register(FamilySpec(
     config=WgmmaConfig,
     template="gemm_wgmma.cu.j2",
     check=check_wgmma,
-    dtypes={DType.F16: DType.F16, DType.BF16: DType.BF16},
+    # fp32 data: tf32 (a tf32 request) and 3xTF32 (an f32x3 one, --allow-3xtf32)
+    dtypes={DType.F16: DType.F16, DType.BF16: DType.BF16, DType.TF32: DType.TF32,
+            DType.F32X3: DType.F32},
     searched=True,
     math=Math.TENSOR_CORE,
     space={f"wgmma_{k}": SEARCH_SPACE[k] for k in _SEARCHED},
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
-    default=lambda dtype: dataclasses.replace(DEFAULT_WGMMA, dtype=dtype),
+    default=lambda dtype: _default(dtype),
     shape_reasons=problem_reasons,
     # the runner launches these through tensor maps and cuLaunchKernelEx, not pycuda's call
     kernel="tuner.wgmma_launch:WgmmaKernel",

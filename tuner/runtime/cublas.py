@@ -40,6 +40,7 @@ OP_N, GEMM_DEFAULT = 0, -1
 _PRECISION = {
     DType.F32: (CUDA_R_32F, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),  # no TF32: pure FP32
     DType.TF32: (CUDA_R_32F, CUDA_R_32F, COMPUTE_32F_FAST_TF32, ctypes.c_float),
+    DType.F32X3: (CUDA_R_32F, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),  # fp32 accuracy
     DType.F16: (CUDA_R_16F, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),
     DType.BF16: (CUDA_R_16BF, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),
 }

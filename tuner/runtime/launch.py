@@ -218,7 +218,7 @@ _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 
 
-def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline=True):
+def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True):
     """Library.gemm (see its doc)."""
     if C is None and beta != 0:
         from tuner.runtime.library import LibraryError
@@ -228,8 +228,14 @@ def gemm(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline=True):
     if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
         _see_torch()
     if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
-        return _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure)
-    return _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline)
+        return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure)
+    return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline)
+
+
+def fp32_request(dtype: DType, mode: DType | None) -> DType:
+    """What a call asks for: fp32 data under `mode` (TF32 or F32X3: the caller's
+    allow_tf32 / allow_3xtf32) is that request; other data is its own type."""
+    return mode if mode is not None and dtype is DType.F32 else dtype
 
 
 def _see_torch() -> None:
@@ -242,7 +248,7 @@ def _see_torch() -> None:
     _TENSOR = torch.Tensor
 
 
-def _torch_key(A, B, C, allow_tf32, measure, stream):
+def _torch_key(A, B, C, mode, measure, stream):
     """The memo key of a torch call: what the call reads off its tensors anyway."""
     pa, pb = A.data_ptr(), B.data_ptr()
     if C is None:
@@ -251,13 +257,13 @@ def _torch_key(A, B, C, allow_tf32, measure, stream):
         pc = C.data_ptr()
         ckey = (C.dtype, C.shape, C.stride(), C.get_device(), pc & 15)
     key = ("torch", A.dtype, B.dtype, A.shape, B.shape, A.stride(), B.stride(), A.get_device(),
-           B.get_device(), pa & 15, pb & 15, ckey, bool(allow_tf32), measure, stream is None,
+           B.get_device(), pa & 15, pb & 15, ckey, mode, measure, stream is None,
            _TF32())
     return key, pa, pb, pc
 
 
-def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
-    key, pa, pb, pc = _torch_key(A, B, C, allow_tf32, measure, stream)
+def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure):
+    key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream)
     plan = lib._plans.get(key)
     s = None
     if plan is None:
@@ -265,11 +271,11 @@ def _torch_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure):
                None if C is None else operand(C, "C", writable=True))
         dev = same_device(*(o for o in ops if o is not None))
         s = resolve_stream(stream, ops[:2], dev)
-        dtype = DType.TF32 if allow_tf32 and ops[0].dtype is DType.F32 else ops[0].dtype
+        dtype = fp32_request(ops[0].dtype, mode)
         # cuBLAS through torch where torch's own precision is the one asked for
-        via_torch = stream is None and dtype in (DType.F32, DType.TF32) \
-            and key[-1] == (dtype is DType.TF32)
-        plan = _plan(lib, *ops, allow_tf32, measure, dev, s, allocate=_torch_allocator(A),
+        via_torch = stream is None and (dtype is DType.TF32) == key[-1] \
+            and dtype in (DType.F32, DType.TF32, DType.F32X3)
+        plan = _plan(lib, *ops, mode, measure, dev, s, allocate=_torch_allocator(A),
                      via_torch=via_torch)
         if plan.memo:
             lib._plans[key] = plan
@@ -317,7 +323,7 @@ def _torch_allocator(A):
     return allocate
 
 
-def _general_plan(lib, A, B, C, allow_tf32, stream, measure):
+def _general_plan(lib, A, B, C, mode, stream, measure):
     """(plan, operands a, b, c, stream) of a call with operands of any kind but torch's
     fast path: each parsed in full, the plan memoised on what the parse found."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
@@ -332,18 +338,18 @@ def _general_plan(lib, A, B, C, allow_tf32, stream, measure):
     key = ("general", dev, a.dtype, b.dtype, a.rows, a.cols, a.ld, b.rows, b.cols, b.ld,
            None if c is None else (c.rows, c.cols, c.ld, c.host is None), host,
            tuple(align_class(o.ptr or 0, o.ld, o.dtype.size) for o in ops),
-           bool(allow_tf32), measure)
+           mode, measure)
     plan = lib._plans.get(key)
     if plan is None:
         allocate = _torch_allocator(A) if a.kind == "torch" else None
-        plan = _plan(lib, a, b, c, allow_tf32, measure, dev, s, allocate=allocate)
+        plan = _plan(lib, a, b, c, mode, measure, dev, s, allocate=allocate)
         if plan.memo:
             lib._plans[key] = plan
     return plan, a, b, c, s
 
 
-def _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeline=True):
-    plan, a, b, c, s = _general_plan(lib, A, B, C, allow_tf32, stream, measure)
+def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True):
+    plan, a, b, c, s = _general_plan(lib, A, B, C, mode, stream, measure)
     if C is None:
         C = empty_like(a, (plan.m, plan.n), plan.gpu.index)
         c = operand(C, "C", writable=True)
@@ -362,7 +368,7 @@ def _general_call(lib, A, B, C, alpha, beta, allow_tf32, stream, measure, pipeli
     return C
 
 
-def gemm_batch(lib, pairs, alpha, beta, outs, allow_tf32, measure):
+def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     """Library.gemm_batch (see its doc)."""
     from tuner.runtime.host import run_batch
 
@@ -382,7 +388,7 @@ def gemm_batch(lib, pairs, alpha, beta, outs, allow_tf32, measure):
 
                 raise LibraryError(f"gemm_batch takes numpy arrays; {name} is "
                                    f"{type(x).__name__} (lib.gemm runs device arrays)")
-        plan, a, b, c, _ = _general_plan(lib, A, B, C, allow_tf32, None, measure)
+        plan, a, b, c, _ = _general_plan(lib, A, B, C, mode, None, measure)
         if C is None:
             C = np.empty((plan.m, plan.n), np.float32)
         items.append((plan, a.host, b.host, C))
@@ -437,19 +443,19 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
     return m, n, k
 
 
-def _plan(lib, a: Operand, b: Operand, c: Operand | None, allow_tf32: bool, measure: bool,
+def _plan(lib, a: Operand, b: Operand, c: Operand | None, mode: DType | None, measure: bool,
           dev: int, stream: int, allocate=None, via_torch: bool = False) -> Plan:
     """Check a call and decide it (dispatch.py's rule); raises LibraryError. `via_torch`:
     cuBLAS is reached through torch (a torch caller on torch's current stream, whose
     precision flags match the request), else through gemm-tune's own binding."""
     m, n, k = check_call(a, b, c)
-    dtype = DType.TF32 if allow_tf32 and a.dtype is DType.F32 else a.dtype
+    dtype = fp32_request(a.dtype, mode)
     g = driver.gpu(dev)
     ldc = c.ld if c is not None else n
     align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size)
                   for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
-    problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, allow_tf32,
+    problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
                       measure, stream, allocate)
     with driver.entered(g):
         choice = lib._decide(g, dtype, m, n, k, align, stream, measure, problem.route,
@@ -475,7 +481,7 @@ class Problem:
     ldc: int
     offsets: tuple  # the operands' byte offsets past a 256-byte boundary
     via_torch: bool
-    allow_tf32: bool
+    mode: DType | None  # the caller's fp32 mode (TF32, F32X3) or None
     measure: bool
     stream: int  # the call's stream: candidates are timed there, as the call would run
     allocate: Callable | None = None  # graph-safe scratch (torch callers)
@@ -526,13 +532,13 @@ class Problem:
             with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
                                         self.ldc, self.dtype.short, self.offsets) as ops:
                 A, B, C = ops
-                key = _torch_key(A, B, C, self.allow_tf32, self.measure, None)[0]
+                key = _torch_key(A, B, C, self.mode, self.measure, None)[0]
                 saved = lib._plans.get(key)
 
                 def runner(plan):
                     def run(stream):
                         lib._plans[key] = plan
-                        lib.gemm(A, B, C, allow_tf32=self.allow_tf32, measure=self.measure)
+                        gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure)
                     return run
 
                 try:

@@ -180,8 +180,11 @@ class Library:
 
     # ---- dispatch (pure) ---------------------------------------------------------------
     def _entries(self, dtype: DType, cc: int, layout: Layout) -> list[dict]:
+        """Entries that serve a request: its own, and for an f32x3 request (3xTF32 allowed)
+        the fp32 ones too (they are as accurate)."""
+        shorts = {dtype.short, DType.F32.short} if dtype is DType.F32X3 else {dtype.short}
         return [e for e in self.manifest["entries"]
-                if e["cc"] == cc and e["dtype"] == dtype.short and e["layout"] == layout.value]
+                if e["cc"] == cc and e["dtype"] in shorts and e["layout"] == layout.value]
 
     @property
     def fingerprint(self) -> str:
@@ -262,12 +265,14 @@ class Library:
 
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
         if route is None:
-            route = "torch" if _torch_importable() and dtype in (DType.F32, DType.TF32) \
+            route = "torch" if _torch_importable() \
+                and dtype in (DType.F32, DType.TF32, DType.F32X3) \
                 else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
         stream = 0  # the legacy default stream: torch's default stream too
+        mode = dtype if dtype in (DType.TF32, DType.F32X3) else None
         problem = launch.Problem(g, dtype, m, n, k, k, n, n, (0, 0, 0), route == "torch",
-                                 dtype is DType.TF32, True, stream)
+                                 mode, True, stream)
         with driver.entered(g):
             return self._decide(g, dtype, m, n, k, FULL_ALIGN, None, True, route,
                                 problem.timer(self))
@@ -371,7 +376,7 @@ class Library:
 
     def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0,
              allow_tf32: bool = False, stream=None, measure: bool | None = None,
-             pipeline: bool | str = True):
+             pipeline: bool | str = True, allow_3xtf32: bool = False):
         """C = alpha * A @ B + beta * C with the tuned kernels, or cuBLAS where it is faster
         (see tuner.runtime.dispatch for the rule).
 
@@ -384,7 +389,8 @@ class Library:
         copy in, compute, copy out, one after the other; "pageable": the same pipeline
         without pinned staging, to show why it is there). Rows may be padded (a leading dimension >= the row length); columns must
         be contiguous. float32 inputs run the fp32 entries, or with `allow_tf32` the tf32
-        ones (cuBLAS with TF32 where none wins).
+        ones (cuBLAS with TF32 where none wins), or with `allow_3xtf32` the 3xTF32 ones
+        beside the fp32 ones (fp32 accuracy; cuBLAS SGEMM is their rival).
 
         The call runs on `stream` when given (an int handle or a torch, cupy, pycuda or
         CUDA Python stream), else on torch's current stream for torch tensors, cupy's for
@@ -396,17 +402,25 @@ class Library:
         float32, when None is passed). Raises LibraryError, before any launch, for what it
         cannot serve.
         """
-        return launch.gemm(self, A, B, C, alpha, beta, allow_tf32, stream,
-                           self.measure if measure is None else measure, pipeline)
+        return launch.gemm(self, A, B, C, alpha, beta, _mode(allow_tf32, allow_3xtf32),
+                           stream, self.measure if measure is None else measure, pipeline)
 
     def gemm_batch(self, pairs, alpha: float = 1.0, beta: float = 0.0, out=None,
-                   allow_tf32: bool = False, measure: bool | None = None) -> list:
+                   allow_tf32: bool = False, measure: bool | None = None,
+                   allow_3xtf32: bool = False) -> list:
         """C_i = alpha * A_i @ B_i (+ beta * C_i) for a list of (A_i, B_i) numpy pairs, in
         a pipeline over three streams with pinned staging (tuner.runtime.host): item i+1's
         copies in and item i-1's copy out overlap item i's GEMM. `out`: the C_i (float32
         numpy, read when beta != 0), else allocated. Returns the C_i."""
-        return launch.gemm_batch(self, pairs, alpha, beta, out, allow_tf32,
+        return launch.gemm_batch(self, pairs, alpha, beta, out, _mode(allow_tf32, allow_3xtf32),
                                  self.measure if measure is None else measure)
+
+
+def _mode(allow_tf32: bool, allow_3xtf32: bool) -> DType | None:
+    """The fp32 request a call's flags make (see launch.fp32_request)."""
+    if allow_tf32 and allow_3xtf32:
+        raise LibraryError("allow_tf32 and allow_3xtf32 exclude each other")
+    return DType.TF32 if allow_tf32 else DType.F32X3 if allow_3xtf32 else None
 
 
 def _torch_importable() -> bool:
