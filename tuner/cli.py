@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
                    help="Optuna sampler (default tpe; grid walks the whole valid space)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--no-model", action="store_true",
+                   help="neither start from the model's best-predicted candidates nor prune "
+                        "on its predicted time (the bound and the occupancy model still prune)")
     p.add_argument("--force", action="store_true", help="re-tune even if the cache has a winner")
     p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: all cores)")
     p.add_argument("--artifacts", type=Path, default=None,

@@ -75,7 +75,8 @@ from codegen.families._common import cdiv as _cdiv, shape_reasons, wants_split
 from tuner.occupancy import Occupancy, occupancy
 
 __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split", "Prediction",
-           "predict", "predict_before_compile", "estimate_registers", "spearman",
+           "predict", "predict_before_compile", "estimate_registers", "register_cap",
+           "likely_spills", "spearman",
            "tile_traffic", "PRUNE_MARGIN", "CONSTANTS"]
 
 
@@ -158,7 +159,7 @@ def tile_traffic(config: Config, shape: tuple[int, int, int]) -> dict:
         >>> from codegen.families.simt import KernelConfig
         >>> t = tile_traffic(KernelConfig(), (4096, 4096, 4096))
         >>> t["a_bytes"], t["c_bytes"], t["intensity"]
-        (2097152, 65536, 31.75)
+        (2097152, 65536, 31.51)
     """
     m, n, k = shape
     c = config
@@ -316,6 +317,18 @@ def estimate_registers(config: Config) -> int:
             regs += (c.bm * c.bk + c.bk * c.bn) // max(c.threads, 1)
         return min(regs, 255)
     return 128
+
+
+def register_cap(config: Config, arch: ArchLimits) -> int:
+    """The most registers per thread ptxas may give a block of this size (and its
+    __launch_bounds__ minimum of blocks): above it, the kernel spills."""
+    threads = max(config.threads, 1) * max(getattr(config, "minb", 1), 1)
+    return min(arch.max_regs_per_thread, (arch.regs_per_block // threads) // 8 * 8)
+
+
+def likely_spills(config: Config, arch: ArchLimits) -> bool:
+    """Before compiling: do the estimated registers exceed :func:`register_cap`?"""
+    return estimate_registers(config) > register_cap(config, arch)
 
 
 def predict_before_compile(config: Config, shape, arch: ArchLimits) -> Prediction:
