@@ -111,9 +111,9 @@ def _print_dry_run(report, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} {report.dtype} "
-                    f"on {report.arch}")
+                    f"on {report.arch}, fastest predicted first")
     for col in ("kernel", "regs", "smem B", "spills B", "blocks/SM", "occupancy", "limiter",
-                "bound TFLOP/s", "status"):
+                "bound TFLOP/s", "predicted TFLOP/s", "bound by", "status"):
         t.add_column(col, justify="left" if col in ("kernel", "limiter", "status") else "right",
                      no_wrap=col == "kernel")
     for r in report.rows:
@@ -121,7 +121,9 @@ def _print_dry_run(report, console) -> None:
         t.add_row(r.config.name, *(("-" if v is None else str(v)) for v in (
             r.registers, r.smem, r.spill_bytes, r.blocks_per_sm,
             None if r.occupancy is None else f"{r.occupancy:.0%}",
-        )), r.limiter or "-", "-" if r.bound_tflops is None else f"{r.bound_tflops:.1f}", status)
+        )), r.limiter or "-", "-" if r.bound_tflops is None else f"{r.bound_tflops:.1f}",
+            "-" if r.predicted_tflops is None else f"{r.predicted_tflops:.1f}",
+            r.predicted_limiter or "-", status)
     console.print(t)
     ok = sum(r.status == "ok" for r in report.rows)
     console.print(

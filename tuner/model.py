@@ -327,13 +327,20 @@ def register_cap(config: Config, arch: ArchLimits) -> int:
 
 
 def likely_spills(config: Config, arch: ArchLimits) -> bool:
-    """Before compiling: do the estimated registers exceed :func:`register_cap`?"""
-    return estimate_registers(config) > register_cap(config, arch)
+    """Before compiling: does the least a thread must hold (SIMT: its accumulators and
+    fragments and 16 of addresses) exceed :func:`register_cap`? (ptxas squeezes the rest
+    under the cap: the 512-thread 128x256 tiles estimated at 132 compile to 126-128.)"""
+    if hasattr(config, "rm"):
+        need = config.rm * config.rn + (config.rm + config.rn) * getattr(config, "frags", 1)
+        return need + 16 > register_cap(config, arch)
+    return False
 
 
 def predict_before_compile(config: Config, shape, arch: ArchLimits) -> Prediction:
-    """:func:`predict` with the occupancy of estimated registers (:func:`estimate_registers`)."""
-    occ = occupancy(config.threads, estimate_registers(config), config.smem_bytes, arch)
+    """:func:`predict` with the occupancy of estimated registers (:func:`estimate_registers`,
+    at most :func:`register_cap`)."""
+    regs = min(estimate_registers(config), register_cap(config, arch))
+    occ = occupancy(config.threads, regs, config.smem_bytes, arch)
     return predict(config, shape, arch, occ)
 
 
