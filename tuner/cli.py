@@ -181,6 +181,10 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--dtype", default="fp32")
     q.add_argument("--source", action="store_true", help="print the generated .cu")
     q.add_argument("--sass", action="store_true", help="print the SASS (cuobjdump)")
+    q.add_argument("--profile", action="store_true",
+                   help="run the kernel and cuBLAS at its shape under Nsight Compute (ncu, "
+                        "GPU): DRAM bytes, time, occupancy, throughputs, stalls, bank "
+                        "conflicts, next to the model's figures; stored in the library entry")
     q.add_argument("--json", action="store_true")
     q = common(sub.add_parser("export", help="a C/C++ bundle with gemm_tuned.h, CMake and make"))
     q.add_argument("--out", type=Path, required=True, help="directory for the bundle")
