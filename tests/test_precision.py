@@ -124,7 +124,8 @@ def test_dry_run_per_type(tmp_path, capsys, argv, first):
                  "--artifacts", str(tmp_path)] + argv) == 0
     out = json.loads(capsys.readouterr().out)
     names = [c["config"] for c in out["candidates"]]
-    assert len(names) == 3 and [n[: len(p)] for n, p in zip(names, first)] == first
+    # the table comes sorted by predicted time: the families' defaults are in it
+    assert len(names) == 3 and all(any(n.startswith(p) for n in names) for p in first)
     assert all(c["status"] in ("ok", "pruned") for c in out["candidates"])
 
 
