@@ -62,3 +62,43 @@ class WorkerBenchmark(FakeBenchmark):
         if config.bm == 32:
             time.sleep(3600)
         return super().measure(config, cubin)
+
+
+class ModelledBenchmark:
+    """A simulation benchmark (no nvcc, no GPU): `compile_task` answers with the model's
+    estimated registers (tuner.model.estimate_registers), `measure` with the model's
+    predicted time times `slow(config)`; what tuner.search needs of a replay."""
+
+    def __init__(self, shape=SHAPE, slow=lambda c: 1.0):
+        import tempfile
+        from pathlib import Path
+
+        self.arch = parse_arch("sm_90")
+        self.shape = shape
+        self.flops = 2.0 * math.prod(shape)
+        self.slow = slow
+        self.measured = []
+        self.cubin = Path(tempfile.mkdtemp()) / "fake.cubin"
+        self.cubin.write_bytes(b"\x7fELF fake")
+
+    def compile_task(self, args):
+        from codegen.compile import CompileResult, Resources
+        from tuner.model import estimate_registers, register_cap
+
+        cfg, arch, *_ = args
+        regs = estimate_registers(cfg)
+        spill = max(regs - register_cap(cfg, self.arch), 0) * 4
+        res = Resources(min(regs, register_cap(cfg, self.arch)), 0, spill, 0, 0, 1,
+                        cfg.smem_bytes)
+        return CompileResult(cfg.name, arch, True, "", 0.0, self.cubin, res)
+
+    def measure(self, config, cubin):
+        from tuner.model import predict_before_compile
+
+        self.measured.append(config)
+        s = predict_before_compile(config, self.shape, self.arch).seconds * self.slow(config)
+        return Measurement(Outcome.TIMED, Timing((s * 1e3,) * 3), error=1e-7)
+
+    def baseline(self):
+        ms = self.flops / 30e12 * 1e3
+        return Measurement(Outcome.TIMED, Timing((ms,) * 3), error=1e-7)

@@ -29,7 +29,10 @@ def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
     assert report["shape"] == [127, 129, 257] and report["arch"] == "sm_80"
     assert report["sampled"] == 4 and report["valid"] > 1000
     rows = report["candidates"]
-    assert rows[0]["config"] == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8"
+    assert "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8" in [r["config"] for r in rows]
+    ok = [r["predicted_tflops"] for r in rows if r["status"] == "ok"]
+    assert ok and ok == sorted(ok, reverse=True) and all(p > 0 for p in ok)
+    assert rows[: len(ok)] == [r for r in rows if r["status"] == "ok"]  # sorted: ok first
     for r in rows:
         assert r["status"] in ("ok", "pruned", "compile failed")
         if r["status"] != "compile failed":
@@ -44,6 +47,7 @@ def test_dry_run_table(tmp_path, capsys, monkeypatch):
     assert code == 0
     assert "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8" in out
     assert "valid for sm_90" in out and "artifacts:" in out
+    assert "predicted TFLOP/s" in out and "fastest predicted first" in out
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -102,7 +102,7 @@ def test_configs_round_trip_through_names_and_dicts():
 def test_mixed_search_tries_both_families(compile_cache, tmp_path):
     bench = FakeBenchmark(shape=(1024, 1024, 1024))
     res = search(bench.shape, bench, dtype=DType.F16, trials=12, jobs=2, seed=5,
-                 cache_dir=compile_cache, artifacts=tmp_path)
+                 model=False, cache_dir=compile_cache, artifacts=tmp_path)
     fams = {r.config.family for r in res.records}
     # three families share 12 candidates; the CUDA-core one is asked (params below) but
     # may lose every compiled slot to the seed
@@ -137,7 +137,8 @@ def test_dry_run_per_type(tmp_path, capsys, argv, first):
                  "--artifacts", str(tmp_path)] + argv) == 0
     out = json.loads(capsys.readouterr().out)
     names = [c["config"] for c in out["candidates"]]
-    assert len(names) == 3 and [n[: len(p)] for n, p in zip(names, first)] == first
+    # the table comes sorted by predicted time: the families' defaults are in it
+    assert len(names) == 3 and all(any(n.startswith(p) for n in names) for p in first)
     assert all(c["status"] in ("ok", "pruned") for c in out["candidates"])
 
 

@@ -17,6 +17,9 @@ def run(compile_cache, tmp_path):
     def _run(bench, **kw):
         kw.setdefault("trials", 10)
         kw.setdefault("jobs", 2)
+        # the loop's mechanics, the sampler's own asks: the model's first batch and its
+        # pruning are tested in test_model_search.py (the fake's times ignore the model)
+        kw.setdefault("model", False)
         return search(bench.shape, bench, cache_dir=compile_cache, artifacts=tmp_path, **kw)
     return _run
 
@@ -164,7 +167,7 @@ from pathlib import Path
 from _fakes import FakeBenchmark
 from tuner.search import search
 search((512, 512, 512), FakeBenchmark(delay=0.3, log={log!r}), trials=40, seed=8, jobs=1,
-       storage={url!r}, study_name="k", cache_dir=Path({cache!r}), artifacts=Path({art!r}))
+       model=False, storage={url!r}, study_name="k", cache_dir=Path({cache!r}), artifacts=Path({art!r}))
 """
 
 

@@ -45,7 +45,7 @@ def test_two_workers_share_one_search_and_survive_a_crash(compile_cache, tmp_pat
                          delay=0.05) for i in (0, 1)]
     try:
         res = search((512, 512, 512), workers, trials=16, jobs=2, seed=2, sampler="random",
-                     cache_dir=compile_cache, artifacts=tmp_path / "art")
+                     model=False, cache_dir=compile_cache, artifacts=tmp_path / "art")
     finally:
         for w in workers:
             w.close()

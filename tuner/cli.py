@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
                    help="Optuna sampler (default tpe; grid walks the whole valid space)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--no-model", action="store_true",
+                   help="neither start from the model's best-predicted candidates nor prune "
+                        "on its predicted time (the bound and the occupancy model still prune)")
     p.add_argument("--force", action="store_true", help="re-tune even if the cache has a winner")
     p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: all cores)")
     p.add_argument("--artifacts", type=Path, default=None,
@@ -115,9 +118,9 @@ def _print_dry_run(report, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} {report.dtype} "
-                    f"on {report.arch}")
+                    f"on {report.arch}, fastest predicted first")
     for col in ("kernel", "regs", "smem B", "spills B", "blocks/SM", "occupancy", "limiter",
-                "bound TFLOP/s", "status"):
+                "bound TFLOP/s", "predicted TFLOP/s", "bound by", "status"):
         t.add_column(col, justify="left" if col in ("kernel", "limiter", "status") else "right",
                      no_wrap=col == "kernel")
     for r in report.rows:
@@ -125,7 +128,9 @@ def _print_dry_run(report, console) -> None:
         t.add_row(r.config.name, *(("-" if v is None else str(v)) for v in (
             r.registers, r.smem, r.spill_bytes, r.blocks_per_sm,
             None if r.occupancy is None else f"{r.occupancy:.0%}",
-        )), r.limiter or "-", "-" if r.bound_tflops is None else f"{r.bound_tflops:.1f}", status)
+        )), r.limiter or "-", "-" if r.bound_tflops is None else f"{r.bound_tflops:.1f}",
+            "-" if r.predicted_tflops is None else f"{r.predicted_tflops:.1f}",
+            r.predicted_limiter or "-", status)
     console.print(t)
     ok = sum(r.status == "ok" for r in report.rows)
     console.print(
@@ -183,6 +188,10 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--dtype", default="fp32")
     q.add_argument("--source", action="store_true", help="print the generated .cu")
     q.add_argument("--sass", action="store_true", help="print the SASS (cuobjdump)")
+    q.add_argument("--profile", action="store_true",
+                   help="run the kernel and cuBLAS at its shape under Nsight Compute (ncu, "
+                        "GPU): DRAM bytes, time, occupancy, throughputs, stalls, bank "
+                        "conflicts, next to the model's figures; stored in the library entry")
     q.add_argument("--json", action="store_true")
     q = common(sub.add_parser("export", help="a C/C++ bundle with gemm_tuned.h, CMake and make"))
     q.add_argument("--out", type=Path, required=True, help="directory for the bundle")

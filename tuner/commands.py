@@ -96,6 +96,8 @@ def cmd_inspect(args, console) -> int:
             raise UsageError(f"cuobjdump failed on {cubin}: {p.stderr.strip()[:300]}")
         print(p.stdout, end="")
         return 0
+    if args.profile:
+        return _inspect_profile(args, lib, e, info, console)
     res = e["resources"]
     doc = dict(kernel=e["kernel"], arch=e["arch"], config=info["config"],
                registers=res["registers"], smem=res["smem_static"] + res["smem_dynamic"],
@@ -105,7 +107,9 @@ def cmd_inspect(args, console) -> int:
                           f"{x['tflops']:.1f} TFLOP/s, cuBLAS {x['cublas_tflops']:.1f}"
                           for x in entries],
                timing=e["timing"], cublas_timing=e["cublas_timing"],
-               source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"])
+               source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"],
+               model=_model_figures(e, info), rank_rho=(e.get("stats") or {}).get("rank_rho"),
+               profile=e.get("profile"))
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -129,6 +133,15 @@ def cmd_inspect(args, console) -> int:
                       f"{tm['p90_ms']:.4f}, {tm['reps']} reps)")
     t.add_row("cuBLAS", f"median {cb['median_ms']:.4f} ms (p10 {cb['p10_ms']:.4f}, p90 "
                         f"{cb['p90_ms']:.4f}, {cb['reps']} reps)")
+    mf = doc["model"]
+    t.add_row("model", f"predicted {mf['predicted_tflops']:.1f} TFLOP/s ({mf['limiter']}-bound), "
+                       f"bound {mf['bound_tflops']:.1f}; tile intensity "
+                       f"{mf['traffic']['intensity']} FLOP/B; rank rho of its tune: "
+                       f"{doc['rank_rho'] if doc['rank_rho'] is not None else '-'}")
+    if doc["profile"]:
+        ours = doc["profile"]["measured"]["ours"]
+        t.add_row("profiled", f"{ours['tflops']} TFLOP/s, DRAM {ours['dram_read_bytes']} B read "
+                              f"(gemm-tune inspect --profile to refresh)")
     t.add_row("source", doc["source"])
     t.add_row("cubin", f"{doc['cubin']} (sha256 {doc['cubin_sha256'][:16]}...)")
     console.print(t)
@@ -211,4 +224,95 @@ def cmd_status(args, console) -> int:
         for w, d in sorted(r["workers"].items()):
             age = "-" if d["age_s"] is None else f"{d['age_s']:.0f} s ago"
             console.print(f"  worker {w}: {d['state']} (lease renewed {age})")
+    return 0
+
+
+def _model_figures(e: dict, info: dict) -> dict:
+    """The model's figures for a library entry: occupancy and limiter, tiled traffic and
+    intensity, predicted time, the roofline bound."""
+    from codegen.arch import parse_arch
+    from tuner.model import bound_tflops, predict
+    from tuner.occupancy import occupancy
+
+    cfg = config_from_dict(info["config"])
+    arch = parse_arch(e["arch"])
+    res = e["resources"]
+    shape = (e["m"], e["n"], e["k"])
+    occ = occupancy(cfg.threads, res["registers"], res["smem_static"] + res["smem_dynamic"],
+                    arch)
+    bound, _ = bound_tflops(cfg, shape, arch)
+    pred = predict(cfg, shape, arch, occ) if occ.blocks_per_sm else None
+    flops = 2.0 * e["m"] * e["n"] * e["k"]
+    es = 2 if e["dtype"] in ("f16", "bf16") else 4
+    min_bytes = (e["m"] * e["k"] + e["k"] * e["n"]) * es + e["m"] * e["n"] * 4
+    from tuner.report import bandwidth_gbs, peak_tflops
+
+    bw, peak = bandwidth_gbs(e["gpu"]), peak_tflops(arch, DType.parse(e["dtype"]))
+    return dict(occupancy=round(occ.occupancy, 4), limiter_occupancy=occ.limiter,
+                blocks_per_sm=occ.blocks_per_sm,
+                traffic=pred.traffic if pred else None,
+                predicted_s=pred.seconds if pred else None,
+                predicted_tflops=round(pred.tflops, 2) if pred else 0.0,
+                limiter=pred.limiter if pred else "-", terms=pred.terms if pred else None,
+                bound_tflops=round(bound, 2),
+                roofline_tflops=round(min(peak, bw * 1e9 * flops / min_bytes / 1e12), 2),
+                roofline_dram_tflops=(round(min(peak, bw * 1e9 * flops / pred.traffic["dram_bytes"]
+                                                / 1e12), 2) if pred else None))
+
+
+def _inspect_profile(args, lib: Library, e: dict, info: dict, console) -> int:
+    """`inspect --profile`: ncu on the kernel and on cuBLAS at the entry's shape."""
+    from tuner.profile import profile
+
+    shape = (e["m"], e["n"], e["k"])
+    cubin = lib.path / info["cubin"]
+    flops = 2.0 * e["m"] * e["n"] * e["k"]
+    ours = profile(shape, e["dtype"], cubin=cubin, kernel=e["kernel"]).summary(flops)
+    theirs = profile(shape, e["dtype"]).summary(flops)
+    model = _model_figures(e, info)
+    doc = dict(kernel=e["kernel"], shape=format_shape(shape), dtype=e["dtype"], model=model,
+               measured=dict(ours=ours, cublas=theirs),
+               rank_rho=(e.get("stats") or {}).get("rank_rho"))
+    lib.update_entry(e, profile=doc)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"{e['kernel']} at {format_shape(shape)} under ncu, next to the model")
+    for col in ("", "model", "gemm-tune (ncu)", "cuBLAS (ncu)"):
+        t.add_column(col, justify="left" if not col else "right")
+    tr = model["traffic"] or {}
+
+    def f(x, fmt="{:.1f}"):
+        return "-" if x is None else fmt.format(x)
+    t.add_row("time", f(model["predicted_s"] and model["predicted_s"] * 1e3, "{:.4f} ms"),
+              f(ours["time_s"] * 1e3, "{:.4f} ms"), f(theirs["time_s"] * 1e3, "{:.4f} ms"))
+    t.add_row("TFLOP/s", f(model["predicted_tflops"]), f(ours["tflops"]), f(theirs["tflops"]))
+    t.add_row("DRAM bytes read", f(tr.get("dram_bytes"), "{:,}") + " (tiled, all)",
+              f(ours["dram_read_bytes"], "{:,}"), f(theirs["dram_read_bytes"], "{:,}"))
+    t.add_row("DRAM bytes written", "-", f(ours["dram_write_bytes"], "{:,}"),
+              f(theirs["dram_write_bytes"], "{:,}"))
+    t.add_row("intensity FLOP/B", f"{tr.get('intensity')} (block tile)",
+              f(ours["intensity_dram"], "{:.1f} (DRAM)"), f(theirs["intensity_dram"], "{:.1f} (DRAM)"))
+    t.add_row("block tile A / B / C bytes",
+              f"{tr.get('a_bytes')} / {tr.get('b_bytes')} / {tr.get('c_bytes')}", "", "")
+    t.add_row("occupancy (warps active)",
+              f"{model['occupancy']:.0%} theoretical, {model['limiter_occupancy']}-limited",
+              f(ours["warps_active_pct"], "{:.1f}%"), f(theirs["warps_active_pct"], "{:.1f}%"))
+    t.add_row("SM / DRAM throughput", f"bound by {model['limiter']}",
+              f"{f(ours['sm_throughput_pct'])}% / {f(ours['dram_throughput_pct'])}%",
+              f"{f(theirs['sm_throughput_pct'])}% / {f(theirs['dram_throughput_pct'])}%")
+    t.add_row("roofline bound", f"{model['roofline_tflops']} TFLOP/s (compulsory bytes); "
+                                f"{model['roofline_dram_tflops']} (tiled DRAM)", "", "")
+    t.add_row("smem bank conflicts ld / st", "-",
+              f"{f(ours['smem_conflicts_ld'], '{:.0f}')} / {f(ours['smem_conflicts_st'], '{:.0f}')}",
+              f"{f(theirs['smem_conflicts_ld'], '{:.0f}')} / "
+              f"{f(theirs['smem_conflicts_st'], '{:.0f}')}")
+    t.add_row("top stalls (per issue)", "-",
+              ", ".join(f"{s['reason']} {s['per_issue']}" for s in ours["stalls"]),
+              ", ".join(f"{s['reason']} {s['per_issue']}" for s in theirs["stalls"]))
+    t.add_row("rank rho of its tune", f(doc["rank_rho"], "{:.3f}"), "", "")
+    console.print(t)
+    console.print(f"stored in {lib.path / 'manifest.json'} (entry {e['kernel']}, 'profile')")
     return 0

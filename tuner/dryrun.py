@@ -1,4 +1,5 @@
-"""The dry run: sample the space, validate, compile in parallel, model. No GPU needed."""
+"""The dry run: sample the space, validate, compile in parallel, model. No GPU needed.
+The rows come sorted by the model's predicted time (tuner.model.predict), fastest first."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class DryRunRow:
     blocks_per_sm: int | None = None
     limiter: str = ""
     bound_tflops: float | None = None
+    predicted_tflops: float | None = None  # tuner.model.predict: the table's order
+    predicted_limiter: str = ""
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -89,11 +92,13 @@ def dry_run(
             rows[cfg] = DryRunRow(
                 cfg, "pruned" if v.hopeless else "ok", v.reason, f["registers"], f["smem"],
                 f["spill_bytes"], f["occupancy"], f["blocks_per_sm"], f["limiter"],
-                f["bound_tflops"],
+                f["bound_tflops"], f.get("predicted_tflops"), f.get("predicted_limiter", ""),
             )
         done += 1
         if progress:
             progress(done, len(configs))
-    ordered = [rows[c] for c in configs]
+    # fastest predicted first; pruned and failed ones after, in the order drawn
+    ordered = sorted((rows[c] for c in configs),
+                     key=lambda r: (r.status != "ok", -(r.predicted_tflops or 0.0)))
     return DryRunReport(shape, arch.sm, space_size(dtype), len(valid), ordered, Path(artifacts),
                         dtype.short)

@@ -1,6 +1,9 @@
-"""The model that prunes compiled candidates before they reach the GPU.
+"""The model: prunes compiled candidates before they reach the GPU, and ranks them.
 
-A candidate is hopeless, and never timed, when
+Two things live here.
+
+**The bound** (:func:`bound_tflops`, used by :func:`judge`). A candidate is hopeless,
+and never timed, when
   1. it spills registers to local memory (spill stores or loads > 0 bytes), or
   2. no block fits on an SM (occupancy model: 0 blocks per SM), or
   3. its *bound* is below the best time already measured.
@@ -18,20 +21,101 @@ product of:
                   shared loads, each taking an issue slot; WMMA: 1
 Every factor only removes work a real kernel must do, so a kernel can never beat
 its bound; pruning on it loses nothing that could have won.
+
+**The predicted time** (:func:`predict`): an estimate, not a bound, whose job is to
+*rank* candidates of one shape before they are timed. It is the largest of four times
+plus the fixed costs of the launch:
+
+  issue    the busiest SM's instruction issue. Per thread and K tile (SIMT): BK*RM*RN
+           FFMA, BK*(RM/VA + RN/VB) LDS, the global loads and shared stores of the
+           tile (A is stored transposed: one STS per float; cp.async: one copy per
+           float of A, one per vector of B) and ``K_TILE_OVERHEAD`` instructions of
+           loop, address and barrier; the epilogue's RM*RN stores and scaling. A
+           tensor-core family issues its FLOP at the tensor-core rate over its own
+           issue efficiency (FamilySpec.issue_efficiency). An SM issues 4 warp
+           instructions a clock (one per scheduler) when it holds ``SATURATING_WARPS``
+           warps or more, proportionally less below (occupancy).
+  latency  per K tile the wait for global memory, ``MEM_LATENCY_CLK`` clocks, hidden
+           by the STAGES-1 tiles in flight (stages >= 2); with one stage the wait adds
+           to the tile's compute. An SM runs its blocks in waves of blocks/SM
+           (occupancy); the busiest SM gets ceil(blocks / SMs) of them (wave
+           quantisation), so a wave's time is max(issue of its blocks, latency).
+  dram     the tiled DRAM traffic over the DRAM bandwidth: the blocks resident at once
+           (one wave over the GPU, rasterised in swizzle groups) read the A panels of
+           their block rows and the B panels of their block columns; waves read again
+           what the one before read unless A and B fit in half the L2; never less than
+           A + B once, plus C written once (and the split-K workspace, written and read).
+  l2       every block's A and B panels and its C tile over the L2 bandwidth.
+  fixed    ``LAUNCH_S`` per kernel launched (split-K's second pass is a second one).
+
+The constants are physical figures of the H100 / H200 class, then calibrated (a small
+grid search, ``bench/model_rank.py --calibrate``) on the measured studies committed
+under artifacts/studies.db and bench/results (the exhaustive 4096^3 grid and the
+TPE runs of 127x129x4097, 16x4096x4096 and four other shapes), maximising the mean
+Spearman rank correlation between predicted and measured time; the figures and the
+per-shape correlations are in bench/results/model-rank-*.json.
+
+:func:`spearman` is the rank correlation the tune's JSON, ``inspect`` and the report
+quote; :func:`predict_before_compile` ranks configurations whose registers are not
+known yet (an estimate from the micro-tile), which is how the search orders its first
+batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Iterable, Sequence
 
 from codegen.arch import ArchLimits
 from codegen.compile import Resources
-from codegen.families import Config, family_of
+from codegen.families import Config, Math, family_of
 # the shape rules live with the configs (the families' spaces use them); re-exported here
 from codegen.families._common import cdiv as _cdiv, shape_reasons as _shape_reasons, wants_split
 from tuner.occupancy import Occupancy, occupancy
 
-__all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split"]
+__all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split", "Prediction",
+           "predict", "predict_before_compile", "estimate_registers", "register_cap",
+           "likely_spills", "spearman",
+           "tile_traffic", "PRUNE_MARGIN", "CONSTANTS"]
+
+
+# ---- the time model's constants (see the module doc; calibrated in bench/model_rank.py) --
+#: The values below were calibrated (bench/model_rank.py --calibrate, a coordinate search
+#: from the physical guesses in brackets) on the recorded H200 studies:
+#: warps per SM at which the schedulers issue every clock (latency of FFMA, LDS hidden) [8]
+SATURATING_WARPS = 12
+#: clocks from a global load to its data in shared memory or registers, under load [1000]
+MEM_LATENCY_CLK = 1500
+#: instructions per thread and K tile besides FFMA, LDS and the tile's loads and stores [12]
+K_TILE_OVERHEAD = 4
+#: achieved fraction of the DRAM bandwidth (ArchLimits.mem_gbs is the vendor's figure of
+#: the typical part; the H200's copy measured 4.3 TB/s)
+DRAM_GBS = {90: 4300.0}
+#: L2 bandwidth, GB/s, and size, bytes (H100/H200: about 2.5x DRAM, 50 MB)
+L2_GBS = {90: 10000.0, 80: 5000.0}
+L2_BYTES = {90: 50 << 20, 89: 96 << 20, 86: 6 << 20, 80: 40 << 20, 75: 4 << 20, 70: 6 << 20}
+#: shared-memory wavefronts per float a warp's LDS reads per lane (1: no broadcast gain) [1]
+LDS_WAVEFRONT_SCALE = 1.0
+#: wavefronts of one 4-byte cp.async of A (a float per copy, lanes on different rows:
+#: their sectors are not coalesced) [1]; the largest single gain of the calibration
+CP_ASYNC_A_COST = 4.0
+#: extra wavefronts of a transposed A store without padding (bank conflicts) [0]
+STS_CONFLICT = 0.5
+#: seconds per kernel launched, back to back in a timing loop
+LAUNCH_S = 2.0e-6
+
+#: Prune a compiled candidate whose predicted time exceeds the best measured time by more
+#: than this factor: predicted TFLOP/s x PRUNE_MARGIN < best measured TFLOP/s. The model
+#: is optimistic about good kernels: on the 9 recorded fp32 studies (bench/model_rank.py,
+#: bench/results/model-rank-*.json) every candidate within 2% of its study's best
+#: measured at most 0.98x of its own prediction (0.77-0.98 by study), so 1.25 leaves
+#: 28% of headroom over the worst of them, and would still have pruned 10-77% of each
+#: study's candidates once its best was known.
+PRUNE_MARGIN = 1.25
+
+CONSTANTS = dict(SATURATING_WARPS=SATURATING_WARPS, MEM_LATENCY_CLK=MEM_LATENCY_CLK,
+                 K_TILE_OVERHEAD=K_TILE_OVERHEAD, LAUNCH_S=LAUNCH_S, PRUNE_MARGIN=PRUNE_MARGIN)
 
 
 def shape_reasons(config: Config, shape: tuple[int, int, int], arch: ArchLimits) -> list[str]:
@@ -67,18 +151,269 @@ def bound_tflops(config: Config, shape: tuple[int, int, int],
     return bound, figures
 
 
+# ---- the predicted time -----------------------------------------------------------------
+def _elem(config: Config) -> int:
+    """Bytes per element of A and B as the kernel reads them from global memory."""
+    return config.dtype.size if config.dtype.short != "tf32" else 4
+
+
+def tile_traffic(config: Config, shape: tuple[int, int, int]) -> dict:
+    """Bytes one block moves for its tile: A (BM x K slice), B (K slice x BN), C (BM x BN
+    written, fp32), and the arithmetic intensity that follows (FLOP per byte); with the
+    totals over all blocks (the L2's traffic).
+
+    Example:
+        >>> from codegen.families.simt import KernelConfig
+        >>> t = tile_traffic(KernelConfig(), (4096, 4096, 4096))
+        >>> t["a_bytes"], t["c_bytes"], t["intensity"]
+        (2097152, 65536, 31.51)
+    """
+    m, n, k = shape
+    c = config
+    es = _elem(c)
+    ks = _cdiv(_cdiv(k, c.split), c.bk) * c.bk  # the K slice a block walks, in whole tiles
+    a = c.bm * ks * es
+    b = ks * c.bn * es
+    cb = c.bm * c.bn * 4
+    flops = 2 * c.bm * c.bn * ks
+    blocks = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
+    return dict(a_bytes=a, b_bytes=b, c_bytes=cb, intensity=round(flops / (a + b + cb), 2),
+                blocks=blocks, k_slice=ks, l2_bytes=blocks * (a + b + cb))
+
+
+def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int) -> float:
+    """Tiled DRAM traffic: what each wave of resident blocks reads, or A + B once."""
+    m, n, k = shape
+    c = config
+    es = _elem(c)
+    tm, tn = _cdiv(m, c.bm), _cdiv(n, c.bn)
+    once = (m * k + k * n) * es
+    out = m * n * 4 + (2 * c.split * m * n * 4 if getattr(c, "has_workspace", False) else 0)
+    l2 = L2_BYTES.get(arch.cc, 40 << 20)
+    if once <= l2 / 2 or tm * tn <= resident:
+        return once + out
+    g = max(getattr(c, "swizzle", 1), 1)
+    p = min(resident, tm * tn)
+    if p <= g * tn:
+        rows, cols = min(g, tm), min(_cdiv(p, g), tn)
+    else:
+        rows, cols = min(tm, g * _cdiv(p, g * tn)), tn
+    waves = _cdiv(tm * tn, p)
+    per_wave = (rows * c.bm + cols * c.bn) * k * es
+    reads = min(max(waves * per_wave, once), (tm * tn) * (c.bm + c.bn) * k * es)
+    return reads + out
+
+
+def _simt_instructions(c) -> tuple[float, float, float, float]:
+    """Per thread and K tile: instructions (compute, then global loads and shared stores),
+    shared-memory wavefronts (a warp's 32-bit access is one, a 128-bit one four: 128 B a
+    clock per SM); and the epilogue's instructions."""
+    tv = c.template_values()
+    va, vb = tv["VA"], tv["VB"]
+    fma = c.bk * c.rm * c.rn
+    lds = c.bk * (c.rm // va + c.rn // vb)
+    lds_wf = c.bk * (c.rm + c.rn) * LDS_WAVEFRONT_SCALE
+    a_floats = c.bm * c.bk / c.threads
+    b_vecs = c.bk * c.bn / (c.vec * c.threads)
+    if c.stages >= 3:  # cp.async: one copy per float of A (transposed), per vector of B
+        mem = a_floats + b_vecs
+        sts_wf = CP_ASYNC_A_COST * a_floats + b_vecs * c.vec
+    else:  # a vector load each, then A's floats stored one by one, B's as vectors
+        mem = a_floats / c.vec + a_floats + 2 * b_vecs
+        sts_wf = a_floats * (1 + (c.pad == 0) * STS_CONFLICT) + b_vecs * c.vec
+    epilogue = 3 * c.rm * c.rn
+    return fma + lds + K_TILE_OVERHEAD, mem, lds_wf + sts_wf, epilogue
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The predicted time of one candidate and the terms it came from."""
+
+    seconds: float
+    tflops: float
+    limiter: str  # "issue", "latency", "dram" or "l2": the largest term
+    terms: dict  # term -> seconds
+    traffic: dict  # tile_traffic() plus dram_bytes
+    blocks_per_sm: int
+    waves: int
+
+    def to_dict(self) -> dict:
+        return dict(predicted_s=self.seconds, predicted_tflops=round(self.tflops, 2),
+                    predicted_limiter=self.limiter,
+                    terms={k: float(f"{v:.4g}") for k, v in self.terms.items()},
+                    traffic=self.traffic, waves=self.waves)
+
+
+def _clock_hz(arch: ArchLimits) -> float:
+    return max(arch.clock_mhz, 1) * 1e6
+
+
+def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
+            occ: Occupancy) -> Prediction:
+    """Predicted time of `config` at `shape` on `arch` with occupancy `occ` (see the module
+    doc for the terms). Use :func:`predict_before_compile` without resources."""
+    m, n, k = shape
+    c = config
+    spec = family_of(c)
+    sms = max(arch.sm_count, 1)
+    hz = _clock_hz(arch)
+    traffic = tile_traffic(c, shape)
+    blocks, ks = traffic["blocks"], traffic["k_slice"]
+    r = max(occ.blocks_per_sm, 1)
+    warps = max(occ.warps_per_block, 1)
+    k_tiles = max(ks // c.bk, 1)
+    per_sm = _cdiv(blocks, sms)  # wave quantisation: the busiest SM's blocks
+    full, rem = divmod(per_sm, r)
+    chunks = [r] * full + ([rem] if rem else [])
+
+    if spec.math is Math.CUDA_CORE and hasattr(c, "rm"):
+        compute, mem, wavefronts, epilogue = _simt_instructions(c)
+        step_instr = warps * (compute + mem)  # warp instructions per K tile of one block
+        step_smem = warps * wavefronts  # shared-memory clocks per K tile of one block
+        epi_instr = warps * epilogue
+    else:  # tensor cores: a block's FLOP at the SM's tensor rate, over the issue efficiency
+        peak_clk = spec.math.peak_tflops(c.dtype, arch) * 1e12 / hz / sms  # FLOP/clk/SM
+        eff = max(spec.issue_efficiency(c), 1e-3)
+        step_instr = 4 * (2 * c.bm * c.bn * c.bk / peak_clk) / eff  # in issue slots of 4/clk
+        epi_instr = warps * (c.bm * c.bn / max(c.threads, 1)) * 2
+        step_smem = 0.0
+    stages = getattr(c, "stages", 2)
+
+    issue_clk = lat_clk = 0.0
+    for j in chunks:
+        rate = 4.0 * min(1.0, j * warps / SATURATING_WARPS)  # warp instructions per clock
+        step_issue = max(j * step_instr / rate, j * step_smem)
+        if stages >= 2:
+            step_lat = MEM_LATENCY_CLK / (stages - 1)
+        else:
+            step_lat = MEM_LATENCY_CLK + step_instr / min(warps, 4)
+        step = max(step_issue, step_lat)
+        issue_clk += k_tiles * step_issue + j * epi_instr / rate
+        lat_clk += k_tiles * step + j * epi_instr / rate
+    issue_s, latency_s = issue_clk / hz, lat_clk / hz
+
+    dram = _dram_bytes(c, shape, arch, sms * r)
+    dram_s = dram / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9)
+    l2_s = traffic["l2_bytes"] / (L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9)
+    launches = 2 if getattr(c, "reduce_pass", False) else 1
+    fixed = LAUNCH_S * launches
+    if getattr(c, "reduce_pass", False):  # the second pass reads every slice, writes C
+        fixed += (c.split + 1) * m * n * 4 / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9)
+    if getattr(c, "cluster", False):  # partial tiles summed through distributed shared memory
+        fixed += (c.split - 1) * c.bm * c.bn / max(c.threads, 1) * 8 / hz
+    terms = dict(issue=issue_s, latency=latency_s, dram=dram_s, l2=l2_s)
+    limiter = max(("latency", "dram", "l2"), key=lambda t: terms[t])
+    if limiter == "latency" and latency_s <= issue_s * 1.0001:
+        limiter = "issue"
+    seconds = max(latency_s, dram_s, l2_s) + fixed
+    terms["fixed"] = fixed
+    flops = 2.0 * m * n * k
+    traffic = dict(traffic, dram_bytes=int(dram))
+    return Prediction(seconds, flops / seconds / 1e12, limiter, terms, traffic, r,
+                      len(chunks))
+
+
+def estimate_registers(config: Config) -> int:
+    """Registers per thread before compiling: accumulators, fragments, the register
+    prefetch of a two-stage pipeline and about 40 of addresses and loop state (SIMT);
+    ptxas's own figure replaces it once compiled."""
+    c = config
+    if hasattr(c, "rm"):
+        regs = c.rm * c.rn + (c.rm + c.rn) * getattr(c, "frags", 1) + 40
+        if c.stages == 2:
+            regs += (c.bm * c.bk + c.bk * c.bn) // max(c.threads, 1)
+        return min(regs, 255)
+    return 128
+
+
+def register_cap(config: Config, arch: ArchLimits) -> int:
+    """The most registers per thread ptxas may give a block of this size (and its
+    __launch_bounds__ minimum of blocks): above it, the kernel spills."""
+    threads = max(config.threads, 1) * max(getattr(config, "minb", 1), 1)
+    return min(arch.max_regs_per_thread, (arch.regs_per_block // threads) // 8 * 8)
+
+
+def likely_spills(config: Config, arch: ArchLimits) -> bool:
+    """Before compiling: does the least a thread must hold (SIMT: its accumulators and
+    fragments and 16 of addresses) exceed :func:`register_cap`? (ptxas squeezes the rest
+    under the cap: the 512-thread 128x256 tiles estimated at 132 compile to 126-128.)"""
+    if hasattr(config, "rm"):
+        need = config.rm * config.rn + (config.rm + config.rn) * getattr(config, "frags", 1)
+        return need + 16 > register_cap(config, arch)
+    return False
+
+
+def predict_before_compile(config: Config, shape, arch: ArchLimits) -> Prediction:
+    """:func:`predict` with the occupancy of estimated registers (:func:`estimate_registers`,
+    at most :func:`register_cap`)."""
+    regs = min(estimate_registers(config), register_cap(config, arch))
+    occ = occupancy(config.threads, regs, config.smem_bytes, arch)
+    return predict(config, shape, arch, occ)
+
+
+# ---- rank correlation ---------------------------------------------------------------------
+def _ranks(xs: Sequence[float]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for t in range(i, j + 1):
+            ranks[order[t]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Iterable[float], ys: Iterable[float]) -> float | None:
+    """Spearman's rank correlation of two paired samples (ties at their mean rank): the
+    Pearson correlation of the ranks. None with fewer than 3 pairs or a constant sample.
+
+    Example:
+        >>> spearman([1, 2, 3, 4], [10, 20, 30, 40])
+        1.0
+        >>> spearman([1, 2, 3, 4], [4, 3, 2, 1])
+        -1.0
+    """
+    xs, ys = list(xs), list(ys)
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman: {len(xs)} values against {len(ys)}")
+    if len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+# ---- the verdict --------------------------------------------------------------------------
 def judge(
     config: Config,
     resources: Resources,
     shape: tuple[int, int, int],
     arch: ArchLimits,
     best_tflops: float | None = None,
+    margin: float | None = None,
 ) -> Verdict:
-    """Is this compiled candidate worth timing? The reason and figures are stored on the trial."""
+    """Is this compiled candidate worth timing? The reason and figures are stored on the trial.
+
+    With `margin`, a candidate is also hopeless when its predicted time is more than
+    `margin` times the time of `best_tflops` (the best measured so far)."""
     occ = occupancy(config.threads, resources.registers, resources.smem, arch)
     bound, figures = bound_tflops(config, shape, arch)
     figures.update(registers=resources.registers, smem=resources.smem,
                    spill_bytes=resources.spill_bytes, **occ.to_dict())
+    pred = None
+    if occ.blocks_per_sm:
+        pred = predict(config, shape, arch, occ)
+        figures.update(predicted_tflops=round(pred.tflops, 2),
+                       predicted_limiter=pred.limiter)
     if resources.spill_bytes:
         return Verdict(True, f"spills {resources.spill_stores} B stored, "
                              f"{resources.spill_loads} B loaded", figures, occ)
@@ -86,4 +421,8 @@ def judge(
         return Verdict(True, f"no block fits on an SM (limited by {occ.limiter})", figures, occ)
     if best_tflops is not None and bound < best_tflops:
         return Verdict(True, f"bound {bound:.1f} < best {best_tflops:.1f} TFLOP/s", figures, occ)
+    if (margin is not None and best_tflops is not None and pred is not None
+            and pred.tflops * margin < best_tflops):
+        return Verdict(True, f"predicted {pred.tflops:.1f} TFLOP/s, more than {margin:g}x "
+                             f"slower than the best measured {best_tflops:.1f}", figures, occ)
     return Verdict(False, "", figures, occ)

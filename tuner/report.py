@@ -21,6 +21,15 @@ __all__ = ["report"]
 BANDWIDTH_GBS = {"NVIDIA H200": 4300.0, "NVIDIA H100 80GB HBM3": 3350.0}
 
 
+def bandwidth_gbs(gpu: str) -> float:
+    return BANDWIDTH_GBS.get(gpu, 2000.0)
+
+
+def peak_tflops(arch, dtype: DType) -> float:
+    tensor = dtype is not DType.F32
+    return arch.peak_tensor_tflops(dtype) if tensor else arch.peak_fp32_tflops
+
+
 def _study(db: Path, name: str):
     import optuna
 
@@ -97,6 +106,15 @@ def report(lib: Library, shape, dtype: DType, studies_db: Path, out: Path) -> Pa
                label=f"gemm-tune {e['tflops']:.1f}")
     ax.scatter([ai], [e["cublas_tflops"]], color="tab:red", marker="x", s=60, zorder=3,
                label=f"cuBLAS {e['cublas_tflops']:.1f}")
+    prof = e.get("profile")
+    if prof:  # measured by ncu (gemm-tune inspect --profile): DRAM bytes, kernel time
+        for who, color, marker in (("ours", "tab:blue", "D"), ("cublas", "tab:red", "P")):
+            mm = prof["measured"][who]
+            if mm.get("intensity_dram") and mm.get("tflops"):
+                ax.scatter([mm["intensity_dram"]], [mm["tflops"]], color=color, marker=marker,
+                           s=60, zorder=4, facecolors="none",
+                           label=f"{'gemm-tune' if who == 'ours' else 'cuBLAS'} measured "
+                                 f"(ncu: DRAM bytes) {mm['tflops']:.1f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("arithmetic intensity (FLOP / byte of A, B, C)")
@@ -138,7 +156,9 @@ img{{max-width:100%}}</style>
 <p>Winner <code>{html.escape(e['kernel'])}</code>: {e['tflops']:.1f} TFLOP/s, cuBLAS
 {e['cublas_tflops']:.1f} TFLOP/s in the same run ({e['ratio']:.2f}x); tuned {e['date']};
 {stats.get('compiled', '?')} candidates compiled, {stats.get('timed', '?')} timed,
-{stats.get('pruned', '?')} pruned by the model.</p>
+{stats.get('pruned', '?')} pruned by the model; Spearman rank correlation of the model's
+predicted and the measured times over the tune's timed candidates:
+{stats.get('rank_rho', 'not recorded')}.</p>
 <table><tr><th>#</th><th>kernel</th><th>TFLOP/s</th><th>% of cuBLAS</th><th>regs</th>
 <th>smem B</th><th>occupancy</th><th>limiter</th></tr>{rows}</table>
 {imgs}

@@ -3,7 +3,15 @@ rest in a process pool ahead of the GPU, prune what the model calls hopeless, an
 time the survivors against cuBLAS, interleaved.
 
 The benchmark is an argument (anything with `arch`, `flops`, `measure(config, cubin)`
-and `baseline()`), so the loop runs in CPU tests with a fake one.
+and `baseline()`), so the loop runs in CPU tests with a fake one. A benchmark that also
+has `compile_task(args)` (a simulation replaying recorded results, bench/simulate_search.py)
+compiles too: the search then runs no nvcc.
+
+The model ranks (tuner.model.predict): with `model=True` the first `first_batch`
+candidates are the model's best-predicted ones (enqueued before the sampler's own), and a
+compiled candidate predicted more than `margin` times slower than the best measured so far
+is pruned untimed. The search's Spearman correlation between predicted and measured time
+is in SearchStats.rank_rho.
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ from codegen.families import Config
 from tuner._study import (
     LEASE_GRACE, LEASE_INTERVAL, SharedStudy, _retry, describe, open_storage as _open_storage,
 )
-from tuner.model import judge, shape_reasons
+from tuner.model import (
+    PRUNE_MARGIN, judge, likely_spills, predict_before_compile, shape_reasons, spearman,
+)
 from tuner.outcome import Measurement, Outcome, Timing
 from tuner.space import is_candidate, params_of, suggest, valid_configs
 
 __all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", "make_sampler",
-           "open_storage"]
+           "open_storage", "model_first", "rank_correlation"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +100,8 @@ class SearchStats:
     from_others: int = 0  # timed by other processes of a shared study, taken in at the end
     interrupted: bool = False  # stopped by Ctrl-C; the study keeps every finished trial
     lost: int = 0  # own claims another process released (this one fell silent too long)
+    model_first: int = 0  # candidates enqueued first from the model's ranking
+    rank_rho: float | None = None  # Spearman: predicted against measured time, timed ones
 
     @property
     def done(self) -> int:
@@ -184,6 +196,9 @@ def search(
     lease: tuple[float, float] = (LEASE_INTERVAL, LEASE_GRACE),
     storage_retry: float = 60.0,
     on_event: Callable[[TrialRecord | None, SearchStats], None] | None = None,
+    model: bool = True,
+    first_batch: int = 16,
+    margin: float | None = PRUNE_MARGIN,
 ) -> SearchResult:
     """Search the space for `shape`; `trials` counts the study's candidates (valid, new
     ones, compiled by this process, an earlier run of the study, or another process).
@@ -196,6 +211,9 @@ def search(
     back; what other processes finish is read back into the local study (incrementally),
     so invalid asks and duplicates cost the storage nothing. `lease` is (interval, grace)
     in seconds: see tuner._study.
+
+    `model`: order the first `first_batch` candidates by the model's predicted time and
+    prune on `margin` (None: no pruning on the prediction); False: neither.
     """
     import optuna
     from optuna.trial import TrialState
@@ -285,6 +303,8 @@ def search(
             study.tell(trial, state=state)
 
     cache_dir = Path(cache_dir or default_cache_dir())
+    compiler = getattr(bench, "compile_task", None) or compile_task
+    margin = margin if model else None
     jobs = max(1, jobs or os.cpu_count() or 1)
     pool = (_InlineExecutor() if jobs == 1 else cf.ProcessPoolExecutor(
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn")))
@@ -386,7 +406,7 @@ def search(
                 continue
             seen[cfg.name] = (TrialState.RUNNING, None)
             stats.compiled += 1
-            fut = pool.submit(compile_task, (cfg, arch.sm, cache_dir, artifacts))
+            fut = pool.submit(compiler, (cfg, arch.sm, cache_dir, artifacts))
             pending.append((trial, cfg, fut))
 
     current: list = []  # the trial between leaving `pending` and being measured
@@ -448,7 +468,7 @@ def search(
             current.clear()
             emit(rec)
             return
-        verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops)
+        verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops, margin)
         rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
                           resources=res.resources, figures=verdict.figures, cubin=res.cubin)
         if verdict.hopeless:
@@ -469,6 +489,11 @@ def search(
         sync(force=True)  # what an earlier run, or another process, has done
         if grid:
             grid.todo = [c for c in grid.todo if c.name not in seen]
+        elif model and first_batch > 0:
+            for cfg in model_first(shape, dtype, arch, first_batch, set(seen)):
+                study.enqueue_trial(params_of(cfg, dtype, tuple(shape), arch),
+                                    skip_if_exists=False)
+                stats.model_first += 1
         time_baseline()
         while True:
             refill()
@@ -507,11 +532,34 @@ def search(
             finally:
                 shared.stop(clean=True)
     stats.seconds = time.monotonic() - t0
+    stats.rank_rho = rank_correlation(records)
     if shared is not None:
         stats.lost = shared.lost
         remote = optuna.load_study(study_name=remote.study_name, storage=storage)
         return SearchResult(tuple(shape), dtype, records, baselines, stats, remote, storage)
     return SearchResult(tuple(shape), dtype, records, baselines, stats, study, study._storage)
+
+
+def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
+                exclude: set[str] = frozenset()) -> list[Config]:
+    """The `n` valid configurations (not in `exclude`) the model predicts fastest, before
+    compiling (registers estimated; those likely to spill left out), fastest first (ties
+    by name). Spreading the batch over distinct predicted times instead was tried on the
+    4096^3 replay and did worse (bench/NOTES.md)."""
+    shape = tuple(shape)
+    ranked = sorted((predict_before_compile(c, shape, arch).seconds, c.name, c)
+                    for c in valid_configs(arch, dtype, shape)
+                    if c.name not in exclude and not likely_spills(c, arch))
+    return [c for _, _, c in ranked[:n]]
+
+
+def rank_correlation(records: list[TrialRecord]) -> float | None:
+    """Spearman's rho between the predicted and the measured TFLOP/s of the timed records
+    (the same as between the times); None below 3 of them."""
+    pairs = [(r.figures["predicted_tflops"], r.tflops) for r in records
+             if r.outcome is Outcome.TIMED and r.tflops and "predicted_tflops" in r.figures]
+    rho = spearman([p for p, _ in pairs], [m for _, m in pairs]) if len(pairs) >= 3 else None
+    return None if rho is None else round(rho, 4)
 
 
 def open_storage(url, retry_s: float = 60.0):

@@ -201,7 +201,8 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
                      sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
                      storage=args.storage, study_name=args.study or (str(key) if args.storage
                                                                      else None),
-                     lease=(max(args.lease / 6, 0.1), args.lease), on_event=on_event)
+                     lease=(max(args.lease / 6, 0.1), args.lease), on_event=on_event,
+                     model=not getattr(args, "no_model", False))
         bar.update(task, description="confirming")
         save_study(res, artifacts / "studies.db", str(key))
         if not res.timed():
@@ -234,5 +235,6 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
                    launch_failed=s.launch_failed, wrong=s.wrong, timed=s.timed,
                    failed=s.failed, resumed=s.resumed, from_others=s.from_others,
                    seconds=round(s.seconds, 1), sampler=args.sampler,
+                   rank_rho=s.rank_rho, model_first=s.model_first,
                    trials=args.trials, seed=args.seed),
     )

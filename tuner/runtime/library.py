@@ -174,6 +174,21 @@ class Library:
                 for ext in (".cu", ".cubin", ".json"):
                     (self.path / "kernels" / f"{key}{ext}").unlink(missing_ok=True)
 
+    def update_entry(self, entry: dict, **fields) -> dict:
+        """Set `fields` on the stored entry of `entry`'s (gpu, cc, dtype, layout, m, n, k),
+        the manifest rewritten atomically under the lock (re-read first); the updated entry.
+        KeyError when no stored entry matches (gemm-tune inspect --profile uses it)."""
+        same = ("cc", "dtype", "layout", "m", "n", "k", "gpu")
+        with self._lock():
+            self.manifest = Library.load(self.path, verify=False).manifest
+            for e in self.manifest["entries"]:
+                if tuple(e[f] for f in same) == tuple(entry[f] for f in same):
+                    e.update(fields)
+                    atomic_write_json(self.path / "manifest.json", self.manifest)
+                    return e
+        raise KeyError(f"no library entry for {entry.get('kernel')} at "
+                       f"{entry.get('m')}x{entry.get('n')}x{entry.get('k')}")
+
     def _unreferenced(self) -> list[str]:
         used = {f"{e['arch']}/{e['kernel']}" for e in self.manifest["entries"]}
         return [k for k in self.manifest["kernels"] if k not in used]

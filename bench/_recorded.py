@@ -1,0 +1,89 @@
+"""Recorded measurements for the model's rank correlation and the simulated search:
+every timed candidate of the Optuna studies in artifacts/studies.db and of the exhaustive
+grid in bench/results/search-quality-exhaustive-*.json, with its measured TFLOP/s and
+ptxas's registers and shared memory (CPU only; nothing here touches a GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES_DB = ROOT / "artifacts" / "studies.db"
+EXHAUSTIVE = sorted((ROOT / "bench" / "results").glob("search-quality-exhaustive-*.json"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    kernel: str
+    tflops: float
+    registers: int
+    smem: int
+    spill_bytes: int = 0
+
+
+@dataclasses.dataclass
+class Study:
+    name: str  # where it came from
+    shape: tuple[int, int, int]
+    dtype: str
+    points: list[Point]
+    exhaustive: bool = False
+    valid: int | None = None  # the grid's size, for an exhaustive record
+    untimed: list[Point] = dataclasses.field(default_factory=list)  # pruned, with resources
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    m, n, k = (int(x) for x in text.split("x"))
+    return m, n, k
+
+
+def from_studies_db(db: Path = STUDIES_DB) -> list[Study]:
+    """Each study's completed trials (kernel, value, figures.registers / smem)."""
+    if not db.is_file():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    out = []
+    for sid, name in con.execute("select study_id, study_name from studies order by study_id"):
+        parts = name.split("|")
+        dtype, shape = parts[4], _shape(parts[6])
+        rows = con.execute(
+            "select t.trial_id, v.value from trials t join trial_values v "
+            "on v.trial_id = t.trial_id where t.study_id = ? and t.state = 'COMPLETE'", (sid,))
+        pts: dict[str, Point] = {}
+        for tid, value in rows.fetchall():
+            attrs = {k: json.loads(v) for k, v in con.execute(
+                "select key, value_json from trial_user_attributes where trial_id = ?", (tid,))}
+            f = attrs.get("figures") or {}
+            kernel = attrs.get("kernel")
+            if not kernel or "registers" not in f or attrs.get("duplicate_of"):
+                continue
+            pts[kernel] = Point(kernel, float(value), int(f["registers"]), int(f["smem"]),
+                                int(f.get("spill_bytes", 0)))
+        out.append(Study(f"studies.db#{sid} {parts[3]}", shape, dtype, list(pts.values())))
+    return out
+
+
+def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
+    out = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        ex = d["exhaustive"]
+        pts, untimed = [], []
+        for r in ex["records"]:
+            res = r.get("resources")
+            if not res:
+                continue
+            pt = Point(r["kernel"], float(r["tflops"] or 0.0), int(res["registers"]),
+                       int(res["smem_static"] + res["smem_dynamic"]),
+                       int(res["spill_stores"] + res["spill_loads"]))
+            (pts if r["outcome"] == "timed" else untimed).append(pt)
+        out.append(Study(f"{Path(p).name}", _shape(d["shape"]), d["dtype"], pts, True,
+                         ex["valid"], untimed))
+    return out
+
+
+def all_studies() -> list[Study]:
+    return from_exhaustive() + from_studies_db()

@@ -1,0 +1,177 @@
+"""Does the model rank? Spearman's rank correlation between predicted and measured time on
+every recorded study, the pruning margin's evidence, the model's calibration, and the
+trials a search needs to come within 2% of the exhaustive best, with and without the
+model, replaying recorded timings (no GPU).
+
+    python bench/model_rank.py                 # rho per study + margin evidence -> JSON
+    python bench/model_rank.py --calibrate     # coordinate search over the model's constants
+    python bench/model_rank.py --simulate      # + trials-to-2% on the exhaustive records
+
+The recorded data (bench/_recorded.py): the Optuna studies in artifacts/studies.db (TPE,
+about 150 candidates each, on the H200) and the exhaustive grids of
+bench/results/search-quality-exhaustive-*.json. The simulation replays an exhaustive grid
+only: a study of 150 candidates cannot say what the best of the space is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from _recorded import Study, all_studies  # noqa: E402
+
+from codegen.arch import parse_arch  # noqa: E402
+from codegen.families import config_from_name  # noqa: E402
+from tuner import model  # noqa: E402
+from tuner.occupancy import occupancy  # noqa: E402
+
+ARCH = parse_arch("sm_90").replace(sm_count=132, clock_mhz=1980)  # the H200 of the records
+TARGET_SHAPES = ((4096, 4096, 4096), (127, 129, 4097), (16, 4096, 4096))
+#: the physical guesses the calibration started from (tuner/model.py's brackets)
+PHYSICAL = dict(SATURATING_WARPS=8, MEM_LATENCY_CLK=1000, K_TILE_OVERHEAD=12,
+                LDS_WAVEFRONT_SCALE=1.0, CP_ASYNC_A_COST=1.0, STS_CONFLICT=0.0)
+TUNED = ("SATURATING_WARPS", "MEM_LATENCY_CLK", "K_TILE_OVERHEAD", "LDS_WAVEFRONT_SCALE",
+         "CP_ASYNC_A_COST", "STS_CONFLICT")
+GRID = dict(SATURATING_WARPS=(4, 6, 8, 12, 16), MEM_LATENCY_CLK=(500, 750, 1000, 1500, 2000),
+            K_TILE_OVERHEAD=(4, 8, 12, 20, 32), LDS_WAVEFRONT_SCALE=(0.5, 0.75, 1.0, 1.25),
+            CP_ASYNC_A_COST=(1.0, 2.0, 3.0, 4.0), STS_CONFLICT=(0.0, 0.5, 1.0, 2.0))
+
+
+def _prepared(studies: list[Study]):
+    """(study, [(config, occupancy, measured seconds, measured TFLOP/s)]) for fp32 studies."""
+    out = []
+    for s in studies:
+        flops = 2.0 * s.shape[0] * s.shape[1] * s.shape[2]
+        rows = []
+        for p in s.points:
+            c = config_from_name(p.kernel)
+            occ = occupancy(c.threads, p.registers, p.smem, ARCH)
+            if occ.blocks_per_sm and p.tflops > 0:
+                rows.append((c, occ, flops / (p.tflops * 1e12), p.tflops))
+        out.append((s, rows))
+    return out
+
+
+def rho_of(rows, shape) -> float | None:
+    pred = [model.predict(c, shape, ARCH, occ).seconds for c, occ, _, _ in rows]
+    return model.spearman(pred, [t for _, _, t, _ in rows])
+
+
+def rhos(prepared) -> list[dict]:
+    out = []
+    for s, rows in prepared:
+        r = rho_of(rows, s.shape)
+        out.append(dict(study=s.name, shape="x".join(map(str, s.shape)), dtype=s.dtype,
+                        points=len(rows), exhaustive=s.exhaustive,
+                        rho=None if r is None else round(r, 3)))
+    return out
+
+
+def margin_evidence(prepared) -> list[dict]:
+    """Per study: the largest best-measured / predicted TFLOP/s among candidates within 2%
+    of the best (a margin below it would prune one of them once the best is known), and
+    the share of candidates each margin prunes then."""
+    out = []
+    for s, rows in prepared:
+        pred = [model.predict(c, s.shape, ARCH, occ).tflops for c, occ, _, _ in rows]
+        meas = [m for *_, m in rows]
+        best = max(meas)
+        near = [best / p for p, m in zip(pred, meas) if m >= best / 1.02]
+        ratios = [best / p for p in pred]
+        out.append(dict(study=s.name, shape="x".join(map(str, s.shape)),
+                        near_best_max_ratio=round(max(near), 3),
+                        pruned_share={str(g): round(sum(r > g for r in ratios) / len(ratios), 3)
+                                      for g in (1.0, 1.25, 1.5, 2.0)}))
+    return out
+
+
+def calibrate(prepared, passes: int = 2) -> dict:
+    """Coordinate search over TUNED, maximising the mean rho of the studies (each study
+    one vote, exhaustive or not)."""
+    def score():
+        vals = [rho_of(rows, s.shape) for s, rows in prepared]
+        return statistics.mean(v for v in vals if v is not None)
+
+    best = score()
+    log = [dict(start={k: getattr(model, k) for k in TUNED}, mean_rho=round(best, 4))]
+    for _ in range(passes):
+        for name in TUNED:
+            keep = getattr(model, name)
+            for v in GRID[name]:
+                setattr(model, name, v)
+                sc = score()
+                if sc > best + 1e-4:
+                    best, keep = sc, v
+            setattr(model, name, keep)
+            log.append(dict(name=name, value=keep, mean_rho=round(best, 4)))
+            print(f"  {name} = {keep}: mean rho {best:.4f}", flush=True)
+    return dict(constants={k: getattr(model, k) for k in TUNED}, mean_rho=round(best, 4),
+                steps=log)
+
+
+def holdout(prepared) -> list[dict]:
+    """Overfitting check: for each target shape, calibrate on the other shapes' studies
+    (from the physical guesses), then the held-out shape's rho with those constants."""
+    start = {k: getattr(model, k) for k in TUNED}
+    out = []
+    for shape in TARGET_SHAPES:
+        for k, v in PHYSICAL.items():
+            setattr(model, k, v)
+        rest = [(s, rows) for s, rows in prepared if s.shape != shape]
+        fit = calibrate(rest, passes=1)
+        held = [(s.name, rho_of(rows, s.shape)) for s, rows in prepared if s.shape == shape]
+        out.append(dict(held_out="x".join(map(str, shape)), constants=fit["constants"],
+                        rho={n: None if r is None else round(r, 3) for n, r in held}))
+        print(f"held out {shape}: {out[-1]['rho']}", flush=True)
+    for k, v in start.items():
+        setattr(model, k, v)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--simulate", action="store_true")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--budget", type=int, default=300)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+
+    studies = [s for s in all_studies() if s.dtype in ("f32", "fp32")]
+    prepared = _prepared(studies)
+    data = dict(benchmark="model_rank", gpu="NVIDIA H200 (recorded)", arch=ARCH.sm,
+                date=time.strftime("%Y-%m-%d"),
+                constants={k: getattr(model, k) for k in TUNED}, margin=model.PRUNE_MARGIN)
+    if args.calibrate:
+        data["holdout"] = holdout(prepared)
+        for k, v in PHYSICAL.items():
+            setattr(model, k, v)
+        data["calibration"] = calibrate(prepared)
+    data["rho"] = rhos(prepared)
+    for r in data["rho"]:
+        print(f"{r['shape']:>16} {r['study']:<52} n={r['points']:5d} rho={r['rho']}")
+    data["margin_evidence"] = margin_evidence(prepared)
+    for r in data["margin_evidence"]:
+        print(f"{r['shape']:>16} near-best best/pred max {r['near_best_max_ratio']}, "
+              f"pruned at margins {r['pruned_share']}")
+    if args.simulate:
+        from simulate_search import trials_to_within
+
+        data["simulation"] = trials_to_within(
+            [s for s in all_studies() if s.exhaustive], seeds=args.seeds, budget=args.budget)
+    name = "model-rank-calibrate" if args.calibrate else "model-rank"
+    path = args.out / f"{name}-cpu-recorded-h200-{data['date']}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The time model against hand-computed figures, the rank correlation, and the search's
+use of the ranking (first batch, pruning margin) with a simulation benchmark (no nvcc)."""
+
+import math
+
+import optuna
+import pytest
+
+from _fakes import ModelledBenchmark
+from codegen import parse_arch
+from codegen.compile import Resources
+from codegen.config import DType
+from codegen.families.simt import KernelConfig
+from tuner import model
+from tuner.model import (
+    PRUNE_MARGIN, estimate_registers, judge, predict, register_cap, spearman, tile_traffic,
+)
+from tuner.occupancy import occupancy
+from tuner.search import model_first, rank_correlation, search
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+H200 = parse_arch("sm_90")  # 132 SMs at 1980 MHz in the table
+BIG = (4096, 4096, 4096)
+
+
+def test_tile_traffic_by_hand():
+    t = tile_traffic(KernelConfig(), BIG)  # 128x128x8
+    assert t["a_bytes"] == 128 * 4096 * 4 == 2_097_152
+    assert t["b_bytes"] == 2_097_152
+    assert t["c_bytes"] == 128 * 128 * 4
+    assert t["intensity"] == round(2 * 128 * 128 * 4096 / (2 * 2_097_152 + 65_536), 2) == 31.51
+    assert t["blocks"] == 32 * 32
+    assert t["l2_bytes"] == 1024 * (2 * 2_097_152 + 65_536)
+    # split-K: each block walks its slice of K, rounded up to whole BK tiles
+    s = tile_traffic(KernelConfig(bm=16, bn=64, bk=16, rm=2, rn=4, wt=8, split=4),
+                     (16, 4096, 4097))
+    assert s["k_slice"] == 1040 and s["blocks"] == 64 * 4
+    assert s["a_bytes"] == 16 * 1040 * 4 and s["b_bytes"] == 1040 * 64 * 4
+
+
+def test_predicted_time_by_hand():
+    """The default config at 4096^3 with 128 registers, every term computed by hand."""
+    c = KernelConfig()  # 128x128x8 r8x8 w4x8 p4 v4 s2: 256 threads, 8 warps
+    occ = occupancy(c.threads, 128, c.smem_bytes, H200)
+    assert occ.blocks_per_sm == 2  # 16 warps of 128 registers
+    p = predict(c, BIG, H200, occ)
+    # per thread and K tile: 8*64 FFMA + 8*(2+2) LDS.128 + 4 overhead = 548; loads and
+    # stores: A 1 LDG.128 + 4 STS, B 1 LDG.128 + 1 STS.128 = 7; wavefronts 8*16 LDS +
+    # 4 STS (padded: no conflict) + 4 (one STS.128) = 136; epilogue 3*64
+    step_instr, step_smem, epi = 8 * (548 + 7), 8 * 136, 8 * 192
+    assert model.SATURATING_WARPS <= 16  # 16 warps resident: full issue rate, 4 a clock
+    step = max(2 * step_instr / 4, 2 * step_smem, 1500 / (2 - 1))  # = 2220 clocks
+    assert step == 2220
+    chunks = math.ceil(1024 / 132) // 2  # 8 blocks on the busiest SM, 2 at a time
+    clocks = chunks * (512 * step + 2 * epi / 4)
+    assert p.terms["latency"] == pytest.approx(clocks / 1.98e9)
+    assert p.limiter == "issue" and p.waves == 4 and p.blocks_per_sm == 2
+    # DRAM: 264 resident blocks in swizzle groups of 8 rows cover 16 block rows x 32
+    # columns; 4 waves each read (16*128 + 32*128) x 4096 floats; C written once
+    dram = 4 * (16 * 128 + 32 * 128) * 4096 * 4 + 4096 * 4096 * 4
+    assert p.traffic["dram_bytes"] == dram
+    assert p.terms["dram"] == pytest.approx(dram / 4.3e12)
+    assert p.terms["l2"] == pytest.approx(1024 * (2 * 2_097_152 + 65_536) / 1e13)
+    assert p.seconds == pytest.approx(clocks / 1.98e9 + 2e-6)
+    assert p.tflops == pytest.approx(2 * 4096 ** 3 / p.seconds / 1e12)
+    assert 59 < p.tflops < 60.5
+
+
+def test_the_model_orders_what_it_should():
+    """Fewer shared loads per FMA, more stages over one, and no partial wave all help."""
+    occ = lambda c: occupancy(c.threads, estimate_registers(c), c.smem_bytes, H200)  # noqa
+    t = lambda c, shape=BIG: predict(c, shape, H200, occ(c)).seconds  # noqa
+    assert t(KernelConfig(rm=8, rn=8)) < t(KernelConfig(rm=4, rn=4, wt=4, bm=64, bn=64))
+    assert t(KernelConfig(stages=2)) < t(KernelConfig(stages=1))
+    # 16x4096x4096: memory bound; split-K fills the SMs the 32 tiles leave idle
+    skinny = KernelConfig(bm=16, bn=128, bk=16, rm=2, rn=4, wt=8, stages=2)
+    shape = (16, 4096, 4096)
+    split = KernelConfig(bm=16, bn=128, bk=16, rm=2, rn=4, wt=8, stages=2, split=4,
+                         reduce="cluster")
+    assert t(split, shape) < t(skinny, shape)
+
+
+def test_register_estimate_and_cap():
+    assert register_cap(KernelConfig(), H200) == 255
+    big = KernelConfig(bm=256, bn=256, bk=16)  # 1024 threads: at most 64 registers
+    assert register_cap(big, H200) == 64
+    assert model.likely_spills(big, H200) and not model.likely_spills(KernelConfig(), H200)
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [9, 7, 5, 1]) == pytest.approx(-1.0)
+    # ties at their mean rank: x ranks 1, 2.5, 2.5, 4; by hand 4.5 / sqrt(4.5 * 5)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(22.5))
+    # a monotone transform does not change it; d^2 formula without ties: 1 - 6*sum/(n^3-n)
+    x, y = [3, 1, 4, 1.5, 5, 9, 2.6], [2, 7, 1, 8, 2.8, 1.8, 2.9]
+    assert spearman(x, y) == pytest.approx(spearman([v ** 3 for v in x], y))
+    rx = [4, 1, 5, 2, 6, 7, 3]
+    ry = [3, 6, 1, 7, 4, 2, 5]
+    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry))
+    assert spearman(x, y) == pytest.approx(1 - 6 * d2 / (7 ** 3 - 7))
+    assert spearman([1, 2], [2, 1]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    with pytest.raises(ValueError):
+        spearman([1, 2, 3], [1, 2])
+
+
+def test_judge_prunes_on_the_margin():
+    c = KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=4)  # a slow one
+    res = Resources(60, 0, 0, 0, 0, 1, c.smem_bytes)
+    v = judge(c, res, BIG, H200)
+    pred = v.figures["predicted_tflops"]
+    assert not v.hopeless
+    just_above = pred * PRUNE_MARGIN * 1.01
+    v = judge(c, res, BIG, H200, best_tflops=just_above, margin=PRUNE_MARGIN)
+    assert v.hopeless and f"more than {PRUNE_MARGIN:g}x slower" in v.reason
+    assert not judge(c, res, BIG, H200, best_tflops=pred * PRUNE_MARGIN * 0.99,
+                     margin=PRUNE_MARGIN).hopeless
+    assert not judge(c, res, BIG, H200, best_tflops=just_above).hopeless  # no margin
+
+
+def _search(bench, tmp_path, **kw):
+    kw.setdefault("jobs", 1)
+    kw.setdefault("seed", 0)
+    return search(bench.shape, bench, artifacts=tmp_path, cache_dir=tmp_path, **kw)
+
+
+def test_first_batch_is_the_models_top(tmp_path):
+    bench = ModelledBenchmark(shape=(1024, 1024, 1024))
+    top = model_first(bench.shape, DType.F32, bench.arch, 8)
+    assert len(top) == 8 and len({c.name for c in top}) == 8
+    res = _search(bench, tmp_path, trials=12, first_batch=8)
+    assert res.stats.model_first == 8
+    first = [r.config.name for r in sorted(res.records, key=lambda r: r.number)][:8]
+    assert first == [c.name for c in top]
+    # without the model, the sampler's own first asks
+    res = _search(ModelledBenchmark(shape=(1024, 1024, 1024)), tmp_path / "off", trials=12,
+                  model=False)
+    assert res.stats.model_first == 0
+    assert [r.config.name for r in sorted(res.records, key=lambda r: r.number)][:8] != first
+
+
+def test_pruning_margin_in_the_search(tmp_path):
+    # measured = predicted: the best measured is the best predicted of those timed, and
+    # whatever is predicted more than PRUNE_MARGIN slower than it is never timed
+    bench = ModelledBenchmark(shape=(1024, 1024, 1024))
+    # no first batch: the random asks improve the best step by step, so several are timed
+    res = _search(bench, tmp_path, trials=40, first_batch=0, sampler="random")
+    pruned = [r for r in res.records if "slower than the best measured" in r.reason]
+    assert pruned
+    timed = {c.name for c in bench.measured}
+    for r in pruned:
+        assert r.config.name not in timed
+        assert r.figures["predicted_tflops"] * PRUNE_MARGIN < res.stats.best_tflops
+    assert res.stats.rank_rho == pytest.approx(1.0)  # the fake measures the prediction
+    off = _search(ModelledBenchmark(shape=(1024, 1024, 1024)), tmp_path / "off", trials=40,
+                  sampler="random", model=False)
+    assert not [r for r in off.records if "slower than the best measured" in r.reason]
+
+
+def test_rank_correlation_of_records():
+    from tuner.outcome import Outcome
+    from tuner.search import TrialRecord
+
+    recs = [TrialRecord(i, KernelConfig(), Outcome.TIMED, tflops=t,
+                        figures=dict(predicted_tflops=p))
+            for i, (p, t) in enumerate([(50, 40), (40, 30), (30, 35), (20, 10)])]
+    recs.append(TrialRecord(9, KernelConfig(), Outcome.PRUNED, figures=dict(predicted_tflops=1)))
+    assert rank_correlation(recs) == pytest.approx(0.8)
+    assert rank_correlation(recs[:2]) is None
