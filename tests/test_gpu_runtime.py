@@ -299,3 +299,46 @@ def test_batch_of_host_pairs(lib):
     for (a, b), c in zip(pairs, outs):
         ref = a.astype(np.float64) @ b.astype(np.float64)
         assert c.shape == ref.shape and np.linalg.norm(c - ref) / np.linalg.norm(ref) <= 1e-5
+
+
+def test_library_runs_wgmma_and_3xtf32_kernels(tmp_path, compile_cache):
+    """The run path launches the TMA family: fp16 through tensor maps, fp32 data at fp32
+    accuracy through 3xTF32 (allow_3xtf32), and sends operands TMA cannot take elsewhere."""
+    import dataclasses
+
+    import torch
+
+    from codegen import compile_config
+    from codegen.config import DType
+    from codegen.families.wgmma import _default
+    from tuner.runtime.library import Library, load_library
+
+    gpu = torch.cuda.get_device_name()
+    half = dataclasses.replace(_default(DType.F16), bm=128, bn=128, consumers=1)
+    t3 = _default(DType.F32)
+    lib = Library.create_or_open(tmp_path / "lib")
+    shapes = [(512, 512, 512), (1, 8, 8), (127, 136, 264)]
+    for cfg, dtype in ((half, "f16"), (t3, "f32x3")):
+        res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+        assert res.ok, res.log[-2000:]
+        for shape in shapes:  # recorded faster than cuBLAS: the exact rule runs the kernel
+            lib.add(entry(cfg, res, shape, 900.0, 700.0, dtype=dtype, gpu=gpu),
+                    tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
+    lib = load_library(tmp_path / "lib")
+    for m, n, k in shapes:
+        assert lib.explain(m, n, k, "fp16").startswith(half.name)
+        assert lib.explain(m, n, k, "f32x3").startswith(t3.name)
+        a16, b16 = (torch.randn(m, k, device="cuda").half(), torch.randn(k, n, device="cuda").half())
+        c0 = torch.randn(m, n, device="cuda")
+        c = c0.clone()
+        lib.gemm(a16, b16, c, alpha=0.5, beta=2.0)
+        assert _err(c, a16, b16, 0.5, 2.0, c0) <= 2e-5
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        c = torch.full((m, n), float("nan"), device="cuda")
+        lib.gemm(a, b, c, allow_3xtf32=True)
+        assert _err(c, a, b) <= 1e-5
+    # A with rows of 513 halves (1026 bytes): not TMA's; another route, still right
+    a16 = torch.randn(512, 513, device="cuda").half()[:, :512]
+    b16 = torch.randn(512, 512, device="cuda").half()
+    c = lib.gemm(a16, b16)
+    assert _err(c, a16, b16) <= 2e-5
