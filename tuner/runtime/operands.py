@@ -18,17 +18,12 @@ import dataclasses
 import numpy as np
 
 from codegen.config import DType
-from codegen.errors import UsageError
 
 __all__ = ["Operand", "operand", "resolve_stream", "same_device", "empty_like", "align_class"]
 
 #: element types by numpy dtype (bfloat16 has none: it comes through torch only)
 _NUMPY = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
 _TORCH = {"torch.float32": DType.F32, "torch.float16": DType.F16, "torch.bfloat16": DType.BF16}
-
-
-class OperandError(UsageError):
-    """An operand the library cannot take (see LibraryError, which it is raised as)."""
 
 
 def _error(msg: str):
