@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.commands import find_cuobjdump
+
 from codegen import DType, UsageError, compile_many, render
 from codegen.compile import arch_target, compile_config
 from codegen.config import Family
@@ -183,19 +185,6 @@ def test_arch_target():
     assert arch_target(80) == ("sm_80", ["-arch=sm_80"])
 
 
-def _cuobjdump() -> tuple[str | None, dict]:
-    """cuobjdump (and the nvdisasm it runs) from the toolkit, PATH or the pip wheels."""
-    env = dict(os.environ)
-    dirs = [Path("/usr/local/cuda/bin")]
-    try:
-        import nvidia.cu13 as cu13  # nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels
-        dirs += [Path(p) / "bin" for p in cu13.__path__]
-    except ImportError:
-        pass
-    env["PATH"] = os.pathsep.join([str(d) for d in dirs] + [env.get("PATH", "")])
-    return shutil.which("cuobjdump", path=env["PATH"]), env
-
-
 @pytest.fixture(scope="module")
 def compiled(compile_cache):
     """The sample and the probe's configs, compiled in parallel for sm_90a."""
@@ -218,9 +207,9 @@ def test_every_config_compiles_without_spills_or_c7508(compiled):
 
 
 def test_sass_has_hgmma_and_tma(compiled, compile_cache):
-    tool, env = _cuobjdump()
+    tool, env = find_cuobjdump()
     if tool is None:
-        pytest.skip("no cuobjdump (install the dev extra: nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
     for c in (DEFAULT_WGMMA, WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8"),
               WgmmaConfig.from_name("gemm_wgmma_bf16_256x128x64_c2_s4_x1_p0_g8")):
         r = compile_config(c, "sm_90", compile_cache)  # cached when the sample had it
@@ -271,7 +260,7 @@ def test_tensor_map_arguments_are_well_formed():
 
 
 def test_tensor_map_enum_names_exist_in_cuda_bindings():
-    driver = pytest.importorskip("cuda.bindings.driver")
+    from cuda.bindings import driver  # the dev extra brings cuda-bindings (no GPU needed)
     args = wl.tensor_map_args(DType.F16, 0, 64, 64, 64, 64, 64)
     for key, enum in [("tensorDataType", "CUtensorMapDataType"), ("swizzle", "CUtensorMapSwizzle"),
                       ("interleave", "CUtensorMapInterleave"),
@@ -476,9 +465,9 @@ def test_fp32_configs_compile_without_spills_or_serialisation(compiled_fp32):
 
 
 def test_fp32_sass_has_tf32_hgmma(compiled_fp32, compile_cache):
-    tool, env = _cuobjdump()
+    tool, env = find_cuobjdump()
     if tool is None:
-        pytest.skip("no cuobjdump (install the dev extra: nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
     for c in (TF32_GOLDEN, T3_GOLDEN, WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8"),
               WgmmaConfig.from_name("gemm_wgmma_f32_128x64x32_c1_s3_x2_p1_g8_t3")):
         r = compile_config(c, "sm_90", compile_cache)
