@@ -8,7 +8,6 @@ import ctypes
 import dataclasses
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
