@@ -30,7 +30,7 @@ if __name__ == "__main__":
     bench = FakeBenchmark(log=a.log, delay=a.delay)
     try:
         res = search(bench.shape, bench, trials=a.trials, jobs=1, seed=a.seed,
-                     sampler="random", storage=a.storage, study_name=a.study,
+                     sampler="random", model=False, storage=a.storage, study_name=a.study,
                      cache_dir=a.cache, lease=tuple(map(float, a.lease.split(","))),
                      storage_retry=a.retry, timeout=a.timeout)
     except GemmTuneError as e:  # what the CLI prints: one line, status 2

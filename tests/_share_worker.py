@@ -13,7 +13,7 @@ if __name__ == "__main__":
     storage, log, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     bench = FakeBenchmark(log=log, delay=0.05)
     trials = int(sys.argv[5]) if len(sys.argv) > 5 else 12
-    res = search(bench.shape, bench, trials=trials, jobs=1, seed=4, sampler="random",
+    res = search(bench.shape, bench, trials=trials, jobs=1, seed=4, sampler="random", model=False,
                  storage=storage, study_name="shared", cache_dir=cache)
     best = res.timed()[0]
     print(res.stats.compiled, res.stats.timed, res.stats.duplicates, best.tflops)

@@ -294,13 +294,15 @@ def test_postgres_three_processes_one_study(pg_url, tmp_path, compile_cache):
 def test_postgres_sigkill_one_of_three(pg_url, tmp_path, compile_cache):
     """One worker is SIGKILLed while it holds claims: the others fail them once its lease
     (4 s) runs out, retry them, and the study still ends with exactly the budget."""
-    study, trials = f"kill-{uuid.uuid4().hex[:8]}", 15
+    study, trials = f"kill-{uuid.uuid4().hex[:8]}", 24
     logs = [tmp_path / f"timed{i}.log" for i in range(3)]
-    victim = _spawn(pg_url, study, logs[0], compile_cache, trials, delay=0.4, seed=1)
+    # slow enough that it cannot finish the budget alone before the others are up
+    victim = _spawn(pg_url, study, logs[0], compile_cache, trials, delay=1.5, seed=1)
     _wait_lines(logs[0], 2, [victim])
     others = [_spawn(pg_url, study, logs[i], compile_cache, trials, delay=0.1, seed=i + 1)
               for i in (1, 2)]
     _wait_lines(logs[0], 3, [victim])
+    assert victim.poll() is None, "the victim ended before it could be killed"
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     storage = open_storage(pg_url)
