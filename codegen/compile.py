@@ -32,7 +32,7 @@ from codegen.render import render, template_hash
 __all__ = [
     "Resources", "CompileResult", "ToolchainError", "nvcc_path", "nvcc_version",
     "parse_ptxas", "compile_source", "compile_config", "compile_many", "default_cache_dir",
-    "NVCC_FLAGS", "compile_task", "arch_target",
+    "NVCC_FLAGS", "compile_task", "target_arch", "arch_target",
 ]
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,13 @@ def compile_source(
     )
 
 
+def target_arch(config: Config, arch: str | int | ArchLimits) -> str:
+    """The target `config` compiles for, and its artifacts' folder: the architecture, or
+    its architecture-specific variant (sm_90a) for the wgmma family (wgmma, setmaxnreg)."""
+    sm = parse_arch(arch).sm
+    return sm + "a" if config.family is Family.WGMMA else sm
+
+
 def compile_config(
     config: Config,
     arch: str | int | ArchLimits,
@@ -251,8 +258,7 @@ def compile_config(
 ) -> CompileResult:
     """Render and compile one configuration; write its artifacts if `artifacts_dir` is given.
     The wgmma family always compiles for the architecture-specific target (sm_90a)."""
-    if config.family is Family.WGMMA:
-        arch = parse_arch(arch).sm + "a"
+    arch = target_arch(config, arch)
     source = render(config)
     result = compile_source(source, arch, config.name, cache_dir, smem_dynamic=config.smem_bytes)
     if artifacts_dir is not None:

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from codegen.compile import nvcc_version
+from codegen.compile import nvcc_version, target_arch
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
 from codegen.render import template_hash
@@ -214,8 +214,9 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
     top = [_row(i + 1, rec, t, cublas_ms, bench.flops, dev.arch)
            for i, (rec, t, _) in enumerate(rows)]
     win_rec = rows[0][0]
-    source = artifacts / dev.sm / f"{win_rec.config.name}.cu"
-    cubin = artifacts / dev.sm / f"{win_rec.config.name}.cubin"
+    folder = artifacts / target_arch(win_rec.config, dev.sm)  # sm_90a for the wgmma family
+    source = folder / f"{win_rec.config.name}.cu"
+    cubin = folder / f"{win_rec.config.name}.cubin"
     s = res.stats
     winner = dict(
         name=win_rec.config.name, config=win_rec.config.to_dict(), source=str(source),
