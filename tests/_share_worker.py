@@ -16,4 +16,5 @@ if __name__ == "__main__":
     res = search(bench.shape, bench, trials=trials, jobs=1, seed=4, sampler="random", model=False,
                  storage=storage, study_name="shared", cache_dir=cache)
     best = res.timed()[0]
-    print(res.stats.compiled, res.stats.timed, res.stats.duplicates, best.tflops)
+    print(res.stats.compiled, res.stats.timed, res.stats.duplicates, best.tflops,
+          res.stats.resumed)
