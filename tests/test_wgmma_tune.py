@@ -300,6 +300,26 @@ def test_inspect_sass_shows_hgmma(wgmma_lib, capsys):
     assert "HGMMA.64x256x16.F32" in sass and "UTMALDG" in sass
 
 
+@pytest.mark.gpu
+def test_export_bundle_check_passes_on_the_gpu(wgmma_lib, tmp_path):
+    """The bundle's own check program: every entry point (fp32, fp16 and bf16: the wgmma
+    launchers building their tensor maps in C++) against cuBLAS on odd shapes, and an lda
+    TMA cannot take routed to another kernel or refused."""
+    from tuner.cli import main
+
+    out = tmp_path / "bundle"
+    assert main(["export", "--out", str(out), "--library", str(wgmma_lib.path)]) == 0
+    p = subprocess.run(["make", "-C", str(out)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    run = subprocess.run([str(out / "gemm_tuned_check")], capture_output=True, text=True)
+    print(run.stdout)
+    assert run.returncode == 0 and " 0 failed" in run.stdout, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    for dtype in ("f16", "bf16"):
+        wgmma = [ln for ln in lines if ln.startswith(dtype) and "gemm_wgmma_" in ln]
+        assert wgmma and all(ln.rstrip().endswith("ok") for ln in wgmma), lines
+
+
 def test_export_builds_fp16_and_bf16_entries_and_dispatches_like_python(wgmma_lib, tmp_path):
     from tuner.cli import main
 

@@ -213,14 +213,14 @@ def _child(argv: list[str]) -> None:
     from codegen.config import DType, config_from_name
     from tuner._shape import parse_shape
     from tuner.bench import Problem
-    from tuner.gpu import _drv, _libcuda, cublas, Kernel
+    from tuner.gpu import _drv, _libcuda, cublas, load_kernel
 
     shape, dtype = parse_shape(argv[0]), DType.parse(argv[1])
     problem = Problem(shape, dtype, seed=0)
     args = problem.args()
     if len(argv) > 2:
         config = config_from_name(argv[2])
-        kern = Kernel(config, Path(argv[3]))
+        kern = load_kernel(config, Path(argv[3]))  # its family's runner (wgmma: tensor maps)
 
         def call():
             kern(*args)

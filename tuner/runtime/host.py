@@ -73,7 +73,7 @@ def _copiers() -> cf.ThreadPoolExecutor:
 def copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[...] = src, split by rows across the copy threads when it is large."""
     rows = dst.shape[0]
-    parts = min(COPY_THREADS, max(1, dst.nbytes >> 22), rows)  # 4 MiB or more a thread
+    parts = min(COPY_THREADS, max(1, dst.nbytes >> 20), rows)  # 1 MiB or more a thread
     if parts == 1:
         np.copyto(dst, src)
         return

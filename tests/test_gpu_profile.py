@@ -1,0 +1,42 @@
+"""GPU: `inspect --profile` under the real Nsight Compute, on a CUDA-core kernel and cuBLAS
+at the entry's shape; the figures are physical and stored in the library entry."""
+
+import json
+
+import pytest
+
+from tuner.cli import main
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def lib(tmp_path, compile_cache):
+    from _library import build
+
+    return build(tmp_path / "library", compile_cache, tmp_path / "art")
+
+
+def test_inspect_profile_measures_the_kernel_and_cublas(lib, capsys):
+    from _library import SMALL
+
+    assert main(["inspect", SMALL.name, "--profile", "--json", "--library", str(lib.path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    print(json.dumps(doc["measured"], indent=1))
+    ours, blas = doc["measured"]["ours"], doc["measured"]["cublas"]
+    assert ours["kernels"] == [SMALL.name]
+    assert blas["kernels"] and all(SMALL.name not in k for k in blas["kernels"])
+    flops = 2 * 512 ** 3
+    for side in (ours, blas):
+        # 512^3 fp32: A and B are 1 MiB each, C 1 MiB; the caches are flushed before the
+        # profiled pass, so at least the operands come from DRAM once (all fits in L2, so
+        # not much more), and C is written.
+        assert 1 << 20 <= side["dram_read_bytes"] <= 64 << 20, side
+        assert 0 < side["time_s"] < 1e-3 and side["tflops"] == round(flops / side["time_s"] / 1e12, 2)
+        assert 0 < side["warps_active_pct"] <= 100 and 0 < side["sm_throughput_pct"] <= 100
+        assert side["stalls"] and all(s["per_issue"] >= 0 for s in side["stalls"])
+    assert ours["smem_conflicts_ld"] is not None
+    assert doc["model"]["predicted_tflops"] > 0
+    stored = json.loads((lib.path / "manifest.json").read_text())
+    e = next(x for x in stored["entries"] if x["kernel"] == SMALL.name)
+    assert e["profile"]["measured"]["ours"]["time_s"] == ours["time_s"]
