@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         lib.gemm(A, B, C2, pipeline=False)
         exact = bool(np.array_equal(C, C2))
         del ref
-        plan, *_ = launch._general_plan(lib, A, B, C, False, None, lib.measure)
+        plan, *_ = launch._general_plan(lib, A, B, C, None, None, lib.measure)
         g = plan.gpu
         c = torch.empty((m, n), device="cuda")
 

@@ -62,6 +62,8 @@ CONFIGS = [
     "gemm_wgmma_f16_128x128x64_c1_s5_x2_p0_g8",    # (d) cluster of 2, one consumer
     "gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8",    # (d) cluster + persistent
     "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8",   # (d) bf16
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp",  # (e) ping-pong consumers, 128 x 128 each
+    "gemm_wgmma_bf16_64x256x64_c2_s5_x1_p1_g1_pp",  # (e) ping-pong, 64 x 256 each
 ]
 SHAPES = [(1, 1, 1), (17, 33, 9), (127, 129, 257), (4095, 4097, 1023), (4096, 4096, 4096)]
 BETAS = (2.0, 0.0)
@@ -100,6 +102,8 @@ def gate(k: int, dtype: DType = DType.F16) -> float:
 
 
 def step(c: WgmmaConfig) -> str:
+    if c.pingpong:
+        return "e"
     if c.cluster > 1:
         return "d"
     if c.persistent:

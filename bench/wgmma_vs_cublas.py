@@ -48,10 +48,12 @@ BAR_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 MORE_SHAPES = [(8192, 8192, 1024), (4096, 14336, 4096), (16384, 1024, 4096)]
 DTYPES = (DType.F16, DType.BF16)
 #: per dtype: the probe's winners (bench/results/wgmma-probe-h200-2026-12-01.json) and
-#: neighbours (persistence, raster group, a shallower ring)
+#: neighbours (persistence, raster group, a shallower ring), and ping-pong consumers
 CANDIDATES = ["128x256x64_c2_s4_x1_p0_g8", "128x256x64_c2_s4_x1_p1_g8",
               "256x128x64_c2_s4_x1_p0_g8", "256x128x64_c2_s4_x1_p1_g8",
-              "128x256x64_c2_s3_x1_p1_g16", "128x192x64_c2_s4_x1_p1_g16"]
+              "128x256x64_c2_s3_x1_p1_g16", "128x192x64_c2_s4_x1_p1_g16",
+              "128x128x64_c2_s5_x1_p1_g8_pp", "128x128x64_c2_s6_x1_p1_g8_pp",
+              "64x256x64_c2_s5_x1_p1_g8_pp"]
 ROUNDS = 3
 TARGET_MS = 40.0
 

@@ -21,6 +21,7 @@ CONFIGS = [
     WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8"),     # persistent
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c1_s5_x1_p0_g1"),     # one consumer
     WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8"),    # cluster (unsearched)
+    WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp"),  # ping-pong consumers
 ]
 ODD = [(1, 1, 1), (17, 33, 9), (127, 129, 257), (4095, 4097, 1023)]
 
@@ -40,7 +41,7 @@ def compiled(compile_cache):
     return out
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", CONFIGS[:3] + CONFIGS[5:], ids=lambda c: c.name)
 def test_the_runner_times_a_wgmma_candidate(cfg, compiled):
     from tuner.bench import GpuBenchmark, tolerance
     from tuner.outcome import Outcome
@@ -56,7 +57,7 @@ def test_the_runner_times_a_wgmma_candidate(cfg, compiled):
     assert ours > 0.6 * blas  # the probe measured 0.93-0.94x at this shape
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1], CONFIGS[3], CONFIGS[4]],
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1], CONFIGS[3], CONFIGS[4], CONFIGS[5]],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("shape", ODD, ids=lambda s: "x".join(map(str, s)))
 def test_odd_shapes_with_alpha_beta_and_padded_leading_dimensions(cfg, shape, compiled):

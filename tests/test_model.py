@@ -168,3 +168,21 @@ def test_rank_correlation_of_records():
     recs.append(TrialRecord(9, KernelConfig(), Outcome.PRUNED, figures=dict(predicted_tflops=1)))
     assert rank_correlation(recs) == pytest.approx(0.8)
     assert rank_correlation(recs[:2]) is None
+
+
+def test_first_batch_starts_with_each_familys_default():
+    """The families' defaults (their best measured) lead the first batch where the shape
+    admits them; the model's ranking follows."""
+    from codegen.arch import parse_arch
+    from codegen.families.wgmma import DEFAULT_WGMMA
+    from tuner.dryrun import defaults
+
+    arch = parse_arch("sm_90")
+    want = defaults(DType.F16, arch)
+    assert DEFAULT_WGMMA in want
+    top = model_first((4096, 4096, 4096), DType.F16, arch, 6)
+    assert top[:len(want)] == want and len(top) == 6 and len(set(top)) == 6
+    # N = 4095 halves: rows of 8190 B, which TMA cannot take; the wgmma default is left out
+    odd = model_first((4096, 4095, 4096), DType.F16, arch, 6)
+    assert DEFAULT_WGMMA not in odd and all(c.family.value != "wgmma" for c in odd)
+    assert odd[0] in want

@@ -38,6 +38,9 @@ def test_name_is_pinned_and_round_trips():
     assert WgmmaConfig.from_name(c.name) == c
     assert WgmmaConfig.from_dict(c.to_dict()) == c
     assert c.to_dict()["family"] == "wgmma" and c.to_dict()["dtype"] == "bf16"
+    pp = WgmmaConfig(bm=128, bn=128, stages=5, pingpong=1)
+    assert pp.name == "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp"
+    assert WgmmaConfig.from_name(pp.name) == pp and WgmmaConfig.from_dict(pp.to_dict()) == pp
     assert Family.WGMMA.template == "gemm_wgmma.cu.j2"
     for bad in ("gemm_wgmma_f99_64x64x64_c1_s4_x1_p0_g1", "gemm_wgmma_f16_64x64x64_c1_s4_p0_g1",
                 "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8"):
@@ -65,6 +68,27 @@ def test_derived_geometry():
     assert dataclasses.replace(cl, persistent=0).grid(100, 1, 132) == (2, 1, 1)
     assert cl.cluster_dims() == (2, 1, 1) and c.cluster_dims() == (1, 1, 1)
     assert c.grid(1, 1) == (1, 1, 1)
+    # ping-pong: each consumer owns the whole 128 x 128 tile, one release per stage
+    pp = WgmmaConfig(bm=128, bn=128, stages=5, pingpong=1)
+    assert pp.wm == 128 and pp.acc_regs == 128 and pp.threads == 384
+    v = pp.template_values()
+    assert v["M_WGMMAS"] == 2 and v["EMPTY_ARRIVALS"] == 1 and v["PINGPONG"] == 1
+    assert c.template_values()["EMPTY_ARRIVALS"] == 2
+    assert pp.grid(4096, 4096) == (132, 1, 1) and pp.grid(256, 256) == (4, 1, 1)
+
+
+def test_pingpong_reasons_say_what_it_needs():
+    assert check_wgmma(WgmmaConfig(bm=128, bn=128, pingpong=1), "sm_90") == []
+    assert check_wgmma(WgmmaConfig(bm=128, bn=128, pingpong=1, persistent=0, cluster=2),
+                       "sm_90") == ["pingpong=1 needs persistent=1: a block takes several tiles "
+                                    "(it has persistent=0), no cluster (it has cluster=2)"]
+    assert check_wgmma(WgmmaConfig(bm=128, bn=128, pingpong=1, consumers=1), "sm_90")[0] == (
+        "pingpong=1 needs two consumers (it has consumers=1)")
+    # the whole 128 x 256 tile per consumer: 256 accumulators a thread
+    assert "256 accumulators" in check_wgmma(WgmmaConfig(pingpong=1), "sm_90")[0]
+    assert check_wgmma(WgmmaConfig(bm=256, bn=64, pingpong=1), "sm_90") == [
+        "BM=256: each ping-pong consumer owns the whole tile, and its rows must be 64 or 128 "
+        "(wgmma's M is 64)"]
 
 
 # ---- validation -----------------------------------------------------------------------
@@ -128,19 +152,21 @@ def test_sample_is_valid_and_covers_the_steps():
     s = sample_wgmma(8)
     assert len(s) == 8 and len(set(s)) == 8
     assert all(check_wgmma(c, "sm_90") == [] for c in s)
-    for k in ("consumers", "cluster", "persistent", "dtype"):
+    for k in ("consumers", "cluster", "persistent", "dtype", "pingpong"):
         assert {getattr(c, k) for c in s} == set(WGMMA_SPACE[k]), k
     assert sample_wgmma(8) == s  # deterministic
 
 
 # ---- rendering ------------------------------------------------------------------------
 GOLDEN_CFG = WgmmaConfig(bm=128, bn=128, stages=4, consumers=2, cluster=2, persistent=1, group=8)
+PINGPONG_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=8, pingpong=1)
 
 
-def test_golden_source():
+@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN], ids=lambda c: c.name)
+def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
-    path = GOLDEN / f"{GOLDEN_CFG.name}.cu"
-    src = render(GOLDEN_CFG)
+    path = GOLDEN / f"{cfg.name}.cu"
+    src = render(cfg)
     if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
         path.write_text(src)
     assert src == path.read_text()
@@ -161,7 +187,7 @@ def test_header_and_invariants_in_the_source():
     assert "setmaxnreg.dec.sync.aligned.u32 40;" in src
     assert "setmaxnreg.inc.sync.aligned.u32 232;" in src
     assert "multicast" not in src and "cluster_sync()" not in src and "__syncthreads();" in src
-    assert "mbar_init(empty(s), CONSUMERS * CLUSTER);" in src
+    assert "mbar_init(empty(s), EMPTY_ARRIVALS);" in src and "EMPTY_ARRIVALS = 2;" in src
 
 
 def test_variants_render_what_they_use():
@@ -295,9 +321,9 @@ def test_no_gpu_package_on_import():
 # ---- the probe's plan -------------------------------------------------------------------
 def test_probe_plan_covers_every_step():
     cfgs = [WgmmaConfig.from_name(n) for n in wgmma_probe.CONFIGS]
-    assert 8 <= len(cfgs) <= 12 and all(check_wgmma(c, "sm_90") == [] for c in cfgs)
-    assert {wgmma_probe.step(c) for c in cfgs} == {"a", "b", "c", "d"}
-    for s in "abcd":
+    assert 8 <= len(cfgs) <= 14 and all(check_wgmma(c, "sm_90") == [] for c in cfgs)
+    assert {wgmma_probe.step(c) for c in cfgs} == {"a", "b", "c", "d", "e"}
+    for s in "abcde":
         assert {c.dtype for c in cfgs if wgmma_probe.step(c) == s} >= {DType.F16}, s
     assert {c.dtype for c in cfgs} == {DType.F16, DType.BF16}
     cases = wgmma_probe.cases()

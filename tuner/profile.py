@@ -213,8 +213,9 @@ def _child(argv: list[str]) -> None:
     from codegen.config import DType, config_from_name
     from tuner._shape import parse_shape
     from tuner.bench import Problem
-    from tuner.gpu import _drv, _libcuda, cublas, load_kernel
+    from tuner.gpu import _drv, _libcuda, cublas, device, load_kernel
 
+    device()  # the context first: the operands are allocated in it
     shape, dtype = parse_shape(argv[0]), DType.parse(argv[1])
     problem = Problem(shape, dtype, seed=0)
     args = problem.args()

@@ -8,7 +8,8 @@ has `compile_task(args)` (a simulation replaying recorded results, bench/simulat
 compiles too: the search then runs no nvcc.
 
 The model ranks (tuner.model.predict): with `model=True` the first `first_batch`
-candidates are the model's best-predicted ones (enqueued before the sampler's own), and a
+candidates are each family's default and then the model's best-predicted ones (enqueued
+before the sampler's own), and a
 compiled candidate predicted more than `margin` times slower than the best measured so far
 is pruned untimed. The search's Spearman correlation between predicted and measured time
 is in SearchStats.rank_rho.
@@ -542,15 +543,22 @@ def search(
 
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
                 exclude: set[str] = frozenset()) -> list[Config]:
-    """The `n` valid configurations (not in `exclude`) the model predicts fastest, before
-    compiling (registers estimated; those likely to spill left out), fastest first (ties
-    by name). Spreading the batch over distinct predicted times instead was tried on the
-    4096^3 replay and did worse (bench/NOTES.md)."""
+    """The first batch, `n` valid configurations not in `exclude`: each searched family's
+    default for `dtype` (its best measured on the GPU, a known good start the model cannot
+    yet tell from its neighbours: within the wgmma family it predicts nearly every tile at
+    the tensor-core peak), then the ones the model predicts fastest, before compiling
+    (registers estimated; those likely to spill left out), fastest first (ties by name).
+    Spreading the batch over distinct predicted times instead was tried on the 4096^3
+    replay and did worse (bench/NOTES.md)."""
+    from tuner.dryrun import defaults
+
     shape = tuple(shape)
+    valid = [c for c in valid_configs(arch, dtype, shape) if c.name not in exclude]
+    names = {c.name for c in valid}
+    first = [c for c in defaults(dtype, arch) if c.name in names]
     ranked = sorted((predict_before_compile(c, shape, arch).seconds, c.name, c)
-                    for c in valid_configs(arch, dtype, shape)
-                    if c.name not in exclude and not likely_spills(c, arch))
-    return [c for _, _, c in ranked[:n]]
+                    for c in valid if c not in first and not likely_spills(c, arch))
+    return (first + [c for _, _, c in ranked])[:n]
 
 
 def rank_correlation(records: list[TrialRecord]) -> float | None:

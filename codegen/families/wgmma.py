@@ -12,6 +12,9 @@ parameters, so that a simpler step still works if a fancier one fails on the GPU
     (b) consumers=2                            two wgmma warpgroups share a block tile
     (c) persistent=1                           #SMs blocks walk the tiles (swizzled raster)
     (d) cluster=2                              two blocks along M share B by TMA multicast
+    (e) pingpong=1                             the two consumers take turns: each owns a whole
+                                               tile, and one's epilogue overlaps the other's
+                                               wgmmas (needs persistent=1)
 
 The same kernel takes fp32 data (``dtype`` tf32, or f32 with ``terms=3``): wgmma's k8 tf32
 shape wants both operands K-major, so the consumer warpgroups convert each stage in shared
@@ -63,6 +66,7 @@ WGMMA_SPACE: dict[str, tuple] = {
     "persistent": (0, 1),
     "group": (1, 8, 16),
     "dtype": (DType.F16, DType.BF16),
+    "pingpong": (0, 1),
 }
 
 #: the searchable values for fp32 data (tf32, and f32 as 3xTF32): BK = 32 floats = 128 bytes;
@@ -99,12 +103,17 @@ class WgmmaConfig(_Serial):
         persistent: 0 = one (cluster) tile per block; 1 = min(#tiles, #SMs) blocks stride
             over the tiles (the kernel is the same; only the launch grid differs).
         group: cluster-tile rows per rasterisation group (1 = row order).
+        pingpong: 0 = the consumers share each tile (BM/consumers rows each); 1 = two
+            consumers take a block's tiles in turn, each the whole BM x BN tile, their main
+            loops ordered by an mbarrier, so that one's epilogue overlaps the other's
+            wgmmas (fp16 / bf16, persistent, no cluster).
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
 
     Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
-    plus ``_t3`` for 3xTF32 (``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``).
+    plus ``_pp`` for ping-pong consumers and ``_t3`` for 3xTF32
+    (``gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp``, ``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``).
 
     Example:
         >>> WgmmaConfig().name
@@ -121,6 +130,7 @@ class WgmmaConfig(_Serial):
     group: int = 8
     dtype: DType = DType.F16
     terms: int = 1
+    pingpong: int = 0
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
 
@@ -129,12 +139,13 @@ class WgmmaConfig(_Serial):
     def name(self) -> str:
         return (f"gemm_wgmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_c{self.consumers}"
                 f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}"
+                + ("_pp" if self.pingpong else "")
                 + (f"_t{self.terms}" if self.terms != 1 else ""))
 
     _NAME_RE = re.compile(
         r"^gemm_wgmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_c(?P<consumers>\d+)_s(?P<stages>\d+)_x(?P<cluster>\d+)_p(?P<persistent>\d+)"
-        r"_g(?P<group>\d+)(?:_t(?P<terms>\d+))?$"
+        r"_g(?P<group>\d+)(?P<pingpong>_pp)?(?:_t(?P<terms>\d+))?$"
     )
 
     @classmethod
@@ -144,8 +155,9 @@ class WgmmaConfig(_Serial):
         dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
         if not m or dtype is None:
             raise UsageError(f"{name!r} is not a gemm-tune wgmma kernel name")
-        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items()
-                                   if k != "dtype" and v is not None})
+        return cls(dtype=dtype, pingpong=int(m["pingpong"] is not None),
+                   **{k: int(v) for k, v in m.groupdict().items()
+                      if k not in ("dtype", "pingpong") and v is not None})
 
     # ---- derived geometry -----------------------------------------------------
     @property
@@ -176,7 +188,9 @@ class WgmmaConfig(_Serial):
 
     @property
     def wm(self) -> int:
-        """Rows of the tile each consumer warpgroup owns."""
+        """Rows of the tile each consumer warpgroup owns (all of them in ping-pong)."""
+        if self.pingpong:
+            return self.bm
         return self.bm // self.consumers if self.consumers else 0
 
     @property
@@ -221,12 +235,13 @@ class WgmmaConfig(_Serial):
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory: the ring (1024-byte aligned stages), the full and empty
-        mbarriers, rounded up to 1024, plus 1024 of slack for aligning the base."""
-        return ALIGN_SLACK + _up(self.stages * self.stage_bytes + 16 * self.stages, 1024)
+        mbarriers and the ping-pong order barrier, rounded up to 1024, plus 1024 of slack
+        for aligning the base."""
+        return ALIGN_SLACK + _up(self.stages * self.stage_bytes + 16 * self.stages + 8, 1024)
 
     @property
     def acc_regs(self) -> int:
-        """FP32 accumulators per consumer thread: (BM/consumers) x BN over 128 threads (twice
+        """FP32 accumulators per consumer thread: its rows (WM) x BN over 128 threads (twice
         that for 3xTF32: the k-tile's partial sums and the running total)."""
         return self.wm * self.bn // 128 * (2 if self.terms == 3 else 1)
 
@@ -258,7 +273,8 @@ class WgmmaConfig(_Serial):
             PTX_T=_PTX_TYPE.get(self.dtype, "f16"),
             BM=self.bm, BN=self.bn, BK=self.bk, STAGES=self.stages,
             CONSUMERS=self.consumers, CLUSTER=self.cluster, PERSISTENT=self.persistent,
-            GROUP=self.group, THREADS=self.threads, WM=self.wm,
+            GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
+            EMPTY_ARRIVALS=1 if self.pingpong else self.consumers * self.cluster,
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
             B_CHUNKS=self.bn // self.b_box_cols, B_BOX_ROWS=self.bk // max(self.cluster, 1),
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
@@ -345,6 +361,9 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
 
     if c.consumers not in (1, 2):
         why.append(f"consumers={c.consumers}: one or two wgmma warpgroups")
+    elif c.pingpong == 1 and c.bm not in (64, 128):
+        why.append(f"BM={c.bm}: each ping-pong consumer owns the whole tile, and its rows "
+                   f"must be 64 or 128 (wgmma's M is 64)")
     elif c.bm % c.consumers or c.wm not in (64, 128):
         why.append(f"BM={c.bm} gives each of the {c.consumers} consumer warpgroups "
                    f"{c.bm / c.consumers:g} rows, not 64 or 128 (wgmma's M is 64)")
@@ -364,6 +383,17 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"BK={c.bk} splits into {c.bk / 2:g}-row halves, not whole 8-row swizzle atoms")
     if c.persistent not in (0, 1):
         why.append(f"persistent={c.persistent} is not 0 or 1")
+    if c.pingpong not in (0, 1):
+        why.append(f"pingpong={c.pingpong} is not 0 or 1")
+    elif c.pingpong:
+        need = [f"{what} (it has {have})" for what, ok, have in (
+            ("two consumers", c.consumers == 2, f"consumers={c.consumers}"),
+            ("persistent=1: a block takes several tiles", c.persistent == 1,
+             f"persistent={c.persistent}"),
+            ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
+            ("fp16 or bf16 data", not c.fp32_data, c.dtype.short)) if not ok]
+        if need:
+            why.append("pingpong=1 needs " + ", ".join(need))
     if c.group < 1:
         why.append(f"raster group {c.group} must be at least 1")
     if not 1 <= c.stages <= 8:
@@ -433,7 +463,7 @@ def sample_wgmma(n: int = 8, seed: int = 13, arch: str = "sm_90") -> list[WgmmaC
     cluster, persistent and dtype (deterministic for a seed)."""
     rng = random.Random(seed)
     chosen: list[WgmmaConfig] = []
-    wanted = [(k, v) for k in ("consumers", "cluster", "persistent", "dtype")
+    wanted = [(k, v) for k in ("consumers", "cluster", "persistent", "dtype", "pingpong")
               for v in WGMMA_SPACE[k]]
     for key, value in wanted:
         if any(getattr(c, key) == value for c in chosen):
@@ -494,6 +524,7 @@ SEARCH_SPACE: dict[str, tuple] = {
     "cluster": (1,),
     "persistent": (0, 1),
     "group": (1, 8, 16),
+    "pingpong": (0, 1),
 }
 _SEARCHED = list(SEARCH_SPACE)
 

@@ -18,6 +18,7 @@ namespace {
 
 constexpr int BM = 128, BN = 128, BK = 64, STAGES = 4;
 constexpr int CONSUMERS = 2, CLUSTER = 2, GROUP = 8;
+constexpr int PINGPONG = 0, EMPTY_ARRIVALS = 4;
 constexpr int THREADS = 384, WM = 64, M_WGMMAS = 1, K_STEPS = 4;
 constexpr int ACC = 64;  // FP32 accumulators per thread per m64 slice
 constexpr int ES = 2, B_CHUNKS = 2, B_BOX_ROWS = 32;
@@ -26,14 +27,16 @@ constexpr uint32_t B_STAGE_BYTES = 16384, STAGE_BYTES = 32768;
 constexpr uint32_t TILES_BYTES = 131072, SMEM_BYTES = 133120;
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
-static_assert(WM * CONSUMERS == BM && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
+static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
+static_assert(!PINGPONG || (CONSUMERS == 2 && CLUSTER == 1 && EMPTY_ARRIVALS == 1), "ping-pong: two consumers, one per stage, no cluster");
+static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(BN % 64 == 0 && BN <= 256 && B_CHUNKS * 64 == BN && ACC * 2 == BN, "BN: 64-column swizzled boxes, wgmma N <= 256");
 static_assert(BK * ES == 128 && K_STEPS * 16 == BK, "BK must span the 128-byte swizzle");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 blocks");
 static_assert(B_BOX_ROWS * CLUSTER == BK && B_BOX_ROWS % 8 == 0, "B's rows split into whole 8-row swizzle atoms");
 static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && B_CHUNK_BYTES == BK * 128, "stage bytes");
 static_assert(STAGE_BYTES == A_STAGE_BYTES + B_STAGE_BYTES && STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle boundaries");
-static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + 16 * STAGES + 1024 <= SMEM_BYTES, "the ring, its barriers and the alignment slack fit");
+static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, its barriers and the alignment slack fit");
 static_assert(SMEM_BYTES <= 232448, "227 KiB of shared memory per block at most");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
@@ -235,7 +238,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x2_p1_g8(const __grid_constant__ CUtensorMap tmA
         tma_prefetch_map(&tmB);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), CONSUMERS * CLUSTER);
+            mbar_init(empty(s), EMPTY_ARRIVALS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -290,6 +293,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x2_p1_g8(const __grid_constant__ CUtensorMap tmA
         };
 
         for (int t = cluster_id; t < num_tiles; t += clusters) {
+            const int row0 = consumer * WM;  // this consumer's rows of the tile
             int ctm, tn;
             tile_coords(t, ctiles_m, tiles_n, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
@@ -303,7 +307,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x2_p1_g8(const __grid_constant__ CUtensorMap tmA
             int previous = -1;
             for (int kt = 0; kt < k_tiles; ++kt) {
                 mbar_wait(full(stage), phase);
-                const uint32_t a_tile = base + stage * STAGE_BYTES + consumer * (WM * 128);
+                const uint32_t a_tile = base + stage * STAGE_BYTES + row0 * 128;
                 const uint32_t b_tile = base + stage * STAGE_BYTES + A_STAGE_BYTES;
                 wgmma_fence();  // accumulators written by other instructions before this wgmma
 #pragma unroll
@@ -336,7 +340,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x2_p1_g8(const __grid_constant__ CUtensorMap tmA
             for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + consumer * WM + i * 64 + warp * 16 + lane / 4 + h * 8;
+                    const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
                     if (row >= M)
                         continue;
                     float* const c_row = C + static_cast<size_t>(row) * ldc;

@@ -19,6 +19,7 @@ namespace {
 
 constexpr int BM = 128, BN = 128, BK = 32, STAGES = 2;
 constexpr int CONSUMERS = 2, CLUSTER = 1, GROUP = 8;
+constexpr int PINGPONG = 0, EMPTY_ARRIVALS = 2;
 constexpr int THREADS = 384, WM = 64, M_WGMMAS = 1, K_STEPS = 4;
 constexpr int ACC = 64;  // FP32 accumulators per thread per m64 slice
 constexpr int ES = 4, B_CHUNKS = 4, B_BOX_ROWS = 32;
@@ -31,7 +32,9 @@ constexpr uint32_t TX_BYTES = 32768;  // what TMA writes per stage (expect_tx)
 constexpr uint32_t BT_OFF = 32768, AS_OFF = 49152, BTS_OFF = 65536;
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
-static_assert(WM * CONSUMERS == BM && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
+static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
+static_assert(!PINGPONG || (CONSUMERS == 2 && CLUSTER == 1 && EMPTY_ARRIVALS == 1), "ping-pong: two consumers, one per stage, no cluster");
+static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(ES == 4 && MMA_K == 8 && B_BOX_COLS == 32, "fp32 data: tf32 wgmma k8, 32-column B boxes");
 static_assert(BN % 32 == 0 && BN <= 256 && B_CHUNKS * 32 == BN && ACC * 2 == BN, "BN: 32-column swizzled boxes, wgmma N <= 256");
 static_assert(BK * ES == 128 && K_STEPS * MMA_K == BK, "BK must span the 128-byte swizzle");
@@ -45,7 +48,7 @@ static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 blocks");
 static_assert(B_BOX_ROWS * CLUSTER == BK && B_BOX_ROWS % 8 == 0, "B's rows split into whole 8-row swizzle atoms");
 static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && B_CHUNK_BYTES == BK * 128, "stage bytes");
 static_assert(STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle boundaries");
-static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + 16 * STAGES + 1024 <= SMEM_BYTES, "the ring, its barriers and the alignment slack fit");
+static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, its barriers and the alignment slack fit");
 static_assert(SMEM_BYTES <= 232448, "227 KiB of shared memory per block at most");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
@@ -373,7 +376,7 @@ gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3(const __grid_constant__ CUtensorMap 
         tma_prefetch_map(&tmB);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), CONSUMERS * CLUSTER);
+            mbar_init(empty(s), EMPTY_ARRIVALS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -432,6 +435,7 @@ gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3(const __grid_constant__ CUtensorMap 
         };
 
         for (int t = cluster_id; t < num_tiles; t += clusters) {
+            const int row0 = consumer * WM;  // this consumer's rows of the tile
             int ctm, tn;
             tile_coords(t, ctiles_m, tiles_n, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
@@ -447,8 +451,8 @@ gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3(const __grid_constant__ CUtensorMap 
             bool inf = consumers_sync_or(convert_stage(base + stage * STAGE_BYTES, ct));
             for (int kt = 0; kt < k_tiles; ++kt) {
                 const uint32_t st = base + stage * STAGE_BYTES;
-                const uint32_t a_tile = st + consumer * (WM * 128);
-                const uint32_t as_tile = st + AS_OFF + consumer * (WM * 128);
+                const uint32_t a_tile = st + row0 * 128;
+                const uint32_t as_tile = st + AS_OFF + row0 * 128;
                 wgmma_fence();  // part was read by the FADDs of the previous k-tile
                 mma_terms(part, a_tile, as_tile, st + BT_OFF, st + BTS_OFF, true, false);
                 wgmma_commit();
@@ -492,7 +496,7 @@ gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3(const __grid_constant__ CUtensorMap 
             for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + consumer * WM + i * 64 + warp * 16 + lane / 4 + h * 8;
+                    const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
                     if (row >= M)
                         continue;
                     float* const c_row = C + static_cast<size_t>(row) * ldc;
