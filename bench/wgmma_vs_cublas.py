@@ -19,7 +19,10 @@ repetitions to ~40 ms.
 - Triton: torch.compile(mode="max-autotune-no-cudagraphs") of torch.mm with
   torch._inductor.config.max_autotune_gemm_backends = "TRITON" (Triton templates only).
   Its output is the input type (Triton's GEMM template writes 2-byte C; ours and cuBLAS
-  write 4-byte FP32 C, so Triton moves less memory). Compiles are bounded by
+  write 4-byte FP32 C, so Triton moves less memory). With --triton-f32 also
+  ``torch.mm(a, b).float()`` compiled the same way: inductor fuses the cast into the
+  template's epilogue, so that Triton kernel writes the FP32 C ours and cuBLAS write (its
+  values rounded to the input type first: the same bytes, not the same precision). Compiles are bounded by
   --triton-budget seconds in all (the bar's shapes first); a shape left without Triton,
   or a compile that fails, is recorded with the reason.
 
@@ -48,12 +51,10 @@ BAR_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 MORE_SHAPES = [(8192, 8192, 1024), (4096, 14336, 4096), (16384, 1024, 4096)]
 DTYPES = (DType.F16, DType.BF16)
 #: per dtype: the probe's winners (bench/results/wgmma-probe-h200-2026-12-01.json) and
-#: neighbours (persistence, raster group, a shallower ring), and ping-pong consumers
+#: neighbours (persistence, raster group, a shallower ring)
 CANDIDATES = ["128x256x64_c2_s4_x1_p0_g8", "128x256x64_c2_s4_x1_p1_g8",
               "256x128x64_c2_s4_x1_p0_g8", "256x128x64_c2_s4_x1_p1_g8",
-              "128x256x64_c2_s3_x1_p1_g16", "128x192x64_c2_s4_x1_p1_g16",
-              "128x128x64_c2_s5_x1_p1_g8_pp", "128x128x64_c2_s6_x1_p1_g8_pp",
-              "64x256x64_c2_s5_x1_p1_g8_pp"]
+              "128x256x64_c2_s3_x1_p1_g16", "128x192x64_c2_s4_x1_p1_g16"]
 ROUNDS = 3
 TARGET_MS = 40.0
 
@@ -124,8 +125,9 @@ def cublas_runner(torch, a, b, c, dtype):
     return run, f"cublasGemmEx {dtype.short} -> fp32 (COMPUTE_32F)"
 
 
-def compile_triton(torch, dtype, shape, deadline: float) -> tuple[object, str]:
-    """(compiled fn or None, note)."""
+def compile_triton(torch, dtype, shape, deadline: float, f32_out: bool = False
+                   ) -> tuple[object, str]:
+    """(compiled fn or None, note); `f32_out`: the product cast to fp32 (fused)."""
     if time.monotonic() > deadline:
         return None, "not compiled: the Triton budget was spent on earlier shapes"
     import torch._inductor.config as ic
@@ -139,7 +141,8 @@ def compile_triton(torch, dtype, shape, deadline: float) -> tuple[object, str]:
     try:
         # no CUDA graphs: a graph tree copies non-static inputs into its buffers on every
         # call, which would add two operand copies to Triton's time
-        fn = torch.compile(lambda x, y: torch.mm(x, y), mode="max-autotune-no-cudagraphs",
+        fn = torch.compile((lambda x, y: torch.mm(x, y).float()) if f32_out else
+                           (lambda x, y: torch.mm(x, y)), mode="max-autotune-no-cudagraphs",
                            dynamic=False)
         fn(a, b)
         torch.cuda.synchronize()
@@ -153,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--triton-budget", type=float, default=240.0)
     ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--triton-f32", action="store_true",
+                    help="also Triton writing FP32 C (mm(a, b).float(), the cast fused)")
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: the five)")
     args = ap.parse_args(argv)
 
@@ -201,11 +206,12 @@ def main(argv=None) -> int:
         for shape in shapes:
             for dtype in DTYPES:
                 key = f"{dtype.short} {'x'.join(map(str, shape))}"
-                fn, note = compile_triton(torch, dtype, shape, deadline)
-                doc["triton"][key] = note
-                print(f"Triton {key}: {note}", flush=True)
-                if fn is not None:
-                    triton_fns[(dtype, shape)] = fn
+                for f32_out in (False, True) if args.triton_f32 else (False,):
+                    fn, note = compile_triton(torch, dtype, shape, deadline, f32_out)
+                    doc["triton"][key + (" f32 C" if f32_out else "")] = note
+                    print(f"Triton {key}{' f32 C' if f32_out else ''}: {note}", flush=True)
+                    if fn is not None:
+                        triton_fns[(dtype, shape, f32_out)] = fn
     else:
         doc["triton"]["all"] = "not run (--no-triton)"
 
@@ -238,9 +244,10 @@ def main(argv=None) -> int:
                 else:
                     print(f"{cfg.name} {shape}: WRONG, error {err:.2e} vs cuBLAS", flush=True)
             runs["cublas"] = blas
-            tfn = triton_fns.get((dtype, shape))
-            if tfn is not None:
-                runs["triton"] = (lambda tfn=tfn: tfn(a, b))
+            for f32_out, name in ((False, "triton"), (True, "triton_f32")):
+                tfn = triton_fns.get((dtype, shape, f32_out))
+                if tfn is not None:
+                    runs[name] = (lambda tfn=tfn: tfn(a, b))
             times = {name: [] for name in runs}
             for _ in range(ROUNDS):  # interleaved: every runner once per round
                 for name, fn in runs.items():
@@ -256,6 +263,9 @@ def main(argv=None) -> int:
                        triton_tflops=med.get("triton"), triton_rounds=tf.get("triton"),
                        triton_ratio=(med["triton"] / med["cublas"] if "triton" in med else None),
                        triton_note=doc["triton"].get(f"{dtype.short} {'x'.join(map(str, shape))}"),
+                       triton_f32_tflops=med.get("triton_f32"),
+                       triton_f32_ratio=(med["triton_f32"] / med["cublas"]
+                                         if "triton_f32" in med else None),
                        candidates={nm: dict(tflops=med[nm], rounds=tf[nm],
                                             error_vs_cublas=errors.get(nm)) for nm in ours},
                        errors_vs_cublas=errors)
@@ -266,6 +276,8 @@ def main(argv=None) -> int:
             doc["rows"].append(row)
             tri = f"{row['triton_tflops']:.1f} ({row['triton_ratio']:.2f}x)" \
                 if row["triton_tflops"] else "-"
+            if row["triton_f32_tflops"]:
+                tri += f", FP32 C {row['triton_f32_tflops']:.1f} ({row['triton_f32_ratio']:.2f}x)"
             print(f"{dtype.short:4} {'x'.join(map(str, shape)):>16}  ours {row['tflops'] or 0:7.1f} "
                   f"({(row['ratio'] or 0):.2f}x) {best}  cuBLAS {row['cublas_tflops']:7.1f}  "
                   f"Triton {tri}", flush=True)
@@ -290,10 +302,12 @@ def _plot(doc: dict, png: Path) -> None:
     labels = [f"{r['dtype']}\n{'x'.join(map(str, r['shape']))}" for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 4.5))
-    w = 0.38
-    ax.bar([i - w / 2 for i in x], [r["ratio"] or 0 for r in rows], w, label="gemm-tune wgmma")
-    ax.bar([i + w / 2 for i in x], [r["triton_ratio"] or 0 for r in rows], w,
-           label="Triton (max-autotune)")
+    w = 0.27
+    ax.bar([i - w for i in x], [r["ratio"] or 0 for r in rows], w, label="gemm-tune wgmma")
+    ax.bar(list(x), [r["triton_ratio"] or 0 for r in rows], w,
+           label="Triton (max-autotune), 2-byte C")
+    ax.bar([i + w for i in x], [r.get("triton_f32_ratio") or 0 for r in rows], w,
+           label="Triton, FP32 C (cast fused)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(0.9, color="r", lw=0.8, ls="--", label="bar: 0.90x")
     ax.set_xticks(list(x), labels, fontsize=8)

@@ -514,8 +514,12 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 #: probe (bench/results/wgmma-probe-h200-2026-12-01.json) measured two consumers with
 #: BN 128-256 winning (0.93-1.01x cuBLAS) and clusters of 2 losing (0.30-0.59x): clusters
 #: stay buildable and tested but are not searched until that gap is understood
-#: (bench/NOTES.md, "wgmma family"). Two stages never keep the tensor cores fed (one TMA
-#: in flight), so the ring starts at three.
+#: (bench/NOTES.md, "wgmma family"). Ping-pong consumers measured 0.63-0.84x against the
+#: cooperative 128x256's 0.94-1.00x (bench/results/wgmma-probe-pingpong-h200-2026-12-01.json):
+#: a consumer's whole tile fits its registers only up to 128x128 or 64x256, and those
+#: tiles read more shared memory per FLOP than the shared 128x256; not searched either.
+#: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
+#: three.
 SEARCH_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
@@ -524,7 +528,6 @@ SEARCH_SPACE: dict[str, tuple] = {
     "cluster": (1,),
     "persistent": (0, 1),
     "group": (1, 8, 16),
-    "pingpong": (0, 1),
 }
 _SEARCHED = list(SEARCH_SPACE)
 
