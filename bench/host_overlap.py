@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
         def copy_only():
             with driver.entered(g):
-                host.run_pipelined(g, lambda rows, cols: NoGemm(), A, B, C, 1.0, 0.0)
+                host.run_pipelined(g, lambda rows: NoGemm(), A, B, C, 1.0, 0.0)
 
         def compute_only():
             with driver.entered(g):
@@ -91,7 +91,6 @@ def main(argv=None) -> int:
         row = dict(shape=spec, m=m, n=n, k=k, kernel=plan.choice.kernel or "cuBLAS",
                    error=err, pipelined_equals_sequential=exact,
                    chunks=len(host.plan_chunks(m, n, k, 4)),
-                   panels=len(host.plan_panels(n, B.nbytes)),
                    pipelined_ms=wall(lambda: lib.gemm(A, B, C)),
                    sequential_ms=wall(lambda: lib.gemm(A, B, C, pipeline=False)),
                    copy_ms=wall(copy_only), compute_ms=wall(compute_only),

@@ -258,18 +258,13 @@ def test_a_repeated_call_makes_no_new_plan(lib):
 
 @pytest.mark.parametrize("shape", [KERNEL_SHAPE, (1000, 333, 257), (4097, 129, 65), (300, 1, 7)],
                          ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("panels", [False, True], ids=["rows", "panels"])
-def test_host_pipeline_is_exact_to_the_plain_path(lib, shape, panels, monkeypatch):
+def test_host_pipeline_is_exact_to_the_plain_path(lib, shape, monkeypatch):
     """numpy in and out: the pipelined path (chunks of rows over three streams, pinned
-    staging, B copied up in slices: a few rows each here; or in column panels of B and C
-    with all of A on the GPU) gives the bits of copy-compute-copy where a tuned kernel
-    runs."""
+    staging, B copied up in slices: a few rows each here) gives the bits of
+    copy-compute-copy where a tuned kernel runs."""
     from tuner.runtime import host
 
     monkeypatch.setattr(host, "B_SLICE_BYTES", 4096)
-    if panels:  # panels of 64 columns (256-byte aligned), whatever B's size
-        monkeypatch.setattr(host, "PANEL_BYTES", 4096)
-        monkeypatch.setattr(host, "COL_GRAIN", 64)
     m, n, k = shape
     rng = np.random.default_rng()
     a = rng.standard_normal((m, k), dtype=np.float32)

@@ -526,24 +526,6 @@ def test_chunks_cover_the_rows_in_order(m, n, k, elem, target):
     assert max(sizes) - min(sizes[:-1] or sizes) == 0  # all equal but the last
 
 
-@settings(max_examples=300, deadline=None)
-@given(n=st.integers(1, 100_000), b_bytes=st.integers(1, 1 << 34),
-       panel=st.sampled_from([1 << 20, 256 << 20]))
-def test_panels_cover_the_columns_in_order(n, b_bytes, panel):
-    from tuner.runtime.host import COL_GRAIN, MAX_PANELS, plan_panels
-
-    panels = plan_panels(n, b_bytes, panel)
-    assert panels[0][0] == 0 and panels[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(panels, panels[1:]))
-    assert all(c1 > c0 for c0, c1 in panels) and len(panels) <= MAX_PANELS
-    assert all((c1 - c0) % COL_GRAIN == 0 for c0, c1 in panels[:-1])  # alignment kept
-    if b_bytes <= panel or n < 2 * COL_GRAIN:
-        assert panels == [(0, n)]  # small B: one panel, the plain pipeline
-    else:
-        # widths rounded up to whole grains may leave fewer panels than asked, never one
-        assert 2 <= len(panels) <= min(MAX_PANELS, -(-b_bytes // panel))
-
-
 def test_gemm_batch_takes_numpy_pairs_only(lib, fake):
     with pytest.raises(LibraryError, match="gemm_batch takes numpy arrays; A is Cai"):
         lib.gemm_batch([(Cai(4, 4, 0x1000), np.ones((4, 4), np.float32))])

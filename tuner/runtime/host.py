@@ -5,13 +5,6 @@ and C's rows (B goes over once):
 
     chunk t:  A rows -> pinned buffer (CPU)  ->  H2D  ->  GEMM  ->  D2H  ->  C rows (CPU)
 
-Every chunk's GEMM needs all of B, so B's copy is a prefix nothing hides. Where B is large
-(over PANEL_BYTES) and all of A fits on the GPU beside it, the work goes in column panels
-of B and C instead: panel 0 of B goes up first, then for each panel p every row chunk
-runs C[rows, panel p] = A[rows, :] B[:, panel p] (A's rows go up once, in panel 0, and
-stay), while panel p+1 of B goes up behind the compute of panel p. The prefix is then one
-panel of B.
-
 Chunk t runs on stream t mod 3, so the H2D copy of chunk t+1 and the D2H copy of chunk
 t-1 overlap the GEMM of chunk t, and the CPU fills the next pinned buffer meanwhile.
 Page-locked (pinned) staging buffers and device buffers are kept per GPU and reused; an
@@ -43,8 +36,8 @@ import numpy as np
 
 from tuner.runtime import driver
 
-__all__ = ["plan_chunks", "plan_panels", "Pinned", "pinned", "run_pipelined", "run_batch",
-           "STREAMS", "B_SLICE_BYTES", "PANEL_BYTES"]
+__all__ = ["plan_chunks", "Pinned", "pinned", "run_pipelined", "run_batch", "STREAMS",
+           "B_SLICE_BYTES"]
 
 #: streams (and buffer slots) of the pipeline: chunk t runs on stream t % STREAMS
 STREAMS = 3
@@ -71,27 +64,6 @@ def plan_chunks(m: int, n: int, k: int, elem: int, target_bytes: int = 64 << 20,
 
 #: B's slices when pipelined: each is copied up while the CPU stages the next
 B_SLICE_BYTES = 32 << 20
-#: B larger than this goes in column panels of about this size (at most MAX_PANELS)
-PANEL_BYTES = 256 << 20
-MAX_PANELS = 4
-#: panel widths are a multiple of this many columns (keeps every panel's alignment class)
-COL_GRAIN = 256
-#: device memory left free when deciding whether all of A fits beside B
-DEVICE_MARGIN = 1 << 30
-
-
-def plan_panels(n: int, b_bytes: int, panel_bytes: int | None = None,
-                max_panels: int = MAX_PANELS) -> list[tuple[int, int]]:
-    """Column ranges [c0, c1) of B and C covering 0..n in order: one when B is at most
-    `panel_bytes`, else about b_bytes / panel_bytes of them (at most `max_panels`), each a
-    multiple of COL_GRAIN columns but the last."""
-    panel_bytes = panel_bytes or PANEL_BYTES
-    want = min(max_panels, -(-b_bytes // panel_bytes))
-    if want <= 1 or n < 2 * COL_GRAIN:
-        return [(0, n)]
-    w = -(-n // want)
-    w = -(-w // COL_GRAIN) * COL_GRAIN
-    return [(c0, min(n, c0 + w)) for c0 in range(0, n, w)]
 #: threads that copy between pageable arrays and pinned buffers
 COPY_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
 
@@ -144,41 +116,11 @@ def pinned() -> Pinned:
 
 
 def _streams(g) -> list[int]:
-    """The pipeline's STREAMS slot streams, then one for B's panels."""
     if g.index not in _STREAMS:
         cu = driver._cu()
         _STREAMS[g.index] = [int(driver._check(cu.cuStreamCreate(1), "cuStreamCreate"))
-                             for _ in range(STREAMS + 1)]
+                             for _ in range(STREAMS)]
     return _STREAMS[g.index]
-
-
-def _h2d(dst: int, src: np.ndarray, stream: int) -> None:
-    driver._check(driver._cu().cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream),
-                  "cuMemcpyHtoDAsync")
-
-
-def _d2h(dst: np.ndarray, src: int, stream: int) -> None:
-    driver._check(driver._cu().cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream),
-                  "cuMemcpyDtoHAsync")
-
-
-def _event():
-    return driver._check(driver._cu().cuEventCreate(2), "cuEventCreate")  # no timing
-
-
-def _record(event, stream: int) -> None:
-    driver._check(driver._cu().cuEventRecord(event, stream), "cuEventRecord")
-
-
-def _wait(stream: int, event) -> None:
-    driver._check(driver._cu().cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
-
-
-def _a_fits(g, A: np.ndarray, B: np.ndarray, rows_max: int, cols: int) -> bool:
-    """Do all of A, B and the slots' C buffers fit in the GPU's free memory (with margin)?"""
-    free, _ = driver._check(driver._cu().cuMemGetInfo(), "cuMemGetInfo")
-    need = A.nbytes + B.nbytes + STREAMS * rows_max * (cols * 4 + A.shape[1] * A.itemsize)
-    return need + DEVICE_MARGIN <= int(free)
 
 
 def _view(buf: np.ndarray, rows: int, cols: int, dtype) -> np.ndarray:
@@ -203,30 +145,21 @@ class _Slot:
 
 def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, alpha: float,
                   beta: float, chunks: list[tuple[int, int]] | None = None,
-                  pinned_staging: bool = True,
-                  panels: list[tuple[int, int]] | None = None) -> None:
-    """C = alpha A B + beta C for host arrays, pipelined over row chunks (module doc), and
-    over column panels of B and C where B is large and A fits on the GPU.
-    `chunk_plan(rows, cols)` returns the plan (same kernel) for a chunk of that many rows
-    and columns (packed: leading dimensions K, cols, cols); without `pinned_staging` the
-    copies go straight from pageable memory (the pitfall the benchmark shows)."""
+                  pinned_staging: bool = True) -> None:
+    """C = alpha A B + beta C for host arrays, pipelined over row chunks (module doc).
+    `chunk_plan(rows)` returns the plan (same kernel) for a chunk of that many rows;
+    without `pinned_staging` the copies go straight from pageable memory (the pitfall the
+    benchmark shows)."""
+    cu = driver._cu()
     m, k = A.shape
     n = B.shape[1]
     chunks = chunks or plan_chunks(m, n, k, A.itemsize)
     rows_max = max(r1 - r0 for r0, r1 in chunks)
-    if panels is None:
-        panels = [(0, n)]
-        if len(chunks) > 1 and pinned_staging:
-            panels = plan_panels(n, B.nbytes)
-            if len(panels) > 1 and not _a_fits(g, A, B, rows_max, panels[0][1]):
-                panels = [(0, n)]
-    if len(panels) > 1:
-        return _run_panels(g, chunk_plan, A, B, C, alpha, beta, chunks, panels)
-    cu = driver._cu()
-    streams = _streams(g)[:STREAMS]
+    streams = _streams(g)
     scratch = driver.scratch()
     # B once, on the first stream; the others wait for it. Pipelined, B is staged in
-    # slices, each copied up while the CPU stages the next; the one-chunk path, the
+    # slices, each copied up while the CPU stages the next (every chunk's GEMM needs all of
+    # B, so this prefix is not hidden behind compute otherwise); the one-chunk path, the
     # sequential baseline, stages it whole.
     dB = scratch.get(g, streams[0], "host B", B.nbytes)
     if pinned_staging:
@@ -239,14 +172,16 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
         r1 = min(k, r0 + step)
         if pinned_staging:
             copy_rows(pB[r0:r1], B[r0:r1])
-        _h2d(dB + r0 * row_bytes, pB[r0:r1], streams[0])
-    b_ready = _event()
-    _record(b_ready, streams[0])
+        driver._check(cu.cuMemcpyHtoDAsync(dB + r0 * row_bytes, pB[r0:r1].ctypes.data,
+                                           (r1 - r0) * row_bytes, streams[0]),
+                      "cuMemcpyHtoDAsync")
+    b_ready = driver._check(cu.cuEventCreate(2), "cuEventCreate")  # disable timing
+    driver._check(cu.cuEventRecord(b_ready, streams[0]), "cuEventRecord")
     slots = []
     for i, s in enumerate(streams):
         if i:
-            _wait(s, b_ready)
-        slots.append(_Slot(s, _event()))
+            driver._check(cu.cuStreamWaitEvent(s, b_ready, 0), "cuStreamWaitEvent")
+        slots.append(_Slot(s, driver._check(cu.cuEventCreate(2), "cuEventCreate")))
 
     try:
         for t, (r0, r1) in enumerate(chunks):
@@ -265,12 +200,15 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
                     copy_rows(pc, C[r0:r1])
             else:
                 pa, pc = np.ascontiguousarray(A[r0:r1]), C[r0:r1]
-            _h2d(dA, pa, s)
+            driver._check(cu.cuMemcpyHtoDAsync(dA, pa.ctypes.data, pa.nbytes, s),
+                          "cuMemcpyHtoDAsync")
             if beta != 0:
-                _h2d(dC, pc, s)
-            chunk_plan(rows, n).run(dA, dB, dC, alpha, beta, s)
-            _d2h(pc, dC, s)
-            _record(slot.event, s)
+                driver._check(cu.cuMemcpyHtoDAsync(dC, pc.ctypes.data, pc.nbytes, s),
+                              "cuMemcpyHtoDAsync")
+            chunk_plan(rows).run(dA, dB, dC, alpha, beta, s)
+            driver._check(cu.cuMemcpyDtoHAsync(pc.ctypes.data, dC, pc.nbytes, s),
+                          "cuMemcpyDtoHAsync")
+            driver._check(cu.cuEventRecord(slot.event, s), "cuEventRecord")
             slot.pending = (C[r0:r1], pc) if pinned_staging else None
         for slot in slots:
             slot.drain()
@@ -279,76 +217,6 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             driver.sync(slot.stream)
             cu.cuEventDestroy(slot.event)
         cu.cuEventDestroy(b_ready)
-
-
-def _run_panels(g, chunk_plan, A, B, C, alpha, beta, chunks, panels) -> None:
-    """The column-panel pipeline (module doc): A's rows go up in panel 0 and stay; panel
-    p+1 of B goes up on its own stream behind the first chunks of panel p."""
-    cu = driver._cu()
-    *streams, b_stream = _streams(g)
-    scratch = driver.scratch()
-    m, k = A.shape
-    e = A.itemsize
-    rows_max = max(r1 - r0 for r0, r1 in chunks)
-    w_max = max(c1 - c0 for c0, c1 in panels)
-    dA = scratch.get(g, streams[0], "host A all", A.nbytes)
-    dB = scratch.get(g, streams[0], "host B", B.nbytes)  # panel p packed at k * c0
-    ready = [_event() for _ in panels]
-
-    def send(p: int) -> None:
-        c0, c1 = panels[p]
-        if p >= 2:  # its pinned buffer's last upload (panel p - 2) is done
-            driver._check(cu.cuEventSynchronize(ready[p - 2]), "cuEventSynchronize")
-        buf = _view(_PINNED.get(g, f"B{p % 2}", k * w_max * e), k, c1 - c0, B.dtype)
-        copy_rows(buf, B[:, c0:c1])
-        _h2d(dB + k * c0 * e, buf, b_stream)
-        _record(ready[p], b_stream)
-
-    slots = [_Slot(s, _event()) for s in streams]
-    a_up = [_event() for _ in streams]
-    try:
-        send(0)
-        t = 0
-        for p, (c0, c1) in enumerate(panels):
-            w = c1 - c0
-            if p == 1:  # every stream may read every row of A from here on
-                for ev, s in zip(a_up, streams):
-                    _record(ev, s)
-                for s in streams:
-                    for ev in a_up:
-                        _wait(s, ev)
-            for i, (r0, r1) in enumerate(chunks):
-                slot = slots[t % STREAMS]
-                slot.drain()
-                rows, s = r1 - r0, slot.stream
-                dC = scratch.get(g, s, "host C", rows_max * w_max * 4)
-                pc = _view(_PINNED.get(g, f"C{t % STREAMS}", rows_max * w_max * 4), rows, w,
-                           np.float32)
-                if p == 0:
-                    pa = _view(_PINNED.get(g, f"A{t % STREAMS}", rows_max * k * e), rows, k,
-                               A.dtype)
-                    copy_rows(pa, A[r0:r1])
-                    _h2d(dA + r0 * k * e, pa, s)
-                if beta != 0:
-                    copy_rows(pc, C[r0:r1, c0:c1])
-                    _h2d(dC, pc, s)
-                _wait(s, ready[p])
-                chunk_plan(rows, w).run(dA + r0 * k * e, dB + k * c0 * e, dC, alpha, beta, s)
-                _d2h(pc, dC, s)
-                _record(slot.event, s)
-                slot.pending = (C[r0:r1, c0:c1], pc)
-                if i == min(1, len(chunks) - 1) and p + 1 < len(panels):
-                    send(p + 1)  # behind this panel's first chunks, ahead of its compute's end
-                t += 1
-        for slot in slots:
-            slot.drain()
-    finally:
-        for slot in slots:
-            driver.sync(slot.stream)
-            cu.cuEventDestroy(slot.event)
-        driver.sync(b_stream)
-        for ev in ready + a_up:
-            cu.cuEventDestroy(ev)
 
 
 def run_batch(g, items: list, alpha: float, beta: float) -> None:

@@ -186,17 +186,13 @@ class Plan:
     #: rows -> the plan running the same choice on a chunk of that many packed rows
     chunks: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
-    def chunk(self, lib, rows: int, cols: int | None = None) -> "Plan":
-        """This plan's choice (the same kernel) on `rows` rows of A and C and `cols` columns
-        of B and C (all of them by default), each operand packed (leading dimensions K,
-        cols, cols). An element's sum runs in the same order whatever M, N and the leading
-        dimensions are, so the chunks' results are the whole problem's bits."""
-        cols = self.n if cols is None else cols
-        p = self.chunks.get((rows, cols))
+    def chunk(self, lib, rows: int) -> "Plan":
+        """This plan's choice (the same kernel) on `rows` packed rows of A and C."""
+        p = self.chunks.get(rows)
         if p is None:
-            problem = dataclasses.replace(self.problem, m=rows, n=cols, lda=self.k, ldb=cols,
-                                          ldc=cols, offsets=(0, 0, 0))
-            p = self.chunks[rows, cols] = problem.build(lib, self.choice)
+            problem = dataclasses.replace(self.problem, m=rows, lda=self.k, ldb=self.n,
+                                          ldc=self.n, offsets=(0, 0, 0))
+            p = self.chunks[rows] = problem.build(lib, self.choice)
         return p
 
 
@@ -362,8 +358,7 @@ def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=Tru
         if all(o.host is not None for o in (a, b, c)):
             from tuner.runtime.host import run_pipelined
 
-            run_pipelined(g, lambda rows, cols: plan.chunk(lib, rows, cols), a.host, b.host,
-                          c.host,
+            run_pipelined(g, lambda rows: plan.chunk(lib, rows), a.host, b.host, c.host,
                           alpha, beta, chunks=None if pipeline else [(0, plan.m)],
                           pinned_staging=pipeline != "pageable")
         elif a.host is not None or b.host is not None or c.host is not None:
