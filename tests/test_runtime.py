@@ -314,7 +314,7 @@ def test_wgmma_kernels_get_tensor_maps_and_only_aligned_operands(
     from _library import entry
     from codegen import compile_config
     from codegen.families.wgmma import WgmmaConfig
-    from tuner import wgmma_launch
+    from tuner.runtime import tma
 
     cfg = WgmmaConfig(bm=128, bn=128, bk=64, stages=4, consumers=1, cluster=1, persistent=0,
                       group=8, dtype=DType.F16)
@@ -332,7 +332,7 @@ def test_wgmma_kernels_get_tensor_maps_and_only_aligned_operands(
             return ctypes.addressof(self.buf)
 
     encoded = []
-    monkeypatch.setattr(wgmma_launch, "_encode", lambda args: encoded.append(args) or Map(args))
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map(args))
     launched = []
 
     def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, address, extra):

@@ -1,7 +1,8 @@
 """Host side of the wgmma family: TMA tensor maps and the cluster launch, through
 cuda.bindings (the CUDA driver API), imported only when first used.
 
-The pure parts (:func:`tensor_map_args`, :func:`kernel_arg_layout`) run anywhere and
+The pure parts (:func:`tensor_map_args`, from tuner/runtime/tma.py, and
+:func:`kernel_arg_layout`) run anywhere and
 are tested without a GPU; :func:`encode_tensor_map`, :func:`load_function` and
 :func:`launch` need the driver and a current context (torch's primary context, for one).
 
@@ -18,25 +19,14 @@ import logging
 
 from codegen.config import DType
 from codegen.families.wgmma import SWIZZLE_BYTES, WgmmaConfig, tma_reasons
-from tuner.outcome import LaunchError, Unsupported
+from tuner.outcome import LaunchError
+from tuner.runtime import tma
+from tuner.runtime.tma import TmaUnsupported, tensor_map_args
 
 __all__ = ["TmaUnsupported", "tensor_map_args", "encode_tensor_map", "load_function",
            "launch", "bind", "WgmmaKernel", "kernel_arg_layout", "clear_caches"]
 
 log = logging.getLogger(__name__)
-
-#: names of the driver's CUtensorMapDataType per input type
-_TMA_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-              DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-              DType.TF32: "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32",
-              DType.F32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
-_SWIZZLE = {"none": ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), "32B": ("CU_TENSOR_MAP_SWIZZLE_32B", 32),
-            "64B": ("CU_TENSOR_MAP_SWIZZLE_64B", 64), "128B": ("CU_TENSOR_MAP_SWIZZLE_128B", 128)}
-
-
-class TmaUnsupported(Unsupported):
-    """The operands break a TMA rule (alignment, stride): dispatch another family (the
-    tuner's runner reports the candidate REJECTED with this message)."""
 
 
 def _cu():
@@ -56,62 +46,7 @@ def _check(result):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
-# ---- tensor maps ------------------------------------------------------------------
-def tensor_map_args(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box_rows: int,
-                    box_cols: int, swizzle: str = "128B") -> dict:
-    """The arguments of cuTensorMapEncodeTiled for a row-major rows x cols matrix with
-    leading dimension ld (elements) at ptr, as plain values (enum members by name).
-
-    Raises:
-        TmaUnsupported: a rule of cuTensorMapEncodeTiled is broken; the message says which.
-    """
-    es = dtype.size
-    why = []
-    if ptr % 16:
-        why.append(f"address 0x{ptr:x} is not 16-byte aligned")
-    if (ld * es) % 16 or ld * es >= 1 << 40:
-        why.append(f"row stride {ld} x {es} B is not a multiple of 16 bytes below 2^40")
-    if ld < cols:
-        why.append(f"leading dimension {ld} is below the {cols} columns")
-    if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256):
-        why.append(f"box {box_rows} x {box_cols} has a side outside 1..256")
-    name, span = _SWIZZLE[swizzle]
-    if span and box_cols * es > span:
-        why.append(f"box rows of {box_cols} x {es} B exceed the {span} B of SWIZZLE_{swizzle}")
-    if (box_cols * es) % 16:
-        why.append(f"box rows of {box_cols} x {es} B are not a multiple of 16 bytes")
-    if not (1 <= rows < 1 << 32 and 1 <= cols < 1 << 32):
-        why.append(f"dimensions {rows} x {cols} are outside 1..2^32-1")
-    if why:
-        raise TmaUnsupported("cannot encode a TMA tensor map: " + "; ".join(why))
-    return dict(
-        tensorDataType=_TMA_DTYPE[dtype], tensorRank=2, globalAddress=ptr,
-        globalDim=[cols, rows],          # innermost first
-        globalStrides=[ld * es],         # bytes, rank - 1 entries (the innermost is implied)
-        boxDim=[box_cols, box_rows],
-        elementStrides=[1, 1],
-        interleave="CU_TENSOR_MAP_INTERLEAVE_NONE", swizzle=name,
-        l2Promotion="CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
-        oobFill="CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",  # out-of-bounds elements read as zero
-    )
-
-
-def _encode(args: dict):
-    cu = _cu()
-    return _check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, args["tensorDataType"]), args["tensorRank"],
-        args["globalAddress"],
-        [cu.cuuint64_t(v) for v in args["globalDim"]],
-        [cu.cuuint64_t(v) for v in args["globalStrides"]],
-        [cu.cuuint32_t(v) for v in args["boxDim"]],
-        [cu.cuuint32_t(v) for v in args["elementStrides"]],
-        getattr(cu.CUtensorMapInterleave, args["interleave"]),
-        getattr(cu.CUtensorMapSwizzle, args["swizzle"]),
-        getattr(cu.CUtensorMapL2promotion, args["l2Promotion"]),
-        getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"]),
-    ))
-
-
+# ---- tensor maps (the rules and the encoding are tuner/runtime/tma.py's) -----------------
 _MAPS: dict[tuple, object] = {}
 
 
@@ -122,8 +57,8 @@ def encode_tensor_map(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box
     key = (dtype, ptr, rows, cols, ld, box_rows, box_cols, swizzle)
     tm = _MAPS.get(key)
     if tm is None:
-        tm = _MAPS[key] = _encode(tensor_map_args(dtype, ptr, rows, cols, ld, box_rows, box_cols,
-                                                  swizzle))
+        tm = _MAPS[key] = tma.encode(tensor_map_args(dtype, ptr, rows, cols, ld, box_rows,
+                                                     box_cols, swizzle))
     return tm
 
 

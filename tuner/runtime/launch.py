@@ -105,7 +105,7 @@ class TmaKernelRunner(KernelRunner):
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
              allocate_captured=None) -> Callable:
-        from tuner.wgmma_launch import _encode, tensor_map_args
+        from tuner.runtime import tma
 
         cfg, cu = self.config, driver._cu()
         f, _ = self.prepare(g)
@@ -121,8 +121,8 @@ class TmaKernelRunner(KernelRunner):
                 if len(maps) >= self.MAPS_PER_PLAN:
                     maps.pop(next(iter(maps)), None)
                 pair = maps[(a, b)] = (
-                    _encode(tensor_map_args(cfg.dtype, a, m, k, lda, *boxes["A"])),
-                    _encode(tensor_map_args(cfg.dtype, b, k, n, ldb, *boxes["B"])))
+                    tma.encode(tma.tensor_map_args(cfg.dtype, a, m, k, lda, *boxes["A"])),
+                    tma.encode(tma.tensor_map_args(cfg.dtype, b, k, n, ldb, *boxes["B"])))
             blk = getattr(tls, "blk", None)
             if blk is None:
                 blk = tls.blk = driver.ParamBlock(self.SIGNATURE)

@@ -1,0 +1,84 @@
+"""TMA tensor maps: the arguments of cuTensorMapEncodeTiled for a row-major matrix, checked
+against TMA's rules (:func:`tensor_map_args`, pure: tested without a GPU), and their
+encoding through the driver (:func:`encode`). The run-time library, the tuner's runner
+(tuner/wgmma_launch.py) and the export bundle's C++ launchers (the same values) use them.
+"""
+
+from __future__ import annotations
+
+from codegen.config import DType
+from tuner.outcome import Unsupported
+
+__all__ = ["TmaUnsupported", "tensor_map_args", "encode"]
+
+#: names of the driver's CUtensorMapDataType per input type
+_TMA_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+              DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+              DType.TF32: "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32",
+              DType.F32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+_SWIZZLE = {"none": ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), "32B": ("CU_TENSOR_MAP_SWIZZLE_32B", 32),
+            "64B": ("CU_TENSOR_MAP_SWIZZLE_64B", 64), "128B": ("CU_TENSOR_MAP_SWIZZLE_128B", 128)}
+
+
+class TmaUnsupported(Unsupported):
+    """The operands break a TMA rule (alignment, stride): dispatch another family (the
+    tuner's runner reports the candidate REJECTED with this message)."""
+
+
+# ---- tensor maps ------------------------------------------------------------------
+def tensor_map_args(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box_rows: int,
+                    box_cols: int, swizzle: str = "128B") -> dict:
+    """The arguments of cuTensorMapEncodeTiled for a row-major rows x cols matrix with
+    leading dimension ld (elements) at ptr, as plain values (enum members by name).
+
+    Raises:
+        TmaUnsupported: a rule of cuTensorMapEncodeTiled is broken; the message says which.
+    """
+    es = dtype.size
+    why = []
+    if ptr % 16:
+        why.append(f"address 0x{ptr:x} is not 16-byte aligned")
+    if (ld * es) % 16 or ld * es >= 1 << 40:
+        why.append(f"row stride {ld} x {es} B is not a multiple of 16 bytes below 2^40")
+    if ld < cols:
+        why.append(f"leading dimension {ld} is below the {cols} columns")
+    if not (1 <= box_rows <= 256 and 1 <= box_cols <= 256):
+        why.append(f"box {box_rows} x {box_cols} has a side outside 1..256")
+    name, span = _SWIZZLE[swizzle]
+    if span and box_cols * es > span:
+        why.append(f"box rows of {box_cols} x {es} B exceed the {span} B of SWIZZLE_{swizzle}")
+    if (box_cols * es) % 16:
+        why.append(f"box rows of {box_cols} x {es} B are not a multiple of 16 bytes")
+    if not (1 <= rows < 1 << 32 and 1 <= cols < 1 << 32):
+        why.append(f"dimensions {rows} x {cols} are outside 1..2^32-1")
+    if why:
+        raise TmaUnsupported("cannot encode a TMA tensor map: " + "; ".join(why))
+    return dict(
+        tensorDataType=_TMA_DTYPE[dtype], tensorRank=2, globalAddress=ptr,
+        globalDim=[cols, rows],          # innermost first
+        globalStrides=[ld * es],         # bytes, rank - 1 entries (the innermost is implied)
+        boxDim=[box_cols, box_rows],
+        elementStrides=[1, 1],
+        interleave="CU_TENSOR_MAP_INTERLEAVE_NONE", swizzle=name,
+        l2Promotion="CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+        oobFill="CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",  # out-of-bounds elements read as zero
+    )
+
+
+def encode(args: dict):
+    """The CUtensorMap of `args` (tensor_map_args' values), through the driver."""
+    from tuner.runtime import driver
+
+    cu = driver._cu()
+    return driver._check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, args["tensorDataType"]), args["tensorRank"],
+        args["globalAddress"],
+        [cu.cuuint64_t(v) for v in args["globalDim"]],
+        [cu.cuuint64_t(v) for v in args["globalStrides"]],
+        [cu.cuuint32_t(v) for v in args["boxDim"]],
+        [cu.cuuint32_t(v) for v in args["elementStrides"]],
+        getattr(cu.CUtensorMapInterleave, args["interleave"]),
+        getattr(cu.CUtensorMapSwizzle, args["swizzle"]),
+        getattr(cu.CUtensorMapL2promotion, args["l2Promotion"]),
+        getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"]),
+    ), "cuTensorMapEncodeTiled")
