@@ -82,6 +82,9 @@ FP32_CONFIGS = [
     "gemm_wgmma_f32_128x64x32_c2_s4_x1_p1_g8_t3",    # 3xTF32, four stages
     "gemm_wgmma_f32_64x128x32_c1_s3_x1_p0_g8_t3",    # 3xTF32, one consumer
     "gemm_wgmma_f32_128x64x32_c1_s3_x2_p1_g8_t3",    # 3xTF32, cluster, 2 m64 slices
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre",  # tf32 pre-pass: no conversion in the loop
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_pre",  # pre-pass, 128 rows per consumer
+    "gemm_wgmma_tf32_128x128x32_c2_s6_x1_p0_g8_pre",  # pre-pass, one tile per block
 ]
 FP32_TIME_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 FP32_EXTRA = [dict(m=1024, n=1024, k=16384, beta=0.0, kind="deep"),
@@ -168,7 +171,7 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
     cfg = WgmmaConfig.from_name(name)
     torch.cuda.init()
     torch.zeros(1, device="cuda")
-    fn = wl.load_function(Path(cubin).read_bytes(), name)
+    fn, prep = wl.load_kernel_functions(Path(cubin).read_bytes(), cfg)
     stream = torch.cuda.current_stream().cuda_stream
     tdt = _torch_dtype(torch, cfg.dtype)
     print(json.dumps({"ready": True}), flush=True)
@@ -184,8 +187,17 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
                 c = torch.zeros(64, 1024, device="cuda")
                 try:
                     wl.launch(fn, cfg, 64, 1024, k, 1.0, a.data_ptr(), lda, b.data_ptr(), 1024,
-                              0.0, c.data_ptr(), 1024, stream)
-                    out.update(status="fail", error="launch accepted a misaligned lda")
+                              0.0, c.data_ptr(), 1024, stream, prep)
+                    if cfg.prep:  # the pre-pass reads any lda: it must be right, not refused
+                        torch.cuda.synchronize()
+                        ref = a[:, :k].double() @ b.double()
+                        if cfg.dtype is DType.TF32:
+                            ref = _tf32(torch, a[:, :k], "rna").double() @ \
+                                _tf32(torch, b, "rna").double()
+                        err = (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item()
+                        out.update(status="ok" if err <= gate(k, cfg.dtype) else "fail", err=err)
+                    else:
+                        out.update(status="fail", error="launch accepted a misaligned lda")
                 except wl.TmaUnsupported as e:
                     out.update(status="ok", error=str(e))
                 print(json.dumps(out), flush=True)
@@ -213,7 +225,7 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
 
             ref = product(a_in, b_in)
             wl.launch(fn, cfg, m, n, k, ALPHA, a.data_ptr(), lda, b.data_ptr(), ldb, beta,
-                      c.data_ptr(), ldc, stream)
+                      c.data_ptr(), ldc, stream, prep)
             torch.cuda.synchronize()
             got = c[:m, :n].double()
 
@@ -269,8 +281,10 @@ def _child_time(spec: list[dict], reps: int, warmup: int, shapes: list) -> None:
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
-    fns = {s["name"]: (WgmmaConfig.from_name(s["name"]),
-                       wl.load_function(Path(s["cubin"]).read_bytes(), s["name"])) for s in spec}
+    fns = {}
+    for s in spec:
+        cfg = WgmmaConfig.from_name(s["name"])
+        fns[s["name"]] = (cfg, wl.load_kernel_functions(Path(s["cubin"]).read_bytes(), cfg))
     print(json.dumps({"ready": True}), flush=True)
     for (m, n, k) in shapes:
         result = {"shape": [m, n, k], "kernels": {}}
@@ -281,10 +295,9 @@ def _child_time(spec: list[dict], reps: int, warmup: int, shapes: list) -> None:
             b = torch.randn(k, n, device="cuda").to(tdt)
             c = torch.empty(m, n, device="cuda")
             runs = {}
-            for name, (cfg, fn) in members.items():
-                runs[name] = (lambda cfg=cfg, fn=fn: wl.launch(
-                    fn, cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n, 0.0,
-                    c.data_ptr(), n, stream))
+            for name, (cfg, (fn, prep)) in members.items():
+                runs[name] = wl.bind(fn, cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n,
+                                     0.0, c.data_ptr(), n, stream, prep)
             variants = {}
             if grp == "fp32":
                 def sgemm():

@@ -22,6 +22,7 @@ CONFIGS = [
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c1_s5_x1_p0_g1"),     # one consumer
     WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8"),    # cluster (unsearched)
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp"),  # ping-pong consumers
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre"),  # tf32 pre-pass
 ]
 ODD = [(1, 1, 1), (17, 33, 9), (127, 129, 257), (4095, 4097, 1023)]
 
@@ -57,8 +58,8 @@ def test_the_runner_times_a_wgmma_candidate(cfg, compiled):
     assert ours > 0.6 * blas  # the probe measured 0.93-0.94x at this shape
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1], CONFIGS[3], CONFIGS[4], CONFIGS[5]],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1], CONFIGS[3], CONFIGS[4], CONFIGS[5],
+                                 CONFIGS[6]], ids=lambda c: c.name)
 @pytest.mark.parametrize("shape", ODD, ids=lambda s: "x".join(map(str, s)))
 def test_odd_shapes_with_alpha_beta_and_padded_leading_dimensions(cfg, shape, compiled):
     from tuner.bench import GpuBenchmark, Problem, tolerance
@@ -72,6 +73,24 @@ def test_odd_shapes_with_alpha_beta_and_padded_leading_dimensions(cfg, shape, co
     r = bench.measure(cfg, compiled[cfg].cubin)
     assert r.outcome is Outcome.TIMED, r.message
     assert r.error <= tolerance(cfg, k), (cfg.name, shape, r.error)
+
+
+@pytest.mark.parametrize("shape", ODD + [(300, 264, 1000)], ids=lambda s: "x".join(map(str, s)))
+def test_the_tf32_pre_pass_takes_any_leading_dimension(shape, compiled):
+    """Odd leading dimensions (rows of A and B not a multiple of 16 bytes): the pre-pass
+    reads them with plain loads, so the kernel runs them, right, instead of refusing."""
+    from tuner.bench import GpuBenchmark, Problem, tolerance
+    from tuner.outcome import Outcome
+
+    cfg = CONFIGS[6]
+    m, n, k = shape
+    bench = GpuBenchmark((16, 16, 16), cfg.dtype, seed=None, target_ms=1)
+    bench.problem = Problem(shape, cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=k + 1,
+                            ldb=n + 1, ldc=n + 3)
+    bench.flops = bench.problem.flops
+    r = bench.measure(cfg, compiled[cfg].cubin)
+    assert r.outcome is Outcome.TIMED, r.message
+    assert r.error <= tolerance(cfg, k), (shape, r.error)
 
 
 def test_misaligned_operands_are_rejected_not_timed(compiled):

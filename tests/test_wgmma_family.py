@@ -361,6 +361,8 @@ TF32_GOLDEN = WgmmaConfig(bm=128, bn=128, bk=32, stages=4, consumers=2, cluster=
                           group=8, dtype=DType.TF32)
 T3_GOLDEN = WgmmaConfig(bm=128, bn=128, bk=32, stages=2, consumers=2, cluster=1, persistent=1,
                         group=8, dtype=DType.F32, terms=3)
+PREP_GOLDEN = WgmmaConfig(bm=128, bn=256, bk=32, stages=4, consumers=2, cluster=1, persistent=1,
+                          group=8, dtype=DType.TF32, prep=1)
 
 
 def test_fp32_names_are_pinned_and_round_trip():
@@ -373,6 +375,41 @@ def test_fp32_names_are_pinned_and_round_trip():
     assert "_t" not in DEFAULT_WGMMA.name  # terms=1 adds nothing: the f16 names stay as they were
     with pytest.raises(UsageError):
         WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_tx")
+
+
+def test_prep_names_geometry_and_reasons():
+    c = PREP_GOLDEN
+    assert c.name == "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre"
+    assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
+    assert check_wgmma(c, "sm_90") == []
+    # no conversion copies in a stage: A and Bt as TMA writes them, 48 KiB at 128x256
+    assert c.stage_bytes == c.tx_bytes == (128 + 256) * 32 * 4 == 49152
+    assert c.smem_bytes == DEFAULT_WGMMA.smem_bytes == 198656
+    assert c.tma_boxes() == {"A": (128, 32), "B": (256, 32)}
+    v = c.template_values()
+    assert v["PREP"] == 1 and not v["TF32"] and v["B_CHUNKS"] == 1 and v["K_STEPS"] == 4
+    # workspace: At (M x ldw) then Bt (N x ldw), ldw = K rounded up to 4 floats
+    assert c.prep_ld(1023) == 1024 and c.prep_ld(1) == 4
+    assert c.prep_floats(100, 300, 1023) == 400 * 1024 and TF32_GOLDEN.prep_floats(1, 1, 1) == 0
+    assert c.prep_grid(100, 300, 1023) == (4 * 32 + 32 * 10, 4 * 32)
+    # any leading dimension: the pre-pass reads A and B with plain loads
+    from codegen.families.wgmma import problem_reasons
+
+    assert problem_reasons(c, (4096, 4095, 4097)) == []
+    assert problem_reasons(TF32_GOLDEN, (4096, 4095, 4097)) != []
+    for bad, why in ((dataclasses.replace(c, dtype=DType.BF16, bk=64), "has bf16"),
+                     (dataclasses.replace(c, cluster=2), "cluster=2"),
+                     (dataclasses.replace(c, dtype=DType.F32, terms=3), "has f32")):
+        assert any("prep=1 (the tf32 pre-pass) needs" in w and why in w
+                   for w in check_wgmma(bad, "sm_90")), bad.name
+    src = render(c)
+    assert f"{c.name}_prep(const float* __restrict__ A" in src and "cvt.rna.tf32.f32" in src
+    assert "convert_stage" not in src and "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src
+
+
+def test_bind_of_a_prep_kernel_needs_its_pre_pass():
+    with pytest.raises(ValueError, match="_prep"):
+        wl.bind(None, PREP_GOLDEN, 128, 256, 64, 1.0, 0, 64, 0, 256, 0.0, 0, 256)
 
 
 def test_fp32_geometry():
@@ -407,7 +444,7 @@ def test_fp32_space_and_sample():
         assert {getattr(c, k) for c in s} == set(TF32_SPACE[k]), k
 
 
-@pytest.mark.parametrize("cfg", [TF32_GOLDEN, T3_GOLDEN], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [TF32_GOLDEN, T3_GOLDEN, PREP_GOLDEN], ids=lambda c: c.name)
 def test_fp32_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
     path = GOLDEN / f"{cfg.name}.cu"

@@ -24,6 +24,7 @@ from tuner.runtime import tma
 from tuner.runtime.tma import TmaUnsupported, tensor_map_args
 
 __all__ = ["TmaUnsupported", "tensor_map_args", "encode_tensor_map", "load_function",
+           "load_functions", "load_kernel_functions",
            "launch", "bind", "WgmmaKernel", "kernel_arg_layout", "clear_caches"]
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,38 @@ def ensure_context():
 _MODULES: list = []  # loaded modules stay loaded for the process
 
 
-def load_function(cubin: bytes, name: str):
-    """cuModuleLoadData + cuModuleGetFunction (the module is kept alive)."""
+def load_functions(cubin: bytes, *names: str) -> list:
+    """cuModuleLoadData + cuModuleGetFunction of each name (the module is kept alive)."""
     cu = _cu()
     ensure_context()
     module = _check(cu.cuModuleLoadData(cubin))
     _MODULES.append(module)
-    return _check(cu.cuModuleGetFunction(module, name.encode()))
+    return [_check(cu.cuModuleGetFunction(module, name.encode())) for name in names]
+
+
+def load_function(cubin: bytes, name: str):
+    """One function of a cubin (see load_functions)."""
+    return load_functions(cubin, name)[0]
+
+
+def load_kernel_functions(cubin: bytes, config: WgmmaConfig) -> tuple:
+    """(GEMM function, pre-pass function or None) of a config's cubin."""
+    if config.prep:
+        main, prep = load_functions(cubin, config.name, f"{config.name}_prep")
+        return main, prep
+    return load_function(cubin, config.name), None
+
+
+_WORKSPACE: list = []  # [(pointer, bytes)]: the pre-pass's copies, grown, kept for the process
+
+
+def _workspace(nbytes: int) -> int:
+    """A device buffer of at least `nbytes` for the tf32 pre-pass (one for the process: the
+    tuner times one candidate at a time)."""
+    if not _WORKSPACE or _WORKSPACE[-1][1] < nbytes:
+        cu = _cu()
+        _WORKSPACE.append((int(_check(cu.cuMemAlloc(max(nbytes, 1 << 20)))), max(nbytes, 1 << 20)))
+    return _WORKSPACE[-1][0]
 
 
 @functools.cache
@@ -122,14 +148,16 @@ def kernel_arg_layout(m: int, n: int, k: int, alpha: float, beta: float, c: int,
 
 
 def launch(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a: int,
-           lda: int, b: int, ldb: int, beta: float, c: int, ldc: int, stream=0) -> None:
+           lda: int, b: int, ldb: int, beta: float, c: int, ldc: int, stream=0,
+           prep_function=None) -> None:
     """C = alpha * A * B + beta * C with the wgmma kernel `function` of `config`; a, b, c
     are device addresses, stream a CUstream or its integer handle.
 
     Raises:
         TmaUnsupported: A or B break a TMA rule (tma_reasons says which); nothing is launched.
     """
-    bind(function, config, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream)()
+    bind(function, config, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream,
+         prep_function)()
 
 
 def launch_config(config: WgmmaConfig, m: int, n: int, sms: int) -> dict:
@@ -140,7 +168,8 @@ def launch_config(config: WgmmaConfig, m: int, n: int, sms: int) -> dict:
 
 
 def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a: int,
-         lda: int, b: int, ldb: int, beta: float, c: int, ldc: int, stream=0):
+         lda: int, b: int, ldb: int, beta: float, c: int, ldc: int, stream=0,
+         prep_function=None):
     """Everything of a launch but the launch: the TMA checks, the tensor maps, the argument
     block and the launch configuration, built once; returns a callable that only calls
     cuLaunchKernelEx (a few microseconds of host time, so a timing loop measures the
@@ -149,14 +178,31 @@ def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a:
     Raises:
         TmaUnsupported: A or B break a TMA rule (tma_reasons says which).
     """
-    why = tma_reasons(config.dtype, lda, ldb, a, b, m, n, k)
-    if why:
-        raise TmaUnsupported("; ".join(why))
     cu = _cu()
     boxes = config.tma_boxes()
-    # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it itself
-    tm_a = encode_tensor_map(config.tma_dtype, a, m, k, lda, *boxes["A"])
-    tm_b = encode_tensor_map(config.tma_dtype, b, k, n, ldb, *boxes["B"])
+    prep = None
+    if config.prep:  # the maps describe the pre-pass's copies: At (M x K), Bt (N x K)
+        if prep_function is None:
+            raise ValueError(f"{config.name} needs its pre-pass function ({config.name}_prep)")
+        ldw = config.prep_ld(k)
+        at = _workspace(config.prep_floats(m, n, k) * 4)
+        bt = at + m * ldw * 4
+        tm_a = encode_tensor_map(DType.F32, at, m, k, ldw, *boxes["A"])
+        tm_b = encode_tensor_map(DType.F32, bt, n, k, ldw, *boxes["B"])
+        blocks, a_blocks = config.prep_grid(m, n, k)
+        prep_args = [ctypes.c_uint64(a), ctypes.c_int32(lda), ctypes.c_uint64(b),
+                     ctypes.c_int32(ldb), ctypes.c_int32(m), ctypes.c_int32(n),
+                     ctypes.c_int32(k), ctypes.c_uint64(at), ctypes.c_uint64(bt),
+                     ctypes.c_int32(ldw), ctypes.c_int32(a_blocks)]
+        prep_params = (ctypes.c_void_p * len(prep_args))(*[ctypes.addressof(v) for v in prep_args])
+        prep = (prep_function, blocks, prep_args, prep_params)
+    else:
+        why = tma_reasons(config.dtype, lda, ldb, a, b, m, n, k)
+        if why:
+            raise TmaUnsupported("; ".join(why))
+        # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it
+        tm_a = encode_tensor_map(config.tma_dtype, a, m, k, lda, *boxes["A"])
+        tm_b = encode_tensor_map(config.tma_dtype, b, k, n, ldb, *boxes["B"])
     _allow_smem(function, config.smem_bytes)
 
     scalars = kernel_arg_layout(m, n, k, alpha, beta, c, ldc)
@@ -176,9 +222,12 @@ def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a:
     cfg.attrs = [attr]
     cfg.numAttrs = 1
     address = ctypes.addressof(params)
-    keep = (tm_a, tm_b, scalars, params, cfg)  # alive as long as the closure
+    keep = (tm_a, tm_b, scalars, params, cfg, prep)  # alive as long as the closure
 
     def run() -> None:
+        if prep is not None:
+            _check(cu.cuLaunchKernel(prep[0], prep[1], 1, 1, 256, 1, 1, 0, cfg.hStream,
+                                     ctypes.addressof(prep[3]), 0))
         _check(cu.cuLaunchKernelEx(cfg, function, address, 0))
 
     run.keep = keep
@@ -199,7 +248,7 @@ class WgmmaKernel:
 
         self.config = config
         image = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
-        self.function = load_function(image, config.name)
+        self.function, self.prep_function = load_kernel_functions(image, config)
         self.smem = config.smem_bytes
         self._bound: dict[tuple, object] = {}
 
@@ -225,5 +274,6 @@ class WgmmaKernel:
         run = self._bound.get(key)
         if run is None:
             run = self._bound[key] = bind(self.function, self.config, m, n, k, alpha, int(a),
-                                          lda, int(b), ldb, beta, int(c), ldc, s)
+                                          lda, int(b), ldb, beta, int(c), ldc, s,
+                                          self.prep_function)
         run()

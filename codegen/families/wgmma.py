@@ -15,6 +15,8 @@ parameters, so that a simpler step still works if a fancier one fails on the GPU
     (e) pingpong=1                             the two consumers take turns: each owns a whole
                                                tile, and one's epilogue overlaps the other's
                                                wgmmas (needs persistent=1)
+    (f) prep=1 (tf32)                          a pre-pass kernel rounds A and transposes B
+                                               into a workspace; no conversion in the loop
 
 The same kernel takes fp32 data (``dtype`` tf32, or f32 with ``terms=3``): wgmma's k8 tf32
 shape wants both operands K-major, so the consumer warpgroups convert each stage in shared
@@ -107,12 +109,16 @@ class WgmmaConfig(_Serial):
             consumers take a block's tiles in turn, each the whole BM x BN tile, their main
             loops ordered by an mbarrier, so that one's epilogue overlaps the other's
             wgmmas (fp16 / bf16, persistent, no cluster).
+        prep: tf32 only: 0 = the consumers convert each stage in shared memory; 1 = a
+            pre-pass kernel (<name>_prep, launched first) writes A rounded to tf32 and B
+            transposed and rounded into a workspace of (M + N) x prep_ld(K) floats, which
+            the tensor maps describe (no cluster, no ping-pong).
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
 
     Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
-    plus ``_pp`` for ping-pong consumers and ``_t3`` for 3xTF32
+    plus ``_pp`` for ping-pong consumers, ``_pre`` for the tf32 pre-pass and ``_t3`` for 3xTF32
     (``gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp``, ``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``).
 
     Example:
@@ -131,6 +137,7 @@ class WgmmaConfig(_Serial):
     dtype: DType = DType.F16
     terms: int = 1
     pingpong: int = 0
+    prep: int = 0
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
 
@@ -140,12 +147,13 @@ class WgmmaConfig(_Serial):
         return (f"gemm_wgmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_c{self.consumers}"
                 f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}"
                 + ("_pp" if self.pingpong else "")
+                + ("_pre" if self.prep else "")
                 + (f"_t{self.terms}" if self.terms != 1 else ""))
 
     _NAME_RE = re.compile(
         r"^gemm_wgmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_c(?P<consumers>\d+)_s(?P<stages>\d+)_x(?P<cluster>\d+)_p(?P<persistent>\d+)"
-        r"_g(?P<group>\d+)(?P<pingpong>_pp)?(?:_t(?P<terms>\d+))?$"
+        r"_g(?P<group>\d+)(?P<pingpong>_pp)?(?P<prep>_pre)?(?:_t(?P<terms>\d+))?$"
     )
 
     @classmethod
@@ -156,8 +164,9 @@ class WgmmaConfig(_Serial):
         if not m or dtype is None:
             raise UsageError(f"{name!r} is not a gemm-tune wgmma kernel name")
         return cls(dtype=dtype, pingpong=int(m["pingpong"] is not None),
+                   prep=int(m["prep"] is not None),
                    **{k: int(v) for k, v in m.groupdict().items()
-                      if k not in ("dtype", "pingpong") and v is not None})
+                      if k not in ("dtype", "pingpong", "prep") and v is not None})
 
     # ---- derived geometry -----------------------------------------------------
     @property
@@ -221,8 +230,9 @@ class WgmmaConfig(_Serial):
     @property
     def conv_bytes(self) -> int:
         """Per stage, the copies the consumers write for fp32 data: B transposed to K-major
-        (tf32 big parts), and for 3xTF32 the small parts of A and of B as well."""
-        if not self.fp32_data:
+        (tf32 big parts), and for 3xTF32 the small parts of A and of B as well (none with
+        the pre-pass, which converts ahead of the GEMM)."""
+        if not self.fp32_data or self.prep:
             return 0
         return self.b_stage_bytes + (self.a_stage_bytes + self.b_stage_bytes
                                      if self.terms == 3 else 0)
@@ -268,6 +278,7 @@ class WgmmaConfig(_Serial):
 
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""
+        box_rows, box_cols = self.tma_boxes()["B"]
         return dict(
             name=self.name, template=self.family.template, dtype=self.dtype.short,
             PTX_T=_PTX_TYPE.get(self.dtype, "f16"),
@@ -276,15 +287,15 @@ class WgmmaConfig(_Serial):
             GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
             EMPTY_ARRIVALS=1 if self.pingpong else self.consumers * self.cluster,
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
-            B_CHUNKS=self.bn // self.b_box_cols, B_BOX_ROWS=self.bk // max(self.cluster, 1),
+            B_CHUNKS=1 if self.prep else self.bn // self.b_box_cols, B_BOX_ROWS=box_rows,
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
             B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
             TILES_BYTES=self.stages * self.stage_bytes, SMEM_BYTES=self.smem_bytes,
             PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=self.consumer_regs,
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
-            TF32=self.fp32_data, TERMS=self.terms, MMA_K=self.mma_k,
-            B_BOX_COLS=self.b_box_cols, TX_BYTES=self.tx_bytes,
+            TF32=self.fp32_data and not self.prep, PREP=self.prep, TERMS=self.terms,
+            MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
             BT_OFF=self.tx_bytes, AS_OFF=self.tx_bytes + self.b_stage_bytes,
             BTS_OFF=self.tx_bytes + self.b_stage_bytes + self.a_stage_bytes,
             NC=128 * self.consumers,
@@ -314,8 +325,27 @@ class WgmmaConfig(_Serial):
     def tma_boxes(self) -> dict[str, tuple[int, int]]:
         """(rows, cols) of the TMA box of each operand, in elements: A's BM x BK tile in one
         box; B as BN/64 boxes of 64 columns (BN/32 of 32 for fp32 data), each block of a
-        cluster loading BK/cluster rows of each and multicasting them."""
+        cluster loading BK/cluster rows of each and multicasting them; with the pre-pass,
+        B transposed (N x K) in one box of BN rows."""
+        if self.prep:
+            return {"A": (self.bm, self.bk), "B": (self.bn, self.bk)}
         return {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)}
+
+    @staticmethod
+    def prep_ld(k: int) -> int:
+        """The pre-pass copies' leading dimension: K rounded up to 4 floats (16 bytes, TMA's
+        row-stride rule)."""
+        return -(-k // 4) * 4
+
+    def prep_floats(self, m: int, n: int, k: int) -> int:
+        """Floats of the pre-pass workspace: At (M x ldw) then Bt (N x ldw); 0 without it."""
+        return (m + n) * self.prep_ld(k) if self.prep else 0
+
+    def prep_grid(self, m: int, n: int, k: int) -> tuple[int, int]:
+        """(blocks, a_blocks) of the pre-pass: 32 x 32 tiles of A, then of B."""
+        tk = -(-k // 32)
+        a_blocks = -(-m // 32) * tk
+        return a_blocks + tk * -(-n // 32), a_blocks
 
     # The launch interface shared with the other families.
     split = 1
@@ -383,6 +413,11 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"BK={c.bk} splits into {c.bk / 2:g}-row halves, not whole 8-row swizzle atoms")
     if c.persistent not in (0, 1):
         why.append(f"persistent={c.persistent} is not 0 or 1")
+    if c.prep not in (0, 1):
+        why.append(f"prep={c.prep} is not 0 or 1")
+    elif c.prep and (c.dtype is not DType.TF32 or c.cluster != 1 or c.pingpong):
+        why.append(f"prep=1 (the tf32 pre-pass) needs dtype tf32, no cluster and no ping-pong "
+                   f"(it has {c.dtype.short}, cluster={c.cluster}, pingpong={c.pingpong})")
     if c.pingpong not in (0, 1):
         why.append(f"pingpong={c.pingpong} is not 0 or 1")
     elif c.pingpong:
@@ -560,6 +595,8 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
         ['TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes']
     """
     m, n, k = shape
+    if config.prep:  # the pre-pass reads A and B with plain loads; TMA reads its copies
+        return []
     why = tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
     return [f"TMA cannot describe the operands: {w}" for w in why]
 
