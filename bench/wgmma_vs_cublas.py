@@ -50,6 +50,9 @@ from codegen.families.wgmma import WgmmaConfig  # noqa: E402
 BAR_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 MORE_SHAPES = [(8192, 8192, 1024), (4096, 14336, 4096), (16384, 1024, 4096)]
 DTYPES = (DType.F16, DType.BF16)
+#: tf32 (--dtypes tf32): the pre-pass variants and the in-loop conversion's best
+TF32_CANDIDATES = ["256x128x32_c2_s4_x1_p1_g8_pre", "128x256x32_c2_s4_x1_p1_g8_pre",
+                   "256x128x32_c2_s3_x1_p1_g16_pre", "256x128x32_c2_s3_x1_p1_g8"]
 #: per dtype: the probe's winners (bench/results/wgmma-probe-h200-2026-12-01.json) and
 #: neighbours (persistence, raster group, a shallower ring)
 CANDIDATES = ["128x256x64_c2_s4_x1_p0_g8", "128x256x64_c2_s4_x1_p1_g8",
@@ -60,11 +63,17 @@ TARGET_MS = 40.0
 
 
 def configs(dtype: DType) -> list[WgmmaConfig]:
-    return [WgmmaConfig.from_name(f"gemm_wgmma_{dtype.short}_{c}") for c in CANDIDATES]
+    names = TF32_CANDIDATES if dtype is DType.TF32 else CANDIDATES
+    return [WgmmaConfig.from_name(f"gemm_wgmma_{dtype.short}_{c}") for c in names]
 
 
 def _tdt(torch, dtype: DType):
-    return {DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dtype]
+    return {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.TF32: torch.float32}[dtype]
+
+
+def _rna(torch, x):
+    """x rounded to tf32 as cvt.rna does (to nearest, ties away from zero; finite x)."""
+    return ((x.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
 class Timer:
@@ -98,6 +107,13 @@ class Timer:
 
 def cublas_runner(torch, a, b, c, dtype):
     """(callable running cuBLAS with an FP32 C, how); c receives its result once."""
+    if dtype is DType.TF32:
+        def run():
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.mm(a, b, out=c)
+            torch.backends.cuda.matmul.allow_tf32 = False
+        run()
+        return run, "torch.mm fp32, allow_tf32=True (cuBLAS TF32)"
     try:
         torch.mm(a, b, out_dtype=torch.float32, out=c)
         return (lambda: torch.mm(a, b, out_dtype=torch.float32, out=c)), \
@@ -159,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-f32", action="store_true",
                     help="also Triton writing FP32 C (mm(a, b).float(), the cast fused)")
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: the five)")
+    ap.add_argument("--dtypes", default="f16,bf16",
+                    help="f16, bf16, tf32 (tf32: against cuBLAS TF32; no Triton)")
     args = ap.parse_args(argv)
 
     import torch
@@ -185,17 +203,19 @@ def main(argv=None) -> int:
     except ImportError:
         doc["triton_version"] = None
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
-    path = args.out / f"wgmma-vs-cublas-{slug}-{doc['date'][:10]}.json"
+    tag = "" if args.dtypes == "f16,bf16" else "-" + args.dtypes.replace(",", "-")
+    path = args.out / f"wgmma-vs-cublas{tag}-{slug}-{doc['date'][:10]}.json"
     args.out.mkdir(parents=True, exist_ok=True)
 
-    cfgs = [c for d in DTYPES for c in configs(d)]
+    dtypes = [DType.parse(d) for d in args.dtypes.split(",")]
+    cfgs = [c for d in dtypes for c in configs(d)]
     t0 = time.monotonic()
     built = {}
     for cfg, res in compile_many(cfgs, "sm_90", jobs=8):
         if not res.ok:
             print(f"{cfg.name}: compile failed: {res.error.splitlines()[0]}")
             continue
-        built[cfg] = wl.load_function(Path(res.cubin).read_bytes(), cfg.name)
+        built[cfg] = wl.load_kernel_functions(Path(res.cubin).read_bytes(), cfg)
     print(f"compiled {len(built)} of {len(cfgs)} candidates in {time.monotonic() - t0:.0f} s",
           flush=True)
 
@@ -204,7 +224,7 @@ def main(argv=None) -> int:
     if not args.no_triton:
         deadline = time.monotonic() + args.triton_budget
         for shape in shapes:
-            for dtype in DTYPES:
+            for dtype in [d for d in dtypes if d is not DType.TF32]:
                 key = f"{dtype.short} {'x'.join(map(str, shape))}"
                 for f32_out in (False, True) if args.triton_f32 else (False,):
                     fn, note = compile_triton(torch, dtype, shape, deadline, f32_out)
@@ -220,7 +240,7 @@ def main(argv=None) -> int:
     for shape in shapes:
         m, n, k = shape
         flops = 2.0 * m * n * k
-        for dtype in DTYPES:
+        for dtype in dtypes:
             tdt = _tdt(torch, dtype)
             a = torch.randn(m, k, device="cuda").to(tdt)
             b = torch.randn(k, n, device="cuda").to(tdt)
@@ -228,18 +248,22 @@ def main(argv=None) -> int:
             ref = torch.empty(m, n, device="cuda")
             blas, how = cublas_runner(torch, a, b, ref, dtype)
             blas()
+            gate = 1e-4 * max(1.0, k / 4096)
+            if dtype is DType.TF32:  # against float64 of the inputs rounded as the kernels do
+                # (cuBLAS TF32 rounds otherwise: its own result is no reference at 1e-4)
+                ref = (_rna(torch, a).double() @ _rna(torch, b).double()).float()
             runs, errors = {}, {}
             for cfg in configs(dtype):
                 if cfg not in built:
                     continue
-                run = wl.bind(built[cfg], cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n,
-                              0.0, c.data_ptr(), n, stream)
+                run = wl.bind(built[cfg][0], cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(),
+                              n, 0.0, c.data_ptr(), n, stream, built[cfg][1])
                 c.fill_(float("nan"))
                 run()
                 torch.cuda.synchronize()
                 err = ((c.double() - ref.double()).norm() / ref.double().norm()).item()
                 errors[cfg.name] = err
-                if err <= 1e-4 * max(1.0, k / 4096):
+                if err <= gate:
                     runs[cfg.name] = run
                 else:
                     print(f"{cfg.name} {shape}: WRONG, error {err:.2e} vs cuBLAS", flush=True)
@@ -271,7 +295,8 @@ def main(argv=None) -> int:
                        errors_vs_cublas=errors)
             if best:
                 bar = shape in BAR_SHAPES
-                row["meets_bar"] = (row["ratio"] >= 0.90 and (row["triton_tflops"] is None or
+                row["meets_bar"] = (row["ratio"] >= (0.75 if dtype is DType.TF32 else 0.90) and
+                                    (row["triton_tflops"] is None or
                                     row["tflops"] > row["triton_tflops"])) if bar else None
             doc["rows"].append(row)
             tri = f"{row['triton_tflops']:.1f} ({row['triton_ratio']:.2f}x)" \

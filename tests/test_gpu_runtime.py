@@ -346,3 +346,45 @@ def test_library_runs_wgmma_and_3xtf32_kernels(tmp_path, compile_cache):
     b16 = torch.randn(512, 512, device="cuda").half()
     c = lib.gemm(a16, b16)
     assert _err(c, a16, b16) <= 2e-5
+
+
+def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path, compile_cache):
+    """A tf32 entry with the pre-pass (allow_tf32): its two launches on the caller's stream,
+    on aligned operands and on rows TMA could not read, right against float64 of the
+    tf32-rounded inputs."""
+    import torch
+
+    from codegen import compile_config
+    from codegen.config import DType
+    from codegen.families.wgmma import _default
+    from tuner.bench import round_to
+    from tuner.runtime.library import Library, load_library
+
+    gpu = torch.cuda.get_device_name()
+    cfg = _default(DType.TF32)
+    assert cfg.prep
+    lib = Library.create_or_open(tmp_path / "lib")
+    res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+    assert res.ok, res.log[-2000:]
+    shapes = [(512, 512, 512), (1, 8, 8), (127, 136, 263)]
+    for shape in shapes:
+        lib.add(entry(cfg, res, shape, 900.0, 400.0, dtype="tf32", gpu=gpu),
+                tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
+    lib = load_library(tmp_path / "lib")
+
+    def tf32(x):
+        return torch.from_numpy(round_to(x.cpu().numpy(), DType.TF32)[1]).cuda()
+
+    side = torch.cuda.Stream()
+    for m, n, k in shapes:
+        assert lib.explain(m, n, k, "tf32").startswith(cfg.name)
+        for pad in (0, 1):  # pad 1: rows of k + 1 floats, not a multiple of 16 bytes
+            a = torch.randn(m, k + pad, device="cuda")[:, :k]
+            b = torch.randn(k, n + pad, device="cuda")[:, :n]
+            c0 = torch.randn(m, n, device="cuda")
+            c = c0.clone()
+            side.wait_stream(torch.cuda.current_stream())  # the operands are made there
+            with torch.cuda.stream(side):
+                lib.gemm(a, b, c, alpha=0.5, beta=2.0, allow_tf32=True)
+            side.synchronize()
+            assert _err(c, tf32(a), tf32(b), 0.5, 2.0, c0) <= 1e-4 * max(1.0, k / 4096)

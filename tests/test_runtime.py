@@ -359,6 +359,70 @@ def test_wgmma_kernels_get_tensor_maps_and_only_aligned_operands(
     assert len(launched) == 2 and fake.blas
 
 
+def test_tf32_pre_pass_kernels_run_their_pre_pass_into_a_per_stream_workspace(
+        lib, fake, monkeypatch, compile_cache, tmp_path):
+    import ctypes
+
+    from _library import entry
+    from codegen import compile_config
+    from codegen.families.wgmma import WgmmaConfig
+    from tuner.runtime import tma
+
+    cfg = WgmmaConfig(bm=128, bn=128, bk=32, stages=4, consumers=2, cluster=1, persistent=1,
+                      group=8, dtype=DType.TF32, prep=1)
+    res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+    assert res.ok, res.log[-2000:]
+    lib.add(entry(cfg, res, (256, 256, 256), 400.0, 300.0, dtype="tf32"),
+            tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+
+    class Map:
+        def __init__(self, args):
+            self.args, self.buf = args, ctypes.create_string_buffer(128)
+
+        def getPtr(self):
+            return ctypes.addressof(self.buf)
+
+    encoded, launched = [], []
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map(args))
+    plain = fake.cu.cuLaunchKernel  # records ParamBlock launches (the pre-pass) in fake.launches
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, address, extra):
+        if f.startswith(cfg.name + "_prep"):
+            launched.append(("prep", stream))
+            return plain(f, gx, gy, gz, bx, by, bz, smem, stream, address, extra)
+        ptrs = (ctypes.c_void_p * 9).from_address(address)
+        scalars = struct.unpack("<i4xi4xi4xf4xf4xQi4x", ctypes.string_at(ptrs[2], 56))
+        launched.append(("main", stream, (gx, gy, gz), ptrs[0], ptrs[1], scalars))
+        return (0,)
+
+    monkeypatch.setattr(fake.cu, "cuLaunchKernel", launch_kernel, raising=False)
+    a, b, c = Cai(256, 256, 0x100000), Cai(256, 256, 0x200000), Cai(256, 256, 0x300000)
+    lib.gemm(a, b, c, alpha=0.5, beta=2.0, stream=9, allow_tf32=True)
+    assert [x[:2] for x in launched] == [("prep", 9), ("main", 9)]
+    name, grid, block, stream, args = fake.launches[-1]
+    assert name == cfg.name + "_prep" and grid == (cfg.prep_grid(256, 256, 256)[0], 1, 1)
+    w, ldw = args[7], cfg.prep_ld(256)
+    assert args == (0x100000, 256, 0x200000, 256, 256, 256, 256, w, w + 256 * ldw * 4, ldw,
+                    cfg.prep_grid(256, 256, 256)[1])
+    assert fake.allocs[-1] == cfg.prep_floats(256, 256, 256) * 4  # this stream's workspace
+    # the maps describe the pre-pass's copies, K-major: At (M x K) and Bt (N x K)
+    assert [e["globalAddress"] for e in encoded] == [w, w + 256 * ldw * 4]
+    assert [e["boxDim"] for e in encoded] == [[32, 128], [32, 128]]
+    assert launched[-1][5] == (256, 256, 256, 0.5, 2.0, 0x300000, 256)
+    lib.gemm(a, b, c, stream=9, allow_tf32=True)  # same stream: its workspace and maps again
+    assert len(encoded) == 2 and fake.launches[-1][4][7] == w
+    lib.gemm(a, b, c, stream=10, allow_tf32=True)  # another stream: its own workspace
+    assert len(encoded) == 4 and fake.launches[-1][4][7] != w
+    # A at a 4-byte offset with an odd leading dimension: TMA could not read it, but the
+    # pre-pass does, so the kernel stays a candidate (measured against cuBLAS) and runs
+    fake.times = {cfg.name: 0.5, "cublas": 1.0}
+    lib.gemm(Cai(256, 256, 0x100004, ld=257), b, c, stream=9, allow_tf32=True)
+    assert cfg.name in fake.measured[-1][-1]
+    assert fake.launches[-1][0] == cfg.name + "_prep"
+    assert fake.launches[-1][4][:2] == (0x100004, 257) and not fake.blas
+
+
 # ---- per-stream scratch ----------------------------------------------------------------------
 class FakeCu:
     def __init__(self):

@@ -331,6 +331,12 @@ class WgmmaConfig(_Serial):
             return {"A": (self.bm, self.bk), "B": (self.bn, self.bk)}
         return {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)}
 
+    @property
+    def tma_operands(self) -> bool:
+        """Does TMA read the caller's A and B (so that they must meet its 16-byte rules)?
+        Not with the pre-pass, which reads them with plain loads."""
+        return not self.prep
+
     @staticmethod
     def prep_ld(k: int) -> int:
         """The pre-pass copies' leading dimension: K rounded up to 4 floats (16 bytes, TMA's
@@ -564,7 +570,15 @@ SEARCH_SPACE: dict[str, tuple] = {
     "persistent": (0, 1),
     "group": (1, 8, 16),
 }
-_SEARCHED = list(SEARCH_SPACE)
+#: tf32 requests also choose between the in-loop conversion and the pre-pass (which
+#: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
+#: bench/results/wgmma-probe-prep-h200-2026-12-01.json)
+TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1)}
+
+
+def _searched(dtype: DType) -> dict[str, tuple]:
+    """The searched parameters of a request in `dtype` and their values."""
+    return {**SEARCH_SPACE, **(TF32_SEARCH if dtype is DType.TF32 else {})}
 
 
 def _point(dtype: DType, **params) -> WgmmaConfig:
@@ -576,13 +590,13 @@ def _point(dtype: DType, **params) -> WgmmaConfig:
 
 def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
     """Ask a trial (anything with Optuna's suggest_categorical) for one point."""
-    return _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", SEARCH_SPACE[k])
-                            for k in _SEARCHED})
+    return _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", values)
+                            for k, values in _searched(dtype).items()})
 
 
 def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config`."""
-    return {f"wgmma_{k}": getattr(config, k) for k in _SEARCHED}
+    return {f"wgmma_{k}": getattr(config, k) for k in _searched(config.dtype)}
 
 
 def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) -> list[str]:
@@ -607,21 +621,20 @@ def valid_configs(arch, dtype: DType, shape=None):
     import itertools
 
     arch = parse_arch(arch)
-    if shape is not None and problem_reasons(WgmmaConfig(dtype=dtype), shape, arch):
-        return
-    for vals in itertools.product(*(SEARCH_SPACE[k] for k in _SEARCHED)):
-        c = _point(dtype, **dict(zip(_SEARCHED, vals)))
-        if not check_wgmma(c, arch):
+    space = _searched(dtype)
+    for vals in itertools.product(*space.values()):
+        c = _point(dtype, **dict(zip(space, vals)))
+        if not check_wgmma(c, arch) and (shape is None or not problem_reasons(c, shape, arch)):
             yield c
 
 
 def _default(dtype: DType) -> WgmmaConfig:
     """The best measured on the H200 (bench/results/wgmma-probe*-h200-2026-12-01.json):
-    fp16/bf16 128x256x64 with two consumers; tf32 256x128x32 (3 stages); 3xTF32 128x128x32
-    (2 stages: its split tiles take the room of the others)."""
+    fp16/bf16 128x256x64 with two consumers; tf32 256x128x32 with the pre-pass (4 stages);
+    3xTF32 128x128x32 (2 stages: its split tiles take the room of the others)."""
     if dtype is DType.TF32:
-        return _point(dtype, bm=256, bn=128, stages=3, consumers=2, cluster=1, persistent=1,
-                      group=8)
+        return _point(dtype, bm=256, bn=128, stages=4, consumers=2, cluster=1, persistent=1,
+                      group=8, prep=1)
     if dtype is DType.F32:
         return _point(dtype, bm=128, bn=128, stages=2, consumers=2, cluster=1, persistent=1,
                       group=8)
@@ -638,7 +651,7 @@ WGMMA = register(FamilySpec(
             DType.F32X3: DType.F32},
     searched=True,
     math=Math.TENSOR_CORE,
-    space={f"wgmma_{k}": SEARCH_SPACE[k] for k in _SEARCHED},
+    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},  # tf32 adds TF32_SEARCH
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,

@@ -90,9 +90,12 @@ class KernelRunner:
 class TmaKernelRunner(KernelRunner):
     """A wgmma + TMA kernel: its A and B go in as two TMA tensor maps (128-byte structs
     passed by value), encoded once per (A, B) pointer pair of a plan and cached; a
-    cluster kernel is launched with cuLaunchKernelEx and its cluster dimension."""
+    cluster kernel is launched with cuLaunchKernelEx and its cluster dimension. A tf32
+    kernel with a pre-pass (config.prep) launches <name>_prep first, into a per-stream
+    workspace that its tensor maps describe."""
 
     SIGNATURE = "iiiffPi"  # after the two tensor maps: M N K alpha beta C ldc
+    PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
     MAPS_PER_PLAN = 16  # pointer pairs whose tensor maps a plan keeps
 
     def __init__(self, config, cubin: bytes):
@@ -100,13 +103,62 @@ class TmaKernelRunner(KernelRunner):
         library = driver.load_cubin(cubin, config.name)
         self.main = driver.KernelImage(library, config.name, config.smem_bytes)
         self.reduce = None
+        self.prep = (driver.KernelImage(library, f"{config.name}_prep", 0)
+                     if getattr(config, "prep", 0) else None)
         self.signature = self.SIGNATURE
         self.functions = {}
+
+    def _maps_params(self, pair, tls):
+        """This thread's parameter block and pointer array with the maps of `pair` in front."""
+        blk = getattr(tls, "blk", None)
+        if blk is None:
+            blk = tls.blk = driver.ParamBlock(self.SIGNATURE)
+            tls.ptrs = (ctypes.c_void_p * 9)(0, 0, *blk.ptrs)
+        tls.ptrs[0], tls.ptrs[1] = pair[0].getPtr(), pair[1].getPtr()
+        tls.pair = pair  # alive while this thread's launch reads it
+        return blk, tls.ptrs
+
+    def _bind_prep(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+                   allocate_captured=None) -> Callable:
+        """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
+        writes At and Bt into this stream's workspace; the maps describe those."""
+        from tuner.runtime import tma
+
+        cfg, cu = self.config, driver._cu()
+        f, _ = self.prepare(g)
+        fp = self.prep.prepare(g)
+        grid, block, smem = cfg.grid(m, n, g.arch.sm_count), cfg.block(), self.main.smem
+        boxes, ldw = cfg.tma_boxes(), cfg.prep_ld(k)
+        wbytes, bt_off = cfg.prep_floats(m, n, k) * 4, m * ldw * 4
+        blocks, a_blocks = cfg.prep_grid(m, n, k)
+        scratch, maps, tls = driver.scratch(), {}, threading.local()
+
+        def run(a, b, c, alpha, beta, stream):
+            w = scratch.get(g, stream, "tf32 pre-pass", wbytes,
+                            allocate_captured=allocate_captured)
+            pair = maps.get(w)
+            if pair is None:  # one workspace per stream: a pair of maps each
+                pair = maps[w] = (
+                    tma.encode(tma.tensor_map_args(DType.F32, w, m, k, ldw, *boxes["A"])),
+                    tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, n, k, ldw,
+                                                   *boxes["B"])))
+            self.prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
+                             self.prep.params(self.PREP_SIGNATURE).pack(
+                                 a, lda, b, ldb, m, n, k, w, w + bt_off, ldw, a_blocks))
+            blk, ptrs = self._maps_params(pair, tls)
+            blk.pack(m, n, k, alpha, beta, c, ldc)
+            err, = cu.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
+                                     block[2], smem, stream, ctypes.addressof(ptrs), 0)
+            if err != 0:
+                self.main.failed(err)
+        return run
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
              allocate_captured=None) -> Callable:
         from tuner.runtime import tma
 
+        if self.prep is not None:
+            return self._bind_prep(g, m, n, k, lda, ldb, ldc, allocate_captured)
         cfg, cu = self.config, driver._cu()
         f, _ = self.prepare(g)
         grid, block, smem = cfg.grid(m, n, g.arch.sm_count), cfg.block(), self.main.smem
@@ -123,13 +175,7 @@ class TmaKernelRunner(KernelRunner):
                 pair = maps[(a, b)] = (
                     tma.encode(tma.tensor_map_args(cfg.dtype, a, m, k, lda, *boxes["A"])),
                     tma.encode(tma.tensor_map_args(cfg.dtype, b, k, n, ldb, *boxes["B"])))
-            blk = getattr(tls, "blk", None)
-            if blk is None:
-                blk = tls.blk = driver.ParamBlock(self.SIGNATURE)
-                tls.ptrs = (ctypes.c_void_p * 9)(0, 0, *blk.ptrs)
-            tls.ptrs[0], tls.ptrs[1] = pair[0].getPtr(), pair[1].getPtr()
-            tls.pair = pair  # alive while this thread's launch reads it
-            return blk, tls.ptrs
+            return self._maps_params(pair, tls)
 
         if cfg.cluster == 1:
             def run(a, b, c, alpha, beta, stream):

@@ -212,12 +212,12 @@ class Library:
                layout: Layout = Layout.NN, tma_ok: bool = True) -> list[tuple[float, dict]]:
         """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
         layout, best first, one row per kernel; without `tma_ok` (A or B not 16-byte aligned
-        in address or row stride), none of the TMA family."""
+        in address or row stride), none whose TMA reads the caller's A and B."""
         arch = ARCHS.get(cc) or parse_arch("sm_90")
         best: dict[str, tuple[float, dict]] = {}
         for e in self._entries(dtype, cc, layout):
             cfg = config_from_name(e["kernel"])
-            if not tma_ok and cfg.family == "wgmma":
+            if not tma_ok and getattr(cfg, "tma_operands", False):
                 continue
             res = e["resources"]
             bps = occupancy(cfg.threads, res["registers"],
