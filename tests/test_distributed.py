@@ -264,13 +264,17 @@ def _wait_lines(log, n, procs, limit=180):
     raise AssertionError(f"the workers did not get going within {limit} s")
 
 
-def _final(url, study, trials):
+def _final(url, study, trials, released_ok: bool = False):
+    """The study ends with its budget done, nothing running or stale, and nothing released
+    (unless `released_ok`: after a storage outage a claim failed by it may stay released
+    when the others had met the budget before anyone retried it; nothing is lost then)."""
     storage = open_storage(url)
     state = study_state(storage, study)[0]
     sid = storage.get_study_id_from_name(study)
     census = _census(storage.get_all_trials(sid))
     assert state["done"] == trials and len(census) >= trials, state
-    assert state["running"] == state["stale"] == state["released"] == 0, state
+    assert state["running"] == state["stale"] == 0, state
+    assert released_ok or state["released"] == 0, state
     _done_once(census, [n for n in census if any(r[0] != TrialState.FAIL or r[1]
                                                   for r in census[n])])
     return census, state
@@ -341,4 +345,4 @@ def test_postgres_restart_mid_study(pg_url, tmp_path, compile_cache):
             last = err.strip().splitlines()[-1]
             assert p.returncode == 2 and last.startswith("gemm-tune: error: storage "), err[-1500:]
     if all(p.returncode == 0 for p in procs):
-        _final(pg_url, study, trials)
+        _final(pg_url, study, trials, released_ok=True)
