@@ -118,13 +118,22 @@ class TmaKernelRunner(KernelRunner):
         tls.pair = pair  # alive while this thread's launch reads it
         return blk, tls.ptrs
 
+    def _launch(self, f, grid, block, smem, stream, pair, tls, *scalars) -> None:
+        """One cuLaunchKernel of the GEMM (no cluster) with the maps of `pair` in front."""
+        blk, ptrs = self._maps_params(pair, tls)
+        blk.pack(*scalars)
+        err, = driver._cu().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
+                                           block[2], smem, stream, ctypes.addressof(ptrs), 0)
+        if err != 0:
+            self.main.failed(err)
+
     def _bind_prep(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
                    allocate_captured=None) -> Callable:
         """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
         writes At and Bt into this stream's workspace; the maps describe those."""
         from tuner.runtime import tma
 
-        cfg, cu = self.config, driver._cu()
+        cfg = self.config
         f, _ = self.prepare(g)
         fp = self.prep.prepare(g)
         grid, block, smem = cfg.grid(m, n, g.arch.sm_count), cfg.block(), self.main.smem
@@ -145,12 +154,7 @@ class TmaKernelRunner(KernelRunner):
             self.prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
                              self.prep.params(self.PREP_SIGNATURE).pack(
                                  a, lda, b, ldb, m, n, k, w, w + bt_off, ldw, a_blocks))
-            blk, ptrs = self._maps_params(pair, tls)
-            blk.pack(m, n, k, alpha, beta, c, ldc)
-            err, = cu.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
-                                     block[2], smem, stream, ctypes.addressof(ptrs), 0)
-            if err != 0:
-                self.main.failed(err)
+            self._launch(f, grid, block, smem, stream, pair, tls, m, n, k, alpha, beta, c, ldc)
         return run
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
@@ -166,8 +170,8 @@ class TmaKernelRunner(KernelRunner):
         maps: dict[tuple, tuple] = {}
         tls = threading.local()
 
-        def params(a: int, b: int):
-            """This thread's parameter pointers with the maps of (a, b) in front."""
+        def maps_of(a: int, b: int):
+            """The tensor maps of (a, b), encoded once per pointer pair."""
             pair = maps.get((a, b))
             if pair is None:
                 if len(maps) >= self.MAPS_PER_PLAN:
@@ -175,20 +179,16 @@ class TmaKernelRunner(KernelRunner):
                 pair = maps[(a, b)] = (
                     tma.encode(tma.tensor_map_args(cfg.dtype, a, m, k, lda, *boxes["A"])),
                     tma.encode(tma.tensor_map_args(cfg.dtype, b, k, n, ldb, *boxes["B"])))
-            return self._maps_params(pair, tls)
+            return pair
 
         if cfg.cluster == 1:
             def run(a, b, c, alpha, beta, stream):
-                blk, ptrs = params(a, b)
-                blk.pack(m, n, k, alpha, beta, c, ldc)
-                err, = cu.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
-                                         block[2], smem, stream, ctypes.addressof(ptrs), 0)
-                if err != 0:
-                    self.main.failed(err)
+                self._launch(f, grid, block, smem, stream, maps_of(a, b), tls, m, n, k, alpha,
+                             beta, c, ldc)
             return run
 
         def run(a, b, c, alpha, beta, stream):
-            blk, ptrs = params(a, b)
+            blk, ptrs = self._maps_params(maps_of(a, b), tls)
             blk.pack(m, n, k, alpha, beta, c, ldc)
             lc = getattr(tls, "config", None)
             if lc is None:
