@@ -349,17 +349,18 @@ def test_library_runs_wgmma_and_3xtf32_kernels(tmp_path, compile_cache):
 
 
 def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path, compile_cache):
-    """A tf32 entry with the pre-pass (allow_tf32): its two launches on the caller's stream,
-    on aligned operands and on rows TMA could not read, right against float64 of the
-    tf32-rounded inputs. Decided by the estimates (measure=False), so that the kernel, not
-    cuBLAS TF32 (which rounds its inputs otherwise: 1.7e-4 from this reference at 1x8x8),
-    runs the small odd shapes too."""
+    """A tf32 entry with the pre-pass (allow_tf32): through the library (the exact rule) its
+    two launches on the caller's stream, right against float64 of the tf32-rounded inputs;
+    and its runner on rows TMA could not read (k + 1 floats), which the dispatch may give
+    to cuBLAS TF32 at small shapes (cuBLAS rounds otherwise: 1.7e-4 from this reference at
+    1x8x8), so that path is run through the runner itself."""
     import torch
 
     from codegen import compile_config
     from codegen.config import DType
     from codegen.families.wgmma import _default
     from tuner.bench import round_to
+    from tuner.runtime import driver, launch
     from tuner.runtime.library import Library, load_library
 
     gpu = torch.cuda.get_device_name()
@@ -373,6 +374,8 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
         lib.add(entry(cfg, res, shape, 900.0, 400.0, dtype="tf32", gpu=gpu),
                 tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
     lib = load_library(tmp_path / "lib")
+    runner = launch.runner_for(cfg, res.cubin.read_bytes())
+    g = driver.gpu(torch.cuda.current_device())
 
     def tf32(x):
         return torch.from_numpy(round_to(x.cpu().numpy(), DType.TF32)[1]).cuda()
@@ -387,6 +390,12 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
             c = c0.clone()
             side.wait_stream(torch.cuda.current_stream())  # the operands are made there
             with torch.cuda.stream(side):
-                lib.gemm(a, b, c, alpha=0.5, beta=2.0, allow_tf32=True, measure=False)
+                if pad == 0:
+                    lib.gemm(a, b, c, alpha=0.5, beta=2.0, allow_tf32=True)
+                else:
+                    with driver.entered(g):
+                        runner.bind(g, m, n, k, k + 1, n + 1, n)(
+                            a.data_ptr(), b.data_ptr(), c.data_ptr(), 0.5, 2.0, side.cuda_stream)
             side.synchronize()
-            assert _err(c, tf32(a), tf32(b), 0.5, 2.0, c0) <= 1e-4 * max(1.0, k / 4096)
+            assert _err(c, tf32(a), tf32(b), 0.5, 2.0, c0) <= 1e-4 * max(1.0, k / 4096), (
+                (m, n, k), pad)
