@@ -71,10 +71,6 @@ def _tdt(torch, dtype: DType):
     return {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.TF32: torch.float32}[dtype]
 
 
-def _rna(torch, x):
-    """x rounded to tf32 as cvt.rna does (to nearest, ties away from zero; finite x)."""
-    return ((x.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
-
 
 class Timer:
     """do_bench with torch events: warm-up, repetitions sized to TARGET_MS, L2 flushed."""
@@ -251,7 +247,9 @@ def main(argv=None) -> int:
             gate = 1e-4 * max(1.0, k / 4096)
             if dtype is DType.TF32:  # against float64 of the inputs rounded as the kernels do
                 # (cuBLAS TF32 rounds otherwise: its own result is no reference at 1e-4)
-                ref = (_rna(torch, a).double() @ _rna(torch, b).double()).float()
+                from wgmma_probe import _tf32
+
+                ref = (_tf32(torch, a, "rna").double() @ _tf32(torch, b, "rna").double()).float()
             runs, errors = {}, {}
             for cfg in configs(dtype):
                 if cfg not in built:

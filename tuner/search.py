@@ -36,6 +36,7 @@ from codegen.compile import (
 )
 from codegen.config import DType, config_from_name
 from codegen.families import Config
+from tuner.dryrun import defaults
 from tuner._study import (
     LEASE_GRACE, LEASE_INTERVAL, SharedStudy, _retry, describe, open_storage as _open_storage,
 )
@@ -550,8 +551,6 @@ def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
     (registers estimated; those likely to spill left out), fastest first (ties by name).
     Spreading the batch over distinct predicted times instead was tried on the 4096^3
     replay and did worse (bench/NOTES.md)."""
-    from tuner.dryrun import defaults
-
     shape = tuple(shape)
     valid = [c for c in valid_configs(arch, dtype, shape) if c.name not in exclude]
     names = {c.name for c in valid}

@@ -142,6 +142,16 @@ __device__ __forceinline__ void fence_acc(float (&d)[ACC])
         asm volatile("" : "+f"(d[j]) :: "memory");
 }
 
+// x rounded to the nearest tf32 (ties away from zero), low 13 bits zero: how the in-loop
+// conversion and the pre-pass round fp32 data (the tensor cores alone would truncate).
+__device__ __forceinline__ float tf32_rna(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
+
 // d[64 x BN] (+)= A[64 x 8] * B[8 x BN], tf32, both K-major (desc a, desc b): scale-d =
 // accumulate (0: d = A*B), no negation; tf32 has no transpose immediates.
 __device__ __forceinline__ void wgmma_m64k8(float (&d)[ACC], uint64_t a, uint64_t b, int accumulate)
@@ -185,14 +195,6 @@ __device__ __forceinline__ void sts128(uint32_t addr, float4 v)
 {
     asm volatile("st.shared.v4.f32 [%0], { %1, %2, %3, %4 };\n"
                  :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-}
-
-// x rounded to the nearest tf32 (ties away from zero), low 13 bits zero.
-__device__ __forceinline__ float tf32_rna(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
 }
 
 __device__ __forceinline__ void fence_proxy_async()

@@ -134,14 +134,15 @@ __device__ __forceinline__ void fence_acc(float (&d)[ACC])
         asm volatile("" : "+f"(d[j]) :: "memory");
 }
 
-// x rounded to the nearest tf32 (ties away from zero), low 13 bits zero: as the in-kernel
-// conversion of the other fp32 variants rounds.
-__device__ __forceinline__ float tf32_round(float x)
+// x rounded to the nearest tf32 (ties away from zero), low 13 bits zero: how the in-loop
+// conversion and the pre-pass round fp32 data (the tensor cores alone would truncate).
+__device__ __forceinline__ float tf32_rna(float x)
 {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return __uint_as_float(r);
 }
+
 
 // d[64 x BN] (+)= A[64 x 8] * B[8 x BN], tf32, both K-major (desc a, desc b): scale-d =
 // accumulate (0: d = A*B), no negation; tf32 has no transpose immediates.
@@ -371,7 +372,7 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_prep(const float* __restrict__ A, 
         for (int i = ty; i < 32; i += 8) {
             const int r = r0 + i;
             if (r < M && c < K)
-                At[static_cast<size_t>(r) * ldw + c] = tf32_round(A[static_cast<size_t>(r) * lda + c]);
+                At[static_cast<size_t>(r) * ldw + c] = tf32_rna(A[static_cast<size_t>(r) * lda + c]);
         }
         return;
     }
@@ -386,6 +387,6 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_prep(const float* __restrict__ A, 
     for (int i = ty; i < 32; i += 8) {
         const int n = n0 + i, k = k0 + tx;
         if (n < N && k < K)
-            Bt[static_cast<size_t>(n) * ldw + k] = tf32_round(tile[tx][i]);
+            Bt[static_cast<size_t>(n) * ldw + k] = tf32_rna(tile[tx][i]);
     }
 }
