@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 from codegen.config import DType  # noqa: E402
 from codegen.families.wgmma import WgmmaConfig, check_wgmma, tma_reasons  # noqa: E402
 
-#: steps (a)-(d) of issue 13, fp16 and bf16; BN=64 makes B's LBO irrelevant (a diagnostic)
+#: steps (a)-(d) of issue 13, ping-pong (e) and the TMA-store epilogue (f), fp16 and bf16;
+#: BN=64 makes B's LBO irrelevant (a diagnostic)
 CONFIGS = [
     "gemm_wgmma_f16_64x64x64_c1_s4_x1_p0_g1",      # (a) smallest: one B box, LBO unused
     "gemm_wgmma_f16_128x128x64_c1_s4_x1_p0_g8",    # (a) two wgmmas per k-step (WM=128)
@@ -64,6 +65,7 @@ CONFIGS = [
     "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8",   # (d) bf16
     "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp",  # (e) ping-pong consumers, 128 x 128 each
     "gemm_wgmma_bf16_64x256x64_c2_s5_x1_p1_g1_pp",  # (e) ping-pong, 64 x 256 each
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts",  # (f) the TMA-store epilogue on (c)
 ]
 SHAPES = [(1, 1, 1), (17, 33, 9), (127, 129, 257), (4095, 4097, 1023), (4096, 4096, 4096)]
 BETAS = (2.0, 0.0)
@@ -105,6 +107,8 @@ def gate(k: int, dtype: DType = DType.F16) -> float:
 
 
 def step(c: WgmmaConfig) -> str:
+    if c.store:
+        return "f"
     if c.pingpong:
         return "e"
     if c.cluster > 1:
@@ -203,7 +207,9 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
                 print(json.dumps(out), flush=True)
                 continue
             m, n, k, beta = case["m"], case["n"], case["k"], case["beta"]
-            lda, ldb, ldc = padded(k, cfg.dtype), padded(n, cfg.dtype), n + GUARD
+            lda, ldb = padded(k, cfg.dtype), padded(n, cfg.dtype)
+            # a TMA-stored C needs rows of 16 bytes: its guard columns are the padding
+            ldc = padded(n, DType.F32) + 4 if cfg.store else n + GUARD
             a = torch.randn(m, lda, device="cuda").to(tdt)
             b = torch.randn(k, ldb, device="cuda").to(tdt)
             _special_inputs(torch, case, a, b, k, n)

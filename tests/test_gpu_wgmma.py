@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from codegen import DType, compile_config
@@ -24,6 +25,14 @@ CONFIGS = [
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp"),  # ping-pong consumers
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre"),  # tf32 pre-pass
 ]
+#: the TMA-store epilogue (store=1, unsearched until measured here): on the winner, one
+#: consumer of 128 rows, ping-pong, the tf32 pre-pass and a cluster
+STORE_CONFIGS = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts",
+    "gemm_wgmma_bf16_128x128x64_c1_s5_x1_p0_g1_ts",
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts",
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts",
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_ts")]
 ODD = [(1, 1, 1), (17, 33, 9), (127, 129, 257), (4095, 4097, 1023)]
 
 
@@ -35,14 +44,15 @@ def _pad(x: int, dtype: DType) -> int:
 @pytest.fixture(scope="module")
 def compiled(compile_cache):
     out = {}
-    for c in CONFIGS:
+    for c in CONFIGS + STORE_CONFIGS:
         res = compile_config(c, "sm_90", compile_cache)
         assert res.ok, res.error
         out[c] = res
     return out
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[:3] + CONFIGS[5:], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", CONFIGS[:3] + CONFIGS[5:] + STORE_CONFIGS[:1],
+                         ids=lambda c: c.name)
 def test_the_runner_times_a_wgmma_candidate(cfg, compiled):
     from tuner.bench import GpuBenchmark, tolerance
     from tuner.outcome import Outcome
@@ -91,6 +101,39 @@ def test_the_tf32_pre_pass_takes_any_leading_dimension(shape, compiled):
     r = bench.measure(cfg, compiled[cfg].cubin)
     assert r.outcome is Outcome.TIMED, r.message
     assert r.error <= tolerance(cfg, k), (shape, r.error)
+
+
+@pytest.mark.parametrize("cfg", STORE_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("shape", ODD, ids=lambda s: "x".join(map(str, s)))
+def test_the_tma_store_epilogue_on_odd_shapes(cfg, shape, compiled):
+    """C written by TMA stores from shared memory: clipped at odd M and N, beta read, the
+    padding of ldc (a multiple of 4 floats, TMA's rule) never written (poisoned, checked)."""
+    from tuner.bench import GpuBenchmark, Problem, tolerance
+    from tuner.outcome import Outcome
+
+    m, n, k = shape
+    bench = GpuBenchmark((16, 16, 16), cfg.dtype, seed=None, target_ms=1)
+    bench.problem = Problem(shape, cfg.dtype, seed=None, alpha=0.5, beta=2.0,
+                            lda=(k + 1 if cfg.prep else _pad(k, cfg.dtype) + 8),
+                            ldb=(n + 1 if cfg.prep else _pad(n, cfg.dtype) + 8),
+                            ldc=_pad(n, DType.F32) + 4)
+    bench.flops = bench.problem.flops
+    r = bench.measure(cfg, compiled[cfg].cubin)
+    assert r.outcome is Outcome.TIMED, r.message
+    assert r.error <= tolerance(cfg, k), (cfg.name, shape, r.error)
+    p = bench.problem  # after the check and every timed launch: the padding as it was
+    assert np.array_equal(p.c.get()[:, n:], p.c0[:, n:]), "a TMA store wrote past N"
+
+
+def test_the_tma_store_epilogue_refuses_a_c_tma_cannot_describe(compiled):
+    from tuner.bench import GpuBenchmark, Problem
+    from tuner.outcome import Outcome
+
+    cfg = STORE_CONFIGS[0]
+    bench = GpuBenchmark((16, 16, 16), cfg.dtype, seed=None, target_ms=1)
+    bench.problem = Problem((64, 1024, 1024), cfg.dtype, seed=None, ldc=1027)
+    r = bench.measure(cfg, compiled[cfg].cubin)
+    assert r.outcome is Outcome.REJECTED and "ldc=1027 x 4 B = 4108 B" in r.message
 
 
 def test_misaligned_operands_are_rejected_not_timed(compiled):

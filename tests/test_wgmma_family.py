@@ -4,10 +4,12 @@ SASS, the host-side TMA rules and the GPU probe's non-GPU parts.
 Correctness and speed on a GPU are bench/wgmma_probe.py's (run by hand on an H200).
 """
 
+import collections
 import ctypes
 import dataclasses
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +154,7 @@ def test_sample_is_valid_and_covers_the_steps():
     s = sample_wgmma(8)
     assert len(s) == 8 and len(set(s)) == 8
     assert all(check_wgmma(c, "sm_90") == [] for c in s)
-    for k in ("consumers", "cluster", "persistent", "dtype", "pingpong"):
+    for k in ("consumers", "cluster", "persistent", "dtype", "pingpong", "store"):
         assert {getattr(c, k) for c in s} == set(WGMMA_SPACE[k]), k
     assert sample_wgmma(8) == s  # deterministic
 
@@ -160,9 +162,10 @@ def test_sample_is_valid_and_covers_the_steps():
 # ---- rendering ------------------------------------------------------------------------
 GOLDEN_CFG = WgmmaConfig(bm=128, bn=128, stages=4, consumers=2, cluster=2, persistent=1, group=8)
 PINGPONG_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=8, pingpong=1)
+STORE_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, store=1)
 
 
-@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN], ids=lambda c: c.name)
 def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
     path = GOLDEN / f"{cfg.name}.cu"
@@ -229,6 +232,27 @@ def test_every_config_compiles_without_spills_or_c7508(compiled):
         assert res.spill_bytes == 0 and res.stack_frame == 0, (c.name, res)
         assert res.registers == c.launch_regs, (c.name, res.registers)
         assert res.smem_dynamic == c.smem_bytes and res.smem_static == 0, (c.name, res)
+
+
+def test_sass_of_the_tma_store_epilogue(compiled, compile_cache):
+    """store=1: one UTMASTG per 32-column slice of a consumer's tile, the slices written to
+    shared memory as 8-byte stores; the register epilogue has no TMA store."""
+    tool, env = find_cuobjdump()
+    if tool is None:
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+
+    def sass(c):
+        r = compile_config(c, "sm_90", compile_cache)
+        assert r.ok, r.error
+        return subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                              env=env, check=True).stdout
+
+    for c in (STORE_GOLDEN, WgmmaConfig.from_name("gemm_wgmma_bf16_128x128x64_c1_s5_x1_p0_g1_ts")):
+        code = sass(c)
+        assert code.count("UTMASTG.2D") == c.bn // 32, c.name
+        assert code.count("STS.64") == (c.wm // 64) * 2 * (c.bn // 8), c.name
+        assert not re.search(r"\bSTG\.", code) and "STL" not in code, c.name  # C only by TMA
+    assert "UTMASTG" not in sass(DEFAULT_WGMMA)
 
 
 def test_sass_has_hgmma_and_tma(compiled, compile_cache):
@@ -309,6 +333,96 @@ def test_kernel_arguments_follow_the_signature():
 def test_launch_refuses_misaligned_operands_before_touching_the_driver():
     with pytest.raises(wl.TmaUnsupported, match="lda=1025"):
         wl.launch(None, DEFAULT_WGMMA, 64, 1024, 1023, 1.0, 0, 1025, 0, 1024, 0.0, 0, 1024)
+    with pytest.raises(wl.TmaUnsupported, match="ldc=1027 x 4 B = 4108 B"):
+        wl.launch(None, STORE_GOLDEN, 64, 1024, 1024, 1.0, 0, 1024, 0, 1024, 0.0, 0, 1027)
+    with pytest.raises(wl.TmaUnsupported, match="C at 0x1008 is not 16-byte aligned"):
+        wl.launch(None, STORE_GOLDEN, 64, 1024, 1024, 1.0, 0, 1024, 0, 1024, 0.0, 0x1008, 1024)
+
+
+# ---- the TMA-store epilogue (store=1) -------------------------------------------------------
+def test_store_epilogue_name_geometry_and_reasons():
+    from codegen.families.wgmma import C_SLICE, c_tma_reasons, problem_reasons
+    from tuner.runtime.library import runnable
+
+    c = STORE_GOLDEN
+    assert c.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts"
+    pp = WgmmaConfig(bm=128, bn=128, stages=5, pingpong=1, store=1)
+    pre = dataclasses.replace(PREP_GOLDEN, store=1)
+    assert pp.name.endswith("_pp_ts") and pre.name.endswith("_pre_ts")
+    for x in (c, pp, pre):
+        assert WgmmaConfig.from_name(x.name) == x and WgmmaConfig.from_dict(x.to_dict()) == x
+        assert check_wgmma(x, "sm_90") == []
+    # two WM x 32 FP32 buffers per consumer after the ring: 2 x 2 x 64 x 128 B at 128x256 c2
+    assert C_SLICE == 32 and c.c_buf_bytes == 64 * 32 * 4 == 8192 and c.c_bytes == 32768
+    assert c.smem_bytes == 1024 + 4 * 49152 + 32768 + 1024 == 231424
+    assert pp.c_buf_bytes == 128 * 128 and pp.c_bytes == 65536  # ping-pong: whole tiles
+    assert DEFAULT_WGMMA.c_bytes == 0 and "C" not in DEFAULT_WGMMA.tma_boxes()
+    assert c.tma_boxes()["C"] == (64, 32) and pp.tma_boxes()["C"] == (128, 32)
+    v = c.template_values()
+    assert (v["STORE"], v["C_OFF"], v["C_BUF_BYTES"], v["C_BYTES"]) == (1, 4 * 49152, 8192, 32768)
+    # what does not fit, or does not slice, says so
+    why = check_wgmma(dataclasses.replace(c, stages=5), "sm_90")
+    assert any("shared memory 280576 B" in w for w in why), why
+    assert check_wgmma(dataclasses.replace(c, store=2), "sm_90") == ["store=2 is not 0 or 1"]
+    # C's rules: the tuner's ldc = N must be 16 bytes a row
+    assert c_tma_reasons(1024, 0x100, 1024) == []
+    assert c_tma_reasons(1001, 0x104, 1001) == [
+        "C at 0x104 is not 16-byte aligned (off by 4 B)",
+        "ldc=1001 x 4 B = 4004 B is not a multiple of 16 bytes"]
+    assert problem_reasons(c, (4096, 4096, 4096)) == []
+    assert problem_reasons(c, (4096, 4098, 4096)) == [
+        "TMA cannot describe the operands: ldb=4098 x 2 B = 8196 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes"]
+    assert problem_reasons(pre, (4096, 4098, 4097)) == [
+        "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes"]
+    # not searched, and not launched by the run-time library or the export bundle yet
+    from codegen.families.wgmma import SEARCH_SPACE
+
+    assert "store" not in SEARCH_SPACE
+    assert not runnable(c.name) and runnable(DEFAULT_WGMMA.name)
+    assert runnable("gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8")
+
+
+def test_store_epilogue_source():
+    src = render(STORE_GOLDEN)
+    assert ("const __grid_constant__ CUtensorMap tmB,\n    const __grid_constant__ CUtensorMap tmC,"
+            in src)
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in src
+    assert "cp.async.bulk.wait_group.read %0;" in src and "bulk_wait_read<1>();" in src
+    assert "cp.async.bulk.wait_group 0;" in src and "fence.proxy.async.shared::cta;" in src
+    assert "bar.sync 2, 128;" in src and "bar.sync 3, 128;" in src
+    assert "constexpr uint32_t C_BYTES = 32768;" in src and "C (FP32) box 64 x 32" in src
+    assert "const uint32_t bars = base + TILES_BYTES + C_BYTES;" in src
+    plain = render(DEFAULT_WGMMA)
+    assert "tmC" not in plain and "cp.async.bulk.wait_group" not in plain
+    assert "constexpr uint32_t C_BYTES = 0;" in plain
+
+
+@pytest.mark.parametrize("wm", [64, 128])
+def test_store_epilogue_writes_each_slice_once_with_two_way_conflicts_at_most(wm):
+    """The template's writes into a WM x 32 slice buffer (as it computes them): every element
+    once, where TMA's SWIZZLE_128B reads it (16-byte chunk c ^ row % 8), and each half-warp's
+    8-byte stores on 16 banks, each hit twice (two wavefronts; the comment in the template says
+    why not one)."""
+    written = {}
+    for warp in range(4):
+        for i in range(wm // 64):
+            for h in range(2):
+                for q in range(4):
+                    banks: dict[int, list] = {0: [], 1: []}
+                    for lane in range(32):
+                        cc = q * 8 + (lane % 4) * 2
+                        r = i * 64 + warp * 16 + lane // 4 + h * 8
+                        at = r * 128 + (((cc // 4) ^ (r % 8)) * 16) + (cc % 4) * 4
+                        for e in range(2):  # the pair's two floats
+                            col = cc + e
+                            assert at + 4 * e == r * 128 + (((col // 4) ^ (r % 8)) << 4) + (col % 4) * 4
+                            assert (r, col) not in written
+                            written[(r, col)] = at + 4 * e
+                            banks[lane // 16].append((at + 4 * e) // 4 % 32)
+                    for half in banks.values():
+                        assert sorted(collections.Counter(half).values()) == [2] * 16, half
+    assert len(written) == wm * 32 and len(set(written.values())) == wm * 32
 
 
 def test_no_gpu_package_on_import():
@@ -322,8 +436,8 @@ def test_no_gpu_package_on_import():
 def test_probe_plan_covers_every_step():
     cfgs = [WgmmaConfig.from_name(n) for n in wgmma_probe.CONFIGS]
     assert 8 <= len(cfgs) <= 14 and all(check_wgmma(c, "sm_90") == [] for c in cfgs)
-    assert {wgmma_probe.step(c) for c in cfgs} == {"a", "b", "c", "d", "e"}
-    for s in "abcde":
+    assert {wgmma_probe.step(c) for c in cfgs} == {"a", "b", "c", "d", "e", "f"}
+    for s in "abcdef":
         assert {c.dtype for c in cfgs if wgmma_probe.step(c) == s} >= {DType.F16}, s
     assert {c.dtype for c in cfgs} == {DType.F16, DType.BF16}
     cases = wgmma_probe.cases()

@@ -18,7 +18,7 @@ import functools
 import logging
 
 from codegen.config import DType
-from codegen.families.wgmma import SWIZZLE_BYTES, WgmmaConfig, tma_reasons
+from codegen.families.wgmma import SWIZZLE_BYTES, WgmmaConfig, c_tma_reasons, tma_reasons
 from tuner.outcome import LaunchError
 from tuner.runtime import tma
 from tuner.runtime.tma import TmaUnsupported, tensor_map_args
@@ -141,7 +141,8 @@ def _allow_smem(function, nbytes: int) -> None:
 
 def kernel_arg_layout(m: int, n: int, k: int, alpha: float, beta: float, c: int,
                       ldc: int) -> list[tuple[str, object]]:
-    """The scalar kernel arguments after the two tensor maps, as (name, ctypes value)."""
+    """The scalar kernel arguments after the tensor maps (A and B, and C with the TMA-store
+    epilogue), as (name, ctypes value)."""
     return [("M", ctypes.c_int32(m)), ("N", ctypes.c_int32(n)), ("K", ctypes.c_int32(k)),
             ("alpha", ctypes.c_float(alpha)), ("beta", ctypes.c_float(beta)),
             ("C", ctypes.c_uint64(c)), ("ldc", ctypes.c_int32(ldc))]
@@ -154,7 +155,8 @@ def launch(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, 
     are device addresses, stream a CUstream or its integer handle.
 
     Raises:
-        TmaUnsupported: A or B break a TMA rule (tma_reasons says which); nothing is launched.
+        TmaUnsupported: A or B (or, with the TMA-store epilogue, C) break a TMA rule
+            (tma_reasons and c_tma_reasons say which); nothing is launched.
     """
     bind(function, config, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream,
          prep_function)()
@@ -176,10 +178,15 @@ def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a:
     kernel, not Python).
 
     Raises:
-        TmaUnsupported: A or B break a TMA rule (tma_reasons says which).
+        TmaUnsupported: A or B (or, with the TMA-store epilogue, C) break a TMA rule
+            (tma_reasons and c_tma_reasons say which).
     """
     cu = _cu()
     boxes = config.tma_boxes()
+    if config.store:  # the TMA-store epilogue writes C through its own map
+        why = c_tma_reasons(ldc, c, n)
+        if why:
+            raise TmaUnsupported("; ".join(why))
     prep = None
     if config.prep:  # the maps describe the pre-pass's copies: At (M x K), Bt (N x K)
         if prep_function is None:
@@ -203,10 +210,13 @@ def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a:
         # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it
         tm_a = encode_tensor_map(config.tma_dtype, a, m, k, lda, *boxes["A"])
         tm_b = encode_tensor_map(config.tma_dtype, b, k, n, ldb, *boxes["B"])
+    maps = [tm_a, tm_b]
+    if config.store:
+        maps.append(encode_tensor_map(DType.F32, c, m, n, ldc, *boxes["C"]))
     _allow_smem(function, config.smem_bytes)
 
     scalars = kernel_arg_layout(m, n, k, alpha, beta, c, ldc)
-    ptrs = [tm_a.getPtr(), tm_b.getPtr()] + [ctypes.addressof(v) for _, v in scalars]
+    ptrs = [tm.getPtr() for tm in maps] + [ctypes.addressof(v) for _, v in scalars]
     params = (ctypes.c_void_p * len(ptrs))(*ptrs)
     geometry = launch_config(config, m, n, _sm_count())
 
@@ -222,7 +232,7 @@ def bind(function, config: WgmmaConfig, m: int, n: int, k: int, alpha: float, a:
     cfg.attrs = [attr]
     cfg.numAttrs = 1
     address = ctypes.addressof(params)
-    keep = (tm_a, tm_b, scalars, params, cfg, prep)  # alive as long as the closure
+    keep = (maps, scalars, params, cfg, prep)  # alive as long as the closure
 
     def run() -> None:
         if prep is not None:

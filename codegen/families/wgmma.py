@@ -40,12 +40,15 @@ from codegen.families._common import Serial as _Serial
 from codegen.errors import UsageError
 
 __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_wgmma",
-           "sample_wgmma", "sample_wgmma_tf32", "tma_reasons", "PRODUCER_REGS", "SWIZZLE_BYTES"]
+           "sample_wgmma", "sample_wgmma_tf32", "tma_reasons", "c_tma_reasons", "PRODUCER_REGS",
+           "SWIZZLE_BYTES", "C_SLICE"]
 
 #: registers a producer (TMA) thread keeps after setmaxnreg.dec
 PRODUCER_REGS = 40
 #: bytes of one row of a 128B-swizzled tile: the TMA box's inner extent and the swizzle span
 SWIZZLE_BYTES = 128
+#: FP32 columns of C per TMA store of the store=1 epilogue: 128 bytes, the swizzle span
+C_SLICE = 32
 #: slack added to the dynamic shared memory so the kernel can round its base up to 1024 B
 ALIGN_SLACK = 1024
 #: registers a consumer thread needs besides its accumulators (addresses, loop state, epilogue)
@@ -71,6 +74,7 @@ WGMMA_SPACE: dict[str, tuple] = {
     "group": (1, 8, 16),
     "dtype": (DType.F16, DType.BF16),
     "pingpong": (0, 1),
+    "store": (0, 1),
 }
 
 #: the searchable values for fp32 data (tf32, and f32 as 3xTF32): BK = 32 floats = 128 bytes;
@@ -115,12 +119,18 @@ class WgmmaConfig(_Serial):
             pre-pass kernel (<name>_prep, launched first) writes A rounded to tf32 and B
             transposed and rounded into a workspace of (M + N) x prep_ld(K) floats, which
             the tensor maps describe (no cluster, no ping-pong).
+        store: the epilogue. 0 = each thread stores its accumulators to C from registers;
+            1 = per 32-column slice, the consumer warpgroup writes them into one of two
+            swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
+            runs on while the next slice is written and the next tile's wgmmas run (C must
+            then meet TMA's 16-byte rules: :func:`c_tma_reasons`).
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
 
     Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
-    plus ``_pp`` for ping-pong consumers, ``_pre`` for the tf32 pre-pass and ``_t3`` for 3xTF32
+    plus ``_pp`` for ping-pong consumers, ``_pre`` for the tf32 pre-pass, ``_ts`` for the TMA-store
+    epilogue and ``_t3`` for 3xTF32
     (``gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp``, ``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``).
 
     Example:
@@ -140,6 +150,7 @@ class WgmmaConfig(_Serial):
     terms: int = 1
     pingpong: int = 0
     prep: int = 0
+    store: int = 0
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
 
@@ -150,12 +161,13 @@ class WgmmaConfig(_Serial):
                 f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}"
                 + ("_pp" if self.pingpong else "")
                 + ("_pre" if self.prep else "")
+                + ("_ts" if self.store else "")
                 + (f"_t{self.terms}" if self.terms != 1 else ""))
 
     _NAME_RE = re.compile(
         r"^gemm_wgmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_c(?P<consumers>\d+)_s(?P<stages>\d+)_x(?P<cluster>\d+)_p(?P<persistent>\d+)"
-        r"_g(?P<group>\d+)(?P<pingpong>_pp)?(?P<prep>_pre)?(?:_t(?P<terms>\d+))?$"
+        r"_g(?P<group>\d+)(?P<pingpong>_pp)?(?P<prep>_pre)?(?P<store>_ts)?(?:_t(?P<terms>\d+))?$"
     )
 
     @classmethod
@@ -165,10 +177,10 @@ class WgmmaConfig(_Serial):
         dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
         if not m or dtype is None:
             raise UsageError(f"{name!r} is not a gemm-tune wgmma kernel name")
-        return cls(dtype=dtype, pingpong=int(m["pingpong"] is not None),
-                   prep=int(m["prep"] is not None),
+        flags = ("pingpong", "prep", "store")
+        return cls(dtype=dtype, **{k: int(m[k] is not None) for k in flags},
                    **{k: int(v) for k, v in m.groupdict().items()
-                      if k not in ("dtype", "pingpong", "prep") and v is not None})
+                      if k not in ("dtype", *flags) and v is not None})
 
     # ---- derived geometry -----------------------------------------------------
     @property
@@ -245,11 +257,24 @@ class WgmmaConfig(_Serial):
         return self.tx_bytes + self.conv_bytes
 
     @property
+    def c_buf_bytes(self) -> int:
+        """One epilogue staging buffer (store=1): WM rows of a 32-column FP32 slice, 128 B
+        each; 0 without the TMA-store epilogue."""
+        return self.wm * C_SLICE * 4 if self.store else 0
+
+    @property
+    def c_bytes(self) -> int:
+        """The epilogue's staging buffers: two per consumer warpgroup (one written while
+        the other's TMA store reads it)."""
+        return 2 * self.consumers * self.c_buf_bytes
+
+    @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: the ring (1024-byte aligned stages), the full and empty
-        mbarriers and the ping-pong order barrier, rounded up to 1024, plus 1024 of slack
-        for aligning the base."""
-        return ALIGN_SLACK + _up(self.stages * self.stage_bytes + 16 * self.stages + 8, 1024)
+        """Dynamic shared memory: the ring (1024-byte aligned stages), the epilogue's
+        staging buffers, the full and empty mbarriers and the ping-pong order barrier,
+        rounded up to 1024, plus 1024 of slack for aligning the base."""
+        return ALIGN_SLACK + _up(self.stages * self.stage_bytes + self.c_bytes
+                                 + 16 * self.stages + 8, 1024)
 
     @property
     def acc_regs(self) -> int:
@@ -300,7 +325,9 @@ class WgmmaConfig(_Serial):
             MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
             BT_OFF=self.tx_bytes, AS_OFF=self.tx_bytes + self.b_stage_bytes,
             BTS_OFF=self.tx_bytes + self.b_stage_bytes + self.a_stage_bytes,
-            NC=128 * self.consumers,
+            NC=128 * self.consumers, STORE=self.store, C_SLICE=C_SLICE,
+            C_OFF=self.stages * self.stage_bytes, C_BUF_BYTES=self.c_buf_bytes,
+            C_BYTES=self.c_bytes,
         )
 
     # ---- launch geometry ------------------------------------------------------
@@ -329,9 +356,11 @@ class WgmmaConfig(_Serial):
         box; B as BN/64 boxes of 64 columns (BN/32 of 32 for fp32 data), each block of a
         cluster loading BK/cluster rows of each and multicasting them; with the pre-pass,
         B transposed (N x K) in one box of BN rows."""
-        if self.prep:
-            return {"A": (self.bm, self.bk), "B": (self.bn, self.bk)}
-        return {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)}
+        boxes = ({"A": (self.bm, self.bk), "B": (self.bn, self.bk)} if self.prep else
+                 {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)})
+        if self.store:  # FP32 C, written a consumer's WM x 32 slice per store
+            boxes["C"] = (self.wm, C_SLICE)
+        return boxes
 
     @property
     def tma_operands(self) -> bool:
@@ -426,6 +455,8 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     elif c.prep and (c.dtype is not DType.TF32 or c.cluster != 1 or c.pingpong):
         why.append(f"prep=1 (the tf32 pre-pass) needs dtype tf32, no cluster and no ping-pong "
                    f"(it has {c.dtype.short}, cluster={c.cluster}, pingpong={c.pingpong})")
+    if c.store not in (0, 1):  # its 32-column slices of C: BN is a multiple of 32 already
+        why.append(f"store={c.store} is not 0 or 1")
     if c.pingpong not in (0, 1):
         why.append(f"pingpong={c.pingpong} is not 0 or 1")
     elif c.pingpong:
@@ -495,6 +526,24 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
     return why
 
 
+def c_tma_reasons(ldc: int, c_ptr: int, n: int) -> list[str]:
+    """Why FP32 C (ldc, at c_ptr) cannot be the TMA-store epilogue's tensor map; empty when
+    it can (the same 16-byte rules as A and B).
+
+    Example:
+        >>> c_tma_reasons(1001, 0, 1001)
+        ['ldc=1001 x 4 B = 4004 B is not a multiple of 16 bytes']
+    """
+    why = []
+    if c_ptr % 16:
+        why.append(f"C at 0x{c_ptr:x} is not 16-byte aligned (off by {c_ptr % 16} B)")
+    if (ldc * 4) % 16:
+        why.append(f"ldc={ldc} x 4 B = {ldc * 4} B is not a multiple of 16 bytes")
+    if ldc < n:
+        why.append(f"ldc={ldc} is below N={n}")
+    return why
+
+
 def _draw(rng: random.Random, **fixed) -> WgmmaConfig:
     p = {k: rng.choice(v) for k, v in WGMMA_SPACE.items()}
     p.update(fixed)
@@ -503,11 +552,11 @@ def _draw(rng: random.Random, **fixed) -> WgmmaConfig:
 
 def sample_wgmma(n: int = 8, seed: int = 13, arch: str = "sm_90") -> list[WgmmaConfig]:
     """n distinct valid configurations that between them take every value of consumers,
-    cluster, persistent and dtype (deterministic for a seed)."""
+    cluster, persistent, dtype, ping-pong and epilogue (deterministic for a seed)."""
     rng = random.Random(seed)
     chosen: list[WgmmaConfig] = []
-    wanted = [(k, v) for k in ("consumers", "cluster", "persistent", "dtype", "pingpong")
-              for v in WGMMA_SPACE[k]]
+    wanted = [(k, v) for k in ("consumers", "cluster", "persistent", "dtype", "pingpong",
+                               "store") for v in WGMMA_SPACE[k]]
     for key, value in wanted:
         if any(getattr(c, key) == value for c in chosen):
             continue
@@ -563,6 +612,8 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 #: tiles read more shared memory per FLOP than the shared 128x256; not searched either.
 #: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
 #: three.
+#: The TMA-store epilogue (store=1) is buildable and CPU-tested; it joins the search once the
+#: GPU has measured it against the register epilogue.
 SEARCH_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
@@ -611,9 +662,10 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
         ['TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes']
     """
     m, n, k = shape
-    if config.prep:  # the pre-pass reads A and B with plain loads; TMA reads its copies
-        return []
-    why = tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
+    # the pre-pass reads A and B with plain loads; TMA reads its copies
+    why = [] if config.prep else tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
+    if config.store:  # the tuner's C: ldc = N
+        why += c_tma_reasons(n, 0, n)
     return [f"TMA cannot describe the operands: {w}" for w in why]
 
 

@@ -28,7 +28,7 @@ from codegen.config import DType, config_from_name
 from codegen.families import family_of
 from codegen.render import render_file
 from tuner.runtime.dispatch import REDUCE_LAUNCH_MS
-from tuner.runtime.library import Library, LibraryError
+from tuner.runtime.library import Library, LibraryError, runnable
 from tuner.occupancy import occupancy
 
 __all__ = ["export", "EXPORTED"]
@@ -60,7 +60,8 @@ def _kernel_values(cfg, res: dict, limits) -> dict:
 
 def export(lib: Library, out: Path, arch: str | None = None) -> Path:
     wanted = {d.short for d, _, _ in EXPORTED}
-    entries = [e for e in lib.manifest["entries"] if e["dtype"] in wanted and e["layout"] == "nn"]
+    entries = [e for e in lib.manifest["entries"]
+               if e["dtype"] in wanted and e["layout"] == "nn" and runnable(e["kernel"])]
     if not entries:
         raise LibraryError(f"the library at {lib.path} has no fp32, fp16 or bf16 entries to "
                            f"export")

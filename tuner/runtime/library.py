@@ -63,6 +63,14 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def runnable(name: str) -> bool:
+    """Can the run-time library and the export bundle launch kernel `name`? Not the wgmma
+    family's TMA-store epilogue (store=1, ``_ts``) yet: it is built and run by the tuner's
+    runner only (and not searched) until the GPU has measured it; such an entry is passed
+    over, never launched with the wrong arguments."""
+    return not getattr(config_from_name(name), "store", 0)
+
+
 def _measure_default() -> bool:
     return os.environ.get("GEMM_TUNE_MEASURE", "1").strip().lower() not in ("0", "no", "off",
                                                                            "false")
@@ -199,7 +207,8 @@ class Library:
         the fp32 ones too (they are as accurate)."""
         shorts = {dtype.short, DType.F32.short} if dtype is DType.F32X3 else {dtype.short}
         return [e for e in self.manifest["entries"]
-                if e["cc"] == cc and e["dtype"] in shorts and e["layout"] == layout.value]
+                if e["cc"] == cc and e["dtype"] in shorts and e["layout"] == layout.value
+                and runnable(e["kernel"])]
 
     @property
     def fingerprint(self) -> str:
