@@ -272,6 +272,9 @@ def test_sass_has_hgmma_and_tma(compiled, compile_cache):
         assert "STL" not in sass and "LDL" not in sass  # no local memory
         if c.cluster > 1:
             assert "MULTICAST" in sass.upper(), c.name
+            # the barrier init's fence and the exit's cluster barrier; none per k-tile (a
+            # release.cluster arrive put one before every consumer's release of a stage)
+            assert sass.count("MEMBAR.ALL.GPU") == 2, c.name
 
 
 # ---- host side: TMA rules and launch arguments ---------------------------------------------

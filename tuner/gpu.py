@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import dataclasses
 import functools
 import logging
 import os
 from pathlib import Path
 
-from codegen.arch import ARCHS, ArchLimits
+from codegen.arch import ARCHS
 from codegen.config import KernelConfig
 from codegen.errors import UsageError
+from tuner.runtime.driver import DeviceInfo
 
 __all__ = ["NoGPUError", "Device", "device", "Kernel", "load_kernel", "driver_occupancy",
            "cublas"]
@@ -28,19 +28,7 @@ class NoGPUError(UsageError):
     """No usable CUDA GPU (or no pycuda) on this machine."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Device:
-    index: int
-    name: str
-    cc: int
-    arch: ArchLimits  # the table's entry with the device's own figures
-    l2_bytes: int
-    total_mem: int
-    driver_version: int
-
-    @property
-    def sm(self) -> str:
-        return f"sm_{self.cc}"
+Device = DeviceInfo  # the tuner's view of its GPU: the run-time library's, without a context
 
 
 def _drv():

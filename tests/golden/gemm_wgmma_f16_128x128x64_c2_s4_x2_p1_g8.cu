@@ -73,12 +73,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 }
 
 // One arrival on the barrier at the same offset in block `cta` of the cluster (self included).
+// Default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive: what it
+// orders is this warpgroup's wgmma reads of its own stage before the TMA that refills it,
+// which the barrier's phase already orders. `.release.cluster` compiled to MEMBAR.ALL.GPU
+// before every arrive: a full memory fence per k-tile in each consumer (and behind the
+// previous tile's C stores in a persistent block).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta)
 {
     asm volatile("{\n"
                  ".reg .b32 remote;\n"
                  "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
                  "}\n" :: "r"(bar), "r"(cta) : "memory");
 }
 

@@ -71,8 +71,8 @@ def _check(result, what: str):
 
 # ---- devices ----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Gpu:
-    """One GPU of this process: its primary context and what the dispatch needs of it."""
+class DeviceInfo:
+    """What the tuner and the dispatch know of a GPU (tuner.gpu.Device is this one)."""
 
     index: int
     name: str
@@ -81,11 +81,17 @@ class Gpu:
     l2_bytes: int
     total_mem: int
     driver_version: int
-    ctx: int  # the primary context's handle
 
     @property
     def sm(self) -> str:
         return f"sm_{self.cc}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu(DeviceInfo):
+    """One GPU of this process: its primary context and what the dispatch needs of it."""
+
+    ctx: int  # the primary context's handle
 
 
 _GPUS: dict[int, Gpu] = {}
