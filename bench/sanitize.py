@@ -39,6 +39,9 @@ WGMMA_CONFIGS = [
     "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8",            # two consumers, persistent
     "gemm_wgmma_bf16_128x128x64_c1_s5_x1_p0_g1",           # one consumer, bf16
     "gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8",            # cluster of 2, B multicast
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp",         # ping-pong consumers
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g1_pre",       # tf32 pre-pass + its GEMM
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts",         # TMA-store epilogue
 ]
 SHAPES = ["17x33x9", "127x129x257"]
 
@@ -59,8 +62,10 @@ def one(name: str, shape: str) -> None:
     if family_of(cfg).kernel:  # TMA: rows of a multiple of 16 bytes
         per = 16 // cfg.dtype.size
         lda, ldb = -(-k // per) * per + 8, -(-n // per) * per + 8
+    # a TMA-stored C (store=1) needs rows of 16 bytes too
+    ldc = -(-n // 4) * 4 + 4 if getattr(cfg, "store", 0) else n + 2
     p = Problem((m, n, k), cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=lda, ldb=ldb,
-                ldc=n + 2)
+                ldc=ldc)
     p.reset_c()
     load_kernel(cfg, res.cubin)(*p.args())
     _drv().Context.synchronize()
