@@ -62,8 +62,10 @@ ROUNDS = 3
 TARGET_MS = 40.0
 
 
-def configs(dtype: DType) -> list[WgmmaConfig]:
-    names = TF32_CANDIDATES if dtype is DType.TF32 else CANDIDATES
+def configs(dtype: DType, extra: tuple[str, ...] = ()) -> list[WgmmaConfig]:
+    """The candidates for `dtype`, plus `extra` (name tails such as
+    ``128x256x64_c2_s4_x2_p1_g8``: variants the search does not take yet, measured beside)."""
+    names = (TF32_CANDIDATES if dtype is DType.TF32 else CANDIDATES) + list(extra)
     return [WgmmaConfig.from_name(f"gemm_wgmma_{dtype.short}_{c}") for c in names]
 
 
@@ -173,7 +175,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: the five)")
     ap.add_argument("--dtypes", default="f16,bf16",
                     help="f16, bf16, tf32 (tf32: against cuBLAS TF32; no Triton)")
+    ap.add_argument("--extra", default="",
+                    help="more candidates, comma-separated name tails (e.g. "
+                         "128x256x64_c2_s4_x2_p1_g8,128x256x64_c2_s4_x1_p1_g8_ts)")
     args = ap.parse_args(argv)
+    extra = tuple(x for x in args.extra.split(",") if x)
 
     import torch
 
@@ -191,7 +197,7 @@ def main(argv=None) -> int:
     doc = dict(benchmark="wgmma-vs-cublas", gpu=gpu, torch=torch.__version__,
                nvcc=nvcc_version(), commit=commit(), rounds=ROUNDS,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               method=__doc__, rows=[], triton={})
+               method=__doc__, rows=[], triton={}, extra_candidates=list(extra))
     try:
         import triton
 
@@ -199,12 +205,13 @@ def main(argv=None) -> int:
     except ImportError:
         doc["triton_version"] = None
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
-    tag = "" if args.dtypes == "f16,bf16" else "-" + args.dtypes.replace(",", "-")
+    tag = ("" if args.dtypes == "f16,bf16" else "-" + args.dtypes.replace(",", "-")) + \
+        ("-extra" if extra else "")
     path = args.out / f"wgmma-vs-cublas{tag}-{slug}-{doc['date'][:10]}.json"
     args.out.mkdir(parents=True, exist_ok=True)
 
     dtypes = [DType.parse(d) for d in args.dtypes.split(",")]
-    cfgs = [c for d in dtypes for c in configs(d)]
+    cfgs = [c for d in dtypes for c in configs(d, extra)]
     t0 = time.monotonic()
     built = {}
     for cfg, res in compile_many(cfgs, "sm_90", jobs=8):
@@ -251,7 +258,7 @@ def main(argv=None) -> int:
 
                 ref = (_tf32(torch, a, "rna").double() @ _tf32(torch, b, "rna").double()).float()
             runs, errors = {}, {}
-            for cfg in configs(dtype):
+            for cfg in configs(dtype, extra):
                 if cfg not in built:
                     continue
                 run = wl.bind(built[cfg][0], cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(),
