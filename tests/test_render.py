@@ -1,13 +1,9 @@
-import os
-from pathlib import Path
-
 import jinja2
 import pytest
+from _golden import rendered_as_golden
 
 from codegen import DEFAULT_CONFIG, DType, KernelConfig, render, template_hash
 from codegen.render import _env
-
-GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.mark.parametrize("cfg", [
@@ -21,11 +17,7 @@ GOLDEN = Path(__file__).parent / "golden"
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
-    path = GOLDEN / f"{cfg.name}.cu"
-    src = render(cfg)
-    if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
-        path.write_text(src)
-    assert src == path.read_text()
+    rendered_as_golden(cfg)
 
 
 def test_header_documents_parameters_and_launch():

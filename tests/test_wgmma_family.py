@@ -8,13 +8,13 @@ import collections
 import ctypes
 import dataclasses
 import itertools
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _golden import rendered_as_golden
 
 from tuner.commands import find_cuobjdump
 
@@ -26,7 +26,6 @@ from codegen.families.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, che
 from tuner import wgmma_launch as wl
 
 ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).parent / "golden"
 sys.path.insert(0, str(ROOT / "bench"))
 import wgmma_probe  # noqa: E402
 
@@ -168,11 +167,7 @@ STORE_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, store=1)
 @pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN], ids=lambda c: c.name)
 def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
-    path = GOLDEN / f"{cfg.name}.cu"
-    src = render(cfg)
-    if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
-        path.write_text(src)
-    assert src == path.read_text()
+    rendered_as_golden(cfg)
 
 
 def test_header_and_invariants_in_the_source():
@@ -564,11 +559,7 @@ def test_fp32_space_and_sample():
 @pytest.mark.parametrize("cfg", [TF32_GOLDEN, T3_GOLDEN, PREP_GOLDEN], ids=lambda c: c.name)
 def test_fp32_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
-    path = GOLDEN / f"{cfg.name}.cu"
-    src = render(cfg)
-    if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
-        path.write_text(src)
-    assert src == path.read_text()
+    rendered_as_golden(cfg)
 
 
 def test_fp32_source_says_what_it_does():

@@ -4,17 +4,15 @@ Not yet run on a GPU (no device time was left in the session that wrote it): cor
 and speed are the next GPU session's work, and the tuner does not search it yet.
 """
 
-import os
 import random
-from pathlib import Path
 
 import pytest
+from _golden import rendered_as_golden
 
 from codegen import DType, UsageError, check, compile_many, render
 from codegen.compile import compile_config
 from codegen.config import DEFAULT_WMMA, WmmaConfig, config_from_name
 
-GOLDEN = Path(__file__).parent / "golden"
 VALUES = {
     "bm": (32, 64, 128, 256), "bn": (32, 64, 128, 256), "bk": (16, 32, 64),
     "wm": (16, 32, 64), "wn": (16, 32, 64), "stages": (1, 2, 3, 4), "swizzle": (1, 8),
@@ -94,11 +92,7 @@ def test_invalid_wmma_configs_say_why(cfg, arch, reason):
 
 def test_golden_wmma_source():
     cfg = WmmaConfig(bm=64, bn=64, bk=32, wm=32, wn=32, stages=2, swizzle=1)
-    path = GOLDEN / f"{cfg.name}.cu"
-    src = render(cfg)
-    if os.environ.get("GEMM_TUNE_UPDATE_GOLDEN"):
-        path.write_text(src)
-    assert src == path.read_text()
+    src = rendered_as_golden(cfg)
     assert "wmma::mma_sync(acc[i][j], af[i], bf[j], acc[i][j]);" in src
     assert "cp_async_bytes<VEC * ES>(dst, src);" in src
 
