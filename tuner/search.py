@@ -217,49 +217,86 @@ def search(
     `model`: order the first `first_batch` candidates by the model's predicted time and
     prune on `margin` (None: no pruning on the prediction); False: neither.
     """
-    import optuna
-    from optuna.trial import TrialState
+    return _Search(shape, bench, dtype=dtype, trials=trials, timeout=timeout, sampler=sampler,
+                   seed=seed, jobs=jobs, artifacts=artifacts, cache_dir=cache_dir,
+                   storage=storage, study_name=study_name, baseline_every=baseline_every,
+                   lease=lease, storage_retry=storage_retry, on_event=on_event, model=model,
+                   first_batch=first_batch, margin=margin).run()
 
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    benches = list(bench) if isinstance(bench, (list, tuple)) else [bench]
-    bench = benches[0]
-    arch = bench.arch
-    stats = SearchStats()
-    records: list[TrialRecord] = []
-    seen: dict[str, tuple[TrialState, float | None]] = {}  # own and taken-in candidates
-    baselines: list[Timing] = []
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed),
-                                study_name=study_name)
-    shared = None
-    if storage is not None:
-        where = describe(storage)
-        storage = open_storage(storage, storage_retry)
-        remote = _retry(lambda: optuna.create_study(
-            direction="maximize", storage=storage, study_name=study_name or study.study_name,
-            load_if_exists=True), "opening the study", storage_retry, where)
-        shared = SharedStudy(storage, remote._study_id, interval=lease[0], grace=lease[1],
-                             retry_s=storage_retry, where=where).start()
-    grid = _GridAsker(study, arch, dtype, shape, seed) if sampler == "grid" else None
-    max_asks = trials * 50 + 2000
-    own: dict[int, int] = {}  # local trial number -> shared trial id
-    retrying: set[str] = set()
-    synced = [0, False]  # shared trials taken in so far; first sync done
 
-    def take_in():
+class _Search:
+    """One call of :func:`search`: its state as attributes, its steps as methods."""
+
+    def __init__(self, shape, bench, *, dtype, trials, timeout, sampler, seed, jobs, artifacts,
+                 cache_dir, storage, study_name, baseline_every, lease, storage_retry,
+                 on_event, model, first_batch, margin):
+        import optuna
+        from optuna.trial import TrialState
+
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + timeout
+        self.benches = list(bench) if isinstance(bench, (list, tuple)) else [bench]
+        self.bench = self.benches[0]
+        self.arch = self.bench.arch
+        self.shape, self.dtype, self.trials = tuple(shape), dtype, trials
+        self.artifacts, self.baseline_every, self.on_event = artifacts, baseline_every, on_event
+        self.model, self.first_batch = model, first_batch
+        self.stats = SearchStats()
+        self.records: list[TrialRecord] = []
+        self.seen: dict[str, tuple[TrialState, float | None]] = {}  # own and taken-in candidates
+        self.baselines: list[Timing] = []
+        self.study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed),
+                                         study_name=study_name)
+        self.shared = self.remote = None
+        self.storage = storage
+        if storage is not None:
+            where = describe(storage)
+            self.storage = storage = open_storage(storage, storage_retry)
+            self.remote = _retry(lambda: optuna.create_study(
+                direction="maximize", storage=storage,
+                study_name=study_name or self.study.study_name,
+                load_if_exists=True), "opening the study", storage_retry, where)
+            self.shared = SharedStudy(storage, self.remote._study_id, interval=lease[0],
+                                      grace=lease[1], retry_s=storage_retry, where=where).start()
+        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed) if sampler == "grid"
+                     else None)
+        self.max_asks = trials * 50 + 2000
+        self.own: dict[int, int] = {}  # local trial number -> shared trial id
+        self.retrying: set[str] = set()
+        self.synced_at, self.synced_once = 0.0, False  # the last sync; the first one done
+
+        self.cache_dir = Path(cache_dir or default_cache_dir())
+        self.compiler = getattr(self.bench, "compile_task", None) or compile_task
+        self.margin = margin if model else None
+        self.jobs = jobs = max(1, jobs or os.cpu_count() or 1)
+        self.pool = (_InlineExecutor() if jobs == 1 else cf.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=multiprocessing.get_context("spawn")))
+        self.pending: collections.deque = collections.deque()
+
+        self.current: tuple | None = None  # the trial between leaving `pending` and being measured
+        self.free = collections.deque(self.benches)  # GPUs with nothing to time
+        self.inflight: dict = {}  # future -> (trial, record, benchmark, start time)
+        self.timer = (_InlineExecutor() if len(self.benches) == 1
+                      else cf.ThreadPoolExecutor(max_workers=len(self.benches)))
+
+    def take_in(self):
         """What the shared study finished that this process did not: into the local study
         (the sampler learns from it) and the records; the first time, as resumed."""
-        first = not synced[1]
-        for name, c in shared.claims().items():
+        import optuna
+        from optuna.trial import TrialState
+
+        stats = self.stats
+        first = not self.synced_once
+        for name, c in self.shared.claims().items():
             t = c.trial
-            if c.status != "done" or name in seen:
+            if c.status != "done" or name in self.seen:
                 continue
             cfg = config_from_name(name)
-            if not is_candidate(cfg, dtype):
+            if not is_candidate(cfg, self.dtype):
                 continue
-            seen[name] = (t.state, t.value)
+            self.seen[name] = (t.state, t.value)
             try:
-                study.add_trial(optuna.trial.create_trial(
+                self.study.add_trial(optuna.trial.create_trial(
                     params=t.params, distributions=t.distributions, value=t.value,
                     state=t.state, user_attrs=dict(t.user_attrs)))
             except ValueError:  # a parameter outside this run's space: the record still counts
@@ -273,8 +310,8 @@ def search(
                 stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
                 if first:
                     stats.timed += 1
-                records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
-                                           figures=t.user_attrs.get("figures", {})))
+                self.records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
+                                                figures=t.user_attrs.get("figures", {})))
             elif first:
                 out = t.user_attrs.get("outcome")
                 if out == Outcome.COMPILE_FAILED.value:
@@ -285,45 +322,40 @@ def search(
                     stats.wrong += 1
                 else:
                     stats.pruned += 1
-        synced[1] = True
+        self.synced_once = True
 
-    def sync(force=False):
-        if shared is not None and (force or time.monotonic() - synced[0] >= 1.0):
-            shared.read()
-            synced[0] = time.monotonic()
-            take_in()
+    def sync(self, force=False):
+        if self.shared is not None and (force or time.monotonic() - self.synced_at >= 1.0):
+            self.shared.read()
+            self.synced_at = time.monotonic()
+            self.take_in()
 
-    def full() -> bool:
-        if shared is None:
-            return stats.compiled >= trials
-        return len(shared.held()) >= trials
+    def full(self) -> bool:
+        if self.shared is None:
+            return self.stats.compiled >= self.trials
+        return len(self.shared.held()) >= self.trials
 
-    def tell(trial, value=None, state=None):
+    def tell(self, trial, value=None, state=None):
         if value is not None:
-            study.tell(trial, value)
+            self.study.tell(trial, value)
         else:
-            study.tell(trial, state=state)
+            self.study.tell(trial, state=state)
 
-    cache_dir = Path(cache_dir or default_cache_dir())
-    compiler = getattr(bench, "compile_task", None) or compile_task
-    margin = margin if model else None
-    jobs = max(1, jobs or os.cpu_count() or 1)
-    pool = (_InlineExecutor() if jobs == 1 else cf.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=multiprocessing.get_context("spawn")))
-    pending: collections.deque = collections.deque()
+    def emit(self, rec):
+        self.stats.seconds = time.monotonic() - self.t0
+        if self.on_event:
+            self.on_event(rec, self.stats)
 
-    def emit(rec):
-        stats.seconds = time.monotonic() - t0
-        if on_event:
-            on_event(rec, stats)
+    def time_baseline(self, b=None):
+        m = (self.bench if b is None else b).baseline()
+        self.baselines.append(m.timing)
+        self.stats.cublas_tflops = self.bench.flops / (statistics.median(
+            t.median_ms for t in self.baselines) * 1e-3) / 1e12
 
-    def time_baseline(b=bench):
-        m = b.baseline()
-        baselines.append(m.timing)
-        stats.cublas_tflops = bench.flops / (statistics.median(
-            t.median_ms for t in baselines) * 1e-3) / 1e12
+    def finish(self, trial, rec: TrialRecord, value: float | None = None, state=None,
+               extra=None):
+        from optuna.trial import TrialState
 
-    def finish(trial, rec: TrialRecord, value: float | None = None, state=None, extra=None):
         attrs = dict(kernel=rec.config.name, outcome=rec.outcome.value)
         if rec.reason:
             attrs["reason"] = rec.reason
@@ -332,59 +364,64 @@ def search(
         attrs.update(extra or {})
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        tell(trial, value, state)
-        seen[rec.config.name] = (state or TrialState.COMPLETE, value)
-        if trial.number in own:
-            shared.finish_later(own.pop(trial.number), attrs, state or TrialState.COMPLETE,
-                                value)
+        self.tell(trial, value, state)
+        self.seen[rec.config.name] = (state or TrialState.COMPLETE, value)
+        if trial.number in self.own:
+            self.shared.finish_later(self.own.pop(trial.number), attrs,
+                                     state or TrialState.COMPLETE, value)
 
-    def release(trial, cfg, reason: str):
+    def release(self, trial, cfg, reason: str):
         """An own claim ends unfinished (Ctrl-C, --timeout): failed without an outcome, so
         a later run or another process takes it up again."""
-        seen.pop(cfg.name, None)
-        trial.set_user_attr("reason", reason)
-        tell(trial, state=TrialState.FAIL)
-        if trial.number in own:
-            shared.finish(own.pop(trial.number), {"reason": reason}, TrialState.FAIL)
+        from optuna.trial import TrialState
 
-    def ask():
+        self.seen.pop(cfg.name, None)
+        trial.set_user_attr("reason", reason)
+        self.tell(trial, state=TrialState.FAIL)
+        if trial.number in self.own:
+            self.shared.finish(self.own.pop(trial.number), {"reason": reason}, TrialState.FAIL)
+
+    def ask(self):
         """The next trial: a released candidate of the shared study first, else the
         sampler's (or the grid's) choice."""
-        if shared is not None:
-            for t in shared.released():
+        if self.shared is not None:
+            for t in self.shared.released():
                 name = t.user_attrs.get("claim")
-                if name not in retrying and name not in seen:
-                    retrying.add(name)
-                    study.enqueue_trial(t.params, skip_if_exists=False)
-        trial = grid.ask() if grid else study.ask()
+                if name not in self.retrying and name not in self.seen:
+                    self.retrying.add(name)
+                    self.study.enqueue_trial(t.params, skip_if_exists=False)
+        trial = self.grid.ask() if self.grid else self.study.ask()
         return trial
 
-    def claim(trial, cfg) -> str | None:
+    def claim(self, trial, cfg) -> str | None:
         """Claim `cfg` in the shared study; None if it is ours, else why not."""
-        if shared is None:
+        if self.shared is None:
             return None
-        if cfg.name in shared.held():  # the cached view says another worker holds it
+        if cfg.name in self.shared.held():  # the cached view says another worker holds it
             return "held"
-        tid = shared.propose(cfg.name, trial.params, trial.distributions, {})
-        why = shared.confirm(tid, cfg.name, trials)
-        synced[0] = time.monotonic()
-        take_in()
+        tid = self.shared.propose(cfg.name, trial.params, trial.distributions, {})
+        why = self.shared.confirm(tid, cfg.name, self.trials)
+        self.synced_at = time.monotonic()
+        self.take_in()
         if why is None:
-            own[trial.number] = tid
+            self.own[trial.number] = tid
         return why
 
-    def refill():
-        lookahead = 2 * jobs
-        while (len(pending) < lookahead and not full()
-               and stats.asked < max_asks and time.monotonic() < deadline):
-            trial = ask()
+    def refill(self):
+        from optuna.trial import TrialState
+
+        stats, grid, seen, tell = self.stats, self.grid, self.seen, self.tell
+        lookahead = 2 * self.jobs
+        while (len(self.pending) < lookahead and not self.full()
+               and stats.asked < self.max_asks and time.monotonic() < self.deadline):
+            trial = self.ask()
             if trial is None:  # the grid is done
                 break
             stats.asked += 1
-            cfg = suggest(trial, dtype, tuple(shape), arch)
+            cfg = suggest(trial, self.dtype, self.shape, self.arch)
             if grid and grid.last is not None and cfg.name != grid.last.name:
                 grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
-            reasons = check(cfg, arch) + shape_reasons(cfg, tuple(shape), arch)
+            reasons = check(cfg, self.arch) + shape_reasons(cfg, self.shape, self.arch)
             if reasons:
                 stats.rejected += 1
                 trial.set_user_attr("outcome", Outcome.REJECTED.value)
@@ -398,7 +435,7 @@ def search(
                 # still compiling or timing: nothing to copy yet
                 tell(trial, value, TrialState.PRUNED if state == TrialState.RUNNING else state)
                 continue
-            why = claim(trial, cfg)
+            why = self.claim(trial, cfg)
             if why is not None:  # another process holds it, or the study is full
                 stats.duplicates += 1
                 trial.set_user_attr("duplicate_of", cfg.name)
@@ -408,138 +445,151 @@ def search(
                 continue
             seen[cfg.name] = (TrialState.RUNNING, None)
             stats.compiled += 1
-            fut = pool.submit(compiler, (cfg, arch.sm, cache_dir, artifacts))
-            pending.append((trial, cfg, fut))
+            fut = self.pool.submit(self.compiler,
+                                   (cfg, self.arch.sm, self.cache_dir, self.artifacts))
+            self.pending.append((trial, cfg, fut))
 
-    current: list = []  # the trial between leaving `pending` and being measured
-    free = collections.deque(benches)  # GPUs with nothing to time
-    inflight: dict = {}  # future -> (trial, record, benchmark, start time)
-    timer = (_InlineExecutor() if len(benches) == 1
-             else cf.ThreadPoolExecutor(max_workers=len(benches)))
-
-    def measured(fut):
+    def measured(self, fut):
         """A timing finished: tell the study (here, in the search's own thread)."""
-        trial, rec, b, started = inflight.pop(fut)
-        free.append(b)
+        from optuna.trial import TrialState
+
+        stats = self.stats
+        trial, rec, b, started = self.inflight.pop(fut)
+        self.free.append(b)
         m = fut.result()
         extra = dict(timed_at=[round(started, 3), round(time.time(), 3)])
-        if len(benches) > 1:
-            extra["gpu"] = benches.index(b)
+        if len(self.benches) > 1:
+            extra["gpu"] = self.benches.index(b)
         rec.outcome, rec.reason, rec.error = m.outcome, m.message, m.error
         rec.error_exact = m.error_exact
         if m.outcome is Outcome.TIMED:
             stats.timed += 1
             rec.timing = m.timing
-            rec.tflops = m.timing.tflops(bench.flops)
+            rec.tflops = m.timing.tflops(self.bench.flops)
             stats.best_tflops = max(stats.best_tflops or 0.0, rec.tflops)
-            finish(trial, rec, value=rec.tflops, extra=extra)
-            if stats.timed % baseline_every == 0:
-                time_baseline(b)  # cuBLAS interleaved with the candidates, on that GPU
+            self.finish(trial, rec, value=rec.tflops, extra=extra)
+            if stats.timed % self.baseline_every == 0:
+                self.time_baseline(b)  # cuBLAS interleaved with the candidates, on that GPU
         else:
             if m.outcome is Outcome.WRONG_RESULT:
                 stats.wrong += 1
             else:
                 stats.launch_failed += 1
-            finish(trial, rec, state=TrialState.FAIL, extra=extra)
-        records.append(rec)
-        emit(rec)
+            self.finish(trial, rec, state=TrialState.FAIL, extra=extra)
+        self.records.append(rec)
+        self.emit(rec)
 
-    def wait_for(free_needed: bool):
+    def wait_for(self, free_needed: bool):
         """Collect finished timings: until a GPU is free, or (False) until none is busy."""
-        while inflight and (not free or not free_needed):
-            done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+        while self.inflight and (not self.free or not free_needed):
+            done, _ = cf.wait(list(self.inflight), return_when=cf.FIRST_COMPLETED)
             for fut in done:
-                measured(fut)
+                self.measured(fut)
 
-    def step(trial, cfg, fut):
+    def step(self, trial, cfg, fut):
         """One compiled candidate: judged by the model, then handed to a free GPU."""
-        current[:] = [trial, cfg]
-        if time.monotonic() >= deadline:
+        from optuna.trial import TrialState
+
+        stats = self.stats
+        self.current = (trial, cfg)
+        if time.monotonic() >= self.deadline:
             fut.cancel()
-            release(trial, cfg, "search stopped by --timeout before timing")
-            current.clear()
+            self.release(trial, cfg, "search stopped by --timeout before timing")
+            self.current = None
             return
         res: CompileResult = fut.result()
-        refill()  # keep the pool busy while the GPU works
+        self.refill()  # keep the pool busy while the GPU works
         if not res.ok:
             stats.compile_failed += 1
             rec = TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED,
                               res.error.splitlines()[0][:300] if res.error else "")
-            finish(trial, rec, state=TrialState.FAIL)
-            records.append(rec)
-            current.clear()
-            emit(rec)
+            self.finish(trial, rec, state=TrialState.FAIL)
+            self.records.append(rec)
+            self.current = None
+            self.emit(rec)
             return
-        verdict = judge(cfg, res.resources, tuple(shape), arch, stats.best_tflops, margin)
+        verdict = judge(cfg, res.resources, self.shape, self.arch, stats.best_tflops,
+                        self.margin)
         rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
                           resources=res.resources, figures=verdict.figures, cubin=res.cubin)
         if verdict.hopeless:
             stats.pruned += 1
-            finish(trial, rec, state=TrialState.PRUNED)
-            records.append(rec)
-            current.clear()
-            emit(rec)
+            self.finish(trial, rec, state=TrialState.PRUNED)
+            self.records.append(rec)
+            self.current = None
+            self.emit(rec)
             return
-        wait_for(free_needed=True)
-        b = free.popleft()
-        inflight[timer.submit(b.measure, cfg, res.cubin)] = (trial, rec, b, time.time())
-        current.clear()
-        for f in [f for f in inflight if f.done()]:
-            measured(f)
+        self.wait_for(free_needed=True)
+        b = self.free.popleft()
+        self.inflight[self.timer.submit(b.measure, cfg, res.cubin)] = (trial, rec, b,
+                                                                       time.time())
+        self.current = None
+        for f in [f for f in self.inflight if f.done()]:
+            self.measured(f)
 
-    try:
-        sync(force=True)  # what an earlier run, or another process, has done
-        if grid:
-            grid.todo = [c for c in grid.todo if c.name not in seen]
-        elif model and first_batch > 0:
-            for cfg in model_first(shape, dtype, arch, first_batch, set(seen)):
-                study.enqueue_trial(params_of(cfg, dtype, tuple(shape), arch),
-                                    skip_if_exists=False)
-                stats.model_first += 1
-        time_baseline()
-        while True:
-            refill()
-            if pending:
-                step(*pending.popleft())
-            elif inflight:
-                wait_for(free_needed=False)
-            elif shared is not None and time.monotonic() < deadline and (
-                    shared.others_running() or (not full() and shared.released())):
-                # others still hold claims: wait for them to finish, or to go stale
-                # and be retried here, so the study ends with every candidate done
-                time.sleep(min(max(shared.interval / 4, 0.05), 1.0,
-                               max(deadline - time.monotonic(), 0)))
-                sync(force=True)
-            else:
-                break
-            sync()
-        shared is not None and shared.flush()
-        sync(force=True)
-        time_baseline()
-    except KeyboardInterrupt:
-        # Ctrl-C: every finished trial is already in the study; the unfinished ones are
-        # marked failed (not left RUNNING), so the same command resumes cleanly.
-        stats.interrupted = True
-        unfinished = ([tuple(current)] if current else []) + [(t, c) for t, c, _ in pending]
-        unfinished += [(t, r.config) for t, r, _, _ in inflight.values()]
-        for trial, cfg in unfinished:
-            if seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
-                release(trial, cfg, "interrupted (Ctrl-C) before it finished")
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        timer.shutdown(wait=False, cancel_futures=True)
+    def run(self) -> SearchResult:
+        import optuna
+        from optuna.trial import TrialState
+
+        stats, shared = self.stats, self.shared
+        try:
+            self.sync(force=True)  # what an earlier run, or another process, has done
+            if self.grid:
+                self.grid.todo = [c for c in self.grid.todo if c.name not in self.seen]
+            elif self.model and self.first_batch > 0:
+                for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
+                                       set(self.seen)):
+                    self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch),
+                                             skip_if_exists=False)
+                    stats.model_first += 1
+            self.time_baseline()
+            while True:
+                self.refill()
+                if self.pending:
+                    self.step(*self.pending.popleft())
+                elif self.inflight:
+                    self.wait_for(free_needed=False)
+                elif shared is not None and time.monotonic() < self.deadline and (
+                        shared.others_running() or (not self.full() and shared.released())):
+                    # others still hold claims: wait for them to finish, or to go stale
+                    # and be retried here, so the study ends with every candidate done
+                    time.sleep(min(max(shared.interval / 4, 0.05), 1.0,
+                                   max(self.deadline - time.monotonic(), 0)))
+                    self.sync(force=True)
+                else:
+                    break
+                self.sync()
+            shared is not None and shared.flush()
+            self.sync(force=True)
+            self.time_baseline()
+        except KeyboardInterrupt:
+            # Ctrl-C: every finished trial is already in the study; the unfinished ones are
+            # marked failed (not left RUNNING), so the same command resumes cleanly.
+            stats.interrupted = True
+            unfinished = (([self.current] if self.current else [])
+                          + [(t, c) for t, c, _ in self.pending])
+            unfinished += [(t, r.config) for t, r, _, _ in self.inflight.values()]
+            for trial, cfg in unfinished:
+                if self.seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
+                    self.release(trial, cfg, "interrupted (Ctrl-C) before it finished")
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.timer.shutdown(wait=False, cancel_futures=True)
+            if shared is not None:
+                try:
+                    shared.flush()
+                finally:
+                    shared.stop(clean=True)
+        stats.seconds = time.monotonic() - self.t0
+        stats.rank_rho = rank_correlation(self.records)
+        shape, dtype = self.shape, self.dtype
         if shared is not None:
-            try:
-                shared.flush()
-            finally:
-                shared.stop(clean=True)
-    stats.seconds = time.monotonic() - t0
-    stats.rank_rho = rank_correlation(records)
-    if shared is not None:
-        stats.lost = shared.lost
-        remote = optuna.load_study(study_name=remote.study_name, storage=storage)
-        return SearchResult(tuple(shape), dtype, records, baselines, stats, remote, storage)
-    return SearchResult(tuple(shape), dtype, records, baselines, stats, study, study._storage)
+            stats.lost = shared.lost
+            remote = optuna.load_study(study_name=self.remote.study_name, storage=self.storage)
+            return SearchResult(shape, dtype, self.records, self.baselines, stats, remote,
+                                self.storage)
+        return SearchResult(shape, dtype, self.records, self.baselines, stats, self.study,
+                            self.study._storage)
 
 
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
