@@ -225,7 +225,13 @@ def search(
 
 
 class _Search:
-    """One call of :func:`search`: its state as attributes, its steps as methods."""
+    """One call of :func:`search`: its state as attributes, its steps as methods.
+
+    The loop (:meth:`run`) keeps up to `2 * jobs` candidates compiling ahead of the GPU
+    (:meth:`refill`: ask, check, claim, compile) and takes the compiled ones in turn
+    (:meth:`take`: judge, time), telling the study each outcome as it comes and syncing
+    with the shared study, if any, between steps.
+    """
 
     def __init__(self, shape, bench, *, dtype, trials, timeout, sampler, seed, jobs, artifacts,
                  cache_dir, storage, study_name, baseline_every, lease, storage_retry,
@@ -245,153 +251,188 @@ class _Search:
         self.records: list[TrialRecord] = []
         self.seen: dict[str, tuple[TrialState, float | None]] = {}  # own and taken-in candidates
         self.baselines: list[Timing] = []
+        # the study the sampler asks in, here, and the shared one with `storage`
         self.study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed),
                                          study_name=study_name)
         self.shared = self.remote = None
         self.storage = storage
         if storage is not None:
-            where = describe(storage)
-            self.storage = storage = open_storage(storage, storage_retry)
-            self.remote = _retry(lambda: optuna.create_study(
-                direction="maximize", storage=storage,
-                study_name=study_name or self.study.study_name,
-                load_if_exists=True), "opening the study", storage_retry, where)
-            self.shared = SharedStudy(storage, self.remote._study_id, interval=lease[0],
-                                      grace=lease[1], retry_s=storage_retry, where=where).start()
+            self.join(storage, study_name, lease, storage_retry)
         self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed) if sampler == "grid"
                      else None)
         self.max_asks = trials * 50 + 2000
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
         self.retrying: set[str] = set()
         self.synced_at, self.synced_once = 0.0, False  # the last sync; the first one done
-
+        # compiling, in a process pool ahead of the GPU
         self.cache_dir = Path(cache_dir or default_cache_dir())
         self.compiler = getattr(self.bench, "compile_task", None) or compile_task
         self.margin = margin if model else None
         self.jobs = jobs = max(1, jobs or os.cpu_count() or 1)
         self.pool = (_InlineExecutor() if jobs == 1 else cf.ProcessPoolExecutor(
             max_workers=jobs, mp_context=multiprocessing.get_context("spawn")))
-        self.pending: collections.deque = collections.deque()
-
-        self.current: tuple | None = None  # the trial between leaving `pending` and being measured
+        self.pending: collections.deque = collections.deque()  # (trial, config, future)
+        # timing, on whichever GPU is free
+        self.current: tuple | None = None  # (trial, config) between `pending` and a GPU
         self.free = collections.deque(self.benches)  # GPUs with nothing to time
         self.inflight: dict = {}  # future -> (trial, record, benchmark, start time)
         self.timer = (_InlineExecutor() if len(self.benches) == 1
                       else cf.ThreadPoolExecutor(max_workers=len(self.benches)))
 
-    def take_in(self):
-        """What the shared study finished that this process did not: into the local study
-        (the sampler learns from it) and the records; the first time, as resumed."""
+    def join(self, storage, study_name, lease, retry_s):
+        """Open the shared study at `storage` (created if new) and start this worker's
+        lease on it."""
         import optuna
+
+        where = describe(storage)
+        self.storage = storage = open_storage(storage, retry_s)
+        self.remote = _retry(lambda: optuna.create_study(
+            direction="maximize", storage=storage, study_name=study_name or self.study.study_name,
+            load_if_exists=True), "opening the study", retry_s, where)
+        self.shared = SharedStudy(storage, self.remote._study_id, interval=lease[0],
+                                  grace=lease[1], retry_s=retry_s, where=where).start()
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> SearchResult:
+        """Until the budget, the asks or the time are spent (and, shared, the others are
+        done); Ctrl-C ends it early with every finished trial kept."""
+        try:
+            self.begin()
+            while True:
+                self.refill()  # ask, check, claim, compile: ahead of the GPU
+                if self.pending:
+                    self.take(*self.pending.popleft())  # judge, then time on a free GPU
+                elif self.inflight:
+                    self.wait_for(free_needed=False)  # tell the timings as they finish
+                elif self.others_busy():
+                    self.wait_for_others()
+                else:
+                    break
+                self.sync()
+            self.end()
+        except KeyboardInterrupt:
+            self.interrupted()
+        finally:
+            self.close()
+        return self.result()
+
+    def begin(self):
+        """Take in what an earlier run, or another process, has done; enqueue the model's
+        first batch (or leave the done ones out of the grid); time cuBLAS."""
+        self.sync(force=True)
+        if self.grid:
+            self.grid.todo = [c for c in self.grid.todo if c.name not in self.seen]
+        elif self.model and self.first_batch > 0:
+            for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
+                                   set(self.seen)):
+                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch),
+                                         skip_if_exists=False)
+                self.stats.model_first += 1
+        self.time_baseline()
+
+    def end(self):
+        """Every result written and the others' taken in; cuBLAS timed once more."""
+        self.shared is not None and self.shared.flush()
+        self.sync(force=True)
+        self.time_baseline()
+
+    def interrupted(self):
+        """Ctrl-C: every finished trial is already in the study; the unfinished ones are
+        marked failed (not left RUNNING), so the same command resumes cleanly."""
         from optuna.trial import TrialState
+
+        self.stats.interrupted = True
+        unfinished = (([self.current] if self.current else [])
+                      + [(t, c) for t, c, _ in self.pending])
+        unfinished += [(t, r.config) for t, r, _, _ in self.inflight.values()]
+        for trial, cfg in unfinished:
+            if self.seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
+                self.release(trial, cfg, "interrupted (Ctrl-C) before it finished")
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.timer.shutdown(wait=False, cancel_futures=True)
+        if self.shared is not None:
+            try:
+                self.shared.flush()
+            finally:
+                self.shared.stop(clean=True)
+
+    def result(self) -> SearchResult:
+        import optuna
 
         stats = self.stats
-        first = not self.synced_once
-        for name, c in self.shared.claims().items():
-            t = c.trial
-            if c.status != "done" or name in self.seen:
-                continue
-            cfg = config_from_name(name)
-            if not is_candidate(cfg, self.dtype):
-                continue
-            self.seen[name] = (t.state, t.value)
-            try:
-                self.study.add_trial(optuna.trial.create_trial(
-                    params=t.params, distributions=t.distributions, value=t.value,
-                    state=t.state, user_attrs=dict(t.user_attrs)))
-            except ValueError:  # a parameter outside this run's space: the record still counts
-                pass
-            if first:
-                stats.resumed += 1
-                stats.compiled += 1
-            else:
-                stats.from_others += 1
-            if t.state == TrialState.COMPLETE:
-                stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
-                if first:
-                    stats.timed += 1
-                self.records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
-                                                figures=t.user_attrs.get("figures", {})))
-            elif first:
-                out = t.user_attrs.get("outcome")
-                if out == Outcome.COMPILE_FAILED.value:
-                    stats.compile_failed += 1
-                elif out == Outcome.LAUNCH_FAILED.value:
-                    stats.launch_failed += 1
-                elif out == Outcome.WRONG_RESULT.value:
-                    stats.wrong += 1
-                else:
-                    stats.pruned += 1
-        self.synced_once = True
+        stats.seconds = time.monotonic() - self.t0
+        stats.rank_rho = rank_correlation(self.records)
+        if self.shared is not None:
+            stats.lost = self.shared.lost
+            remote = optuna.load_study(study_name=self.remote.study_name, storage=self.storage)
+            return SearchResult(self.shape, self.dtype, self.records, self.baselines, stats,
+                                remote, self.storage)
+        return SearchResult(self.shape, self.dtype, self.records, self.baselines, stats,
+                            self.study, self.study._storage)
 
-    def sync(self, force=False):
-        if self.shared is not None and (force or time.monotonic() - self.synced_at >= 1.0):
-            self.shared.read()
-            self.synced_at = time.monotonic()
-            self.take_in()
-
-    def full(self) -> bool:
-        if self.shared is None:
-            return self.stats.compiled >= self.trials
-        return len(self.shared.held()) >= self.trials
-
-    def tell(self, trial, value=None, state=None):
-        if value is not None:
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=state)
-
-    def emit(self, rec):
-        self.stats.seconds = time.monotonic() - self.t0
-        if self.on_event:
-            self.on_event(rec, self.stats)
-
-    def time_baseline(self, b=None):
-        m = (self.bench if b is None else b).baseline()
-        self.baselines.append(m.timing)
-        self.stats.cublas_tflops = self.bench.flops / (statistics.median(
-            t.median_ms for t in self.baselines) * 1e-3) / 1e12
-
-    def finish(self, trial, rec: TrialRecord, value: float | None = None, state=None,
-               extra=None):
-        from optuna.trial import TrialState
-
-        attrs = dict(kernel=rec.config.name, outcome=rec.outcome.value)
-        if rec.reason:
-            attrs["reason"] = rec.reason
-        if rec.figures:
-            attrs["figures"] = rec.figures
-        attrs.update(extra or {})
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        self.tell(trial, value, state)
-        self.seen[rec.config.name] = (state or TrialState.COMPLETE, value)
-        if trial.number in self.own:
-            self.shared.finish_later(self.own.pop(trial.number), attrs,
-                                     state or TrialState.COMPLETE, value)
-
-    def release(self, trial, cfg, reason: str):
-        """An own claim ends unfinished (Ctrl-C, --timeout): failed without an outcome, so
-        a later run or another process takes it up again."""
-        from optuna.trial import TrialState
-
-        self.seen.pop(cfg.name, None)
-        trial.set_user_attr("reason", reason)
-        self.tell(trial, state=TrialState.FAIL)
-        if trial.number in self.own:
-            self.shared.finish(self.own.pop(trial.number), {"reason": reason}, TrialState.FAIL)
+    # -- ahead of the GPU: ask, check, claim, compile ---------------------------------
+    def refill(self):
+        """Ask until `2 * jobs` candidates are compiling, the budget or the asks are spent,
+        the time is up or the grid is done."""
+        lookahead = 2 * self.jobs
+        while (len(self.pending) < lookahead and not self.full()
+               and self.stats.asked < self.max_asks and time.monotonic() < self.deadline):
+            asked = self.ask()
+            if asked is None:  # the grid is done
+                break
+            if self.admit(*asked):
+                self.compile(*asked)
 
     def ask(self):
-        """The next trial: a released candidate of the shared study first, else the
-        sampler's (or the grid's) choice."""
+        """The next (trial, config): a released candidate of the shared study first, else
+        the sampler's (or the grid's) choice; None when the grid is done."""
         if self.shared is not None:
             for t in self.shared.released():
                 name = t.user_attrs.get("claim")
                 if name not in self.retrying and name not in self.seen:
                     self.retrying.add(name)
                     self.study.enqueue_trial(t.params, skip_if_exists=False)
-        trial = self.grid.ask() if self.grid else self.study.ask()
-        return trial
+        grid = self.grid
+        trial = grid.ask() if grid else self.study.ask()
+        if trial is None:
+            return None
+        self.stats.asked += 1
+        cfg = suggest(trial, self.dtype, self.shape, self.arch)
+        if grid and grid.last is not None and cfg.name != grid.last.name:
+            grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
+        return trial, cfg
+
+    def admit(self, trial, cfg) -> bool:
+        """Whether `cfg` is to be compiled. If not (invalid, asked before, or claimed by
+        another process), the trial is told at once, at no cost to the budget."""
+        from optuna.trial import TrialState
+
+        stats = self.stats
+        reasons = check(cfg, self.arch) + shape_reasons(cfg, self.shape, self.arch)
+        if reasons:
+            stats.rejected += 1
+            trial.set_user_attr("outcome", Outcome.REJECTED.value)
+            trial.set_user_attr("reason", "; ".join(reasons))
+            self.tell(trial, state=TrialState.PRUNED)
+            return False
+        if cfg.name in self.seen:  # asked again: answer from the first time, free
+            stats.duplicates += 1
+            state, value = self.seen[cfg.name]
+            trial.set_user_attr("duplicate_of", cfg.name)
+            # still compiling or timing: nothing to copy yet
+            self.tell(trial, value, TrialState.PRUNED if state == TrialState.RUNNING else state)
+            return False
+        why = self.claim(trial, cfg)
+        if why is not None:  # another process holds it, or the study is full
+            stats.duplicates += 1
+            trial.set_user_attr("duplicate_of", cfg.name)
+            trial.set_user_attr("reason", "claimed by another worker of this study"
+                                if why == "held" else "the study holds its budget")
+            self.tell(trial, state=TrialState.PRUNED)
+            return False
+        return True
 
     def claim(self, trial, cfg) -> str | None:
         """Claim `cfg` in the shared study; None if it is ours, else why not."""
@@ -407,47 +448,67 @@ class _Search:
             self.own[trial.number] = tid
         return why
 
-    def refill(self):
+    def compile(self, trial, cfg):
+        """Into the compile pool; the budget counts it."""
         from optuna.trial import TrialState
 
-        stats, grid, seen, tell = self.stats, self.grid, self.seen, self.tell
-        lookahead = 2 * self.jobs
-        while (len(self.pending) < lookahead and not self.full()
-               and stats.asked < self.max_asks and time.monotonic() < self.deadline):
-            trial = self.ask()
-            if trial is None:  # the grid is done
-                break
-            stats.asked += 1
-            cfg = suggest(trial, self.dtype, self.shape, self.arch)
-            if grid and grid.last is not None and cfg.name != grid.last.name:
-                grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
-            reasons = check(cfg, self.arch) + shape_reasons(cfg, self.shape, self.arch)
-            if reasons:
-                stats.rejected += 1
-                trial.set_user_attr("outcome", Outcome.REJECTED.value)
-                trial.set_user_attr("reason", "; ".join(reasons))
-                tell(trial, state=TrialState.PRUNED)
-                continue
-            if cfg.name in seen:  # asked again: answer from the first time, free
-                stats.duplicates += 1
-                state, value = seen[cfg.name]
-                trial.set_user_attr("duplicate_of", cfg.name)
-                # still compiling or timing: nothing to copy yet
-                tell(trial, value, TrialState.PRUNED if state == TrialState.RUNNING else state)
-                continue
-            why = self.claim(trial, cfg)
-            if why is not None:  # another process holds it, or the study is full
-                stats.duplicates += 1
-                trial.set_user_attr("duplicate_of", cfg.name)
-                trial.set_user_attr("reason", "claimed by another worker of this study"
-                                    if why == "held" else "the study holds its budget")
-                tell(trial, state=TrialState.PRUNED)
-                continue
-            seen[cfg.name] = (TrialState.RUNNING, None)
-            stats.compiled += 1
-            fut = self.pool.submit(self.compiler,
-                                   (cfg, self.arch.sm, self.cache_dir, self.artifacts))
-            self.pending.append((trial, cfg, fut))
+        self.seen[cfg.name] = (TrialState.RUNNING, None)
+        self.stats.compiled += 1
+        fut = self.pool.submit(self.compiler, (cfg, self.arch.sm, self.cache_dir, self.artifacts))
+        self.pending.append((trial, cfg, fut))
+
+    # -- a compiled candidate: judge, time --------------------------------------------
+    def take(self, trial, cfg, fut):
+        """One compiled candidate: judged by the model, then handed to a free GPU."""
+        from optuna.trial import TrialState
+
+        self.current = (trial, cfg)
+        if time.monotonic() >= self.deadline:
+            fut.cancel()
+            self.release(trial, cfg, "search stopped by --timeout before timing")
+            self.current = None
+            return
+        res: CompileResult = fut.result()
+        self.refill()  # keep the pool busy while the GPU works
+        if not res.ok:
+            self.stats.compile_failed += 1
+            why = res.error.splitlines()[0][:300] if res.error else ""
+            self.conclude(trial, TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED, why),
+                          TrialState.FAIL)
+            return
+        verdict = judge(cfg, res.resources, self.shape, self.arch, self.stats.best_tflops,
+                        self.margin)
+        rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
+                          resources=res.resources, figures=verdict.figures, cubin=res.cubin)
+        if verdict.hopeless:
+            self.stats.pruned += 1
+            self.conclude(trial, rec, TrialState.PRUNED)
+            return
+        self.time_on_gpu(trial, rec, res.cubin)
+
+    def conclude(self, trial, rec: TrialRecord, state):
+        """A candidate that ends before the GPU: told, recorded, reported."""
+        self.finish(trial, rec, state=state)
+        self.records.append(rec)
+        self.current = None
+        self.emit(rec)
+
+    def time_on_gpu(self, trial, rec: TrialRecord, cubin: Path):
+        """Hand the candidate to a free GPU (waiting for one), then tell what is done."""
+        self.wait_for(free_needed=True)
+        b = self.free.popleft()
+        self.inflight[self.timer.submit(b.measure, rec.config, cubin)] = (trial, rec, b,
+                                                                          time.time())
+        self.current = None
+        for f in [f for f in self.inflight if f.done()]:
+            self.measured(f)
+
+    def wait_for(self, free_needed: bool):
+        """Collect finished timings: until a GPU is free, or (False) until none is busy."""
+        while self.inflight and (not self.free or not free_needed):
+            done, _ = cf.wait(list(self.inflight), return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                self.measured(fut)
 
     def measured(self, fut):
         """A timing finished: tell the study (here, in the search's own thread)."""
@@ -479,117 +540,132 @@ class _Search:
         self.records.append(rec)
         self.emit(rec)
 
-    def wait_for(self, free_needed: bool):
-        """Collect finished timings: until a GPU is free, or (False) until none is busy."""
-        while self.inflight and (not self.free or not free_needed):
-            done, _ = cf.wait(list(self.inflight), return_when=cf.FIRST_COMPLETED)
-            for fut in done:
-                self.measured(fut)
+    def time_baseline(self, b=None):
+        """cuBLAS, on `b` (default: the first GPU)."""
+        m = (self.bench if b is None else b).baseline()
+        self.baselines.append(m.timing)
+        self.stats.cublas_tflops = self.bench.flops / (statistics.median(
+            t.median_ms for t in self.baselines) * 1e-3) / 1e12
 
-    def step(self, trial, cfg, fut):
-        """One compiled candidate: judged by the model, then handed to a free GPU."""
+    # -- tell, and sync with the shared study -----------------------------------------
+    def tell(self, trial, value=None, state=None):
+        if value is not None:
+            self.study.tell(trial, value)
+        else:
+            self.study.tell(trial, state=state)
+
+    def finish(self, trial, rec: TrialRecord, value: float | None = None, state=None,
+               extra=None):
+        """Tell the outcome, with its attributes, here and (written later) to the shared
+        study."""
+        from optuna.trial import TrialState
+
+        attrs = dict(kernel=rec.config.name, outcome=rec.outcome.value)
+        if rec.reason:
+            attrs["reason"] = rec.reason
+        if rec.figures:
+            attrs["figures"] = rec.figures
+        attrs.update(extra or {})
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        self.tell(trial, value, state)
+        self.seen[rec.config.name] = (state or TrialState.COMPLETE, value)
+        if trial.number in self.own:
+            self.shared.finish_later(self.own.pop(trial.number), attrs,
+                                     state or TrialState.COMPLETE, value)
+
+    def release(self, trial, cfg, reason: str):
+        """An own claim ends unfinished (Ctrl-C, --timeout): failed without an outcome, so
+        a later run or another process takes it up again."""
+        from optuna.trial import TrialState
+
+        self.seen.pop(cfg.name, None)
+        trial.set_user_attr("reason", reason)
+        self.tell(trial, state=TrialState.FAIL)
+        if trial.number in self.own:
+            self.shared.finish(self.own.pop(trial.number), {"reason": reason}, TrialState.FAIL)
+
+    def emit(self, rec):
+        self.stats.seconds = time.monotonic() - self.t0
+        if self.on_event:
+            self.on_event(rec, self.stats)
+
+    def full(self) -> bool:
+        if self.shared is None:
+            return self.stats.compiled >= self.trials
+        return len(self.shared.held()) >= self.trials
+
+    def others_busy(self) -> bool:
+        """Shared and in time: do others hold claims, or wait released ones for a retry?"""
+        shared = self.shared
+        return shared is not None and time.monotonic() < self.deadline and bool(
+            shared.others_running() or (not self.full() and shared.released()))
+
+    def wait_for_others(self):
+        """Others still hold claims: wait for them to finish, or to go stale and be
+        retried here, so the study ends with every candidate done."""
+        time.sleep(min(max(self.shared.interval / 4, 0.05), 1.0,
+                       max(self.deadline - time.monotonic(), 0)))
+        self.sync(force=True)
+
+    def sync(self, force=False):
+        """Read the shared study (at most once a second unless forced) and take in what
+        the others finished."""
+        if self.shared is not None and (force or time.monotonic() - self.synced_at >= 1.0):
+            self.shared.read()
+            self.synced_at = time.monotonic()
+            self.take_in()
+
+    def take_in(self):
+        """What the shared study finished that this process did not: into the local study
+        (the sampler learns from it) and the records; the first time, as resumed."""
+        import optuna
+
+        first = not self.synced_once
+        for name, c in self.shared.claims().items():
+            t = c.trial
+            if c.status != "done" or name in self.seen:
+                continue
+            cfg = config_from_name(name)
+            if not is_candidate(cfg, self.dtype):
+                continue
+            self.seen[name] = (t.state, t.value)
+            try:
+                self.study.add_trial(optuna.trial.create_trial(
+                    params=t.params, distributions=t.distributions, value=t.value,
+                    state=t.state, user_attrs=dict(t.user_attrs)))
+            except ValueError:  # a parameter outside this run's space: the record still counts
+                pass
+            self.count_taken_in(t, cfg, first)
+        self.synced_once = True
+
+    def count_taken_in(self, t, cfg, first: bool):
+        """One trial taken in: at the first sync an earlier run's (resumed, counted as if
+        done here), later another process's; its record if timed."""
         from optuna.trial import TrialState
 
         stats = self.stats
-        self.current = (trial, cfg)
-        if time.monotonic() >= self.deadline:
-            fut.cancel()
-            self.release(trial, cfg, "search stopped by --timeout before timing")
-            self.current = None
-            return
-        res: CompileResult = fut.result()
-        self.refill()  # keep the pool busy while the GPU works
-        if not res.ok:
-            stats.compile_failed += 1
-            rec = TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED,
-                              res.error.splitlines()[0][:300] if res.error else "")
-            self.finish(trial, rec, state=TrialState.FAIL)
-            self.records.append(rec)
-            self.current = None
-            self.emit(rec)
-            return
-        verdict = judge(cfg, res.resources, self.shape, self.arch, stats.best_tflops,
-                        self.margin)
-        rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
-                          resources=res.resources, figures=verdict.figures, cubin=res.cubin)
-        if verdict.hopeless:
-            stats.pruned += 1
-            self.finish(trial, rec, state=TrialState.PRUNED)
-            self.records.append(rec)
-            self.current = None
-            self.emit(rec)
-            return
-        self.wait_for(free_needed=True)
-        b = self.free.popleft()
-        self.inflight[self.timer.submit(b.measure, cfg, res.cubin)] = (trial, rec, b,
-                                                                       time.time())
-        self.current = None
-        for f in [f for f in self.inflight if f.done()]:
-            self.measured(f)
-
-    def run(self) -> SearchResult:
-        import optuna
-        from optuna.trial import TrialState
-
-        stats, shared = self.stats, self.shared
-        try:
-            self.sync(force=True)  # what an earlier run, or another process, has done
-            if self.grid:
-                self.grid.todo = [c for c in self.grid.todo if c.name not in self.seen]
-            elif self.model and self.first_batch > 0:
-                for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
-                                       set(self.seen)):
-                    self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch),
-                                             skip_if_exists=False)
-                    stats.model_first += 1
-            self.time_baseline()
-            while True:
-                self.refill()
-                if self.pending:
-                    self.step(*self.pending.popleft())
-                elif self.inflight:
-                    self.wait_for(free_needed=False)
-                elif shared is not None and time.monotonic() < self.deadline and (
-                        shared.others_running() or (not self.full() and shared.released())):
-                    # others still hold claims: wait for them to finish, or to go stale
-                    # and be retried here, so the study ends with every candidate done
-                    time.sleep(min(max(shared.interval / 4, 0.05), 1.0,
-                                   max(self.deadline - time.monotonic(), 0)))
-                    self.sync(force=True)
-                else:
-                    break
-                self.sync()
-            shared is not None and shared.flush()
-            self.sync(force=True)
-            self.time_baseline()
-        except KeyboardInterrupt:
-            # Ctrl-C: every finished trial is already in the study; the unfinished ones are
-            # marked failed (not left RUNNING), so the same command resumes cleanly.
-            stats.interrupted = True
-            unfinished = (([self.current] if self.current else [])
-                          + [(t, c) for t, c, _ in self.pending])
-            unfinished += [(t, r.config) for t, r, _, _ in self.inflight.values()]
-            for trial, cfg in unfinished:
-                if self.seen.get(cfg.name, (TrialState.RUNNING,))[0] == TrialState.RUNNING:
-                    self.release(trial, cfg, "interrupted (Ctrl-C) before it finished")
-        finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.timer.shutdown(wait=False, cancel_futures=True)
-            if shared is not None:
-                try:
-                    shared.flush()
-                finally:
-                    shared.stop(clean=True)
-        stats.seconds = time.monotonic() - self.t0
-        stats.rank_rho = rank_correlation(self.records)
-        shape, dtype = self.shape, self.dtype
-        if shared is not None:
-            stats.lost = shared.lost
-            remote = optuna.load_study(study_name=self.remote.study_name, storage=self.storage)
-            return SearchResult(shape, dtype, self.records, self.baselines, stats, remote,
-                                self.storage)
-        return SearchResult(shape, dtype, self.records, self.baselines, stats, self.study,
-                            self.study._storage)
+        if first:
+            stats.resumed += 1
+            stats.compiled += 1
+        else:
+            stats.from_others += 1
+        if t.state == TrialState.COMPLETE:
+            stats.best_tflops = max(stats.best_tflops or 0.0, t.value)
+            if first:
+                stats.timed += 1
+            self.records.append(TrialRecord(t.number, cfg, Outcome.TIMED, tflops=t.value,
+                                            figures=t.user_attrs.get("figures", {})))
+        elif first:
+            out = t.user_attrs.get("outcome")
+            if out == Outcome.COMPILE_FAILED.value:
+                stats.compile_failed += 1
+            elif out == Outcome.LAUNCH_FAILED.value:
+                stats.launch_failed += 1
+            elif out == Outcome.WRONG_RESULT.value:
+                stats.wrong += 1
+            else:
+                stats.pruned += 1
 
 
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
