@@ -31,7 +31,7 @@ from _recorded import Study, all_studies  # noqa: E402
 from codegen.arch import parse_arch  # noqa: E402
 from codegen.families import config_from_name  # noqa: E402
 from tuner import model  # noqa: E402
-from tuner.occupancy import occupancy  # noqa: E402
+from codegen.occupancy import occupancy  # noqa: E402
 
 ARCH = parse_arch("sm_90").replace(sm_count=132, clock_mhz=1980)  # the H200 of the records
 TARGET_SHAPES = ((4096, 4096, 4096), (127, 129, 4097), (16, 4096, 4096))

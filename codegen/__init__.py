@@ -11,18 +11,25 @@ Example:
     True
 """
 
-from codegen.arch import ARCHS, ArchLimits, parse_arch
-from codegen.check import check
-from codegen.compile import (
-    CompileResult, Resources, ToolchainError, compile_config, compile_many, parse_ptxas,
-)
-from codegen.config import DEFAULT_CONFIG, DType, Family, KernelConfig, Layout
-from codegen.errors import GemmTuneError, UsageError
-from codegen.render import render, template_hash
+import importlib
 
-__all__ = [
-    "ARCHS", "ArchLimits", "parse_arch", "check", "CompileResult", "Resources",
-    "ToolchainError", "compile_config", "compile_many", "parse_ptxas", "DEFAULT_CONFIG",
-    "DType", "Family", "KernelConfig", "Layout", "GemmTuneError", "UsageError", "render",
-    "template_hash",
-]
+#: public name -> the module that defines it, imported on first use (PEP 562), so that
+#: `import codegen.config` (the run path's floor) loads neither jinja2 nor the compiler
+_EXPORTS = {
+    "ARCHS": "arch", "ArchLimits": "arch", "parse_arch": "arch", "check": "check",
+    "CompileResult": "compile", "Resources": "compile", "ToolchainError": "compile",
+    "compile_config": "compile", "compile_many": "compile", "parse_ptxas": "compile",
+    "DEFAULT_CONFIG": "config", "DType": "config", "Family": "config",
+    "KernelConfig": "config", "Layout": "config", "GemmTuneError": "errors",
+    "UsageError": "errors", "render": "render", "template_hash": "render",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'codegen' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"codegen.{module}"), name)
+    globals()[name] = value
+    return value

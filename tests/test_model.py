@@ -15,7 +15,7 @@ from tuner import model
 from tuner.model import (
     PRUNE_MARGIN, estimate_registers, judge, predict, register_cap, spearman, tile_traffic,
 )
-from tuner.occupancy import occupancy
+from codegen.occupancy import occupancy
 from tuner.search import model_first, rank_correlation, search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

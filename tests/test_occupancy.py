@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.occupancy import occupancy
+from codegen.occupancy import occupancy
 
 
 @pytest.mark.parametrize("arch,threads,regs,smem,blocks,limiter,occ", [

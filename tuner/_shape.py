@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+from codegen.config import DType
 from codegen.errors import UsageError
 
 INT32_MAX = 2**31 - 1
@@ -35,3 +37,36 @@ def problem_bytes(shape: tuple[int, int, int], elem: int = 4) -> int:
 
 def format_shape(shape: tuple[int, int, int]) -> str:
     return "x".join(str(v) for v in shape)
+
+
+def fp32_mode(dtype: DType, args) -> DType:
+    """The request's dtype with --allow-tf32 / --allow-3xtf32 applied (fp32 data only)."""
+    if args.allow_tf32 and args.allow_3xtf32:
+        raise UsageError("--allow-tf32 and --allow-3xtf32 exclude each other")
+    for flag, mode in (("allow_tf32", DType.TF32), ("allow_3xtf32", DType.F32X3)):
+        if getattr(args, flag):
+            if dtype not in (DType.F32, mode):
+                raise UsageError(f"--{flag.replace('_', '-')} is for fp32 data, not "
+                                 f"--dtype {args.dtype}")
+            return mode
+    return dtype
+
+
+def shapes_file(path: Path | None) -> list:
+    if path is None:
+        return []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--shapes {path}: cannot read it ({e})") from None
+    out = []
+    for no, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if text:
+            try:
+                out.append(parse_shape(text))
+            except UsageError as e:
+                raise UsageError(f"--shapes {path}, line {no}: {e}") from None
+    if not out:
+        raise UsageError(f"--shapes {path} names no shape")
+    return out

@@ -18,7 +18,7 @@ from pathlib import Path
 from codegen.arch import parse_arch
 from codegen.config import DType
 from codegen.errors import GemmTuneError, UsageError
-from tuner._shape import format_shape, parse_shape
+from tuner._shape import format_shape, fp32_mode, parse_shape, shapes_file
 
 __all__ = ["main", "build_parser"]
 
@@ -234,14 +234,14 @@ def _run(argv) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    shapes = [parse_shape(x) for x in args.shape] + _shapes_file(args.shapes)
+    shapes = [parse_shape(x) for x in args.shape] + shapes_file(args.shapes)
     if not shapes:
         raise UsageError("give a problem: --shape MxNxK (or --shapes FILE)")
     if args.devices is not None:
         args.devices = _device_list(args.devices)
     if args.kernel_timeout <= 0:
         raise UsageError(f"--kernel-timeout must be positive (got {args.kernel_timeout:g})")
-    dtype = _fp32_mode(DType.parse(args.dtype), args)
+    dtype = fp32_mode(DType.parse(args.dtype), args)
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
     if args.dry_run:
@@ -262,39 +262,6 @@ def _device_list(text: str) -> list[int]:
     if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
         raise UsageError(f"--devices {text!r}: expected distinct GPU numbers like 0,1")
     return ids
-
-
-def _fp32_mode(dtype: DType, args) -> DType:
-    """The request's dtype with --allow-tf32 / --allow-3xtf32 applied (fp32 data only)."""
-    if args.allow_tf32 and args.allow_3xtf32:
-        raise UsageError("--allow-tf32 and --allow-3xtf32 exclude each other")
-    for flag, mode in (("allow_tf32", DType.TF32), ("allow_3xtf32", DType.F32X3)):
-        if getattr(args, flag):
-            if dtype not in (DType.F32, mode):
-                raise UsageError(f"--{flag.replace('_', '-')} is for fp32 data, not "
-                                 f"--dtype {args.dtype}")
-            return mode
-    return dtype
-
-
-def _shapes_file(path: Path | None) -> list:
-    if path is None:
-        return []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--shapes {path}: cannot read it ({e})") from None
-    out = []
-    for no, line in enumerate(lines, 1):
-        text = line.split("#", 1)[0].strip()
-        if text:
-            try:
-                out.append(parse_shape(text))
-            except UsageError as e:
-                raise UsageError(f"--shapes {path}, line {no}: {e}") from None
-    if not out:
-        raise UsageError(f"--shapes {path} names no shape")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import subprocess
 
 from codegen.config import DType, config_from_dict, config_from_name
 from codegen.errors import UsageError
-from tuner._shape import format_shape, parse_shape
+from tuner._shape import format_shape, fp32_mode, parse_shape, shapes_file
 from tuner.runtime.library import Library
 
 
@@ -158,14 +158,10 @@ def cmd_export(args, console) -> int:
 
 
 def cmd_prewarm(args, console) -> int:
-    from tuner.cli import _shapes_file
-
-    shapes = _shapes_file(args.shapes)
+    shapes = shapes_file(args.shapes)
     if not shapes:
         raise UsageError(f"--shapes {args.shapes}: no shape in it")
-    from tuner.cli import _fp32_mode
-
-    dtype = _fp32_mode(DType.parse(args.dtype), args)
+    dtype = fp32_mode(DType.parse(args.dtype), args)
     lib = Library.load(args.library)
     rows = []
     from rich.progress import track
@@ -232,7 +228,7 @@ def _model_figures(e: dict, info: dict) -> dict:
     intensity, predicted time, the roofline bound."""
     from codegen.arch import parse_arch
     from tuner.model import bound_tflops, predict
-    from tuner.occupancy import occupancy
+    from codegen.occupancy import occupancy
 
     cfg = config_from_dict(info["config"])
     arch = parse_arch(e["arch"])

@@ -72,7 +72,7 @@ from codegen.compile import Resources
 from codegen.families import Config, Math, family_of
 # the shape rules live with the configs (the families' spaces use them); re-exported here
 from codegen.families._common import cdiv as _cdiv, shape_reasons as _shape_reasons, wants_split
-from tuner.occupancy import Occupancy, occupancy
+from codegen.occupancy import Occupancy, occupancy
 
 __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split", "Prediction",
            "predict", "predict_before_compile", "estimate_registers", "register_cap",
