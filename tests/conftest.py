@@ -13,12 +13,15 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/_sample.py and friends
 @functools.cache
 def _gpu_reason() -> str | None:
     try:
-        import pycuda.driver as drv
+        from cuda.bindings import driver as cu  # the one driver binding gemm-tune uses
     except ImportError as e:
-        return f"pycuda is not installed ({e})"
+        return f"cuda-bindings is not installed ({e})"
     try:
-        drv.init()
-        if drv.Device.count() < 1:
+        err, = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return f"no usable CUDA driver (cuInit: {err})"
+        err, count = cu.cuDeviceGetCount()
+        if err != cu.CUresult.CUDA_SUCCESS or count < 1:
             return "no CUDA device"
     except Exception as e:  # noqa: BLE001 - any driver failure means no GPU here
         return f"no usable CUDA driver ({e})"

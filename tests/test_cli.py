@@ -82,9 +82,11 @@ def test_installed_script_and_module_agree(tmp_path):
 def test_timing_without_a_gpu_names_dry_run(capsys, tmp_path, monkeypatch):
     import tuner.gpu
 
-    monkeypatch.setattr(tuner.gpu, "_drv", lambda: (_ for _ in ()).throw(
-        tuner.gpu.NoGPUError("timing needs a CUDA GPU and pycuda (none here); "
-                             "install '.[cuda]', or use --dry-run")))
+    from tuner.runtime import driver
+
+    monkeypatch.setattr(driver, "api", lambda: (_ for _ in ()).throw(
+        driver.NoGPUError("no usable CUDA driver (none here)")))
+    tuner.gpu.device.cache_clear()
     code, _, err = _run(capsys, "--shape", "64x64x64", "--artifacts", str(tmp_path))
     assert code == 2 and "--dry-run" in err and len(err.strip().splitlines()) == 1
 
@@ -105,7 +107,7 @@ def test_corrupt_cache_is_reported_and_kept(capsys, tmp_path):
 
 def test_importing_loads_no_gpu_package():
     code = ("import sys, codegen, tuner, tuner.cli, tuner.search, tuner.cache, tuner.dryrun, "
-            "tuner.bench, tuner.gpu, tuner.runtime.cublas, tuner.runtime.launch; "
+            "tuner.bench, tuner.gpu, tuner.runtime.cublas, tuner.runtime.call, tuner.runtime.runners; "
             "bad = [m for m in ('pycuda', 'pycuda.driver', 'cupy', 'torch', 'cuda.bindings') "
             "if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
@@ -115,8 +117,8 @@ def test_importing_loads_no_gpu_package():
 
 def test_the_run_path_imports_nothing_of_the_search():
     """A program that only runs tuned kernels pulls in no optuna, matplotlib or rich."""
-    code = ("import sys, tuner.runtime, tuner.runtime.launch, tuner.runtime.measure, "
-            "tuner.runtime.export; "
+    code = ("import sys, tuner.runtime, tuner.runtime.call, tuner.runtime.measure, "
+            "tuner.runtime.runners, tuner.runtime.export; "
             "bad = [m for m in ('optuna', 'matplotlib', 'rich', 'pycuda', 'tuner.search', "
             "'tuner.space') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -141,12 +143,11 @@ def test_a_problem_too_large_for_the_gpu_is_one_error(monkeypatch):
     flush buffer."""
     from types import SimpleNamespace
 
-    import tuner.gpu
     from codegen import DType, UsageError
+    from tuner.runtime import driver
     from tuner.tune import _check_fits
 
-    monkeypatch.setattr(tuner.gpu, "_drv", lambda: SimpleNamespace(
-        mem_get_info=lambda: (80 * 2**30, 141 * 2**30)))
+    monkeypatch.setattr(driver, "call", lambda name, *args: (80 * 2**30, 141 * 2**30))
     dev = SimpleNamespace(l2_bytes=60 * 2**20)
     _check_fits(dev, (4096, 4096, 4096), DType.F32)  # fits
     with pytest.raises(UsageError, match=r"100000x100000x100000 needs 484\.4 GiB on the GPU"):

@@ -63,9 +63,9 @@ def offline_lib(tmp_path, monkeypatch):
     def no_gpu(*args):
         raise _Touched
 
-    for name in ("gpu", "current_device", "entered", "_cu"):
+    for name in ("gpu", "current_device", "entered", "api"):
         monkeypatch.setattr(driver, name, no_gpu)
-    return Library(tmp_path, {"schema": 1, "kernels": {}, "entries": []})
+    return Library.create_or_open(tmp_path)
 
 
 float_dtypes = st.sampled_from([np.float32, np.float64, np.float16, np.int32, np.complex64])

@@ -15,9 +15,10 @@ from _library import BIG, SMALL, build
 from codegen.arch import ARCHS
 from codegen.config import DType
 from tuner.runtime import cublas as cublas_mod
-from tuner.runtime import driver, launch, measure, operands
+from tuner.runtime import driver, measure, operands, runners
 from tuner.runtime.dispatch import DispatchTable, table_path
-from tuner.runtime.library import LibraryError, load_library
+from tuner.runtime.errors import LibraryError
+from tuner.runtime.library import load_library
 
 
 class Cai:
@@ -116,9 +117,9 @@ class FakeGpu:
         monkeypatch.setattr(driver, "is_capturing", lambda s: s in self.capturing)
         monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: what)
         monkeypatch.setattr(driver, "KernelImage", Image)
-        monkeypatch.setattr(driver, "_cu", lambda: cu)
+        monkeypatch.setattr(driver, "api", lambda: cu)
         monkeypatch.setattr(cublas_mod, "device_blas", lambda g: Blas())
-        monkeypatch.setattr(cublas_mod, "_BLAS", {0: Blas()})
+        monkeypatch.setattr(cublas_mod, "has_handle", lambda g: True)
         monkeypatch.setattr(cublas_mod, "cublas_version", lambda: 130100)
         monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 0)
         monkeypatch.setattr(measure, "time_candidates", time_candidates)
@@ -170,13 +171,13 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
 
 def test_plans_are_memoised_per_shape_and_alignment(lib, fake, monkeypatch):
     calls = []
-    decide = type(lib)._decide
+    decide = type(lib).choose
 
     def counted(self, *args, **kw):
         calls.append(args[1:5])
         return decide(self, *args, **kw)
 
-    monkeypatch.setattr(type(lib), "_decide", counted)
+    monkeypatch.setattr(type(lib), "choose", counted)
     fake.times = {SMALL.name: 0.5}
     a, b, c = Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000)
     for _ in range(5):
@@ -439,7 +440,7 @@ class FakeCu:
 
 def test_scratch_is_per_stream_and_graph_safe(monkeypatch):
     cu = FakeCu()
-    monkeypatch.setattr(driver, "_cu", lambda: cu)
+    monkeypatch.setattr(driver, "api", lambda: cu)
     capturing = set()
     monkeypatch.setattr(driver, "is_capturing", lambda s: s in capturing)
     g = driver.Gpu(0, "NVIDIA H200", 90, ARCHS[90], 0, 0, 0, 1)
@@ -461,7 +462,7 @@ def test_scratch_is_per_stream_and_graph_safe(monkeypatch):
 
 
 def test_param_block_packs_every_argument():
-    blk = driver.ParamBlock(launch.KernelRunner.SIGNATURE + "P")
+    blk = driver.ParamBlock(runners.Runner.SIGNATURE + "P")
     address = blk.pack(7, 8, 9, 0.5, 0xDEAD0000, 9, 0xBEEF0000, 8, 2.0, 0xF00D0000, 8, 0x1000)
     assert address == blk.address
     ptrs = [blk.ptrs[i] for i in range(12)]
@@ -608,3 +609,12 @@ def test_copy_rows_copies_everything(shape):
     wide = np.full((shape[0], shape[1] + 3), np.nan, np.float32)
     copy_rows(wide[:, :shape[1]], src)  # into a view with padded rows
     assert np.array_equal(wide[:, :shape[1]], src) and np.isnan(wide[:, shape[1]:]).all()
+
+
+def test_every_request_has_torch_scratch_operands_for_its_first_use_measurement():
+    """A torch caller's first use times candidates on torch tensors of the request's data
+    type: fp32 data for tf32 and 3xTF32 requests (an f32x3 request raised KeyError here)."""
+    assert set(measure.TORCH_DATA) == set(DType)
+    assert {measure.TORCH_DATA[d] for d in (DType.F32, DType.TF32, DType.F32X3)} == {"float32"}
+    assert (measure.TORCH_DATA[DType.F16], measure.TORCH_DATA[DType.BF16]) == \
+        ("float16", "bfloat16")

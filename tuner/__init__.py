@@ -1,8 +1,9 @@
 """gemm-tune's tuner: search space, occupancy model, GPU runner, cuBLAS baseline,
 Optuna search, cache of winners, the tuned-kernel library and the command line.
 
-Importing it loads no GPU package; the GPU modules import pycuda (the tuner) or
-cuda-bindings (the run path, tuner.runtime) when first used.
+Importing it loads no GPU package; the GPU modules import cuda-bindings (the driver
+binding of the run path, tuner.runtime, which the tuner's timing uses too) when first
+used.
 
 Example:
     >>> from tuner import load_library

@@ -8,19 +8,24 @@ every repetition by writing a buffer twice its size; median and quantiles.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from codegen.config import DType
 from codegen.families import Config, Math, family_of
-from tuner.gpu import _drv, cublas, device, load_kernel
-from tuner.outcome import LaunchError, Measurement, Outcome, Timing, Unsupported
+from tuner.gpu import cublas, device
+from tuner.outcome import Measurement, Outcome, Timing
+from tuner.runtime import driver
+from tuner.runtime.errors import DriverError, Unsupported
+from tuner.runtime.runners import runner_for
 
-__all__ = ["L2Flush", "do_bench", "Problem", "GpuBenchmark", "TOLERANCE", "tolerance",
-           "round_to", "norm2"]
+__all__ = ["L2Flush", "do_bench", "Problem", "DeviceArray", "GpuBenchmark", "TOLERANCE",
+           "tolerance", "round_to"]
 
 log = logging.getLogger(__name__)
 
@@ -75,29 +80,26 @@ class L2Flush:
     """A buffer of twice the L2 size, allocated once; writing it evicts the inputs."""
 
     def __init__(self, l2_bytes: int):
-        drv = _drv()
-        self.words = max(2 * l2_bytes, 1 << 20) // 4
-        self.buf = drv.mem_alloc(self.words * 4)
+        self.buf = driver.Buffer(max(2 * l2_bytes, 1 << 20))
 
-    def __call__(self, stream=None):
-        _drv().memset_d32_async(self.buf, 0, self.words, stream)
+    def __call__(self, stream: int = 0):
+        self.buf.fill32(0, stream=stream)
 
 
 def do_bench(fn: Callable[[], None], flush: L2Flush | None, target_ms: float = 50.0,
              warmup: int = 3, min_reps: int = 10, max_reps: int = 500) -> Timing:
-    """Time `fn` (an asynchronous launch on the default stream) like Triton's do_bench."""
-    drv = _drv()
+    """Time `fn` (an asynchronous launch on the legacy default stream) like Triton's
+    do_bench: CUDA events around each repetition, the L2 flushed before it."""
     for _ in range(warmup):
         fn()
-    start, end = drv.Event(), drv.Event()
-    start.record()
+    start = driver.Event().record()
     fn()
-    end.record()
+    end = driver.Event().record()
     end.synchronize()
-    estimate = max(end.time_since(start), 1e-3)
+    estimate = max(end.since(start), 1e-3)
     reps = int(min(max_reps, max(min_reps, math.ceil(target_ms / estimate))))
-    starts = [drv.Event() for _ in range(reps)]
-    ends = [drv.Event() for _ in range(reps)]
+    starts = [driver.Event() for _ in range(reps)]
+    ends = [driver.Event() for _ in range(reps)]
     for s, e in zip(starts, ends):
         if flush is not None:
             flush()
@@ -105,31 +107,71 @@ def do_bench(fn: Callable[[], None], flush: L2Flush | None, target_ms: float = 5
         fn()
         e.record()
     ends[-1].synchronize()
-    return Timing(tuple(e.time_since(s) for s, e in zip(starts, ends)))
+    return Timing(tuple(e.since(s) for s, e in zip(starts, ends)))
 
 
-def norm2(x) -> float:
-    """||x||_2 of a contiguous float64 GPUArray by cuBLAS's Dnrm2 (scaled, race-free).
+class DeviceArray:
+    """A copy of a numpy array in device memory (a driver.Buffer): ``ptr``, ``get()``."""
 
-    Not pycuda's ``gpuarray.dot``: its ReductionKernel reduces the last warp without
-    ``__syncwarp`` (racecheck reports shared-memory hazards on sm_70 and newer), and it is
-    built with ``keep=True``, which prints "*** compiler output in /tmp/..." on stdout.
-    Arrays past 2^31 - 1 elements are summed in slices.
-    """
-    import ctypes
+    def __init__(self, host: np.ndarray):
+        host = np.ascontiguousarray(host)
+        self.shape, self.dtype = host.shape, host.dtype
+        self.buf = driver.Buffer.of(host)
 
-    assert x.dtype == np.float64 and x.flags.c_contiguous
-    blas = cublas()
-    blas.set_stream(0)
-    step, total, out = 2**31 - 1, 0.0, ctypes.c_double()
-    ptr = int(x.gpudata)
-    for start in range(0, x.size, step):
-        n = min(step, x.size - start)
-        # host pointer mode (the default): the call returns once the norm is in `out`
-        blas._check(blas.lib.cublasDnrm2_v2(blas.handle, n, ctypes.c_void_p(ptr + 8 * start), 1,
-                                            ctypes.byref(out)), "cublasDnrm2")
-        total += out.value * out.value
-    return math.sqrt(total)
+    @property
+    def ptr(self) -> int:
+        return self.buf.ptr
+
+    def __int__(self) -> int:
+        return self.buf.ptr
+
+    def get(self) -> np.ndarray:
+        return self.buf.download(np.empty(self.shape, self.dtype))
+
+    def set(self, host: np.ndarray) -> None:
+        self.buf.upload(np.ascontiguousarray(host, dtype=self.dtype))
+
+
+#: ||C - ref||^2 over an M x N block of FP32 C (leading dimension ldc) against a packed
+#: float64 reference, summed in float64 (a NaN anywhere makes the sum NaN): the check every
+#: candidate's output passes before its time counts
+_ERROR_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(256)
+gemm_tune_squared_error(const float* __restrict__ C, int ldc, const double* __restrict__ ref,
+                        int m, int n, double* __restrict__ sum)
+{
+    __shared__ double part[256];
+    double s = 0.0;
+    const long long total = static_cast<long long>(m) * n;
+    for (long long i = blockIdx.x * 256ll + threadIdx.x; i < total; i += gridDim.x * 256ll) {
+        const long long row = i / n, col = i - row * n;
+        const double d = static_cast<double>(C[row * ldc + col]) - ref[i];
+        s += d * d;
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        atomicAdd(sum, part[0]);
+}
+"""
+
+
+@functools.cache
+def _error_kernel():
+    """The squared-error kernel, compiled once (through nvcc's cache) and loaded."""
+    from codegen.compile import compile_source
+
+    res = compile_source(_ERROR_KERNEL, device().arch, "gemm_tune_squared_error",
+                         flags=("-O3", "-Xptxas=-v"))
+    if not res.ok:
+        raise RuntimeError(f"the error kernel does not compile: {res.error}")
+    image = driver.KernelImage(driver.load_cubin(res.cubin.read_bytes(), res.name), res.name, 0)
+    return image, image.prepare(device())
 
 
 class Problem:
@@ -138,14 +180,13 @@ class Problem:
     `reference(r)` for the inputs rounded to r (what a kernel multiplying in r computes
     exactly), `reference(DType.F32)` for the fp32 values drawn before any rounding.
 
-    The references are cuBLAS float64 products, on the GPU.
+    The references are cuBLAS float64 products, on the GPU; the error of C against one is
+    summed on the GPU too (only a float comes back).
     """
 
     def __init__(self, shape, dtype: DType = DType.F32, seed: int | None = None,
                  alpha: float = 1.0, beta: float = 0.0, lda: int | None = None,
                  ldb: int | None = None, ldc: int | None = None):
-        import pycuda.gpuarray as ga
-
         self.m, self.n, self.k = shape
         self.dtype, self.alpha, self.beta = dtype, alpha, beta
         self.lda, self.ldb, self.ldc = lda or self.k, ldb or self.n, ldc or self.n
@@ -154,47 +195,55 @@ class Problem:
         self.b32 = rng.standard_normal((self.k, self.ldb), dtype=np.float32)
         self.c0 = rng.standard_normal((self.m, self.ldc), dtype=np.float32) if beta else None
         stored = DType.F32 if dtype in (DType.TF32, DType.F32X3) else dtype
-        self.a = ga.to_gpu(round_to(self.a32, stored)[0])
-        self.b = ga.to_gpu(round_to(self.b32, stored)[0])
-        self.c = ga.empty((self.m, self.ldc), np.float32)
+        self.a = DeviceArray(round_to(self.a32, stored)[0])
+        self.b = DeviceArray(round_to(self.b32, stored)[0])
+        self.c = DeviceArray(np.empty((self.m, self.ldc), np.float32))
         self._refs: dict = {}
+        self._sum = driver.Buffer(8)
         self.flops = 2.0 * self.m * self.n * self.k
 
     def reference(self, rounding: DType = DType.F32):
         """(float64 reference on the GPU, its norm) for inputs rounded to `rounding`."""
-        import pycuda.gpuarray as ga
-
         if rounding not in self._refs:
-            a, b = (round_to(x, rounding)[1].astype(np.float64) for x in (self.a32, self.b32))
-            ref = ga.zeros((self.m, self.n), np.float64)
-            cublas().dgemm(self.m, self.n, self.k, ga.to_gpu(a).gpudata, self.lda,
-                           ga.to_gpu(b).gpudata, self.ldb, ref.gpudata, self.n)
-            ref = ref.get() * self.alpha
+            a, b = (DeviceArray(round_to(x, rounding)[1].astype(np.float64))
+                    for x in (self.a32, self.b32))
+            ref = DeviceArray(np.zeros((self.m, self.n), np.float64))
+            cublas().dgemm(self.m, self.n, self.k, a.ptr, self.lda, b.ptr, self.ldb, ref.ptr,
+                           self.n)
+            host = ref.get() * self.alpha
             if self.beta:
-                ref += self.beta * self.c0[:, : self.n].astype(np.float64)
-            ref = ga.to_gpu(ref)
-            self._refs[rounding] = ref, norm2(ref) or 1.0
+                host += self.beta * self.c0[:, : self.n].astype(np.float64)
+            ref.set(host)
+            self._refs[rounding] = ref, float(np.linalg.norm(host)) or 1.0
         return self._refs[rounding]
 
     def reset_c(self) -> None:
         """Poison C with NaN (then restore C0 where beta reads it)."""
-        _drv().memset_d32(self.c.gpudata, NAN_BITS, self.m * self.ldc)
+        self.c.buf.fill32(NAN_BITS)
         if self.c0 is not None:
             self.c.set(self.c0)
 
     def error(self, rounding: DType | None = None) -> float:
         """||C - ref|| / ||ref|| over the M x N block (NaN if any element is unwritten), ref
         on the inputs rounded to `rounding` (default: as stored; F32: before rounding)."""
-        import pycuda.gpuarray as ga
-
         ref, norm = self.reference(self.dtype if rounding is None else rounding)
-        c = self.c if self.ldc == self.n else ga.to_gpu(self.c.get()[:, : self.n])
-        diff = c.astype(np.float64) - ref  # elementwise: no shared memory, no reduction
-        return norm2(diff) / norm
+        image, f = _error_kernel()
+        self._sum.fill32(0)
+        blocks = min(-(-self.m * self.n // 256), 8 * device().arch.sm_count)
+        image.launch(f, (blocks, 1, 1), (256, 1, 1), 0, image.params("PiPiiP").pack(
+            self.c.ptr, self.ldc, ref.ptr, self.m, self.n, self._sum.ptr))
+        total = self._sum.download(np.empty(1, np.float64))[0]
+        return math.sqrt(total) / norm if total == total else float("nan")
 
     def args(self):
-        return (self.m, self.n, self.k, self.alpha, self.a.gpudata, self.lda, self.b.gpudata,
-                self.ldb, self.beta, self.c.gpudata, self.ldc)
+        """(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc): a launch's arguments, pointers."""
+        return (self.m, self.n, self.k, self.alpha, self.a.ptr, self.lda, self.b.ptr,
+                self.ldb, self.beta, self.c.ptr, self.ldc)
+
+    def run(self, launch) -> None:
+        """launch(a, b, c, alpha, beta, stream) on this problem, on the legacy default stream
+        (a runner's bound call)."""
+        launch(self.a.ptr, self.b.ptr, self.c.ptr, self.alpha, self.beta, 0)
 
 
 class GpuBenchmark:
@@ -213,19 +262,20 @@ class GpuBenchmark:
         self.flops = self.problem.flops
 
     def measure(self, config: Config, cubin) -> Measurement:
-        """Load, check and time one candidate on this problem. A kernel that cannot take
+        """Load, check and time one candidate on this problem, through its family's runner
+        (tuner.runtime.runners: the launcher the library ships). A kernel that cannot take
         the problem's operands (a wgmma kernel where TMA cannot describe them) is REJECTED
         with its reason and never launched; a launch that fails is LAUNCH_FAILED."""
-        drv = _drv()
         p = self.problem
+        image = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
         try:
-            kernel = load_kernel(config, cubin)
+            run = runner_for(config, image).bind(self.dev, p.m, p.n, p.k, p.lda, p.ldb, p.ldc)
             p.reset_c()
-            kernel(*p.args())
-            drv.Context.synchronize()
+            p.run(run)
+            driver.synchronize()
         except Unsupported as e:
             return Measurement(Outcome.REJECTED, message=str(e)[:300])
-        except (drv.Error, LaunchError) as e:
+        except DriverError as e:
             return Measurement(Outcome.LAUNCH_FAILED, message=str(e).splitlines()[0][:300])
         err = p.error(config.dtype)  # the inputs as this candidate multiplies them
         gate = tolerance(config, p.k)
@@ -233,7 +283,7 @@ class GpuBenchmark:
             return Measurement(Outcome.WRONG_RESULT, error=err,
                                message=f"||C-ref||/||ref|| = {err:.3g} > {gate:g}")
         err_exact = err if config.dtype is DType.F32 else p.error(DType.F32)
-        timing = do_bench(lambda: kernel(*p.args()), self.flush, self.target_ms)
+        timing = do_bench(lambda: p.run(run), self.flush, self.target_ms)
         return Measurement(Outcome.TIMED, timing=timing, error=err, error_exact=err_exact)
 
     def baseline(self) -> Measurement:
@@ -246,7 +296,7 @@ class GpuBenchmark:
 
         p.reset_c()
         run()
-        _drv().Context.synchronize()
+        driver.synchronize()
         err = p.error()
         err_exact = err if p.dtype is DType.F32 else p.error(DType.F32)
         return Measurement(Outcome.TIMED, timing=do_bench(run, self.flush, self.target_ms),

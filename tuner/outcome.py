@@ -6,19 +6,7 @@ import dataclasses
 import enum
 import statistics
 
-from codegen.errors import GemmTuneError
-
-__all__ = ["Outcome", "Timing", "Measurement", "Unsupported", "LaunchError"]
-
-
-class Unsupported(GemmTuneError):
-    """A kernel cannot take these operands (e.g. TMA's alignment rules): the runner reports
-    the candidate REJECTED with the message, and nothing is launched."""
-
-
-class LaunchError(GemmTuneError, RuntimeError):
-    """A driver call that loads or launches a kernel failed (not through pycuda, whose own
-    errors are pycuda.driver.Error): the runner reports LAUNCH_FAILED."""
+__all__ = ["Outcome", "Timing", "Measurement"]
 
 
 class Outcome(str, enum.Enum):

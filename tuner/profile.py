@@ -213,31 +213,32 @@ def _child(argv: list[str]) -> None:
     from codegen.config import DType, config_from_name
     from tuner._shape import parse_shape
     from tuner.bench import Problem
-    from tuner.gpu import _drv, _libcuda, cublas, device, load_kernel
+    from tuner.gpu import cublas, device
+    from tuner.runtime import driver
+    from tuner.runtime.runners import runner_for
 
-    device()  # the context first: the operands are allocated in it
+    g = device()  # the context first: the operands are allocated in it
     shape, dtype = parse_shape(argv[0]), DType.parse(argv[1])
     problem = Problem(shape, dtype, seed=0)
-    args = problem.args()
     if len(argv) > 2:
         config = config_from_name(argv[2])
-        kern = load_kernel(config, Path(argv[3]))  # its family's runner (wgmma: tensor maps)
+        # its family's runner, the one the library ships (wgmma: tensor maps, clusters)
+        run = runner_for(config, Path(argv[3]).read_bytes()).bind(
+            g, problem.m, problem.n, problem.k, problem.lda, problem.ldb, problem.ldc)
 
         def call():
-            kern(*args)
+            problem.run(run)
     else:
-        blas = cublas()
+        blas, args = cublas(), problem.args()
 
         def call():
             blas.gemm(dtype, *args)
-    drv = _drv()
     call()
-    drv.Context.synchronize()
-    lib = _libcuda()
-    lib.cuProfilerStart()
+    driver.synchronize()
+    driver.call("cuProfilerStart")
     call()
-    drv.Context.synchronize()
-    lib.cuProfilerStop()
+    driver.synchronize()
+    driver.call("cuProfilerStop")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from codegen.errors import UsageError
 from codegen.render import template_hash
 from tuner._shape import format_shape, problem_bytes
 from tuner.cache import CacheKey, WinnerCache
-from tuner.occupancy import occupancy
+from codegen.occupancy import occupancy
 
 __all__ = ["run_cli", "cache_key"]
 
@@ -42,11 +42,11 @@ def cache_key(dev, dtype: DType, shape, layout: Layout = Layout.NN) -> CacheKey:
 
 def _check_fits(dev, shape, dtype) -> None:
     """The problem, its float64 reference and the L2 flush buffer must fit in free memory."""
-    from tuner.gpu import _drv
+    from tuner.runtime import driver
 
     m, n, k = shape
     need = problem_bytes(shape, dtype.size) + (m * k + k * n + 3 * m * n) * 8 + 2 * dev.l2_bytes
-    free, _total = _drv().mem_get_info()
+    free, _total = driver.call("cuMemGetInfo")
     if need > free:
         raise UsageError(f"{format_shape(shape)} needs {need / 2**30:.1f} GiB on the GPU "
                          f"(inputs, output, float64 reference); {free / 2**30:.1f} GiB is free")
@@ -136,11 +136,11 @@ def _devices(ids: list[int] | None) -> list[int]:
     $GEMM_TUNE_DEVICE or 0."""
     import os
 
-    from tuner.gpu import _drv
+    from tuner.gpu import device_count
 
     if ids is None:
         return [int(os.environ.get("GEMM_TUNE_DEVICE", 0))]
-    count = _drv().Device.count()
+    count = device_count()
     bad = [i for i in ids if i >= count]
     if bad:
         raise UsageError(f"--devices {','.join(map(str, ids))}: this machine has GPUs "

@@ -20,7 +20,8 @@ What a family module ``codegen/families/<name>.py`` provides:
   - ``template_values()``: every value its template uses (STYLE 5);
   - the launch interface the runner, the library and the model read: ``threads``,
     ``smem_bytes``, ``bm``, ``bn``, ``bk``, ``split``, ``reduce_pass``, ``last``,
-    ``cluster``, ``has_workspace``, ``grid(m, n)``, ``block()``,
+    ``cluster``, ``has_workspace``, ``aligned_operands`` (which of A, B, C must be
+    16-byte aligned; ``_common.Serial`` says none), ``grid(m, n)``, ``block()``,
     ``workspace_floats(m, n)``, ``ticket_count(m, n)`` (a family without split-K
     returns 1 / False / 0 for those).
 
@@ -47,9 +48,9 @@ What a family module ``codegen/families/<name>.py`` provides:
 
 * Optionally ``shape_reasons(config, shape, arch)``, the family's own reasons a config
   cannot run the tuner's dense problem at a shape (the wgmma family: TMA's 16-byte
-  strides), and ``kernel``, "module:Class" of the runner's loader for a family that does
-  not launch through pycuda's plain kernel call (the wgmma family: tensor maps and a
-  cluster launch through tuner/wgmma_launch.py).
+  strides), and ``runner``, "module:Class" of its runner in the run path where the plain
+  one (tuner.runtime.runners.Runner: one cuLaunchKernel, split-K) does not do (the wgmma
+  family: tensor maps and a cluster launch, tuner.runtime.runners.TmaRunner).
 
 Then: a member of :class:`Family` here, an import at the bottom of this file, and a
 template ``templates/gemm_<family>.cu.j2``. Nothing else changes. A family registered
@@ -150,9 +151,10 @@ class FamilySpec:
     #: reasons of the family's own why a buildable config cannot run the tuner's problem at
     #: `shape` (dense row-major operands): rejected before compiling, never timed
     shape_reasons: Callable[[Any, Shape, ArchLimits], list[str]] = _no_shape_rules
-    #: "module:Class" of the GPU-side kernel the tuner's runner loads for this family's
-    #: configs (Class(config, cubin), called like tuner.gpu.Kernel); None: tuner.gpu.Kernel
-    kernel: str | None = None
+    #: "module:Class" of the runner that launches this family's kernels, in the run path
+    #: (Class(config, cubin); see tuner/runtime/runners.py), used by the tuner's timing and
+    #: the library alike; None: tuner.runtime.runners.Runner (one cuLaunchKernel, split-K)
+    runner: str | None = None
 
     @property
     def prefix(self) -> str:

@@ -70,6 +70,10 @@ class Serial:
     Family member), so this module needs no list of families.
     """
 
+    #: which of A, B and C a kernel needs 16-byte aligned in address and row stride (the
+    #: wgmma family's TMA reads and writes them); the default: any alignment runs
+    aligned_operands = (False, False, False)
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(dtype=self.dtype.short, family=getattr(self.family, "value", self.family),

@@ -363,10 +363,10 @@ class WgmmaConfig(_Serial):
         return boxes
 
     @property
-    def tma_operands(self) -> bool:
-        """Does TMA read the caller's A and B (so that they must meet its 16-byte rules)?
-        Not with the pre-pass, which reads them with plain loads."""
-        return not self.prep
+    def aligned_operands(self) -> tuple[bool, bool, bool]:
+        """TMA reads the caller's A and B (not with the pre-pass, which reads them with plain
+        loads) and, with the TMA-store epilogue, writes C: those meet its 16-byte rules."""
+        return not self.prep, not self.prep, bool(self.store)
 
     @staticmethod
     def prep_ld(k: int) -> int:
@@ -711,8 +711,8 @@ WGMMA = register(FamilySpec(
     valid_configs=valid_configs,
     default=lambda dtype: _default(dtype),
     shape_reasons=problem_reasons,
-    # the runner launches these through tensor maps and cuLaunchKernelEx, not pycuda's call
-    kernel="tuner.wgmma_launch:WgmmaKernel",
+    # launched through tensor maps (and cuLaunchKernelEx for clusters)
+    runner="tuner.runtime.runners:TmaRunner",
     min_cc=90,
     max_cc=90,
 ))

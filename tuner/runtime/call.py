@@ -9,210 +9,17 @@ call (a few microseconds more) and keyed by what the parse found.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import threading
 from typing import Callable
 
 from codegen.config import DType
 from tuner.runtime import driver
+from tuner.runtime.errors import LibraryError
 from tuner.runtime.operands import (
     Operand, align_class, empty_like, operand, resolve_stream, same_device, stream_handle,
 )
 
-__all__ = ["KernelRunner", "Plan", "gemm"]
-
-
-class KernelRunner:
-    """One tuned kernel (and its split-K reduce kernel), loaded once per process.
-
-    Split-K workspaces and tile tickets come from the per-(device, stream) scratch, so
-    two streams never share one; during graph capture a missing one is drawn through
-    `allocate_captured` (torch's graph-aware allocator) or refused.
-    """
-
-    SIGNATURE = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc (+ W [+ tickets])
-    REDUCE_SIGNATURE = "iifPfPi"  # M N alpha W beta C ldc
-
-    def __init__(self, config, cubin: bytes):
-        self.config = config
-        library = driver.load_cubin(cubin, config.name)
-        self.main = driver.KernelImage(library, config.name, config.smem_bytes)
-        self.reduce = (driver.KernelImage(library, f"{config.name}_reduce", 0)
-                       if config.reduce_pass else None)
-        self.signature = self.SIGNATURE + "P" * (config.has_workspace + config.last)
-        self.functions: dict[int, tuple] = {}  # GPU index -> (main, reduce) CUfunctions
-
-    def prepare(self, g) -> tuple:
-        """The kernels' CUfunctions on GPU g (loaded once, with its context current)."""
-        fs = self.functions.get(g.index)
-        if fs is None:
-            fs = self.functions[g.index] = (
-                self.main.prepare(g), self.reduce.prepare(g) if self.reduce is not None else None)
-        return fs
-
-    def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-             allocate_captured=None) -> Callable:
-        """A launcher of this kernel for one problem on GPU g (its context current while
-        binding and launching): run(a, b, c, alpha, beta, stream) with everything but the
-        pointers, scalars and stream fixed now."""
-        cfg = self.config
-        f, fr = self.prepare(g)
-        grid, block = cfg.grid(m, n), cfg.block()
-        main, sig, smem = self.main, self.signature, self.main.smem
-        launch = driver._cu().cuLaunchKernel
-        if not cfg.has_workspace:
-            def run(a, b, c, alpha, beta, stream):
-                err, = launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                              stream, main.params(sig).pack(m, n, k, alpha, a, lda, b, ldb,
-                                                             beta, c, ldc), 0)
-                if err != 0:
-                    main.failed(err)
-            return run
-        scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n) * 4
-        tickets = cfg.ticket_count(m, n) * 4
-
-        def run(a, b, c, alpha, beta, stream):
-            w = scratch.get(g, stream, "split-K workspace", wbytes,
-                            allocate_captured=allocate_captured)
-            args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, w]
-            if cfg.last:
-                args.append(scratch.get(g, stream, "split-K tickets", tickets, zero=True,
-                                        allocate_captured=allocate_captured))
-            main.launch(f, grid, block, stream, main.params(sig).pack(*args))
-            if fr is not None:
-                self.reduce.launch(fr, ((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
-                                   self.reduce.params(self.REDUCE_SIGNATURE).pack(
-                                       m, n, alpha, w, beta, c, ldc))
-        return run
-
-
-class TmaKernelRunner(KernelRunner):
-    """A wgmma + TMA kernel: its A and B go in as two TMA tensor maps (128-byte structs
-    passed by value), encoded once per (A, B) pointer pair of a plan and cached; a
-    cluster kernel is launched with cuLaunchKernelEx and its cluster dimension. A tf32
-    kernel with a pre-pass (config.prep) launches <name>_prep first, into a per-stream
-    workspace that its tensor maps describe."""
-
-    SIGNATURE = "iiiffPi"  # after the two tensor maps: M N K alpha beta C ldc
-    PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
-    MAPS_PER_PLAN = 16  # pointer pairs whose tensor maps a plan keeps
-
-    def __init__(self, config, cubin: bytes):
-        self.config = config
-        library = driver.load_cubin(cubin, config.name)
-        self.main = driver.KernelImage(library, config.name, config.smem_bytes)
-        self.reduce = None
-        self.prep = (driver.KernelImage(library, f"{config.name}_prep", 0)
-                     if getattr(config, "prep", 0) else None)
-        self.signature = self.SIGNATURE
-        self.functions = {}
-
-    def _maps_params(self, pair, tls):
-        """This thread's parameter block and pointer array with the maps of `pair` in front."""
-        blk = getattr(tls, "blk", None)
-        if blk is None:
-            blk = tls.blk = driver.ParamBlock(self.SIGNATURE)
-            tls.ptrs = (ctypes.c_void_p * 9)(0, 0, *blk.ptrs)
-        tls.ptrs[0], tls.ptrs[1] = pair[0].getPtr(), pair[1].getPtr()
-        tls.pair = pair  # alive while this thread's launch reads it
-        return blk, tls.ptrs
-
-    def _launch(self, f, grid, block, smem, stream, pair, tls, *scalars) -> None:
-        """One cuLaunchKernel of the GEMM (no cluster) with the maps of `pair` in front."""
-        blk, ptrs = self._maps_params(pair, tls)
-        blk.pack(*scalars)
-        err, = driver._cu().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
-                                           block[2], smem, stream, ctypes.addressof(ptrs), 0)
-        if err != 0:
-            self.main.failed(err)
-
-    def _bind_prep(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-                   allocate_captured=None) -> Callable:
-        """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
-        writes At and Bt into this stream's workspace; the maps describe those."""
-        from tuner.runtime import tma
-
-        cfg = self.config
-        f, _ = self.prepare(g)
-        fp = self.prep.prepare(g)
-        grid, block, smem = cfg.grid(m, n, g.arch.sm_count), cfg.block(), self.main.smem
-        boxes, ldw = cfg.tma_boxes(), cfg.prep_ld(k)
-        wbytes, bt_off = cfg.prep_floats(m, n, k) * 4, m * ldw * 4
-        blocks, a_blocks = cfg.prep_grid(m, n, k)
-        scratch, maps, tls = driver.scratch(), {}, threading.local()
-
-        def run(a, b, c, alpha, beta, stream):
-            w = scratch.get(g, stream, "tf32 pre-pass", wbytes,
-                            allocate_captured=allocate_captured)
-            pair = maps.get(w)
-            if pair is None:  # one workspace per stream: a pair of maps each
-                pair = maps[w] = (
-                    tma.encode(tma.tensor_map_args(DType.F32, w, m, k, ldw, *boxes["A"])),
-                    tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, n, k, ldw,
-                                                   *boxes["B"])))
-            self.prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
-                             self.prep.params(self.PREP_SIGNATURE).pack(
-                                 a, lda, b, ldb, m, n, k, w, w + bt_off, ldw, a_blocks))
-            self._launch(f, grid, block, smem, stream, pair, tls, m, n, k, alpha, beta, c, ldc)
-        return run
-
-    def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-             allocate_captured=None) -> Callable:
-        from tuner.runtime import tma
-
-        if self.prep is not None:
-            return self._bind_prep(g, m, n, k, lda, ldb, ldc, allocate_captured)
-        cfg, cu = self.config, driver._cu()
-        f, _ = self.prepare(g)
-        grid, block, smem = cfg.grid(m, n, g.arch.sm_count), cfg.block(), self.main.smem
-        boxes = cfg.tma_boxes()
-        maps: dict[tuple, tuple] = {}
-        tls = threading.local()
-
-        def maps_of(a: int, b: int):
-            """The tensor maps of (a, b), encoded once per pointer pair."""
-            pair = maps.get((a, b))
-            if pair is None:
-                if len(maps) >= self.MAPS_PER_PLAN:
-                    maps.pop(next(iter(maps)), None)
-                pair = maps[(a, b)] = (
-                    tma.encode(tma.tensor_map_args(cfg.dtype, a, m, k, lda, *boxes["A"])),
-                    tma.encode(tma.tensor_map_args(cfg.dtype, b, k, n, ldb, *boxes["B"])))
-            return pair
-
-        if cfg.cluster == 1:
-            def run(a, b, c, alpha, beta, stream):
-                self._launch(f, grid, block, smem, stream, maps_of(a, b), tls, m, n, k, alpha,
-                             beta, c, ldc)
-            return run
-
-        def run(a, b, c, alpha, beta, stream):
-            blk, ptrs = self._maps_params(maps_of(a, b), tls)
-            blk.pack(m, n, k, alpha, beta, c, ldc)
-            lc = getattr(tls, "config", None)
-            if lc is None:
-                lc = tls.config = cu.CUlaunchConfig()
-                lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid
-                lc.blockDimX, lc.blockDimY, lc.blockDimZ = block
-                lc.sharedMemBytes = smem
-                attr = cu.CUlaunchAttribute()
-                attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = \
-                    cfg.cluster_dims()
-                lc.attrs = [attr]
-                lc.numAttrs = 1
-            lc.hStream = cu.CUstream(stream)
-            err, = cu.cuLaunchKernelEx(lc, f, ctypes.addressof(ptrs), 0)
-            if err != 0:
-                self.main.failed(err)
-        return run
-
-
-def runner_for(config, cubin: bytes) -> KernelRunner:
-    """The launcher of a kernel of any family."""
-    return TmaKernelRunner(config, cubin) if config.family == "wgmma" else \
-        KernelRunner(config, cubin)
+__all__ = ["Plan", "Problem", "gemm", "gemm_batch", "fp32_request", "check_call"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +74,6 @@ _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch 
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True):
     """Library.gemm (see its doc)."""
     if C is None and beta != 0:
-        from tuner.runtime.library import LibraryError
-
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
     if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
@@ -310,7 +115,7 @@ def _torch_key(A, B, C, mode, measure, stream):
 
 def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure):
     key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream)
-    plan = lib._plans.get(key)
+    plan = lib.plans.get(key)
     s = None
     if plan is None:
         ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
@@ -324,7 +129,7 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure):
         plan = _plan(lib, *ops, mode, measure, dev, s, allocate=_torch_allocator(A),
                      via_torch=via_torch)
         if plan.memo:
-            lib._plans[key] = plan
+            lib.plans[key] = plan
     if plan.torch_run is not None:
         if C is None:
             import torch
@@ -385,12 +190,12 @@ def _general_plan(lib, A, B, C, mode, stream, measure):
            None if c is None else (c.rows, c.cols, c.ld, c.host is None), host,
            tuple(align_class(o.ptr or 0, o.ld, o.dtype.size) for o in ops),
            mode, measure)
-    plan = lib._plans.get(key)
+    plan = lib.plans.get(key)
     if plan is None:
         allocate = _torch_allocator(A) if a.kind == "torch" else None
         plan = _plan(lib, a, b, c, mode, measure, dev, s, allocate=allocate)
         if plan.memo:
-            lib._plans[key] = plan
+            lib.plans[key] = plan
     return plan, a, b, c, s
 
 
@@ -423,15 +228,11 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     pairs = list(pairs)
     outs = list(outs) if outs is not None else [None] * len(pairs)
     if len(outs) != len(pairs):
-        from tuner.runtime.library import LibraryError
-
         raise LibraryError(f"{len(outs)} outputs for {len(pairs)} (A, B) pairs")
     items = []
     for (A, B), C in zip(pairs, outs):
         for x, name in ((A, "A"), (B, "B"), (C, "C")):
             if x is not None and not isinstance(x, np.ndarray):
-                from tuner.runtime.library import LibraryError
-
                 raise LibraryError(f"gemm_batch takes numpy arrays; {name} is "
                                    f"{type(x).__name__} (lib.gemm runs device arrays)")
         plan, a, b, c, _ = _general_plan(lib, A, B, C, mode, None, measure)
@@ -449,7 +250,6 @@ def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int)
     """Host operands copied into per-stream device buffers, C copied back; synchronous."""
     import numpy as np
 
-    cu = driver._cu()
     ptrs = []
     for o in (a, b, c):
         if o.host is None:
@@ -458,14 +258,12 @@ def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int)
         host = np.ascontiguousarray(o.host)
         dptr = driver.scratch().get(plan.gpu, s, f"staged {o.name}", host.nbytes)
         if o.name != "C" or beta != 0:
-            driver._check(cu.cuMemcpyHtoDAsync(dptr, host.ctypes.data, host.nbytes, s),
-                          "cuMemcpyHtoDAsync")
+            driver.call("cuMemcpyHtoDAsync", dptr, host.ctypes.data, host.nbytes, s)
         ptrs.append(dptr)
     plan.run(*ptrs, alpha, beta, s)
     if c.host is not None:
         out = np.empty_like(c.host) if not c.host.flags.c_contiguous else c.host
-        driver._check(cu.cuMemcpyDtoHAsync(out.ctypes.data, ptrs[2], out.nbytes, s),
-                      "cuMemcpyDtoHAsync")
+        driver.call("cuMemcpyDtoHAsync", out.ctypes.data, ptrs[2], out.nbytes, s)
         driver.sync(s)
         if out is not c.host:
             c.host[...] = out
@@ -475,8 +273,6 @@ def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int)
 
 def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int]:
     """M, N, K of a call whose operands agree; LibraryError otherwise (no GPU touched)."""
-    from tuner.runtime.library import LibraryError
-
     if a.dtype is not b.dtype:
         raise LibraryError(f"A is {a.dtype.short} and B is {b.dtype.short}: "
                            "they must be of one type")
@@ -504,8 +300,8 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, mode: DType | None, me
     problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
                       measure, stream, allocate)
     with driver.entered(g):
-        choice = lib._decide(g, dtype, m, n, k, align, stream, measure, problem.route,
-                             problem.timer(lib))
+        choice = lib.choose(g, dtype, m, n, k, align, stream,
+                            problem.timer(lib) if measure else None, problem.route)
         capturing = driver.is_capturing(stream)
         plan = problem.build(lib, choice, capturing)
     if measure and choice.rule == "estimate" and capturing:
@@ -538,18 +334,17 @@ class Problem:
 
     def build(self, lib, choice, capturing: bool = False) -> Plan:
         """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route)."""
-        from tuner.runtime.cublas import _BLAS, device_blas
-        from tuner.runtime.library import LibraryError
+        from tuner.runtime.cublas import device_blas, has_handle
 
         g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
         lda, ldb, ldc, allocate = self.lda, self.ldb, self.ldc, self.allocate
         run = torch_run = None
         if choice.kernel is not None:
-            run = lib._runner(choice.kernel, g.sm).bind(g, m, n, k, lda, ldb, ldc, allocate)
+            run = lib.runner(choice.kernel, g.sm).bind(g, m, n, k, lda, ldb, ldc, allocate)
         elif self.via_torch:
             torch_run = _torch_addmm
         else:
-            if capturing and g.index not in _BLAS:
+            if capturing and not has_handle(g):
                 raise LibraryError("a CUDA graph is being captured and cuBLAS has not run on "
                                    f"GPU {g.index} yet (its handle cannot be made during "
                                    "capture): make one call before capturing")
@@ -576,14 +371,14 @@ class Problem:
         def time_torch(names):
             _see_torch()
             with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                        self.ldc, self.dtype.short, self.offsets) as ops:
+                                        self.ldc, self.dtype, self.offsets) as ops:
                 A, B, C = ops
                 key = _torch_key(A, B, C, self.mode, self.measure, None)[0]
-                saved = lib._plans.get(key)
+                saved = lib.plans.get(key)
 
                 def runner(plan):
                     def run(stream):
-                        lib._plans[key] = plan
+                        lib.plans[key] = plan
                         gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure)
                     return run
 
@@ -593,9 +388,9 @@ class Problem:
                         self.stream)
                 finally:
                     if saved is None:
-                        lib._plans.pop(key, None)
+                        lib.plans.pop(key, None)
                     else:
-                        lib._plans[key] = saved
+                        lib.plans[key] = saved
 
         def time_pointers(names):
             with measure.driver_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,

@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 
 from codegen.config import DType
-from codegen.errors import GemmTuneError
+from tuner.runtime.errors import CublasError
 
-__all__ = ["CublasError", "Cublas", "DeviceBlas", "device_blas", "WORKSPACE_BYTES",
+__all__ = ["CublasError", "Cublas", "DeviceBlas", "device_blas", "has_handle", "WORKSPACE_BYTES",
            "cublas_version"]
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,6 @@ _PRECISION = {
     DType.F16: (CUDA_R_16F, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),
     DType.BF16: (CUDA_R_16BF, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),
 }
-
-
-class CublasError(GemmTuneError):
-    pass
 
 
 def _load() -> ctypes.CDLL:
@@ -195,6 +191,11 @@ class DeviceBlas:
 
 _BLAS: dict[int, DeviceBlas] = {}
 _BLAS_LOCK = threading.Lock()
+
+
+def has_handle(g) -> bool:
+    """Has the run path made its cuBLAS handle on GPU `g` yet (it cannot during capture)?"""
+    return g.index in _BLAS
 
 
 def device_blas(g) -> DeviceBlas:

@@ -43,7 +43,8 @@ from pathlib import Path
 from codegen._io import atomic_write_json, file_lock
 
 __all__ = ["Choice", "efficiency", "estimate_tflops", "reduce_ms", "cublas_estimate",
-           "REDUCE_LAUNCH_MS", "DispatchTable", "table_path", "TABLE_SCHEMA"]
+           "REDUCE_LAUNCH_MS", "DispatchTable", "table_path", "TABLE_SCHEMA", "FULL_ALIGN",
+           "Dispatcher", "measured_choice"]
 
 log = logging.getLogger(__name__)
 
@@ -199,3 +200,149 @@ class DispatchTable:
         except OSError as e:
             log.warning("dispatch table %s not written (%s): the decision holds for this "
                         "process only", self.path, e)
+
+
+# ---- the rule ------------------------------------------------------------------------
+#: an alignment class where every operand allows 16-byte accesses (address and row stride)
+FULL_ALIGN = (16, 16, 16)
+
+
+def _takes(config, align: tuple) -> bool:
+    """Can `config`'s kernel take operands of this alignment class (A, B, C)?"""
+    return all(a == 16 or not need for need, a in zip(config.aligned_operands, align))
+
+
+def measured_choice(d: dict) -> Choice:
+    """The Choice a decision of the table stands for."""
+    ms = d["measured_ms"]
+    figures = ", ".join(f"{name} {t:.4f} ms" for name, t in sorted(ms.items(), key=lambda r: r[1]))
+    who = d["kernel"] or f"cuBLAS (through {d.get('route', 'gemm-tune')})"
+    return Choice(d["kernel"], "measured",
+                  f"measured on first use ({d['date'][:10]}), ms per call in a loop: {figures}; "
+                  f"{who} runs", None, ms)
+
+
+class Dispatcher:
+    """The rule of this module's doc over one library's manifest, and its table of
+    decisions made by measurement (kept beside the library or in the user cache)."""
+
+    def __init__(self, manifest):
+        self.manifest = manifest
+        self._table: DispatchTable | None = None
+
+    @property
+    def table(self) -> DispatchTable:
+        if self._table is None:
+            self._table = DispatchTable(table_path(self.manifest.path))
+        return self._table
+
+    def ranked(self, m: int, n: int, k: int, dtype, cc: int, sms: int, layout=None,
+               align: tuple = FULL_ALIGN) -> list[tuple[float, dict]]:
+        """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
+        layout that takes operands of alignment class `align`, best first, one per kernel."""
+        from codegen.arch import ARCHS, parse_arch
+        from codegen.config import Layout, config_from_name
+        from codegen.occupancy import occupancy
+
+        arch = ARCHS.get(cc) or parse_arch("sm_90")
+        best: dict[str, tuple[float, dict]] = {}
+        for e in self.manifest.serving(dtype, cc, layout or Layout.NN):
+            cfg = config_from_name(e["kernel"])
+            if not _takes(cfg, align):
+                continue
+            res = e["resources"]
+            bps = occupancy(cfg.threads, res["registers"],
+                            res["smem_static"] + res["smem_dynamic"], arch).blocks_per_sm
+            est = estimate_tflops(cfg, e, (m, n, k), sms, bps, arch.mem_gbs)
+            if e["kernel"] not in best or est > best[e["kernel"]][0]:
+                best[e["kernel"]] = (est, e)
+        return sorted(best.values(), key=lambda r: -r[0])
+
+    def select(self, m: int, n: int, k: int, dtype, cc: int = 90, sms: int | None = None,
+               layout=None, gpu: str | None = None, align: tuple = FULL_ALIGN) -> Choice:
+        """The rule without measuring (rules 1 and 3): exact, estimate or cuBLAS. `gpu`: the
+        GPU's name (an exact entry must come from the same model); `align`: the operands'
+        alignment class (an exact entry runs only on fully aligned ones; a kernel that needs
+        16-byte operands is no candidate for others)."""
+        from codegen.arch import ARCHS, parse_arch
+        from codegen.config import Layout
+
+        layout = layout or Layout.NN
+        entries = self.manifest.serving(dtype, cc, layout)
+        what = f"{m}x{n}x{k} {dtype.short}"
+        if not entries:
+            return Choice(None, "cublas", f"no kernel tuned for {dtype.short} "
+                                          f"{layout.value} on sm_{cc}: cuBLAS runs")
+        for e in entries:
+            if (e["m"], e["n"], e["k"]) == (m, n, k) and align == FULL_ALIGN \
+                    and gpu in (None, e["gpu"]):
+                if e["ratio"] >= 1.0:
+                    return Choice(e["kernel"], "exact",
+                                  f"tuned for exactly {what} on {e['gpu']}: {e['tflops']:.1f} "
+                                  f"TFLOP/s there, {e['ratio']:.2f}x cuBLAS", e["tflops"])
+                return Choice(None, "exact",
+                              f"tuned for exactly {what} on {e['gpu']}, but its kernel "
+                              f"{e['kernel']} ran {e['tflops']:.1f} TFLOP/s, {e['ratio']:.2f}x "
+                              f"cuBLAS's {e['cublas_tflops']:.1f}: cuBLAS runs",
+                              e["cublas_tflops"])
+        sms = sms or (ARCHS.get(cc) or parse_arch("sm_90")).sm_count
+        ranked = self.ranked(m, n, k, dtype, cc, sms, layout, align)
+        if not ranked:
+            return Choice(None, "cublas", f"no kernel tuned for {dtype.short} {layout.value} "
+                                          f"on sm_{cc} takes operands aligned as these "
+                                          f"({'.'.join(map(str, align))}): cuBLAS runs")
+        est, e = ranked[0]
+        blas = cublas_estimate(entries, (m, n, k), sms)
+        figures = (f"{e['kernel']} (tuned at {e['m']}x{e['n']}x{e['k']}, {e['tflops']:.1f} "
+                   f"TFLOP/s) has the best estimate, {est:.1f} TFLOP/s, against cuBLAS's "
+                   f"estimated {blas:.1f}")
+        if est > blas:
+            return Choice(e["kernel"], "estimate", f"no entry for {what}; {figures}", est)
+        return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
+
+    def key(self, g, dtype, m: int, n: int, k: int, align: tuple,
+            route: str = "gemm-tune") -> str:
+        """The table's key of a decision on GPU g (route: how cuBLAS is reached)."""
+        from codegen.config import Layout
+        from tuner.runtime.cublas import cublas_version
+
+        return DispatchTable.key(g.name, g.driver_version, f"{cublas_version()} via {route}",
+                                 self.manifest.fingerprint, dtype.short, Layout.NN.value, m, n,
+                                 k, align)
+
+    def decide(self, g, dtype, m: int, n: int, k: int, align: tuple, measure,
+               route: str = "gemm-tune") -> Choice:
+        """The rule for one problem on GPU g. `measure`: None (decide without timing), or
+        a callable (kernel names ranked best first) -> a table decision, called once per
+        key: an exact entry that beat cuBLAS where it was tuned runs; anything else is
+        measured against cuBLAS as this caller reaches it."""
+        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, gpu=g.name, align=align)
+        if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
+                or measure is None:
+            return choice
+        key = self.key(g, dtype, m, n, k, align, route)
+        d = self.table.get(key)
+        if d is None:
+            ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count, align=align)
+            d = measure([e["kernel"] for _, e in ranked], choice)
+            if d is None:  # a CUDA graph is being captured: nothing may be timed
+                return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "
+                              "is being captured: nothing is measured)", choice.estimate_tflops)
+            self.table.put(key, d)
+        return measured_choice(d)
+
+    def explain(self, g, dtype, m: int, n: int, k: int, align: tuple = FULL_ALIGN) -> str:
+        """Which kernel runs this problem on GPU g and why: the exact entry, the figures
+        measured (per route to cuBLAS that has been measured), or the estimates."""
+        c = self.decide(g, dtype, m, n, k, align, None)
+        if c.rule == "cublas" or c.rule == "exact" and c.kernel is not None:
+            return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
+        lines = []
+        for route in ("torch", "gemm-tune"):
+            d = self.table.get(self.key(g, dtype, m, n, k, align, route))
+            if d is not None:
+                mc = measured_choice(d)
+                lines.append(f"{mc.kernel or 'cuBLAS'} ({mc.rule}, {route} callers): "
+                             f"{mc.reason}")
+        return "\n".join(lines) or (f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}; "
+                                     "a first call will measure")

@@ -26,22 +26,19 @@ import struct
 import threading
 
 from codegen.arch import ARCHS, ArchLimits
-from codegen.errors import GemmTuneError, UsageError
+from codegen.errors import UsageError
+from tuner.runtime.errors import DriverError, NoGPUError
 
-__all__ = ["DriverError", "NoGPUError", "Gpu", "gpu", "current_device", "entered",
-           "KernelImage", "load_cubin", "ParamBlock", "is_capturing", "Scratch", "scratch", "sync"]
-
-
-class DriverError(GemmTuneError):
-    """A CUDA driver call failed."""
-
-
-class NoGPUError(UsageError):
-    """No usable CUDA GPU, or no cuda-bindings, on this machine."""
+__all__ = ["DriverError", "NoGPUError", "api", "call", "DeviceInfo", "Gpu", "gpu",
+           "device_count", "current_device", "entered", "KernelImage", "load_cubin",
+           "ParamBlock", "ClusterLaunch", "is_capturing", "Scratch", "scratch", "sync",
+           "synchronize", "Buffer", "Event"]
 
 
 @functools.cache
-def _cu():
+def api():
+    """cuda.bindings.driver, initialised (NoGPUError without it or without a GPU): for the
+    driver's types and enums; calls go through :func:`call`."""
     try:
         from cuda.bindings import driver as cu
     except ImportError as e:
@@ -65,8 +62,17 @@ def _check(result, what: str):
     """(err, *values) from cuda-bindings -> values (one value unwrapped); DriverError."""
     err = result[0]
     if err != 0:
-        raise DriverError(f"{what} failed: {_name(_cu(), err)}")
+        raise DriverError(f"{what} failed: {_name(api(), err)}")
     return result[1] if len(result) == 2 else result[1:]
+
+
+def call(name: str, *args):
+    """The driver function `name` (e.g. "cuMemAlloc") called with `args`; its values (one
+    unwrapped, none: None); DriverError naming the call and the driver's error."""
+    result = getattr(api(), name)(*args)
+    if not isinstance(result, tuple):
+        result = (result,)
+    return _check(result, name) if len(result) > 1 else _check((result[0], None), name)
 
 
 # ---- devices ----------------------------------------------------------------------------
@@ -109,8 +115,8 @@ def gpu(index: int) -> Gpu:
 
 
 def _open(index: int) -> Gpu:
-    cu = _cu()
-    count = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+    cu = api()
+    count = device_count()
     if not 0 <= index < count:
         raise NoGPUError(f"GPU {index} does not exist ({count} CUDA device(s) here)")
     dev = _check(cu.cuDeviceGet(index), "cuDeviceGet")
@@ -143,7 +149,7 @@ def _open(index: int) -> Gpu:
 
 def current_device() -> int:
     """The device of the calling thread's current context; 0 when none is current."""
-    cu = _cu()
+    cu = api()
     ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
     if not int(ctx):
         return 0
@@ -162,7 +168,7 @@ class entered:
         self.pushed = False
 
     def __enter__(self):
-        cu = _cu()
+        cu = api()
         err, cur = cu.cuCtxGetCurrent()
         cur = int(cur)
         if cur != self.ctx:
@@ -175,7 +181,7 @@ class entered:
 
     def __exit__(self, *exc):
         if self.pushed:
-            _check(_cu().cuCtxPopCurrent(), "cuCtxPopCurrent")
+            _check(api().cuCtxPopCurrent(), "cuCtxPopCurrent")
         return False
 
 
@@ -183,7 +189,7 @@ def is_capturing(stream: int) -> bool:
     """Is `stream` being captured into a CUDA graph (where nothing may allocate, synchronise
     or time)? The legacy default stream also reports an illegal state while another stream
     captures in global mode: counted as capturing."""
-    cu = _cu()
+    cu = api()
     err, status = cu.cuStreamIsCapturing(stream)
     if err == cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
         return True
@@ -192,7 +198,16 @@ def is_capturing(stream: int) -> bool:
 
 
 def sync(stream: int) -> None:
-    _check(_cu().cuStreamSynchronize(stream), "cuStreamSynchronize")
+    _check(api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+def synchronize() -> None:
+    """Wait for all work of the current context (a fault surfaces here as DriverError)."""
+    call("cuCtxSynchronize")
+
+
+def device_count() -> int:
+    return int(call("cuDeviceGetCount"))
 
 
 # ---- kernels --------------------------------------------------------------------------
@@ -220,7 +235,7 @@ class ParamBlock:
 
 def load_cubin(cubin: bytes, what: str):
     """A cubin loaded once per process as a context-independent library (cuLibrary)."""
-    return _check(_cu().cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
+    return _check(api().cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
                   f"cuLibraryLoadData({what})")
 
 
@@ -231,7 +246,7 @@ class KernelImage:
 
     def __init__(self, library, name: str, smem: int):
         self.name, self.smem = name, smem
-        self.kernel = _check(_cu().cuLibraryGetKernel(library, name.encode()),
+        self.kernel = _check(api().cuLibraryGetKernel(library, name.encode()),
                              f"cuLibraryGetKernel({name})")
         self.functions: dict[int, object] = {}  # GPU index -> CUfunction in its context
         self._lock = threading.Lock()
@@ -245,7 +260,7 @@ class KernelImage:
         if f is not None:
             return f
         with self._lock:
-            cu = _cu()
+            cu = api()
             f = _check(cu.cuKernelGetFunction(self.kernel), f"cuKernelGetFunction({self.name})")
             if self.smem > 48 * 1024:
                 _check(cu.cuFuncSetAttribute(
@@ -264,17 +279,23 @@ class KernelImage:
 
     def launch(self, f, grid, block, stream: int, params_address: int) -> None:
         """Launch g's CUfunction `f` (from :meth:`prepare`)."""
-        err, = _cu().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
+        err, = api().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
                                     block[2], self.smem, stream, params_address, 0)
         if err != 0:
             self.failed(err)
 
     def failed(self, err):
-        raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(_cu(), err)}")
+        raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(api(), err)}")
+
+    def max_active_blocks(self, g: Gpu, threads: int) -> int:
+        """cuOccupancyMaxActiveBlocksPerMultiprocessor on GPU g, with the dynamic shared
+        memory this kernel launches with (the truth the occupancy model must match)."""
+        return int(call("cuOccupancyMaxActiveBlocksPerMultiprocessor", self.prepare(g),
+                        threads, self.smem))
 
     def attributes(self, g: Gpu) -> dict:
         """What the driver says of the kernel on GPU g (to check against ptxas)."""
-        cu = _cu()
+        cu = api()
         dev = _check(cu.cuDeviceGet(g.index), "cuDeviceGet")
         F = cu.CUfunction_attribute
 
@@ -319,11 +340,11 @@ class Scratch:
                 ptr, owner = allocate_captured(size)
                 self._keep.append(owner)
             else:
-                cu = _cu()
+                cu = api()
                 ptr = int(_check(cu.cuMemAlloc(size), f"cuMemAlloc({size}) for {purpose}"))
                 self._keep.append(_Allocation(g, ptr))
             if zero:
-                _check(_cu().cuMemsetD32Async(ptr, 0, size // 4, stream), "cuMemsetD32Async")
+                _check(api().cuMemsetD32Async(ptr, 0, size // 4, stream), "cuMemsetD32Async")
             self._bufs[key] = (ptr, size)
             return ptr
 
@@ -339,7 +360,7 @@ class _Allocation:
     def __del__(self):
         try:
             with entered(self.gpu):
-                _cu().cuMemFree(self.ptr)
+                api().cuMemFree(self.ptr)
         except Exception:  # noqa: BLE001 - at exit the context may be gone
             pass
 
@@ -347,3 +368,106 @@ class _Allocation:
 @functools.cache
 def scratch() -> Scratch:
     return Scratch()
+
+
+class ClusterLaunch:
+    """The launch configuration of a kernel run in thread-block clusters (cuLaunchKernelEx
+    with a cluster dimension), built once per (thread, plan); :meth:`launch` only sets the
+    stream and launches."""
+
+    __slots__ = ("config", "image")
+
+    def __init__(self, image: KernelImage, grid, block, cluster):
+        cu = api()
+        lc = cu.CUlaunchConfig()
+        lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid
+        lc.blockDimX, lc.blockDimY, lc.blockDimZ = block
+        lc.sharedMemBytes = image.smem
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        lc.attrs = [attr]
+        lc.numAttrs = 1
+        self.config, self.image = lc, image
+
+    def launch(self, f, stream: int, params_address: int) -> None:
+        cu = api()
+        self.config.hStream = cu.CUstream(stream)
+        err, = cu.cuLaunchKernelEx(self.config, f, params_address, 0)
+        if err != 0:
+            self.image.failed(err)
+
+
+# ---- plain memory and events (the tuner's problems, first-use measurement) -----------
+class Buffer:
+    """`nbytes` of device memory on the current context, freed with the object."""
+
+    __slots__ = ("ptr", "nbytes", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self.ptr = int(call("cuMemAlloc", max(self.nbytes, 1)))
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def upload(self, host, stream: int | None = None) -> "Buffer":
+        """Copy a contiguous numpy array in (synchronously unless `stream` is given)."""
+        if stream is None:
+            call("cuMemcpyHtoD", self.ptr, host.ctypes.data, host.nbytes)
+        else:
+            call("cuMemcpyHtoDAsync", self.ptr, host.ctypes.data, host.nbytes, stream)
+        return self
+
+    def download(self, host):
+        """Copy into a contiguous numpy array (synchronously); returns it."""
+        call("cuMemcpyDtoH", host.ctypes.data, self.ptr, host.nbytes)
+        return host
+
+    def fill32(self, value: int, words: int | None = None, stream: int | None = None) -> None:
+        """Set `words` (default: all) 32-bit words to `value` (NaN bits, say)."""
+        words = self.nbytes // 4 if words is None else words
+        if stream is None:
+            call("cuMemsetD32", self.ptr, value, words)
+        else:
+            call("cuMemsetD32Async", self.ptr, value, words, stream)
+
+    @classmethod
+    def of(cls, host) -> "Buffer":
+        """A buffer holding a copy of the numpy array `host`."""
+        import numpy as np
+
+        host = np.ascontiguousarray(host)
+        return cls(host.nbytes).upload(host)
+
+    def __del__(self):
+        try:
+            api().cuMemFree(self.ptr)
+        except Exception:  # noqa: BLE001 - at exit the context may be gone
+            pass
+
+
+class Event:
+    """A CUDA event with timing."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self):
+        self.handle = call("cuEventCreate", 0)
+
+    def record(self, stream: int = 0) -> "Event":
+        call("cuEventRecord", self.handle, stream)
+        return self
+
+    def synchronize(self) -> None:
+        call("cuEventSynchronize", self.handle)
+
+    def since(self, start: "Event") -> float:
+        """Milliseconds from `start` to this event (both recorded and this one done)."""
+        return float(call("cuEventElapsedTime", start.handle, self.handle))
+
+    def __del__(self):
+        try:
+            api().cuEventDestroy(self.handle)
+        except Exception:  # noqa: BLE001 - at exit the context may be gone
+            pass

@@ -25,11 +25,11 @@ from pathlib import Path
 from codegen._io import atomic_write
 from codegen.arch import parse_arch
 from codegen.config import DType, config_from_name
-from codegen.families import family_of
+from codegen.occupancy import occupancy
 from codegen.render import render_file
 from tuner.runtime.dispatch import REDUCE_LAUNCH_MS
-from tuner.runtime.library import Library, LibraryError, runnable
-from tuner.occupancy import occupancy
+from tuner.runtime.errors import LibraryError
+from tuner.runtime.library import Library
 
 __all__ = ["export", "EXPORTED"]
 
@@ -45,23 +45,24 @@ _TMA_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
 def _kernel_values(cfg, res: dict, limits) -> dict:
     """What launcher.cu.j2 and the dispatch table need of one kernel."""
     smem = res["smem_static"] + res["smem_dynamic"]
-    tma = family_of(cfg).name == "wgmma"
+    tma = cfg.aligned_operands[0]  # A (and B) read through TMA tensor maps
     v = dict(name=cfg.name, dtype=cfg.dtype.short, ptr_t=cfg.dtype.cpp, bm=cfg.bm, bn=cfg.bn,
              bk=cfg.bk, threads=cfg.threads, smem=cfg.smem_bytes, split=cfg.split,
-             reduce=getattr(cfg, "reduce", ""), reduce_pass=cfg.reduce_pass,
+             last=cfg.last, reduce_pass=cfg.reduce_pass,
              workspace=cfg.has_workspace, tma=tma,
              blocks_per_sm=occupancy(cfg.threads, res["registers"], smem, limits).blocks_per_sm)
     if tma:
         boxes = cfg.tma_boxes()
         v.update(tma_dtype=_TMA_DTYPE[cfg.dtype], es=cfg.dtype.size, a_box=boxes["A"],
-                 b_box=boxes["B"], cluster=cfg.cluster, persistent=cfg.persistent)
+                 b_box=boxes["B"], cluster=cfg.cluster, persistent=cfg.persistent,
+                 store=cfg.aligned_operands[2], c_box=boxes.get("C"))
     return v
 
 
 def export(lib: Library, out: Path, arch: str | None = None) -> Path:
     wanted = {d.short for d, _, _ in EXPORTED}
     entries = [e for e in lib.manifest["entries"]
-               if e["dtype"] in wanted and e["layout"] == "nn" and runnable(e["kernel"])]
+               if e["dtype"] in wanted and e["layout"] == "nn"]
     if not entries:
         raise LibraryError(f"the library at {lib.path} has no fp32, fp16 or bf16 entries to "
                            f"export")

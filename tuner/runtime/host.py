@@ -98,11 +98,10 @@ class Pinned:
         with self._lock:
             have = self._bufs.get(key)
             if have is None or have[1] < nbytes:
-                cu = driver._cu()
                 size = max(nbytes, 2 * have[1] if have else 0, 1 << 20)
-                ptr = int(driver._check(cu.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
+                ptr = int(driver.call("cuMemHostAlloc", size, 0))
                 if have is not None:
-                    cu.cuMemFreeHost(have[0])
+                    driver.call("cuMemFreeHost", have[0])
                 self._bufs[key] = have = (ptr, size)
         return np.ctypeslib.as_array((ctypes.c_uint8 * have[1]).from_address(have[0]))
 
@@ -117,9 +116,7 @@ def pinned() -> Pinned:
 
 def _streams(g) -> list[int]:
     if g.index not in _STREAMS:
-        cu = driver._cu()
-        _STREAMS[g.index] = [int(driver._check(cu.cuStreamCreate(1), "cuStreamCreate"))
-                             for _ in range(STREAMS)]
+        _STREAMS[g.index] = [int(driver.call("cuStreamCreate", 1)) for _ in range(STREAMS)]
     return _STREAMS[g.index]
 
 
@@ -138,7 +135,7 @@ class _Slot:
     def drain(self) -> None:
         """Wait for this slot's last work and copy its result out: its buffers are free."""
         if self.pending is not None:
-            driver._check(driver._cu().cuEventSynchronize(self.event), "cuEventSynchronize")
+            driver.call("cuEventSynchronize", self.event)
             copy_rows(*self.pending)
             self.pending = None
 
@@ -150,7 +147,6 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
     `chunk_plan(rows)` returns the plan (same kernel) for a chunk of that many rows;
     without `pinned_staging` the copies go straight from pageable memory (the pitfall the
     benchmark shows)."""
-    cu = driver._cu()
     m, k = A.shape
     n = B.shape[1]
     chunks = chunks or plan_chunks(m, n, k, A.itemsize)
@@ -172,16 +168,15 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
         r1 = min(k, r0 + step)
         if pinned_staging:
             copy_rows(pB[r0:r1], B[r0:r1])
-        driver._check(cu.cuMemcpyHtoDAsync(dB + r0 * row_bytes, pB[r0:r1].ctypes.data,
-                                           (r1 - r0) * row_bytes, streams[0]),
-                      "cuMemcpyHtoDAsync")
-    b_ready = driver._check(cu.cuEventCreate(2), "cuEventCreate")  # disable timing
-    driver._check(cu.cuEventRecord(b_ready, streams[0]), "cuEventRecord")
+        driver.call("cuMemcpyHtoDAsync", dB + r0 * row_bytes, pB[r0:r1].ctypes.data,
+                    (r1 - r0) * row_bytes, streams[0])
+    b_ready = driver.call("cuEventCreate", 2)  # disable timing
+    driver.call("cuEventRecord", b_ready, streams[0])
     slots = []
     for i, s in enumerate(streams):
         if i:
-            driver._check(cu.cuStreamWaitEvent(s, b_ready, 0), "cuStreamWaitEvent")
-        slots.append(_Slot(s, driver._check(cu.cuEventCreate(2), "cuEventCreate")))
+            driver.call("cuStreamWaitEvent", s, b_ready, 0)
+        slots.append(_Slot(s, driver.call("cuEventCreate", 2)))
 
     try:
         for t, (r0, r1) in enumerate(chunks):
@@ -200,33 +195,29 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
                     copy_rows(pc, C[r0:r1])
             else:
                 pa, pc = np.ascontiguousarray(A[r0:r1]), C[r0:r1]
-            driver._check(cu.cuMemcpyHtoDAsync(dA, pa.ctypes.data, pa.nbytes, s),
-                          "cuMemcpyHtoDAsync")
+            driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
             if beta != 0:
-                driver._check(cu.cuMemcpyHtoDAsync(dC, pc.ctypes.data, pc.nbytes, s),
-                              "cuMemcpyHtoDAsync")
+                driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
             chunk_plan(rows).run(dA, dB, dC, alpha, beta, s)
-            driver._check(cu.cuMemcpyDtoHAsync(pc.ctypes.data, dC, pc.nbytes, s),
-                          "cuMemcpyDtoHAsync")
-            driver._check(cu.cuEventRecord(slot.event, s), "cuEventRecord")
+            driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
+            driver.call("cuEventRecord", slot.event, s)
             slot.pending = (C[r0:r1], pc) if pinned_staging else None
         for slot in slots:
             slot.drain()
     finally:
         for slot in slots:
             driver.sync(slot.stream)
-            cu.cuEventDestroy(slot.event)
-        cu.cuEventDestroy(b_ready)
+            driver.call("cuEventDestroy", slot.event)
+        driver.call("cuEventDestroy", b_ready)
 
 
 def run_batch(g, items: list, alpha: float, beta: float) -> None:
     """Each (plan, A, B, C) of host arrays as one GEMM, item i on stream i mod 3 with its
     own pinned and device buffers, so that item i+1's copies in and item i-1's copy out
     overlap item i's GEMM."""
-    cu = driver._cu()
     streams = _streams(g)
     scratch = driver.scratch()
-    slots = [_Slot(s, driver._check(cu.cuEventCreate(2), "cuEventCreate")) for s in streams]
+    slots = [_Slot(s, driver.call("cuEventCreate", 2)) for s in streams]
 
     try:
         for i, (plan, A, B, C) in enumerate(items):
@@ -239,18 +230,16 @@ def run_batch(g, items: list, alpha: float, beta: float) -> None:
                 d = scratch.get(g, s, f"batch {name}", x.nbytes)
                 if name != "C" or beta != 0:
                     copy_rows(buf, x)
-                    driver._check(cu.cuMemcpyHtoDAsync(d, buf.ctypes.data, x.nbytes, s),
-                                  "cuMemcpyHtoDAsync")
+                    driver.call("cuMemcpyHtoDAsync", d, buf.ctypes.data, x.nbytes, s)
                 staged.append((buf, d))
             (_, dA), (_, dB), (pc, dC) = staged
             plan.run(dA, dB, dC, alpha, beta, s)
-            driver._check(cu.cuMemcpyDtoHAsync(pc.ctypes.data, dC, pc.nbytes, s),
-                          "cuMemcpyDtoHAsync")
-            driver._check(cu.cuEventRecord(slot.event, s), "cuEventRecord")
+            driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
+            driver.call("cuEventRecord", slot.event, s)
             slot.pending = (C, pc)
         for slot in slots:
             slot.drain()
     finally:
         for slot in slots:
             driver.sync(slot.stream)
-            cu.cuEventDestroy(slot.event)
+            driver.call("cuEventDestroy", slot.event)

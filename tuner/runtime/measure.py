@@ -13,30 +13,65 @@ split-K kernel's second launch and cuBLAS's own host work count), N sized to abo
 from __future__ import annotations
 
 import contextlib
+import datetime
+import logging
 import statistics
 
 import numpy as np
 
+from codegen.config import DType
 from tuner.runtime import driver
 
-__all__ = ["time_candidates", "driver_operands", "torch_operands"]
+__all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates", "decision",
+           "MEASURE_TOP", "MEASURE_MARGIN"]
+
+#: how many library kernels (best estimates first) a first-use measurement times beside cuBLAS
+MEASURE_TOP = 3
+#: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen
+MEASURE_MARGIN = 1.02
+
+log = logging.getLogger(__name__)
 
 _SEED_ELEMS = 1 << 18
+
+
+def candidates(ranked: list[str]) -> list[str]:
+    """The kernels a first-use measurement times beside cuBLAS: the MEASURE_TOP best
+    estimates and the best-estimated kernel of one launch (where a host-bound call is
+    decided)."""
+    from codegen.config import config_from_name
+
+    names = ranked[:MEASURE_TOP]
+    single = [name for name in ranked if not config_from_name(name).reduce_pass]
+    if single and single[0] not in names:
+        names.append(single[0])
+    return names
+
+
+def decision(ms: dict[str, float], route: str) -> dict:
+    """The table's decision from measured ms per call (kernel names and "cublas"): the
+    fastest kernel if it beats cuBLAS by MEASURE_MARGIN, else cuBLAS (kernel None)."""
+    best = min((t, name) for name, t in ms.items() if name != "cublas")
+    kernel = best[1] if best[0] * MEASURE_MARGIN < ms["cublas"] else None
+    log.info("dispatch measured (%s): %s", route, ms)
+    return dict(kernel=kernel, route=route,
+                measured_ms={name: round(t, 5) for name, t in ms.items()},
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
 def _sizes(m, n, k, lda, ldb, ldc, in_size):
     return ((m - 1) * lda + k) * in_size, ((k - 1) * ldb + n) * in_size, ((m - 1) * ldc + n) * 4
 
 
-def _fill(cu, ptr: int, nbytes: int, rng) -> None:
+def _fill(ptr: int, nbytes: int, rng) -> None:
     """Random values in [-1, 1) (read as any float type), doubled by device copies."""
     seed = rng.uniform(-1, 1, _SEED_ELEMS).astype(np.float16).view(np.uint8)
     first = min(nbytes, seed.nbytes)
-    driver._check(cu.cuMemcpyHtoD(ptr, seed.ctypes.data, first), "cuMemcpyHtoD")
+    driver.call("cuMemcpyHtoD", ptr, seed.ctypes.data, first)
     done = first
     while done < nbytes:
         step = min(done, nbytes - done)
-        driver._check(cu.cuMemcpyDtoD(ptr + done, ptr, step), "cuMemcpyDtoD")
+        driver.call("cuMemcpyDtoD", ptr + done, ptr, step)
         done += step
 
 
@@ -44,30 +79,30 @@ def _fill(cu, ptr: int, nbytes: int, rng) -> None:
 def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
     """(a, b, c) pointers on cuMemAlloc'd scratch, each `offsets` bytes past a 256-byte
     boundary as the caller's were; freed on exit."""
-    cu = driver._cu()
-    allocs, ptrs = [], []
+    bufs = []
     try:
         for size, off in zip(_sizes(m, n, k, lda, ldb, ldc, in_size), offsets):
-            p = int(driver._check(cu.cuMemAlloc(size + 256), "cuMemAlloc"))
-            allocs.append(p)
-            ptrs.append(p + off)
-            _fill(cu, p, size + 256, np.random.default_rng(len(allocs)))
-        yield tuple(ptrs)
+            bufs.append(driver.Buffer(size + 256))
+            _fill(bufs[-1].ptr, size + 256, np.random.default_rng(len(bufs)))
+        yield tuple(b.ptr + off for b, off in zip(bufs, offsets))
     finally:
-        driver._check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        for p in allocs:
-            cu.cuMemFree(p)
+        driver.synchronize()
+        bufs.clear()
+
+
+#: the torch element type of each request's data (tf32 and 3xTF32 requests are fp32 data)
+TORCH_DATA = {DType.F32: "float32", DType.TF32: "float32", DType.F32X3: "float32",
+              DType.F16: "float16", DType.BF16: "bfloat16"}
 
 
 @contextlib.contextmanager
-def torch_operands(g, m, n, k, lda, ldb, ldc, dtype_name, offsets):
+def torch_operands(g, m, n, k, lda, ldb, ldc, dtype: DType, offsets):
     """(A, B, C) tensors for a torch caller, from torch's allocator on its current stream,
     laid out as a caller's are (rows of `ld` elements, `cols` used, the same byte offset
     from a 256-byte boundary)."""
     import torch
 
-    dt = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16,
-          "bf16": torch.bfloat16}[dtype_name]
+    dt = getattr(torch, TORCH_DATA[dtype])
     out = []
     for (rows, cols, ld), off, t in zip(((m, k, lda), (k, n, ldb), (m, n, ldc)), offsets,
                                         (dt, dt, torch.float32)):
@@ -82,33 +117,27 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
                     rounds: int = 5) -> dict[str, float]:
     """Median milliseconds per call of each runner (name -> callable(stream)) in loops on
     `stream`."""
-    cu = driver._cu()
     driver.sync(stream)
-    start, end = (driver._check(cu.cuEventCreate(0), "cuEventCreate") for _ in "se")
+    start, end = driver.Event(), driver.Event()
 
     def loop(run, reps) -> float:
-        driver._check(cu.cuEventRecord(start, stream), "cuEventRecord")
+        start.record(stream)
         for _ in range(reps):
             run(stream)
-        driver._check(cu.cuEventRecord(end, stream), "cuEventRecord")
-        driver._check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-        return float(driver._check(cu.cuEventElapsedTime(start, end),
-                                   "cuEventElapsedTime")) / reps
+        end.record(stream)
+        end.synchronize()
+        return end.since(start) / reps
 
-    try:
-        # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise),
-        # then one whole loop each, discarded: on the H200 the first loop of a shape still
-        # ran up to 3x slower than the later ones
-        first = {name: loop(run, 1) for name, run in runners.items()}
-        reps = {name: int(min(100, max(2, budget_ms / max(t, 1e-4))))
-                for name, t in first.items()}
+    # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise),
+    # then one whole loop each, discarded: on the H200 the first loop of a shape still
+    # ran up to 3x slower than the later ones
+    first = {name: loop(run, 1) for name, run in runners.items()}
+    reps = {name: int(min(100, max(2, budget_ms / max(t, 1e-4))))
+            for name, t in first.items()}
+    for name, run in runners.items():
+        loop(run, reps[name])
+    times: dict[str, list] = {name: [] for name in runners}
+    for _ in range(rounds):
         for name, run in runners.items():
-            loop(run, reps[name])
-        times: dict[str, list] = {name: [] for name in runners}
-        for _ in range(rounds):
-            for name, run in runners.items():
-                times[name].append(loop(run, reps[name]))
-    finally:
-        for ev in (start, end):
-            cu.cuEventDestroy(ev)
+            times[name].append(loop(run, reps[name]))
     return {name: statistics.median(t) for name, t in times.items()}

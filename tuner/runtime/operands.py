@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from codegen.config import DType
+from tuner.runtime.errors import DriverError, LibraryError
 
 __all__ = ["Operand", "operand", "resolve_stream", "same_device", "empty_like", "align_class"]
 
@@ -26,9 +27,7 @@ _NUMPY = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
 _TORCH = {"torch.float32": DType.F32, "torch.float16": DType.F16, "torch.bfloat16": DType.BF16}
 
 
-def _error(msg: str):
-    from tuner.runtime.library import LibraryError
-
+def _error(msg: str) -> LibraryError:
     return LibraryError(msg)
 
 
@@ -79,13 +78,14 @@ def _dims(name, shape, strides, itemsize):
 
 
 def _device_of(ptr: int, name: str) -> int:
-    from cuda.bindings import driver as cu
+    from tuner.runtime import driver
 
-    err, ordinal = cu.cuPointerGetAttribute(
-        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise _error(f"{name}'s data pointer {ptr:#x} is not CUDA device memory")
-    return int(ordinal)
+    try:
+        return int(driver.call("cuPointerGetAttribute",
+                               driver.api().CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                               ptr))
+    except DriverError:
+        raise _error(f"{name}'s data pointer {ptr:#x} is not CUDA device memory") from None
 
 
 def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Operand:

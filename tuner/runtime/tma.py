@@ -1,13 +1,13 @@
 """TMA tensor maps: the arguments of cuTensorMapEncodeTiled for a row-major matrix, checked
 against TMA's rules (:func:`tensor_map_args`, pure: tested without a GPU), and their
 encoding through the driver (:func:`encode`). The run-time library, the tuner's runner
-(tuner/wgmma_launch.py) and the export bundle's C++ launchers (the same values) use them.
+(tuner/runtime/runners.py) and the export bundle's C++ launchers (the same values) use them.
 """
 
 from __future__ import annotations
 
 from codegen.config import DType
-from tuner.outcome import Unsupported
+from tuner.runtime.errors import TmaUnsupported
 
 __all__ = ["TmaUnsupported", "tensor_map_args", "encode"]
 
@@ -18,11 +18,6 @@ _TMA_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
               DType.F32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
 _SWIZZLE = {"none": ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), "32B": ("CU_TENSOR_MAP_SWIZZLE_32B", 32),
             "64B": ("CU_TENSOR_MAP_SWIZZLE_64B", 64), "128B": ("CU_TENSOR_MAP_SWIZZLE_128B", 128)}
-
-
-class TmaUnsupported(Unsupported):
-    """The operands break a TMA rule (alignment, stride): dispatch another family (the
-    tuner's runner reports the candidate REJECTED with this message)."""
 
 
 # ---- tensor maps ------------------------------------------------------------------
@@ -69,8 +64,8 @@ def encode(args: dict):
     """The CUtensorMap of `args` (tensor_map_args' values), through the driver."""
     from tuner.runtime import driver
 
-    cu = driver._cu()
-    return driver._check(cu.cuTensorMapEncodeTiled(
+    cu = driver.api()
+    return driver.call("cuTensorMapEncodeTiled",
         getattr(cu.CUtensorMapDataType, args["tensorDataType"]), args["tensorRank"],
         args["globalAddress"],
         [cu.cuuint64_t(v) for v in args["globalDim"]],
@@ -80,5 +75,4 @@ def encode(args: dict):
         getattr(cu.CUtensorMapInterleave, args["interleave"]),
         getattr(cu.CUtensorMapSwizzle, args["swizzle"]),
         getattr(cu.CUtensorMapL2promotion, args["l2Promotion"]),
-        getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"]),
-    ), "cuTensorMapEncodeTiled")
+        getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"]))

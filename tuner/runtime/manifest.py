@@ -1,0 +1,171 @@
+"""The library on disk: a versioned manifest and, per kernel, its .cu, its .cubin (sha256
+in the manifest) and its metadata. Read, verified, and added to atomically.
+
+Layout:
+    library/manifest.json                 {"schema": 1, "kernels": {...}, "entries": [...]}
+    library/kernels/<arch>/<name>.cu      the generated source
+    library/kernels/<arch>/<name>.cubin   nvcc's output (sha256 checked on load)
+    library/kernels/<arch>/<name>.json    config, resources, flags, nvcc, template hash
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from codegen._io import atomic_write, atomic_write_json, file_lock
+from codegen.check import check
+from codegen.config import DType, Layout, config_from_dict, config_from_name
+from tuner.runtime.errors import LibraryError
+
+__all__ = ["SCHEMA", "Manifest"]
+
+SCHEMA = 1
+#: the fields that identify an entry: one per GPU model, dtype, layout and shape
+ENTRY_KEY = ("cc", "dtype", "layout", "m", "n", "k", "gpu")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(a[f] == b[f] for f in ENTRY_KEY)
+
+
+class Manifest:
+    """A library directory's manifest (``data``: schema, kernels, entries) and its files."""
+
+    def __init__(self, path: str | Path, data: dict):
+        self.path = Path(path)
+        self.data = data
+
+    # ---- reading -----------------------------------------------------------------------
+    @classmethod
+    def create_or_open(cls, path: str | Path) -> "Manifest":
+        path = Path(path)
+        if (path / "manifest.json").exists():
+            return cls.load(path, verify=False)
+        return cls(path, {"schema": SCHEMA, "kernels": {}, "entries": []})
+
+    @classmethod
+    def load(cls, path: str | Path, verify: bool = True) -> "Manifest":
+        """Read the manifest; with `verify`, check every file's hash and re-validate every
+        config. Raises LibraryError, naming the file, for anything wrong."""
+        path = Path(path)
+        mpath = path / "manifest.json"
+        if not mpath.is_file():
+            raise LibraryError(f"no library at {path}: {mpath} does not exist")
+        try:
+            data = json.loads(mpath.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LibraryError(f"library manifest {mpath} is unreadable ({e})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict) \
+                or not isinstance(data.get("entries"), list):
+            raise LibraryError(f"library manifest {mpath} is not a gemm-tune manifest")
+        schema = data.get("schema")
+        if not isinstance(schema, int) or schema > SCHEMA:
+            raise LibraryError(f"library manifest {mpath} has schema {schema!r}; this gemm-tune "
+                               f"reads schema {SCHEMA} and older: upgrade gemm-tune")
+        manifest = cls(path, data)
+        if verify:
+            manifest.verify()
+        return manifest
+
+    def verify(self) -> None:
+        where = self.path / "manifest.json"
+        for key, k in self.data["kernels"].items():
+            for field in ("source", "cubin"):
+                f = self.path / k[field]
+                if not f.is_file():
+                    raise LibraryError(f"library file {f} is missing")
+                if _sha256(f) != k[f"{field}_sha256"]:
+                    raise LibraryError(f"library file {f} does not match its sha256 in the "
+                                       "manifest (tampered or truncated): refusing to load it")
+            try:
+                cfg = config_from_dict(k["config"])
+            except (KeyError, TypeError, ValueError, StopIteration) as e:
+                raise LibraryError(f"kernel {key} in {where} has a bad config ({e})") from None
+            why = check(cfg, k["arch"])
+            if why or cfg.name != k["name"]:
+                raise LibraryError(f"kernel {key} in {where} does not validate: "
+                                   f"{'; '.join(why) or 'name does not match config'}")
+        for e in self.data["entries"]:
+            if f"{e['arch']}/{e['kernel']}" not in self.data["kernels"]:
+                raise LibraryError(f"entry {e['m']}x{e['n']}x{e['k']} in {where} names a "
+                                   "missing kernel")
+
+    @property
+    def entries(self) -> list[dict]:
+        return self.data["entries"]
+
+    def serving(self, dtype: DType, cc: int, layout: Layout = Layout.NN) -> list[dict]:
+        """Entries that serve a request: its own, and for an f32x3 request (3xTF32 allowed)
+        the fp32 ones too (they are as accurate)."""
+        shorts = {dtype.short, DType.F32.short} if dtype is DType.F32X3 else {dtype.short}
+        return [e for e in self.entries
+                if e["cc"] == cc and e["dtype"] in shorts and e["layout"] == layout.value]
+
+    @property
+    def fingerprint(self) -> str:
+        """The library's kernel set and entries, hashed: a dispatch decision is keyed with it."""
+        rows = sorted(f"{e['gpu']}|{e['dtype']}|{e['m']}x{e['n']}x{e['k']}|{e['kernel']}"
+                      for e in self.entries)
+        return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:12]
+
+    def file(self, name: str, arch: str, field: str = "cubin") -> Path:
+        """The path of kernel `name`'s .cubin (or .cu: field "source") for `arch`."""
+        return self.path / self.data["kernels"][f"{arch}/{name}"][field]
+
+    # ---- writing -----------------------------------------------------------------------
+    def _lock(self):
+        return file_lock(self.path / ".lock")
+
+    def _reread(self) -> None:
+        if (self.path / "manifest.json").exists():
+            self.data = Manifest.load(self.path, verify=False).data
+
+    def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None) -> None:
+        """Add (or replace) a tuned entry and its kernel's files; the manifest is rewritten
+        atomically under a lock, and re-read first so concurrent writers lose nothing."""
+        arch, name = entry["arch"], entry["kernel"]
+        rel = Path("kernels") / arch
+        with self._lock():
+            d = self.path / rel
+            d.mkdir(parents=True, exist_ok=True)
+            atomic_write(d / f"{name}.cu", Path(source).read_bytes())
+            atomic_write(d / f"{name}.cubin", Path(cubin).read_bytes())
+            if meta is not None and Path(meta).is_file():
+                atomic_write(d / f"{name}.json", Path(meta).read_bytes())
+            self._reread()
+            self.data["kernels"][f"{arch}/{name}"] = dict(
+                name=name, arch=arch, config=config_from_name(name).to_dict(),
+                source=str(rel / f"{name}.cu"), source_sha256=_sha256(d / f"{name}.cu"),
+                cubin=str(rel / f"{name}.cubin"), cubin_sha256=_sha256(d / f"{name}.cubin"),
+                meta=str(rel / f"{name}.json"),
+            )
+            self.data["entries"] = [e for e in self.entries if not _same(e, entry)] + [entry]
+            self.data["schema"] = SCHEMA
+            used = {f"{e['arch']}/{e['kernel']}" for e in self.entries}
+            orphans = [k for k in self.data["kernels"] if k not in used]
+            for key in orphans:
+                del self.data["kernels"][key]
+            atomic_write_json(self.path / "manifest.json", self.data)
+            for key in orphans:  # after the manifest no longer names them
+                for ext in (".cu", ".cubin", ".json"):
+                    (self.path / "kernels" / f"{key}{ext}").unlink(missing_ok=True)
+
+    def update_entry(self, entry: dict, **fields) -> dict:
+        """Set `fields` on the stored entry of `entry`'s (gpu, cc, dtype, layout, m, n, k),
+        the manifest rewritten atomically under the lock (re-read first); the updated entry.
+        KeyError when no stored entry matches (gemm-tune inspect --profile uses it)."""
+        with self._lock():
+            self._reread()
+            for e in self.entries:
+                if _same(e, entry):
+                    e.update(fields)
+                    atomic_write_json(self.path / "manifest.json", self.data)
+                    return e
+        raise KeyError(f"no library entry for {entry.get('kernel')} at "
+                       f"{entry.get('m')}x{entry.get('n')}x{entry.get('k')}")

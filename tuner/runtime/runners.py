@@ -1,0 +1,246 @@
+"""One runner per kernel family: the object that launches a compiled kernel, wherever it
+runs. The tuner times a candidate through it, the run-time library ships it, and the
+export bundle's C++ launchers mirror it (the same grids, arguments and tensor maps).
+
+A runner is made from a config and its cubin (:func:`runner_for`; a family's spec names
+its runner class, "module:Class", or none for :class:`Runner`). ``bind(g, m, n, k, lda,
+ldb, ldc)`` fixes everything of a problem on GPU g but the pointers, scalars and stream,
+and returns ``run(a, b, c, alpha, beta, stream)``, which packs the parameters and calls
+the driver (a few microseconds of host time). Kernels load once per process
+(:class:`driver.KernelImage`) and into each GPU's context on first use there.
+
+Example (on a GPU):
+    >>> r = runner_for(config, cubin_bytes)                         # doctest: +SKIP
+    >>> run = r.bind(driver.gpu(0), m, n, k, lda, ldb, ldc)        # doctest: +SKIP
+    >>> run(a_ptr, b_ptr, c_ptr, 1.0, 0.0, stream)                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from typing import Callable
+
+from codegen.config import DType
+from codegen.families import family_of
+from codegen.families.wgmma import c_tma_reasons, tma_reasons
+from tuner.runtime import driver, tma
+from tuner.runtime.errors import TmaUnsupported
+
+__all__ = ["Runner", "TmaRunner", "runner_for", "runner_class"]
+
+
+class Runner:
+    """A kernel launched with cuLaunchKernel (the CUDA-core and WMMA families), with its
+    split-K reduce kernel where it has one.
+
+    Split-K workspaces and tile tickets come from the per-(device, stream) scratch, so
+    two streams never share one; during graph capture a missing one is drawn through
+    `allocate_captured` (torch's graph-aware allocator) or refused.
+    """
+
+    SIGNATURE = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc (+ W [+ tickets])
+    REDUCE_SIGNATURE = "iifPfPi"  # M N alpha W beta C ldc
+
+    def __init__(self, config, cubin: bytes):
+        self.config = config
+        self.library = driver.load_cubin(cubin, config.name)
+        self.main = driver.KernelImage(self.library, config.name, config.smem_bytes)
+        self.reduce = (driver.KernelImage(self.library, f"{config.name}_reduce", 0)
+                       if config.reduce_pass else None)
+        self.signature = self.SIGNATURE + "P" * (config.has_workspace + config.last)
+
+    def attributes(self, g) -> dict:
+        """What the driver says of the main kernel on GPU g (to check against ptxas)."""
+        return self.main.attributes(g)
+
+    def max_active_blocks(self, g) -> int:
+        """Blocks of the main kernel per SM on GPU g, as the driver computes it."""
+        return self.main.max_active_blocks(g, self.config.threads)
+
+    def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+             allocate_captured=None) -> Callable:
+        """A launcher of this kernel for one problem on GPU g (its context current while
+        binding and launching): run(a, b, c, alpha, beta, stream) with everything but the
+        pointers, scalars and stream fixed now."""
+        cfg, main, sig = self.config, self.main, self.signature
+        f = main.prepare(g)
+        grid, block = cfg.grid(m, n), cfg.block()
+        if not cfg.has_workspace:  # the hot path of a library call: one driver call, inline
+            launch, smem = driver.api().cuLaunchKernel, main.smem
+
+            def run(a, b, c, alpha, beta, stream):
+                err, = launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                              stream, main.params(sig).pack(m, n, k, alpha, a, lda, b, ldb,
+                                                            beta, c, ldc), 0)
+                if err != 0:
+                    main.failed(err)
+            return run
+        reduce = self.reduce
+        fr = reduce.prepare(g) if reduce is not None else None
+        scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n) * 4
+        tickets = cfg.ticket_count(m, n) * 4
+
+        def run(a, b, c, alpha, beta, stream):
+            w = scratch.get(g, stream, "split-K workspace", wbytes,
+                            allocate_captured=allocate_captured)
+            args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, w]
+            if cfg.last:
+                args.append(scratch.get(g, stream, "split-K tickets", tickets, zero=True,
+                                        allocate_captured=allocate_captured))
+            main.launch(f, grid, block, stream, main.params(sig).pack(*args))
+            if fr is not None:
+                reduce.launch(fr, ((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
+                              reduce.params(self.REDUCE_SIGNATURE).pack(
+                                  m, n, alpha, w, beta, c, ldc))
+        return run
+
+
+class _MapParams:
+    """One thread's parameter block of a TMA kernel: the tensor maps (128-byte structs,
+    passed by value: their addresses) in front of the scalars."""
+
+    __slots__ = ("blk", "ptrs", "maps", "address")
+
+    def __init__(self, signature: str, n_maps: int):
+        self.blk = driver.ParamBlock(signature)
+        self.ptrs = (ctypes.c_void_p * (n_maps + len(signature)))(*([0] * n_maps),
+                                                                   *self.blk.ptrs)
+        self.address = ctypes.addressof(self.ptrs)
+        self.maps = ()
+
+    def pack(self, maps: tuple, *scalars) -> int:
+        for i, tm in enumerate(maps):
+            self.ptrs[i] = tm.getPtr()
+        self.maps = maps  # alive while this thread's launch reads them
+        self.blk.pack(*scalars)
+        return self.address
+
+
+class TmaRunner(Runner):
+    """A wgmma + TMA kernel (the wgmma family). A and B go in as TMA tensor maps, and with
+    the TMA-store epilogue (config.store) C too; the maps are encoded once per pointer set
+    of a plan and kept (a few per plan). A cluster kernel launches with cuLaunchKernelEx
+    and its cluster dimension. A tf32 kernel with a pre-pass (config.prep) launches
+    <name>_prep first, into a per-stream workspace that its A and B maps describe.
+
+    Operands TMA cannot describe raise TmaUnsupported before anything is launched (the
+    library dispatches such calls elsewhere; the tuner records the candidate REJECTED).
+    """
+
+    SIGNATURE = "iiiffPi"  # after the tensor maps: M N K alpha beta C ldc
+    PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
+    MAPS_PER_PLAN = 16  # pointer sets whose tensor maps a plan keeps
+
+    def __init__(self, config, cubin: bytes):
+        super().__init__(config, cubin)
+        self.signature = self.SIGNATURE
+        self.prep = (driver.KernelImage(self.library, f"{config.name}_prep", 0)
+                     if config.prep else None)
+
+    def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
+             allocate_captured=None) -> Callable:
+        cfg, main = self.config, self.main
+        f = main.prepare(g)
+        grid, block = cfg.grid(m, n, g.arch.sm_count), cfg.block()
+        boxes, tls, maps = cfg.tma_boxes(), threading.local(), {}
+        n_maps = 2 + cfg.store
+
+        def c_map(c: int) -> tuple:
+            if not cfg.store:
+                return ()
+            why = c_tma_reasons(ldc, c, n)
+            if why:
+                raise TmaUnsupported("; ".join(why))
+            return (tma.encode(tma.tensor_map_args(DType.F32, c, m, n, ldc, *boxes["C"])),)
+
+        def params(key, make) -> tuple:
+            """The maps of a pointer set, encoded once (the oldest of a full cache goes)."""
+            found = maps.get(key)
+            if found is None:
+                if len(maps) >= self.MAPS_PER_PLAN:
+                    maps.pop(next(iter(maps)), None)
+                found = maps[key] = make()
+            return found
+
+        if cfg.cluster > 1:
+            def launch(stream, address):
+                lc = getattr(tls, "cluster", None)
+                if lc is None:
+                    lc = tls.cluster = driver.ClusterLaunch(main, grid, block,
+                                                            cfg.cluster_dims())
+                lc.launch(f, stream, address)
+        else:
+            def launch(stream, address):
+                main.launch(f, grid, block, stream, address)
+
+        def packed(mps, alpha, beta, c) -> int:
+            blk = getattr(tls, "blk", None)
+            if blk is None:
+                blk = tls.blk = _MapParams(self.SIGNATURE, n_maps)
+            return blk.pack(mps, m, n, k, alpha, beta, c, ldc)
+
+        if self.prep is not None:
+            return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, params, c_map,
+                                   packed, launch)
+        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k)
+        if why:
+            raise TmaUnsupported("; ".join(why))
+
+        def make_maps(a: int, b: int, c: int) -> tuple:
+            why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k)
+            if why:
+                raise TmaUnsupported("; ".join(why))
+            # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it
+            return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, m, k, lda, *boxes["A"])),
+                    tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, k, n, ldb, *boxes["B"])),
+                    *c_map(c))
+
+        def run(a, b, c, alpha, beta, stream):
+            mps = params((a, b, c if cfg.store else 0), lambda: make_maps(a, b, c))
+            launch(stream, packed(mps, alpha, beta, c))
+        return run
+
+    def _bind_prep(self, g, m, n, k, lda, ldb, allocate_captured, params, c_map, packed,
+                   launch) -> Callable:
+        """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
+        writes At (M x K) and Bt (N x K) into this stream's workspace; the maps describe
+        those."""
+        cfg, prep = self.config, self.prep
+        fp = prep.prepare(g)
+        boxes, ldw = cfg.tma_boxes(), cfg.prep_ld(k)
+        wbytes, bt_off = cfg.prep_floats(m, n, k) * 4, m * ldw * 4
+        blocks, a_blocks = cfg.prep_grid(m, n, k)
+        scratch = driver.scratch()
+
+        def make_maps(w: int, c: int) -> tuple:
+            return (tma.encode(tma.tensor_map_args(DType.F32, w, m, k, ldw, *boxes["A"])),
+                    tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, n, k, ldw,
+                                                   *boxes["B"])),
+                    *c_map(c))
+
+        def run(a, b, c, alpha, beta, stream):
+            w = scratch.get(g, stream, "tf32 pre-pass", wbytes,
+                            allocate_captured=allocate_captured)
+            mps = params((w, c if cfg.store else 0), lambda: make_maps(w, c))
+            prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
+                        prep.params(self.PREP_SIGNATURE).pack(a, lda, b, ldb, m, n, k, w,
+                                                              w + bt_off, ldw, a_blocks))
+            launch(stream, packed(mps, alpha, beta, c))
+        return run
+
+
+def runner_class(config) -> type:
+    """The runner class of `config`'s family: the one its spec names ("module:Class"),
+    imported on first use, or :class:`Runner`."""
+    spec = family_of(config).runner
+    if not spec:
+        return Runner
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def runner_for(config, cubin: bytes) -> Runner:
+    """The runner of a compiled kernel of any family."""
+    return runner_class(config)(config, cubin)
