@@ -16,7 +16,10 @@ What a family module ``codegen/families/<name>.py`` provides:
   fields, and:
 
   - ``name``: the procedural name ``gemm_<family>_<dtype>_...`` encoding every field
-    (STYLE 3), and ``from_name(name)``, its inverse (``UsageError`` otherwise);
+    (STYLE 3), and ``from_name(name)``, its inverse (``UsageError`` otherwise): both
+    follow from one declaration, ``NAME = _common.Name("gemm_<family>_{dtype}_...")``,
+    a pattern over the fields, with the ``_common.Named`` mixin (tests/test_names.py
+    pins what they write);
   - ``template_values()``: every value its template uses (STYLE 5);
   - the launch interface the runner, the library and the model read: ``threads``,
     ``smem_bytes``, ``bm``, ``bn``, ``bk``, ``split``, ``reduce_pass``, ``last``,
