@@ -161,7 +161,8 @@ def toy():
 def test_a_registered_family_is_picked_up_everywhere(toy):
     from tuner.bench import tolerance
     from tuner.dryrun import defaults
-    from tuner.model import bound_tflops
+    from tuner.model import bound_tflops, estimate_registers, likely_spills, \
+        predict_before_compile
     from tuner.space import families, is_candidate, params_of, space_size, suggest, \
         valid_configs
 
@@ -189,6 +190,9 @@ def test_a_registered_family_is_picked_up_everywhere(toy):
     bound, figures = bound_tflops(c, (4096, 4096, 4096), ARCH)
     assert figures["issue_eff"] == 0.5 and figures["peak"] == round(ARCH.peak_fp32_tflops, 2)
     assert tolerance(c, 65536) == 1e-5  # CUDA-core math: fp32's gate
+    # no register micro-tile declared (FamilySpec.micro_tile): the model's FLOP-rate path
+    assert estimate_registers(c) == 128 and not likely_spills(c, ARCH)
+    assert predict_before_compile(c, (4096, 4096, 4096), ARCH).seconds > 0
     assert ToyConfig() in defaults(DType.F32, ARCH)
 
 

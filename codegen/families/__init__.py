@@ -48,7 +48,8 @@ What a family module ``codegen/families/<name>.py`` provides:
   from it - and ``issue_efficiency(config)``, the fraction of issue slots its inner loop
   gives to math (the model's bound; 1.0 where the math has a pipe of its own).
 
-* Optionally ``shape_reasons(config, shape, arch)``, the family's own reasons a config
+* Optionally ``micro_tile`` (the model's instruction and register count of a register
+  micro-tile, see :class:`FamilySpec`), ``shape_reasons(config, shape, arch)``, the family's own reasons a config
   cannot run the tuner's dense problem at a shape (the wgmma family: TMA's 16-byte
   strides), and ``kernel``, "module:Class" of the runner's loader for a family that does
   not launch through pycuda's plain kernel call (the wgmma family: tensor maps and a
@@ -156,6 +157,12 @@ class FamilySpec:
     #: "module:Class" of the GPU-side kernel the tuner's runner loads for this family's
     #: configs (Class(config, cubin), called like tuner.gpu.Kernel); None: tuner.gpu.Kernel
     kernel: str | None = None
+    #: True: each thread accumulates an RM x RN register micro-tile with FMAs, its A and B
+    #: fragments in `frags` sets (the SIMT design; fields rm, rn, frags, vec, pad, stages,
+    #: property tile_regs): the model counts its instructions and registers from them.
+    #: False: the model takes its FLOP at the peak over its issue efficiency, its registers
+    #: unknown until compiled
+    micro_tile: bool = False
 
     @property
     def prefix(self) -> str:

@@ -124,6 +124,12 @@ class KernelConfig(Serial, Named):
         return 32 // self.wt if self.wt > 0 else 0
 
     @property
+    def tile_regs(self) -> int:
+        """Registers a thread's RM x RN accumulators and its `frags` sets of A and B
+        fragments take."""
+        return self.rm * self.rn + (self.rm + self.rn) * self.frags
+
+    @property
     def threads(self) -> int:
         return (self.bm // self.rm) * (self.bn // self.rn) if self.rm and self.rn else 0
 
@@ -283,7 +289,7 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
         why.append("a last-block split-K needs a split of 2 or more, not 1")
 
     why += smem_reasons(c.smem_bytes, a)
-    regs = c.rm * c.rn + (c.rm + c.rn) * c.frags
+    regs = c.tile_regs
     if regs > a.max_regs_per_thread:
         why.append(
             f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
@@ -409,4 +415,5 @@ SIMT = register(FamilySpec(
     valid_configs=valid_configs,
     default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
     issue_efficiency=issue_efficiency,
+    micro_tile=True,
 ))
