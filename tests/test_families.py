@@ -161,7 +161,8 @@ def toy():
 def test_a_registered_family_is_picked_up_everywhere(toy):
     from tuner.bench import tolerance
     from tuner.dryrun import defaults
-    from tuner.model import bound_tflops
+    from tuner.model import bound_tflops, estimate_registers, likely_spills, \
+        predict_before_compile
     from tuner.space import families, is_candidate, params_of, space_size, suggest, \
         valid_configs
 
@@ -189,6 +190,9 @@ def test_a_registered_family_is_picked_up_everywhere(toy):
     bound, figures = bound_tflops(c, (4096, 4096, 4096), ARCH)
     assert figures["issue_eff"] == 0.5 and figures["peak"] == round(ARCH.peak_fp32_tflops, 2)
     assert tolerance(c, 65536) == 1e-5  # CUDA-core math: fp32's gate
+    # no register micro-tile declared (FamilySpec.micro_tile): the model's FLOP-rate path
+    assert estimate_registers(c) == 128 and not likely_spills(c, ARCH)
+    assert predict_before_compile(c, (4096, 4096, 4096), ARCH).seconds > 0
     assert ToyConfig() in defaults(DType.F32, ARCH)
 
 
@@ -222,3 +226,23 @@ def test_families_need_no_other_module_than_their_own():
         mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {m for m in mods if m.split(".")[0] in ("tuner", "optuna", "pycuda")}, path
+
+
+def test_the_search_and_the_model_ask_the_registry_not_a_family():
+    """tuner's space, model, dry run and search know families only through the registry:
+    no family module, no config type, no hasattr on a config."""
+    import ast
+    from pathlib import Path
+
+    import tuner
+
+    configs = {spec.config.__name__ for spec in FAMILIES.values()}
+    for mod in ("space", "model", "dryrun", "search"):
+        path = Path(tuner.__file__).parent / f"{mod}.py"
+        tree = ast.parse(path.read_text())
+        froms = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not [n.module for n in froms if n.module.startswith("codegen.families.")
+                    and n.module.rsplit(".", 1)[1] in FAMILIES], path
+        assert not [a.name for n in froms for a in n.names if a.name in configs], path
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and getattr(n.func, "id", None) == "hasattr"], path

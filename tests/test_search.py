@@ -7,7 +7,8 @@ from codegen import parse_arch
 from _fakes import FakeBenchmark
 from tuner.outcome import Outcome
 from tuner.search import confirm, search
-from tuner.space import SPACE, space_size, valid_configs
+from codegen.families import FAMILIES
+from tuner.space import space_size, valid_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -74,12 +75,11 @@ def test_timeout_stops_the_search(run):
 
 
 def test_grid_walks_the_valid_space_without_repeats(run, monkeypatch):
-    import tuner.space as sp
-
-    small = dict(SPACE, bm=(64,), bn=(64,), bk=(16,), rm=(4,), rn=(4,), wt=(4, 8), pad=(0,),
+    space = FAMILIES["simt"].space  # the simt family's SPACE itself: changed in place
+    small = dict(space, bm=(64,), bn=(64,), bk=(16,), rm=(4,), rn=(4,), wt=(4, 8), pad=(0,),
                  stages=(2, 3), swizzle=(1,))
-    for k, v in small.items():  # in place: the simt family's SPACE (its spec holds it too)
-        monkeypatch.setitem(sp.SPACE, k, v)
+    for k, v in small.items():
+        monkeypatch.setitem(space, k, v)
     arch = parse_arch("sm_90")
     shape = (1024, 1024, 512)  # 256 tiles of 64x64 fill the SMs: no split-K variants
     valid = {c.name for c in valid_configs(arch, shape=shape)}

@@ -26,12 +26,13 @@ its bound; pruning on it loses nothing that could have won.
 *rank* candidates of one shape before they are timed. It is the largest of four times
 plus the fixed costs of the launch:
 
-  issue    the busiest SM's instruction issue. Per thread and K tile (SIMT): BK*RM*RN
-           FFMA, BK*(RM/VA + RN/VB) LDS, the global loads and shared stores of the
-           tile (A is stored transposed: one STS per float; cp.async: one copy per
-           float of A, one per vector of B) and ``K_TILE_OVERHEAD`` instructions of
-           loop, address and barrier; the epilogue's RM*RN stores and scaling. A
-           tensor-core family issues its FLOP at the tensor-core rate over its own
+  issue    the busiest SM's instruction issue. Per thread and K tile of a register
+           micro-tile (FamilySpec.micro_tile: SIMT): BK*RM*RN FFMA, BK*(RM/VA + RN/VB)
+           LDS, the global loads and shared stores of the tile (A is stored
+           transposed: one STS per float; cp.async: one copy per float of A, one per
+           vector of B) and ``K_TILE_OVERHEAD`` instructions of loop, address and
+           barrier; the epilogue's RM*RN stores and scaling. Any other family (the
+           tensor-core ones) issues its FLOP at its math's peak rate over its own
            issue efficiency (FamilySpec.issue_efficiency). An SM issues 4 warp
            instructions a clock (one per scheduler) when it holds ``SATURATING_WARPS``
            warps or more, proportionally less below (occupancy).
@@ -69,7 +70,7 @@ from typing import Iterable, Sequence
 
 from codegen.arch import ArchLimits
 from codegen.compile import Resources
-from codegen.families import Config, Math, family_of
+from codegen.families import Config, family_of
 # the shape rules live with the configs (the families' spaces use them); re-exported here
 from codegen.families._common import cdiv as _cdiv, shape_reasons as _shape_reasons, wants_split
 from codegen.occupancy import Occupancy, occupancy
@@ -266,7 +267,7 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     full, rem = divmod(per_sm, r)
     chunks = [r] * full + ([rem] if rem else [])
 
-    if spec.math is Math.CUDA_CORE and hasattr(c, "rm"):
+    if spec.micro_tile:
         compute, mem, wavefronts, epilogue = _simt_instructions(c)
         step_instr = warps * (compute + mem)  # warp instructions per K tile of one block
         step_smem = warps * wavefronts  # shared-memory clocks per K tile of one block
@@ -318,8 +319,8 @@ def estimate_registers(config: Config) -> int:
     prefetch of a two-stage pipeline and about 40 of addresses and loop state (SIMT);
     ptxas's own figure replaces it once compiled."""
     c = config
-    if hasattr(c, "rm"):
-        regs = c.rm * c.rn + (c.rm + c.rn) * getattr(c, "frags", 1) + 40
+    if family_of(c).micro_tile:
+        regs = c.tile_regs + 40
         if c.stages == 2:
             regs += (c.bm * c.bk + c.bk * c.bn) // max(c.threads, 1)
         return min(regs, 255)
@@ -337,9 +338,8 @@ def likely_spills(config: Config, arch: ArchLimits) -> bool:
     """Before compiling: does the least a thread must hold (SIMT: its accumulators and
     fragments and 16 of addresses) exceed :func:`register_cap`? (ptxas squeezes the rest
     under the cap: the 512-thread 128x256 tiles estimated at 132 compile to 126-128.)"""
-    if hasattr(config, "rm"):
-        need = config.rm * config.rn + (config.rm + config.rn) * getattr(config, "frags", 1)
-        return need + 16 > register_cap(config, arch)
+    if family_of(config).micro_tile:
+        return config.tile_regs + 16 > register_cap(config, arch)
     return False
 
 

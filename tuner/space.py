@@ -15,15 +15,10 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.config import DType
 from codegen.families import FAMILIES, Config, families_for, family_of
-from codegen.families.simt import (
-    SEARCH_SPLITS as SPLITS, SPACE, SPLIT_REDUCES, WIDENED_STAGES, config_from_params,
-)
-from codegen.families.wmma import SPACE as WMMA_SPACE, from_params as wmma_from_params
 from codegen.families._common import Shape
 
-__all__ = ["SPACE", "WMMA_SPACE", "SPLITS", "SPLIT_REDUCES", "WIDENED_STAGES",
-           "wmma_from_params", "valid_wmma_configs", "families", "is_candidate", "params_of",
-           "config_from_params", "suggest", "space_size", "valid_configs", "Shape"]
+__all__ = ["valid_wmma_configs", "families", "is_candidate", "params_of", "suggest",
+           "space_size", "valid_configs", "Shape"]
 
 
 def families(dtype: DType, arch: ArchLimits | None = None) -> dict[str, DType]:
@@ -81,5 +76,6 @@ def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
 
 
 def valid_wmma_configs(arch: ArchLimits | str, dtype: DType) -> Iterator[Config]:
-    """Every point of WMMA_SPACE that codegen.check accepts for `arch`, in grid order."""
+    """Every point of the WMMA family's space that codegen.check accepts for `arch`, in
+    grid order."""
     return FAMILIES["wmma"].valid_configs(parse_arch(arch), dtype, None)

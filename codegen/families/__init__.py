@@ -16,7 +16,10 @@ What a family module ``codegen/families/<name>.py`` provides:
   fields, and:
 
   - ``name``: the procedural name ``gemm_<family>_<dtype>_...`` encoding every field
-    (STYLE 3), and ``from_name(name)``, its inverse (``UsageError`` otherwise);
+    (STYLE 3), and ``from_name(name)``, its inverse (``UsageError`` otherwise): both
+    follow from one declaration, ``NAME = _common.Name("gemm_<family>_{dtype}_...")``,
+    a pattern over the fields, with the ``_common.Named`` mixin (tests/test_names.py
+    pins what they write);
   - ``template_values()``: every value its template uses (STYLE 5);
   - the launch interface the runner, the library and the model read: ``threads``,
     ``smem_bytes``, ``bm``, ``bn``, ``bk``, ``split``, ``reduce_pass``, ``last``,
@@ -46,9 +49,10 @@ What a family module ``codegen/families/<name>.py`` provides:
   from it - and ``issue_efficiency(config)``, the fraction of issue slots its inner loop
   gives to math (the model's bound; 1.0 where the math has a pipe of its own).
 
-* Optionally ``shape_reasons(config, shape, arch)``, the family's own reasons a config
-  cannot run the tuner's dense problem at a shape (the wgmma family: TMA's 16-byte
-  strides), and ``runner``, "module:Class" of its runner in the run path where the plain
+* Optionally ``micro_tile`` (the model's instruction and register count of a register
+  micro-tile, see :class:`FamilySpec`), ``shape_reasons(config, shape, arch)``, the
+  family's own reasons a config cannot run the tuner's dense problem at a shape (the
+  wgmma family: TMA's 16-byte strides), and ``runner``, "module:Class" of its runner in the run path where the plain
   one (tuner.runtime.runners.Runner: one cuLaunchKernel, split-K) does not do (the wgmma
   family: tensor maps and a cluster launch, tuner.runtime.runners.TmaRunner).
 
@@ -155,6 +159,12 @@ class FamilySpec:
     #: (Class(config, cubin); see tuner/runtime/runners.py), used by the tuner's timing and
     #: the library alike; None: tuner.runtime.runners.Runner (one cuLaunchKernel, split-K)
     runner: str | None = None
+    #: True: each thread accumulates an RM x RN register micro-tile with FMAs, its A and B
+    #: fragments in `frags` sets (the SIMT design; fields rm, rn, frags, vec, pad, stages,
+    #: property tile_regs): the model counts its instructions and registers from them.
+    #: False: the model takes its FLOP at the peak over its issue efficiency, its registers
+    #: unknown until compiled
+    micro_tile: bool = False
 
     @property
     def prefix(self) -> str:

@@ -1,15 +1,19 @@
 """What every family shares: the closed sets (DType, Layout), the to_dict / from_dict
-mixin, the shape rules of split-K, and the checks of limits every kernel meets."""
+mixin, the procedural name declared once (:class:`Name`, :class:`Named`), the shape
+rules of split-K, and the checks of limits every kernel meets."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import re
+from typing import Any, Callable, Mapping, NamedTuple
 
 from codegen.arch import ArchLimits
 from codegen.errors import UsageError
 
-__all__ = ["DType", "Layout", "Serial", "Shape", "MAX_STAGES", "cdiv", "widest",
+__all__ = ["DType", "Layout", "Serial", "Name", "Named", "Text", "NUMBER", "FLAG", "choice",
+           "Shape", "MAX_STAGES", "cdiv", "widest",
            "wants_split", "shape_reasons", "positive_sizes", "threads_reasons",
            "stages_reasons", "swizzle_reasons", "smem_reasons"]
 
@@ -88,6 +92,107 @@ class Serial:
         d["family"] = type(default)(d["family"])
         d["layout"] = Layout(d["layout"])
         return cls(**d)
+
+
+# ---- the procedural name ----------------------------------------------------------------
+class Text(NamedTuple):
+    """How one field is written in a name: the regex of its text, and both directions."""
+
+    pattern: str
+    write: Callable[[Any], str]
+    read: Callable[[str], Any]
+
+
+#: a whole number (every field not given a Text of its own)
+NUMBER = Text(r"\d+", str, int)
+#: a 0/1 switch written as nothing: the optional part holding it, present, reads as 1
+FLAG = Text("", lambda value: "", lambda text: 1)
+
+
+def choice(texts: Mapping[Any, str]) -> Text:
+    """A field of a few values, each written as its own text."""
+    values = {text: value for value, text in texts.items()}
+    alternatives = sorted(values, key=len, reverse=True)
+    return Text("|".join(map(re.escape, alternatives)), texts.__getitem__, values.__getitem__)
+
+
+DTYPE = choice({d: d.short for d in DType})
+
+
+class Name:
+    """A family's procedural name, declared once as a pattern over its config's fields;
+    writing the name (:meth:`write`) and reading it back (:meth:`read`) both follow.
+
+    The pattern is the name with each field as ``{field}``. A part in ``[brackets]`` is
+    left out while the first field in it has its default (and reads back as that
+    default), so that a field added later leaves the older names as they were. Fields
+    are whole numbers unless `texts` gives a :class:`Text`; ``{dtype}`` is the DType's
+    short name. A placeholder may name a property rather than a field (SIMT's
+    ``{wt_n}``): it is written, and read only as a check, for a string reads back only
+    if the config it describes writes exactly that string again: one config, one name.
+
+    Example:
+        >>> n = Name("gemm_demo_{dtype}_{bm}x{bn}[_k{split}]")
+        >>> n.fields
+        ('dtype', 'bm', 'bn', 'split')
+    """
+
+    def __init__(self, pattern: str, **texts: Text):
+        self.pattern = pattern
+        self.texts = {"dtype": DTYPE, **texts}
+        #: (format string, its fields, optional?) in order
+        self.parts = [(p.strip("[]"), re.findall(r"\{(\w+)\}", p), p.startswith("["))
+                      for p in re.split(r"(\[[^\]]*\])", pattern) if p]
+        self.fields = tuple(f for _, fields, _ in self.parts for f in fields)
+        self._re = re.compile("".join(f"(?:{self._regex(p)})?" if optional else self._regex(p)
+                                      for p, _, optional in self.parts))
+
+    def _text(self, field: str) -> Text:
+        return self.texts.get(field, NUMBER)
+
+    def _regex(self, part: str) -> str:
+        return "".join(f"(?P<{piece[1:-1]}>{self._text(piece[1:-1]).pattern})"
+                       if piece.startswith("{") else re.escape(piece)
+                       for piece in re.split(r"(\{\w+\})", part))
+
+    def write(self, config) -> str:
+        """The name of `config`."""
+        defaults = type(config).__dataclass_fields__
+        return "".join(
+            part.format_map({f: self._text(f).write(getattr(config, f)) for f in fields})
+            for part, fields, optional in self.parts
+            if not optional or getattr(config, fields[0]) != defaults[fields[0]].default)
+
+    def read(self, cls: type, name: str):
+        """The config of type `cls` that `name` names; UsageError for any other string."""
+        text = str(name).strip()
+        m = self._re.fullmatch(text)
+        if m is None:
+            raise UsageError(f"{name!r} is not a gemm-tune kernel name of the form "
+                             f"{self.pattern}")
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        config = cls(**{f: self._text(f).read(v) for f, v in m.groupdict().items()
+                        if v is not None and f in init})
+        if self.write(config) != text:
+            raise UsageError(f"{name!r} is not a gemm-tune kernel name: its fields make "
+                             f"{self.write(config)!r}")
+        return config
+
+
+class Named:
+    """``name`` and ``from_name`` of a config class from its ``NAME``, a :class:`Name`."""
+
+    NAME: Name
+
+    @property
+    def name(self) -> str:
+        """The procedural name, encoding every field: it names files, caches and logs."""
+        return self.NAME.write(self)
+
+    @classmethod
+    def from_name(cls, name: str):
+        """Inverse of :attr:`name`; UsageError for a string that is not such a name."""
+        return cls.NAME.read(cls, name)
 
 
 def cdiv(a: int, b: int) -> int:

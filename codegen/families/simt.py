@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from typing import Iterator
 
 from codegen.arch import ArchLimits, parse_arch
-from codegen.errors import UsageError
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    DType, Layout, Serial, Shape, positive_sizes, shape_reasons, smem_reasons, stages_reasons,
-    swizzle_reasons, threads_reasons, wants_split, widest,
+    DType, Layout, Name, Named, Serial, Shape, choice, positive_sizes, shape_reasons,
+    smem_reasons, stages_reasons, swizzle_reasons, threads_reasons, wants_split, widest,
 )
 
 __all__ = ["KernelConfig", "DEFAULT_CONFIG", "TEMPLATE", "check", "SPLITS", "REDUCES",
@@ -32,12 +30,8 @@ _SIMT_CPP = {DType.F32: "float", DType.TF32: "float", DType.F16: "__half",
              DType.BF16: "__nv_bfloat16"}
 
 
-#: the name's mark of each split-K reduction, after `_k<split>`
-_REDUCE_SUFFIX = {"pass": "", "last": "l", "cluster": "c"}
-
-
 @dataclasses.dataclass(frozen=True)
-class KernelConfig(Serial):
+class KernelConfig(Serial, Named):
     """One point of the SIMT GEMM family.
 
     Attributes:
@@ -96,46 +90,13 @@ class KernelConfig(Serial):
     layout: Layout = Layout.NN
 
     # ---- identity -----------------------------------------------------------
-    @property
-    def name(self) -> str:
-        """Procedural name encoding every parameter; names files, caches and logs."""
-        return (
-            f"gemm_{self.family.value}_{self.dtype.short}"
-            f"_{self.bm}x{self.bn}x{self.bk}_r{self.rm}x{self.rn}"
-            f"_w{self.wt}x{self.wt_n}_p{self.pad}_v{self.vec}_s{self.stages}_g{self.swizzle}"
-            + (f"_k{self.split}" if self.split != 1 else "")
-            + (_REDUCE_SUFFIX[self.reduce] if self.split > 1 else "")
-            + (f"_f{self.frags}" if self.frags != 1 else "")
-            + (f"_b{self.minb}" if self.minb != 1 else "")
-        )
-
-    _NAME_RE = re.compile(
-        r"^gemm_(?P<family>[a-z]+)_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
-        r"_r(?P<rm>\d+)x(?P<rn>\d+)_w(?P<wt>\d+)x(?P<wtn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<swizzle>\d+)(?:_k(?P<split>\d+)(?P<reduce>[cl])?)?(?:_f(?P<frags>\d+))?(?:_b(?P<minb>\d+))?$"
-    )
-
-    @classmethod
-    def from_name(cls, name: str) -> "KernelConfig":
-        """Inverse of :attr:`name`; UsageError for a string that is not a kernel name."""
-        m = cls._NAME_RE.match(name.strip())
-        if not m:
-            raise UsageError(f"{name!r} is not a gemm-tune kernel name")
-        try:
-            family = Family(m["family"])
-            dtype = next(d for d in DType if d.short == m["dtype"])
-        except (ValueError, StopIteration):
-            raise UsageError(f"{name!r} names an unknown family or dtype") from None
-        ints = {k: int(m[k]) for k in ("bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec",
-                                       "stages", "swizzle")}
-        ints["split"] = int(m["split"] or 1)
-        ints["frags"] = int(m["frags"] or 1)
-        ints["minb"] = int(m["minb"] or 1)
-        reduce = {v: k for k, v in _REDUCE_SUFFIX.items()}[m["reduce"] or ""]
-        cfg = cls(dtype=dtype, family=family, reduce=reduce, **ints)
-        if cfg.wt_n != int(m["wtn"]):
-            raise UsageError(f"{name!r}: warp arrangement must multiply to 32")
-        return cfg
+    #: the procedural name, encoding every field (``Named`` writes and reads it): split-K
+    #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
+    #: ``_b`` only above 1, so that names from before those fields still read
+    NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
+                "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}]",
+                family=choice({f: f.value for f in Family}),
+                reduce=choice({"pass": "", "last": "l", "cluster": "c"}))
 
     # ---- derived geometry (computed here, passed to the template) -------------
     @property
@@ -161,6 +122,12 @@ class KernelConfig(Serial):
     @property
     def wt_n(self) -> int:
         return 32 // self.wt if self.wt > 0 else 0
+
+    @property
+    def tile_regs(self) -> int:
+        """Registers a thread's RM x RN accumulators and its `frags` sets of A and B
+        fragments take."""
+        return self.rm * self.rn + (self.rm + self.rn) * self.frags
 
     @property
     def threads(self) -> int:
@@ -322,7 +289,7 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
         why.append("a last-block split-K needs a split of 2 or more, not 1")
 
     why += smem_reasons(c.smem_bytes, a)
-    regs = c.rm * c.rn + (c.rm + c.rn) * c.frags
+    regs = c.tile_regs
     if regs > a.max_regs_per_thread:
         why.append(
             f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
@@ -448,4 +415,5 @@ SIMT = register(FamilySpec(
     valid_configs=valid_configs,
     default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
     issue_efficiency=issue_efficiency,
+    micro_tile=True,
 ))

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
-from codegen.families._common import DType, Layout
+from codegen.families._common import FLAG, DType, Layout, Name, Named
 from codegen.families._common import Serial as _Serial
-from codegen.errors import UsageError
 
 __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_wgmma",
            "sample_wgmma", "sample_wgmma_tf32", "tma_reasons", "c_tma_reasons", "PRODUCER_REGS",
@@ -97,7 +95,7 @@ def _up(x: int, to: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class WgmmaConfig(_Serial):
+class WgmmaConfig(_Serial, Named):
     """One point of the wgmma family: fp16 or bf16 inputs, FP32 accumulation and output.
 
     Attributes:
@@ -155,32 +153,11 @@ class WgmmaConfig(_Serial):
     layout: Layout = Layout.NN
 
     # ---- identity -----------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return (f"gemm_wgmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_c{self.consumers}"
-                f"_s{self.stages}_x{self.cluster}_p{self.persistent}_g{self.group}"
-                + ("_pp" if self.pingpong else "")
-                + ("_pre" if self.prep else "")
-                + ("_ts" if self.store else "")
-                + (f"_t{self.terms}" if self.terms != 1 else ""))
-
-    _NAME_RE = re.compile(
-        r"^gemm_wgmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
-        r"_c(?P<consumers>\d+)_s(?P<stages>\d+)_x(?P<cluster>\d+)_p(?P<persistent>\d+)"
-        r"_g(?P<group>\d+)(?P<pingpong>_pp)?(?P<prep>_pre)?(?P<store>_ts)?(?:_t(?P<terms>\d+))?$"
-    )
-
-    @classmethod
-    def from_name(cls, name: str) -> "WgmmaConfig":
-        """Inverse of :attr:`name`; UsageError for a string that is not a wgmma kernel name."""
-        m = cls._NAME_RE.match(name.strip())
-        dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
-        if not m or dtype is None:
-            raise UsageError(f"{name!r} is not a gemm-tune wgmma kernel name")
-        flags = ("pingpong", "prep", "store")
-        return cls(dtype=dtype, **{k: int(m[k] is not None) for k in flags},
-                   **{k: int(v) for k, v in m.groupdict().items()
-                      if k not in ("dtype", *flags) and v is not None})
+    #: the procedural name, encoding every field (``Named`` writes and reads it); the
+    #: switches and 3xTF32's terms are marked only when on, so older names still read
+    NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
+                "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}]",
+                pingpong=FLAG, prep=FLAG, store=FLAG)
 
     # ---- derived geometry -----------------------------------------------------
     @property

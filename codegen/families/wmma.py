@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from typing import Iterator
 
 from codegen.arch import ArchLimits, parse_arch
-from codegen.errors import UsageError
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    DType, Layout, Serial, Shape, positive_sizes, smem_reasons, stages_reasons,
+    DType, Layout, Name, Named, Serial, Shape, positive_sizes, smem_reasons, stages_reasons,
     swizzle_reasons, threads_reasons,
 )
 
@@ -30,7 +28,7 @@ _WMMA_CPP = {DType.F16: ("__half", "__half"), DType.BF16: ("__nv_bfloat16", "__n
 
 
 @dataclasses.dataclass(frozen=True)
-class WmmaConfig(Serial):
+class WmmaConfig(Serial, Named):
     """One point of the tensor-core (WMMA) GEMM family: fp16, bf16 or tf32 inputs, FP32
     accumulation and FP32 output.
 
@@ -61,24 +59,9 @@ class WmmaConfig(Serial):
     family: Family = Family.WMMA
     layout: Layout = Layout.NN
 
-    @property
-    def name(self) -> str:
-        return (f"gemm_wmma_{self.dtype.short}_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}"
-                f"_p{self.skew}_v{self.vec}_s{self.stages}_g{self.swizzle}")
-
-    _NAME_RE = re.compile(
-        r"^gemm_wmma_(?P<dtype>[a-z0-9]+)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
-        r"_w(?P<wm>\d+)x(?P<wn>\d+)_p(?P<skew>\d+)_v(?P<vec>\d+)_s(?P<stages>\d+)"
-        r"_g(?P<swizzle>\d+)$"
-    )
-
-    @classmethod
-    def from_name(cls, name: str) -> "WmmaConfig":
-        m = cls._NAME_RE.match(name.strip())
-        dtype = next((d for d in DType if m and d.short == m["dtype"]), None)
-        if not m or dtype is None:
-            raise UsageError(f"{name!r} is not a gemm-tune WMMA kernel name")
-        return cls(dtype=dtype, **{k: int(v) for k, v in m.groupdict().items() if k != "dtype"})
+    #: the procedural name, encoding every field (``Named`` writes and reads it)
+    NAME = Name("gemm_wmma_{dtype}_{bm}x{bn}x{bk}_w{wm}x{wn}_p{skew}_v{vec}_s{stages}"
+                "_g{swizzle}")
 
     @property
     def frag_k(self) -> int:
