@@ -67,6 +67,28 @@ def cmd_list(args, console) -> int:
 
 def cmd_inspect(args, console) -> int:
     lib = Library.load(args.library)
+    entries = _inspect_entries(args, lib)
+    e = entries[0]
+    info = lib.manifest["kernels"][f"{e['arch']}/{e['kernel']}"]
+    source, cubin = lib.path / info["source"], lib.path / info["cubin"]
+    if args.source:
+        print(source.read_text(), end="")
+        return 0
+    if args.sass:
+        print(_sass(cubin), end="")
+        return 0
+    if args.profile:
+        return _inspect_profile(args, lib, e, info, console)
+    doc = _inspect_doc(e, info, entries, source, cubin)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    console.print(_inspect_table(e, info, doc))
+    return 0
+
+
+def _inspect_entries(args, lib: Library) -> list[dict]:
+    """The library entries `inspect` was asked about: a kernel's, or a shape's; never none."""
     if bool(args.name) == bool(args.shape):
         raise UsageError("inspect takes a kernel name or --shape MxNxK (one of them)")
     if args.name:
@@ -79,73 +101,77 @@ def cmd_inspect(args, console) -> int:
         entries = _entries(lib, shape, DType.parse(args.dtype))
         if not entries:
             raise UsageError(f"no {args.dtype} entry for {format_shape(shape)} in {args.library}")
-    e = entries[0]
-    info = lib.manifest["kernels"][f"{e['arch']}/{e['kernel']}"]
-    source, cubin = lib.path / info["source"], lib.path / info["cubin"]
-    if args.source:
-        print(source.read_text(), end="")
-        return 0
-    if args.sass:
-        tool, env = find_cuobjdump()
-        if not tool:
-            raise UsageError("--sass needs cuobjdump (the CUDA toolkit, or the dev extra's "
-                             "nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
-        p = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True,
-                           check=False, env=env)
-        if p.returncode:
-            raise UsageError(f"cuobjdump failed on {cubin}: {p.stderr.strip()[:300]}")
-        print(p.stdout, end="")
-        return 0
-    if args.profile:
-        return _inspect_profile(args, lib, e, info, console)
+    return entries
+
+
+def _sass(cubin) -> str:
+    """The cubin's SASS, by cuobjdump."""
+    tool, env = find_cuobjdump()
+    if not tool:
+        raise UsageError("--sass needs cuobjdump (the CUDA toolkit, or the dev extra's "
+                         "nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
+    p = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True,
+                       check=False, env=env)
+    if p.returncode:
+        raise UsageError(f"cuobjdump failed on {cubin}: {p.stderr.strip()[:300]}")
+    return p.stdout
+
+
+def _inspect_doc(e: dict, info: dict, entries: list[dict], source, cubin) -> dict:
+    """What `inspect --json` prints, and the table shows."""
     res = e["resources"]
-    doc = dict(kernel=e["kernel"], arch=e["arch"], config=info["config"],
-               registers=res["registers"], smem=res["smem_static"] + res["smem_dynamic"],
-               spill_bytes=res["spill_stores"] + res["spill_loads"],
-               stack_frame=res["stack_frame"], occupancy=e["occupancy"], limiter=e["limiter"],
-               tuned_for=[f"{x['m']}x{x['n']}x{x['k']} {x['dtype']} on {x['gpu']}: "
-                          f"{x['tflops']:.1f} TFLOP/s, cuBLAS {x['cublas_tflops']:.1f}"
-                          for x in entries],
-               timing=e["timing"], cublas_timing=e["cublas_timing"],
-               source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"],
-               model=_model_figures(e, info), rank_rho=(e.get("stats") or {}).get("rank_rho"),
-               profile=e.get("profile"))
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
+    return dict(kernel=e["kernel"], arch=e["arch"], config=info["config"],
+                registers=res["registers"], smem=res["smem_static"] + res["smem_dynamic"],
+                spill_bytes=res["spill_stores"] + res["spill_loads"],
+                stack_frame=res["stack_frame"], occupancy=e["occupancy"], limiter=e["limiter"],
+                tuned_for=[f"{x['m']}x{x['n']}x{x['k']} {x['dtype']} on {x['gpu']}: "
+                           f"{x['tflops']:.1f} TFLOP/s, cuBLAS {x['cublas_tflops']:.1f}"
+                           for x in entries],
+                timing=e["timing"], cublas_timing=e["cublas_timing"],
+                source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"],
+                model=_model_figures(e, info), rank_rho=(e.get("stats") or {}).get("rank_rho"),
+                profile=e.get("profile"))
+
+
+def _inspect_table(e: dict, info: dict, doc: dict):
     from rich.table import Table
 
     t = Table(title=e["kernel"], show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
-    cfg = info["config"]
-    c = config_from_dict(cfg)
-    t.add_row("parameters", ", ".join(f"{f.name}={getattr(c, f.name)}"
-                                      for f in dataclasses.fields(c)
-                                      if f.name not in ("dtype", "family", "layout")))
-    t.add_row("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
-                           f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack")
-    t.add_row("occupancy", f"{doc['occupancy']:.0%} (limited by {doc['limiter']})")
-    for line in doc["tuned_for"]:
-        t.add_row("tuned for", line)
-    tm, cb = e["timing"], e["cublas_timing"]
-    t.add_row("time", f"median {tm['median_ms']:.4f} ms (p10 {tm['p10_ms']:.4f}, p90 "
-                      f"{tm['p90_ms']:.4f}, {tm['reps']} reps)")
-    t.add_row("cuBLAS", f"median {cb['median_ms']:.4f} ms (p10 {cb['p10_ms']:.4f}, p90 "
-                        f"{cb['p90_ms']:.4f}, {cb['reps']} reps)")
+    for what, value in _inspect_rows(e, info, doc):
+        t.add_row(what, value)
+    return t
+
+
+def _timing_line(tm: dict) -> str:
+    return (f"median {tm['median_ms']:.4f} ms (p10 {tm['p10_ms']:.4f}, p90 "
+            f"{tm['p90_ms']:.4f}, {tm['reps']} reps)")
+
+
+def _inspect_rows(e: dict, info: dict, doc: dict) -> list[tuple[str, str]]:
+    """The (what, value) rows of `inspect`'s table."""
+    c = config_from_dict(info["config"])
+    rows = [("parameters", ", ".join(f"{f.name}={getattr(c, f.name)}"
+                                     for f in dataclasses.fields(c)
+                                     if f.name not in ("dtype", "family", "layout"))),
+            ("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
+                          f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack"),
+            ("occupancy", f"{doc['occupancy']:.0%} (limited by {doc['limiter']})")]
+    rows += [("tuned for", line) for line in doc["tuned_for"]]
+    rows += [("time", _timing_line(e["timing"])), ("cuBLAS", _timing_line(e["cublas_timing"]))]
     mf = doc["model"]
-    t.add_row("model", f"predicted {mf['predicted_tflops']:.1f} TFLOP/s ({mf['limiter']}-bound), "
-                       f"bound {mf['bound_tflops']:.1f}; tile intensity "
-                       f"{mf['traffic']['intensity']} FLOP/B; rank rho of its tune: "
-                       f"{doc['rank_rho'] if doc['rank_rho'] is not None else '-'}")
+    rows.append(("model", f"predicted {mf['predicted_tflops']:.1f} TFLOP/s "
+                          f"({mf['limiter']}-bound), bound {mf['bound_tflops']:.1f}; tile "
+                          f"intensity {mf['traffic']['intensity']} FLOP/B; rank rho of its tune: "
+                          f"{doc['rank_rho'] if doc['rank_rho'] is not None else '-'}"))
     if doc["profile"]:
         ours = doc["profile"]["measured"]["ours"]
-        t.add_row("profiled", f"{ours['tflops']} TFLOP/s, DRAM {ours['dram_read_bytes']} B read "
-                              f"(gemm-tune inspect --profile to refresh)")
-    t.add_row("source", doc["source"])
-    t.add_row("cubin", f"{doc['cubin']} (sha256 {doc['cubin_sha256'][:16]}...)")
-    console.print(t)
-    return 0
+        rows.append(("profiled", f"{ours['tflops']} TFLOP/s, DRAM {ours['dram_read_bytes']} B "
+                                 f"read (gemm-tune inspect --profile to refresh)"))
+    rows.append(("source", doc["source"]))
+    rows.append(("cubin", f"{doc['cubin']} (sha256 {doc['cubin_sha256'][:16]}...)"))
+    return rows
 
 
 def cmd_export(args, console) -> int:
