@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tuner.runtime import driver, host, launch, load_library
+    from tuner.runtime import call, driver, host, load_library
     from tuner.runtime.cublas import cublas_version
 
     lib = load_library(args.library)
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         lib.gemm(A, B, C2, pipeline=False)
         exact = bool(np.array_equal(C, C2))
         del ref
-        plan, *_ = launch._general_plan(lib, A, B, C, None, None, lib.measure)
+        plan, *_ = call._general_plan(lib, A, B, C, None, None, lib.measure)
         g = plan.gpu
         c = torch.empty((m, n), device="cuda")
 

@@ -101,24 +101,22 @@ def per_call_us(fn, calls=20000) -> float:
 
 def host_steps(torch, lib) -> dict:
     """The host cost of each step of a 1x1x1 call, and of the alternatives."""
-    from tuner.runtime import driver
+    from tuner.runtime import call, driver
+    from tuner.runtime.runners import TmaRunner
 
     a, b, c = (torch.randn(1, 1, device="cuda") for _ in range(3))
     lib.gemm(a, b, c)
     torch.cuda.synchronize()
-    plan = next(p for k, p in lib._plans.items() if k[0] == "torch" and k[3] == (1, 1))
+    key, plan = next((k, p) for k, p in lib.plans.items() if k[0] == "torch" and k[3] == (1, 1))
     g = plan.gpu
     steps = {}
     steps["lib.gemm(a, b, c), whole call"] = per_call_us(lambda: lib.gemm(a, b, c))
     steps["torch.matmul(a, b, out=c), whole call"] = per_call_us(
         lambda: torch.matmul(a, b, out=c))
+    # the call path's own key function (tuner.runtime.call), as lib.gemm(a, b, c) calls it
     steps["read the operands and build the key"] = per_call_us(
-        lambda: ("torch", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(),
-                 a.get_device(), b.get_device(), a.data_ptr() & 15, b.data_ptr() & 15,
-                 (c.dtype, c.shape, c.stride(), c.get_device(), c.data_ptr() & 15), False,
-                 True))
-    key = next(k for k in lib._plans if k[0] == "torch" and k[3] == (1, 1))
-    steps["memo lookup"] = per_call_us(lambda: lib._plans.get(key))
+        lambda: call._torch_key(a, b, c, None, lib.measure, None))
+    steps["memo lookup"] = per_call_us(lambda: lib.plans.get(key))
     steps["stream: torch._C._cuda_getCurrentRawStream"] = per_call_us(
         lambda: torch._C._cuda_getCurrentRawStream(0))
     steps["stream: torch.cuda.current_stream() (not used)"] = per_call_us(
@@ -129,16 +127,21 @@ def host_steps(torch, lib) -> dict:
             pass
 
     steps["context check (entered)"] = per_call_us(ctx)
+    if plan.run is None:  # the 1x1x1 call went to cuBLAS through torch: no launch of ours
+        torch.cuda.synchronize()
+        return {k: round(v, 3) for k, v in steps.items()}
     steps["plan.run: pack + cuLaunchKernel (cuda-bindings)"] = per_call_us(
         lambda: plan.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), 1.0, 0.0, 0))
-    runner = next(iter(lib._runners.values()), None)
-    if runner is not None:  # the same launch through ctypes on libcuda, for comparison
+    runner = lib.runner(plan.choice.kernel, g.sm) if plan.choice.kernel else None
+    if runner is not None and not isinstance(runner, TmaRunner) and not runner.config.has_workspace:
+        # the plan's launch, its parameters packed once, through cuda-bindings and through
+        # ctypes on libcuda, for comparison
         img = runner.main
         blk = img.params(runner.signature)
         address = blk.pack(1, 1, 1, 1.0, a.data_ptr(), 1, b.data_ptr(), 1, 0.0, c.data_ptr(),
-                           1, *([0] * (len(runner.signature) - 11)))
+                           1)
         libcuda = ctypes.CDLL("libcuda.so.1")
-        fn = img.functions[g.index]
+        fn = img.prepare(g)
         f, grid, block = ctypes.c_void_p(int(fn)), runner.config.grid(1, 1), runner.config.block()
         steps["cuLaunchKernel through cuda-bindings"] = per_call_us(
             lambda: img.launch(fn, grid, block, 0, address))
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
             theirs.append(loop_ms(torch, lambda: torch.matmul(a, b, out=c)))
         host = host_us(torch, lambda: lib.gemm(a, b, c))
         host_torch = host_us(torch, lambda: torch.matmul(a, b, out=c))
-        choice = next(pl.choice for key, pl in lib._plans.items()
+        choice = next(pl.choice for key, pl in lib.plans.items()
                       if key[0] == "torch" and key[3] == (m, k) and key[4] == (k, n))
         lib_ms, torch_ms = statistics.median(ours), statistics.median(theirs)
         row = dict(shape=spec, m=m, n=n, k=k, ld_pad=pad, tuned=(m, n, k) in tuned and not pad,

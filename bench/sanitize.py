@@ -1,6 +1,8 @@
 """compute-sanitizer over a sample of configurations on odd shapes: each launch, and the
-verification that gates it (the float64 reference by cuBLAS, the difference, the norms by
-cuBLAS Dnrm2), runs in its own process under each tool, and must be clean and correct.
+verification that gates it (the float64 reference by cuBLAS, the squared difference summed
+by gemm-tune's error kernel), runs in its own process under each tool, and must be clean and
+correct. Each kernel launches through its family's runner (tuner.runtime.runners), as the
+tuner and the library launch it.
 
     python bench/sanitize.py [--out DIR] [--tools memcheck,racecheck,synccheck] [--configs wgmma]
     python bench/sanitize.py --one NAME MxNxK   (what each sanitized process runs)
@@ -52,23 +54,26 @@ def one(name: str, shape: str) -> None:
     from tuner._shape import parse_shape
     from tuner.bench import Problem, tolerance
     from codegen.families import family_of
-    from tuner.gpu import _drv, device, load_kernel
+    from tuner.gpu import device
+    from tuner.runtime import driver
+    from tuner.runtime.runners import runner_for
 
     cfg = config_from_name(name)
     res = compile_config(cfg, device().sm)
     assert res.ok, res.error
     m, n, k = parse_shape(shape)
     lda, ldb = k + 3, n + 1
-    if family_of(cfg).kernel:  # TMA: rows of a multiple of 16 bytes
+    if family_of(cfg).runner:  # the TMA family's runner: rows of a multiple of 16 bytes
         per = 16 // cfg.dtype.size
         lda, ldb = -(-k // per) * per + 8, -(-n // per) * per + 8
     # a TMA-stored C (store=1) needs rows of 16 bytes too
     ldc = -(-n // 4) * 4 + 4 if getattr(cfg, "store", 0) else n + 2
     p = Problem((m, n, k), cfg.dtype, seed=None, alpha=0.5, beta=2.0, lda=lda, ldb=ldb,
                 ldc=ldc)
+    run = runner_for(cfg, res.cubin.read_bytes()).bind(device(), m, n, k, lda, ldb, ldc)
     p.reset_c()
-    load_kernel(cfg, res.cubin)(*p.args())
-    _drv().Context.synchronize()
+    p.run(run)
+    driver.synchronize()
     err = p.error(cfg.dtype)
     print(f"{name} {shape}: error {err:.2e}")
     sys.exit(0 if err <= tolerance(cfg, k) else 3)
@@ -87,9 +92,10 @@ def main() -> None:
     rows = []
     names = WGMMA_CONFIGS if args.configs == "wgmma" else CONFIGS + WGMMA_CONFIGS
     shapes = SHAPES[-1:] if args.configs == "wgmma" else SHAPES  # the wgmma sample: one odd shape
-    # cuda-bindings (the wgmma launcher's) probes driver entry points with cuGetProcAddress,
-    # which fails by design for symbols this driver lacks: 34 API "errors" a process on the
-    # H200, no memory error (checked with and without this flag); they are not reported
+    # cuda-bindings (the run path's driver binding, every launch's) probes driver entry
+    # points with cuGetProcAddress, which fails by design for symbols this driver lacks: 34
+    # API "errors" a (wgmma) process on the H200, no memory error (checked with and without
+    # this flag); they are not reported
     extra = {"memcheck": ["--leak-check", "no", "--report-api-errors", "no"],
              "racecheck": ["--racecheck-report", "all"], "synccheck": []}
     tools = args.tools.split(",")

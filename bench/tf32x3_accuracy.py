@@ -91,9 +91,14 @@ class Methods:
         self.stream = torch.cuda.current_stream().cuda_stream
         self.wgmma = {}
         from codegen.compile import compile_config
-        from tuner import wgmma_launch as wl
+        from tuner.runtime import driver
+        from tuner.runtime.runners import runner_for
 
-        self.wl = wl
+        # every kernel launches through its family's runner (tuner.runtime.runners), bound
+        # once per shape, on torch's GPU and stream
+        self.driver = driver
+        self.g = driver.gpu(torch.cuda.current_device())
+        self._bound: dict = {}
         for key, name in (("wgmma_3xtf32", t3), ("wgmma_tf32", tf32)):
             try:
                 cfg = WgmmaConfig.from_name(name)
@@ -103,18 +108,15 @@ class Methods:
                 r = compile_config(cfg, "sm_90", cache)
                 if not r.ok:
                     raise RuntimeError(r.error[-500:])
-                self.wgmma[key] = (cfg, wl.load_function(Path(r.cubin).read_bytes(), name))
+                self.wgmma[key] = runner_for(cfg, Path(r.cubin).read_bytes())
             except Exception as e:  # noqa: BLE001 - reported, the study goes on
                 self.errors[key] = f"{type(e).__name__}: {e}"
         self.simt = None
         try:
-            from tuner.runtime import driver, load_library
+            from tuner.runtime import load_library
 
             self.lib = load_library(ROOT / "artifacts" / "library")
-            self.g = driver.gpu(torch.cuda.current_device())
-            self.driver = driver
-            self.simt = self.lib._runner(simt, self.g.sm)
-            self._bound: dict = {}
+            self.simt = self.lib.runner(simt, self.g.sm)
         except Exception as e:  # noqa: BLE001
             self.errors["simt"] = f"{type(e).__name__}: {e}"
 
@@ -133,22 +135,17 @@ class Methods:
             def run():
                 torch.backends.cuda.matmul.allow_tf32 = True
                 torch.mm(a, b, out=c)
-        elif method == "simt":
-            key = (m, n, k)
+        else:  # simt, wgmma_tf32, wgmma_3xtf32: our kernels, through their runners
+            key = (method, m, n, k)
             if key not in self._bound:
+                runner = self.simt if method == "simt" else self.wgmma[method]
                 with self.driver.entered(self.g):
-                    self._bound[key] = self.simt.bind(self.g, m, n, k, k, n, n)
+                    self._bound[key] = runner.bind(self.g, m, n, k, k, n, n)
             bound = self._bound[key]
 
             def run():
                 with self.driver.entered(self.g):
                     bound(a.data_ptr(), b.data_ptr(), c.data_ptr(), 1.0, 0.0, self.stream)
-        else:
-            cfg, f = self.wgmma[method]
-
-            def run():
-                self.wl.launch(f, cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n, 0.0,
-                               c.data_ptr(), n, self.stream)
         return run
 
 

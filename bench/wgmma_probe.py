@@ -170,12 +170,18 @@ def _special_inputs(torch, case: dict, a, b, k: int, n: int):
 def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
     import torch
 
-    from tuner import wgmma_launch as wl
+    from tuner.runtime import driver
+    from tuner.runtime.errors import TmaUnsupported
+    from tuner.runtime.runners import runner_for
 
     cfg = WgmmaConfig.from_name(name)
     torch.cuda.init()
     torch.zeros(1, device="cuda")
-    fn, prep = wl.load_kernel_functions(Path(cubin).read_bytes(), cfg)
+    # the family's runner (tensor maps, the pre-pass, clusters, the TMA-store epilogue), as
+    # the tuner times it and the library ships it, on torch's GPU (its primary context
+    # current) and stream
+    runner = runner_for(cfg, Path(cubin).read_bytes())
+    g = driver.gpu(torch.cuda.current_device())
     stream = torch.cuda.current_stream().cuda_stream
     tdt = _torch_dtype(torch, cfg.dtype)
     print(json.dumps({"ready": True}), flush=True)
@@ -190,8 +196,8 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
                 b = torch.randn(k, 1024, device="cuda").to(tdt)
                 c = torch.zeros(64, 1024, device="cuda")
                 try:
-                    wl.launch(fn, cfg, 64, 1024, k, 1.0, a.data_ptr(), lda, b.data_ptr(), 1024,
-                              0.0, c.data_ptr(), 1024, stream, prep)
+                    runner.bind(g, 64, 1024, k, lda, 1024, 1024)(
+                        a.data_ptr(), b.data_ptr(), c.data_ptr(), 1.0, 0.0, stream)
                     if cfg.prep:  # the pre-pass reads any lda: it must be right, not refused
                         torch.cuda.synchronize()
                         ref = a[:, :k].double() @ b.double()
@@ -202,7 +208,7 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
                         out.update(status="ok" if err <= gate(k, cfg.dtype) else "fail", err=err)
                     else:
                         out.update(status="fail", error="launch accepted a misaligned lda")
-                except wl.TmaUnsupported as e:
+                except TmaUnsupported as e:
                     out.update(status="ok", error=str(e))
                 print(json.dumps(out), flush=True)
                 continue
@@ -230,8 +236,8 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
                 return r + beta * c0 if beta != 0.0 else r
 
             ref = product(a_in, b_in)
-            wl.launch(fn, cfg, m, n, k, ALPHA, a.data_ptr(), lda, b.data_ptr(), ldb, beta,
-                      c.data_ptr(), ldc, stream, prep)
+            runner.bind(g, m, n, k, lda, ldb, ldc)(a.data_ptr(), b.data_ptr(), c.data_ptr(),
+                                                   ALPHA, beta, stream)
             torch.cuda.synchronize()
             got = c[:m, :n].double()
 
@@ -282,15 +288,17 @@ def _group(dt: DType) -> str:
 def _child_time(spec: list[dict], reps: int, warmup: int, shapes: list) -> None:
     import torch
 
-    from tuner import wgmma_launch as wl
+    from tuner.runtime import driver
+    from tuner.runtime.runners import runner_for
 
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
+    g = driver.gpu(torch.cuda.current_device())  # torch made its primary context current
     fns = {}
     for s in spec:
         cfg = WgmmaConfig.from_name(s["name"])
-        fns[s["name"]] = (cfg, wl.load_kernel_functions(Path(s["cubin"]).read_bytes(), cfg))
+        fns[s["name"]] = (cfg, runner_for(cfg, Path(s["cubin"]).read_bytes()))
     print(json.dumps({"ready": True}), flush=True)
     for (m, n, k) in shapes:
         result = {"shape": [m, n, k], "kernels": {}}
@@ -301,9 +309,10 @@ def _child_time(spec: list[dict], reps: int, warmup: int, shapes: list) -> None:
             b = torch.randn(k, n, device="cuda").to(tdt)
             c = torch.empty(m, n, device="cuda")
             runs = {}
-            for name, (cfg, (fn, prep)) in members.items():
-                runs[name] = wl.bind(fn, cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n,
-                                     0.0, c.data_ptr(), n, stream, prep)
+            for name, (cfg, runner) in members.items():
+                bound = runner.bind(g, m, n, k, k, n, n)  # everything but the launch, once
+                runs[name] = (lambda bound=bound, pa=a.data_ptr(), pb=b.data_ptr(),
+                              pc=c.data_ptr(): bound(pa, pb, pc, 1.0, 0.0, stream))
             variants = {}
             if grp == "fp32":
                 def sgemm():

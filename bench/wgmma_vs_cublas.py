@@ -11,7 +11,8 @@ the host time to enqueue the launch, so a runner's Python overhead stays off its
 repetitions to ~40 ms.
 
 - ours: a small fixed list of wgmma configs per dtype (the probe's winners and a few
-  neighbours), launched through tuner/wgmma_launch.py on torch's buffers and stream;
+  neighbours), launched through their runner (tuner.runtime.runners.TmaRunner, what
+  the tuner times and the library ships) on torch's buffers and stream;
   the row reports the best candidate by its median over the three rounds, and every
   candidate's figures beside it (best-of-N: a small selection bias, stated).
 - cuBLAS: torch.mm(a, b, out_dtype=torch.float32) where torch has it (FP32 C, as ours),
@@ -185,7 +186,8 @@ def main(argv=None) -> int:
 
     from _common import commit
     from codegen.compile import compile_many, nvcc_version
-    from tuner import wgmma_launch as wl
+    from tuner.runtime import driver
+    from tuner.runtime.runners import runner_for
 
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else BAR_SHAPES + MORE_SHAPES)
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
         if not res.ok:
             print(f"{cfg.name}: compile failed: {res.error.splitlines()[0]}")
             continue
-        built[cfg] = wl.load_kernel_functions(Path(res.cubin).read_bytes(), cfg)
+        built[cfg] = runner_for(cfg, Path(res.cubin).read_bytes())
     print(f"compiled {len(built)} of {len(cfgs)} candidates in {time.monotonic() - t0:.0f} s",
           flush=True)
 
@@ -240,6 +242,7 @@ def main(argv=None) -> int:
 
     timer = Timer(torch)
     stream = torch.cuda.current_stream().cuda_stream
+    g = driver.gpu(torch.cuda.current_device())  # torch made its primary context current
     for shape in shapes:
         m, n, k = shape
         flops = 2.0 * m * n * k
@@ -261,8 +264,9 @@ def main(argv=None) -> int:
             for cfg in configs(dtype, extra):
                 if cfg not in built:
                     continue
-                run = wl.bind(built[cfg][0], cfg, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(),
-                              n, 0.0, c.data_ptr(), n, stream, built[cfg][1])
+                bound = built[cfg].bind(g, m, n, k, k, n, n)
+                run = (lambda bound=bound, pa=a.data_ptr(), pb=b.data_ptr(), pc=c.data_ptr():
+                       bound(pa, pb, pc, 1.0, 0.0, stream))
                 c.fill_(float("nan"))
                 run()
                 torch.cuda.synchronize()

@@ -13,21 +13,26 @@ Example:
 
 import importlib
 
-#: public name -> the module that defines it, imported on first use (PEP 562), so that
-#: `import codegen.config` (the run path's floor) loads neither jinja2 nor the compiler
-_EXPORTS = {
-    "ARCHS": "arch", "ArchLimits": "arch", "parse_arch": "arch", "check": "check",
+from codegen.arch import ARCHS, ArchLimits, parse_arch
+from codegen.check import check
+from codegen.config import DEFAULT_CONFIG, DType, Family, KernelConfig, Layout
+from codegen.errors import GemmTuneError, UsageError
+
+#: the heavy half (jinja2, nvcc), imported on first use (PEP 562), so that the run path's
+#: `import codegen.config` loads neither
+_LAZY = {
     "CompileResult": "compile", "Resources": "compile", "ToolchainError": "compile",
     "compile_config": "compile", "compile_many": "compile", "parse_ptxas": "compile",
-    "DEFAULT_CONFIG": "config", "DType": "config", "Family": "config",
-    "KernelConfig": "config", "Layout": "config", "GemmTuneError": "errors",
-    "UsageError": "errors", "render": "render", "template_hash": "render",
+    "render": "rendering", "template_hash": "rendering",
 }
-__all__ = list(_EXPORTS)
+__all__ = [
+    "ARCHS", "ArchLimits", "parse_arch", "check", "DEFAULT_CONFIG", "DType", "Family",
+    "KernelConfig", "Layout", "GemmTuneError", "UsageError", *_LAZY,
+]
 
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
+    module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'codegen' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"codegen.{module}"), name)

@@ -27,7 +27,7 @@ from codegen._io import atomic_write, atomic_write_json
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Config, Family
 from codegen.errors import GemmTuneError
-from codegen.render import render, template_hash
+from codegen.rendering import render, template_hash
 
 __all__ = [
     "Resources", "CompileResult", "ToolchainError", "nvcc_path", "nvcc_version",

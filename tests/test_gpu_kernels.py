@@ -1,17 +1,33 @@
 """GPU: every sampled configuration is correct on fresh random data; the runner, cuBLAS
 and the occupancy model agree with the driver. Skipped without a GPU (conftest.py)."""
 
+import functools
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from _sample import sample_configs
 from codegen import DEFAULT_CONFIG, compile_many
-from tuner.occupancy import occupancy
+from codegen.occupancy import occupancy
 from tuner.space import valid_configs
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(1, 1, 1), (3, 5, 7), (127, 129, 257), (4095, 4097, 1023), (64, 64, 64)]
+
+
+def _runner(cfg, res):
+    """The config's runner (tuner.runtime.runners: the one the tuner times and the library
+    ships) on its compiled cubin, loaded once per process."""
+    return _load_runner(cfg, Path(res.cubin))
+
+
+@functools.cache
+def _load_runner(cfg, cubin: Path):
+    from tuner.runtime.runners import runner_for
+
+    return runner_for(cfg, cubin.read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +47,15 @@ def compiled(dev, compile_cache):
 
 
 def _check_all(compiled, problem, tol=1e-5):
-    from tuner.gpu import Kernel, _drv
+    from tuner.gpu import device
+    from tuner.runtime import driver
 
+    dev, p = device(), problem
     failures, worst = {}, 0.0
     for cfg, res in compiled.items():
         problem.reset_c()  # NaN poison (and C0 where beta reads it)
-        Kernel(cfg, res.cubin)(*problem.args())
-        _drv().Context.synchronize()
+        problem.run(_runner(cfg, res).bind(dev, p.m, p.n, p.k, p.lda, p.ldb, p.ldc))
+        driver.synchronize()
         err = problem.error()
         worst = max(worst, err) if err == err else float("nan")
         if not err <= tol:
@@ -70,9 +88,11 @@ def test_leading_dimensions_alpha_beta(compiled):
 
 def test_misaligned_pointers_fall_back_to_scalar(compiled):
     """A base pointer off a 16-byte boundary must not use vector accesses."""
-    from tuner.bench import Problem
-    from tuner.gpu import Kernel, _drv
+    from tuner.bench import NAN_BITS, Problem
+    from tuner.gpu import device
+    from tuner.runtime import driver
 
+    dev = device()
     p = Problem((33, 65, 17), seed=None, lda=18, ldb=66, ldc=66)
     # shift every matrix by one float: still valid memory, now only 4-byte aligned
     m, n, k = 33, 64, 16
@@ -80,23 +100,51 @@ def test_misaligned_pointers_fall_back_to_scalar(compiled):
     b = np.asarray(p.b.get())[1:, 1:].astype(np.float64)
     ref = a[:, :k] @ b[:k, :n]
     for cfg, res in compiled.items():
-        _drv().memset_d32(p.c.gpudata, 0x7FC00000, 33 * 66)
-        Kernel(cfg, res.cubin)(m, n, k, 1.0, int(p.a.gpudata) + 4, 18,
-                               int(p.b.gpudata) + 4 + 66 * 4, 66, 0.0, int(p.c.gpudata) + 4, 66)
-        _drv().Context.synchronize()
+        p.c.buf.fill32(NAN_BITS, 33 * 66)
+        _runner(cfg, res).bind(dev, m, n, k, 18, 66, 66)(
+            p.a.ptr + 4, p.b.ptr + 4 + 66 * 4, p.c.ptr + 4, 1.0, 0.0, 0)
+        driver.synchronize()
         c = p.c.get()[:, 1:1 + n].astype(np.float64)
         err = np.linalg.norm(c - ref) / np.linalg.norm(ref)
         assert err <= 1e-5, (cfg.name, err)
 
 
-def test_runner_reads_back_what_ptxas_reported(compiled):
-    from tuner.gpu import Kernel
+_PYCUDA_CTX: list = []  # pycuda's handle on the primary context, pushed once
 
+
+def _pycuda(dev):
+    """pycuda.driver with GPU dev's primary context pushed (popped at exit), or None where
+    pycuda is not installed: the cross-check of the runner's figures by another loader."""
+    try:
+        import pycuda.driver as drv
+    except ImportError:
+        return None
+    if not _PYCUDA_CTX:
+        import atexit
+
+        drv.init()
+        ctx = drv.Device(dev.index).retain_primary_context()
+        ctx.push()  # pycuda loads into its own context stack's top: the same context
+        atexit.register(ctx.pop)
+        _PYCUDA_CTX.append(ctx)
+    return drv
+
+
+def test_runner_reads_back_what_ptxas_reported(compiled, dev):
+    """The driver's figures of each loaded kernel (through its runner) are ptxas's; where
+    pycuda is installed, a second loader (pycuda's module_from_buffer) reads the same."""
+    pycuda = _pycuda(dev)
     for cfg, res in list(compiled.items())[:20]:
-        attrs = Kernel(cfg, res.cubin).attributes
+        attrs = _runner(cfg, res).attributes(dev)
         assert attrs["registers"] == res.resources.registers, cfg.name
         assert attrs["smem_static"] == res.resources.smem_static, cfg.name
         assert attrs["local_bytes"] == res.resources.stack_frame, cfg.name
+        if pycuda is not None:
+            f = pycuda.module_from_buffer(Path(res.cubin).read_bytes()).get_function(cfg.name)
+            assert (f.num_regs, f.shared_size_bytes, f.local_size_bytes) == (
+                res.resources.registers, res.resources.smem_static,
+                res.resources.stack_frame) == (attrs["registers"], attrs["smem_static"],
+                                               attrs["local_bytes"]), cfg.name
 
 
 def test_device_limits_match_the_table_for_its_arch(dev):
@@ -116,15 +164,13 @@ def test_occupancy_model_equals_the_driver(dev, compile_cache):
     compiled variants drawn across the space (and the codegen sample)."""
     import random
 
-    from tuner.gpu import driver_occupancy
-
     pool = list(valid_configs(dev.arch))
     configs = random.Random(7).sample(pool, 110) + sample_configs() + [DEFAULT_CONFIG]
     agree, disagree = 0, []
     for cfg, res in compile_many(configs, dev.sm, cache_dir=compile_cache):
         assert res.ok, res.error
         model = occupancy(cfg.threads, res.resources.registers, res.resources.smem, dev.arch)
-        truth = driver_occupancy(res.cubin, cfg.name, cfg.threads, cfg.smem_bytes)
+        truth = _runner(cfg, res).max_active_blocks(dev)
         if model.blocks_per_sm == truth:
             agree += 1
         else:

@@ -38,12 +38,31 @@ def _inputs(kind, m, n, k, rng):
         import cupy
 
         return cupy.asarray(a), cupy.asarray(b), cupy.asarray(c0), ref
-    import pycuda.gpuarray as ga
+    ga = pytest.importorskip("pycuda.gpuarray")  # optional: gemm-tune itself needs no pycuda
+    _pycuda_context()
+    return ga.to_gpu(a), ga.to_gpu(b), ga.to_gpu(c0), ref
+
+
+_PYCUDA_CTX: list = []  # pycuda's handle on the primary context, pushed once
+
+
+def _pycuda_context() -> None:
+    """pycuda's arrays need a context on pycuda's own stack: the primary context of the
+    tuning GPU (the one the library's driver binding and torch use), pushed once, popped
+    at exit."""
+    if _PYCUDA_CTX:
+        return
+    import atexit
+
+    import pycuda.driver as drv
 
     from tuner.gpu import device
 
-    device()  # pycuda's arrays need its (the primary) context current
-    return ga.to_gpu(a), ga.to_gpu(b), ga.to_gpu(c0), ref
+    drv.init()
+    ctx = drv.Device(device().index).retain_primary_context()
+    ctx.push()
+    atexit.register(ctx.pop)
+    _PYCUDA_CTX.append(ctx)
 
 
 def _host(x):

@@ -249,11 +249,11 @@ def test_a_repeated_call_makes_no_new_plan(lib):
     c = torch.empty(512, 512, device="cuda")
     lib.gemm(a, b, c)
     lib.gemm(a, b)
-    plans = len(lib._plans)
+    plans = len(lib.plans)
     for _ in range(20):
         lib.gemm(a, b, c)
         lib.gemm(a, b)
-    assert len(lib._plans) == plans
+    assert len(lib.plans) == plans
 
 
 @pytest.mark.parametrize("shape", [KERNEL_SHAPE, (1000, 333, 257), (4097, 129, 65), (300, 1, 7)],
@@ -360,8 +360,9 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
     from codegen.config import DType
     from codegen.families.wgmma import _default
     from tuner.bench import round_to
-    from tuner.runtime import driver, launch
+    from tuner.runtime import driver
     from tuner.runtime.library import Library, load_library
+    from tuner.runtime.runners import TmaRunner, runner_for
 
     gpu = torch.cuda.get_device_name()
     cfg = _default(DType.TF32)
@@ -374,7 +375,8 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
         lib.add(entry(cfg, res, shape, 900.0, 400.0, dtype="tf32", gpu=gpu),
                 tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
     lib = load_library(tmp_path / "lib")
-    runner = launch.runner_for(cfg, res.cubin.read_bytes())
+    runner = runner_for(cfg, res.cubin.read_bytes())
+    assert type(runner) is TmaRunner and runner.prep is not None  # <name>_prep loaded too
     g = driver.gpu(torch.cuda.current_device())
 
     def tf32(x):

@@ -1,12 +1,13 @@
-"""GPU: the wgmma family through the tuner's runner (GpuBenchmark: tensor maps and a
-cluster launch through tuner/wgmma_launch.py on the runner's pycuda buffers, the same
-do_bench, L2 flush and two-reference gate as every family), odd shapes with alpha, beta
-and padded leading dimensions, misaligned operands refused, and the driver's occupancy
-equal to the model's."""
+"""GPU: the wgmma family through the tuner's benchmark (GpuBenchmark: tensor maps and a
+cluster launch through its runner, tuner.runtime.runners.TmaRunner, on the problem's
+device buffers, the same do_bench, L2 flush and two-reference gate as every family), odd
+shapes with alpha, beta and padded leading dimensions, misaligned operands refused, and
+the driver's occupancy equal to the model's."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,18 +148,49 @@ def test_misaligned_operands_are_rejected_not_timed(compiled):
     assert r.outcome is Outcome.REJECTED and "lda=1001 x 2 B = 2002 B" in r.message
 
 
+_PYCUDA_CTX: list = []  # pycuda's handle on the primary context, pushed once
+
+
+def _pycuda(dev):
+    """pycuda.driver with GPU dev's primary context pushed (popped at exit), or None where
+    pycuda is not installed: the cross-check of the runner's figures by another loader."""
+    try:
+        import pycuda.driver as drv
+    except ImportError:
+        return None
+    if not _PYCUDA_CTX:
+        import atexit
+
+        drv.init()
+        ctx = drv.Device(dev.index).retain_primary_context()
+        ctx.push()  # pycuda loads into its own context stack's top: the same context
+        atexit.register(ctx.pop)
+        _PYCUDA_CTX.append(ctx)
+    return drv
+
+
 def test_the_driver_occupancy_equals_the_model(compiled):
-    from tuner.gpu import device, driver_occupancy, load_kernel
-    from tuner.occupancy import occupancy
+    from codegen.occupancy import occupancy
+    from tuner.gpu import device
+    from tuner.runtime.runners import TmaRunner, runner_for
 
     dev = device()
+    pycuda = _pycuda(dev)
     for cfg, res in compiled.items():
         r = res.resources
+        runner = runner_for(cfg, Path(res.cubin).read_bytes())
+        assert type(runner) is TmaRunner, cfg.name
+        # the runner launches with the dynamic shared memory ptxas was told of
+        assert runner.main.smem == r.smem_dynamic == cfg.smem_bytes, cfg.name
         model = occupancy(cfg.threads, r.registers, r.smem, dev.arch).blocks_per_sm
-        truth = driver_occupancy(res.cubin, cfg.name, cfg.threads, r.smem_dynamic)
+        truth = runner.max_active_blocks(dev)
         assert model == truth == 1, (cfg.name, model, truth)
-        attrs = load_kernel(cfg, res.cubin).attributes
+        attrs = runner.attributes(dev)
         assert attrs["registers"] == r.registers and attrs["local_bytes"] == 0, cfg.name
+        if pycuda is not None:  # a second loader reads the same registers
+            f = pycuda.module_from_buffer(Path(res.cubin).read_bytes()).get_function(cfg.name)
+            assert f.num_regs == r.registers == attrs["registers"], cfg.name
+            assert f.local_size_bytes == 0, cfg.name
 
 
 def test_a_short_fp16_search_times_wgmma_candidates(tmp_path, compile_cache):

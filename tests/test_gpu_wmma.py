@@ -38,13 +38,16 @@ def _tf32(x):
 @pytest.mark.parametrize("dtype", list(CONFIGS), ids=lambda d: d.short)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_wmma_matches_the_rounded_reference(dtype, shape, compile_cache):
+    from pathlib import Path
+
     import torch
 
     from codegen import compile_config
     from tuner.bench import tolerance
-    from tuner.gpu import Kernel, _drv, device
+    from tuner.gpu import device
+    from tuner.runtime.runners import runner_for
 
-    dev = device()
+    dev = device()  # its primary context current (torch's)
     m, n, k = shape
     a32 = torch.randn(m, k, device="cuda")
     b32 = torch.randn(k, n, device="cuda")
@@ -61,9 +64,10 @@ def test_wmma_matches_the_rounded_reference(dtype, shape, compile_cache):
         res = compile_config(cfg, dev.sm, compile_cache)
         assert res.ok, res.error
         c = torch.full((m, n), float("nan"), device="cuda")
-        Kernel(cfg, res.cubin)(m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n, 0.0,
-                               c.data_ptr(), n)
-        _drv().Context.synchronize()
+        run = runner_for(cfg, Path(res.cubin).read_bytes()).bind(dev, m, n, k, k, n, n)
+        run(a.data_ptr(), b.data_ptr(), c.data_ptr(), 1.0, 0.0,
+            torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
         err = ((c.double() - ref_rounded).norm() / ref_rounded.norm()).item()
         err_exact = ((c.double() - ref_exact).norm() / ref_exact.norm()).item()
         print(f"{cfg.name} {shape}: {err:.2e} vs rounded inputs, {err_exact:.2e} vs exact")

@@ -3,7 +3,7 @@ import pytest
 from _golden import rendered_as_golden
 
 from codegen import DEFAULT_CONFIG, DType, KernelConfig, render, template_hash
-from codegen.render import _env
+from codegen.rendering import _env
 
 
 @pytest.mark.parametrize("cfg", [

@@ -23,7 +23,8 @@ from codegen.compile import arch_target, compile_config
 from codegen.config import Family
 from codegen.families.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, check_wgmma, sample_wgmma,
                            tma_reasons)
-from tuner import wgmma_launch as wl
+from tuner.runtime.errors import TmaUnsupported
+from tuner.runtime.tma import tensor_map_args
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -286,15 +287,15 @@ def test_tma_reasons_say_why_with_numbers():
 
 
 def test_tensor_map_arguments_are_well_formed():
-    args = wl.tensor_map_args(DType.F16, 0x7F0000000000, rows=4095, cols=1023, ld=1024,
-                              box_rows=128, box_cols=64)
+    args = tensor_map_args(DType.F16, 0x7F0000000000, rows=4095, cols=1023, ld=1024,
+                           box_rows=128, box_cols=64)
     assert args["globalDim"] == [1023, 4095]  # innermost first
     assert args["globalStrides"] == [2048]     # bytes, rank - 1 of them
     assert args["boxDim"] == [64, 128] and args["elementStrides"] == [1, 1]
     assert args["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_128B"
     assert args["oobFill"] == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"  # zeros out of bounds
     assert args["tensorDataType"] == "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
-    assert wl.tensor_map_args(DType.BF16, 0, 64, 64, 64, 32, 64)["tensorDataType"] == \
+    assert tensor_map_args(DType.BF16, 0, 64, 64, 64, 32, 64)["tensorDataType"] == \
         "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"
     for bad, says in [(dict(ptr=8), "not 16-byte aligned"), (dict(ld=1025), "multiple of 16"),
                       (dict(box_cols=128), "exceed the 128 B of SWIZZLE_128B"),
@@ -302,13 +303,13 @@ def test_tensor_map_arguments_are_well_formed():
         kw = dict(dtype=DType.F16, ptr=0, rows=4095, cols=1023, ld=1024, box_rows=128,
                   box_cols=64)
         kw.update(bad)
-        with pytest.raises(wl.TmaUnsupported, match=says):
-            wl.tensor_map_args(**kw)
+        with pytest.raises(TmaUnsupported, match=says):
+            tensor_map_args(**kw)
 
 
 def test_tensor_map_enum_names_exist_in_cuda_bindings():
     from cuda.bindings import driver  # the dev extra brings cuda-bindings (no GPU needed)
-    args = wl.tensor_map_args(DType.F16, 0, 64, 64, 64, 64, 64)
+    args = tensor_map_args(DType.F16, 0, 64, 64, 64, 64, 64)
     for key, enum in [("tensorDataType", "CUtensorMapDataType"), ("swizzle", "CUtensorMapSwizzle"),
                       ("interleave", "CUtensorMapInterleave"),
                       ("l2Promotion", "CUtensorMapL2promotion"),
@@ -321,26 +322,81 @@ def test_tensor_map_enum_names_exist_in_cuda_bindings():
 
 
 def test_kernel_arguments_follow_the_signature():
-    args = wl.kernel_arg_layout(17, 33, 9, 0.5, 2.0, 0xABC0, 36)
-    assert [n for n, _ in args] == ["M", "N", "K", "alpha", "beta", "C", "ldc"]
-    assert [ctypes.sizeof(v) for _, v in args] == [4, 4, 4, 4, 4, 8, 4]
+    """The TMA runner's scalars after the tensor maps (A and B, and C with the TMA-store
+    epilogue) are the kernel's parameters in order: M N K alpha beta C ldc."""
+    from tuner.runtime.driver import ParamBlock
+    from tuner.runtime.runners import TmaRunner
+
+    assert TmaRunner.SIGNATURE == "iiiffPi"  # int32 x 3, float x 2, a pointer, int32
+    blk = ParamBlock(TmaRunner.SIGNATURE)
+    ptrs = (ctypes.c_void_p * 7).from_address(blk.pack(17, 33, 9, 0.5, 2.0, 0xABC0, 36))
+    kinds = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float,
+             ctypes.c_uint64, ctypes.c_int32]
+    assert [kind.from_address(p).value for kind, p in zip(kinds, ptrs)] == \
+        [17, 33, 9, 0.5, 2.0, 0xABC0, 36]
+    assert [ctypes.sizeof(kind) for kind in kinds] == [4, 4, 4, 4, 4, 8, 4]
     src = render(DEFAULT_WGMMA)
     assert "int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)" in src
+    # the launch geometry the runner gives the driver: a cluster per tile, or (persistent)
+    # at most sms // cluster clusters; one warpgroup per consumer plus the producer's
+    cl = WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8")
+    assert cl.grid(4096, 4096, 132) == (132, 1, 1) and cl.cluster_dims() == (2, 1, 1)
+    assert cl.block() == (384, 1, 1) and DEFAULT_WGMMA.cluster_dims() == (1, 1, 1)
+    flat = dataclasses.replace(DEFAULT_WGMMA, persistent=0)
+    assert flat.grid(4096, 4096, 132) == (32 * 16, 1, 1)  # a block per 128 x 256 tile
 
 
-def test_launch_refuses_misaligned_operands_before_touching_the_driver():
-    with pytest.raises(wl.TmaUnsupported, match="lda=1025"):
-        wl.launch(None, DEFAULT_WGMMA, 64, 1024, 1023, 1.0, 0, 1025, 0, 1024, 0.0, 0, 1024)
-    with pytest.raises(wl.TmaUnsupported, match="ldc=1027 x 4 B = 4108 B"):
-        wl.launch(None, STORE_GOLDEN, 64, 1024, 1024, 1.0, 0, 1024, 0, 1024, 0.0, 0, 1027)
-    with pytest.raises(wl.TmaUnsupported, match="C at 0x1008 is not 16-byte aligned"):
-        wl.launch(None, STORE_GOLDEN, 64, 1024, 1024, 1.0, 0, 1024, 0, 1024, 0.0, 0x1008, 1024)
+class _Image:
+    """A driver.KernelImage that records instead of touching the driver."""
+
+    def __init__(self, library, name, smem):
+        self.name, self.smem, self.launches = name, smem, []
+
+    def prepare(self, g):
+        return self.name
+
+    def params(self, signature):
+        from tuner.runtime.driver import ParamBlock
+
+        return ParamBlock(signature)
+
+    def launch(self, f, grid, block, stream, address):
+        self.launches.append((f, grid, block))
+
+
+def test_the_tma_runner_refuses_misaligned_operands_before_any_launch(monkeypatch):
+    """The TMA runner's rules refuse operands before anything is launched: lda and ldb
+    when bound, A's and B's pointers when run (before their maps are encoded), and, with
+    the TMA-store epilogue, C's leading dimension and pointer when run."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded = []
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", _Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args))
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    plain, store = TmaRunner(DEFAULT_WGMMA, b""), TmaRunner(STORE_GOLDEN, b"")
+    with pytest.raises(TmaUnsupported, match="lda=1025"):
+        plain.bind(g, 64, 1024, 1023, 1025, 1024, 1024)
+    run = plain.bind(g, 64, 1024, 1024, 1024, 1024, 1024)
+    with pytest.raises(TmaUnsupported, match="A at 0x10002 is not 16-byte aligned"):
+        run(0x10002, 0, 0, 1.0, 0.0, 0)
+    assert encoded == []  # A and B refused before their maps are encoded
+    run = store.bind(g, 64, 1024, 1024, 1024, 1024, 1027)
+    with pytest.raises(TmaUnsupported, match="ldc=1027 x 4 B = 4108 B"):
+        run(0, 0, 0, 1.0, 0.0, 0)
+    run = store.bind(g, 64, 1024, 1024, 1024, 1024, 1024)
+    with pytest.raises(TmaUnsupported, match="C at 0x1008 is not 16-byte aligned"):
+        run(0, 0, 0x1008, 1.0, 0.0, 0)
+    assert plain.main.launches == store.main.launches == []  # nothing launched
 
 
 # ---- the TMA-store epilogue (store=1) -------------------------------------------------------
 def test_store_epilogue_name_geometry_and_reasons():
     from codegen.families.wgmma import C_SLICE, c_tma_reasons, problem_reasons
-    from tuner.runtime.library import runnable
 
     c = STORE_GOLDEN
     assert c.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts"
@@ -373,12 +429,18 @@ def test_store_epilogue_name_geometry_and_reasons():
         "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes"]
     assert problem_reasons(pre, (4096, 4098, 4097)) == [
         "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes"]
-    # not searched, and not launched by the run-time library or the export bundle yet
+    # not searched; the run-time library runs it (its runner writes C through a tensor map,
+    # so the dispatch gives it only a C that is 16-byte aligned, as A and B are)
+    from codegen.config import config_from_name
     from codegen.families.wgmma import SEARCH_SPACE
 
     assert "store" not in SEARCH_SPACE
-    assert not runnable(c.name) and runnable(DEFAULT_WGMMA.name)
-    assert runnable("gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8")
+    assert c.aligned_operands == (True, True, True)
+    assert DEFAULT_WGMMA.aligned_operands == (True, True, False)
+    assert PREP_GOLDEN.aligned_operands == (False, False, False)  # the pre-pass reads A, B
+    assert pre.aligned_operands == (False, False, True)
+    assert config_from_name("gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8").aligned_operands \
+        == (False, False, False)
 
 
 def test_store_epilogue_source():
@@ -424,7 +486,7 @@ def test_store_epilogue_writes_each_slice_once_with_two_way_conflicts_at_most(wm
 
 
 def test_no_gpu_package_on_import():
-    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tf32x3_accuracy, tuner.wgmma_launch, "
+    code = ("import sys; sys.path.insert(0, 'bench'); import wgmma_probe, tf32x3_accuracy, tuner.runtime.runners, "
             "codegen.compile; bad = [m for m in ('optuna', 'pycuda', 'cuda.bindings', 'torch') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
@@ -519,9 +581,55 @@ def test_prep_names_geometry_and_reasons():
     assert "convert_stage" not in src and "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src
 
 
-def test_bind_of_a_prep_kernel_needs_its_pre_pass():
-    with pytest.raises(ValueError, match="_prep"):
-        wl.bind(None, PREP_GOLDEN, 128, 256, 64, 1.0, 0, 64, 0, 256, 0.0, 0, 256)
+def test_the_runner_of_a_prep_kernel_launches_its_pre_pass_first(monkeypatch):
+    """A pre-pass config's runner loads <name>_prep beside the GEMM (a plain one does not),
+    and each run launches it into the stream's workspace before the GEMM, whose tensor maps
+    describe that workspace (At: M x K, Bt: N x K, leading dimension prep_ld(K)), whatever
+    lda and ldb the caller's A and B have."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    loaded, launched, encoded, asked = [], [], [], []
+
+    class Image(_Image):
+        def __init__(self, library, name, smem):
+            super().__init__(library, name, smem)
+            loaded.append((name, smem))
+
+        def launch(self, f, grid, block, stream, address):
+            launched.append((self.name, grid, block, stream))
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Scratch:
+        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+            asked.append((purpose, nbytes, stream))
+            return 0x4000000
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    assert TmaRunner(DEFAULT_WGMMA, b"").prep is None
+    loaded.clear()
+    cfg = PREP_GOLDEN
+    r = TmaRunner(cfg, b"")
+    assert loaded == [(cfg.name, cfg.smem_bytes), (f"{cfg.name}_prep", 0)]
+    m, n, k = 128, 256, 64
+    run = r.bind(g, m, n, k, 65, 257, 256)  # rows of A and B TMA could not read
+    run(0x10004, 0x20004, 0x30000, 1.0, 0.0, 7)
+    blocks, _ = cfg.prep_grid(m, n, k)
+    assert launched == [(f"{cfg.name}_prep", (blocks, 1, 1), (256, 1, 1), 7),
+                        (cfg.name, cfg.grid(m, n, 132), cfg.block(), 7)]
+    assert asked == [("tf32 pre-pass", cfg.prep_floats(m, n, k) * 4, 7)]
+    ldw = cfg.prep_ld(k)
+    assert [(e["globalAddress"], e["globalDim"], e["globalStrides"]) for e in encoded] == [
+        (0x4000000, [k, m], [ldw * 4]), (0x4000000 + m * ldw * 4, [k, n], [ldw * 4])]
 
 
 def test_fp32_geometry():

@@ -19,7 +19,6 @@ from codegen import DType, compile_config, parse_arch
 from codegen.compile import Resources
 from codegen.families import FAMILIES, families_for
 from codegen.families.wgmma import DEFAULT_WGMMA, SEARCH_SPACE, WgmmaConfig, problem_reasons
-from tuner import wgmma_launch as wl
 from tuner.model import bound_tflops, judge, shape_reasons
 from tuner.outcome import Outcome
 
@@ -103,7 +102,8 @@ def test_the_search_never_compiles_wgmma_for_a_misaligned_shape(tmp_path, compil
 
 # ---- the runner's plumbing, through a fake driver -------------------------------------
 class _FakeDriver:
-    """Just enough of cuda.bindings.driver for bind(): records what is launched."""
+    """Just enough of cuda.bindings.driver (what tuner.runtime.driver.api() returns) for a
+    TmaRunner: loads, the shared-memory opt-in and launches, recorded."""
 
     class CUresult:
         CUDA_SUCCESS = 0
@@ -118,24 +118,47 @@ class _FakeDriver:
         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
     def __init__(self):
-        self.launches, self.maps = [], []
+        self.launches, self.plain_launches = [], []  # cuLaunchKernelEx's, cuLaunchKernel's
+        self.maps, self.encoded, self.smem_optin = [], [], []
         ns = types.SimpleNamespace
         self.CUlaunchConfig = lambda: ns()
         self.CUlaunchAttribute = lambda: ns(id=None, value=ns(clusterDim=ns(x=0, y=0, z=0)))
+
+    def cuLibraryLoadData(self, image, *rest):
+        return 0, "library"
+
+    def cuLibraryGetKernel(self, library, name):
+        return 0, name
+
+    def cuKernelGetFunction(self, kernel):
+        return 0, 0xF00D
+
+    def cuFuncSetAttribute(self, function, attr, value):
+        self.smem_optin.append((function, attr, value))
+        return (0,)
 
     def cuLaunchKernelEx(self, cfg, function, params, extra):
         self.launches.append((cfg, function, params))
         return (0,)
 
-    def cuFuncSetAttribute(self, *a):
+    def cuLaunchKernel(self, function, *rest):
+        self.plain_launches.append((function, rest))
         return (0,)
+
+    def cuGetErrorName(self, err):
+        return 0, b"CUDA_ERROR_FAKE"
+
+
+#: GPU 0 as a runner sees it: its index and its SM count (the persistent grid's bound)
+_GPU = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
 
 
 @pytest.fixture
 def fake_driver(monkeypatch):
+    from tuner.runtime import driver, tma
+
     drv = _FakeDriver()
-    monkeypatch.setattr(wl, "_cu", lambda: drv)
-    monkeypatch.setattr(wl, "_sm_count", lambda: 132)
+    monkeypatch.setattr(driver, "api", lambda: drv)
 
     class Map:
         def __init__(self, args):
@@ -145,22 +168,27 @@ def fake_driver(monkeypatch):
         def getPtr(self):
             return ctypes.addressof(self.buf)
 
-    def encode(dtype, ptr, rows, cols, ld, box_rows, box_cols, swizzle="128B"):
-        drv.maps.append(wl.tensor_map_args(dtype, ptr, rows, cols, ld, box_rows, box_cols))
-        return Map(drv.maps[-1])
+    def encode(args):
+        drv.maps.append(args)
+        drv.encoded.append(Map(args))
+        return drv.encoded[-1]
 
-    monkeypatch.setattr(wl, "encode_tensor_map", encode)
-    monkeypatch.setattr(wl, "load_function", lambda image, name: 0xF00D)
+    monkeypatch.setattr(tma, "encode", encode)
     return drv
 
 
-def test_wgmma_kernel_binds_once_and_launches_with_tensor_maps_and_cluster(fake_driver):
+def test_wgmma_runner_binds_once_and_launches_with_tensor_maps_and_cluster(fake_driver):
+    from tuner.runtime.runners import TmaRunner
+
     cfg = WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8")
-    k = wl.WgmmaKernel(cfg, b"\x7fELF")
+    r = TmaRunner(cfg, b"\x7fELF")
+    run = r.bind(_GPU, 4096, 4096, 4096, 4096, 4096, 4096)
     a, b, c = 0x10000, 0x20000, 0x30000
     for _ in range(3):
-        k(4096, 4096, 4096, 1.0, a, 4096, b, 4096, 0.0, c, 4096)
-    assert len(fake_driver.launches) == 3 and len(fake_driver.maps) == 2  # bound once
+        run(a, b, c, 1.0, 0.0, 0)
+    assert len(fake_driver.launches) == 3 and len(fake_driver.maps) == 2  # encoded once
+    assert fake_driver.plain_launches == []  # a cluster launches with cuLaunchKernelEx
+    assert fake_driver.smem_optin == [(0xF00D, 8, cfg.smem_bytes)]  # opted in once
     cfg_, fn, params = fake_driver.launches[0]
     assert fn == 0xF00D
     assert (cfg_.gridDimX, cfg_.blockDimX, cfg_.sharedMemBytes) == (132, 384, cfg.smem_bytes)
@@ -169,68 +197,99 @@ def test_wgmma_kernel_binds_once_and_launches_with_tensor_maps_and_cluster(fake_
     assert (ma["globalDim"], ma["globalStrides"], ma["boxDim"]) == ([4096, 4096], [8192], [64, 128])
     assert (mb["globalDim"], mb["boxDim"], mb["swizzle"]) == ([4096, 4096], [64, 32],
                                                               "CU_TENSOR_MAP_SWIZZLE_128B")
+    assert (ma["globalAddress"], mb["globalAddress"]) == (a, b)
     # the argument block: two tensor-map pointers, then M N K alpha beta C ldc
     ptrs = (ctypes.c_void_p * 9).from_address(params)
+    assert (ptrs[0], ptrs[1]) == tuple(tm.getPtr() for tm in fake_driver.encoded)
     assert ctypes.c_int32.from_address(ptrs[2]).value == 4096
     assert ctypes.c_float.from_address(ptrs[5]).value == 1.0
     assert ctypes.c_uint64.from_address(ptrs[7]).value == c
-    # new scalars: a new binding
-    k(4096, 4096, 4096, 0.5, a, 4096, b, 4096, 2.0, c, 4096)
-    assert ctypes.c_float.from_address(
-        (ctypes.c_void_p * 9).from_address(fake_driver.launches[-1][2])[6]).value == 2.0
+    # new scalars: packed into the launch, the maps kept
+    run(a, b, c, 0.5, 2.0, 0)
+    last = (ctypes.c_void_p * 9).from_address(fake_driver.launches[-1][2])
+    assert ctypes.c_float.from_address(last[5]).value == 0.5
+    assert ctypes.c_float.from_address(last[6]).value == 2.0
+    assert len(fake_driver.maps) == 2
+    # new pointers: their own maps
+    run(a + 0x100000, b, c, 1.0, 0.0, 0)
+    assert len(fake_driver.maps) == 4 and fake_driver.maps[2]["globalAddress"] == a + 0x100000
 
 
 def test_misaligned_operands_are_refused_before_any_launch(fake_driver):
-    k = wl.WgmmaKernel(DEFAULT_WGMMA, b"\x7fELF")
-    with pytest.raises(wl.TmaUnsupported, match="lda=1001 x 2 B = 2002 B"):
-        k(64, 1024, 1001, 1.0, 0x10000, 1001, 0x20000, 1024, 0.0, 0x30000, 1024)
-    with pytest.raises(wl.TmaUnsupported, match="not 16-byte aligned"):
-        k(64, 1024, 1024, 1.0, 0x10002, 1024, 0x20000, 1024, 0.0, 0x30000, 1024)
-    assert fake_driver.launches == []
+    from tuner.runtime.errors import TmaUnsupported
+    from tuner.runtime.runners import TmaRunner
+
+    r = TmaRunner(DEFAULT_WGMMA, b"\x7fELF")
+    with pytest.raises(TmaUnsupported, match="lda=1001 x 2 B = 2002 B"):
+        r.bind(_GPU, 64, 1024, 1001, 1001, 1024, 1024)
+    run = r.bind(_GPU, 64, 1024, 1024, 1024, 1024, 1024)
+    with pytest.raises(TmaUnsupported, match="not 16-byte aligned"):
+        run(0x10002, 0x20000, 0x30000, 1.0, 0.0, 0)
+    assert fake_driver.launches == fake_driver.plain_launches == fake_driver.maps == []
 
 
-def test_the_runner_loads_the_family_kernel_and_rejects_unsupported_operands(monkeypatch):
-    """GpuBenchmark.measure: the family's kernel class, REJECTED (never launched) for
+def test_the_runner_loads_the_family_kernel_and_rejects_unsupported_operands(monkeypatch,
+                                                                              tmp_path):
+    """GpuBenchmark.measure: the family's runner class, REJECTED (never launched) for
     operands it cannot take, LAUNCH_FAILED for a driver error, gate and timing otherwise."""
     import tuner.bench as tb
-    from tuner.gpu import Kernel, kernel_class
-    from tuner.outcome import LaunchError, Timing
+    from tuner.outcome import Timing
+    from tuner.runtime import driver
+    from tuner.runtime.errors import DriverError, TmaUnsupported
+    from tuner.runtime.runners import Runner, TmaRunner, runner_class
 
-    assert kernel_class(DEFAULT_WGMMA) is wl.WgmmaKernel
-    assert kernel_class(dataclasses.replace(FAMILIES["simt"].default(DType.F32))) is Kernel
+    assert runner_class(DEFAULT_WGMMA) is TmaRunner
+    assert runner_class(dataclasses.replace(FAMILIES["simt"].default(DType.F32))) is Runner
+    assert runner_class(FAMILIES["wmma"].default(DType.F16)) is Runner
 
-    class Err(Exception):
-        pass
-
-    drv = types.SimpleNamespace(Error=Err, Context=types.SimpleNamespace(synchronize=lambda: None))
-    monkeypatch.setattr(tb, "_drv", lambda: drv)
-    calls = []
+    calls, bound = [], []
     behaviour = {}
 
-    def load(config, cubin):
-        def kernel(*args):
-            calls.append(args)
-            if behaviour.get("raise"):
-                raise behaviour["raise"]
-        return kernel
+    class FakeRunner:
+        def __init__(self, config, cubin):
+            assert config is DEFAULT_WGMMA and cubin == b"\x7fELF"
 
-    monkeypatch.setattr(tb, "load_kernel", load)
+        def bind(self, g, *problem):
+            bound.append((g, problem))
+            if behaviour.get("bind"):
+                raise behaviour["bind"]
+
+            def run(*args):
+                calls.append(args)
+                if behaviour.get("run"):
+                    raise behaviour["run"]
+            return run
+
+    monkeypatch.setattr(tb, "runner_for", FakeRunner)
+    monkeypatch.setattr(driver, "synchronize", lambda: None)
     monkeypatch.setattr(tb, "do_bench", lambda fn, flush, target: (fn(), Timing((0.2, 0.2)))[1])
-    p = types.SimpleNamespace(k=4096, reset_c=lambda: None, args=lambda: (1, 2, 3),
+    p = types.SimpleNamespace(m=64, n=1024, k=4096, lda=4096, ldb=1024, ldc=1024,
+                              reset_c=lambda: None, run=lambda launch: launch(1, 2, 3, 1.0, 0.0, 0),
                               error=lambda rounding=None: 5e-6)
     bench = object.__new__(tb.GpuBenchmark)
-    bench.problem, bench.flush, bench.target_ms = p, None, 1.0
-    behaviour["raise"] = wl.TmaUnsupported("lda=1001 x 2 B = 2002 B is not a multiple of 16 bytes")
-    m = bench.measure(DEFAULT_WGMMA, Path("x.cubin"))
-    assert m.outcome is Outcome.REJECTED and "2002 B" in m.message
-    behaviour["raise"] = LaunchError("CUDA driver error CUDA_ERROR_INVALID_VALUE")
-    m = bench.measure(DEFAULT_WGMMA, Path("x.cubin"))
-    assert m.outcome is Outcome.LAUNCH_FAILED and "INVALID_VALUE" in m.message
+    bench.dev, bench.problem, bench.flush, bench.target_ms = "gpu", p, None, 1.0
+    # TMA cannot describe the operands: refused by bind, nothing launched
+    behaviour["bind"] = TmaUnsupported("lda=1001 x 2 B = 2002 B is not a multiple of 16 bytes")
+    m = bench.measure(DEFAULT_WGMMA, b"\x7fELF")
+    assert m.outcome is Outcome.REJECTED and "2002 B" in m.message and calls == []
+    assert bound == [("gpu", (64, 1024, 4096, 4096, 1024, 1024))]
     behaviour.clear()
-    m = bench.measure(DEFAULT_WGMMA, Path("x.cubin"))
-    assert m.outcome is Outcome.TIMED and m.error == 5e-6 and len(calls) == 4
+    # or by the launch (a pointer off 16 bytes): refused too, never timed
+    behaviour["run"] = TmaUnsupported("A at 0x10002 is not 16-byte aligned (off by 2 B)")
+    m = bench.measure(DEFAULT_WGMMA, b"\x7fELF")
+    assert m.outcome is Outcome.REJECTED and "not 16-byte aligned" in m.message
+    assert len(calls) == 1
+    behaviour["run"] = DriverError("cuLaunchKernel(x) failed: CUDA_ERROR_INVALID_VALUE")
+    m = bench.measure(DEFAULT_WGMMA, b"\x7fELF")
+    assert m.outcome is Outcome.LAUNCH_FAILED and "INVALID_VALUE" in m.message
+    assert len(calls) == 2
+    behaviour.clear()
+    (tmp_path / "x.cubin").write_bytes(b"\x7fELF")  # a cubin's path: its bytes are loaded
+    m = bench.measure(DEFAULT_WGMMA, tmp_path / "x.cubin")
+    assert m.outcome is Outcome.TIMED and m.error == 5e-6 and len(calls) == 4  # check + time
+    assert calls[-1] == (1, 2, 3, 1.0, 0.0, 0)
     p.error = lambda rounding=None: 1e-3  # over the fp16 tensor-core gate (2e-5)
-    assert bench.measure(DEFAULT_WGMMA, Path("x.cubin")).outcome is Outcome.WRONG_RESULT
+    assert bench.measure(DEFAULT_WGMMA, b"\x7fELF").outcome is Outcome.WRONG_RESULT
 
 
 # ---- the model -------------------------------------------------------------------------
@@ -267,6 +326,10 @@ def test_the_dry_run_models_the_wgmma_default(tmp_path, compile_cache):
 
 
 # ---- the library: inspect --sass and export -------------------------------------------
+#: a kernel with the TMA-store epilogue: C written through its own tensor map
+TS_NAME = "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts"
+
+
 @pytest.fixture
 def wgmma_lib(tmp_path, compile_cache):
     sys.path.insert(0, str(Path(__file__).parent))
@@ -278,7 +341,8 @@ def wgmma_lib(tmp_path, compile_cache):
                            (WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8"),
                             (8192, 8192, 8192), 420.0),
                            (dataclasses.replace(DEFAULT_WMMA, dtype=DType.BF16),
-                            (1000, 1000, 1000), 200.0)):
+                            (1000, 1000, 1000), 200.0),
+                           (WgmmaConfig.from_name(TS_NAME), (2048, 2048, 2048), 610.0)):
         res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
         assert res.ok, res.error
         cu = next((tmp_path / "art").glob(f"*/{cfg.name}.cu"))
@@ -332,6 +396,12 @@ def test_export_builds_fp16_and_bf16_entries_and_dispatches_like_python(wgmma_li
     assert "CU_TENSOR_MAP_SWIZZLE_128B" in launcher
     cluster = (out / "kernels" / "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8.cu").read_text()
     assert "attr[0].val.clusterDim.x = 2;" in cluster and "cudaDevAttrMultiProcessorCount" in cluster
+    # the TMA-store kernel's launcher mirrors TmaRunner: C's FP32 map, C's rule in tma_ok
+    store = (out / "kernels" / f"{TS_NAME}.cu").read_text()
+    assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, C, M, N, ldc, 64, 32" in store
+    assert "tmA, tmB, tmC, M, N, K, alpha, beta, C, ldc" in store
+    assert "(reinterpret_cast<uintptr_t>(C) % 16 == 0)" in store
+    assert "tmC" not in launcher
     assert "-gencode=arch=compute_90a,code=sm_90a" in (out / "Makefile").read_text()
     p = subprocess.run(["make", "-C", str(out), "libgemm_tuned.so"], capture_output=True,
                        text=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from codegen.compile import nvcc_version, target_arch
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
-from codegen.render import template_hash
+from codegen.rendering import template_hash
 from tuner._shape import format_shape, problem_bytes
 from tuner.cache import CacheKey, WinnerCache
 from codegen.occupancy import occupancy

@@ -26,7 +26,7 @@ from codegen._io import atomic_write
 from codegen.arch import parse_arch
 from codegen.config import DType, config_from_name
 from codegen.occupancy import occupancy
-from codegen.render import render_file
+from codegen.rendering import render_file
 from tuner.runtime.dispatch import REDUCE_LAUNCH_MS
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.library import Library
