@@ -367,7 +367,7 @@ class _Image:
 def test_the_tma_runner_refuses_misaligned_operands_before_any_launch(monkeypatch):
     """The TMA runner's rules refuse operands before anything is launched: lda and ldb
     when bound, A's and B's pointers when run (before their maps are encoded), and, with
-    the TMA-store epilogue, C's leading dimension and pointer when run."""
+    the TMA-store epilogue, C's leading dimension and N when bound, C's pointer when run."""
     import types
 
     from tuner.runtime import driver, tma
@@ -385,9 +385,10 @@ def test_the_tma_runner_refuses_misaligned_operands_before_any_launch(monkeypatc
     with pytest.raises(TmaUnsupported, match="A at 0x10002 is not 16-byte aligned"):
         run(0x10002, 0, 0, 1.0, 0.0, 0)
     assert encoded == []  # A and B refused before their maps are encoded
-    run = store.bind(g, 64, 1024, 1024, 1024, 1024, 1027)
     with pytest.raises(TmaUnsupported, match="ldc=1027 x 4 B = 4108 B"):
-        run(0, 0, 0, 1.0, 0.0, 0)
+        store.bind(g, 64, 1024, 1024, 1024, 1024, 1027)
+    with pytest.raises(TmaUnsupported, match="N=1030 is not a multiple of 4 floats"):
+        store.bind(g, 64, 1030, 1024, 1024, 1032, 1032)
     run = store.bind(g, 64, 1024, 1024, 1024, 1024, 1024)
     with pytest.raises(TmaUnsupported, match="C at 0x1008 is not 16-byte aligned"):
         run(0, 0, 0x1008, 1.0, 0.0, 0)
@@ -422,13 +423,18 @@ def test_store_epilogue_name_geometry_and_reasons():
     assert c_tma_reasons(1024, 0x100, 1024) == []
     assert c_tma_reasons(1001, 0x104, 1001) == [
         "C at 0x104 is not 16-byte aligned (off by 4 B)",
-        "ldc=1001 x 4 B = 4004 B is not a multiple of 16 bytes"]
+        "ldc=1001 x 4 B = 4004 B is not a multiple of 16 bytes",
+        "N=1001 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
+    # an N that ends inside 16 bytes: TMA's stores were seen writing on to them (H200)
+    assert c_tma_reasons(1028, 0x100, 1026) == ["N=1026 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
     assert problem_reasons(c, (4096, 4096, 4096)) == []
     assert problem_reasons(c, (4096, 4098, 4096)) == [
         "TMA cannot describe the operands: ldb=4098 x 2 B = 8196 B is not a multiple of 16 bytes",
-        "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes"]
+        "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: " + "N=4098 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
     assert problem_reasons(pre, (4096, 4098, 4097)) == [
-        "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes"]
+        "TMA cannot describe the operands: ldc=4098 x 4 B = 16392 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: " + "N=4098 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
     # not searched; the run-time library runs it (its runner writes C through a tensor map,
     # so the dispatch gives it only a C that is 16-byte aligned, as A and B are)
     from codegen.config import config_from_name

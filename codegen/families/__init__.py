@@ -24,7 +24,8 @@ What a family module ``codegen/families/<name>.py`` provides:
   - the launch interface the runner, the library and the model read: ``threads``,
     ``smem_bytes``, ``bm``, ``bn``, ``bk``, ``split``, ``reduce_pass``, ``last``,
     ``cluster``, ``has_workspace``, ``aligned_operands`` (which of A, B, C must be
-    16-byte aligned; ``_common.Serial`` says none), ``grid(m, n)``, ``block()``,
+    16-byte aligned; ``_common.Serial`` says none) and ``takes(m, n, k, align)`` (can it
+    run that problem on operands of that alignment class), ``grid(m, n)``, ``block()``,
     ``workspace_floats(m, n)``, ``ticket_count(m, n)`` (a family without split-K
     returns 1 / False / 0 for those).
 

@@ -78,6 +78,12 @@ class Serial:
     #: wgmma family's TMA reads and writes them); the default: any alignment runs
     aligned_operands = (False, False, False)
 
+    def takes(self, m: int, n: int, k: int, align: tuple) -> bool:
+        """Can this kernel run M x N x K on operands of alignment class `align` (the widest
+        access, in bytes, each of A, B, C allows)? By default: where aligned_operands are
+        16-byte aligned."""
+        return all(a == 16 or not need for need, a in zip(self.aligned_operands, align))
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(dtype=self.dtype.short, family=getattr(self.family, "value", self.family),

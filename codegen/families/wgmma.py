@@ -339,6 +339,11 @@ class WgmmaConfig(_Serial, Named):
             boxes["C"] = (self.wm, C_SLICE)
         return boxes
 
+    def takes(self, m: int, n: int, k: int, align: tuple) -> bool:
+        """The default rule (aligned_operands), and with the TMA-store epilogue N a multiple
+        of 4 floats (c_tma_reasons)."""
+        return super().takes(m, n, k, align) and not (self.store and n % 4)
+
     @property
     def aligned_operands(self) -> tuple[bool, bool, bool]:
         """TMA reads the caller's A and B (not with the pre-pass, which reads them with plain
@@ -508,8 +513,8 @@ def c_tma_reasons(ldc: int, c_ptr: int, n: int) -> list[str]:
     it can (the same 16-byte rules as A and B).
 
     Example:
-        >>> c_tma_reasons(1001, 0, 1001)
-        ['ldc=1001 x 4 B = 4004 B is not a multiple of 16 bytes']
+        >>> c_tma_reasons(1004, 0, 1001)
+        ["N=1001 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
     """
     why = []
     if c_ptr % 16:
@@ -518,6 +523,9 @@ def c_tma_reasons(ldc: int, c_ptr: int, n: int) -> list[str]:
         why.append(f"ldc={ldc} x 4 B = {ldc * 4} B is not a multiple of 16 bytes")
     if ldc < n:
         why.append(f"ldc={ldc} is below N={n}")
+    if n % 4:  # seen on the H200: the columns up to the next 16 bytes past N were written
+        why.append(f"N={n} is not a multiple of 4 floats: TMA stores write C's rows in "
+                   "16-byte pieces, past column N")
     return why
 
 

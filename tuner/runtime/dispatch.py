@@ -207,11 +207,6 @@ class DispatchTable:
 FULL_ALIGN = (16, 16, 16)
 
 
-def _takes(config, align: tuple) -> bool:
-    """Can `config`'s kernel take operands of this alignment class (A, B, C)?"""
-    return all(a == 16 or not need for need, a in zip(config.aligned_operands, align))
-
-
 def measured_choice(d: dict) -> Choice:
     """The Choice a decision of the table stands for."""
     ms = d["measured_ms"]
@@ -248,7 +243,7 @@ class Dispatcher:
         best: dict[str, tuple[float, dict]] = {}
         for e in self.manifest.serving(dtype, cc, layout or Layout.NN):
             cfg = config_from_name(e["kernel"])
-            if not _takes(cfg, align):
+            if not cfg.takes(m, n, k, align):
                 continue
             res = e["resources"]
             bps = occupancy(cfg.threads, res["registers"],

@@ -49,13 +49,13 @@ def _kernel_values(cfg, res: dict, limits) -> dict:
     v = dict(name=cfg.name, dtype=cfg.dtype.short, ptr_t=cfg.dtype.cpp, bm=cfg.bm, bn=cfg.bn,
              bk=cfg.bk, threads=cfg.threads, smem=cfg.smem_bytes, split=cfg.split,
              last=cfg.last, reduce_pass=cfg.reduce_pass,
-             workspace=cfg.has_workspace, tma=tma,
+             workspace=cfg.has_workspace, tma=tma, store=cfg.aligned_operands[2],
              blocks_per_sm=occupancy(cfg.threads, res["registers"], smem, limits).blocks_per_sm)
     if tma:
         boxes = cfg.tma_boxes()
         v.update(tma_dtype=_TMA_DTYPE[cfg.dtype], es=cfg.dtype.size, a_box=boxes["A"],
                  b_box=boxes["B"], cluster=cfg.cluster, persistent=cfg.persistent,
-                 store=cfg.aligned_operands[2], c_box=boxes.get("C"))
+                 c_box=boxes.get("C"))
     return v
 
 

@@ -181,10 +181,13 @@ class TmaRunner(Runner):
                 blk = tls.blk = _MapParams(self.SIGNATURE, n_maps)
             return blk.pack(mps, m, n, k, alpha, beta, c, ldc)
 
+        why = c_tma_reasons(ldc, 0, n) if cfg.store else []  # C's strides and N, now
         if self.prep is not None:
+            if why:
+                raise TmaUnsupported("; ".join(why))
             return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, params, c_map,
                                    packed, launch)
-        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k)
+        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k) + why
         if why:
             raise TmaUnsupported("; ".join(why))
 
