@@ -16,18 +16,18 @@ import importlib
 from codegen.arch import ARCHS, ArchLimits, parse_arch
 from codegen.check import check
 from codegen.config import DEFAULT_CONFIG, DType, Family, KernelConfig, Layout
-from codegen.errors import GemmTuneError, UsageError
+from codegen.errors import GemmTuneError, ToolchainError, UsageError
 
 #: the heavy half (jinja2, nvcc), imported on first use (PEP 562), so that the run path's
 #: `import codegen.config` loads neither
 _LAZY = {
-    "CompileResult": "compile", "Resources": "compile", "ToolchainError": "compile",
+    "CompileResult": "compile", "Resources": "compile",
     "compile_config": "compile", "compile_many": "compile", "parse_ptxas": "compile",
     "render": "rendering", "template_hash": "rendering",
 }
 __all__ = [
     "ARCHS", "ArchLimits", "parse_arch", "check", "DEFAULT_CONFIG", "DType", "Family",
-    "KernelConfig", "Layout", "GemmTuneError", "UsageError", *_LAZY,
+    "KernelConfig", "Layout", "GemmTuneError", "ToolchainError", "UsageError", *_LAZY,
 ]
 
 

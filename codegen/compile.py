@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator
 from codegen._io import atomic_write, atomic_write_json
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Config, Family
-from codegen.errors import GemmTuneError
+from codegen.errors import ToolchainError
 from codegen.rendering import render, template_hash
 
 __all__ = [
@@ -38,10 +38,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v")
-
-
-class ToolchainError(GemmTuneError):
-    """nvcc is missing or unusable."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,3 +12,7 @@ class GemmTuneError(Exception):
 
 class UsageError(GemmTuneError):
     """A mistake the user can fix: a malformed shape, an unknown dtype, a corrupt file."""
+
+
+class ToolchainError(GemmTuneError):
+    """nvcc is missing or unusable."""

@@ -34,6 +34,7 @@ import time
 from typing import Callable
 
 from codegen.errors import UsageError
+from tuner.errors import StorageError
 
 __all__ = ["StorageError", "SharedStudy", "open_storage", "describe", "study_state", "WORKER",
            "LEASE_INTERVAL", "LEASE_GRACE"]
@@ -47,10 +48,6 @@ LEASE_INTERVAL, LEASE_GRACE = 10.0, 60.0
 #: outcomes that end a claim for good (the candidate is never timed again)
 FINAL = frozenset({"timed", "pruned", "compile failed", "launch failed", "wrong result"})
 STOPPED = "stopped"  # the lease of a worker that ended cleanly
-
-
-class StorageError(UsageError):
-    """The study's storage could not be reached (after retrying); one line names it."""
 
 
 def describe(url) -> str:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from codegen.errors import UsageError
+from tuner.errors import ProfileError
 
 __all__ = ["METRICS", "STALLS", "ProfileError", "Profile", "parse_csv", "ncu_path", "profile",
            "ncu_command"]
@@ -65,10 +65,6 @@ _FAILURES = (
     ("No kernels were profiled", "ncu profiled no kernel (the child launched none, or "
                                  "failed first)"),
 )
-
-
-class ProfileError(UsageError):
-    """ncu is missing, may not read the counters, or profiled nothing."""
 
 
 @dataclasses.dataclass(frozen=True)

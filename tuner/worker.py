@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from codegen.config import DType
-from codegen.errors import GemmTuneError
+from tuner.errors import WorkerError
 from tuner.outcome import Measurement, Outcome
 
 __all__ = ["GpuWorker", "WorkerError"]
@@ -28,11 +28,6 @@ __all__ = ["GpuWorker", "WorkerError"]
 log = logging.getLogger(__name__)
 
 GPU_BENCHMARK = ("tuner.bench", "GpuBenchmark")
-
-
-class WorkerError(GemmTuneError):
-    """The worker could not start (no GPU, no memory), or cuBLAS failed in it: not a
-    candidate's fault; the CLI reports it in one line."""
 
 
 def _serve(conn, factory, kwargs, device_index) -> None:
