@@ -11,6 +11,7 @@ from _sample import sample_configs
 from codegen import DEFAULT_CONFIG, compile_many
 from codegen.occupancy import occupancy
 from tuner.space import valid_configs
+from _pycuda import pycuda_driver
 
 pytestmark = pytest.mark.gpu
 
@@ -109,31 +110,10 @@ def test_misaligned_pointers_fall_back_to_scalar(compiled):
         assert err <= 1e-5, (cfg.name, err)
 
 
-_PYCUDA_CTX: list = []  # pycuda's handle on the primary context, pushed once
-
-
-def _pycuda(dev):
-    """pycuda.driver with GPU dev's primary context pushed (popped at exit), or None where
-    pycuda is not installed: the cross-check of the runner's figures by another loader."""
-    try:
-        import pycuda.driver as drv
-    except ImportError:
-        return None
-    if not _PYCUDA_CTX:
-        import atexit
-
-        drv.init()
-        ctx = drv.Device(dev.index).retain_primary_context()
-        ctx.push()  # pycuda loads into its own context stack's top: the same context
-        atexit.register(ctx.pop)
-        _PYCUDA_CTX.append(ctx)
-    return drv
-
-
 def test_runner_reads_back_what_ptxas_reported(compiled, dev):
     """The driver's figures of each loaded kernel (through its runner) are ptxas's; where
     pycuda is installed, a second loader (pycuda's module_from_buffer) reads the same."""
-    pycuda = _pycuda(dev)
+    pycuda = pycuda_driver(dev)
     for cfg, res in list(compiled.items())[:20]:
         attrs = _runner(cfg, res).attributes(dev)
         assert attrs["registers"] == res.resources.registers, cfg.name

@@ -39,30 +39,11 @@ def _inputs(kind, m, n, k, rng):
 
         return cupy.asarray(a), cupy.asarray(b), cupy.asarray(c0), ref
     ga = pytest.importorskip("pycuda.gpuarray")  # optional: gemm-tune itself needs no pycuda
-    _pycuda_context()
-    return ga.to_gpu(a), ga.to_gpu(b), ga.to_gpu(c0), ref
-
-
-_PYCUDA_CTX: list = []  # pycuda's handle on the primary context, pushed once
-
-
-def _pycuda_context() -> None:
-    """pycuda's arrays need a context on pycuda's own stack: the primary context of the
-    tuning GPU (the one the library's driver binding and torch use), pushed once, popped
-    at exit."""
-    if _PYCUDA_CTX:
-        return
-    import atexit
-
-    import pycuda.driver as drv
-
+    from _pycuda import pycuda_driver
     from tuner.gpu import device
 
-    drv.init()
-    ctx = drv.Device(device().index).retain_primary_context()
-    ctx.push()
-    atexit.register(ctx.pop)
-    _PYCUDA_CTX.append(ctx)
+    pycuda_driver(device())  # pycuda's arrays need the primary context on pycuda's stack
+    return ga.to_gpu(a), ga.to_gpu(b), ga.to_gpu(c0), ref
 
 
 def _host(x):

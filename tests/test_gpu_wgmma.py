@@ -14,6 +14,7 @@ import pytest
 
 from codegen import DType, compile_config
 from codegen.families.wgmma import DEFAULT_WGMMA, WgmmaConfig
+from _pycuda import pycuda_driver
 
 pytestmark = pytest.mark.gpu
 
@@ -164,34 +165,13 @@ def test_misaligned_operands_are_rejected_not_timed(compiled):
     assert r.outcome is Outcome.REJECTED and "lda=1001 x 2 B = 2002 B" in r.message
 
 
-_PYCUDA_CTX: list = []  # pycuda's handle on the primary context, pushed once
-
-
-def _pycuda(dev):
-    """pycuda.driver with GPU dev's primary context pushed (popped at exit), or None where
-    pycuda is not installed: the cross-check of the runner's figures by another loader."""
-    try:
-        import pycuda.driver as drv
-    except ImportError:
-        return None
-    if not _PYCUDA_CTX:
-        import atexit
-
-        drv.init()
-        ctx = drv.Device(dev.index).retain_primary_context()
-        ctx.push()  # pycuda loads into its own context stack's top: the same context
-        atexit.register(ctx.pop)
-        _PYCUDA_CTX.append(ctx)
-    return drv
-
-
 def test_the_driver_occupancy_equals_the_model(compiled):
     from codegen.occupancy import occupancy
     from tuner.gpu import device
     from tuner.runtime.runners import TmaRunner, runner_for
 
     dev = device()
-    pycuda = _pycuda(dev)
+    pycuda = pycuda_driver(dev)
     for cfg, res in compiled.items():
         r = res.resources
         runner = runner_for(cfg, Path(res.cubin).read_bytes())
