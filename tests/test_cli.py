@@ -55,6 +55,8 @@ def test_dry_run_table(tmp_path, capsys, monkeypatch):
     (["--shape", "abc"], "shape must be MxNxK"),
     (["--shape", "0x16x16"], "M must be at least 1"),
     (["--shape", "16x-3x16"], "N must be at least 1"),
+    (["--shape", "-5x4x4"], "M must be at least 1 (got -5"),  # not argparse's "expected one argument"
+    (["inspect", "--shape", "-5x4x4"], "M must be at least 1 (got -5"),
     (["--shape", "16x16x99999999999"], "exceeds the largest supported size"),
     (["--shape", "16x16x16", "--dtype", "int7"], "unknown dtype 'int7'"),
     (["--shape", "16x16x16", "--trials", "0", "--dry-run"], "--trials must be at least 1"),
@@ -190,3 +192,18 @@ def test_shape_list_errors(capsys, argv, msg):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and msg in err
+
+
+def test_a_piped_dry_run_shows_progress_lines_and_a_table_of_120_columns(tmp_path):
+    """Where stderr is a pipe, progress comes as plain lines (not a live bar that shows
+    nothing until the end), and what goes to a pipe fits 120 columns."""
+    script = shutil.which("gemm-tune", path=str(Path(sys.executable).parent))
+    env = dict(os.environ, GEMM_TUNE_CACHE_DIR=str(tmp_path / "cc"))
+    p = subprocess.run([script, "--shape", "100x100x100", "--dry-run", "--trials", "3",
+                        "--artifacts", str(tmp_path / "art")], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    progress = [ln for ln in p.stderr.splitlines() if ln.startswith("gemm-tune: compiled")]
+    assert progress and progress[-1].startswith("gemm-tune: compiled 3/3, "), p.stderr
+    assert max(map(len, p.stdout.splitlines())) <= 120
+    assert "fastest predicted first" in p.stdout

@@ -346,3 +346,27 @@ def test_postgres_restart_mid_study(pg_url, tmp_path, compile_cache):
             assert p.returncode == 2 and last.startswith("gemm-tune: error: storage "), err[-1500:]
     if all(p.returncode == 0 for p in procs):
         _final(pg_url, study, trials, released_ok=True)
+
+
+def test_a_storage_that_cannot_be_reached_is_reported_once_with_the_time_waited(caplog):
+    """Every retry is a debug line; the user hears of the failure once, when the retries
+    give up, with how long they waited."""
+    import logging
+
+    from tuner._study import _retry
+    from tuner.errors import StorageError
+
+    calls = []
+
+    def unreachable():
+        calls.append(time.monotonic())
+        raise OSError("connection refused\nsecond line")
+
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(StorageError) as e:
+        _retry(unreachable, "opening", 1.0, "postgresql://db.example/x")
+    assert len(calls) >= 3  # retried with backoff
+    assert [r for r in caplog.records if r.name == "tuner._study"] == []
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("storage postgresql://db.example/x: opening failed")
+    assert "waited 1 s" in msg and "OSError: connection refused" in msg

@@ -258,3 +258,20 @@ def test_reduce_pass_is_modelled_apart():
     assert estimate_tflops(c8, e, (1000, 1000, 1000), 132, 1, 3350) == pytest.approx(
         33.4 * min(1.0, efficiency(c8, (1000,) * 3, 132, 1)
                    / efficiency(c8, (256, 256, 16384), 132, 1)))
+
+
+def test_explain_without_a_gpu_answers_for_a_named_gpu_model_or_says_why_not(lib):
+    from conftest import _gpu_reason
+    from tuner.runtime.errors import NoGPUError
+
+    skinny = lib.explain(16, 4096, 4096, "fp32", gpu="NVIDIA H200")
+    assert skinny.startswith(f"{SMALL.name} (estimate, for NVIDIA H200 without a GPU here)")
+    assert skinny.endswith("on that GPU a first call measures")
+    exact = lib.explain(4096, 4096, 4096, "fp32", gpu="NVIDIA H200")
+    assert exact.startswith("cuBLAS (exact, for NVIDIA H200") and "0.90x" in exact
+    with pytest.raises(LibraryError, match=r"no entries for 'NVIDIA A100' \(it has: NVIDIA H200\)"):
+        lib.explain(64, 64, 64, gpu="NVIDIA A100")
+    if _gpu_reason() is not None:  # no GPU here: one line that says what to do
+        with pytest.raises(NoGPUError, match=r"explain\(\.\.\., gpu='NVIDIA H200'\)") as e:
+            lib.explain(64, 64, 64)
+        assert "\n" not in str(e.value)

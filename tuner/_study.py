@@ -64,7 +64,8 @@ def _retry(fn: Callable, what: str, retry_s: float, where: str):
     retried: only errors of the storage itself (the database, the file system)."""
     import optuna
 
-    deadline = time.monotonic() + retry_s
+    start = time.monotonic()
+    deadline = start + retry_s
     delay = 0.1
     while True:
         try:
@@ -75,10 +76,13 @@ def _retry(fn: Callable, what: str, retry_s: float, where: str):
         except Exception as e:  # noqa: BLE001 - sqlalchemy, psycopg, OSError: retried
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             if time.monotonic() + delay > deadline:
-                raise StorageError(f"storage {where}: {what} failed for {retry_s:g} s "
+                raise StorageError(f"storage {where}: {what} failed; waited "
+                                   f"{time.monotonic() - start:.0f} s for it "
                                    f"({type(e).__name__}: {first})") from None
-            log.warning("storage %s: %s failed (%s); retrying in %.1f s", where, what, first,
-                        delay)
+            # the user hears of it once, when the retries give up (with the time waited)
+            (log.debug if delay > 0.1 else log.info)(
+                "storage %s: %s failed (%s); retrying for up to %g s", where, what, first,
+                retry_s)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -111,27 +111,30 @@ def _artifacts_dir(args) -> Path:
 def _console():
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    from tuner._progress import PIPE_WIDTH
+
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def _print_dry_run(report, console) -> None:
+    from rich import box
     from rich.table import Table
 
     t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} {report.dtype} "
-                    f"on {report.arch}, fastest predicted first")
-    for col in ("kernel", "regs", "smem B", "spills B", "blocks/SM", "occupancy", "limiter",
-                "bound TFLOP/s", "predicted TFLOP/s", "bound by", "status"):
+                    f"on {report.arch}, fastest predicted first", box=box.SIMPLE_HEAD)
+    for col in ("kernel", "regs", "smem B", "occupancy", "limiter", "predicted TFLOP/s",
+                "status"):
         t.add_column(col, justify="left" if col in ("kernel", "limiter", "status") else "right",
                      no_wrap=col == "kernel")
     for r in report.rows:
-        status = r.status if not r.reason else f"{r.status}: {r.reason}"
-        t.add_row(r.config.name, *(("-" if v is None else str(v)) for v in (
-            r.registers, r.smem, r.spill_bytes, r.blocks_per_sm,
-            None if r.occupancy is None else f"{r.occupancy:.0%}",
-        )), r.limiter or "-", "-" if r.bound_tflops is None else f"{r.bound_tflops:.1f}",
-            "-" if r.predicted_tflops is None else f"{r.predicted_tflops:.1f}",
-            r.predicted_limiter or "-", status)
+        occ = "-" if r.occupancy is None else f"{r.occupancy:.0%} ({r.blocks_per_sm}/SM)"
+        t.add_row(r.config.name, "-" if r.registers is None else str(r.registers),
+                  "-" if r.smem is None else str(r.smem), occ, r.limiter or "-",
+                  "-" if r.predicted_tflops is None else f"{r.predicted_tflops:.1f}", r.status)
     console.print(t)
+    for r in report.rows:  # why, for those that will not run (--json has every figure)
+        if r.reason:
+            console.print(f"{r.config.name}: {r.status}: {r.reason}")
     ok = sum(r.status == "ok" for r in report.rows)
     console.print(
         f"space {report.space} configurations (and their split-K variants where the tiles "
@@ -144,17 +147,16 @@ def _print_dry_run(report, console) -> None:
 
 
 def _dry_run(args, shape, dtype) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
+    from tuner._progress import progress
     from tuner.dryrun import dry_run
 
     arch = parse_arch(args.arch or "sm_90")
     out = _console()
-    with Progress("compiling", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True,
+    with progress("compiling", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=args.json) as bar:
-        task = bar.add_task("compile", total=None)
+        task = bar.add_task("compiled", total=None)
         report = dry_run(shape, arch, args.trials, args.seed, _artifacts_dir(args), args.jobs,
                          progress=lambda done, total: bar.update(task, completed=done, total=total),
                          dtype=dtype)
@@ -227,8 +229,27 @@ def _run_subcommand(argv) -> int:
     return getattr(commands, f"cmd_{args.command}")(args, _console())
 
 
+#: options whose value is a shape: "--shape -5x4x4" would read to argparse as two options
+_SHAPE_OPTIONS = ("--shape",)
+
+
+def _joined_shapes(argv: list[str]) -> list[str]:
+    """--shape followed by a value that starts with '-' (a negative size) as --shape=VALUE,
+    so that the size check, not argparse, answers it."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _SHAPE_OPTIONS and i + 1 < len(argv) and argv[i + 1][:2] != "--" \
+                and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def _run(argv) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _joined_shapes(sys.argv[1:] if argv is None else list(argv))
     if argv and argv[0] in SUBCOMMANDS:
         return _run_subcommand(argv)
     args = build_parser().parse_args(argv)

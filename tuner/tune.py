@@ -14,10 +14,11 @@ from pathlib import Path
 from codegen.compile import nvcc_version, target_arch
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
+from codegen.occupancy import occupancy
 from codegen.rendering import template_hash
+from tuner._progress import PIPE_WIDTH
 from tuner._shape import format_shape, problem_bytes
 from tuner.cache import CacheKey, WinnerCache
-from codegen.occupancy import occupancy
 
 __all__ = ["run_cli", "cache_key"]
 
@@ -99,7 +100,7 @@ def run_cli(args, shapes, dtype: DType, artifacts: Path) -> int:
         raise UsageError(f"--arch {args.arch} does not match the GPU ({dev.name}, {dev.sm}); "
                          "use --dry-run to build for another architecture")
     devices = _devices(args.devices)
-    out = Console(width=None if sys.stdout.isatty() else 200)
+    out = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     results = []
     for shape in shapes:
         key = cache_key(dev, dtype, shape)
@@ -176,8 +177,9 @@ def _tune(args, shape, dtype, artifacts, dev, key, devices) -> dict:
 
 
 def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from tuner._progress import progress
 
     from tuner.search import confirm, save_study, search
 
@@ -186,8 +188,8 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
                TextColumn("pruned {task.fields[pruned]} failed {task.fields[failed]} "
                           "best {task.fields[best]} TFLOP/s ({task.fields[pct]} of cuBLAS)"),
                TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True,
-                  disable=args.json) as bar:
+    fields = ("pruned {pruned}, failed {failed}, best {best} TFLOP/s ({pct} of cuBLAS)")
+    with progress(*columns, fields_text=fields, disable=args.json) as bar:
         task = bar.add_task("tuning", total=args.trials, pruned=0, failed=0, best="-", pct="-")
 
         def on_event(rec, s):

@@ -326,6 +326,26 @@ class Dispatcher:
             self.table.put(key, d)
         return measured_choice(d)
 
+    def explain_offline(self, gpu: str, dtype, m: int, n: int, k: int) -> str:
+        """explain() for a GPU model the library was tuned on, with no GPU here: the exact
+        entry or the estimates (first-use measurements belong to a driver and a cuBLAS)."""
+        from codegen.arch import ARCHS
+
+        from tuner.runtime.errors import LibraryError
+
+        ccs = {e["cc"] for e in self.manifest.entries if e["gpu"] == gpu}
+        if not ccs:
+            models = sorted({e["gpu"] for e in self.manifest.entries}) or ["none"]
+            raise LibraryError(f"the library at {self.manifest.path} has no entries for "
+                               f"{gpu!r} (it has: {', '.join(models)})")
+        cc = max(ccs)
+        c = self.select(m, n, k, dtype, cc, ARCHS[cc].sm_count if cc in ARCHS else None,
+                        gpu=gpu)
+        settled = c.rule == "cublas" or c.rule == "exact" and c.kernel is not None
+        note = "" if settled else "; on that GPU a first call measures"
+        return (f"{c.kernel or 'cuBLAS'} ({c.rule}, for {gpu} without a GPU here): "
+                f"{c.reason}{note}")
+
     def explain(self, g, dtype, m: int, n: int, k: int, align: tuple = FULL_ALIGN) -> str:
         """Which kernel runs this problem on GPU g and why: the exact entry, the figures
         measured (per route to cuBLAS that has been measured), or the estimates."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from codegen.config import DType, Layout, config_from_name
 from tuner.runtime import call, driver, measure
 from tuner.runtime.dispatch import FULL_ALIGN, Choice, Dispatcher
-from tuner.runtime.errors import LibraryError
+from tuner.runtime.errors import LibraryError, NoGPUError
 from tuner.runtime.manifest import SCHEMA, Manifest
 from tuner.runtime.runners import Runner, runner_for
 
@@ -132,12 +132,23 @@ class Library:
             return self.choose(g, dtype, m, n, k, FULL_ALIGN, None, problem.timer(self), route)
 
     def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
-                device: int | None = None) -> str:
+                device: int | None = None, gpu: str | None = None) -> str:
         """Which kernel `gemm` runs for this problem (fully aligned, packed operands) on this
         GPU, and why: the exact entry, the figures measured (for each route to cuBLAS that
-        has been measured: torch callers', and everyone else's), or the estimates."""
+        has been measured: torch callers', and everyone else's), or the estimates.
+
+        `gpu`: a GPU model the library was tuned on ("NVIDIA H200"), to ask without one:
+        the exact entry or the estimates answer (nothing measured is known then)."""
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
-        g = driver.gpu(driver.current_device() if device is None else device)
+        if gpu is not None:
+            return self.dispatcher.explain_offline(gpu, dtype, m, n, k)
+        try:
+            g = driver.gpu(driver.current_device() if device is None else device)
+        except NoGPUError as e:
+            models = sorted({e["gpu"] for e in self.manifest["entries"]})
+            raise NoGPUError(f"explain() needs a GPU ({e}), or a GPU model the library was "
+                             f"tuned on: explain(..., gpu={models[0] if models else '...'!r})"
+                             ) from None
         return self.dispatcher.explain(g, dtype, m, n, k)
 
     def choose(self, g, dtype: DType, m: int, n: int, k: int, align: tuple, stream: int | None,
