@@ -28,7 +28,19 @@ def _gpu_reason() -> str | None:
     return None
 
 
+#: the test files of `pytest -m fast` (README): pure logic, the CLI, the run path through a
+#: fake driver, the family rules and names; none compiles a grid of kernels (about 30 s on
+#: two cores, where the whole suite takes 4-8 minutes)
+FAST = {"test_floors.py", "test_config.py", "test_names.py", "test_check.py",
+        "test_occupancy.py", "test_model.py", "test_runtime.py", "test_cache.py",
+        "test_families.py", "test_properties.py", "test_distributed.py", "test_cli.py",
+        "test_render.py", "test_profile.py", "test_cli_status.py"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in FAST:
+            item.add_marker(pytest.mark.fast)
     if os.environ.get("GEMM_TUNE_REQUIRE_GPU") and _gpu_reason():
         raise pytest.UsageError(f"GEMM_TUNE_REQUIRE_GPU is set but {_gpu_reason()}")
     gpu_items = [i for i in items if "gpu" in i.keywords]
