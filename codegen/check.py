@@ -24,4 +24,10 @@ def check(config, arch: str | int | ArchLimits) -> list[str]:
         >>> check(KernelConfig(stages=3), "sm_75")
         ['cp.async stages (3) need sm_80 or newer; sm_75 has none']
     """
-    return family_of(config).check(config, parse_arch(arch))
+    spec = family_of(config)
+    why = spec.check(config, parse_arch(arch))
+    if config.layout not in spec.layouts:
+        why.append(f"layout {config.layout.value}: the {spec.name} template reads "
+                   f"{', '.join(sorted(x.value for x in spec.layouts))} operands only "
+                   "(A and B row-major); other layouts run on cuBLAS")
+    return why

@@ -159,3 +159,33 @@ def test_export_bundle_builds_and_passes_against_cublas(lib, tmp_path):
         q = subprocess.run(["cmake", "--build", str(out / "build")], capture_output=True,
                            text=True)
         assert q.returncode == 0, q.stdout[-2000:] + q.stderr[-2000:]
+
+
+@pytest.mark.parametrize("layout", ["nt", "tn", "tt"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kind", ["torch", "cupy"])
+def test_transposed_views_run_in_place_against_float64(lib, layout, dtype, kind):
+    """x @ W.t() (NT) and the other layouts, as transposed views with no copy: C against a
+    float64 product of the same inputs, C poisoned first; alpha and beta too."""
+    m, n, k = 131, 77, 259
+    rng = np.random.default_rng()
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + 2.0 * c0
+    if kind == "torch":
+        import torch
+
+        dev = lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda()  # noqa: E731
+        c = dev(c0)
+    else:
+        import cupy
+
+        dev = cupy.asarray
+        c = cupy.asarray(c0)
+    A = dev(a.T).T if layout[0] == "t" else dev(a)  # a column-major view of a's values
+    B = dev(b.T).T if layout[1] == "t" else dev(b)
+    out = lib.gemm(A, B, c, alpha=0.5, beta=2.0)
+    got = out.cpu().numpy() if kind == "torch" else out.get()
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err <= (1e-5 if dtype == "float32" else 2e-5), (layout, dtype, kind, err)

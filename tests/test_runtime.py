@@ -24,11 +24,15 @@ from tuner.runtime.library import load_library
 class Cai:
     """A device matrix known only by its __cuda_array_interface__."""
 
-    def __init__(self, rows, cols, ptr, typestr="<f4", ld=None, stream=None):
+    def __init__(self, rows, cols, ptr, typestr="<f4", ld=None, stream=None,
+                 column_major=False):
         size = np.dtype(typestr).itemsize
+        strides = None if ld is None else (ld * size, size)
+        if column_major:  # a transposed view: columns ld (default: rows) elements apart
+            strides = (size, (ld or rows) * size)
         self.__cuda_array_interface__ = dict(
             shape=(rows, cols), typestr=typestr, data=(ptr, False), version=3, stream=stream,
-            strides=None if ld is None else (ld * size, size))
+            strides=strides)
 
 
 class _NoContext:
@@ -47,6 +51,7 @@ class FakeGpu:
 
     def __init__(self, monkeypatch):
         self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
+        self.blas_layouts = []  # the layout each cuBLAS call was given
         self.scratch_calls = []  # launches and cuBLAS calls made by a measurement
         self.measure_streams = []
         self.measuring = False
@@ -94,11 +99,12 @@ class FakeGpu:
         class Blas:
             version = 130100
 
-            def gemm(self, *args, allocate_captured=None):
+            def gemm(self, *args, allocate_captured=None, layout=None):
                 (world.scratch_calls if world.measuring else world.blas).append(args)
+                world.blas_layouts.append(layout)
 
         @contextlib.contextmanager
-        def scratch_operands(g, m, n, k, lda, ldb, ldc, size, offsets):
+        def scratch_operands(g, m, n, k, lda, ldb, ldc, size, offsets, layout=None):
             world.measured.append(((m, n, k), (lda, ldb, ldc), offsets))
             yield 0x1000, 0x2000, 0x3000
 
@@ -264,7 +270,10 @@ def test_errors_before_any_launch(lib, fake):
         ((Cai(64, 32, 0x10000, typestr="<f8"), b), "A is float64"),
         ((a, Cai(32, 48, 0x20000, typestr="<f2")), "they must be of one type"),
         ((a, b, Cai(64, 48, 0x30000, typestr="<f2")), "C must be float32"),
-        ((a, Cai(32, 48, 0x20000, ld=40)), "not row-major"),
+        ((a, Cai(32, 48, 0x20000, ld=40)),
+         r"B is 32x48 with strides \(160, 4\) bytes: it must be row-major or column-major"),
+        ((a, b, Cai(64, 48, 0x30000, column_major=True)),
+         r"C is 64x48 with strides \(4, 256\) bytes: it must be row-major with a unit"),
         (([[1.0]], b), "got list"),
     ]
     for args, msg in cases:
@@ -618,3 +627,21 @@ def test_every_request_has_torch_scratch_operands_for_its_first_use_measurement(
     assert {measure.TORCH_DATA[d] for d in (DType.F32, DType.TF32, DType.F32X3)} == {"float32"}
     assert (measure.TORCH_DATA[DType.F16], measure.TORCH_DATA[DType.BF16]) == \
         ("float16", "bfloat16")
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, True), (True, False), (True, True)])
+def test_transposed_views_run_without_a_copy_on_cublas_with_their_layout(lib, fake, a_t, b_t):
+    """x @ W.t() and the other layouts: the strides say which operand is stored by columns;
+    no family has kernels for them yet, so cuBLAS runs them in place (its op flags), and the
+    decision is keyed by layout (nothing measured: there is nothing to measure against)."""
+    from codegen.config import Layout
+
+    a = Cai(100, 50, 0x10000, column_major=a_t)
+    b = Cai(50, 70, 0x20000, column_major=b_t)
+    lib.gemm(a, b, Cai(100, 70, 0x30000))
+    layout = Layout.of(a_t, b_t)
+    assert fake.launches == [] and fake.measured == [] and fake.blas_layouts == [layout]
+    m, n, k, alpha, pa, lda, pb, ldb = fake.blas[0][1:9]
+    assert (m, n, k, pa, pb) == (100, 70, 50, 0x10000, 0x20000)
+    assert (lda, ldb) == (100 if a_t else 50, 50 if b_t else 70)  # between lines as stored
+    assert "cuBLAS" in lib.select(100, 70, 50, DType.F32, 90, 132, layout=layout).reason

@@ -153,6 +153,8 @@ class FamilySpec:
     min_cc: int = 0
     max_cc: int = 10_000
     searched: bool = True  # False: buildable and tested, not yet a candidate of the search
+    #: the operand layouts its template reads (others are refused by check, with a reason)
+    layouts: frozenset = frozenset({Layout.NN})
     #: reasons of the family's own why a buildable config cannot run the tuner's problem at
     #: `shape` (dense row-major operands): rejected before compiling, never timed
     shape_reasons: Callable[[Any, Shape, ArchLimits], list[str]] = _no_shape_rules

@@ -62,9 +62,19 @@ class DType(enum.Enum):
 
 
 class Layout(enum.Enum):
-    """Operand layout in row-major terms: N = as stored, T = transposed."""
+    """How A and B are stored, A's letter first: N row-major (rows contiguous, as C is), T
+    column-major (a transposed view: torch's ``W.t()``, numpy's ``W.T``). C = A * B with A
+    M x K and B K x N either way; C is row-major."""
 
-    NN = "nn"  # C = A * B with A (M x K) and B (K x N) both row-major
+    NN = "nn"  # both row-major
+    NT = "nt"  # B column-major: x @ W.t() with W stored (N, K), as torch.nn.Linear keeps it
+    TN = "tn"  # A column-major
+    TT = "tt"  # both column-major
+
+    @classmethod
+    def of(cls, a_column_major: bool, b_column_major: bool) -> "Layout":
+        """The layout of an A and a B stored so."""
+        return cls(("t" if a_column_major else "n") + ("t" if b_column_major else "n"))
 
 
 class Serial:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from codegen.config import DType
+from codegen.config import DType, Layout
 from tuner.runtime import driver
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.operands import (
@@ -186,7 +186,8 @@ def _general_plan(lib, A, B, C, mode, stream, measure):
     if dev is None:
         dev = driver.current_device()
     s = resolve_stream(stream, ops, dev)
-    key = ("general", dev, a.dtype, b.dtype, a.rows, a.cols, a.ld, b.rows, b.cols, b.ld,
+    key = ("general", dev, a.dtype, b.dtype, a.rows, a.cols, a.ld, a.column_major, b.rows,
+           b.cols, b.ld, b.column_major,
            None if c is None else (c.rows, c.cols, c.ld, c.host is None), host,
            tuple(align_class(o.ptr or 0, o.ld, o.dtype.size) for o in ops),
            mode, measure)
@@ -297,11 +298,12 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, mode: DType | None, me
     align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size)
                   for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
+    layout = Layout.of(a.column_major, b.column_major)
     problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
-                      measure, stream, allocate)
+                      measure, stream, allocate, layout)
     with driver.entered(g):
         choice = lib.choose(g, dtype, m, n, k, align, stream,
-                            problem.timer(lib) if measure else None, problem.route)
+                            problem.timer(lib) if measure else None, problem.route, layout)
         capturing = driver.is_capturing(stream)
         plan = problem.build(lib, choice, capturing)
     if measure and choice.rule == "estimate" and capturing:
@@ -327,6 +329,7 @@ class Problem:
     measure: bool
     stream: int  # the call's stream: candidates are timed there, as the call would run
     allocate: Callable | None = None  # graph-safe scratch (torch callers)
+    layout: Layout = Layout.NN  # how A and B are stored (C is row-major)
 
     @property
     def route(self) -> str:
@@ -338,6 +341,7 @@ class Problem:
 
         g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
         lda, ldb, ldc, allocate = self.lda, self.ldb, self.ldc, self.allocate
+        layout = self.layout
         run = torch_run = None
         if choice.kernel is not None:
             run = lib.runner(choice.kernel, g.sm).bind(g, m, n, k, lda, ldb, ldc, allocate)
@@ -351,7 +355,8 @@ class Problem:
             blas = device_blas(g)
 
             def run(pa, pb, pc, alpha, beta, s):
-                blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate)
+                blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate,
+                          layout=layout)
         return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self)
 
     def timer(self, lib) -> Callable:
@@ -371,7 +376,8 @@ class Problem:
         def time_torch(names):
             _see_torch()
             with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                        self.ldc, self.dtype, self.offsets) as ops:
+                                        self.ldc, self.dtype, self.offsets,
+                                        self.layout) as ops:
                 A, B, C = ops
                 key = _torch_key(A, B, C, self.mode, self.measure, None)[0]
                 saved = lib.plans.get(key)
@@ -394,7 +400,8 @@ class Problem:
 
         def time_pointers(names):
             with measure.driver_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                         self.ldc, self.dtype.size, self.offsets) as ptrs:
+                                         self.ldc, self.dtype.size, self.offsets,
+                                         self.layout) as ptrs:
                 return measure.time_candidates(
                     self.gpu, {name: (lambda st, p=p: p.run(*ptrs, 1.0, 0.0, st))
                                for name, p in plans(names).items()}, self.stream)

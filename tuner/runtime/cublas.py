@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # cudaDataType_t, cublasComputeType_t (cublas_api.h / library_types.h)
 CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
 COMPUTE_32F, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 70, 77
-OP_N, GEMM_DEFAULT = 0, -1
+OP_N, OP_T, GEMM_DEFAULT = 0, 1, -1
 
 #: dtype -> (A/B type, C type, compute type, scalar ctype)
 _PRECISION = {
@@ -160,7 +160,9 @@ class DeviceBlas:
         self._ex.restype = I
 
     def gemm(self, dtype, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream: int,
-             allocate_captured=None) -> None:
+             allocate_captured=None, layout=None) -> None:
+        """Row-major C = alpha A B + beta C on `stream`; `layout` (codegen's Layout, default
+        NN) says which of A and B are stored column-major (lda / ldb between columns)."""
         ab_t, c_t, compute, scalar = _PRECISION[dtype]
         with self._lock:
             if self._bound is None or self._bound[0] != stream or not self._bound[1]:
@@ -168,8 +170,10 @@ class DeviceBlas:
             al, be = (self._alpha, self._beta) if scalar is ctypes.c_float else \
                 (self._dalpha, self._dbeta)
             al.value, be.value = alpha, beta
-            # column-major C^T (n x m) = B^T (n x k) * A^T (k x m)
-            status = self._ex(self.blas.handle, OP_N, OP_N, n, m, k, ctypes.addressof(al),
+            # column-major C^T (n x m) = B^T (n x k) * A^T (k x m): a row-major operand is
+            # its transpose to cuBLAS (OP_N), a column-major one is itself (OP_T)
+            op_a, op_b = (OP_T if x == "t" else OP_N for x in (layout.value if layout else "nn"))
+            status = self._ex(self.blas.handle, op_b, op_a, n, m, k, ctypes.addressof(al),
                               b, ab_t, ldb, a, ab_t, lda, ctypes.addressof(be), c, c_t, ldc,
                               compute, GEMM_DEFAULT)
         if status != 0:

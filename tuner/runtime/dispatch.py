@@ -295,30 +295,29 @@ class Dispatcher:
             return Choice(e["kernel"], "estimate", f"no entry for {what}; {figures}", est)
         return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
 
-    def key(self, g, dtype, m: int, n: int, k: int, align: tuple,
-            route: str = "gemm-tune") -> str:
+    def key(self, g, dtype, m: int, n: int, k: int, align: tuple, route: str = "gemm-tune",
+            layout=None) -> str:
         """The table's key of a decision on GPU g (route: how cuBLAS is reached)."""
-        from codegen.config import Layout
         from tuner.runtime.cublas import cublas_version
 
         return DispatchTable.key(g.name, g.driver_version, f"{cublas_version()} via {route}",
-                                 self.manifest.fingerprint, dtype.short, Layout.NN.value, m, n,
-                                 k, align)
+                                 self.manifest.fingerprint, dtype.short,
+                                 layout.value if layout else "nn", m, n, k, align)
 
     def decide(self, g, dtype, m: int, n: int, k: int, align: tuple, measure,
-               route: str = "gemm-tune") -> Choice:
+               route: str = "gemm-tune", layout=None) -> Choice:
         """The rule for one problem on GPU g. `measure`: None (decide without timing), or
         a callable (kernel names ranked best first) -> a table decision, called once per
         key: an exact entry that beat cuBLAS where it was tuned runs; anything else is
         measured against cuBLAS as this caller reaches it."""
-        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, gpu=g.name, align=align)
+        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, layout, g.name, align)
         if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
                 or measure is None:
             return choice
-        key = self.key(g, dtype, m, n, k, align, route)
+        key = self.key(g, dtype, m, n, k, align, route, layout)
         d = self.table.get(key)
         if d is None:
-            ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count, align=align)
+            ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count, layout, align)
             d = measure([e["kernel"] for _, e in ranked], choice)
             if d is None:  # a CUDA graph is being captured: nothing may be timed
                 return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "

@@ -152,12 +152,12 @@ class Library:
         return self.dispatcher.explain(g, dtype, m, n, k)
 
     def choose(self, g, dtype: DType, m: int, n: int, k: int, align: tuple, stream: int | None,
-               timer=None, route: str = "gemm-tune") -> Choice:
+               timer=None, route: str = "gemm-tune", layout: Layout = Layout.NN) -> Choice:
         """The rule for one call on GPU g, measuring with `timer` (kernel names ->
         {name or "cublas": ms per call}) where the rule asks to; nothing is measured while
         `stream` is being captured into a CUDA graph (the estimate decides then)."""
         if timer is None:
-            return self.dispatcher.decide(g, dtype, m, n, k, align, None, route)
+            return self.dispatcher.decide(g, dtype, m, n, k, align, None, route, layout)
 
         def measured(ranked: list[str], choice: Choice) -> dict | None:
             if stream is not None and driver.is_capturing(stream):
@@ -165,7 +165,7 @@ class Library:
             return measure.decision(timer(measure.candidates(ranked)), route)
 
         with self._measure_lock:
-            return self.dispatcher.decide(g, dtype, m, n, k, align, measured, route)
+            return self.dispatcher.decide(g, dtype, m, n, k, align, measured, route, layout)
 
     # ---- running ---------------------------------------------------------------------------
     def runner(self, name: str, arch: str) -> Runner:
@@ -186,15 +186,19 @@ class Library:
         """C = alpha * A @ B + beta * C with the tuned kernels, or cuBLAS where it is faster
         (see tuner.runtime.dispatch for the rule).
 
-        A (M x K) and B (K x N) are row-major matrices of one type, float32, float16 or
-        bfloat16; C (M x N) is float32 (FP32 accumulation and output for every type).
+        A (M x K) and B (K x N) are matrices of one type, float32, float16 or bfloat16,
+        each row-major or column-major (a transposed view such as torch's ``W.t()``: the
+        layout is read off the strides, nothing is copied; the tuned kernels read row-major
+        A and B, so the other layouts run on cuBLAS for now); C (M x N) is row-major
+        float32 (FP32 accumulation and output for every type).
         They are torch tensors, cupy arrays, pycuda GPUArrays or any object exposing
         __cuda_array_interface__, used in place, or numpy arrays: when A, B and C are all
         numpy, the product runs as a pipeline over chunks of rows, its copies through
         pinned buffers overlapping the compute (tuner.runtime.host; `pipeline=False`:
         copy in, compute, copy out, one after the other; "pageable": the same pipeline
-        without pinned staging, to show why it is there). Rows may be padded (a leading dimension >= the row length); columns must
-        be contiguous. float32 inputs run the fp32 entries, or with `allow_tf32` the tf32
+        without pinned staging, to show why it is there). Rows (columns) may be padded: a
+        leading dimension >= their length; along them the stride must be one element.
+        float32 inputs run the fp32 entries, or with `allow_tf32` the tf32
         ones (cuBLAS with TF32 where none wins), or with `allow_3xtf32` the 3xTF32 ones
         beside the fp32 ones (fp32 accuracy; cuBLAS SGEMM is their rival).
 

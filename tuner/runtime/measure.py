@@ -59,8 +59,17 @@ def decision(ms: dict[str, float], route: str) -> dict:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
-def _sizes(m, n, k, lda, ldb, ldc, in_size):
-    return ((m - 1) * lda + k) * in_size, ((k - 1) * ldb + n) * in_size, ((m - 1) * ldc + n) * 4
+def _stored(m, n, k, lda, ldb, ldc, layout) -> tuple:
+    """(lines, elements used per line, ld) of A, B and C as a caller with `layout` stores
+    them: a column-major operand has its columns as lines."""
+    t = layout.value if layout else "nn"
+    return ((k, m, lda) if t[0] == "t" else (m, k, lda),
+            (n, k, ldb) if t[1] == "t" else (k, n, ldb), (m, n, ldc))
+
+
+def _sizes(m, n, k, lda, ldb, ldc, in_size, layout=None):
+    return tuple(((lines - 1) * ld + used) * size for (lines, used, ld), size in
+                 zip(_stored(m, n, k, lda, ldb, ldc, layout), (in_size, in_size, 4)))
 
 
 def _fill(ptr: int, nbytes: int, rng) -> None:
@@ -76,12 +85,12 @@ def _fill(ptr: int, nbytes: int, rng) -> None:
 
 
 @contextlib.contextmanager
-def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets):
+def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets, layout=None):
     """(a, b, c) pointers on cuMemAlloc'd scratch, each `offsets` bytes past a 256-byte
-    boundary as the caller's were; freed on exit."""
+    boundary as the caller's were, stored as `layout` says; freed on exit."""
     bufs = []
     try:
-        for size, off in zip(_sizes(m, n, k, lda, ldb, ldc, in_size), offsets):
+        for size, off in zip(_sizes(m, n, k, lda, ldb, ldc, in_size, layout), offsets):
             bufs.append(driver.Buffer(size + 256))
             _fill(bufs[-1].ptr, size + 256, np.random.default_rng(len(bufs)))
         yield tuple(b.ptr + off for b, off in zip(bufs, offsets))
@@ -96,19 +105,22 @@ TORCH_DATA = {DType.F32: "float32", DType.TF32: "float32", DType.F32X3: "float32
 
 
 @contextlib.contextmanager
-def torch_operands(g, m, n, k, lda, ldb, ldc, dtype: DType, offsets):
+def torch_operands(g, m, n, k, lda, ldb, ldc, dtype: DType, offsets, layout=None):
     """(A, B, C) tensors for a torch caller, from torch's allocator on its current stream,
-    laid out as a caller's are (rows of `ld` elements, `cols` used, the same byte offset
-    from a 256-byte boundary)."""
+    laid out as a caller's are (lines of `ld` elements, the same byte offset from a 256-byte
+    boundary; a column-major operand as the transposed view of its lines)."""
     import torch
 
     dt = getattr(torch, TORCH_DATA[dtype])
+    t = layout.value if layout else "nn"
     out = []
-    for (rows, cols, ld), off, t in zip(((m, k, lda), (k, n, ldb), (m, n, ldc)), offsets,
-                                        (dt, dt, torch.float32)):
-        skip = off // torch.empty((), dtype=t).element_size()
-        flat = torch.randn(skip + rows * ld, device=f"cuda:{g.index}", dtype=t)
-        out.append(flat[skip:].view(rows, ld)[:, :cols])
+    for (lines, used, ld), off, typ, flip in zip(_stored(m, n, k, lda, ldb, ldc, layout),
+                                                 offsets, (dt, dt, torch.float32),
+                                                 (t[0] == "t", t[1] == "t", False)):
+        skip = off // torch.empty((), dtype=typ).element_size()
+        flat = torch.randn(skip + lines * ld, device=f"cuda:{g.index}", dtype=typ)
+        x = flat[skip:].view(lines, ld)[:, :used]
+        out.append(x.t() if flip else x)
     yield tuple(out)
     torch.cuda.current_stream(g.index).synchronize()
 

@@ -37,13 +37,19 @@ class Operand:
     obj: object
     rows: int
     cols: int
-    ld: int  # elements between rows
+    ld: int  # elements between rows (between columns where column_major)
     ptr: int | None  # device pointer, None for host (numpy) arrays
     device: int | None = None  # GPU ordinal, None for host arrays
     host: np.ndarray | None = None
     dtype: DType = DType.F32
     kind: str = "cai"  # "torch", "cupy", "pycuda", "cai" or "numpy"
     stream: int | None = None  # a stream the producer names (__cuda_array_interface__ v3)
+    column_major: bool = False  # stored by columns: a transposed view of a row-major matrix
+
+    @property
+    def stored(self) -> tuple[int, int]:
+        """(lines, elements per line) as stored: rows x cols, or cols x rows by columns."""
+        return (self.cols, self.rows) if self.column_major else (self.rows, self.cols)
 
 
 def _elem(name: str, kind, inputs: bool) -> DType:
@@ -62,19 +68,28 @@ def _np_dtype(kind):
         return None
 
 
-def _dims(name, shape, strides, itemsize):
+def _dims(name, shape, strides, itemsize, column_major_ok: bool = True):
+    """(rows, cols, ld, column_major) of a matrix: row-major (unit stride along a row, rows
+    ld >= cols elements apart) or, where `column_major_ok`, column-major (a transposed
+    view: unit stride down a column, columns ld >= rows apart). A matrix of one row or one
+    column is read as row-major."""
     if len(shape) != 2:
         raise _error(f"{name} must be a 2-D matrix (got {len(shape)} dimensions)")
     rows, cols = (int(x) for x in shape)
     if rows < 1 or cols < 1:
         raise _error(f"{name} is {rows}x{cols}: every dimension must be at least 1")
     if strides is None:
-        return rows, cols, cols
+        return rows, cols, cols, False
     rs, cs = (int(x) for x in strides)
-    if (cs != itemsize and cols > 1) or rs % itemsize or (rs // itemsize < cols and rows > 1):
-        raise _error(f"{name} is not row-major with contiguous columns (strides {rs}, "
-                     f"{cs} bytes); pass a contiguous array")
-    return rows, cols, max(rs // itemsize, cols)
+    if not (rs % itemsize or cs % itemsize):
+        if (cs == itemsize or cols == 1) and (rs // itemsize >= cols or rows == 1):
+            return rows, cols, max(rs // itemsize, cols), False
+        if column_major_ok and (rs == itemsize or rows == 1) and cs // itemsize >= rows:
+            return rows, cols, max(cs // itemsize, rows), True
+    what = "row-major" + (" or column-major" if column_major_ok else "")
+    raise _error(f"{name} is {rows}x{cols} with strides ({rs}, {cs}) bytes: it must be "
+                 f"{what} with a unit stride (a contiguous array, or a transposed view "
+                 "of one)")
 
 
 def _device_of(ptr: int, name: str) -> int:
@@ -90,10 +105,11 @@ def _device_of(ptr: int, name: str) -> int:
 
 def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Operand:
     """Shape, dtype, layout, kind and device of one operand. `inputs`: A or B (float32,
-    float16 or bfloat16); otherwise C (float32)."""
+    float16 or bfloat16, row- or column-major); otherwise C (float32, row-major). numpy
+    arrays are staged through row-major copies."""
     if isinstance(x, np.ndarray):
         dt = _elem(name, x.dtype, inputs)
-        rows, cols, _ = _dims(name, x.shape, None, x.itemsize)
+        rows, cols, _, _ = _dims(name, x.shape, None, x.itemsize)
         if writable and not x.flags.writeable:
             raise _error(f"{name} is read-only")
         return Operand(name, x, rows, cols, cols, None, host=x, dtype=dt, kind="numpy")
@@ -104,20 +120,21 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
             raise _error(f"{name} is a CPU torch tensor; pass a CUDA tensor or numpy")
         if x.dim() != 2:
             raise _error(f"{name} must be a 2-D matrix (got {x.dim()} dimensions)")
-        rows, cols, ld = _dims(name, x.shape, [st * x.element_size() for st in x.stride()],
-                               x.element_size())
+        rows, cols, ld, colmajor = _dims(name, x.shape, [st * x.element_size()
+                                                         for st in x.stride()],
+                                         x.element_size(), inputs)
         return Operand(name, x, rows, cols, ld, int(x.data_ptr()), device=x.get_device(),
-                       dtype=dt, kind="torch")
+                       dtype=dt, kind="torch", column_major=colmajor)
     cai = getattr(x, "__cuda_array_interface__", None)
     stream = None
     if hasattr(x, "gpudata"):  # a pycuda GPUArray (which also exports the interface)
         dt = _elem(name, x.dtype, inputs)
-        rows, cols, ld = _dims(name, x.shape, x.strides, x.dtype.itemsize)
+        rows, cols, ld, colmajor = _dims(name, x.shape, x.strides, x.dtype.itemsize, inputs)
         ptr, kind = int(x.gpudata), "pycuda"
     elif cai is not None:
         dt = _elem(name, np.dtype(cai["typestr"]), inputs)
-        rows, cols, ld = _dims(name, cai["shape"], cai.get("strides"),
-                               np.dtype(cai["typestr"]).itemsize)
+        rows, cols, ld, colmajor = _dims(name, cai["shape"], cai.get("strides"),
+                                         np.dtype(cai["typestr"]).itemsize, inputs)
         ptr, readonly = cai["data"]
         if writable and readonly:
             raise _error(f"{name} is read-only")
@@ -128,7 +145,8 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
                      f"or expose __cuda_array_interface__ (got {type(x).__name__})")
     device = int(x.device.id) if kind == "cupy" else _device_of(int(ptr), name)
     return Operand(name, x, rows, cols, ld, int(ptr), device=device, dtype=dt, kind=kind,
-                   stream=stream if isinstance(stream, int) and stream > 2 else None)
+                   stream=stream if isinstance(stream, int) and stream > 2 else None,
+                   column_major=colmajor)
 
 
 def same_device(*ops: Operand) -> int | None:
