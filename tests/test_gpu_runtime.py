@@ -401,3 +401,45 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
             side.synchronize()
             assert _err(c, tf32(a), tf32(b), 0.5, 2.0, c0) <= 1e-4 * max(1.0, k / 4096), (
                 (m, n, k), pad)
+
+
+@pytest.mark.parametrize("kind", ["torch", "cupy", "numpy"])
+def test_3xtf32_requests_on_an_untuned_shape_from_every_caller(lib, kind):
+    """allow_3xtf32 on a shape with no entry: decided on first use by measuring, keyed apart
+    from plain fp32 (torch callers' first use raised KeyError 'f32x3' before), right against
+    float64; for torch also on a side stream and replayed from a CUDA graph."""
+    import torch
+
+    m, n, k = 333, 277, 515
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    if kind == "torch":
+        c = lib.gemm(a, b, allow_3xtf32=True, measure=True)
+    elif kind == "cupy":
+        import cupy
+
+        c = torch.as_tensor(lib.gemm(cupy.asarray(a), cupy.asarray(b), allow_3xtf32=True,
+                                     measure=True), device="cuda")
+    else:
+        c = torch.from_numpy(lib.gemm(a.cpu().numpy(), b.cpu().numpy(), allow_3xtf32=True,
+                                      measure=True)).cuda()
+    torch.cuda.synchronize()
+    assert _err(c, a, b) <= 1e-5
+    assert "measured on first use" in lib.explain(m, n, k, "f32x3")
+    if kind != "torch":
+        return
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        c2 = torch.full((m, n), float("nan"), device="cuda")
+        lib.gemm(a, b, c2, allow_3xtf32=True, measure=True)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert _err(c2, a, b) <= 1e-5
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        lib.gemm(a, b, c2, allow_3xtf32=True, measure=True)
+    a.copy_(torch.randn(m, k, device="cuda"))
+    c2.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _err(c2, a, b) <= 1e-5
