@@ -645,3 +645,56 @@ def test_transposed_views_run_without_a_copy_on_cublas_with_their_layout(lib, fa
     assert (m, n, k, pa, pb) == (100, 70, 50, 0x10000, 0x20000)
     assert (lda, ldb) == (100 if a_t else 50, 50 if b_t else 70)  # between lines as stored
     assert "cuBLAS" in lib.select(100, 70, 50, DType.F32, 90, 132, layout=layout).reason
+
+
+def test_record_counts_each_problem_without_an_exact_entry(lib, fake, tmp_path):
+    """lib.record(FILE): a line per problem run without an exact entry (its layout, shape,
+    alignment, calls and the time the decision knew of), appended when the block ends."""
+    fake.times = {"cublas": 0.25}
+    path = tmp_path / "problems.jsonl"
+    a, b, c = Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000)
+    with lib.record(path) as rec:
+        for _ in range(3):
+            lib.gemm(a, b, c)
+        for _ in range(2):
+            lib.gemm(a, Cai(50, 70, 0x40000, column_major=True), c)  # x @ W.t()
+        for _ in range(4):  # exactly tuned (BIG, where cuBLAS won): not a problem to tune
+            lib.gemm(Cai(4096, 4096, 0x10000), Cai(4096, 4096, 0x20000),
+                     Cai(4096, 4096, 0x30000))
+        assert not path.exists()  # nothing written until the block ends
+    assert rec.flush() == 0 and lib.recorder is None
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines()),
+                  key=lambda r: r["layout"])
+    assert [(r["layout"], r["m"], r["n"], r["k"], r["calls"]) for r in rows] == [
+        ("nn", 100, 70, 50, 3), ("nt", 100, 70, 50, 2)]
+    nn, nt = rows
+    assert nn["rule"] == "measured" and nn["ms_per_call"] == 0.25 and nn["ms"] == 0.75
+    assert nt["rule"] == "cublas" and nt["ms_per_call"] is None and nt["ms"] is None
+    assert nn["align"] == [8, 8, 8] and nn["dtype"] == "f32" and nn["gpu"] == "NVIDIA H200"
+    lib.gemm(a, b, c)  # after the block: nothing counted
+    assert len(path.read_text().splitlines()) == 2
+
+
+def _recorder(path, worker, count):
+    from tuner.runtime.record import Recorder
+
+    rec = Recorder(path)
+    for i in range(count):
+        t = rec.tally(dict(dtype="f32", m=worker, n=i, k=1, ms_per_call=0.5))
+        t[0] += worker + 1
+        rec.flush()
+
+
+def test_record_files_take_appends_from_several_processes(tmp_path):
+    path = tmp_path / "problems.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_recorder, args=(path, w, 25)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 100 and {(r["m"], r["n"]) for r in rows} == {
+        (w, i) for w in range(4) for i in range(25)}
+    assert all(r["calls"] == r["m"] + 1 and r["ms"] == 0.5 * r["calls"] for r in rows)

@@ -38,6 +38,8 @@ class Plan:
     problem: "Problem | None" = None  # what it was built from
     #: rows -> the plan running the same choice on a chunk of that many packed rows
     chunks: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: the call counter of a recorded problem (tuner.runtime.record), or None
+    tally: list | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def chunk(self, lib, rows: int) -> "Plan":
         """This plan's choice (the same kernel) on `rows` packed rows of A and C."""
@@ -130,6 +132,8 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure):
                      via_torch=via_torch)
         if plan.memo:
             lib.plans[key] = plan
+    if plan.tally is not None:
+        plan.tally[0] += 1
     if plan.torch_run is not None:
         if C is None:
             import torch
@@ -202,6 +206,8 @@ def _general_plan(lib, A, B, C, mode, stream, measure):
 
 def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True):
     plan, a, b, c, s = _general_plan(lib, A, B, C, mode, stream, measure)
+    if plan.tally is not None:
+        plan.tally[0] += 1
     if C is None:
         C = empty_like(a, (plan.m, plan.n), plan.gpu.index)
         c = operand(C, "C", writable=True)
@@ -308,6 +314,9 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, mode: DType | None, me
         plan = problem.build(lib, choice, capturing)
     if measure and choice.rule == "estimate" and capturing:
         plan = dataclasses.replace(plan, memo=False)
+    if lib.recorder is not None and lib.select(m, n, k, dtype, g.cc, g.arch.sm_count, layout,
+                                               g.name, align=align).rule != "exact":
+        plan = dataclasses.replace(plan, tally=lib.recorder.tally(problem.record(choice, align)))
     return plan
 
 
@@ -334,6 +343,18 @@ class Problem:
     @property
     def route(self) -> str:
         return "torch" if self.via_torch else "gemm-tune"
+
+    def record(self, choice, align: tuple) -> dict:
+        """This problem as a line of a record file (tuner.runtime.record), with what the
+        decision knew of a call's time."""
+        ms = choice.measured_ms or {}
+        per = ms.get(choice.kernel or "cublas")
+        if per is None and choice.estimate_tflops:
+            per = 2.0 * self.m * self.n * self.k / (choice.estimate_tflops * 1e9)
+        return dict(gpu=self.gpu.name, dtype=self.dtype.short, layout=self.layout.value,
+                    out="f32", epilogue="none", batch=1, m=self.m, n=self.n, k=self.k,
+                    align=list(align), ms_per_call=None if per is None else round(per, 5),
+                    rule=choice.rule, runs=choice.kernel or "cuBLAS")
 
     def build(self, lib, choice, capturing: bool = False) -> Plan:
         """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route)."""

@@ -22,6 +22,7 @@ being captured.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ from tuner.runtime import call, driver, measure
 from tuner.runtime.dispatch import FULL_ALIGN, Choice, Dispatcher
 from tuner.runtime.errors import LibraryError, NoGPUError
 from tuner.runtime.manifest import SCHEMA, Manifest
+from tuner.runtime.record import Recorder
 from tuner.runtime.runners import Runner, runner_for
 
 __all__ = ["SCHEMA", "LibraryError", "Library", "Choice", "load_library"]
@@ -57,6 +59,8 @@ class Library:
         self._measure_lock = threading.Lock()
         #: gemm's default for `measure`: on, unless GEMM_TUNE_MEASURE=0 when the library loads
         self.measure = _measure_default()
+        #: counts the calls of problems with no exact entry (GEMM_TUNE_RECORD, record())
+        self.recorder: Recorder | None = Recorder.from_env()
 
     # ---- on disk (tuner.runtime.manifest) ------------------------------------------------
     @classmethod
@@ -166,6 +170,24 @@ class Library:
 
         with self._measure_lock:
             return self.dispatcher.decide(g, dtype, m, n, k, align, measured, route, layout)
+
+    @contextlib.contextmanager
+    def record(self, path: str | Path):
+        """Within the block, count every problem called without an exact entry, and append
+        the counts to `path` when it ends (the format: tuner.runtime.record).
+
+        Example:
+            >>> with lib.record("problems.jsonl"):          # doctest: +SKIP
+            ...     model(x)
+        """
+        before, self.recorder = self.recorder, Recorder(path)
+        self.plans.clear()  # plans made before count nothing: make them again
+        try:
+            yield self.recorder
+        finally:
+            self.recorder.flush()
+            self.recorder = before
+            self.plans.clear()
 
     # ---- running ---------------------------------------------------------------------------
     def runner(self, name: str, arch: str) -> Runner:
