@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         exit_on_error=False,
         description="Generate, compile and tune CUDA GEMM kernels for one problem shape; "
         "time the winner against cuBLAS and cache it.",
-        epilog="Also: gemm-tune list | inspect NAME|--shape MxNxK | export --out DIR | "
+        epilog="`gemm-tune tune ...` is the same command. Also: gemm-tune list | "
+        "inspect NAME|--shape MxNxK | export --out DIR | "
         "report --shape MxNxK | prewarm --shapes FILE | status --storage URL [--study NAME] "
         "(each with --help).",
     )
@@ -44,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="problem size MxNxK, e.g. 4096x4096x4096 (repeat for several shapes)")
     p.add_argument("--shapes", type=Path, default=None,
                    help="a file of shapes, one MxNxK per line (# comments), tuned in turn")
+    p.add_argument("--problems", type=Path, default=None,
+                   help="a program's recorded problems (GEMM_TUNE_RECORD=FILE or lib.record: "
+                        "JSON lines), merged and tuned costliest first, each with --trials and "
+                        "--timeout, all within --budget; their dtypes are the file's")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for all of --problems (problems left when it is spent are "
+                        "listed as skipped; run again to go on)")
     p.add_argument("--dtype", default="fp32",
                    help="input type, always with FP32 accumulation and an FP32 C: fp32 "
                         "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
@@ -252,12 +260,16 @@ def _run(argv) -> int:
     argv = _joined_shapes(sys.argv[1:] if argv is None else list(argv))
     if argv and argv[0] in SUBCOMMANDS:
         return _run_subcommand(argv)
+    if argv and argv[0] == "tune":  # `gemm-tune tune --problems FILE` reads as it is meant
+        argv = argv[1:]
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.problems is not None:
+        return _run_problems(args)
     shapes = [parse_shape(x) for x in args.shape] + shapes_file(args.shapes)
     if not shapes:
-        raise UsageError("give a problem: --shape MxNxK (or --shapes FILE)")
+        raise UsageError("give a problem: --shape MxNxK (or --shapes FILE, or --problems FILE)")
     if args.devices is not None:
         args.devices = _device_list(args.devices)
     if args.kernel_timeout <= 0:
@@ -272,6 +284,23 @@ def _run(argv) -> int:
     from tuner import tune as _tune  # the GPU path
 
     return _tune.run_cli(args, shapes, dtype, _artifacts_dir(args))
+
+
+def _run_problems(args) -> int:
+    from tuner.problems import read_problems
+
+    if args.shape or args.shapes or args.dry_run:
+        raise UsageError("--problems takes no --shape, --shapes or --dry-run")
+    if args.budget is not None and args.budget <= 0:
+        raise UsageError(f"--budget must be positive (got {args.budget:g})")
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1 (got {args.trials})")
+    if args.devices is not None:
+        args.devices = _device_list(args.devices)
+    problems = read_problems(args.problems)
+    from tuner import tune as _tune  # the GPU path
+
+    return _tune.run_problems(args, problems, _artifacts_dir(args))
 
 
 def _device_list(text: str) -> list[int]:

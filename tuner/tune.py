@@ -20,7 +20,7 @@ from tuner._progress import PIPE_WIDTH
 from tuner._shape import format_shape, problem_bytes
 from tuner.cache import CacheKey, WinnerCache
 
-__all__ = ["run_cli", "cache_key"]
+__all__ = ["run_cli", "run_problems", "cache_key"]
 
 
 class _Interrupted(Exception):
@@ -86,50 +86,119 @@ def _print(result: dict, console) -> None:
     console.print(f"winner source: {result['winner']['source']}")
 
 
+class _Session:
+    """What a run of the tuner shares across its problems: the cache, the GPU, the
+    devices to time on, and where results are printed."""
+
+    def __init__(self, args, artifacts: Path):
+        from rich.console import Console
+
+        from tuner.gpu import device
+
+        self.args, self.artifacts = args, artifacts
+        self.cache = WinnerCache(args.cache or artifacts / "cache.json")
+        self.cache.entries()  # a corrupt cache is reported before any GPU work, kept as it is
+        self.dev = device()
+        if args.arch and args.arch.replace("sm_", "") != str(self.dev.cc):
+            raise UsageError(f"--arch {args.arch} does not match the GPU ({self.dev.name}, "
+                             f"{self.dev.sm}); use --dry-run to build for another architecture")
+        self.devices = _devices(args.devices)
+        self.out = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+    def result(self, shape, dtype: DType) -> dict:
+        """The cached winner of (shape, dtype), or a tune of it (cached and added to the
+        library); _Interrupted on Ctrl-C."""
+        key = cache_key(self.dev, dtype, shape)
+        entry = self.cache.get(key)
+        if entry and not self.args.force:
+            return dict(entry["result"], from_cache=True)
+        _check_fits(self.dev, shape, dtype)
+        # stdout carries the result alone (--json): what libraries print goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            result = dict(_tune(self.args, shape, dtype, self.artifacts, self.dev, key,
+                                self.devices), from_cache=False)
+        self.cache.put(key, dict(result=result, **result["winner"]))
+        _add_to_library(self.args, self.artifacts, self.dev, key, result)
+        return result
+
+
+def _interrupted(args, stop: _Interrupted) -> int:
+    best = stop.result.timed()
+    where = (f"; run the same command to resume (study in {args.storage})"
+             if args.storage else "; pass --storage sqlite:///FILE to keep a study")
+    print("gemm-tune: interrupted; best so far: " + (
+        f"{best[0].config.name} at {best[0].tflops:.1f} TFLOP/s" if best else "none") + where,
+        file=sys.stderr)
+    return 130
+
+
 def run_cli(args, shapes, dtype: DType, artifacts: Path) -> int:
     """Tune each shape in turn (every shape's candidates spread over all of --devices);
     print one table per shape, or with --json one document (a list for several shapes)."""
-    from rich.console import Console
-
-    from tuner.gpu import device
-
-    cache = WinnerCache(args.cache or artifacts / "cache.json")
-    cache.entries()  # a corrupt cache is reported before any GPU work, and left as it is
-    dev = device()
-    if args.arch and args.arch.replace("sm_", "") != str(dev.cc):
-        raise UsageError(f"--arch {args.arch} does not match the GPU ({dev.name}, {dev.sm}); "
-                         "use --dry-run to build for another architecture")
-    devices = _devices(args.devices)
-    out = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    session = _Session(args, artifacts)
     results = []
     for shape in shapes:
-        key = cache_key(dev, dtype, shape)
-        entry = cache.get(key)
-        if entry and not args.force:
-            result = dict(entry["result"], from_cache=True)
-        else:
-            _check_fits(dev, shape, dtype)
-            try:
-                # stdout carries the result alone (--json): what libraries print goes to stderr
-                with contextlib.redirect_stdout(sys.stderr):
-                    result = dict(_tune(args, shape, dtype, artifacts, dev, key, devices),
-                                  from_cache=False)
-            except _Interrupted as stop:
-                best = stop.result.timed()
-                where = (f"; run the same command to resume (study in {args.storage})"
-                         if args.storage else "; pass --storage sqlite:///FILE to keep a study")
-                print("gemm-tune: interrupted; best so far: " + (
-                    f"{best[0].config.name} at {best[0].tflops:.1f} TFLOP/s" if best else "none")
-                    + where, file=sys.stderr)
-                return 130
-            cache.put(key, dict(result=result, **result["winner"]))
-            _add_to_library(args, artifacts, dev, key, result)
+        try:
+            result = session.result(shape, dtype)
+        except _Interrupted as stop:
+            return _interrupted(args, stop)
         results.append(result)
         if not args.json:
-            _print(result, out)
+            _print(result, session.out)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     return 0
+
+
+def run_problems(args, problems, artifacts: Path, clock=None) -> int:
+    """Tune a program's recorded problems (tuner.problems), costliest first, each within
+    --trials and --timeout, all within --budget seconds; a problem tuned before answers
+    from the cache (so a killed run, run again, goes on where it stopped). Prints a
+    summary: each problem's winner, its ratio to cuBLAS and the time spent."""
+    import time
+
+    clock = clock or time.monotonic
+    session = _Session(args, artifacts)
+    start, rows = clock(), []
+    for i, p in enumerate(problems, 1):
+        why = p.why_not()
+        if why is None and args.budget is not None and clock() - start >= args.budget:
+            why = f"the --budget of {args.budget:g} s was spent"
+        print(f"gemm-tune: problem {i}/{len(problems)}: {p.label} ({p.calls} calls)"
+              + (f": skipped, {why}" if why else ""), file=sys.stderr, flush=True)
+        if why:
+            rows.append(dict(problem=p.label, calls=p.calls, ms=p.ms, skipped=why))
+            continue
+        began = clock()
+        try:
+            result = session.result(p.shape, p.dtype)
+        except _Interrupted as stop:
+            return _interrupted(args, stop)
+        w = result["winner"]
+        rows.append(dict(problem=p.label, calls=p.calls, ms=p.ms, kernel=w["name"],
+                         tflops=w["tflops"], ratio=w["ratio"], seconds=round(clock() - began, 1),
+                         from_cache=result["from_cache"]))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_problems(rows, session.out)
+    return 0
+
+
+def _print_problems(rows: list[dict], console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"gemm-tune: {len(rows)} recorded problems, costliest first")
+    for col in ("problem", "calls", "recorded ms", "winner", "x cuBLAS", "tune s"):
+        t.add_column(col, justify="left" if col in ("problem", "winner") else "right")
+    for r in rows:
+        ms = "-" if r["ms"] is None else f"{r['ms']:.1f}"
+        if "skipped" in r:
+            t.add_row(r["problem"], str(r["calls"]), ms, f"skipped: {r['skipped']}", "-", "-")
+        else:
+            t.add_row(r["problem"], str(r["calls"]), ms, r["kernel"], f"{r['ratio']:.2f}",
+                      "cached" if r["from_cache"] else f"{r['seconds']:.0f}")
+    console.print(t)
 
 
 def _devices(ids: list[int] | None) -> list[int]:
