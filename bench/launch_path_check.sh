@@ -4,6 +4,7 @@
 #   tunes     fresh 4096^3 tunes, fp32 and fp16, default budget, into a scratch library:
 #             their winners and ratios as JSON lines in $OUT/tunes.jsonl
 #   tests     the GPU tests named by $TESTS (default: all of them), log in $OUT
+#   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
 # Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/launch_path_check.sh library tunes
 # (writes under $OUT)
 set -uo pipefail
@@ -43,6 +44,9 @@ print(json.dumps({"dtype": dtype, "wall_s": round(time.time() - start, 1), "kern
                                                             "seconds", "rank_rho")}}))
 PY
       done ;;
+    record)
+      timeout ${RECORD_TIMEOUT:-300} python3 bench/record_and_tune.py --out "$OUT" \
+        --budget ${RECORD_BUDGET:-150} 2>&1 | tail -25 ;;
     tests)
       timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -rs ${TESTS:-tests/} \
         > "$OUT/gpu-tests.log" 2>&1
