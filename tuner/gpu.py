@@ -24,8 +24,8 @@ def device(index: int | None = None) -> driver.Gpu:
     try:
         g = driver.gpu(index)
     except NoGPUError as e:
-        raise NoGPUError(f"timing needs a CUDA GPU ({e}); use --dry-run to generate, compile "
-                         "and model without one") from None
+        raise NoGPUError(f"timing needs a CUDA GPU, and here {e}. Without one, --dry-run "
+                         "generates, compiles and models the candidates") from None
     driver.call("cuCtxSetCurrent", g.ctx)
     return g
 

@@ -42,12 +42,12 @@ def api():
     try:
         from cuda.bindings import driver as cu
     except ImportError as e:
-        raise NoGPUError(f"the run-time library needs NVIDIA's cuda-bindings ({e}); "
-                         "install gemm-tune's '[cuda]' extra") from None
+        raise NoGPUError("NVIDIA's cuda-bindings is not installed (on a GPU machine: "
+                         f"pip install 'gemm-tune[cuda]'; {e})") from None
     try:
         err, = cu.cuInit(0)
     except Exception as e:  # noqa: BLE001 - cuda-bindings raises when it finds no libcuda
-        raise NoGPUError(f"no usable CUDA driver ({e})") from None
+        raise NoGPUError(f"no CUDA driver was found ({e})") from None
     if err != cu.CUresult.CUDA_SUCCESS:
         raise NoGPUError(f"no usable CUDA driver or GPU (cuInit: {_name(cu, err)})")
     return cu

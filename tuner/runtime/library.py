@@ -150,9 +150,9 @@ class Library:
             g = driver.gpu(driver.current_device() if device is None else device)
         except NoGPUError as e:
             models = sorted({e["gpu"] for e in self.manifest["entries"]})
-            raise NoGPUError(f"explain() needs a GPU ({e}), or a GPU model the library was "
-                             f"tuned on: explain(..., gpu={models[0] if models else '...'!r})"
-                             ) from None
+            raise NoGPUError(f"explain() needs a GPU, and here {e}. Without one, name a GPU "
+                             "model the library was tuned on: "
+                             f"explain(..., gpu={models[0] if models else '...'!r})") from None
         return self.dispatcher.explain(g, dtype, m, n, k)
 
     def choose(self, g, dtype: DType, m: int, n: int, k: int, align: tuple, stream: int | None,
