@@ -83,7 +83,8 @@ def main() -> int:
     lib_dir = work / "library"
     shutil.copytree(a.library, lib_dir, ignore=shutil.ignore_patterns("dispatch.json*"))
     record = work / "problems.jsonl"
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
 
     def child(lib, rec, **extra):
         out = subprocess.run([sys.executable, __file__, "--child", str(lib), rec],
