@@ -56,8 +56,9 @@ class ArchLimits:
         return self.sm_count * self.fp32_lanes_per_sm * 2 * self.clock_mhz * 1e6 / 1e12
 
     def peak_tensor_tflops(self, dtype) -> float:
-        """Dense tensor-core peak for fp16/bf16 inputs (tf32: half), FP32 accumulation."""
-        per_clk = self.tc_fp16_flops_per_clk // (2 if dtype.short == "tf32" else 1)
+        """Dense tensor-core peak for fp16/bf16 inputs, FP32 accumulation; for fp32 data
+        (tf32, and the f32 of 3xTF32 kernels, whose products are tf32) half of it."""
+        per_clk = self.tc_fp16_flops_per_clk // (2 if dtype.short in ("tf32", "f32") else 1)
         return self.sm_count * per_clk * self.clock_mhz * 1e6 / 1e12
 
     @property

@@ -13,7 +13,7 @@ from codegen.config import DType
 from codegen.families.simt import KernelConfig
 from tuner import model
 from tuner.model import (
-    PRUNE_MARGIN, estimate_registers, judge, predict, register_cap, spearman, tile_traffic,
+    PRUNE_MARGIN, bound_tflops, estimate_registers, judge, predict, register_cap, spearman, tile_traffic,
 )
 from codegen.occupancy import occupancy
 from tuner.search import model_first, rank_correlation, search
@@ -186,3 +186,34 @@ def test_first_batch_starts_with_each_familys_default():
     odd = model_first((4096, 4095, 4096), DType.F16, arch, 6)
     assert DEFAULT_WGMMA not in odd and all(c.family.value != "wgmma" for c in odd)
     assert odd[0] in want
+
+
+def test_a_3xtf32_kernels_bound_is_a_third_of_the_tf32_rate():
+    """fp32 data on the tensor cores runs at the TF32 rate (half of fp16's), and a 3xTF32
+    kernel spends three TF32 products on each multiply."""
+    from codegen.families.wgmma import WgmmaConfig
+
+    t3 = WgmmaConfig(dtype=DType.F32, bk=32, terms=3)
+    tf32 = WgmmaConfig(dtype=DType.TF32, bk=32)
+    b3, f3 = bound_tflops(t3, BIG, H200)
+    b1, f1 = bound_tflops(tf32, BIG, H200)
+    assert f3["peak"] == f1["peak"] == round(H200.peak_tensor_tflops(DType.F16) / 2, 2)
+    assert f3["issue_eff"] == round(1 / 3, 4) and f1["issue_eff"] == 1.0  # figures: 4 places
+    assert b3 == pytest.approx(b1 / 3, rel=1e-3)
+
+
+def test_each_family_prunes_with_its_own_margin_once_enough_are_timed(tmp_path):
+    """The search prunes a candidate on the model's prediction only after MIN_TIMED
+    candidates were timed, and then with its family's margin (FamilySpec.prune_margin)."""
+    from codegen.families import FAMILIES
+    from tuner.search import MIN_TIMED
+
+    assert FAMILIES["simt"].prune_margin == PRUNE_MARGIN == 1.25
+    assert FAMILIES["wgmma"].prune_margin == 1.5 and FAMILIES["wmma"].prune_margin == 1.25
+    bench = ModelledBenchmark(shape=(1024, 1024, 1024))
+    res = _search(bench, tmp_path, trials=40, first_batch=0, sampler="random")
+    order = sorted(res.records, key=lambda r: r.number)
+    first_pruned = next(i for i, r in enumerate(order)
+                        if "slower than the best measured" in r.reason)
+    timed_before = sum(r.outcome.value == "timed" for r in order[:first_pruned])
+    assert timed_before >= MIN_TIMED

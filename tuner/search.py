@@ -35,13 +35,13 @@ from codegen.compile import (
     CompileResult, Resources, compile_config, compile_task, default_cache_dir,
 )
 from codegen.config import DType, config_from_name
-from codegen.families import Config
+from codegen.families import Config, family_of
 from tuner.dryrun import defaults
 from tuner._study import (
     LEASE_GRACE, LEASE_INTERVAL, SharedStudy, _retry, describe, open_storage as _open_storage,
 )
 from tuner.model import (
-    PRUNE_MARGIN, judge, likely_spills, predict_before_compile, shape_reasons, spearman,
+    judge, likely_spills, predict_before_compile, shape_reasons, spearman,
 )
 from tuner.outcome import Measurement, Outcome, Timing
 from tuner.space import is_candidate, params_of, suggest, valid_configs
@@ -50,6 +50,11 @@ __all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", 
            "open_storage", "model_first", "rank_correlation"]
 
 log = logging.getLogger(__name__)
+
+#: candidates timed before the model may prune on its prediction (a tune never times fewer,
+#: budget permitting): the first best is a weak yardstick, and the margins were calibrated
+#: against a study's best, not its first
+MIN_TIMED = 8
 
 
 class Benchmark(Protocol):
@@ -200,7 +205,7 @@ def search(
     on_event: Callable[[TrialRecord | None, SearchStats], None] | None = None,
     model: bool = True,
     first_batch: int = 16,
-    margin: float | None = PRUNE_MARGIN,
+    margin: float | None | str = "family",
 ) -> SearchResult:
     """Search the space for `shape`; `trials` counts the study's candidates (valid, new
     ones, compiled by this process, an earlier run of the study, or another process).
@@ -215,7 +220,10 @@ def search(
     in seconds: see tuner._study.
 
     `model`: order the first `first_batch` candidates by the model's predicted time and
-    prune on `margin` (None: no pruning on the prediction); False: neither.
+    prune on the prediction: a candidate predicted more than `margin` times slower than the
+    best measured so far is not timed ("family": each family's calibrated
+    FamilySpec.prune_margin; a number: that one for all; None: no pruning on the
+    prediction), once MIN_TIMED candidates have been timed; False: neither.
     """
     return _Search(shape, bench, dtype=dtype, trials=trials, timeout=timeout, sampler=sampler,
                    seed=seed, jobs=jobs, artifacts=artifacts, cache_dir=cache_dir,
@@ -477,7 +485,7 @@ class _Search:
                           TrialState.FAIL)
             return
         verdict = judge(cfg, res.resources, self.shape, self.arch, self.stats.best_tflops,
-                        self.margin)
+                        self.margin_for(cfg))
         rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
                           resources=res.resources, figures=verdict.figures, cubin=res.cubin)
         if verdict.hopeless:
@@ -485,6 +493,12 @@ class _Search:
             self.conclude(trial, rec, TrialState.PRUNED)
             return
         self.time_on_gpu(trial, rec, res.cubin)
+
+    def margin_for(self, cfg) -> float | None:
+        """The pruning margin for `cfg`: none before MIN_TIMED candidates are timed."""
+        if self.margin is None or self.stats.timed < MIN_TIMED:
+            return None
+        return family_of(cfg).prune_margin if self.margin == "family" else self.margin
 
     def conclude(self, trial, rec: TrialRecord, state):
         """A candidate that ends before the GPU: told, recorded, reported."""

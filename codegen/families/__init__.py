@@ -155,6 +155,11 @@ class FamilySpec:
     searched: bool = True  # False: buildable and tested, not yet a candidate of the search
     #: the operand layouts its template reads (others are refused by check, with a reason)
     layouts: frozenset = frozenset({Layout.NN})
+    #: the search does not time a candidate the model predicts more than this many times
+    #: slower than the best measured: at least the most the model has underestimated a
+    #: kernel of the family, plus headroom (the default is the CUDA-core family's, from 9
+    #: recorded fp32 studies: see tuner/model.py)
+    prune_margin: float = 1.25
     #: reasons of the family's own why a buildable config cannot run the tuner's problem at
     #: `shape` (dense row-major operands): rejected before compiling, never timed
     shape_reasons: Callable[[Any, Shape, ArchLimits], list[str]] = _no_shape_rules

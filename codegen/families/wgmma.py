@@ -698,6 +698,13 @@ WGMMA = register(FamilySpec(
     shape_reasons=problem_reasons,
     # launched through tensor maps (and cuLaunchKernelEx for clusters)
     runner="tuner.runtime.runners:TmaRunner",
+    # 1 / terms: a 3xTF32 kernel spends three TF32 products on each multiply
+    issue_efficiency=lambda c: 1.0 / c.terms,
+    # measured / predicted over an fp16 4096^3 study with the model off (33 wgmma kernels
+    # timed, H200, bench/results/model-calibration-wgmma-h200-2026-12-01.json): 0.71-1.25:
+    # the model underestimates some by 1.25x, where the CUDA-core family's margin would
+    # prune them (3xTF32 kernels measured 0.22-0.32 of their prediction: never pruned)
+    prune_margin=1.5,
     min_cc=90,
     max_cc=90,
 ))
