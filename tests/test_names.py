@@ -115,9 +115,10 @@ PARAMETERS = {
     ("wmma", DType.F16): ["wmma_bm", "wmma_bn", "wmma_bk", "wmma_wm", "wmma_wn", "wmma_stages",
                           "wmma_swizzle", "wmma_skew_bytes"],
     ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",
-                           "wgmma_cluster", "wgmma_persistent", "wgmma_group"],
+                           "wgmma_cluster", "wgmma_persistent", "wgmma_group", "wgmma_store"],
     ("wgmma", DType.TF32): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",
-                            "wgmma_cluster", "wgmma_persistent", "wgmma_group", "wgmma_prep"],
+                            "wgmma_cluster", "wgmma_persistent", "wgmma_group", "wgmma_store",
+                            "wgmma_prep"],
 }
 
 

@@ -178,8 +178,10 @@ def tile_traffic(config: Config, shape: tuple[int, int, int]) -> dict:
     cb = c.bm * c.bn * 4
     flops = 2 * c.bm * c.bn * ks
     blocks = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
+    # a B tile multicast to the blocks of a cluster leaves the L2 once for all of them
+    shared_b = b / max(c.b_multicast, 1)
     return dict(a_bytes=a, b_bytes=b, c_bytes=cb, intensity=round(flops / (a + b + cb), 2),
-                blocks=blocks, k_slice=ks, l2_bytes=blocks * (a + b + cb))
+                blocks=blocks, k_slice=ks, l2_bytes=int(blocks * (a + shared_b + cb)))
 
 
 def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int) -> float:

@@ -87,6 +87,8 @@ class Serial:
     #: which of A, B and C a kernel needs 16-byte aligned in address and row stride (the
     #: wgmma family's TMA reads and writes them); the default: any alignment runs
     aligned_operands = (False, False, False)
+    #: blocks that receive each B tile from one load (TMA multicast in a cluster); 1: none
+    b_multicast = 1
 
     def takes(self, m: int, n: int, k: int, align: tuple) -> bool:
         """Can this kernel run M x N x K on operands of alignment class `align` (the widest

@@ -345,6 +345,11 @@ class WgmmaConfig(_Serial, Named):
         return super().takes(m, n, k, align) and not (self.store and n % 4)
 
     @property
+    def b_multicast(self) -> int:
+        """The blocks of a cluster (along M) share each B tile: one load, multicast."""
+        return self.cluster
+
+    @property
     def aligned_operands(self) -> tuple[bool, bool, bool]:
         """TMA reads the caller's A and B (not with the pre-pass, which reads them with plain
         loads) and, with the TMA-store epilogue, writes C: those meet its 16-byte rules."""
@@ -589,24 +594,24 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 # ---- the family's registration ----------------------------------------------------------
 #: what the tuner searches (a subset of WGMMA_SPACE, which stays the buildable space). The GPU
 #: probe (bench/results/wgmma-probe-h200-2026-12-01.json) measured two consumers with
-#: BN 128-256 winning (0.93-1.01x cuBLAS) and clusters of 2 losing (0.30-0.59x): clusters
-#: stay buildable and tested but are not searched until that gap is understood
-#: (bench/NOTES.md, "wgmma family"). Ping-pong consumers measured 0.63-0.84x against the
+#: BN 128-256 winning (0.93-1.01x cuBLAS). Clusters of 2 (B multicast) lost there
+#: (0.30-0.59x) until the cluster fence was fixed; since, a cluster kernel was the best
+#: candidate measured at 4096^3 fp16 (633 TFLOP/s), and the TMA-store epilogue (store=1)
+#: the best at 8192x8192x1024 (534): both are searched. Ping-pong consumers measured 0.63-0.84x against the
 #: cooperative 128x256's 0.94-1.00x (bench/results/wgmma-probe-pingpong-h200-2026-12-01.json):
 #: a consumer's whole tile fits its registers only up to 128x128 or 64x256, and those
 #: tiles read more shared memory per FLOP than the shared 128x256; not searched either.
 #: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
 #: three.
-#: The TMA-store epilogue (store=1) is buildable and CPU-tested; it joins the search once the
-#: GPU has measured it against the register epilogue.
 SEARCH_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
     "stages": (3, 4, 5, 6),
     "consumers": (1, 2),
-    "cluster": (1,),
+    "cluster": (1, 2),
     "persistent": (0, 1),
     "group": (1, 8, 16),
+    "store": (0, 1),
 }
 #: tf32 requests also choose between the in-loop conversion and the pre-pass (which
 #: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
