@@ -14,7 +14,7 @@ import os
 from tuner.runtime import driver
 from tuner.runtime.errors import NoGPUError
 
-__all__ = ["NoGPUError", "device", "cublas", "device_count"]
+__all__ = ["NoGPUError", "device", "cublas"]
 
 
 @functools.cache
@@ -28,11 +28,6 @@ def device(index: int | None = None) -> driver.Gpu:
                          "generates, compiles and models the candidates") from None
     driver.call("cuCtxSetCurrent", g.ctx)
     return g
-
-
-def device_count() -> int:
-    """CUDA devices on this machine (NoGPUError without a driver)."""
-    return driver.device_count()
 
 
 @functools.cache

@@ -206,7 +206,7 @@ def _devices(ids: list[int] | None) -> list[int]:
     $GEMM_TUNE_DEVICE or 0."""
     import os
 
-    from tuner.gpu import device_count
+    from tuner.runtime.driver import device_count
 
     if ids is None:
         return [int(os.environ.get("GEMM_TUNE_DEVICE", 0))]

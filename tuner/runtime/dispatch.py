@@ -41,6 +41,10 @@ import time
 from pathlib import Path
 
 from codegen._io import atomic_write_json, file_lock
+from codegen.arch import ARCHS, parse_arch
+from codegen.config import Layout, config_from_name
+from codegen.occupancy import occupancy
+from tuner.runtime.errors import LibraryError
 
 __all__ = ["Choice", "efficiency", "estimate_tflops", "reduce_ms", "cublas_estimate",
            "REDUCE_LAUNCH_MS", "DispatchTable", "table_path", "TABLE_SCHEMA", "FULL_ALIGN",
@@ -235,10 +239,6 @@ class Dispatcher:
                align: tuple = FULL_ALIGN) -> list[tuple[float, dict]]:
         """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
         layout that takes operands of alignment class `align`, best first, one per kernel."""
-        from codegen.arch import ARCHS, parse_arch
-        from codegen.config import Layout, config_from_name
-        from codegen.occupancy import occupancy
-
         arch = ARCHS.get(cc) or parse_arch("sm_90")
         best: dict[str, tuple[float, dict]] = {}
         for e in self.manifest.serving(dtype, cc, layout or Layout.NN):
@@ -259,9 +259,6 @@ class Dispatcher:
         GPU's name (an exact entry must come from the same model); `align`: the operands'
         alignment class (an exact entry runs only on fully aligned ones; a kernel that needs
         16-byte operands is no candidate for others)."""
-        from codegen.arch import ARCHS, parse_arch
-        from codegen.config import Layout
-
         layout = layout or Layout.NN
         entries = self.manifest.serving(dtype, cc, layout)
         what = f"{m}x{n}x{k} {dtype.short}"
@@ -328,10 +325,6 @@ class Dispatcher:
     def explain_offline(self, gpu: str, dtype, m: int, n: int, k: int) -> str:
         """explain() for a GPU model the library was tuned on, with no GPU here: the exact
         entry or the estimates (first-use measurements belong to a driver and a cuBLAS)."""
-        from codegen.arch import ARCHS
-
-        from tuner.runtime.errors import LibraryError
-
         ccs = {e["cc"] for e in self.manifest.entries if e["gpu"] == gpu}
         if not ccs:
             models = sorted({e["gpu"] for e in self.manifest.entries}) or ["none"]

@@ -69,10 +69,10 @@ def _check(result, what: str):
 def call(name: str, *args):
     """The driver function `name` (e.g. "cuMemAlloc") called with `args`; its values (one
     unwrapped, none: None); DriverError naming the call and the driver's error."""
-    result = getattr(api(), name)(*args)
-    if not isinstance(result, tuple):
-        result = (result,)
-    return _check(result, name) if len(result) > 1 else _check((result[0], None), name)
+    err, *values = getattr(api(), name)(*args)  # cuda-bindings returns (err, *values)
+    if err != 0:
+        raise DriverError(f"{name} failed: {_name(api(), err)}")
+    return values[0] if len(values) == 1 else tuple(values) or None
 
 
 # ---- devices ----------------------------------------------------------------------------

@@ -155,14 +155,12 @@ class TmaRunner(Runner):
                 raise TmaUnsupported("; ".join(why))
             return (tma.encode(tma.tensor_map_args(DType.F32, c, m, n, ldc, *boxes["C"])),)
 
-        def params(key, make) -> tuple:
-            """The maps of a pointer set, encoded once (the oldest of a full cache goes)."""
-            found = maps.get(key)
-            if found is None:
-                if len(maps) >= self.MAPS_PER_PLAN:
-                    maps.pop(next(iter(maps)), None)
-                found = maps[key] = make()
-            return found
+        def remember(key, made: tuple) -> tuple:
+            """Keep the maps of a pointer set (the oldest of a full cache goes)."""
+            if len(maps) >= self.MAPS_PER_PLAN:
+                maps.pop(next(iter(maps)), None)
+            maps[key] = made
+            return made
 
         if cfg.cluster > 1:
             def launch(stream, address):
@@ -185,8 +183,8 @@ class TmaRunner(Runner):
         if self.prep is not None:
             if why:
                 raise TmaUnsupported("; ".join(why))
-            return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, params, c_map,
-                                   packed, launch)
+            return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, maps, remember,
+                                   c_map, packed, launch)
         why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k) + why
         if why:
             raise TmaUnsupported("; ".join(why))
@@ -201,12 +199,13 @@ class TmaRunner(Runner):
                     *c_map(c))
 
         def run(a, b, c, alpha, beta, stream):
-            mps = params((a, b, c if cfg.store else 0), lambda: make_maps(a, b, c))
+            key = (a, b, c) if cfg.store else (a, b)
+            mps = maps.get(key) or remember(key, make_maps(a, b, c))
             launch(stream, packed(mps, alpha, beta, c))
         return run
 
-    def _bind_prep(self, g, m, n, k, lda, ldb, allocate_captured, params, c_map, packed,
-                   launch) -> Callable:
+    def _bind_prep(self, g, m, n, k, lda, ldb, allocate_captured, maps, remember, c_map,
+                   packed, launch) -> Callable:
         """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
         writes At (M x K) and Bt (N x K) into this stream's workspace; the maps describe
         those."""
@@ -226,7 +225,8 @@ class TmaRunner(Runner):
         def run(a, b, c, alpha, beta, stream):
             w = scratch.get(g, stream, "tf32 pre-pass", wbytes,
                             allocate_captured=allocate_captured)
-            mps = params((w, c if cfg.store else 0), lambda: make_maps(w, c))
+            key = (w, c) if cfg.store else w
+            mps = maps.get(key) or remember(key, make_maps(w, c))
             prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
                         prep.params(self.PREP_SIGNATURE).pack(a, lda, b, ldb, m, n, k, w,
                                                               w + bt_off, ldw, a_blocks))
