@@ -376,6 +376,7 @@ class SharedStudy:
     def confirm(self, trial_id: int, name: str, budget: int | None) -> str | None:
         """After `propose`: read the study; None if the claim stands, else why it was
         withdrawn ("held": another live claim; "full": the study holds the budget)."""
+        import optuna
         from optuna.trial import TrialState
 
         self.read()
@@ -392,10 +393,13 @@ class SharedStudy:
         if why:
             reason = ("claimed by another worker of this study" if why == "held" else
                       "the study already holds its budget of candidates")
-            self._call("withdrawing a claim", lambda: (
-                self.storage.set_trial_user_attr(trial_id, "duplicate_of", name),
-                self.storage.set_trial_user_attr(trial_id, "reason", reason),
-                self.storage.set_trial_state_values(trial_id, TrialState.PRUNED)))
+            try:
+                self._call("withdrawing a claim", lambda: (
+                    self.storage.set_trial_user_attr(trial_id, "duplicate_of", name),
+                    self.storage.set_trial_user_attr(trial_id, "reason", reason),
+                    self.storage.set_trial_state_values(trial_id, TrialState.PRUNED)))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another worker failed it already (released): it is withdrawn either way
         return why
 
     def finish_later(self, trial_id: int, attrs: dict, state, value: float | None = None):
