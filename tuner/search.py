@@ -397,6 +397,10 @@ class _Search:
         """The next (trial, config): a released candidate of the shared study first, else
         the sampler's (or the grid's) choice; None when the grid is done."""
         if self.shared is not None:
+            if any(c.status == "stale" for c in self.shared.claims().values()):
+                # a dead worker's claims: release them now (read reaps), so that their
+                # retries come before a new candidate could take their places in the budget
+                self.shared.read()
             for t in self.shared.released():
                 name = t.user_attrs.get("claim")
                 if name not in self.retrying and name not in self.seen:
