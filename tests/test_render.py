@@ -2,7 +2,7 @@ import jinja2
 import pytest
 from _golden import rendered_as_golden
 
-from codegen import DEFAULT_CONFIG, DType, KernelConfig, render, template_hash
+from codegen import DEFAULT_CONFIG, DType, KernelConfig, Layout, render, template_hash
 from codegen.rendering import _env
 
 
@@ -14,6 +14,12 @@ from codegen.rendering import _env
                  reduce="cluster"),  # split-K summed across a thread-block cluster
     KernelConfig(bm=16, bn=32, bk=16, rm=4, rn=4, wt=4, pad=4, stages=2, split=32,
                  reduce="last"),  # split-K summed by the last block of each tile
+    # the layouts, C's type and the epilogue
+    KernelConfig(layout=Layout.NT, dtype=DType.F16, out=DType.F16, bias="out", act="gelu"),
+    KernelConfig(bm=64, bn=128, bk=16, rm=4, rn=8, wt=8, pad=0, vec=4, stages=3, swizzle=1,
+                 layout=Layout.TN, act="relu"),  # cp.async, A column-major
+    KernelConfig(layout=Layout.TT, dtype=DType.BF16, out=DType.BF16, bias="f32",
+                 act="silu", split=4),  # the reduce pass applies the epilogue
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""

@@ -158,7 +158,7 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
     name, grid, block, stream, args = fake.launches[-1]
     assert (name, stream) == (SMALL.name, 1234)
     assert grid == SMALL.grid(100, 70) and block == SMALL.block()
-    assert args == (100, 70, 50, 0.5, 0x10000, 50, 0x20000, 70, 2.0, 0x30000, 72)
+    assert args == (100, 70, 50, 0.5, 0x10000, 50, 0, 0x20000, 70, 0, 2.0, 0x30000, 72, 0, 0)
     # the stream a __cuda_array_interface__ producer names, when the call names none
     lib.gemm(Cai(100, 50, 0x10000, stream=77), b, c, alpha=0.5, beta=2.0)
     assert fake.launches[-1][3] == 77
@@ -309,12 +309,12 @@ def test_split_k_workspaces_are_per_stream(lib, fake, monkeypatch, compile_cache
     main = [x for x in fake.launches if x[0] == split.name]
     reduce = [x for x in fake.launches if x[0] == split.name + "_reduce"]
     assert [x[3] for x in main] == [1, 2, 1] and [x[3] for x in reduce] == [1, 2, 1]
-    w = [x[4][11] for x in main]
+    w = [x[4][15] for x in main]  # after M N K alpha A lda sA B ldb sB beta C ldc sC bias
     assert w[0] == w[2] != w[1]  # one workspace per stream, reused on it
     assert fake.allocs == [16 * 128 * 128 * 4] * 2
     assert main[0][1] == (4, 1, 16)  # 2 x 2 tiles, 16 K slices
     # the reduce pass reads the same workspace and applies alpha and beta to C
-    assert [r[4] for r in reduce[:1]] == [(128, 128, 0.5, w[0], 2.0, 0x30000, 128)]
+    assert [r[4] for r in reduce[:1]] == [(128, 128, 0.5, w[0], 2.0, 0x30000, 128, 0, 0)]
 
 
 def test_wgmma_kernels_get_tensor_maps_and_only_aligned_operands(
@@ -472,16 +472,20 @@ def test_scratch_is_per_stream_and_graph_safe(monkeypatch):
 
 def test_param_block_packs_every_argument():
     blk = driver.ParamBlock(runners.Runner.SIGNATURE + "P")
-    address = blk.pack(7, 8, 9, 0.5, 0xDEAD0000, 9, 0xBEEF0000, 8, 2.0, 0xF00D0000, 8, 0x1000)
+    address = blk.pack(7, 8, 9, 0.5, 0xDEAD0000, 9, -(1 << 40), 0xBEEF0000, 8, 0, 2.0,
+                       0xF00D0000, 8, 1 << 33, 0xB1A5, 0x1000)
     assert address == blk.address
-    ptrs = [blk.ptrs[i] for i in range(12)]
+    ptrs = [blk.ptrs[i] for i in range(16)]
     base = ptrs[0]
-    assert ptrs == [base + 8 * i for i in range(12)]
+    assert ptrs == [base + 8 * i for i in range(16)]
     raw = bytes(blk.buf)
     assert struct.unpack_from("<i", raw, 0)[0] == 7
     assert struct.unpack_from("<f", raw, 24)[0] == 0.5
     assert struct.unpack_from("<Q", raw, 32)[0] == 0xDEAD0000
-    assert struct.unpack_from("<Q", raw, 88)[0] == 0x1000
+    assert struct.unpack_from("<q", raw, 48)[0] == -(1 << 40)  # a batch stride, 64-bit
+    assert struct.unpack_from("<q", raw, 104)[0] == 1 << 33
+    assert struct.unpack_from("<Q", raw, 112)[0] == 0xB1A5  # the bias
+    assert struct.unpack_from("<Q", raw, 120)[0] == 0x1000
 
 
 # ---- the dispatch table ----------------------------------------------------------------------

@@ -155,6 +155,10 @@ class FamilySpec:
     searched: bool = True  # False: buildable and tested, not yet a candidate of the search
     #: the operand layouts its template reads (others are refused by check, with a reason)
     layouts: frozenset = frozenset({Layout.NN})
+    #: True: its template writes C in any of _common.OUT_DTYPES and applies the bias and
+    #: the activation (the config's out, bias, act); False: FP32 C, no epilogue (others
+    #: are refused by check, with a reason)
+    epilogue: bool = False
     #: the search does not time a candidate the model predicts more than this many times
     #: slower than the best measured: at least the most the model has underestimated a
     #: kernel of the family, plus headroom (the default is the CUDA-core family's, from 9

@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping, NamedTuple
 from codegen.arch import ArchLimits
 from codegen.errors import UsageError
 
-__all__ = ["DType", "Layout", "Serial", "Name", "Named", "Text", "NUMBER", "FLAG", "choice",
+__all__ = ["DType", "Layout", "OUT_DTYPES", "BIASES", "ACTIVATIONS", "EPILOGUE_NAME",
+           "EPILOGUE_TEXTS", "epilogue_reasons", "epilogue_values", "Serial", "Name", "Named", "Text", "NUMBER", "FLAG", "choice",
            "Shape", "MAX_STAGES", "cdiv", "widest",
            "wants_split", "shape_reasons", "positive_sizes", "threads_reasons",
            "stages_reasons", "swizzle_reasons", "smem_reasons"]
@@ -77,6 +78,20 @@ class Layout(enum.Enum):
         return cls(("t" if a_column_major else "n") + ("t" if b_column_major else "n"))
 
 
+#: the types C may be written in (FP32 accumulation always; converted in the epilogue)
+OUT_DTYPES = (DType.F32, DType.F16, DType.BF16)
+#: the bias vector (length N, added to every row of C): none, of C's type, or fp32
+BIASES = ("none", "out", "f32")
+#: the activation the epilogue applies last, in FP32 (gelu: the erf form; gelu_tanh: the
+#: tanh approximation, as torch's approximate="tanh")
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+
+#: how every family's name ends: the layout, C's type, the bias and the activation, each
+#: written only when not the default (NN, fp32 C, none, none), so that the names from
+#: before these fields read as they did
+EPILOGUE_NAME = "[_{layout}][_o{out}][_{bias}][_{act}]"
+
+
 class Serial:
     """to_dict / from_dict of a config dataclass: enums as their short strings.
 
@@ -89,6 +104,11 @@ class Serial:
     aligned_operands = (False, False, False)
     #: blocks that receive each B tile from one load (TMA multicast in a cluster); 1: none
     b_multicast = 1
+    #: C's type, the bias and the activation (EPILOGUE_NAME): a family whose template
+    #: applies them declares them as fields; these are the values of one that does not
+    out = DType.F32
+    bias = "none"
+    act = "none"
 
     def takes(self, m: int, n: int, k: int, align: tuple) -> bool:
         """Can this kernel run M x N x K on operands of alignment class `align` (the widest
@@ -100,6 +120,8 @@ class Serial:
         d = dataclasses.asdict(self)
         d.update(dtype=self.dtype.short, family=getattr(self.family, "value", self.family),
                  layout=self.layout.value)
+        if "out" in d:
+            d["out"] = self.out.short
         return d
 
     @classmethod
@@ -109,6 +131,8 @@ class Serial:
         default = cls.__dataclass_fields__["family"].default
         d["family"] = type(default)(d["family"])
         d["layout"] = Layout(d["layout"])
+        if "out" in cls.__dataclass_fields__:
+            d["out"] = DType.from_short(d.get("out", "f32"))
         return cls(**d)
 
 
@@ -135,6 +159,14 @@ def choice(texts: Mapping[Any, str]) -> Text:
 
 
 DTYPE = choice({d: d.short for d in DType})
+
+#: the Texts of EPILOGUE_NAME's fields (the defaults are never written, so have no text)
+EPILOGUE_TEXTS = dict(
+    layout=choice({x: x.value for x in Layout if x is not Layout.NN}),
+    out=choice({DType.F16: "f16", DType.BF16: "bf16"}),
+    bias=choice({"out": "bias", "f32": "biasf32"}),
+    act=choice({"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelut", "silu": "silu"}),
+)
 
 
 class Name:
@@ -241,6 +273,39 @@ def shape_reasons(config, shape: Shape, arch: ArchLimits) -> list[str]:
         if config.split > cdiv(k, config.bk):
             why.append(f"split-K {config.split} exceeds the {cdiv(k, config.bk)} K tiles")
     return why
+
+
+# ---- the epilogue and the layout, as every family reads them ------------------------------
+def epilogue_reasons(config) -> list[str]:
+    """Reasons the output type, bias and activation of `config` are not buildable."""
+    why = []
+    if config.out not in OUT_DTYPES:
+        why.append(f"C cannot be {config.out.short}: it is one of "
+                   f"{', '.join(d.short for d in OUT_DTYPES)}")
+    if config.bias not in BIASES:
+        why.append(f"bias {config.bias!r} is not one of {', '.join(BIASES)}")
+    elif config.bias == "f32" and config.out is DType.F32:
+        why.append("an fp32 bias with fp32 C is bias='out'")
+    if config.act not in ACTIVATIONS:
+        why.append(f"activation {config.act!r} is not one of {', '.join(ACTIVATIONS)}")
+    return why
+
+
+_CPP_OUT = {DType.F32: "float", DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
+
+
+def epilogue_values(config) -> dict:
+    """The template values of the layout and the epilogue (the epilogue_helpers macro's
+    arguments, and A_COL / B_COL: A or B column-major)."""
+    out = _CPP_OUT.get(config.out, "float")
+    return dict(
+        A_COL=config.layout in (Layout.TN, Layout.TT),
+        B_COL=config.layout in (Layout.NT, Layout.TT),
+        LAYOUT=config.layout.value,
+        OUT=config.out.short, OUT_T=out,
+        BIAS=config.bias != "none", BIAS_T=out if config.bias == "out" else "float",
+        ACT=config.act,
+    )
 
 
 # ---- checks every family makes (the sentences are part of the interface) ----------------

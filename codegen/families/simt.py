@@ -13,7 +13,8 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    DType, Layout, Name, Named, Serial, Shape, choice, positive_sizes, shape_reasons,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, choice,
+    epilogue_values, positive_sizes, shape_reasons,
     smem_reasons, stages_reasons, swizzle_reasons, threads_reasons, wants_split, widest,
 )
 
@@ -65,6 +66,9 @@ class KernelConfig(Serial, Named):
         minb: the second argument of __launch_bounds__, the blocks per SM ptxas must
             leave room for (it caps the registers at 64K / (threads x minb)). The name
             carries `_b<minb>` only when above 1.
+        layout, out, bias, act: how A and B are stored, C's type, the bias vector and
+            the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
+            only when not the default).
 
     Example:
         >>> KernelConfig().name
@@ -88,15 +92,18 @@ class KernelConfig(Serial, Named):
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
+    out: DType = DType.F32
+    bias: str = "none"
+    act: str = "none"
 
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it): split-K
     #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
     #: ``_b`` only above 1, so that names from before those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
-                "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}]",
+                "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}]" + EPILOGUE_NAME,
                 family=choice({f: f.value for f in Family}),
-                reduce=choice({"pass": "", "last": "l", "cluster": "c"}))
+                reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
 
     # ---- derived geometry (computed here, passed to the template) -------------
     @property
@@ -160,6 +167,7 @@ class KernelConfig(Serial, Named):
         vb = widest(self.rn, self.ldb_s)
         store_vec = min(vb, self.vec)
         return dict(
+            **epilogue_values(self),
             name=self.name,
             template=TEMPLATE,
             dtype=self.dtype.short,
@@ -173,6 +181,7 @@ class KernelConfig(Serial, Named):
             VEC_T=_VEC_TYPES[self.vec], VA_T=_VEC_TYPES[va], VB_T=_VEC_TYPES[vb],
             STORE_T=_VEC_TYPES[store_vec],
             B_STS_VEC=self.vec if self.ldb_s % self.vec == 0 else 1,
+            A_STS_VEC=self.vec if self.lda_s % self.vec == 0 else 1,
             A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
@@ -186,14 +195,14 @@ class KernelConfig(Serial, Named):
         """Launch grid for an M x N output: tiles along x (the kernel swizzles), K slices along z."""
         return (-(-m // self.bm)) * (-(-n // self.bn)), 1, self.split
 
-    def workspace_floats(self, m: int, n: int) -> int:
+    def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
         """Floats of workspace a split-K launch needs (0 without split, or in a cluster)."""
-        return self.split * m * n if self.has_workspace else 0
+        return batch * self.split * m * n if self.has_workspace else 0
 
-    def ticket_count(self, m: int, n: int) -> int:
-        """Zeroed tile counters a "last" split-K launch needs (one per tile of C; each is
-        reset to zero by the block that sums its tile)."""
-        return self.grid(m, n)[0] if self.last else 0
+    def ticket_count(self, m: int, n: int, batch: int = 1) -> int:
+        """Zeroed tile counters a "last" split-K launch needs (one per tile of C and
+        problem of the batch; each is reset to zero by the block that sums its tile)."""
+        return batch * self.grid(m, n)[0] if self.last else 0
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
@@ -256,6 +265,9 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
             why.append(f"BK={c.bk} is not a multiple of the vector width {c.vec}")
         if c.bn % c.vec:
             why.append(f"BN={c.bn} is not a multiple of the vector width {c.vec}")
+        if c.bm % c.vec and c.layout in (Layout.TN, Layout.TT):
+            why.append(f"BM={c.bm} is not a multiple of the vector width {c.vec} (a "
+                       "column-major A is read along M)")
         if t and not why:
             for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
                 vecs = rows * cols // c.vec
@@ -416,4 +428,6 @@ SIMT = register(FamilySpec(
     default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
     issue_efficiency=issue_efficiency,
     micro_tile=True,
+    layouts=frozenset(Layout),
+    epilogue=True,
 ))

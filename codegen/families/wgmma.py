@@ -34,7 +34,9 @@ import random
 
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
-from codegen.families._common import FLAG, DType, Layout, Name, Named
+from codegen.families._common import (
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named,
+)
 from codegen.families._common import Serial as _Serial
 
 __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_wgmma",
@@ -151,13 +153,16 @@ class WgmmaConfig(_Serial, Named):
     store: int = 0
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
+    out: DType = DType.F32
+    bias: str = "none"
+    act: str = "none"
 
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it); the
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
-                "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}]",
-                pingpong=FLAG, prep=FLAG, store=FLAG)
+                "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}]"
+                + EPILOGUE_NAME, pingpong=FLAG, prep=FLAG, store=FLAG, **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
     @property

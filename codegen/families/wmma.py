@@ -14,7 +14,7 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    DType, Layout, Name, Named, Serial, Shape, positive_sizes, smem_reasons, stages_reasons,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, positive_sizes, smem_reasons, stages_reasons,
     swizzle_reasons, threads_reasons,
 )
 
@@ -58,10 +58,13 @@ class WmmaConfig(Serial, Named):
     dtype: DType = DType.F16
     family: Family = Family.WMMA
     layout: Layout = Layout.NN
+    out: DType = DType.F32
+    bias: str = "none"
+    act: str = "none"
 
     #: the procedural name, encoding every field (``Named`` writes and reads it)
     NAME = Name("gemm_wmma_{dtype}_{bm}x{bn}x{bk}_w{wm}x{wn}_p{skew}_v{vec}_s{stages}"
-                "_g{swizzle}")
+                "_g{swizzle}" + EPILOGUE_NAME, **EPILOGUE_TEXTS)
 
     @property
     def frag_k(self) -> int:

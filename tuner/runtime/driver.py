@@ -211,12 +211,13 @@ def device_count() -> int:
 
 
 # ---- kernels --------------------------------------------------------------------------
-_PARAM_SLOT = {"i": "i4x", "f": "f4x", "P": "Q"}  # each parameter in an 8-byte slot
+_PARAM_SLOT = {"i": "i4x", "f": "f4x", "P": "Q", "L": "q"}  # each in an 8-byte slot
 
 
 class ParamBlock:
-    """Launch parameters of one signature ("iiifPiPifPi": int, float, pointer), packed into
-    one buffer whose pointer array is built once; :meth:`pack` fills it in one call."""
+    """Launch parameters of one signature ("iiifPiLPiLfPiLP": int, float, pointer, L: long
+    long), packed into one buffer whose pointer array is built once; :meth:`pack` fills it
+    in one call."""
 
     __slots__ = ("fmt", "buf", "ptrs", "address")
 

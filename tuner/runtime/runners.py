@@ -4,9 +4,13 @@ export bundle's C++ launchers mirror it (the same grids, arguments and tensor ma
 
 A runner is made from a config and its cubin (:func:`runner_for`; a family's spec names
 its runner class, "module:Class", or none for :class:`Runner`). ``bind(g, m, n, k, lda,
-ldb, ldc)`` fixes everything of a problem on GPU g but the pointers, scalars and stream,
-and returns ``run(a, b, c, alpha, beta, stream)``, which packs the parameters and calls
-the driver (a few microseconds of host time). Kernels load once per process
+ldb, ldc, batch=1, strides=(0, 0, 0))`` fixes everything of a problem on GPU g but the
+pointers, scalars and stream, and returns ``run(a, b, c, alpha, beta, stream, bias=0)``,
+which packs the parameters and calls the driver (a few microseconds of host time). The
+leading dimensions are those of the operands as stored (a column-major operand's is its
+column stride, as the config's layout says); `batch` problems follow each other at
+`strides` elements of A, B and C (0: one operand shared by the whole batch); `bias` is
+the bias vector's pointer, for a config with a bias. Kernels load once per process
 (:class:`driver.KernelImage`) and into each GPU's context on first use there.
 
 Example (on a GPU):
@@ -40,8 +44,9 @@ class Runner:
     `allocate_captured` (torch's graph-aware allocator) or refused.
     """
 
-    SIGNATURE = "iiifPiPifPi"  # M N K alpha A lda B ldb beta C ldc (+ W [+ tickets])
-    REDUCE_SIGNATURE = "iifPfPi"  # M N alpha W beta C ldc
+    #: M N K alpha A lda sA B ldb sB beta C ldc sC bias (+ W [+ tickets])
+    SIGNATURE = "iiifPiLPiLfPiLP"
+    REDUCE_SIGNATURE = "iifPfPiLP"  # M N alpha W beta C ldc sC bias
 
     def __init__(self, config, cubin: bytes):
         self.config = config
@@ -60,40 +65,42 @@ class Runner:
         return self.main.max_active_blocks(g, self.config.threads)
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-             allocate_captured=None) -> Callable:
+             allocate_captured=None, batch: int = 1, strides: tuple = (0, 0, 0)) -> Callable:
         """A launcher of this kernel for one problem on GPU g (its context current while
-        binding and launching): run(a, b, c, alpha, beta, stream) with everything but the
-        pointers, scalars and stream fixed now."""
+        binding and launching): run(a, b, c, alpha, beta, stream, bias=0) with everything
+        but the pointers, scalars and stream fixed now."""
         cfg, main, sig = self.config, self.main, self.signature
         f = main.prepare(g)
-        grid, block = cfg.grid(m, n), cfg.block()
+        gx, _, gz = cfg.grid(m, n)
+        grid, block = (gx, batch, gz), cfg.block()
+        sa, sb, sc = strides
         if not cfg.has_workspace:  # the hot path of a library call: one driver call, inline
             launch, smem = driver.api().cuLaunchKernel, main.smem
 
-            def run(a, b, c, alpha, beta, stream):
+            def run(a, b, c, alpha, beta, stream, bias=0):
                 err, = launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                              stream, main.params(sig).pack(m, n, k, alpha, a, lda, b, ldb,
-                                                            beta, c, ldc), 0)
+                              stream, main.params(sig).pack(m, n, k, alpha, a, lda, sa, b, ldb,
+                                                            sb, beta, c, ldc, sc, bias), 0)
                 if err != 0:
                     main.failed(err)
             return run
         reduce = self.reduce
         fr = reduce.prepare(g) if reduce is not None else None
-        scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n) * 4
-        tickets = cfg.ticket_count(m, n) * 4
+        scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n, batch) * 4
+        tickets = cfg.ticket_count(m, n, batch) * 4
 
-        def run(a, b, c, alpha, beta, stream):
+        def run(a, b, c, alpha, beta, stream, bias=0):
             w = scratch.get(g, stream, "split-K workspace", wbytes,
                             allocate_captured=allocate_captured)
-            args = [m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, w]
+            args = [m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, bias, w]
             if cfg.last:
                 args.append(scratch.get(g, stream, "split-K tickets", tickets, zero=True,
                                         allocate_captured=allocate_captured))
             main.launch(f, grid, block, stream, main.params(sig).pack(*args))
             if fr is not None:
-                reduce.launch(fr, ((m * n + 255) // 256, 1, 1), (256, 1, 1), stream,
+                reduce.launch(fr, ((m * n + 255) // 256, batch, 1), (256, 1, 1), stream,
                               reduce.params(self.REDUCE_SIGNATURE).pack(
-                                  m, n, alpha, w, beta, c, ldc))
+                                  m, n, alpha, w, beta, c, ldc, sc, bias))
         return run
 
 
@@ -140,8 +147,10 @@ class TmaRunner(Runner):
                      if config.prep else None)
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
-             allocate_captured=None) -> Callable:
+             allocate_captured=None, batch: int = 1, strides: tuple = (0, 0, 0)) -> Callable:
         cfg, main = self.config, self.main
+        if batch != 1:
+            raise TmaUnsupported(f"a batch of {batch}: the wgmma kernels run one problem")
         f = main.prepare(g)
         grid, block = cfg.grid(m, n, g.arch.sm_count), cfg.block()
         boxes, tls, maps = cfg.tma_boxes(), threading.local(), {}
@@ -198,7 +207,7 @@ class TmaRunner(Runner):
                     tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, k, n, ldb, *boxes["B"])),
                     *c_map(c))
 
-        def run(a, b, c, alpha, beta, stream):
+        def run(a, b, c, alpha, beta, stream, bias=0):
             key = (a, b, c) if cfg.store else (a, b)
             mps = maps.get(key) or remember(key, make_maps(a, b, c))
             launch(stream, packed(mps, alpha, beta, c))
@@ -222,7 +231,7 @@ class TmaRunner(Runner):
                                                    *boxes["B"])),
                     *c_map(c))
 
-        def run(a, b, c, alpha, beta, stream):
+        def run(a, b, c, alpha, beta, stream, bias=0):
             w = scratch.get(g, stream, "tf32 pre-pass", wbytes,
                             allocate_captured=allocate_captured)
             key = (w, c) if cfg.store else w
