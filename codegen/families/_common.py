@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from codegen.arch import ArchLimits
 from codegen.errors import UsageError
 
-__all__ = ["DType", "Layout", "OUT_DTYPES", "BIASES", "ACTIVATIONS", "EPILOGUE_NAME",
+__all__ = ["DType", "Layout", "Variant", "OUT_DTYPES", "BIASES", "ACTIVATIONS", "EPILOGUE_NAME",
            "EPILOGUE_TEXTS", "epilogue_reasons", "epilogue_values", "Serial", "Name", "Named", "Text", "NUMBER", "FLAG", "choice",
            "Shape", "MAX_STAGES", "cdiv", "widest",
            "wants_split", "shape_reasons", "positive_sizes", "threads_reasons",
@@ -276,6 +276,52 @@ def shape_reasons(config, shape: Shape, arch: ArchLimits) -> list[str]:
 
 
 # ---- the epilogue and the layout, as every family reads them ------------------------------
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What a problem asks of a kernel beyond its input type and shape: how A and B are
+    stored, C's type, the bias and the activation (the config fields EPILOGUE_NAME
+    writes). The default is the plain problem: NN, fp32 C, no bias, no activation.
+
+    Example:
+        >>> v = Variant(Layout.NT, DType.F16, "out", "gelu")
+        >>> v.key, Variant.from_key(v.key) == v
+        ('nt|f16|out|gelu', True)
+    """
+
+    layout: Layout = Layout.NN
+    out: DType = DType.F32
+    bias: str = "none"
+    act: str = "none"
+
+    @property
+    def key(self) -> str:
+        """The variant as text: part of cache keys, library entries and dispatch keys."""
+        return f"{self.layout.value}|{self.out.short}|{self.bias}|{self.act}"
+
+    @classmethod
+    def from_key(cls, key: str) -> "Variant":
+        layout, out, bias, act = key.split("|")
+        return cls(Layout(layout), DType.from_short(out), bias, act)
+
+    @property
+    def plain(self) -> bool:
+        """The default variant (what every family's template has always done)?"""
+        return self == Variant()
+
+    @classmethod
+    def of(cls, config) -> "Variant":
+        """The variant a config builds."""
+        return cls(config.layout, config.out, config.bias, config.act)
+
+    def apply(self, config):
+        """`config` building this variant (its other fields as they are); a config of a
+        family without the epilogue fields is returned as is when this is the plain one."""
+        if Variant.of(config) == self:
+            return config
+        return dataclasses.replace(config, layout=self.layout, out=self.out, bias=self.bias,
+                                   act=self.act)
+
+
 def epilogue_reasons(config) -> list[str]:
     """Reasons the output type, bias and activation of `config` are not buildable."""
     why = []
