@@ -2,10 +2,14 @@
 in the manifest) and its metadata. Read, verified, and added to atomically.
 
 Layout:
-    library/manifest.json                 {"schema": 1, "kernels": {...}, "entries": [...]}
+    library/manifest.json                 {"schema": 2, "kernels": {...}, "entries": [...]}
     library/kernels/<arch>/<name>.cu      the generated source
     library/kernels/<arch>/<name>.cubin   nvcc's output (sha256 checked on load)
     library/kernels/<arch>/<name>.json    config, resources, flags, nvcc, template hash
+
+Schema 2: the kernels take the argument list with batch strides and a bias (see
+tuner/runtime/runners.py). A schema-1 library's kernels were compiled for the list before;
+:func:`upgrade` recompiles them from their names, keeping the entries.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
 from tuner.runtime.errors import LibraryError
 
-__all__ = ["SCHEMA", "Manifest"]
+__all__ = ["SCHEMA", "Manifest", "upgrade"]
 
-SCHEMA = 1
+SCHEMA = 2
 #: the fields that identify an entry: one per GPU model, dtype, layout and shape
 ENTRY_KEY = ("cc", "dtype", "layout", "m", "n", "k", "gpu")
 
@@ -68,6 +72,10 @@ class Manifest:
         if not isinstance(schema, int) or schema > SCHEMA:
             raise LibraryError(f"library manifest {mpath} has schema {schema!r}; this gemm-tune "
                                f"reads schema {SCHEMA} and older: upgrade gemm-tune")
+        if schema < SCHEMA:
+            raise LibraryError(f"the library at {path} is of schema {schema}: its kernels take "
+                               "an older argument list; recompile them with `gemm-tune upgrade "
+                               f"--library {path}` (its entries are kept)")
         manifest = cls(path, data)
         if verify:
             manifest.verify()
@@ -169,3 +177,47 @@ class Manifest:
                     return e
         raise KeyError(f"no library entry for {entry.get('kernel')} at "
                        f"{entry.get('m')}x{entry.get('n')}x{entry.get('k')}")
+
+
+def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
+            force: bool = False) -> int:
+    """Recompile an older library's kernels from their names with this gemm-tune's
+    templates (nvcc needed), replacing each kernel's files, and mark it of this schema; its
+    entries (and their timings) are kept. Returns the number of kernels recompiled (0: it
+    was already of this schema, unless `force`). Raises LibraryError for what it cannot
+    do."""
+    import tempfile
+
+    from codegen.compile import compile_many
+
+    path = Path(path)
+    with file_lock(path / ".lock"):
+        try:
+            Manifest.load(path, verify=False)
+            if not force:
+                return 0
+            data = json.loads((path / "manifest.json").read_text())
+        except LibraryError:
+            data = json.loads((path / "manifest.json").read_text()) \
+                if (path / "manifest.json").is_file() else None
+            if not isinstance(data, dict) or not isinstance(data.get("schema"), int) \
+                    or data["schema"] > SCHEMA or not isinstance(data.get("kernels"), dict):
+                raise
+        by_arch: dict[str, list] = {}
+        for k in data["kernels"].values():
+            by_arch.setdefault(k["arch"], []).append(config_from_name(k["name"]))
+        with tempfile.TemporaryDirectory() as tmp:
+            for arch, configs in by_arch.items():
+                for cfg, res in compile_many(configs, arch, jobs=jobs, cache_dir=Path(tmp),
+                                             on_done=on_done):
+                    if not res.ok:
+                        raise LibraryError(f"recompiling {cfg.name} for {arch} failed: "
+                                           f"{res.error.splitlines()[0] if res.error else ''}")
+                    k = data["kernels"][f"{arch}/{cfg.name}"]
+                    atomic_write(path / k["source"], res.source.encode())
+                    atomic_write(path / k["cubin"], Path(res.cubin).read_bytes())
+                    k.update(source_sha256=_sha256(path / k["source"]),
+                             cubin_sha256=_sha256(path / k["cubin"]))
+        data["schema"] = SCHEMA
+        atomic_write_json(path / "manifest.json", data)
+    return sum(map(len, by_arch.values()))

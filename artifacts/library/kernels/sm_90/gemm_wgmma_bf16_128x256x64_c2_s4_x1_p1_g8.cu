@@ -25,6 +25,7 @@ constexpr int ES = 2, B_CHUNKS = 4, B_BOX_ROWS = 64;
 constexpr uint32_t A_STAGE_BYTES = 16384, B_CHUNK_BYTES = 8192;
 constexpr uint32_t B_STAGE_BYTES = 32768, STAGE_BYTES = 49152;
 constexpr uint32_t TILES_BYTES = 196608, SMEM_BYTES = 198656;
+constexpr uint32_t C_BYTES = 0;  // the TMA-store epilogue's buffers (0: none)
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
 static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
@@ -36,7 +37,7 @@ static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 blocks");
 static_assert(B_BOX_ROWS * CLUSTER == BK && B_BOX_ROWS % 8 == 0, "B's rows split into whole 8-row swizzle atoms");
 static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && B_CHUNK_BYTES == BK * 128, "stage bytes");
 static_assert(STAGE_BYTES == A_STAGE_BYTES + B_STAGE_BYTES && STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle boundaries");
-static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, its barriers and the alignment slack fit");
+static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + C_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, the C buffers, the barriers and the alignment slack fit");
 static_assert(SMEM_BYTES <= 232448, "227 KiB of shared memory per block at most");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
@@ -198,7 +199,7 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 128B swizzle atoms repeat every 1024 bytes: the ring starts on such a boundary.
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t bars = base + TILES_BYTES;  // full[s] at bars + 8 s, empty[s] after them
+    const uint32_t bars = base + TILES_BYTES + C_BYTES;  // full[s] at bars + 8 s, empty[s] after them
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 

@@ -30,6 +30,7 @@ constexpr int ES = 4, B_CHUNKS = 1, B_BOX_ROWS = 128;
 constexpr uint32_t A_STAGE_BYTES = 32768, B_CHUNK_BYTES = 4096;
 constexpr uint32_t B_STAGE_BYTES = 16384, STAGE_BYTES = 49152;
 constexpr uint32_t TILES_BYTES = 196608, SMEM_BYTES = 198656;
+constexpr uint32_t C_BYTES = 0;  // the TMA-store epilogue's buffers (0: none)
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
 static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
@@ -40,7 +41,7 @@ static_assert(BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "BK must span
 static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 blocks");
 static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && B_CHUNK_BYTES == BK * 128, "stage bytes");
 static_assert(STAGE_BYTES == A_STAGE_BYTES + B_STAGE_BYTES && STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle boundaries");
-static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, its barriers and the alignment slack fit");
+static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + C_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, the C buffers, the barriers and the alignment slack fit");
 static_assert(SMEM_BYTES <= 232448, "227 KiB of shared memory per block at most");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
@@ -134,14 +135,15 @@ __device__ __forceinline__ void fence_acc(float (&d)[ACC])
         asm volatile("" : "+f"(d[j]) :: "memory");
 }
 
-// x rounded to the nearest tf32 (ties away from zero), low 13 bits zero: as the in-kernel
-// conversion of the other fp32 variants rounds.
-__device__ __forceinline__ float tf32_round(float x)
+// x rounded to the nearest tf32 (ties away from zero), low 13 bits zero: how the in-loop
+// conversion and the pre-pass round fp32 data (the tensor cores alone would truncate).
+__device__ __forceinline__ float tf32_rna(float x)
 {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return __uint_as_float(r);
 }
+
 
 // d[64 x BN] (+)= A[64 x 8] * B[8 x BN], tf32, both K-major (desc a, desc b): scale-d =
 // accumulate (0: d = A*B), no negation; tf32 has no transpose immediates.
@@ -196,7 +198,7 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g1_pre(const __grid_constant__ CUtensorMa
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 128B swizzle atoms repeat every 1024 bytes: the ring starts on such a boundary.
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t bars = base + TILES_BYTES;  // full[s] at bars + 8 s, empty[s] after them
+    const uint32_t bars = base + TILES_BYTES + C_BYTES;  // full[s] at bars + 8 s, empty[s] after them
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
@@ -355,7 +357,7 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g1_pre_prep(const float* __restrict__ A, 
         for (int i = ty; i < 32; i += 8) {
             const int r = r0 + i;
             if (r < M && c < K)
-                At[static_cast<size_t>(r) * ldw + c] = tf32_round(A[static_cast<size_t>(r) * lda + c]);
+                At[static_cast<size_t>(r) * ldw + c] = tf32_rna(A[static_cast<size_t>(r) * lda + c]);
         }
         return;
     }
@@ -370,6 +372,6 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g1_pre_prep(const float* __restrict__ A, 
     for (int i = ty; i < 32; i += 8) {
         const int n = n0 + i, k = k0 + tx;
         if (n < N && k < K)
-            Bt[static_cast<size_t>(n) * ldw + k] = tf32_round(tile[tx][i]);
+            Bt[static_cast<size_t>(n) * ldw + k] = tf32_rna(tile[tx][i]);
     }
 }

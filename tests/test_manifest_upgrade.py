@@ -1,0 +1,33 @@
+"""A library of an older schema is refused with the command that upgrades it, and the
+upgrade recompiles its kernels from their names (their sources then carry the argument
+list the runners pass) and keeps its entries. nvcc is needed, for real."""
+
+import json
+
+import pytest
+
+from _library import build
+from tuner.runtime.errors import LibraryError
+from tuner.runtime.manifest import SCHEMA, Manifest, upgrade
+
+
+def test_an_older_library_is_refused_then_upgraded(tmp_path, compile_cache):
+    lib = build(tmp_path / "lib", compile_cache, tmp_path / "art")
+    mpath = lib.path / "manifest.json"
+    data = json.loads(mpath.read_text())
+    entries = data["entries"]
+    # what a schema-1 library held: the kernels' sources of the argument list before
+    data["schema"] = 1
+    for k in data["kernels"].values():
+        (lib.path / k["source"]).write_text("// an older kernel\n")
+    mpath.write_text(json.dumps(data))
+    with pytest.raises(LibraryError, match=r"schema 1: .*`gemm-tune upgrade --library"):
+        Manifest.load(lib.path)
+
+    assert upgrade(lib.path, jobs=1) == len(data["kernels"]) == 2
+    m = Manifest.load(lib.path)  # verifies every file's sha256 and config
+    assert m.data["schema"] == SCHEMA and m.entries == entries
+    for k in m.data["kernels"].values():
+        src = (lib.path / k["source"]).read_text()
+        assert "long long sA" in src and "const BiasT* __restrict__ bias" in src
+    assert upgrade(lib.path, jobs=1) == 0  # nothing left to do
