@@ -82,10 +82,15 @@ _TORCH = {DType.F32: "float32", DType.TF32: "float32", DType.F16: "float16",
           DType.BF16: "bfloat16"}
 
 
-def _operand(torch, batch, rows, cols, column_major, dtype, pad, broadcast=False):
+def _operand(torch, batch, rows, cols, column_major, dtype, pad, aligned, broadcast=False):
     """A batch x rows x cols operand stored row- or column-major with `pad` elements past
-    each stored row: (the logical view, leading dimension, batch stride)."""
+    each stored row (for an operand the kernel needs 16-byte aligned, as many more as make
+    a stored row a multiple of 16 bytes): (the logical view, leading dimension, batch
+    stride)."""
     store_rows, store_cols = (cols, rows) if column_major else (rows, cols)
+    if aligned:
+        per = 16 // dtype.size
+        pad += -(store_cols + pad) % per
     n = 1 if broadcast else batch
     store = torch.randn(n, store_rows, store_cols + pad, device="cuda").to(
         getattr(torch, _TORCH[dtype]))
@@ -124,11 +129,14 @@ def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0):
     torch.manual_seed(torch.seed())  # fresh inputs every run
     m, n, k = shape
     v = Variant.of(cfg)
-    a, lda, sa = _operand(torch, batch, m, k, v.layout in (Layout.TN, Layout.TT), cfg.dtype, 3)
+    aligned = cfg.aligned_operands
+    a, lda, sa = _operand(torch, batch, m, k, v.layout in (Layout.TN, Layout.TT), cfg.dtype, 3,
+                          aligned[0])
     b, ldb, sb = _operand(torch, batch, k, n, v.layout in (Layout.NT, Layout.TT), cfg.dtype, 5,
-                          broadcast_b)
+                          aligned[1], broadcast_b)
     out_t = getattr(torch, _TORCH[v.out])
-    cstore = torch.full((batch, m, n + 2), float("nan"), device="cuda", dtype=out_t)
+    ldc = n + 2 + (-(n + 2) % (16 // v.out.size) if aligned[2] else 0)
+    cstore = torch.full((batch, m, ldc), float("nan"), device="cuda", dtype=out_t)
     c = cstore[..., :n]
     c0 = None
     if beta:
@@ -138,7 +146,7 @@ def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0):
     if v.bias != "none":
         bias = torch.randn(n, device="cuda").to(out_t if v.bias == "out" else torch.float32)
     ref = _reference(torch, a, b, c0, bias, v, alpha, beta)
-    run = _runner(cfg, Path(res.cubin)).bind(device(), m, n, k, lda, ldb, n + 2, batch=batch,
+    run = _runner(cfg, Path(res.cubin)).bind(device(), m, n, k, lda, ldb, ldc, batch=batch,
                                               strides=(sa, sb, cstore.stride(0)))
     run(a.data_ptr(), b.data_ptr(), c.data_ptr(), alpha, beta,
         torch.cuda.current_stream().cuda_stream, bias=0 if bias is None else bias.data_ptr())
