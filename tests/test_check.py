@@ -1,5 +1,7 @@
 """Each kind of invalid configuration is rejected with its reason and numbers."""
 
+import dataclasses
+
 import pytest
 
 from codegen import DEFAULT_CONFIG, DType, KernelConfig, UsageError, check, parse_arch
@@ -81,3 +83,34 @@ def test_parse_arch_spellings(text):
 def test_parse_arch_rejects_unknown(text):
     with pytest.raises(UsageError, match="unknown GPU architecture"):
         parse_arch(text)
+
+
+def test_the_swizzle_rules():
+    from codegen.config import Layout
+
+    ok = KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=8, wt=8, pad=0, swz=1)
+    assert check(ok, "sm_90") == []
+    assert check(dataclasses.replace(ok, pad=4), "sm_90") == [
+        "a swizzled tile takes no padding (pad=4)"]
+    assert check(dataclasses.replace(ok, layout=Layout.TN), "sm_90") == [
+        "nothing to swizzle: with layout tn no operand is transposed on its way in"]
+    # BK=32 with VEC=4: the swizzle's chunks are 4 columns, still whole float4 reads
+    assert check(dataclasses.replace(ok, bk=32), "sm_90") == []
+    # VEC=1, BK=16: 2-column chunks would split the 4-wide fragment reads
+    assert check(dataclasses.replace(ok, vec=1), "sm_90") == [
+        "the swizzle's 2-column chunks split A's 4-wide fragment reads"]
+    assert "a swizzled A tile needs its width (16) a multiple of 32" in check(
+        KernelConfig(bm=16, bn=32, bk=16, rm=4, rn=4, wt=4, pad=0, swz=1), "sm_90")
+
+
+def test_epilogue_and_layout_rules():
+    from codegen.config import Layout
+
+    assert check(KernelConfig(out=DType.F16, bias="f32", act="gelu", layout=Layout.TT),
+                 "sm_90") == []
+    assert check(KernelConfig(bias="f32"), "sm_90") == ["an fp32 bias with fp32 C is bias='out'"]
+    assert check(KernelConfig(out=DType.TF32, act="tanh", bias="yes"), "sm_90") == [
+        "C cannot be tf32: it is one of f32, f16, bf16",
+        "bias 'yes' is not one of none, out, f32",
+        "activation 'tanh' is not one of none, relu, gelu, gelu_tanh, silu"]
+    assert check(KernelConfig(vec=4, bm=16, bn=32, rm=4, rn=4, layout=Layout.TN), "sm_90") == []

@@ -58,7 +58,19 @@ def _configs():
     return out
 
 
-CONFIGS = _configs()
+def _swizzled():
+    """SIMT's XOR-swizzled transposed tiles, in each layout that has one, with an epilogue."""
+    from codegen.config import KernelConfig
+
+    base = KernelConfig(bm=64, bn=128, bk=16, rm=4, rn=8, wt=8, pad=0, swz=1, stages=3)
+    out = {}
+    for layout in (Layout.NN, Layout.NT, Layout.TT):
+        for v in (Variant(layout), Variant(layout, DType.F32, "out", "relu")):
+            out[("simt-swizzled", "f32", v.key)] = v.apply(base)
+    return out
+
+
+CONFIGS = {**_configs(), **_swizzled()}
 
 
 @pytest.fixture(scope="module")

@@ -109,9 +109,11 @@ def test_only_the_name_a_config_writes_reads_back(name):
 #: the trial parameters each family's search asks for, by the dtype of its configs: the
 #: names live on in stored Optuna studies, so they must not change
 PARAMETERS = {
-    ("simt", DType.F32): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "stages", "swizzle"],
+    # (the first valid SIMT point has pad 0, so the conditional "swz" is asked too)
+    ("simt", DType.F32): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "stages", "swizzle",
+                          "swz"],
     ("simt", DType.F16): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "widened_stages",
-                          "swizzle"],
+                          "swizzle", "swz"],
     ("wmma", DType.F16): ["wmma_bm", "wmma_bn", "wmma_bk", "wmma_wm", "wmma_wn", "wmma_stages",
                           "wmma_swizzle", "wmma_skew_bytes"],
     ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",

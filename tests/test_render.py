@@ -20,6 +20,8 @@ from codegen.rendering import _env
                  layout=Layout.TN, act="relu"),  # cp.async, A column-major
     KernelConfig(layout=Layout.TT, dtype=DType.BF16, out=DType.BF16, bias="f32",
                  act="silu", split=4),  # the reduce pass applies the epilogue
+    KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=8, wt=8, pad=0, swz=1,
+                 layout=Layout.NT),  # XOR-swizzled transposed tiles of A and B
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""

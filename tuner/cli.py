@@ -132,8 +132,9 @@ def _print_dry_run(report, console) -> None:
                     f"on {report.arch}, fastest predicted first", box=box.SIMPLE_HEAD)
     for col in ("kernel", "regs", "smem B", "occupancy", "limiter", "predicted TFLOP/s",
                 "status"):
+        # the figures keep their line; a long kernel name (a variant's) folds instead
         t.add_column(col, justify="left" if col in ("kernel", "limiter", "status") else "right",
-                     no_wrap=col == "kernel")
+                     no_wrap=col != "kernel", overflow="fold" if col == "kernel" else "ellipsis")
     for r in report.rows:
         occ = "-" if r.occupancy is None else f"{r.occupancy:.0%} ({r.blocks_per_sm}/SM)"
         t.add_row(r.config.name, "-" if r.registers is None else str(r.registers),

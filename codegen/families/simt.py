@@ -13,13 +13,13 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, choice,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, Serial, Shape, choice,
     epilogue_values, positive_sizes, shape_reasons,
     smem_reasons, stages_reasons, swizzle_reasons, threads_reasons, wants_split, widest,
 )
 
 __all__ = ["KernelConfig", "DEFAULT_CONFIG", "TEMPLATE", "check", "SPLITS", "REDUCES",
-           "CLUSTER_SPLITS", "WARP_ARRANGEMENTS", "SPACE", "SEARCH_SPLITS", "SPLIT_REDUCES",
+           "CLUSTER_SPLITS", "WARP_ARRANGEMENTS", "SPACE", "SEARCH_SPLITS", "SPLIT_REDUCES", "SWIZZLES",
            "WIDENED_STAGES", "config_from_params", "suggest", "params_of", "valid_configs",
            "issue_efficiency", "SIMT"]
 
@@ -66,6 +66,10 @@ class KernelConfig(Serial, Named):
         minb: the second argument of __launch_bounds__, the blocks per SM ptxas must
             leave room for (it caps the registers at 64K / (threads x minb)). The name
             carries `_b<minb>` only when above 1.
+        swz: 1 = the k-major shared tile of an operand transposed on its way in (A
+            row-major, B column-major) is XOR-swizzled instead of padded (pad must be 0):
+            one warp's transposed stores then hit 32 distinct banks where padding leaves
+            2-way conflicts (BK=16). The name carries `_sw` only when 1.
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
             only when not the default).
@@ -89,6 +93,7 @@ class KernelConfig(Serial, Named):
     frags: int = 1
     reduce: str = "pass"
     minb: int = 1
+    swz: int = 0
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -101,8 +106,8 @@ class KernelConfig(Serial, Named):
     #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
     #: ``_b`` only above 1, so that names from before those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
-                "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}]" + EPILOGUE_NAME,
-                family=choice({f: f.value for f in Family}),
+                "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}][_sw{swz}]"
+                + EPILOGUE_NAME, swz=FLAG, family=choice({f: f.value for f in Family}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
 
     # ---- derived geometry (computed here, passed to the template) -------------
@@ -182,6 +187,8 @@ class KernelConfig(Serial, Named):
             STORE_T=_VEC_TYPES[store_vec],
             B_STS_VEC=self.vec if self.ldb_s % self.vec == 0 else 1,
             A_STS_VEC=self.vec if self.lda_s % self.vec == 0 else 1,
+            SWZ_A=bool(self.swz) and self.layout in (Layout.NN, Layout.NT),
+            SWZ_B=bool(self.swz) and self.layout in (Layout.NT, Layout.TT),
             A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
@@ -281,6 +288,10 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
     if not 0 <= c.pad <= 32:
         why.append(f"padding {c.pad} words is outside 0..32")
     why += swizzle_reasons(c.swizzle)
+    if c.swz not in (0, 1):
+        why.append(f"swizzle flag {c.swz} must be 0 or 1")
+    elif c.swz:
+        why += _swizzle_reasons(c)
     if c.frags not in (1, 2):
         why.append(f"fragment buffers {c.frags} must be 1 or 2")
     if c.minb < 1 or c.minb * t > a.max_threads_per_sm:
@@ -310,12 +321,32 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
     return why
 
 
+def _swizzle_reasons(c: KernelConfig) -> list[str]:
+    """Why the XOR swizzle of transposed tiles (swz=1) cannot be built for `c`."""
+    why = []
+    if c.layout is Layout.TN:
+        why.append("nothing to swizzle: with layout tn no operand is transposed on its way in")
+    if c.pad:
+        why.append(f"a swizzled tile takes no padding (pad={c.pad})")
+    if c.vec not in (1, 2, 4) or (32 * c.vec) % c.bk:
+        return why + [f"the swizzle needs BK={c.bk} to divide 32 x VEC={32 * c.vec}"]
+    unit = 32 * c.vec // c.bk
+    tv = c.template_values()
+    for op, width, v, on in (("A", c.bm, tv["VA"], tv["SWZ_A"]), ("B", c.bn, tv["VB"], tv["SWZ_B"])):
+        if on and width % 32:
+            why.append(f"a swizzled {op} tile needs its width ({width}) a multiple of 32")
+        if on and unit % v:
+            why.append(f"the swizzle's {unit}-column chunks split {op}'s {v}-wide fragment reads")
+    return why
+
+
 # ---- the search space -----------------------------------------------------------------
 #: Fixed categorical lists keep every Optuna trial on the same distributions. The space
 #: is narrower than what codegen builds: values that rarely win on a real GPU (narrower
 #: global vectors, which help only where a leading dimension is 2 mod 4; BK=32; a padding
 #: that breaks 16-byte shared reads) stay buildable and tested, but are not searched,
-#: which keeps the valid space small enough (2736 on sm_90) for an exhaustive grid.
+#: which keeps the valid space small enough (3944 on sm_90, 1208 of them swizzled) for an
+#: exhaustive grid.
 SPACE: dict[str, tuple[int, ...]] = {
     "bm": (16, 32, 64, 128, 256),
     "bn": (32, 64, 128, 256),
@@ -336,6 +367,10 @@ SEARCH_SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 #: but is not searched: it lost to the pass on every shape measured (bench/NOTES.md).
 SPLIT_REDUCES: tuple[str, ...] = ("pass", "cluster")
 
+#: The XOR swizzle of transposed tiles ("swz"), a conditional parameter: asked only where
+#: pad is 0 (it replaces the padding).
+SWIZZLES: tuple[int, ...] = (0, 1)
+
 #: fp16 / bf16 inputs on CUDA cores are widened on their way through registers, so that
 #: variant takes stages 1-2 only: a parameter of its own, so no ask is wasted on 3-4.
 WIDENED_STAGES = (1, 2)
@@ -343,7 +378,7 @@ WIDENED_STAGES = (1, 2)
 
 def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
     return KernelConfig(dtype=dtype, split=int(params.get("split", 1)),
-                        reduce=params.get("split_reduce", "pass"),
+                        reduce=params.get("split_reduce", "pass"), swz=int(params.get("swz", 0)),
                         **{k: int(params[k]) for k in SPACE})
 
 
@@ -367,6 +402,8 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     widened = dtype is not DType.F32  # register-staged only: its own stages list
     params = {k: trial.suggest_categorical(_param(k, widened), _values(k, widened))
               for k in SPACE}
+    if params["pad"] == 0:  # unpadded tiles: plain, or XOR-swizzled
+        params["swz"] = trial.suggest_categorical("swz", SWIZZLES)
     cfg = config_from_params(params, dtype)
     if shape is not None and arch is not None and wants_split(cfg, shape, arch):
         params["split"] = trial.suggest_categorical("split", SEARCH_SPLITS)
@@ -380,6 +417,8 @@ def params_of(config: KernelConfig, shape: Shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config` (the grid's inverse)."""
     widened = config.dtype is not DType.F32
     p = {_param(k, widened): getattr(config, k) for k in SPACE}
+    if config.pad == 0:
+        p["swz"] = config.swz
     if wants_split(config, shape, arch):
         p["split"] = config.split
         if len(_reduces(config.split, arch)) > 1:
@@ -392,8 +431,11 @@ def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
     """Every point of SPACE that `check` accepts (and, given a shape, that the shape rules
     keep, split-K variants included), in grid order."""
     arch = parse_arch(arch)
-    for vals in itertools.product(*SPACE.values()):
-        c = config_from_params(dict(zip(SPACE, vals)), dtype)
+    for vals, swz in itertools.product(itertools.product(*SPACE.values()), SWIZZLES):
+        params = dict(zip(SPACE, vals), swz=swz)
+        if params["pad"] and swz:
+            continue  # asked only of unpadded tiles
+        c = config_from_params(params, dtype)
         if check(c, arch):
             continue
         splits = SEARCH_SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
