@@ -114,10 +114,19 @@ def _operand(torch, batch, rows, cols, column_major, dtype, pad, aligned, broadc
     return view, store_cols + pad, 0 if broadcast else store.stride(0)
 
 
-def _reference(torch, a, b, c0, bias, v: Variant, alpha, beta):
+def _as_multiplied(torch, x, dtype: DType):
+    """x in float64 as the kernel multiplies it: a tf32 kernel rounds fp32 data to tf32 (to
+    nearest, ties away from zero, as cvt.rna.tf32.f32); the other types as stored."""
+    if dtype is DType.TF32:
+        bits = x.float().contiguous().view(torch.int32)
+        x = ((bits + 0x1000) & -0x2000).view(torch.float32)
+    return x.double()
+
+
+def _reference(torch, a, b, c0, bias, v: Variant, alpha, beta, dtype: DType):
     import torch.nn.functional as F
 
-    ref = alpha * torch.matmul(a.double(), b.double())
+    ref = alpha * torch.matmul(_as_multiplied(torch, a, dtype), _as_multiplied(torch, b, dtype))
     if c0 is not None:
         ref += beta * c0.double()
     if v.bias != "none":
@@ -157,7 +166,7 @@ def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0):
     bias = None
     if v.bias != "none":
         bias = torch.randn(n, device="cuda").to(out_t if v.bias == "out" else torch.float32)
-    ref = _reference(torch, a, b, c0, bias, v, alpha, beta)
+    ref = _reference(torch, a, b, c0, bias, v, alpha, beta, cfg.dtype)
     run = _runner(cfg, Path(res.cubin)).bind(device(), m, n, k, lda, ldb, ldc, batch=batch,
                                               strides=(sa, sb, cstore.stride(0)))
     run(a.data_ptr(), b.data_ptr(), c.data_ptr(), alpha, beta,
