@@ -1,0 +1,388 @@
+"""Layouts, output types, the fused epilogue and batches against torch, in one run, on the GPU.
+
+    python3 bench/layouts_epilogues.py [--out DIR] [--library artifacts/library]
+                                       [--parts layouts,linear,outtype,batched]
+
+Four parts, each row "ours" against the torch call a user would otherwise make, with the
+same input and output types:
+  layouts   each family's tuned 4096^3 kernel (the library's entry; a family with none:
+            its default config, marked "untuned") in NN, NT, TN and TT: the ratio of each
+            layout's time to the same kernel's NN (the bar: NT, TN, TT within 5%); torch
+            .matmul on the same views beside it.
+  linear    tokens x in x out of 8192x4096x14336 and 8192x14336x4096, bf16 and fp16:
+            ours C = gelu(x W^T + b) in one kernel (layout NT, C of the input type, a bias,
+            GELU) against F.gelu(F.linear(x, W, b)) (the bar: 1.05x).
+  outtype   the 13 suite shapes in fp16 and bf16 with C of the input type, against
+            torch.matmul (the bar: each at least 0.95x, geometric mean at least 1.0).
+  batched   torch.bmm shapes (batch 32) 512x512x128 and (batch 64) 2048x128x2048, in
+            fp16 and fp32 (the bar: 1.0x).
+
+Ours: the library's tuned kernels of that input type (every entry's config, at any
+shape), the wgmma bench's candidate list and each family's default, re-targeted to the
+row's layout, output type, bias and activation (codegen.families._common.Variant), those
+that codegen.check accepts, compiled here and launched through their runners
+(tuner.runtime.runners: what the tuner times and the library ships). None was tuned
+for these problems: each row takes the candidate fastest in a first pass (a best-of-N
+selection, stated), checked against torch's output first, then times it against torch in
+three interleaved rounds (CUDA events, L2 flushed before each repetition; medians).
+Writes layouts-epilogues-<gpu>-<date>.json and .png under --out (default bench/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from codegen.families._common import DType, Layout, Variant  # noqa: E402
+
+SUITE = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (1024, 1024, 1024),
+         (512, 512, 512), (1000, 1000, 1000), (4095, 4097, 1023), (127, 129, 4097),
+         (8192, 8192, 1024), (128, 4096, 4096), (16, 4096, 4096), (4096, 4096, 256),
+         (256, 256, 16384)]
+LINEAR = [(8192, 4096, 14336), (8192, 14336, 4096)]  # tokens, in_features, out_features
+BATCHED = [(32, 512, 512, 128), (64, 2048, 128, 2048)]  # batch, M, N, K
+ROUNDS = 3
+
+
+def _tdt(torch, dtype: DType):
+    return {DType.F32: torch.float32, DType.F16: torch.float16,
+            DType.BF16: torch.bfloat16}[dtype]
+
+
+class Candidates:
+    """The kernels a row may run: compiled once per config, runners kept."""
+
+    def __init__(self, library: Path):
+        from tuner.runtime.manifest import Manifest
+
+        self.entries = Manifest.load(library, verify=False).entries
+        self.built: dict = {}
+
+    def base(self, dtype: DType) -> list:
+        """The library's configs of `dtype`, the wgmma bench's candidates, each family's
+        default (as tuned: NN, fp32 C, no epilogue)."""
+        from codegen.config import config_from_name
+        from codegen.families import FAMILIES
+        from wgmma_vs_cublas import configs as wgmma_configs
+
+        out = [config_from_name(e["kernel"]) for e in self.entries if e["dtype"] == dtype.short]
+        if dtype in (DType.F16, DType.BF16):
+            out += wgmma_configs(dtype)
+        out += [s.default(dtype) for s in FAMILIES.values()
+                if dtype in s.dtypes and s.dtypes[dtype] is dtype]
+        return list(dict.fromkeys(out))
+
+    def tuned(self, dtype: DType, shape) -> dict:
+        """family -> (its config tuned at `shape` in the library, or its default; tuned?)."""
+        from codegen.config import config_from_name
+        from codegen.families import FAMILIES, family_of
+
+        out = {}
+        for e in self.entries:
+            if e["dtype"] == dtype.short and (e["m"], e["n"], e["k"]) == tuple(shape):
+                cfg = config_from_name(e["kernel"])
+                out[family_of(cfg).name] = (cfg, True)
+        for s in FAMILIES.values():
+            if s.name not in out and s.searched and dtype in s.dtypes \
+                    and s.dtypes[dtype] is dtype:
+                out[s.name] = (s.default(dtype), False)
+        return out
+
+    def build(self, configs) -> None:
+        from codegen.compile import compile_many
+        from tuner.runtime.runners import runner_for
+
+        todo = [c for c in dict.fromkeys(configs) if c not in self.built]
+        for cfg, res in compile_many(todo, "sm_90", jobs=16):
+            self.built[cfg] = runner_for(cfg, Path(res.cubin).read_bytes()) if res.ok else None
+            if not res.ok:
+                print(f"{cfg.name}: compile failed: {res.error.splitlines()[0]}", flush=True)
+
+
+def retarget(configs, v: Variant) -> list:
+    """Each config building variant `v`, where codegen.check accepts it."""
+    from codegen.check import check
+
+    out = []
+    for c in configs:
+        try:
+            cv = v.apply(c)
+        except TypeError:  # a family without the epilogue fields
+            continue
+        if not check(cv, "sm_90"):
+            out.append(cv)
+    return list(dict.fromkeys(out))
+
+
+def operand(torch, batch, rows, cols, col_major, dtype, broadcast=False):
+    """(logical view, leading dimension as stored, batch stride) of a fresh random operand."""
+    shape = (cols, rows) if col_major else (rows, cols)
+    store = torch.randn((1 if broadcast or batch is None else batch, *shape), device="cuda")
+    store = store.to(_tdt(torch, dtype))
+    view = store.transpose(-1, -2) if col_major else store
+    if batch is None:
+        return view[0], shape[1], 0
+    if broadcast:
+        view = view.expand(batch, rows, cols)
+    return view, shape[1], 0 if broadcast else store.stride(0)
+
+
+def launcher(runner, g, m, n, k, lda, ldb, ldc, batch, strides, a, b, c, bias, stream):
+    """A no-argument launch of `runner` on these buffers, or None where it refuses them."""
+    from tuner.runtime.errors import TmaUnsupported
+
+    try:
+        bound = runner.bind(g, m, n, k, lda, ldb, ldc, batch=batch, strides=strides)
+    except TmaUnsupported:
+        return None
+    pa, pb, pc = a.data_ptr(), b.data_ptr(), c.data_ptr()
+    pbias = 0 if bias is None else bias.data_ptr()
+    return lambda: bound(pa, pb, pc, 1.0, 0.0, stream, bias=pbias)
+
+
+def race(torch, timer, cands: dict, peer, out, ref, gate: float, flops: float) -> dict:
+    """Check each candidate against `ref`, time the right ones once, then the fastest and
+    the peer turn about for ROUNDS; the row's figures."""
+    first, errors = {}, {}
+    for name, run in cands.items():
+        out.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        errors[name] = err
+        if err <= gate:
+            first[name] = statistics.median(timer(run))
+    if not first:
+        return dict(kernel=None, errors=errors, note="no candidate ran right")
+    best = min(first, key=first.get)
+    times = {best: [], "torch": []}
+    for _ in range(ROUNDS):
+        times[best].append(statistics.median(timer(cands[best])))
+        times["torch"].append(statistics.median(timer(peer)))
+    ours, theirs = statistics.median(times[best]), statistics.median(times["torch"])
+    return dict(kernel=best, ms=ours, torch_ms=theirs, ratio=theirs / ours,
+                tflops=flops / ours / 1e9, torch_tflops=flops / theirs / 1e9,
+                rounds_ms=times[best], torch_rounds_ms=times["torch"], error=errors[best],
+                candidates=len(cands), first_pass_ms=first, errors=errors)
+
+
+def _gate(dtype: DType, out: DType, k: int) -> float:
+    """Ours against the float64 reference: the inputs' accumulation gate (tuner.bench)
+    plus C's rounding (twice its unit roundoff, in norm)."""
+    acc = 1e-5 if dtype is DType.F32 else 2e-5 * max(1.0, k / 4096)
+    return acc + 2 * {DType.F32: 2.0 ** -24, DType.F16: 2.0 ** -11, DType.BF16: 2.0 ** -8}[out]
+
+
+def part_layouts(torch, timer, cands, g, stream) -> list:
+    rows = []
+    m = n = k = 4096
+    for dtype in (DType.F32, DType.F16, DType.BF16):
+        for family, (cfg, tuned) in cands.tuned(dtype, (m, n, k)).items():
+            per = {v: retarget([cfg], Variant(v, cfg.out))[:1] for v in Layout}
+            cands.build([c for cs in per.values() for c in cs])
+            res = {}
+            for layout, cs in per.items():
+                if not cs or cands.built.get(cs[0]) is None:
+                    continue
+                a, lda, _ = operand(torch, None, m, k, layout in (Layout.TN, Layout.TT), dtype)
+                b, ldb, _ = operand(torch, None, k, n, layout in (Layout.NT, Layout.TT), dtype)
+                c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, cs[0].out))
+                run = launcher(cands.built[cs[0]], g, m, n, k, lda, ldb, n, 1, (0, 0, 0), a, b,
+                               c, None, stream)
+                if run is None:
+                    continue
+                ref = torch.matmul(a.double(), b.double())
+                row = race(torch, timer, {cs[0].name: run},
+                           lambda a=a, b=b: torch.matmul(a, b), c, ref,
+                           _gate(dtype, cs[0].out, k), 2.0 * m * n * k)
+                res[layout] = row
+            nn = res.get(Layout.NN, {}).get("ms")
+            for layout, row in res.items():
+                row.update(part="layouts", dtype=dtype.short, family=family, tuned=tuned,
+                           layout=layout.value, shape=[m, n, k],
+                           vs_nn=(nn / row["ms"]) if nn and row.get("ms") else None)
+                rows.append(row)
+                print(f"layouts {dtype.short:4} {family:5} {layout.value} "
+                      f"{row.get('tflops') or 0:7.1f} TFLOP/s  vs NN {row['vs_nn'] or 0:.3f}  "
+                      f"torch {row.get('torch_tflops') or 0:7.1f}", flush=True)
+    return rows
+
+
+def part_linear(torch, timer, cands, g, stream) -> list:
+    import torch.nn.functional as F
+
+    rows = []
+    for dtype in (DType.BF16, DType.F16):
+        v = Variant(Layout.NT, dtype, "out", "gelu")
+        configs = retarget(cands.base(dtype), v)
+        cands.build(configs)
+        for tokens, fin, fout in LINEAR:
+            m, n, k = tokens, fout, fin
+            x = torch.randn(m, k, device="cuda").to(_tdt(torch, dtype))
+            w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(_tdt(torch, dtype))
+            bias = torch.randn(n, device="cuda").to(_tdt(torch, dtype))
+            c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, dtype))
+            runs = {cfg.name: run for cfg in configs if cands.built.get(cfg) is not None
+                    for run in [launcher(cands.built[cfg], g, m, n, k, k, k, n, 1, (0, 0, 0),
+                                         x, w, c, bias, stream)] if run is not None}
+            ref = F.gelu(F.linear(x.double(), w.double(), bias.double()))
+            row = race(torch, timer, runs, lambda: F.gelu(F.linear(x, w, bias)), c, ref,
+                       _gate(dtype, dtype, k), 2.0 * m * n * k)
+            row.update(part="linear", dtype=dtype.short, shape=[m, n, k], variant=v.key,
+                       peer="F.gelu(F.linear(x, W, b))")
+            rows.append(row)
+            print(f"linear  {dtype.short:4} {tokens}x{fin}x{fout}  ours {row.get('ms') or 0:.3f} ms"
+                  f"  torch {row.get('torch_ms') or 0:.3f} ms  {row.get('ratio') or 0:.3f}x"
+                  f"  {row.get('kernel')}", flush=True)
+    return rows
+
+
+def part_outtype(torch, timer, cands, g, stream) -> list:
+    rows = []
+    for dtype in (DType.F16, DType.BF16):
+        configs = retarget(cands.base(dtype), Variant(Layout.NN, dtype))
+        cands.build(configs)
+        for m, n, k in SUITE:
+            a = torch.randn(m, k, device="cuda").to(_tdt(torch, dtype))
+            b = torch.randn(k, n, device="cuda").to(_tdt(torch, dtype))
+            c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, dtype))
+            runs = {cfg.name: run for cfg in configs if cands.built.get(cfg) is not None
+                    for run in [launcher(cands.built[cfg], g, m, n, k, k, n, n, 1, (0, 0, 0),
+                                         a, b, c, None, stream)] if run is not None}
+            ref = torch.matmul(a.double(), b.double())
+            row = race(torch, timer, runs, lambda a=a, b=b: torch.matmul(a, b), c, ref,
+                       _gate(dtype, dtype, k), 2.0 * m * n * k)
+            row.update(part="outtype", dtype=dtype.short, shape=[m, n, k], peer="torch.matmul")
+            rows.append(row)
+            print(f"outtype {dtype.short:4} {m}x{n}x{k}  {row.get('ratio') or 0:.3f}x "
+                  f"{row.get('kernel')}", flush=True)
+    return rows
+
+
+def part_batched(torch, timer, cands, g, stream) -> list:
+    rows = []
+    for dtype in (DType.F16, DType.F32):
+        configs = retarget(cands.base(dtype), Variant(Layout.NN, dtype))
+        cands.build(configs)
+        for batch, m, n, k in BATCHED:
+            a, lda, sa = operand(torch, batch, m, k, False, dtype)
+            b, ldb, sb = operand(torch, batch, k, n, False, dtype)
+            c = torch.empty(batch, m, n, device="cuda", dtype=_tdt(torch, dtype))
+            runs = {cfg.name: run for cfg in configs if cands.built.get(cfg) is not None
+                    for run in [launcher(cands.built[cfg], g, m, n, k, lda, ldb, n, batch,
+                                         (sa, sb, m * n), a, b, c, None, stream)]
+                    if run is not None}
+            ref = torch.bmm(a.double(), b.double())
+            row = race(torch, timer, runs, lambda a=a, b=b: torch.bmm(a, b), c, ref,
+                       _gate(dtype, dtype, k), 2.0 * batch * m * n * k)
+            row.update(part="batched", dtype=dtype.short, shape=[batch, m, n, k],
+                       peer="torch.bmm")
+            rows.append(row)
+            print(f"batched {dtype.short:4} {batch}x{m}x{n}x{k}  {row.get('ratio') or 0:.3f}x "
+                  f"{row.get('kernel')}", flush=True)
+    return rows
+
+
+PARTS = {"layouts": part_layouts, "linear": part_linear, "outtype": part_outtype,
+         "batched": part_batched}
+
+
+def summary(rows: list) -> dict:
+    def geo(xs):
+        xs = [x for x in xs if x]
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+    out = {}
+    lay = [r for r in rows if r["part"] == "layouts" and r["layout"] != "nn"]
+    if lay:
+        out["layouts_worst_vs_nn"] = min((r["vs_nn"] or 0) for r in lay)
+        out["layouts_bar_met"] = all((r["vs_nn"] or 0) >= 0.95 for r in lay)
+    for part, bar in (("linear", 1.05), ("batched", 1.0)):
+        rs = [r for r in rows if r["part"] == part]
+        if rs:
+            out[f"{part}_worst"] = min((r.get("ratio") or 0) for r in rs)
+            out[f"{part}_bar_met"] = all((r.get("ratio") or 0) >= bar for r in rs)
+    rs = [r for r in rows if r["part"] == "outtype"]
+    if rs:
+        out["outtype_worst"] = min((r.get("ratio") or 0) for r in rs)
+        out["outtype_geomean"] = geo(r.get("ratio") for r in rs)
+        out["outtype_bar_met"] = out["outtype_worst"] >= 0.95 and (out["outtype_geomean"] or 0) >= 1.0
+    return out
+
+
+def plot(doc: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = [p for p in PARTS if any(r["part"] == p for r in doc["rows"])]
+    fig, axes = plt.subplots(len(parts), 1, figsize=(12, 3.2 * len(parts)), squeeze=False)
+    for ax, part in zip(axes[:, 0], parts):
+        rs = [r for r in doc["rows"] if r["part"] == part]
+        key = "vs_nn" if part == "layouts" else "ratio"
+        labels = [f"{r['dtype']} {'x'.join(map(str, r['shape']))}" +
+                  (f" {r['family']} {r['layout']}" if part == "layouts" else "") for r in rs]
+        ax.bar(range(len(rs)), [r.get(key) or 0 for r in rs], color="tab:blue")
+        bar = {"layouts": 0.95, "linear": 1.05, "outtype": 0.95, "batched": 1.0}[part]
+        ax.axhline(bar, color="tab:red", ls="--", lw=1)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_xticks(range(len(rs)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("x NN" if part == "layouts" else "x torch")
+        ax.set_title(part)
+    fig.suptitle(f"gemm-tune layouts, output types, epilogue, batches: {doc['gpu']}, "
+                 f"{doc['date'][:10]}, {doc['commit']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--library", type=Path, default=ROOT / "artifacts" / "library")
+    ap.add_argument("--parts", default=",".join(PARTS))
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from _common import commit
+    from tuner.runtime import driver
+    from wgmma_vs_cublas import Timer
+
+    torch.zeros(1, device="cuda")
+    gpu = torch.cuda.get_device_name(0)
+    doc = dict(benchmark="layouts-epilogues", gpu=gpu, torch=torch.__version__,
+               commit=commit(), rounds=ROUNDS, method=__doc__,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               rows=[])
+    slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"layouts-epilogues-{slug}-{doc['date'][:10]}.json"
+    cands = Candidates(args.library)
+    timer = Timer(torch)
+    g = driver.gpu(torch.cuda.current_device())
+    stream = torch.cuda.current_stream().cuda_stream
+    for part in args.parts.split(","):
+        t0 = time.monotonic()
+        doc["rows"] += PARTS[part](torch, timer, cands, g, stream)
+        doc["summary"] = summary(doc["rows"])
+        print(f"== {part}: {time.monotonic() - t0:.0f} s", flush=True)
+        path.write_text(json.dumps(doc, indent=2) + "\n")  # as it goes: a cut run keeps it
+    print(json.dumps(doc["summary"], indent=1))
+    print(f"wrote {path}")
+    plot(doc, path.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
