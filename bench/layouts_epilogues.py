@@ -31,6 +31,7 @@ Writes layouts-epilogues-<gpu>-<date>.json and .png under --out (default bench/r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -72,12 +73,17 @@ class Candidates:
         """The library's configs of `dtype`, the wgmma bench's candidates, each family's
         default (as tuned: NN, fp32 C, no epilogue)."""
         from codegen.config import config_from_name
-        from codegen.families import FAMILIES
+        from codegen.families import FAMILIES, family_of
         from wgmma_vs_cublas import configs as wgmma_configs
 
         out = [config_from_name(e["kernel"]) for e in self.entries if e["dtype"] == dtype.short]
         if dtype in (DType.F16, DType.BF16):
             out += wgmma_configs(dtype)
+            # the CUDA-core kernels tuned for fp32 (split-K for the skinny shapes), widening
+            # this type on load instead (codegen.check drops those with cp.async stages)
+            out += [dataclasses.replace(c, dtype=dtype) for c in
+                    (config_from_name(e["kernel"]) for e in self.entries if e["dtype"] == "f32")
+                    if family_of(c).name == "simt"]
         out += [s.default(dtype) for s in FAMILIES.values()
                 if dtype in s.dtypes and s.dtypes[dtype] is dtype]
         return list(dict.fromkeys(out))
