@@ -31,3 +31,21 @@ def test_an_older_library_is_refused_then_upgraded(tmp_path, compile_cache):
         src = (lib.path / k["source"]).read_text()
         assert "long long sA" in src and "const BiasT* __restrict__ bias" in src
     assert upgrade(lib.path, jobs=1) == 0  # nothing left to do
+
+
+def test_the_upgrade_command(tmp_path, compile_cache, capsys):
+    from tuner.cli import main
+
+    lib = build(tmp_path / "lib", compile_cache, tmp_path / "art")
+    mpath = lib.path / "manifest.json"
+    data = json.loads(mpath.read_text())
+    data["schema"] = 1
+    mpath.write_text(json.dumps(data))
+    assert main(["list", "--library", str(lib.path)]) == 2  # refused, one line, the command
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gemm-tune upgrade --library" in err[0], err
+    assert main(["upgrade", "--library", str(lib.path), "--jobs", "1"]) == 0
+    assert "2 kernels recompiled" in capsys.readouterr().out
+    assert main(["upgrade", "--library", str(lib.path)]) == 0
+    assert "already current" in capsys.readouterr().out
+    assert main(["list", "--library", str(lib.path)]) == 0

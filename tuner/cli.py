@@ -176,7 +176,7 @@ def _dry_run(args, shape, dtype) -> int:
     return 0
 
 
-SUBCOMMANDS = ("list", "inspect", "export", "report", "prewarm", "status")
+SUBCOMMANDS = ("list", "inspect", "export", "report", "prewarm", "status", "upgrade")
 
 
 def build_subparsers() -> argparse.ArgumentParser:
@@ -216,6 +216,10 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--allow-3xtf32", action="store_true",
                    help="decide the 3xTF32 calls of fp32 data")
     q.add_argument("--json", action="store_true")
+    q = common(sub.add_parser(
+        "upgrade", help="recompile an older library's kernels for this gemm-tune's argument "
+                        "list (nvcc needed; its entries are kept)"))
+    q.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPUs)")
     q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape"))
     q.add_argument("--shape", required=True)
     q.add_argument("--dtype", default="fp32")

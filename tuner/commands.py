@@ -183,6 +183,15 @@ def cmd_export(args, console) -> int:
     return 0
 
 
+def cmd_upgrade(args, console) -> int:
+    from tuner.runtime.manifest import upgrade
+
+    n = upgrade(args.library, jobs=args.jobs)
+    console.print(f"{args.library}: " + (f"{n} kernels recompiled; the library is current"
+                                         if n else "already current, nothing to do"))
+    return 0
+
+
 def cmd_prewarm(args, console) -> int:
     shapes = shapes_file(args.shapes)
     if not shapes:
