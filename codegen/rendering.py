@@ -11,7 +11,7 @@ import jinja2
 from codegen.errors import GemmTuneError
 from codegen.families import Config, family_of
 
-__all__ = ["render", "render_file", "template_dir", "template_hash"]
+__all__ = ["render", "render_file", "render_string", "template_dir", "template_hash"]
 
 
 @functools.cache
@@ -47,6 +47,11 @@ def render(config: Config) -> str:
 def render_file(template: str, **values) -> str:
     """Render any template under templates/ (the export bundle's, for instance)."""
     return _env().get_template(template).render(**values)
+
+
+def render_string(source: str, **values) -> str:
+    """Render a template given as text, with templates/ (and its macros) to import from."""
+    return _env().from_string(source).render(**values)
 
 
 @functools.cache

@@ -8,12 +8,19 @@ BIG = KernelConfig(bm=256, bn=128, bk=16, rm=8, rn=8, wt=16, pad=0, vec=4, stage
 SMALL = KernelConfig(bm=32, bn=64, bk=16, rm=4, rn=4, wt=4, pad=0, vec=4, stages=3, swizzle=1)
 
 
-def entry(cfg, res, shape, tflops, cublas, cc=90, dtype="f32", gpu="NVIDIA H200"):
+def entry(cfg, res, shape, tflops, cublas, cc=90, dtype="f32", gpu="NVIDIA H200", batch=None):
+    """A library entry of `cfg` tuned at `shape` (and `batch`: the field is left out when
+    None, as entries from before batches were written)."""
     m, n, k = shape
     timing = dict(median_ms=2 * m * n * k / tflops / 1e9, p10_ms=1.0, p90_ms=1.2, min_ms=0.9,
                   max_ms=1.3, reps=20)
+    variant = {} if (cfg.out.short, cfg.bias, cfg.act) == ("f32", "none", "none") else dict(
+        out=cfg.out.short, bias=cfg.bias, act=cfg.act)  # the plain one as older entries
+    if batch is not None:
+        variant["batch"] = batch
     return dict(gpu=gpu, cc=cc, arch=f"sm_{cc}", cuda="13.0", template_hash="0" * 16,
-                dtype=dtype, layout="nn", m=m, n=n, k=k, kernel=cfg.name, tflops=tflops,
+                dtype=dtype, layout=cfg.layout.value, **variant, m=m, n=n, k=k,
+                kernel=cfg.name, tflops=tflops,
                 timing=timing, cublas_tflops=cublas, cublas_timing=timing,
                 ratio=tflops / cublas, error=1e-6, resources=res.resources.to_dict(),
                 occupancy=0.25, limiter="registers", date="2026-11-30T17:00:00+00:00",

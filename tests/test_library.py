@@ -62,7 +62,7 @@ def test_truncated_source_is_refused(lib):
 
 @pytest.mark.parametrize("mutate,msg", [
     (lambda t: t[: len(t) // 2], "is unreadable"),
-    (lambda t: json.dumps(dict(json.loads(t), schema=SCHEMA + 1)), "has schema 2"),
+    (lambda t: json.dumps(dict(json.loads(t), schema=SCHEMA + 1)), f"has schema {SCHEMA + 1}"),
     (lambda t: "[]", "is not a gemm-tune manifest"),
     (lambda t: t.replace('"bm": 256', '"bm": 100'), "does not validate"),
 ])
@@ -275,3 +275,46 @@ def test_explain_without_a_gpu_answers_for_a_named_gpu_model_or_says_why_not(lib
         with pytest.raises(NoGPUError, match=r"explain\(\.\.\., gpu='NVIDIA H200'\)") as e:
             lib.explain(64, 64, 64)
         assert "\n" not in str(e.value)
+
+
+def test_entries_of_a_variant_or_a_batch_are_their_own(lib, tmp_path, compile_cache):
+    """An entry's key holds its variant and batch: an NT, fp16-C, bias + GELU entry at the
+    shape of a plain one replaces nothing, entries from before the fields read as the
+    plain variant at batch 1 (and hash into the fingerprint as they did), and the C++
+    export, whose entry points take neither, leaves the variant's kernel out."""
+    import dataclasses
+    import hashlib
+
+    from _library import entry
+    from codegen import compile_config
+    from codegen.config import Layout
+    from codegen.families._common import Variant
+    from tuner.runtime.export import export
+    from tuner.runtime.manifest import entry_batch, entry_variant
+
+    def old_fingerprint(entries):  # the formula from before variants
+        rows = sorted(f"{e['gpu']}|{e['dtype']}|{e['m']}x{e['n']}x{e['k']}|{e['kernel']}"
+                      for e in entries)
+        return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:12]
+
+    assert lib.fingerprint == old_fingerprint(lib.manifest["entries"])
+    assert all(entry_variant(e) == Variant() and entry_batch(e) == 1
+               for e in lib.manifest["entries"])
+    var = dataclasses.replace(SMALL, layout=Layout.NT, out=DType.F16, bias="out", act="gelu")
+    res = compile_config(var, "sm_90", compile_cache, tmp_path / "art")
+    cu = tmp_path / "art" / "sm_90" / f"{var.name}.cu"
+    lib.add(entry(var, res, (512, 512, 512), 20.0, 10.0), cu, res.cubin)
+    lib.add(entry(var, res, (512, 512, 512), 21.0, 10.0, batch=8), cu, res.cubin)
+    again = load_library(lib.path)
+    rows = sorted((e["kernel"], entry_batch(e)) for e in again.manifest["entries"]
+                  if (e["m"], e["n"], e["k"]) == (512, 512, 512))
+    assert rows == sorted([(SMALL.name, 1), (var.name, 1), (var.name, 8)])
+    assert again.fingerprint != old_fingerprint(again.manifest["entries"])
+    v = Variant(Layout.NT, DType.F16, "out", "gelu")
+    assert again.select(512, 512, 512, DType.F32, 90, 132, layout=v, batch=8).reason.startswith(
+        "tuned for exactly 512x512x512 f32 nt, f16 C, bias + gelu, batch 8 on NVIDIA H200: "
+        "21.0 TFLOP/s")
+    assert again.select(512, 512, 512, DType.F32, 90, 132).kernel is None  # SMALL: 0.85x
+    out = export(again, tmp_path / "bundle")
+    kernels = {p.stem for p in (out / "kernels").iterdir()}
+    assert SMALL.name in kernels and var.name not in kernels

@@ -76,7 +76,7 @@ operands = st.one_of(matrices, st.none(), st.integers(), st.text(max_size=3),
 
 
 def _valid(a, b, c, beta):
-    """A and B float32 or float16 (one type), C float32 (FP32 output for every type)."""
+    """A and B float32 or float16 (one type), C float32 or float16 (FP32 accumulation)."""
     ok = lambda x, types: isinstance(x, np.ndarray) and x.dtype in types and x.ndim == 2 \
         and min(x.shape) >= 1
     inputs = (np.float32, np.float16)
@@ -84,12 +84,12 @@ def _valid(a, b, c, beta):
         return False
     if c is None:
         return beta == 0
-    return ok(c, (np.float32,)) and c.shape == (a.shape[0], b.shape[1]) and c.flags.writeable
+    return ok(c, (np.float32, np.float16)) and c.shape == (a.shape[0], b.shape[1]) and c.flags.writeable
 
 
 @pytest.mark.parametrize("a,b,c,msg", [
     (np.float16, np.float32, None, "A is f16 and B is f32: they must be of one type"),
-    (np.float16, np.float16, np.float16, "C is float16; C must be float32 (FP32 output)"),
+    (np.float16, np.float16, np.float64, "C is float64; C must be float32, float16 or bfloat16"),
     (np.float64, np.float64, None, "A is float64; A must be float32, float16 or bfloat16"),
 ])
 def test_input_types_are_checked_before_the_gpu(offline_lib, a, b, c, msg):

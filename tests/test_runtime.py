@@ -3,6 +3,7 @@ measure-off rule, decisions measured once and kept, graph capture, streams and l
 arguments, per-stream scratch."""
 
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -13,9 +14,10 @@ import pytest
 
 from _library import BIG, SMALL, build
 from codegen.arch import ARCHS
-from codegen.config import DType
+from codegen.config import DType, Layout
+from codegen.families._common import Variant
+from tuner.runtime import call, driver, epilogue, measure, operands, runners
 from tuner.runtime import cublas as cublas_mod
-from tuner.runtime import driver, measure, operands, runners
 from tuner.runtime.dispatch import DispatchTable, table_path
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.library import load_library
@@ -52,6 +54,8 @@ class FakeGpu:
     def __init__(self, monkeypatch):
         self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
         self.blas_layouts = []  # the layout each cuBLAS call was given
+        self.blas_kw = []  # its out type, batch and strides
+        self.scratch_problems = []  # the problems first-use measurements made scratch for
         self.scratch_calls = []  # launches and cuBLAS calls made by a measurement
         self.measure_streams = []
         self.measuring = False
@@ -99,14 +103,17 @@ class FakeGpu:
         class Blas:
             version = 130100
 
-            def gemm(self, *args, allocate_captured=None, layout=None):
+            def gemm(self, *args, allocate_captured=None, layout=None, **kw):
                 (world.scratch_calls if world.measuring else world.blas).append(args)
                 world.blas_layouts.append(layout)
+                world.blas_kw.append(kw)
 
         @contextlib.contextmanager
-        def scratch_operands(g, m, n, k, lda, ldb, ldc, size, offsets, layout=None):
-            world.measured.append(((m, n, k), (lda, ldb, ldc), offsets))
-            yield 0x1000, 0x2000, 0x3000
+        def scratch_operands(g, problem):
+            world.measured.append(((problem.m, problem.n, problem.k),
+                                   (problem.lda, problem.ldb, problem.ldc), problem.offsets))
+            world.scratch_problems.append(problem)
+            yield 0x1000, 0x2000, 0x3000, 0x4000 if problem.variant.bias != "none" else 0
 
         def time_candidates(g, runners, stream, budget_ms=2.0, rounds=3):
             world.measure_streams.append(stream)
@@ -130,6 +137,7 @@ class FakeGpu:
         monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 0)
         monkeypatch.setattr(measure, "time_candidates", time_candidates)
         monkeypatch.setattr(measure, "driver_operands", scratch_operands)
+        epilogue._image.cache_clear()  # loaded through this fake, not an earlier test's
 
 
 @pytest.fixture
@@ -269,7 +277,7 @@ def test_errors_before_any_launch(lib, fake):
         ((a, b, Cai(64, 47, 0x30000)), "C is 64x47"),
         ((Cai(64, 32, 0x10000, typestr="<f8"), b), "A is float64"),
         ((a, Cai(32, 48, 0x20000, typestr="<f2")), "they must be of one type"),
-        ((a, b, Cai(64, 48, 0x30000, typestr="<f2")), "C must be float32"),
+        ((a, b, Cai(64, 48, 0x30000, typestr="<f8")), "C must be float32, float16 or bfloat16"),
         ((a, Cai(32, 48, 0x20000, ld=40)),
          r"B is 32x48 with strides \(160, 4\) bytes: it must be row-major or column-major"),
         ((a, b, Cai(64, 48, 0x30000, column_major=True)),
@@ -702,3 +710,296 @@ def test_record_files_take_appends_from_several_processes(tmp_path):
     assert len(rows) == 100 and {(r["m"], r["n"]) for r in rows} == {
         (w, i) for w in range(4) for i in range(25)}
     assert all(r["calls"] == r["m"] + 1 and r["ms"] == 0.5 * r["calls"] for r in rows)
+
+
+# ---- variants (layout, C's type, bias, activation) and batches --------------------------------
+class Dev:
+    """A device array of any rank known only by its __cuda_array_interface__ (strides in
+    elements; None: packed)."""
+
+    def __init__(self, shape, ptr, typestr="<f4", strides=None):
+        size = np.dtype(typestr).itemsize
+        self.__cuda_array_interface__ = dict(
+            shape=tuple(shape), typestr=typestr, data=(ptr, False), version=3, stream=None,
+            strides=None if strides is None else tuple(s * size for s in strides))
+
+
+#: SMALL building NT (x @ W.t()), fp16 C, a bias of C's type and GELU: a variant kernel
+VARIANT = dataclasses.replace(SMALL, layout=Layout.NT, out=DType.F16, bias="out", act="gelu")
+VSHAPE = (256, 128, 64)
+
+
+@pytest.fixture
+def vlib(tmp_path, compile_cache, monkeypatch):
+    """The library of `lib` plus VARIANT tuned at VSHAPE (2x cuBLAS there); the run-time
+    epilogue kernel compiles into the session's compile cache."""
+    from _library import entry
+    from codegen import compile_config
+
+    monkeypatch.setenv("GEMM_TUNE_CACHE_DIR", str(compile_cache))
+    lib = build(tmp_path / "library", compile_cache, tmp_path / "art")
+    res = compile_config(VARIANT, "sm_90", compile_cache, tmp_path / "art")
+    assert res.ok, res.log[-2000:]
+    lib.add(entry(VARIANT, res, VSHAPE, 20.0, 10.0), tmp_path / "art" / "sm_90" /
+            f"{VARIANT.name}.cu", res.cubin)
+    return load_library(tmp_path / "library")
+
+
+def _variant(layout="nn", out=DType.F32, bias="none", act="none"):
+    return Variant(Layout(layout), out, bias, act)
+
+
+def test_3d_operands_are_batches_with_a_stride_each(fake):
+    op = operands.operand
+    a = op(Dev((4, 100, 50), 0x10000), "A", inputs=True)
+    assert (a.batch, a.rows, a.cols, a.ld, a.bstride, a.batched) == (4, 100, 50, 50, 5000, True)
+    # a transposed view per problem: column-major, its columns 100 apart
+    t = op(Dev((4, 100, 50), 0x10000, strides=(6000, 1, 100)), "A", inputs=True)
+    assert (t.column_major, t.ld, t.bstride) == (True, 100, 6000)
+    # expanded over the batch (stride 0), or a batch of one: one matrix for every problem
+    e = op(Dev((4, 50, 70), 0x20000, strides=(0, 70, 1)), "B", inputs=True)
+    assert (e.batch, e.bstride) == (4, 0)
+    one = op(Dev((1, 50, 70), 0x20000), "B", inputs=True)
+    assert (one.batch, one.bstride, one.batched) == (1, 0, True)
+    b = op(Dev((50, 70), 0x20000), "B", inputs=True)
+    req = call.request(a, b, None)
+    assert (req.m, req.n, req.k, req.batch, req.batched) == (100, 70, 50, 4, True)
+    assert call.request(op(Dev((100, 50), 0x10000), "A", inputs=True), e, None).batch == 4
+    assert call.request(a, one, None).batch == 4
+    assert a.geometry() == ((4, 100, 50), (5000, 50, 1))
+    assert t.geometry() == ((4, 100, 50), (6000, 1, 100))
+
+
+@pytest.mark.parametrize("args,msg", [
+    ((Dev((4, 100, 50), 0x10000), Dev((3, 50, 70), 0x20000)),
+     "A is a batch of 4 and B a batch of 3: batches must be of one size, or 1"),
+    ((Dev((4, 100, 50), 0x10000), Dev((50, 70), 0x20000), Dev((100, 70), 0x30000)),
+     r"C is 100x70; A @ B is 4x100x70"),
+    ((Dev((4, 100, 50), 0x10000), Dev((50, 70), 0x20000),
+      Dev((4, 100, 70), 0x30000, strides=(0, 70, 1))),
+     "C's problems are 0 elements apart and each spans 7000: every problem of the batch "
+     "needs a C of its own"),
+    ((Dev((2, 4, 100, 50), 0x10000), Dev((50, 70), 0x20000)),
+     "A must be a 2-D matrix or a 3-D batch of them"),
+    ((Dev((4, 100, 50), 0x10000, strides=(-5000, 50, 1)), Dev((50, 70), 0x20000)),
+     r"A is 4x100x50 with strides \(-20000, 200, 4\) bytes: it must be row-major or "
+     r"column-major \(each problem of the batch\) with a unit stride"),
+    ((Dev((4, 100, 50), 0x10000, strides=(5000, 2, 200)), Dev((50, 70), 0x20000)),
+     r"A is 4x100x50 with strides \(20000, 8, 800\) bytes"),
+    ((Dev((100, 50), 0x10000), Dev((50, 70), 0x20000), Dev((100, 70), 0x30000),
+      0.5, 0.0, "gelu_erf"), "activation 'gelu_erf' is not one of none, relu, gelu, "
+                             "gelu_tanh, silu"),
+])
+def test_batch_and_epilogue_errors_are_one_line_before_any_launch(lib, fake, args, msg):
+    A, B, *rest = args
+    C = rest[0] if rest else None
+    act = rest[3] if len(rest) > 3 else None
+    with pytest.raises(LibraryError, match=msg) as e:
+        lib.gemm(A, B, C, activation=act)
+    assert "\n" not in str(e.value)
+    assert fake.launches == [] and fake.blas == []
+
+
+def test_out_dtype_defaults_and_refusals(lib, fake):
+    op = operands.operand
+    a16, b16 = op(Dev((64, 32), 0x10000, "<f2"), "A", True), op(Dev((32, 48), 0x20000, "<f2"),
+                                                                "B", True)
+    a32, b32 = op(Dev((64, 32), 0x10000), "A", True), op(Dev((32, 48), 0x20000), "B", True)
+    assert call.request(a16, b16, None).out is DType.F16  # as torch.matmul: the inputs' type
+    assert call.request(a32, b32, None).out is DType.F32
+    assert call.request(a16, b16, None, out="float32").out is DType.F32
+    assert call.request(a32, b32, None, out="bf16").out is DType.BF16
+    assert call.request(a32, b32, None, out=np.float16).out is DType.F16
+    c32 = op(Dev((64, 48), 0x30000), "C", writable=True)
+    assert call.request(a16, b16, c32).out is DType.F32  # a given C's type
+    with pytest.raises(LibraryError, match="C is f32 but out_dtype asks for f16"):
+        call.request(a16, b16, c32, out="float16")
+    with pytest.raises(LibraryError, match="out_dtype 'int8' is not float32, float16 or "
+                                           "bfloat16"):
+        call.request(a32, b32, None, out="int8")
+    with pytest.raises(LibraryError, match="C is needed: gemm-tune cannot allocate"):
+        lib.gemm(Dev((64, 32), 0x10000), Dev((32, 48), 0x20000))  # no kind to allocate
+
+
+def test_bias_must_be_a_vector_of_n_of_cs_type_or_fp32(lib, fake):
+    op = operands.operand
+    a, b = op(Dev((64, 32), 0x10000), "A", True), op(Dev((32, 48), 0x20000), "B", True)
+    a16, b16 = op(Dev((64, 32), 0x10000, "<f2"), "A", True), op(Dev((32, 48), 0x20000, "<f2"),
+                                                                "B", True)
+    assert call.request(a, b, None, bias=Dev((48,), 0x40000)).bias_kind == "out"
+    assert call.request(a16, b16, None, bias=Dev((48,), 0x40000, "<f2")).bias_kind == "out"
+    req = call.request(a16, b16, None, bias=Dev((48,), 0x40000))
+    assert req.bias_kind == "f32" and req.bias.ptr == 0x40000
+    assert req.variant(a16, b16) == _variant("nn", DType.F16, "f32")
+    cases = [
+        ((a, b, Dev((47,), 0x40000)), r"the bias is 47 with strides \(1,\) elements: it must "
+                                      "be a vector of N = 48 elements with a unit stride"),
+        ((a, b, Dev((48,), 0x40000, strides=(2,))), r"strides \(2,\) elements"),
+        ((a, b, Dev((1, 48), 0x40000)), "the bias is 1x48"),
+        ((a, b, Dev((48,), 0x40000, "<f2")), r"the bias is f16; it must be of C's type \(f32\) "
+                                             "or float32"),
+        ((a, b, np.zeros(48, np.float32)), "the bias is a numpy array: pass it on the GPU"),
+        ((a, b, [0.0] * 48), "the bias must be a torch tensor, a cupy array"),
+    ]
+    for (x, y, bias), msg in cases:
+        with pytest.raises(LibraryError, match=msg):
+            call.request(x, y, None, bias=bias)
+
+
+def test_an_entry_serves_only_its_own_variant(vlib):
+    """A kernel tuned for NT, fp16 C, bias and GELU serves that request and no other; and
+    the plain kernels serve none of the variant's requests."""
+    v = _variant("nt", DType.F16, "out", "gelu")
+    m, n, k = VSHAPE
+    exact = vlib.select(m, n, k, DType.F32, 90, 132, layout=v)
+    assert (exact.kernel, exact.rule) == (VARIANT.name, "exact")
+    assert "nt, f16 C, bias + gelu" in exact.reason
+    for other in (Variant(), _variant("nt"), _variant("nt", DType.F16, "out", "relu"),
+                  _variant("nt", DType.F16, "f32", "gelu"), _variant("nt", DType.F16),
+                  _variant("nn", DType.F16, "out", "gelu"), _variant("tt", DType.F16, "out",
+                                                                     "gelu")):
+        c = vlib.select(m, n, k, DType.F32, 90, 132, layout=other)
+        assert c.kernel != VARIANT.name, other
+        assert VARIANT.name not in [e["kernel"] for _, e in
+                                    vlib.ranked(16, 4096, 4096, DType.F32, 90, 132, other)]
+    assert vlib.select(m, n, k, DType.F32, 90, 132, layout=_variant("nt")).reason.startswith(
+        "no kernel tuned for f32 nt on sm_90")
+    # another shape or batch: the estimate (no exact entry), still only this kernel
+    est = vlib.select(m, n, k, DType.F32, 90, 132, layout=v, batch=3)
+    assert est.rule == "estimate" and "batch 3" in est.reason
+    assert [e["kernel"] for _, e in vlib.ranked(m, n, k, DType.F32, 90, 132, v, batch=3)] \
+        == [VARIANT.name]
+    assert vlib.ranked(m, n, k, DType.F32, 90, 132, v, batch=70000) == []
+    # the entry was written with its variant; entries from before read as the plain one
+    entries = {e["kernel"]: e for e in vlib.manifest["entries"]}
+    assert (entries[VARIANT.name]["layout"], entries[VARIANT.name]["out"]) == ("nt", "f16")
+    assert "out" not in entries[SMALL.name] and "batch" not in entries[SMALL.name]
+
+
+def test_a_variant_call_launches_its_kernel_with_the_layouts_strides_and_the_bias(vlib, fake):
+    m, n, k = VSHAPE
+    A = Dev((m, k), 0x100000)
+    B = Dev((k, n), 0x200000, strides=(1, k))  # W.t() of W (N x K) as nn.Linear keeps it
+    C = Dev((m, n), 0x300000, "<f2")
+    bias = Dev((n,), 0x400000, "<f2")
+    assert vlib.gemm(A, B, C, bias=bias, activation="gelu", stream=5) is C
+    name, grid, block, stream, args = fake.launches[-1]
+    assert (name, stream, grid) == (VARIANT.name, 5, VARIANT.grid(m, n))
+    # M N K alpha A lda sA B ldb sB beta C ldc sC bias: B's columns are K apart
+    assert args == (m, n, k, 1.0, 0x100000, k, 0, 0x200000, k, 0, 0.0, 0x300000, n, 0,
+                    0x400000)
+    assert fake.measured == [] and fake.blas == []  # the exact entry decided
+    # the same operands with another activation, or none: no kernel builds that variant
+    vlib.gemm(A, B, C, bias=bias, activation="relu", stream=5)
+    vlib.gemm(A, B, C, stream=5)
+    assert len([x for x in fake.launches if x[0] == VARIANT.name]) == 1
+    assert len(fake.blas) == 2
+
+
+def test_without_a_kernel_cublas_computes_the_same_thing(vlib, fake, monkeypatch):
+    """cuBLAS writes C itself where it can (fp32 C, or C of the inputs' type, no epilogue);
+    else alpha A B in fp32 (in C, or in per-stream scratch for a 16-bit C) and gemm-tune's
+    epilogue kernel finishes it: the bias, the activation, beta C and one rounding."""
+    monkeypatch.setattr(driver, "scratch", lambda s=driver.Scratch(): s)
+    m, n, k = 100, 70, 50
+    A, B = Dev((m, k), 0x100000), Dev((k, n), 0x200000)
+    C32, C16 = Dev((m, n), 0x300000), Dev((m, n), 0x380000, "<f2")
+    bias32 = Dev((n,), 0x400000)
+    vlib.gemm(A, B, C32, alpha=0.5, beta=2.0, bias=bias32, activation="silu", stream=7)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=1, strides=(0, 0, 0))
+    assert fake.blas[-1][1:13] == (m, n, k, 0.5, 0x100000, k, 0x200000, n, 2.0, 0x300000, n, 7)
+    name, grid, block, stream, args = fake.launches[-1]
+    assert name == "gemm_tune_epilogue_of32_bias_silu" and stream == 7
+    # M N batch W ldw sW beta C ldc sC bias: in place on C, beta already applied
+    assert args == (m, n, 1, 0x300000, n, 0, 0.0, 0x300000, n, 0, 0x400000)
+    # fp16 C of fp32 data: cuBLAS cannot write it; fp32 scratch, then beta C and one rounding
+    vlib.gemm(A, B, C16, alpha=0.5, beta=2.0, bias=bias32, activation="gelu_tanh", stream=7)
+    assert fake.blas_kw[-1]["out"] is DType.F32
+    w = fake.blas[-1][10]
+    assert w not in (0x300000, 0x380000) and fake.blas[-1][9] == 0.0
+    name, grid, block, stream, args = fake.launches[-1]
+    assert name == "gemm_tune_epilogue_of16_biasf32_gelu_tanh"
+    assert args == (m, n, 1, w, n, m * n, 2.0, 0x380000, n, 0, 0x400000)
+    assert fake.allocs[-1] >= m * n * 4
+    # C of the inputs' type and no epilogue: cuBLAS alone
+    launches = len(fake.launches)
+    vlib.gemm(Dev((m, k), 0x100000, "<f2"), Dev((k, n), 0x200000, "<f2"), C16, stream=7)
+    assert fake.blas_kw[-1]["out"] is DType.F16 and len(fake.launches) == launches
+
+
+def test_batched_calls_launch_one_grid_row_per_problem(lib, fake, monkeypatch):
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    A = Dev((4, 100, 50), 0x100000)
+    B = Dev((50, 70), 0x200000)  # one B for the whole batch
+    C = Dev((4, 100, 70), 0x300000, strides=(7200, 70, 1))
+    lib.gemm(A, B, C, alpha=0.5, stream=3)
+    # measured on scratch laid out as the caller's: the batch strides, a shared B
+    (p,) = fake.scratch_problems
+    assert (p.batch, p.strides, p.variant) == (4, (5000, 0, 7200), Variant())
+    assert p.geometry[:3] == (((4, 100, 50), (5000, 50, 1)), ((50, 70), (70, 1)),
+                              ((4, 100, 70), (7200, 70, 1)))
+    assert p.spans() == (4 * 5000 * 4, 50 * 70 * 4, (3 * 7200 + 100 * 70) * 4, 0)
+    name, grid, block, stream, args = fake.launches[-1]
+    assert name == SMALL.name and grid == (SMALL.grid(100, 70)[0], 4, 1)
+    assert args == (100, 70, 50, 0.5, 0x100000, 50, 5000, 0x200000, 70, 0, 0.0, 0x300000, 70,
+                    7200, 0)
+    # cuBLAS where it wins: strided batched, B's stride 0
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(Dev((4, 101, 50), 0x100000), B, Dev((4, 101, 70), 0x300000), stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=4, strides=(5050, 0, 7070))
+    keys = list(json.loads((lib.path / "dispatch.json").read_text())["decisions"])
+    assert any("|100x70x50|batch 4|" in key for key in keys)
+    assert any("|101x70x50|batch 4|" in key for key in keys)
+
+
+def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):
+    base = dict(gpu_name="NVIDIA H200", driver=13000, cublas=130100, fingerprint="abc",
+                dtype="f16", m=3, n=4, k=5, align=(16, 16, 16))
+    plain = DispatchTable.key(layout=Variant(), **base)
+    assert plain == DispatchTable.key(layout="nn", **base)  # as keys were before variants
+    assert DispatchTable.key(layout=Layout.NT, **base) == DispatchTable.key(layout="nt", **base)
+    keys = {plain, DispatchTable.key(layout=_variant("nt"), **base),
+            DispatchTable.key(layout=_variant(out=DType.F16), **base),
+            DispatchTable.key(layout=_variant(out=DType.F16, bias="out"), **base),
+            DispatchTable.key(layout=_variant(out=DType.F16, bias="f32"), **base),
+            DispatchTable.key(layout=_variant(out=DType.F16, act="gelu"), **base),
+            DispatchTable.key(layout=Variant(), batch=8, **base)}
+    assert len(keys) == 7
+    assert "|nn|f16|out|gelu|" in DispatchTable.key(layout=_variant("nn", DType.F16, "out",
+                                                                    "gelu"), **base)
+    # one plan per variant and batch of the same operands
+    fake.times = {"cublas": 0.1}
+    A, B = Dev((100, 50), 0x100000), Dev((50, 70), 0x200000)
+    C, bias = Dev((100, 70), 0x300000), Dev((70,), 0x400000)
+    for act in (None, "relu", "relu", "gelu"):
+        lib.gemm(A, B, C, activation=act)
+    lib.gemm(A, B, C, bias=bias)
+    lib.gemm(A, B, Dev((100, 70), 0x300000, "<f2"))
+    lib.gemm(Dev((3, 100, 50), 0x100000), B, Dev((3, 100, 70), 0x300000))
+    assert len(lib.plans) == 6
+    assert sorted((p.problem.variant.key, p.problem.batch) for p in lib.plans.values()) == [
+        ("nn|f16|none|none", 1), ("nn|f32|none|gelu", 1), ("nn|f32|none|none", 1),
+        ("nn|f32|none|none", 3), ("nn|f32|none|relu", 1), ("nn|f32|out|none", 1)]
+
+
+def test_record_lines_name_the_variant_and_the_batch(vlib, fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(driver, "scratch", lambda s=driver.Scratch(): s)
+    fake.times = {"cublas": 0.25, VARIANT.name: 0.1}
+    path = tmp_path / "problems.jsonl"
+    m, n, k = 300, 128, 64
+    A, B = Dev((m, k), 0x100000), Dev((k, n), 0x200000, strides=(1, k))
+    C, bias = Dev((m, n), 0x300000, "<f2"), Dev((n,), 0x400000, "<f2")
+    with vlib.record(path):
+        for _ in range(3):
+            vlib.gemm(A, B, C, bias=bias, activation="gelu")
+        vlib.gemm(Dev((2, m, k), 0x100000), B, Dev((2, m, n), 0x300000), bias=Dev((n,), 0x4000),
+                  activation="silu")
+        vlib.gemm(Dev(VSHAPE[::2], 0x100000), Dev(VSHAPE[:0:-1], 0x200000, strides=(1, 64)),
+                  Dev(VSHAPE[:2], 0x300000, "<f2"), bias=bias, activation="gelu")  # exact
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines()),
+                  key=lambda r: r["batch"])
+    assert [(r["layout"], r["out"], r["epilogue"], r["bias"], r["act"], r["batch"], r["calls"])
+            for r in rows] == [("nt", "f16", "bias+gelu", "out", "gelu", 1, 3),
+                               ("nt", "f32", "bias+silu", "out", "silu", 2, 1)]
+    assert rows[0]["rule"] == "measured" and rows[0]["runs"] == VARIANT.name
+    assert rows[1]["rule"] == "cublas"

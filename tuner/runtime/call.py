@@ -1,25 +1,46 @@
 """The call path of Library.gemm: operands -> memoised plan -> launch on the caller's stream.
 
 A plan is made once per call key, which for torch tensors is the tuple of what a call
-reads off them anyway (dtypes, shapes, strides, devices and the pointers' alignment), so
-a repeated call costs a tuple, one dict lookup, the raw current-stream handle, one
-context check and one cuLaunchKernel. Other operand kinds are parsed in full on every
-call (a few microseconds more) and keyed by what the parse found.
+reads off them anyway (dtypes, shapes, strides, devices and the pointers' alignment, and
+the request: output type, bias, activation), so a repeated call costs a tuple, one dict
+lookup, the raw current-stream handle, one context check and one cuLaunchKernel. Other
+operand kinds are parsed in full on every call (a few microseconds more) and keyed by
+what the parse found.
+
+What a call asks is a problem of a variant (codegen's Variant: how A and B are stored,
+C's type, the bias and the activation) and a batch; only kernels built for exactly that
+variant serve it (tuner.runtime.dispatch). Where cuBLAS runs instead, it computes the
+same thing:
+  - a torch caller on torch's current stream whose C has the inputs' type (fp32 C for
+    fp32 data, at torch's own TF32 setting): torch itself, as that caller would have
+    written it: torch.matmul / addmm (bias fused where it is of C's type) / bmm /
+    baddbmm into C, then the bias and the activation in place (torch.nn.functional);
+  - anyone else: gemm-tune's cuBLAS binding (cublasGemmEx, cublasGemmStridedBatchedEx
+    for a batch) writing C directly where cuBLAS can (C of the inputs' type, or fp32, and
+    no bias or activation), else into fp32 (C itself, or per-stream scratch for a 16-bit
+    C) followed by gemm-tune's epilogue kernel (tuner.runtime.epilogue: the bias, the
+    activation and the one rounding to C's type, the tuned kernels' own arithmetic).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable
 
 from codegen.config import DType, Layout
+from codegen.families._common import ACTIVATIONS, Variant
 from tuner.runtime import driver
-from tuner.runtime.errors import LibraryError
+from tuner.runtime.errors import LibraryError, Unsupported
 from tuner.runtime.operands import (
-    Operand, align_class, empty_like, operand, resolve_stream, same_device, stream_handle,
+    Operand, align_class, bias_operand, empty_like, operand, out_dtype, resolve_stream,
+    same_device, stream_handle,
 )
 
-__all__ = ["Plan", "Problem", "gemm", "gemm_batch", "fp32_request", "check_call"]
+__all__ = ["Plan", "Problem", "Request", "gemm", "gemm_batch", "fp32_request", "check_call",
+           "request"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +53,13 @@ class Plan:
     n: int
     k: int
     choice: object  # dispatch.Choice
-    run: Callable | None  # (a, b, c, alpha, beta, stream) -> None, on pointers
+    run: Callable | None  # (a, b, c, alpha, beta, stream, bias=0) -> None, on pointers
     memo: bool  # False: decided by the estimate only because a graph was being captured
-    torch_run: Callable | None = None  # (A, B, C, alpha, beta): cuBLAS through torch
+    #: (A, B, C, alpha, beta, bias): cuBLAS through torch, bias and activation after it
+    torch_run: Callable | None = None
     problem: "Problem | None" = None  # what it was built from
+    out: DType = DType.F32  # C's type
+    out_shape: tuple = ()  # the shape of a C the call allocates: (M, N) or (batch, M, N)
     #: rows -> the plan running the same choice on a chunk of that many packed rows
     chunks: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     #: the call counter of a recorded problem (tuner.runtime.record), or None
@@ -51,6 +75,26 @@ class Plan:
         return p
 
 
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a call asks, its operands read and checked: the problem's size, C's type, the
+    bias and the activation (the variant with the operands' layout)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    out: DType
+    bias: Operand | None
+    bias_kind: str  # "none", "out" (of C's type) or "f32"
+    act: str
+    batched: bool  # a 3-D operand: C (allocated) is batch x M x N
+
+    def variant(self, a: Operand, b: Operand) -> Variant:
+        return Variant(Layout.of(a.column_major, b.column_major), self.out, self.bias_kind,
+                       self.act)
+
+
 def _torch_tf32() -> bool:
     """Does torch let its fp32 matmuls use TF32 (torch.backends.cuda.matmul.allow_tf32)?"""
     import torch
@@ -58,31 +102,69 @@ def _torch_tf32() -> bool:
     return torch.backends.cuda.matmul.allow_tf32
 
 
-def _torch_addmm(A, B, C, alpha: float = 1.0, beta: float = 0.0):
-    """cuBLAS through torch on its current stream: C = alpha A B + beta C (beta 0: C unread);
-    torch.matmul itself when alpha is 1 and beta 0 (what such a caller would have called)."""
+def torch_epilogue(C, bias, act: str) -> None:
+    """C += bias (broadcast over the rows), then the activation, in place, through torch
+    (what a torch program writes after its matmul)."""
     import torch
+    import torch.nn.functional as F
 
-    if alpha == 1.0 and beta == 0.0:
-        return torch.matmul(A, B, out=C)
-    return torch.addmm(C, A, B, beta=beta, alpha=alpha, out=C)
+    if bias is not None:
+        C.add_(bias)
+    if act == "relu":
+        torch.relu_(C)
+    elif act == "silu":
+        F.silu(C, inplace=True)
+    elif act in ("gelu", "gelu_tanh"):
+        C.copy_(F.gelu(C, approximate="tanh" if act == "gelu_tanh" else "none"))
+
+
+def _torch_fallback(batch: int, act: str) -> Callable:
+    """cuBLAS through torch on its current stream: C = act(alpha A B + beta C + bias) (beta 0:
+    C unread), with the calls such a caller would have made: torch.matmul (alpha 1, beta
+    0), torch.addmm (the bias fused when it is of C's type and beta is 0), torch.bmm /
+    baddbmm for a batch (a 2-D operand expanded over it, no copy)."""
+    def run(A, B, C, alpha: float, beta: float, bias=None):
+        import torch
+
+        if A.dim() == 3 or B.dim() == 3 or C.dim() == 3:
+            A3 = (A if A.dim() == 3 else A.unsqueeze(0)).expand(batch, -1, -1)
+            B3 = (B if B.dim() == 3 else B.unsqueeze(0)).expand(batch, -1, -1)
+            C3 = C if C.dim() == 3 else C.unsqueeze(0)
+            if alpha == 1.0 and beta == 0.0:
+                torch.bmm(A3, B3, out=C3)
+            else:
+                torch.baddbmm(C3, A3, B3, beta=beta, alpha=alpha, out=C3)
+        elif bias is not None and beta == 0.0 and bias.dtype == C.dtype:
+            torch.addmm(bias, A, B, alpha=alpha, out=C)
+            bias = None
+        elif alpha == 1.0 and beta == 0.0:
+            torch.matmul(A, B, out=C)
+        else:
+            torch.addmm(C, A, B, beta=beta, alpha=alpha, out=C)
+        if bias is not None or act != "none":
+            torch_epilogue(C, bias, act)
+    return run
 
 
 _TENSOR = None  # torch.Tensor, once a torch tensor has been seen
 _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been seen
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
+_TORCH_OUT = {}  # DType -> torch dtype, once torch has been seen
 
 
-def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True):
+def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
+         bias=None, act=None):
     """Library.gemm (see its doc)."""
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
     if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
         _see_torch()
-    if t is _TENSOR and type(B) is t and (C is None or type(C) is t):
-        return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure)
-    return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline)
+    if t is _TENSOR and type(B) is t and (C is None or type(C) is t) \
+            and (bias is None or type(bias) is t):
+        return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act)
+    return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out, bias,
+                         act)
 
 
 def fp32_request(dtype: DType, mode: DType | None) -> DType:
@@ -98,11 +180,14 @@ def _see_torch() -> None:
 
     _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
     _DEVICE = torch._C._cuda_getDevice
+    _TORCH_OUT.update({DType.F32: torch.float32, DType.F16: torch.float16,
+                       DType.BF16: torch.bfloat16})
     _TENSOR = torch.Tensor
 
 
-def _torch_key(A, B, C, mode, measure, stream):
-    """The memo key of a torch call: what the call reads off its tensors anyway."""
+def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
+    """The memo key of a torch call: what the call reads off its tensors anyway, and the
+    request's arguments as given."""
     pa, pb = A.data_ptr(), B.data_ptr()
     if C is None:
         ckey, pc = None, 0
@@ -111,35 +196,34 @@ def _torch_key(A, B, C, mode, measure, stream):
         ckey = (C.dtype, C.shape, C.stride(), C.get_device(), pc & 15)
     key = ("torch", A.dtype, B.dtype, A.shape, B.shape, A.stride(), B.stride(), A.get_device(),
            B.get_device(), pa & 15, pb & 15, ckey, mode, measure, stream is None,
-           _TF32())
+           _TF32(), out, act,
+           None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.get_device()))
     return key, pa, pb, pc
 
 
-def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure):
-    key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream)
+def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act):
+    key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream, out, bias, act)
     plan = lib.plans.get(key)
     s = None
     if plan is None:
         ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
                None if C is None else operand(C, "C", writable=True))
-        dev = same_device(*(o for o in ops if o is not None))
+        req = request(*ops, out, bias, act)
+        dev = same_device(*(o for o in ops + (req.bias,) if o is not None))
         s = resolve_stream(stream, ops[:2], dev)
-        dtype = fp32_request(ops[0].dtype, mode)
-        # cuBLAS through torch where torch's own precision is the one asked for
-        via_torch = stream is None and (dtype is DType.TF32) == key[-1] \
-            and dtype in (DType.F32, DType.TF32, DType.F32X3)
-        plan = _plan(lib, *ops, mode, measure, dev, s, allocate=_torch_allocator(A),
-                     via_torch=via_torch)
+        plan = _plan(lib, *ops, req, mode, measure, dev, s, allocate=_torch_allocator(A),
+                     torch_stream=stream is None, torch_tf32=key[15])
         if plan.memo:
             lib.plans[key] = plan
     if plan.tally is not None:
         plan.tally[0] += 1
-    if plan.torch_run is not None:
-        if C is None:
-            import torch
+    if C is None:
+        import torch
 
-            C = torch.empty((plan.m, plan.n), dtype=torch.float32, device=A.device)
-        plan.torch_run(A, B, C, alpha, beta)
+        C = torch.empty(plan.out_shape, dtype=_TORCH_OUT[plan.out], device=A.device)
+        pc = C.data_ptr()
+    if plan.torch_run is not None:
+        plan.torch_run(A, B, C, alpha, beta, bias)
         return C
     g = plan.gpu
     if s is None:
@@ -147,20 +231,16 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure):
 
         s = torch._C._cuda_getCurrentRawStream(g.index) if stream is None \
             else stream_handle(stream)
-    if C is None:
-        import torch
-
-        C = torch.empty((plan.m, plan.n), dtype=torch.float32, device=A.device)
-        pc = C.data_ptr()
+    pbias = 0 if bias is None else bias.data_ptr()
     if _DEVICE() == g.index:  # torch's device is current: launch; if no context is, retry
         try:
-            plan.run(pa, pb, pc, alpha, beta, s)
+            plan.run(pa, pb, pc, alpha, beta, s, pbias)
             return C
         except driver.DriverError as e:
             if "CONTEXT" not in str(e) and "INVALID_HANDLE" not in str(e):
                 raise
     with driver.entered(g):
-        plan.run(pa, pb, pc, alpha, beta, s)
+        plan.run(pa, pb, pc, alpha, beta, s, pbias)
     return C
 
 
@@ -178,39 +258,43 @@ def _torch_allocator(A):
     return allocate
 
 
-def _general_plan(lib, A, B, C, mode, stream, measure):
-    """(plan, operands a, b, c, stream) of a call with operands of any kind but torch's
-    fast path: each parsed in full, the plan memoised on what the parse found."""
+def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=None):
+    """(plan, operands a, b, c, bias, stream) of a call with operands of any kind but
+    torch's fast path: each parsed in full, the plan memoised on what the parse found."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
     ops = (a, b) if c is None else (a, b, c)
-    check_call(a, b, c)
-    dev = same_device(*ops)
+    req = request(a, b, c, out, bias, act)
+    dev = same_device(*ops, *(() if req.bias is None else (req.bias,)))
     host = a.host is not None or b.host is not None or (c is not None and c.host is not None)
     if dev is None:
         dev = driver.current_device()
     s = resolve_stream(stream, ops, dev)
-    key = ("general", dev, a.dtype, b.dtype, a.rows, a.cols, a.ld, a.column_major, b.rows,
-           b.cols, b.ld, b.column_major,
-           None if c is None else (c.rows, c.cols, c.ld, c.host is None), host,
-           tuple(align_class(o.ptr or 0, o.ld, o.dtype.size) for o in ops),
-           mode, measure)
+    key = ("general", dev, a.dtype, b.dtype,
+           *((o.rows, o.cols, o.ld, o.column_major, o.batch, o.bstride, o.batched)
+             for o in (a, b)),
+           None if c is None else (c.rows, c.cols, c.ld, c.host is None, c.batch, c.bstride,
+                                   c.batched, c.dtype), host,
+           tuple(align_class(o.ptr or 0, o.ld, o.dtype.size, o.bstride) for o in ops),
+           mode, measure, req.out, req.bias_kind, req.act)
     plan = lib.plans.get(key)
     if plan is None:
         allocate = _torch_allocator(A) if a.kind == "torch" else None
-        plan = _plan(lib, a, b, c, mode, measure, dev, s, allocate=allocate)
+        plan = _plan(lib, a, b, c, req, mode, measure, dev, s, allocate=allocate)
         if plan.memo:
             lib.plans[key] = plan
-    return plan, a, b, c, s
+    return plan, a, b, c, req.bias, s
 
 
-def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True):
-    plan, a, b, c, s = _general_plan(lib, A, B, C, mode, stream, measure)
+def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
+                  bias=None, act=None):
+    plan, a, b, c, bop, s = _general_plan(lib, A, B, C, mode, stream, measure, out, bias, act)
     if plan.tally is not None:
         plan.tally[0] += 1
     if C is None:
-        C = empty_like(a, (plan.m, plan.n), plan.gpu.index)
+        C = empty_like(a, plan.out_shape, plan.gpu.index, plan.out)
         c = operand(C, "C", writable=True)
+    pbias = 0 if bop is None else bop.ptr
     g = plan.gpu
     with driver.entered(g):
         if all(o.host is not None for o in (a, b, c)):
@@ -218,11 +302,11 @@ def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=Tru
 
             run_pipelined(g, lambda rows: plan.chunk(lib, rows), a.host, b.host, c.host,
                           alpha, beta, chunks=None if pipeline else [(0, plan.m)],
-                          pinned_staging=pipeline != "pageable")
+                          pinned_staging=pipeline != "pageable", bias=pbias)
         elif a.host is not None or b.host is not None or c.host is not None:
-            _staged(plan, a, b, c, alpha, beta, s)
+            _staged(plan, a, b, c, alpha, beta, s, pbias)
         else:
-            plan.run(a.ptr, b.ptr, c.ptr, alpha, beta, s)
+            plan.run(a.ptr, b.ptr, c.ptr, alpha, beta, s, pbias)
     return C
 
 
@@ -242,9 +326,9 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
             if x is not None and not isinstance(x, np.ndarray):
                 raise LibraryError(f"gemm_batch takes numpy arrays; {name} is "
                                    f"{type(x).__name__} (lib.gemm runs device arrays)")
-        plan, a, b, c, _ = _general_plan(lib, A, B, C, mode, None, measure)
+        plan, a, b, c, _, _ = _general_plan(lib, A, B, C, mode, None, measure)
         if C is None:
-            C = np.empty((plan.m, plan.n), np.float32)
+            C = np.empty((plan.m, plan.n), _ELEMENT[plan.out])
         items.append((plan, a.host, b.host, C))
     if items:
         g = items[0][0].gpu
@@ -253,7 +337,8 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     return [C for _, _, _, C in items]
 
 
-def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int) -> None:
+def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int,
+            bias: int = 0) -> None:
     """Host operands copied into per-stream device buffers, C copied back; synchronous."""
     import numpy as np
 
@@ -267,7 +352,7 @@ def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int)
         if o.name != "C" or beta != 0:
             driver.call("cuMemcpyHtoDAsync", dptr, host.ctypes.data, host.nbytes, s)
         ptrs.append(dptr)
-    plan.run(*ptrs, alpha, beta, s)
+    plan.run(*ptrs, alpha, beta, s, bias)
     if c.host is not None:
         out = np.empty_like(c.host) if not c.host.flags.c_contiguous else c.host
         driver.call("cuMemcpyDtoHAsync", out.ctypes.data, ptrs[2], out.nbytes, s)
@@ -278,46 +363,116 @@ def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int)
         driver.sync(s)  # the host inputs' staging buffers are reused by the next call
 
 
-def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int]:
-    """M, N, K of a call whose operands agree; LibraryError otherwise (no GPU touched)."""
+def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int, int]:
+    """M, N, K and the batch of a call whose operands agree; LibraryError otherwise (no GPU
+    touched). Batches: A's and B's of one size, or 1 (that operand shared by every
+    problem); C holds one M x N problem each, none overlapping another."""
     if a.dtype is not b.dtype:
         raise LibraryError(f"A is {a.dtype.short} and B is {b.dtype.short}: "
                            "they must be of one type")
     if a.cols != b.rows:
-        raise LibraryError(f"A is {a.rows}x{a.cols} and B is {b.rows}x{b.cols}: "
+        raise LibraryError(f"A is {_size(a)} and B is {_size(b)}: "
                            "A's columns must equal B's rows")
     m, n, k = a.rows, b.cols, a.cols
-    if c is not None and (c.rows, c.cols) != (m, n):
-        raise LibraryError(f"C is {c.rows}x{c.cols}; A @ B is {m}x{n}")
-    return m, n, k
+    batch = max(a.batch, b.batch)
+    if a.batch not in (1, batch) or b.batch not in (1, batch):
+        raise LibraryError(f"A is a batch of {a.batch} and B a batch of {b.batch}: batches "
+                           "must be of one size, or 1 (one matrix for every problem)")
+    if c is not None:
+        if (c.rows, c.cols) != (m, n) or c.batch != batch or (batch > 1 and not c.batched):
+            want = f"{batch}x{m}x{n}" if batch > 1 else f"{m}x{n}"
+            raise LibraryError(f"C is {_size(c)}; A @ B is {want}")
+        span = (m - 1) * c.ld + n
+        if batch > 1 and c.bstride < span:
+            raise LibraryError(f"C's problems are {c.bstride} elements apart and each spans "
+                               f"{span}: every problem of the batch needs a C of its own")
+    return m, n, k, batch
 
 
-def _plan(lib, a: Operand, b: Operand, c: Operand | None, mode: DType | None, measure: bool,
-          dev: int, stream: int, allocate=None, via_torch: bool = False) -> Plan:
-    """Check a call and decide it (dispatch.py's rule); raises LibraryError. `via_torch`:
-    cuBLAS is reached through torch (a torch caller on torch's current stream, whose
-    precision flags match the request), else through gemm-tune's own binding."""
-    m, n, k = check_call(a, b, c)
+def _size(o: Operand) -> str:
+    return f"{o.batch}x{o.rows}x{o.cols}" if o.batched else f"{o.rows}x{o.cols}"
+
+
+def _activation(act) -> str:
+    if act is None:
+        return "none"
+    if act not in ACTIVATIONS:
+        raise LibraryError(f"activation {act!r} is not one of {', '.join(ACTIVATIONS)}")
+    return act
+
+
+def request(a: Operand, b: Operand, c: Operand | None, out=None, bias=None,
+            act=None) -> Request:
+    """The checked request of a call. C's type: a given C's own (out_dtype, if given too,
+    must name it), else `out` (out_dtype), else the inputs' type for fp16 and bf16 data
+    (as torch.matmul) and fp32 for fp32 data."""
+    m, n, k, batch = check_call(a, b, c)
+    want = out_dtype(out)
+    if c is not None:
+        if want is not None and c.dtype is not want:
+            raise LibraryError(f"C is {c.dtype.short} but out_dtype asks for {want.short}: "
+                               "pass a C of that type, or no out_dtype")
+        want = c.dtype
+    elif want is None:
+        want = a.dtype if a.dtype in (DType.F16, DType.BF16) else DType.F32
+    act = _activation(act)
+    bop, kind = (None, "none") if bias is None else bias_operand(bias, n, want)
+    batched = a.batched or b.batched or (c is not None and c.batched)
+    return Request(m, n, k, batch, want, bop, kind, act, batched)
+
+
+def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
+          measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
+          torch_tf32: bool = False) -> Plan:
+    """Decide a checked call (dispatch.py's rule). `torch_stream`: a torch caller on torch's
+    current stream, `torch_tf32` torch's TF32 setting: cuBLAS is reached through torch
+    where torch computes exactly what is asked (C of the inputs' type, or fp32 C for fp32
+    data at torch's TF32 setting), else through gemm-tune's own binding."""
+    m, n, k, batch = req.m, req.n, req.k, req.batch
     dtype = fp32_request(a.dtype, mode)
+    fp32_data = dtype in (DType.F32, DType.TF32, DType.F32X3)
+    via_torch = torch_stream and (
+        (fp32_data and (dtype is DType.TF32) == torch_tf32 and req.out is DType.F32)
+        or (not fp32_data and req.out is dtype))
     g = driver.gpu(dev)
     ldc = c.ld if c is not None else n
-    align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size)
-                  for o in (a, b)) + (align_class(c.ptr or 0, ldc, 4) if c is not None else 16,)
+    sc = c.bstride if c is not None else (m * n if batch > 1 else 0)
+    align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size, o.bstride) for o in (a, b)) + (
+        align_class(c.ptr or 0, ldc, c.dtype.size, sc) if c is not None else 16,)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
-    layout = Layout.of(a.column_major, b.column_major)
-    problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
-                      measure, stream, allocate, layout)
+    variant = req.variant(a, b)
+    out_shape = (batch, m, n) if req.batched else (m, n)
+    geometry = (a.geometry(), b.geometry(),
+                c.geometry() if c is not None else (out_shape, (m * n, n, 1)[-len(out_shape):]),
+                None if req.bias is None else ((n,), (1,)))
+    problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode, measure,
+                      stream, allocate, variant, batch, (a.bstride, b.bstride, sc), geometry)
     with driver.entered(g):
         choice = lib.choose(g, dtype, m, n, k, align, stream,
-                            problem.timer(lib) if measure else None, problem.route, layout)
+                            problem.timer(lib) if measure else None, problem.route, variant,
+                            batch)
         capturing = driver.is_capturing(stream)
-        plan = problem.build(lib, choice, capturing)
+        try:
+            plan = problem.build(lib, choice, capturing)
+        except Unsupported as e:  # the kernel cannot take these operands: cuBLAS can
+            from tuner.runtime.dispatch import Choice
+
+            log.info("%s cannot run this call (%s): cuBLAS runs it", choice.kernel, e)
+            choice = Choice(None, choice.rule, f"{choice.reason}; but {choice.kernel} cannot "
+                                               f"take these operands ({e}): cuBLAS runs")
+            plan = problem.build(lib, choice, capturing)
+    plan = dataclasses.replace(plan, out=req.out, out_shape=out_shape)
     if measure and choice.rule == "estimate" and capturing:
         plan = dataclasses.replace(plan, memo=False)
-    if lib.recorder is not None and lib.select(m, n, k, dtype, g.cc, g.arch.sm_count, layout,
-                                               g.name, align=align).rule != "exact":
+    if lib.recorder is not None and lib.select(m, n, k, dtype, g.cc, g.arch.sm_count, variant,
+                                               g.name, align=align, batch=batch).rule != "exact":
         plan = dataclasses.replace(plan, tally=lib.recorder.tally(problem.record(choice, align)))
     return plan
+
+
+#: the torch (and numpy) name of each element type a problem's operands may have
+_ELEMENT = {DType.F32: "float32", DType.TF32: "float32", DType.F32X3: "float32",
+            DType.F16: "float16", DType.BF16: "bfloat16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,11 +493,54 @@ class Problem:
     measure: bool
     stream: int  # the call's stream: candidates are timed there, as the call would run
     allocate: Callable | None = None  # graph-safe scratch (torch callers)
-    layout: Layout = Layout.NN  # how A and B are stored (C is row-major)
+    variant: Variant = Variant()  # how A and B are stored (C is row-major), C's type, epilogue
+    batch: int = 1
+    strides: tuple = (0, 0, 0)  # elements between the problems of A, B and C (0: shared)
+    #: (shape, strides) in elements of A, B, C and the bias (None: no bias) as the caller's
+    #: are: the first-use measurement's scratch operands are made so
+    geometry: tuple | None = None
+
+    @property
+    def layout(self) -> Layout:
+        return self.variant.layout
 
     @property
     def route(self) -> str:
         return "torch" if self.via_torch else "gemm-tune"
+
+    @property
+    def elements(self) -> tuple:
+        """The element types (torch / numpy names) of A, B, C and the bias."""
+        v = self.variant
+        data = _ELEMENT[self.dtype]
+        return (data, data, _ELEMENT[v.out], "float32" if v.bias == "f32" else _ELEMENT[v.out])
+
+    @property
+    def shapes(self) -> tuple:
+        """(shape, strides) of A, B, C and the bias (None: no bias): the caller's geometry,
+        or for a problem made without operands (Library.decide) packed matrices of its
+        leading dimensions."""
+        if self.geometry is not None:
+            return self.geometry
+        m, n, k, (ta, tb) = self.m, self.n, self.k, self.layout.value
+        a = ((m, k), (1, self.lda)) if ta == "t" else ((m, k), (self.lda, 1))
+        b = ((k, n), (1, self.ldb)) if tb == "t" else ((k, n), (self.ldb, 1))
+        return a, b, ((m, n), (self.ldc, 1)), None
+
+    def spans(self) -> tuple:
+        """Bytes of A, B, C and the bias (0: none) from the first element to the last."""
+        sizes = {"float32": 4, "float16": 2, "bfloat16": 2}
+        return tuple(0 if g is None else
+                     (1 + sum((d - 1) * s for d, s in zip(*g))) * sizes[e]
+                     for g, e in zip(self.shapes, self.elements))
+
+    @property
+    def epilogue(self) -> str:
+        """The bias and activation in a word: "none", "bias", "biasf32+gelu", "relu" ..."""
+        v = self.variant
+        parts = ([] if v.bias == "none" else ["bias" if v.bias == "out" else "biasf32"]) \
+            + ([] if v.act == "none" else [v.act])
+        return "+".join(parts) or "none"
 
     def record(self, choice, align: tuple) -> dict:
         """This problem as a line of a record file (tuner.runtime.record), with what the
@@ -350,63 +548,99 @@ class Problem:
         ms = choice.measured_ms or {}
         per = ms.get(choice.kernel or "cublas")
         if per is None and choice.estimate_tflops:
-            per = 2.0 * self.m * self.n * self.k / (choice.estimate_tflops * 1e9)
-        return dict(gpu=self.gpu.name, dtype=self.dtype.short, layout=self.layout.value,
-                    out="f32", epilogue="none", batch=1, m=self.m, n=self.n, k=self.k,
+            per = 2.0 * self.m * self.n * self.k * self.batch / (choice.estimate_tflops * 1e9)
+        v = self.variant
+        return dict(gpu=self.gpu.name, dtype=self.dtype.short, layout=v.layout.value,
+                    out=v.out.short, epilogue=self.epilogue, bias=v.bias, act=v.act,
+                    batch=self.batch, m=self.m, n=self.n, k=self.k,
                     align=list(align), ms_per_call=None if per is None else round(per, 5),
                     rule=choice.rule, runs=choice.kernel or "cuBLAS")
 
     def build(self, lib, choice, capturing: bool = False) -> Plan:
-        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route)."""
-        from tuner.runtime.cublas import device_blas, has_handle
+        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route); raises
+        Unsupported where the kernel cannot take these operands (a batch, say)."""
+        g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
+        run = torch_run = None
+        if choice.kernel is not None:
+            run = lib.runner(choice.kernel, g.sm).bind(
+                g, m, n, k, self.lda, self.ldb, self.ldc, self.allocate, batch=self.batch,
+                strides=self.strides)
+        elif self.via_torch:
+            torch_run = _torch_fallback(self.batch, self.variant.act)
+        else:
+            run = self._blas(capturing)
+        return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self, self.variant.out)
+
+    def _blas(self, capturing: bool) -> Callable:
+        """cuBLAS through gemm-tune's binding, and the epilogue kernel after it where cuBLAS
+        cannot write C as asked (module doc)."""
+        from tuner.runtime.cublas import device_blas, has_handle, writes
 
         g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
         lda, ldb, ldc, allocate = self.lda, self.ldb, self.ldc, self.allocate
-        layout = self.layout
-        run = torch_run = None
-        if choice.kernel is not None:
-            run = lib.runner(choice.kernel, g.sm).bind(g, m, n, k, lda, ldb, ldc, allocate)
-        elif self.via_torch:
-            torch_run = _torch_addmm
-        else:
-            if capturing and not has_handle(g):
-                raise LibraryError("a CUDA graph is being captured and cuBLAS has not run on "
-                                   f"GPU {g.index} yet (its handle cannot be made during "
-                                   "capture): make one call before capturing")
-            blas = device_blas(g)
-
-            def run(pa, pb, pc, alpha, beta, s):
+        v, batch, (sa, sb, sc) = self.variant, self.batch, self.strides
+        layout, out = v.layout, v.out
+        if capturing and not has_handle(g):
+            raise LibraryError("a CUDA graph is being captured and cuBLAS has not run on "
+                               f"GPU {g.index} yet (its handle cannot be made during "
+                               "capture): make one call before capturing")
+        blas = device_blas(g)
+        if v.bias == "none" and v.act == "none" and writes(dtype, out):
+            def run(pa, pb, pc, alpha, beta, s, bias=0):
                 blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate,
-                          layout=layout)
-        return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self)
+                          layout=layout, out=out, batch=batch, strides=(sa, sb, sc))
+            return run
+        from tuner.runtime.epilogue import epilogue_launcher
+
+        epi = epilogue_launcher(g, m, n, batch, v)
+        if out is DType.F32:  # cuBLAS writes C (alpha, beta); the bias and activation after
+            def run(pa, pb, pc, alpha, beta, s, bias=0):
+                blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc, s, allocate,
+                          layout=layout, out=out, batch=batch, strides=(sa, sb, sc))
+                epi(pc, ldc, sc, 0.0, pc, ldc, sc, bias, s)
+            return run
+        scratch, wbytes = driver.scratch(), batch * m * n * 4
+
+        def run(pa, pb, pc, alpha, beta, s, bias=0):  # alpha A B in fp32, then one rounding
+            w = scratch.get(g, s, "cuBLAS's fp32 C", wbytes, allocate_captured=allocate)
+            blas.gemm(dtype, m, n, k, alpha, pa, lda, pb, ldb, 0.0, w, n, s, allocate,
+                      layout=layout, out=DType.F32, batch=batch,
+                      strides=(sa, sb, m * n if batch > 1 else 0))
+            epi(w, n, m * n, beta, pc, ldc, sc, bias, s)
+        return run
 
     def timer(self, lib) -> Callable:
         """time(kernel names) -> {name or "cublas": ms per call}: each candidate timed on
-        scratch operands like the caller's, on the call's stream, in loops, as the call
-        would run it. A torch caller's candidates are timed through lib.gemm itself (the
-        call's whole host path, its own plan swapped in), everyone else's through the
-        plan's launcher."""
+        scratch operands like the caller's (layout, leading dimensions, batch strides, C's
+        type, a bias), on the call's stream, in loops, as the call would run it. A torch
+        caller's candidates are timed through lib.gemm itself (the call's whole host path,
+        its own plan swapped in), everyone else's through the plan's launcher. A kernel
+        that cannot take the operands is left out."""
         from tuner.runtime import measure
         from tuner.runtime.dispatch import Choice
 
         def plans(names):
-            out = {name: self.build(lib, Choice(name, "measured", "")) for name in names}
+            out = {}
+            for name in names:
+                try:
+                    out[name] = self.build(lib, Choice(name, "measured", ""))
+                except Unsupported as e:
+                    log.info("%s is not measured: %s", name, e)
             out["cublas"] = self.build(lib, Choice(None, "measured", ""))
             return out
 
         def time_torch(names):
             _see_torch()
-            with measure.torch_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                        self.ldc, self.dtype, self.offsets,
-                                        self.layout) as ops:
-                A, B, C = ops
-                key = _torch_key(A, B, C, self.mode, self.measure, None)[0]
+            with measure.torch_operands(self.gpu, self) as (A, B, C, bias):
+                act = self.variant.act
+                key = _torch_key(A, B, C, self.mode, self.measure, None, None, bias, act)[0]
                 saved = lib.plans.get(key)
 
                 def runner(plan):
                     def run(stream):
                         lib.plans[key] = plan
-                        gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure)
+                        gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
+                             act=act)
                     return run
 
                 try:
@@ -420,11 +654,9 @@ class Problem:
                         lib.plans[key] = saved
 
         def time_pointers(names):
-            with measure.driver_operands(self.gpu, self.m, self.n, self.k, self.lda, self.ldb,
-                                         self.ldc, self.dtype.size, self.offsets,
-                                         self.layout) as ptrs:
+            with measure.driver_operands(self.gpu, self) as (a, b, c, bias):
                 return measure.time_candidates(
-                    self.gpu, {name: (lambda st, p=p: p.run(*ptrs, 1.0, 0.0, st))
+                    self.gpu, {name: (lambda st, p=p: p.run(a, b, c, 1.0, 0.0, st, bias))
                                for name, p in plans(names).items()}, self.stream)
 
         return time_torch if self.via_torch else time_pointers

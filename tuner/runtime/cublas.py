@@ -27,7 +27,7 @@ from codegen.config import DType
 from tuner.runtime.errors import CublasError
 
 __all__ = ["CublasError", "Cublas", "DeviceBlas", "device_blas", "has_handle", "WORKSPACE_BYTES",
-           "cublas_version"]
+           "cublas_version", "writes"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ _PRECISION = {
     DType.F16: (CUDA_R_16F, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),
     DType.BF16: (CUDA_R_16BF, CUDA_R_32F, COMPUTE_32F, ctypes.c_float),
 }
+#: C's cudaDataType_t by its type
+_C_TYPE = {DType.F32: CUDA_R_32F, DType.F16: CUDA_R_16F, DType.BF16: CUDA_R_16BF}
+
+
+def writes(dtype: DType, out: DType) -> bool:
+    """Can cublasGemmEx write C of type `out` for a `dtype` request (FP32 compute)? fp32 C
+    always; a 16-bit C only of the inputs' own type (cuBLAS's table of GemmEx types)."""
+    return out is DType.F32 or out is dtype
 
 
 def _load() -> ctypes.CDLL:
@@ -155,15 +163,24 @@ class DeviceBlas:
         self._alpha, self._beta = ctypes.c_float(), ctypes.c_float()
         self._dalpha, self._dbeta = ctypes.c_double(), ctypes.c_double()
         self._ex = self.blas.lib.cublasGemmEx
-        P, I = ctypes.c_void_p, ctypes.c_int
+        P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
         self._ex.argtypes = [P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I]
         self._ex.restype = I
+        self._batched = self.blas.lib.cublasGemmStridedBatchedEx
+        self._batched.argtypes = [P, I, I, I, I, I, P, P, I, I, L, P, I, I, L, P, P, I, I, L,
+                                  I, I, I]
+        self._batched.restype = I
 
     def gemm(self, dtype, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream: int,
-             allocate_captured=None, layout=None) -> None:
+             allocate_captured=None, layout=None, out=None, batch: int = 1,
+             strides: tuple = (0, 0, 0)) -> None:
         """Row-major C = alpha A B + beta C on `stream`; `layout` (codegen's Layout, default
-        NN) says which of A and B are stored column-major (lda / ldb between columns)."""
+        NN) says which of A and B are stored column-major (lda / ldb between columns);
+        `out`: C's type (default fp32; see :func:`writes`); `batch` problems `strides`
+        elements apart (0: one A or B for all) through cublasGemmStridedBatchedEx."""
         ab_t, c_t, compute, scalar = _PRECISION[dtype]
+        if out is not None:
+            c_t = _C_TYPE[out]
         with self._lock:
             if self._bound is None or self._bound[0] != stream or not self._bound[1]:
                 self._bind(stream, allocate_captured)
@@ -173,11 +190,19 @@ class DeviceBlas:
             # column-major C^T (n x m) = B^T (n x k) * A^T (k x m): a row-major operand is
             # its transpose to cuBLAS (OP_N), a column-major one is itself (OP_T)
             op_a, op_b = (OP_T if x == "t" else OP_N for x in (layout.value if layout else "nn"))
-            status = self._ex(self.blas.handle, op_b, op_a, n, m, k, ctypes.addressof(al),
-                              b, ab_t, ldb, a, ab_t, lda, ctypes.addressof(be), c, c_t, ldc,
-                              compute, GEMM_DEFAULT)
+            if batch == 1:
+                status = self._ex(self.blas.handle, op_b, op_a, n, m, k, ctypes.addressof(al),
+                                  b, ab_t, ldb, a, ab_t, lda, ctypes.addressof(be), c, c_t, ldc,
+                                  compute, GEMM_DEFAULT)
+            else:
+                sa, sb, sc = strides
+                status = self._batched(self.blas.handle, op_b, op_a, n, m, k,
+                                       ctypes.addressof(al), b, ab_t, ldb, sb, a, ab_t, lda, sa,
+                                       ctypes.addressof(be), c, c_t, ldc, sc, batch, compute,
+                                       GEMM_DEFAULT)
         if status != 0:
-            raise CublasError(f"cublasGemmEx failed with cublasStatus {status}")
+            what = "cublasGemmEx" if batch == 1 else "cublasGemmStridedBatchedEx"
+            raise CublasError(f"{what} failed with cublasStatus {status}")
 
     def _bind(self, stream: int, allocate_captured) -> None:
         from codegen.errors import UsageError

@@ -1,10 +1,15 @@
 """Which kernel runs a problem: the rule, its estimates, and the dispatch table that keeps
 decisions made by measurement.
 
-The rule, for a problem (device, dtype, layout, M, N, K, alignment class):
-  1. exact: an entry tuned for exactly this GPU model, dtype, layout and shape, called
-     with fully aligned operands, runs its kernel if it beat cuBLAS where it was tuned
-     (its recorded ratio >= 1), else cuBLAS runs; both were timed in the same run.
+The rule, for a problem (device, dtype, variant, batch, M, N, K, alignment class; the
+variant is the layout of A and B, C's type, the bias and the activation, see
+codegen.families._common.Variant):
+  0. only kernels built for exactly the problem's variant serve it (a kernel tuned for
+     NN with fp32 C cannot serve NT or fp16 C); with none, cuBLAS runs (and the bias and
+     activation after it: tuner.runtime.call).
+  1. exact: an entry tuned for exactly this GPU model, dtype, variant, batch and shape,
+     called with fully aligned operands, runs its kernel if it beat cuBLAS where it was
+     tuned (its recorded ratio >= 1), else cuBLAS runs; both were timed in the same run.
   2. measured: otherwise the first call times, on scratch buffers of the same shape and
      alignment, the library kernels with the best estimates (below) and cuBLAS, and the
      fastest runs from then on. The decision is kept in the dispatch table (on disk, beside
@@ -18,11 +23,12 @@ The estimate of a tuned kernel at a new shape:
     estimate = measured TFLOP/s at its tuned shape
                x min(1, efficiency(new shape) / efficiency(tuned shape))
     efficiency = tile efficiency (useful / computed work with M, N, K rounded up to the
-                 tile) x wave efficiency (blocks, tiles x split-K, over the block slots of
-                 the waves they need; slots = SMs x blocks per SM from the occupancy model),
+                 tile) x wave efficiency (blocks, tiles x split-K x batch, over the block
+                 slots of the waves they need; slots = SMs x blocks per SM from the
+                 occupancy model),
 capped at 1: no kernel is assumed faster anywhere than where it was measured. A
 split-K kernel's second pass does not scale that way: its time,
-    reduce(M, N) = (2 x SPLIT + 1) x M x N x 4 bytes / DRAM bandwidth + 2 us,
+    reduce(M, N) = (2 x SPLIT + 1) x M x N x batch x 4 bytes / DRAM bandwidth + 2 us,
 is taken out of the measured time before the scaling and the new shape's is added back.
 cuBLAS's estimate at a new shape is the same scaling of the cuBLAS rate recorded beside
 the entry nearest in log-shape, for a nominal 128 x 128 x 32 tile at one block per SM.
@@ -42,13 +48,32 @@ from pathlib import Path
 
 from codegen._io import atomic_write_json, file_lock
 from codegen.arch import ARCHS, parse_arch
-from codegen.config import Layout, config_from_name
+from codegen.config import config_from_name
 from codegen.occupancy import occupancy
 from tuner.runtime.errors import LibraryError
+from tuner.runtime.manifest import as_variant, entry_batch
 
 __all__ = ["Choice", "efficiency", "estimate_tflops", "reduce_ms", "cublas_estimate",
            "REDUCE_LAUNCH_MS", "DispatchTable", "table_path", "TABLE_SCHEMA", "FULL_ALIGN",
-           "Dispatcher", "measured_choice"]
+           "Dispatcher", "measured_choice", "describe", "MAX_KERNEL_BATCH"]
+
+#: the largest batch a kernel launch takes (its problems are the grid's y dimension)
+MAX_KERNEL_BATCH = 65535
+
+
+def describe(dtype, variant=None, batch: int = 1) -> str:
+    """A request in words: "f16 nt", "f16 nt, f16 C, bias + gelu, batch 8" ..."""
+    v = as_variant(variant)
+    parts = [f"{dtype.short} {v.layout.value}"]
+    if v.out.short != "f32":
+        parts.append(f"{v.out.short} C")
+    epi = [{"out": "bias", "f32": "fp32 bias"}[v.bias]] if v.bias != "none" else []
+    epi += [v.act] if v.act != "none" else []
+    if epi:
+        parts.append(" + ".join(epi))
+    if batch != 1:
+        parts.append(f"batch {batch}")
+    return ", ".join(parts)
 
 log = logging.getLogger(__name__)
 
@@ -71,51 +96,56 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def reduce_ms(config, m: int, n: int, mem_gbs: float) -> float:
-    """Milliseconds of a split-K kernel's reduction at M x N: the workspace written and read
-    again, plus a launch for a second pass (0 without a workspace: no split-K, or one
-    summed within a cluster)."""
+def reduce_ms(config, m: int, n: int, mem_gbs: float, batch: int = 1) -> float:
+    """Milliseconds of a split-K kernel's reduction at M x N (x batch): the workspace
+    written and read again, plus a launch for a second pass (0 without a workspace: no
+    split-K, or one summed within a cluster)."""
     if not config.has_workspace:
         return 0.0
     launch = REDUCE_LAUNCH_MS if config.reduce_pass else 0.0
-    return (2 * config.split + 1) * m * n * 4 / (mem_gbs * 1e6) + launch
+    return (2 * config.split + 1) * m * n * batch * 4 / (mem_gbs * 1e6) + launch
 
 
-def _efficiency(bm: int, bn: int, bk: int, split: int, shape, sms: int, blocks_per_sm: int):
+def _efficiency(bm: int, bn: int, bk: int, split: int, shape, sms: int, blocks_per_sm: int,
+                batch: int = 1):
     m, n, k = shape
     tile = (m * n * k) / (_cdiv(m, bm) * bm * _cdiv(n, bn) * bn * _cdiv(k, bk) * bk)
-    tiles = _cdiv(m, bm) * _cdiv(n, bn) * split
+    tiles = _cdiv(m, bm) * _cdiv(n, bn) * split * batch
     slots = max(1, sms * max(blocks_per_sm, 1))
     return tile * tiles / (_cdiv(tiles, slots) * slots)
 
 
-def efficiency(config, shape, sms: int, blocks_per_sm: int) -> float:
+def efficiency(config, shape, sms: int, blocks_per_sm: int, batch: int = 1) -> float:
     """Tile efficiency x wave efficiency of `config` on `shape` (see the module doc)."""
-    return _efficiency(config.bm, config.bn, config.bk, config.split, shape, sms, blocks_per_sm)
+    return _efficiency(config.bm, config.bn, config.bk, config.split, shape, sms, blocks_per_sm,
+                       batch)
 
 
 def estimate_tflops(config, entry: dict, shape, sms: int, blocks_per_sm: int,
-                    mem_gbs: float) -> float:
-    """The module doc's estimate for `config`, tuned and measured as `entry`, at `shape`."""
-    tuned = (entry["m"], entry["n"], entry["k"])
-    ratio = min(1.0, efficiency(config, shape, sms, blocks_per_sm)
-                / efficiency(config, tuned, sms, blocks_per_sm))
-    flops_tuned, flops = 2.0 * math.prod(tuned), 2.0 * math.prod(shape)
+                    mem_gbs: float, batch: int = 1) -> float:
+    """The module doc's estimate for `config`, tuned and measured as `entry` (at its batch),
+    at `shape` and `batch`."""
+    tuned, tb = (entry["m"], entry["n"], entry["k"]), entry_batch(entry)
+    ratio = min(1.0, efficiency(config, shape, sms, blocks_per_sm, batch)
+                / efficiency(config, tuned, sms, blocks_per_sm, tb))
+    flops_tuned, flops = 2.0 * math.prod(tuned) * tb, 2.0 * math.prod(shape) * batch
     main_tuned = max(flops_tuned / (entry["tflops"] * 1e9)
-                     - reduce_ms(config, tuned[0], tuned[1], mem_gbs), 1e-6)  # ms
+                     - reduce_ms(config, tuned[0], tuned[1], mem_gbs, tb), 1e-6)  # ms
     main = flops / (flops_tuned / main_tuned * ratio)
-    return flops / ((main + reduce_ms(config, shape[0], shape[1], mem_gbs)) * 1e9)
+    return flops / ((main + reduce_ms(config, shape[0], shape[1], mem_gbs, batch)) * 1e9)
 
 
-def cublas_estimate(entries: list[dict], shape, sms: int) -> float:
-    """cuBLAS's TFLOP/s at `shape`, scaled from the entry nearest in log-shape (module doc)."""
+def cublas_estimate(entries: list[dict], shape, sms: int, batch: int = 1) -> float:
+    """cuBLAS's TFLOP/s at `shape` (x batch), scaled from the entry nearest in log-shape
+    (module doc)."""
     def dist(e):
-        return sum(abs(math.log(e[d] / s)) for d, s in zip("mnk", shape))
+        return sum(abs(math.log(e[d] / s)) for d, s in zip("mnk", shape)) \
+            + abs(math.log(entry_batch(e) / batch))
 
     e = min(entries, key=dist)
     tuned = (e["m"], e["n"], e["k"])
-    ratio = min(1.0, _efficiency(128, 128, 32, 1, shape, sms, 1)
-                / _efficiency(128, 128, 32, 1, tuned, sms, 1))
+    ratio = min(1.0, _efficiency(128, 128, 32, 1, shape, sms, 1, batch)
+                / _efficiency(128, 128, 32, 1, tuned, sms, 1, entry_batch(e)))
     return e["cublas_tflops"] * ratio
 
 
@@ -141,9 +171,10 @@ class DispatchTable:
         {"schema": 1, "decisions": {KEY: {"kernel": NAME or null, "measured_ms": {...},
                                           "date": ISO}}}
 
-    KEY joins the GPU model, driver version, cuBLAS version, the library's fingerprint (its
-    kernel set), dtype, layout, M x N x K and the alignment class, so a decision is never
-    reused where any of them differs. Writes are atomic (write, fsync, rename) under an
+    KEY joins the GPU model, driver version, cuBLAS version (and the route to it), the
+    library's fingerprint (its kernel set), dtype, variant (the layout alone for fp32 C
+    without an epilogue, as keys were before the variant), M x N x K, the batch (when not
+    1) and the alignment class, so a decision is never reused where any of them differs. Writes are atomic (write, fsync, rename) under an
     exclusive lock on a sidecar file, re-reading the table first so concurrent writers lose
     nothing. A table that cannot be read is set aside (renamed *.corrupt-<time>) with a
     warning and started afresh: a lost cache costs a re-measurement, never a failure.
@@ -155,10 +186,16 @@ class DispatchTable:
         self._loaded = False
 
     @staticmethod
-    def key(gpu_name: str, driver: int, cublas: int, fingerprint: str, dtype: str, layout: str,
-            m: int, n: int, k: int, align: tuple) -> str:
+    def key(gpu_name: str, driver: int, cublas: int, fingerprint: str, dtype: str, layout,
+            m: int, n: int, k: int, align: tuple, batch: int = 1) -> str:
+        """`layout`: a Variant (or a Layout, or its text "nn")."""
+        if not isinstance(layout, str):
+            v = as_variant(layout)
+            layout = v.layout.value if (v.out.short, v.bias, v.act) == ("f32", "none", "none") \
+                else v.key
+        shape = f"{m}x{n}x{k}" + (f"|batch {batch}" if batch != 1 else "")
         return (f"{gpu_name}|driver {driver}|cublas {cublas}|lib {fingerprint}|{dtype}|{layout}"
-                f"|{m}x{n}x{k}|align {'.'.join(map(str, align))}")
+                f"|{shape}|align {'.'.join(map(str, align))}")
 
     def get(self, key: str) -> dict | None:
         if not self._loaded:
@@ -235,39 +272,48 @@ class Dispatcher:
             self._table = DispatchTable(table_path(self.manifest.path))
         return self._table
 
-    def ranked(self, m: int, n: int, k: int, dtype, cc: int, sms: int, layout=None,
-               align: tuple = FULL_ALIGN) -> list[tuple[float, dict]]:
+    def ranked(self, m: int, n: int, k: int, dtype, cc: int, sms: int, variant=None,
+               align: tuple = FULL_ALIGN, batch: int = 1) -> list[tuple[float, dict]]:
         """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
-        layout that takes operands of alignment class `align`, best first, one per kernel."""
+        variant (a Variant, or a Layout) that takes operands of alignment class `align`,
+        best first, one per kernel."""
         arch = ARCHS.get(cc) or parse_arch("sm_90")
         best: dict[str, tuple[float, dict]] = {}
-        for e in self.manifest.serving(dtype, cc, layout or Layout.NN):
+        if batch > MAX_KERNEL_BATCH:
+            return []
+        for e in self.manifest.serving(dtype, cc, variant):
             cfg = config_from_name(e["kernel"])
             if not cfg.takes(m, n, k, align):
                 continue
             res = e["resources"]
             bps = occupancy(cfg.threads, res["registers"],
                             res["smem_static"] + res["smem_dynamic"], arch).blocks_per_sm
-            est = estimate_tflops(cfg, e, (m, n, k), sms, bps, arch.mem_gbs)
+            est = estimate_tflops(cfg, e, (m, n, k), sms, bps, arch.mem_gbs, batch)
             if e["kernel"] not in best or est > best[e["kernel"]][0]:
                 best[e["kernel"]] = (est, e)
         return sorted(best.values(), key=lambda r: -r[0])
 
     def select(self, m: int, n: int, k: int, dtype, cc: int = 90, sms: int | None = None,
-               layout=None, gpu: str | None = None, align: tuple = FULL_ALIGN) -> Choice:
-        """The rule without measuring (rules 1 and 3): exact, estimate or cuBLAS. `gpu`: the
+               variant=None, gpu: str | None = None, align: tuple = FULL_ALIGN,
+               batch: int = 1) -> Choice:
+        """The rule without measuring (rules 0, 1 and 3): exact, estimate or cuBLAS.
+        `variant`: the request's Variant (or a Layout: fp32 C, no epilogue); `gpu`: the
         GPU's name (an exact entry must come from the same model); `align`: the operands'
-        alignment class (an exact entry runs only on fully aligned ones; a kernel that needs
-        16-byte operands is no candidate for others)."""
-        layout = layout or Layout.NN
-        entries = self.manifest.serving(dtype, cc, layout)
-        what = f"{m}x{n}x{k} {dtype.short}"
+        alignment class (an exact entry runs only on fully aligned ones; a kernel that
+        needs 16-byte operands is no candidate for others); `batch`: the problems of a
+        strided batch (an exact entry was tuned at that batch)."""
+        variant = as_variant(variant)
+        entries = self.manifest.serving(dtype, cc, variant)
+        what = f"{m}x{n}x{k} {describe(dtype, variant, batch)}"
         if not entries:
-            return Choice(None, "cublas", f"no kernel tuned for {dtype.short} "
-                                          f"{layout.value} on sm_{cc}: cuBLAS runs")
+            return Choice(None, "cublas", f"no kernel tuned for {describe(dtype, variant)} "
+                                          f"on sm_{cc}: cuBLAS runs")
+        if batch > MAX_KERNEL_BATCH:
+            return Choice(None, "cublas", f"a batch of {batch} is more than a kernel launch "
+                                          f"takes ({MAX_KERNEL_BATCH}): cuBLAS runs")
         for e in entries:
-            if (e["m"], e["n"], e["k"]) == (m, n, k) and align == FULL_ALIGN \
-                    and gpu in (None, e["gpu"]):
+            if (e["m"], e["n"], e["k"], entry_batch(e)) == (m, n, k, batch) \
+                    and align == FULL_ALIGN and gpu in (None, e["gpu"]):
                 if e["ratio"] >= 1.0:
                     return Choice(e["kernel"], "exact",
                                   f"tuned for exactly {what} on {e['gpu']}: {e['tflops']:.1f} "
@@ -278,14 +324,16 @@ class Dispatcher:
                               f"cuBLAS's {e['cublas_tflops']:.1f}: cuBLAS runs",
                               e["cublas_tflops"])
         sms = sms or (ARCHS.get(cc) or parse_arch("sm_90")).sm_count
-        ranked = self.ranked(m, n, k, dtype, cc, sms, layout, align)
+        ranked = self.ranked(m, n, k, dtype, cc, sms, variant, align, batch)
         if not ranked:
-            return Choice(None, "cublas", f"no kernel tuned for {dtype.short} {layout.value} "
+            return Choice(None, "cublas", f"no kernel tuned for {describe(dtype, variant)} "
                                           f"on sm_{cc} takes operands aligned as these "
                                           f"({'.'.join(map(str, align))}): cuBLAS runs")
         est, e = ranked[0]
-        blas = cublas_estimate(entries, (m, n, k), sms)
-        figures = (f"{e['kernel']} (tuned at {e['m']}x{e['n']}x{e['k']}, {e['tflops']:.1f} "
+        blas = cublas_estimate(entries, (m, n, k), sms, batch)
+        tuned_at = f"{e['m']}x{e['n']}x{e['k']}" + (
+            f" x {entry_batch(e)}" if entry_batch(e) != 1 else "")
+        figures = (f"{e['kernel']} (tuned at {tuned_at}, {e['tflops']:.1f} "
                    f"TFLOP/s) has the best estimate, {est:.1f} TFLOP/s, against cuBLAS's "
                    f"estimated {blas:.1f}")
         if est > blas:
@@ -293,28 +341,29 @@ class Dispatcher:
         return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
 
     def key(self, g, dtype, m: int, n: int, k: int, align: tuple, route: str = "gemm-tune",
-            layout=None) -> str:
+            variant=None, batch: int = 1) -> str:
         """The table's key of a decision on GPU g (route: how cuBLAS is reached)."""
         from tuner.runtime.cublas import cublas_version
 
         return DispatchTable.key(g.name, g.driver_version, f"{cublas_version()} via {route}",
-                                 self.manifest.fingerprint, dtype.short,
-                                 layout.value if layout else "nn", m, n, k, align)
+                                 self.manifest.fingerprint, dtype.short, as_variant(variant),
+                                 m, n, k, align, batch)
 
     def decide(self, g, dtype, m: int, n: int, k: int, align: tuple, measure,
-               route: str = "gemm-tune", layout=None) -> Choice:
+               route: str = "gemm-tune", variant=None, batch: int = 1) -> Choice:
         """The rule for one problem on GPU g. `measure`: None (decide without timing), or
         a callable (kernel names ranked best first) -> a table decision, called once per
         key: an exact entry that beat cuBLAS where it was tuned runs; anything else is
         measured against cuBLAS as this caller reaches it."""
-        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, layout, g.name, align)
+        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, variant, g.name, align,
+                             batch)
         if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
                 or measure is None:
             return choice
-        key = self.key(g, dtype, m, n, k, align, route, layout)
+        key = self.key(g, dtype, m, n, k, align, route, variant, batch)
         d = self.table.get(key)
         if d is None:
-            ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count, layout, align)
+            ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count, variant, align, batch)
             d = measure([e["kernel"] for _, e in ranked], choice)
             if d is None:  # a CUDA graph is being captured: nothing may be timed
                 return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "
@@ -322,7 +371,8 @@ class Dispatcher:
             self.table.put(key, d)
         return measured_choice(d)
 
-    def explain_offline(self, gpu: str, dtype, m: int, n: int, k: int) -> str:
+    def explain_offline(self, gpu: str, dtype, m: int, n: int, k: int, variant=None,
+                        batch: int = 1) -> str:
         """explain() for a GPU model the library was tuned on, with no GPU here: the exact
         entry or the estimates (first-use measurements belong to a driver and a cuBLAS)."""
         ccs = {e["cc"] for e in self.manifest.entries if e["gpu"] == gpu}
@@ -332,24 +382,25 @@ class Dispatcher:
                                f"{gpu!r} (it has: {', '.join(models)})")
         cc = max(ccs)
         c = self.select(m, n, k, dtype, cc, ARCHS[cc].sm_count if cc in ARCHS else None,
-                        gpu=gpu)
+                        variant, gpu=gpu, batch=batch)
         settled = c.rule == "cublas" or c.rule == "exact" and c.kernel is not None
         note = "" if settled else "; on that GPU a first call measures"
         return (f"{c.kernel or 'cuBLAS'} ({c.rule}, for {gpu} without a GPU here): "
                 f"{c.reason}{note}")
 
-    def explain(self, g, dtype, m: int, n: int, k: int, align: tuple = FULL_ALIGN) -> str:
+    def explain(self, g, dtype, m: int, n: int, k: int, align: tuple = FULL_ALIGN,
+                variant=None, batch: int = 1) -> str:
         """Which kernel runs this problem on GPU g and why: the exact entry, the figures
         measured (per route to cuBLAS that has been measured), or the estimates."""
-        c = self.decide(g, dtype, m, n, k, align, None)
+        c = self.decide(g, dtype, m, n, k, align, None, variant=variant, batch=batch)
         if c.rule == "cublas" or c.rule == "exact" and c.kernel is not None:
             return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
         lines = []
         for route in ("torch", "gemm-tune"):
-            d = self.table.get(self.key(g, dtype, m, n, k, align, route))
+            d = self.table.get(self.key(g, dtype, m, n, k, align, route, variant, batch))
             if d is not None:
                 mc = measured_choice(d)
-                lines.append(f"{mc.kernel or 'cuBLAS'} ({mc.rule}, {route} callers): "
-                             f"{mc.reason}")
+                lines.append(f"{mc.kernel or 'cuBLAS'} ({mc.rule}, {route} callers) for "
+                             f"{m}x{n}x{k} {describe(dtype, variant, batch)}: {mc.reason}")
         return "\n".join(lines) or (f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}; "
                                      "a first call will measure")

@@ -14,7 +14,9 @@
     out/example.cu            checks every entry point against cuBLAS (FP32 output)
 
 fp32 entries serve gemm_tuned_sgemm, fp16 ones gemm_tuned_hgemm and bf16 ones
-gemm_tuned_bf16gemm (FP32 C in all three), from any family. tf32 entries are not exported.
+gemm_tuned_bf16gemm (FP32 C in all three), from any family. tf32 entries are not exported,
+nor entries of another variant than the plain one (row-major A and B, fp32 C, no bias or
+activation) or of a batch: the bundle's entry points take none of those.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from codegen.rendering import render_file
 from tuner.runtime.dispatch import REDUCE_LAUNCH_MS
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.library import Library
+from tuner.runtime.manifest import entry_batch, entry_variant
 
 __all__ = ["export", "EXPORTED"]
 
@@ -61,8 +64,8 @@ def _kernel_values(cfg, res: dict, limits) -> dict:
 
 def export(lib: Library, out: Path, arch: str | None = None) -> Path:
     wanted = {d.short for d, _, _ in EXPORTED}
-    entries = [e for e in lib.manifest["entries"]
-               if e["dtype"] in wanted and e["layout"] == "nn"]
+    entries = [e for e in lib.manifest["entries"]  # the plain problem only (see the doc)
+               if e["dtype"] in wanted and entry_variant(e).plain and entry_batch(e) == 1]
     if not entries:
         raise LibraryError(f"the library at {lib.path} has no fp32, fp16 or bf16 entries to "
                            f"export")

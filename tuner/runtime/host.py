@@ -142,11 +142,12 @@ class _Slot:
 
 def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, alpha: float,
                   beta: float, chunks: list[tuple[int, int]] | None = None,
-                  pinned_staging: bool = True) -> None:
+                  pinned_staging: bool = True, bias: int = 0) -> None:
     """C = alpha A B + beta C for host arrays, pipelined over row chunks (module doc).
     `chunk_plan(rows)` returns the plan (same kernel) for a chunk of that many rows;
     without `pinned_staging` the copies go straight from pageable memory (the pitfall the
-    benchmark shows)."""
+    benchmark shows). `bias`: the device pointer of a bias vector (the plan's epilogue
+    applies it with its activation), or 0."""
     m, k = A.shape
     n = B.shape[1]
     chunks = chunks or plan_chunks(m, n, k, A.itemsize)
@@ -184,12 +185,12 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             slot.drain()  # its buffers are free again once its last chunk is out
             rows, s = r1 - r0, slot.stream
             dA = scratch.get(g, s, "host A", rows_max * k * A.itemsize)
-            dC = scratch.get(g, s, "host C", rows_max * n * 4)
+            dC = scratch.get(g, s, "host C", rows_max * n * C.itemsize)
             if pinned_staging:
                 pa = _view(_PINNED.get(g, f"A{t % STREAMS}", rows_max * k * A.itemsize),
                            rows, k, A.dtype)
-                pc = _view(_PINNED.get(g, f"C{t % STREAMS}", rows_max * n * 4), rows, n,
-                           np.float32)
+                pc = _view(_PINNED.get(g, f"C{t % STREAMS}", rows_max * n * C.itemsize),
+                           rows, n, C.dtype)
                 copy_rows(pa, A[r0:r1])
                 if beta != 0:
                     copy_rows(pc, C[r0:r1])
@@ -198,7 +199,7 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
             if beta != 0:
                 driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
-            chunk_plan(rows).run(dA, dB, dC, alpha, beta, s)
+            chunk_plan(rows).run(dA, dB, dC, alpha, beta, s, bias)
             driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
             driver.call("cuEventRecord", slot.event, s)
             slot.pending = (C[r0:r1], pc) if pinned_staging else None
@@ -225,7 +226,7 @@ def run_batch(g, items: list, alpha: float, beta: float) -> None:
             slot.drain()
             s, j = slot.stream, i % STREAMS
             staged = []
-            for name, x, dtype in (("A", A, A.dtype), ("B", B, B.dtype), ("C", C, np.float32)):
+            for name, x, dtype in (("A", A, A.dtype), ("B", B, B.dtype), ("C", C, C.dtype)):
                 buf = _view(_PINNED.get(g, f"batch {name}{j}", x.nbytes), *x.shape, dtype)
                 d = scratch.get(g, s, f"batch {name}", x.nbytes)
                 if name != "C" or beta != 0:

@@ -11,10 +11,11 @@ and keeps what a process learns: the runners loaded (one per kernel, the same ob
 tuner timed, tuner.runtime.runners) and the plans memoised per call key.
 
 The call path is thin: a call's operands are read (for torch tensors: dtype, shape,
-strides, device and the pointers' alignment), and that tuple is the key of a memo holding
-the call's plan (the decision, the launch geometry, the kernel loaded), so the rule, the
-estimates and the checks run once per (device, dtype, layout, M, N, K, leading
-dimensions, alignment class). Then the caller's stream is read (torch's raw handle) and
+strides, device and the pointers' alignment), and that tuple, with the request (C's
+type, the bias, the activation), is the key of a memo holding the call's plan (the
+decision, the launch geometry, the kernel loaded), so the rule, the estimates and the
+checks run once per (device, dtype, variant, batch, M, N, K, leading dimensions and
+strides, alignment class). Then the caller's stream is read (torch's raw handle) and
 the kernel launched through the driver API with a parameter block packed in one call.
 Any thread may call; nothing is allocated, synchronised or timed while a CUDA graph is
 being captured.
@@ -29,10 +30,12 @@ import threading
 from pathlib import Path
 
 from codegen.config import DType, Layout, config_from_name
+from codegen.families._common import Variant
 from tuner.runtime import call, driver, measure
 from tuner.runtime.dispatch import FULL_ALIGN, Choice, Dispatcher
 from tuner.runtime.errors import LibraryError, NoGPUError
-from tuner.runtime.manifest import SCHEMA, Manifest
+from tuner.runtime.manifest import SCHEMA, Manifest, as_variant
+from tuner.runtime.operands import out_dtype as _out_dtype
 from tuner.runtime.record import Recorder
 from tuner.runtime.runners import Runner, runner_for
 
@@ -103,49 +106,79 @@ class Library:
         return self.dispatcher.table.path
 
     def ranked(self, m: int, n: int, k: int, dtype: DType, cc: int, sms: int,
-               layout: Layout = Layout.NN, align: tuple = FULL_ALIGN) -> list[tuple[float, dict]]:
+               layout: Layout | Variant = Layout.NN, align: tuple = FULL_ALIGN,
+               batch: int = 1) -> list[tuple[float, dict]]:
         """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
-        layout that takes operands aligned as `align` (A, B, C), best first."""
-        return self.dispatcher.ranked(m, n, k, dtype, cc, sms, layout, align)
+        variant (`layout`: a Variant, or a Layout for fp32 C without an epilogue) that
+        takes operands aligned as `align` (A, B, C), best first."""
+        return self.dispatcher.ranked(m, n, k, dtype, cc, sms, layout, align, batch)
 
     def select(self, m: int, n: int, k: int, dtype: DType = DType.F32, cc: int = 90,
-               sms: int | None = None, layout: Layout = Layout.NN, gpu: str | None = None,
-               aligned: bool = True, align: tuple | None = None) -> Choice:
-        """The rule without measuring: exact, estimate or cuBLAS. `gpu`: the GPU's name (an
-        exact entry must come from the same model); `align`: the operands' alignment class
-        (A, B, C: the widest access each allows), or `aligned` False for operands that are
-        not all 16-byte aligned (no exact entry then)."""
+               sms: int | None = None, layout: Layout | Variant = Layout.NN,
+               gpu: str | None = None, aligned: bool = True, align: tuple | None = None,
+               batch: int = 1) -> Choice:
+        """The rule without measuring: exact, estimate or cuBLAS. `layout`: the request's
+        Variant (or a Layout: fp32 C, no epilogue); `gpu`: the GPU's name (an exact entry
+        must come from the same model); `align`: the operands' alignment class (A, B, C:
+        the widest access each allows), or `aligned` False for operands that are not all
+        16-byte aligned (no exact entry then); `batch`: the problems of a strided batch."""
         align = align or (FULL_ALIGN if aligned else (16, 16, 4))
-        return self.dispatcher.select(m, n, k, dtype, cc, sms, layout, gpu, align)
+        return self.dispatcher.select(m, n, k, dtype, cc, sms, layout, gpu, align, batch)
 
     def decide(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
-               device: int | None = None, route: str | None = None) -> Choice:
+               device: int | None = None, route: str | None = None,
+               variant: Variant | None = None, batch: int = 1) -> Choice:
         """The kernel that runs this problem (fully aligned, packed operands) on this GPU,
         measuring now if the rule asks to and no decision is kept (`gemm-tune prewarm`).
         `route`: how cuBLAS is reached, "torch" (torch tensors; the default where torch is
-        installed) or "gemm-tune" (cupy, pycuda, numpy, pointers)."""
+        installed) or "gemm-tune" (cupy, pycuda, numpy, pointers). `variant`: layout, C's
+        type, bias and activation (default: NN, fp32 C, none); `batch`: packed problems
+        one after another."""
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        variant = as_variant(variant)
         if route is None:
-            route = "torch" if _torch_importable() \
-                and dtype in (DType.F32, DType.TF32, DType.F32X3) else "gemm-tune"
+            fp32 = dtype in (DType.F32, DType.TF32, DType.F32X3)
+            route = "torch" if _torch_importable() and (
+                variant.out is DType.F32 if fp32 else variant.out is dtype) else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
         mode = dtype if dtype in (DType.TF32, DType.F32X3) else None
-        problem = call.Problem(g, dtype, m, n, k, k, n, n, (0, 0, 0), route == "torch",
-                               mode, True, 0)  # the legacy default stream: torch's default
-        with driver.entered(g):
-            return self.choose(g, dtype, m, n, k, FULL_ALIGN, None, problem.timer(self), route)
+        ta, tb = variant.layout.value
+        lda = m if ta == "t" else k
+        ldb = k if tb == "t" else n
+        a = ((batch, m, k), (m * k,) + ((1, m) if ta == "t" else (k, 1)))
+        b = ((batch, k, n), (k * n,) + ((1, k) if tb == "t" else (n, 1)))
+        c = ((batch, m, n), (m * n, n, 1))
+        geometry = (a, b, c, None if variant.bias == "none" else ((n,), (1,)))
+        if batch == 1:
+            geometry = tuple(x if x is None or len(x[0]) == 1 else (x[0][1:], x[1][1:])
+                             for x in geometry)
+        strides = (m * k, k * n, m * n) if batch > 1 else (0, 0, 0)
+        problem = call.Problem(g, dtype, m, n, k, lda, ldb, n, (0, 0, 0), route == "torch",
+                               mode, True, 0, None, variant, batch, strides, geometry)
+        with driver.entered(g):  # the legacy default stream: torch's default
+            return self.choose(g, dtype, m, n, k, FULL_ALIGN, None, problem.timer(self), route,
+                               variant, batch)
 
     def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
-                device: int | None = None, gpu: str | None = None) -> str:
+                device: int | None = None, gpu: str | None = None, *,
+                layout: Layout | str = Layout.NN, out_dtype=None, bias: str = "none",
+                activation: str | None = None, batch: int = 1) -> str:
         """Which kernel `gemm` runs for this problem (fully aligned, packed operands) on this
         GPU, and why: the exact entry, the figures measured (for each route to cuBLAS that
         has been measured: torch callers', and everyone else's), or the estimates.
 
+        The problem's variant: `layout` ("nn", "nt", ... or a Layout), `out_dtype` (C's
+        type; default fp32, the plain problem, whatever the inputs: pass the inputs' type
+        to ask about gemm(A, B) of fp16 or bf16 tensors with no C), `bias` ("none", "out":
+        of C's type, "f32"), `activation`; and `batch`.
         `gpu`: a GPU model the library was tuned on ("NVIDIA H200"), to ask without one:
         the exact entry or the estimates answer (nothing measured is known then)."""
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        out = _out_dtype(out_dtype) or DType.F32
+        variant = Variant(Layout(layout) if isinstance(layout, str) else layout, out, bias,
+                          activation or "none")
         if gpu is not None:
-            return self.dispatcher.explain_offline(gpu, dtype, m, n, k)
+            return self.dispatcher.explain_offline(gpu, dtype, m, n, k, variant, batch)
         try:
             g = driver.gpu(driver.current_device() if device is None else device)
         except NoGPUError as e:
@@ -153,15 +186,17 @@ class Library:
             raise NoGPUError(f"explain() needs a GPU, and here {e}. Without one, name a GPU "
                              "model the library was tuned on: "
                              f"explain(..., gpu={models[0] if models else '...'!r})") from None
-        return self.dispatcher.explain(g, dtype, m, n, k)
+        return self.dispatcher.explain(g, dtype, m, n, k, variant=variant, batch=batch)
 
     def choose(self, g, dtype: DType, m: int, n: int, k: int, align: tuple, stream: int | None,
-               timer=None, route: str = "gemm-tune", layout: Layout = Layout.NN) -> Choice:
+               timer=None, route: str = "gemm-tune", layout: Layout | Variant = Layout.NN,
+               batch: int = 1) -> Choice:
         """The rule for one call on GPU g, measuring with `timer` (kernel names ->
         {name or "cublas": ms per call}) where the rule asks to; nothing is measured while
-        `stream` is being captured into a CUDA graph (the estimate decides then)."""
+        `stream` is being captured into a CUDA graph (the estimate decides then).
+        `layout`: the call's Variant (or a Layout: fp32 C, no epilogue)."""
         if timer is None:
-            return self.dispatcher.decide(g, dtype, m, n, k, align, None, route, layout)
+            return self.dispatcher.decide(g, dtype, m, n, k, align, None, route, layout, batch)
 
         def measured(ranked: list[str], choice: Choice) -> dict | None:
             if stream is not None and driver.is_capturing(stream):
@@ -169,7 +204,8 @@ class Library:
             return measure.decision(timer(measure.candidates(ranked)), route)
 
         with self._measure_lock:
-            return self.dispatcher.decide(g, dtype, m, n, k, align, measured, route, layout)
+            return self.dispatcher.decide(g, dtype, m, n, k, align, measured, route, layout,
+                                          batch)
 
     @contextlib.contextmanager
     def record(self, path: str | Path):
@@ -204,17 +240,28 @@ class Library:
 
     def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0,
              allow_tf32: bool = False, stream=None, measure: bool | None = None,
-             pipeline: bool | str = True, allow_3xtf32: bool = False):
-        """C = alpha * A @ B + beta * C with the tuned kernels, or cuBLAS where it is faster
-        (see tuner.runtime.dispatch for the rule).
+             pipeline: bool | str = True, allow_3xtf32: bool = False, out_dtype=None,
+             bias=None, activation: str | None = None):
+        """C = act(alpha * A @ B + beta * C + bias) with the tuned kernels, or cuBLAS where
+        it is faster or no kernel was tuned for the call's variant (see
+        tuner.runtime.dispatch for the rule, tuner.runtime.call for what runs instead).
 
         A (M x K) and B (K x N) are matrices of one type, float32, float16 or bfloat16,
         each row-major or column-major (a transposed view such as torch's ``W.t()``: the
-        layout is read off the strides, nothing is copied; the tuned kernels read row-major
-        A and B, so the other layouts run on cuBLAS for now); C (M x N) is row-major
-        float32 (FP32 accumulation and output for every type).
-        They are torch tensors, cupy arrays, pycuda GPUArrays or any object exposing
-        __cuda_array_interface__, used in place, or numpy arrays: when A, B and C are all
+        layout is read off the strides, nothing is copied, and only kernels tuned for that
+        layout serve it); or batches of them, 3-D (batch x rows x cols, torch.bmm's and
+        torch.matmul's shapes), each at a batch stride of its own: a stride of 0 (an
+        expanded tensor) or a 2-D operand beside a 3-D one is shared by every problem of
+        the batch. C (M x N, or batch x M x N) is row-major; its type is a given C's, or
+        `out_dtype` (float32, float16, bfloat16: a torch, numpy or cupy dtype, or a name),
+        else the inputs' type for float16 and bfloat16 inputs (as torch.matmul) and
+        float32 for float32 ones; FP32 accumulation always, one rounding to C's type.
+        `bias`: a vector of N elements of C's type or float32 (unit stride), added to every
+        row; `activation`: "relu", "gelu" (erf), "gelu_tanh" or "silu", applied last, in
+        FP32.
+
+        Operands are torch tensors, cupy arrays, pycuda GPUArrays or any object exposing
+        __cuda_array_interface__, used in place, or numpy matrices: when A, B and C are all
         numpy, the product runs as a pipeline over chunks of rows, its copies through
         pinned buffers overlapping the compute (tuner.runtime.host; `pipeline=False`:
         copy in, compute, copy out, one after the other; "pageable": the same pipeline
@@ -230,20 +277,24 @@ class Library:
         from any thread, and inside CUDA-graph capture. `measure` (default: on, unless
         GEMM_TUNE_MEASURE=0) lets a shape with no exact entry be decided by timing the
         best candidates and cuBLAS once (see Library.explain); its default is the
-        library's `measure` attribute. Returns C (allocated like A,
-        float32, when None is passed). Raises LibraryError, before any launch, for what it
-        cannot serve.
+        library's `measure` attribute. Returns C (allocated like A when None is passed).
+        Raises LibraryError, before any launch, for what it cannot serve.
+
+        Example:
+            >>> y = lib.gemm(x, W.t(), bias=b, activation="gelu")  # doctest: +SKIP
         """
         return call.gemm(self, A, B, C, alpha, beta, _mode(allow_tf32, allow_3xtf32),
-                           stream, self.measure if measure is None else measure, pipeline)
+                         stream, self.measure if measure is None else measure, pipeline,
+                         out_dtype, bias, activation)
 
     def gemm_batch(self, pairs, alpha: float = 1.0, beta: float = 0.0, out=None,
                    allow_tf32: bool = False, measure: bool | None = None,
                    allow_3xtf32: bool = False) -> list:
         """C_i = alpha * A_i @ B_i (+ beta * C_i) for a list of (A_i, B_i) numpy pairs, in
         a pipeline over three streams with pinned staging (tuner.runtime.host): item i+1's
-        copies in and item i-1's copy out overlap item i's GEMM. `out`: the C_i (float32
-        numpy, read when beta != 0), else allocated. Returns the C_i."""
+        copies in and item i-1's copy out overlap item i's GEMM. `out`: the C_i (numpy, of
+        float32 or the inputs' float16; read when beta != 0), else allocated as gemm
+        would. Returns the C_i."""
         return call.gemm_batch(self, pairs, alpha, beta, out, _mode(allow_tf32, allow_3xtf32),
                                  self.measure if measure is None else measure)
 

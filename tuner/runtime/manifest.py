@@ -14,6 +14,7 @@ tuner/runtime/runners.py). A schema-1 library's kernels were compiled for the li
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -21,21 +22,53 @@ from pathlib import Path
 from codegen._io import atomic_write, atomic_write_json, file_lock
 from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
+from codegen.families._common import Variant
 from tuner.runtime.errors import LibraryError
 
-__all__ = ["SCHEMA", "Manifest", "upgrade"]
+__all__ = ["SCHEMA", "Manifest", "ENTRY_KEY", "ENTRY_DEFAULTS", "entry_variant", "entry_batch",
+           "as_variant", "upgrade"]
 
 SCHEMA = 2
-#: the fields that identify an entry: one per GPU model, dtype, layout and shape
-ENTRY_KEY = ("cc", "dtype", "layout", "m", "n", "k", "gpu")
+#: the fields that identify an entry: one per GPU model, dtype, variant (layout, C's type,
+#: bias, activation), batch and shape
+ENTRY_KEY = ("cc", "dtype", "layout", "out", "bias", "act", "batch", "m", "n", "k", "gpu")
+#: the value of each field an entry written before it existed lacks
+ENTRY_DEFAULTS = {"layout": "nn", "out": "f32", "bias": "none", "act": "none", "batch": 1}
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _field(e: dict, f: str):
+    return e.get(f, ENTRY_DEFAULTS.get(f))
+
+
 def _same(a: dict, b: dict) -> bool:
-    return all(a[f] == b[f] for f in ENTRY_KEY)
+    return all(_field(a, f) == _field(b, f) for f in ENTRY_KEY)
+
+
+def entry_variant(e: dict) -> Variant:
+    """The variant an entry was tuned for (an entry from before the fields: the plain one)."""
+    return Variant(Layout(_field(e, "layout")), DType.from_short(_field(e, "out")),
+                   _field(e, "bias"), _field(e, "act"))
+
+
+def entry_batch(e: dict) -> int:
+    """The batch an entry was tuned at (1 for an entry from before the field)."""
+    return int(_field(e, "batch"))
+
+
+def as_variant(v) -> Variant:
+    """A Variant of a Variant, a Layout (the plain epilogue) or None (the plain problem)."""
+    if v is None:
+        return Variant()
+    return Variant(v) if isinstance(v, Layout) else v
+
+
+@functools.lru_cache(maxsize=4096)
+def _kernel_variant(name: str) -> Variant:
+    return Variant.of(config_from_name(name))
 
 
 class Manifest:
@@ -108,18 +141,29 @@ class Manifest:
     def entries(self) -> list[dict]:
         return self.data["entries"]
 
-    def serving(self, dtype: DType, cc: int, layout: Layout = Layout.NN) -> list[dict]:
-        """Entries that serve a request: its own, and for an f32x3 request (3xTF32 allowed)
-        the fp32 ones too (they are as accurate)."""
+    def serving(self, dtype: DType, cc: int,
+                variant: Variant | Layout | None = None) -> list[dict]:
+        """Entries that serve a request of `variant` (a Layout: that layout, fp32 C, no
+        epilogue): its dtype's, and for an f32x3 request (3xTF32 allowed) the fp32 ones too
+        (they are as accurate); only those whose kernel builds exactly that variant (a
+        kernel tuned for NN and fp32 C cannot serve NT or fp16 C). Any batch: a kernel runs
+        any batch (its entry's batch says where it was measured)."""
+        variant = as_variant(variant)
         shorts = {dtype.short, DType.F32.short} if dtype is DType.F32X3 else {dtype.short}
         return [e for e in self.entries
-                if e["cc"] == cc and e["dtype"] in shorts and e["layout"] == layout.value]
+                if e["cc"] == cc and e["dtype"] in shorts and entry_variant(e) == variant
+                and _kernel_variant(e["kernel"]) == variant]
 
     @property
     def fingerprint(self) -> str:
-        """The library's kernel set and entries, hashed: a dispatch decision is keyed with it."""
-        rows = sorted(f"{e['gpu']}|{e['dtype']}|{e['m']}x{e['n']}x{e['k']}|{e['kernel']}"
-                      for e in self.entries)
+        """The library's kernel set and entries, hashed: a dispatch decision is keyed with it.
+        (An entry of the plain variant at batch 1 hashes as before those fields existed.)"""
+        def row(e):
+            v, batch = entry_variant(e), entry_batch(e)
+            extra = ("" if v.plain else f"|{v.key}") + ("" if batch == 1 else f"|batch {batch}")
+            return f"{e['gpu']}|{e['dtype']}|{e['m']}x{e['n']}x{e['k']}|{e['kernel']}{extra}"
+
+        rows = sorted(row(e) for e in self.entries)
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:12]
 
     def file(self, name: str, arch: str, field: str = "cubin") -> Path:
@@ -165,8 +209,9 @@ class Manifest:
                     (self.path / "kernels" / f"{key}{ext}").unlink(missing_ok=True)
 
     def update_entry(self, entry: dict, **fields) -> dict:
-        """Set `fields` on the stored entry of `entry`'s (gpu, cc, dtype, layout, m, n, k),
-        the manifest rewritten atomically under the lock (re-read first); the updated entry.
+        """Set `fields` on the stored entry of `entry`'s ENTRY_KEY (gpu, cc, dtype, variant,
+        batch, shape), the manifest rewritten atomically under the lock (re-read first); the
+        updated entry.
         KeyError when no stored entry matches (gemm-tune inspect --profile uses it)."""
         with self._lock():
             self._reread()

@@ -1,7 +1,8 @@
 """Timing a few candidates for a shape on first use, as the dispatch rule asks.
 
-The candidates run on scratch operands of the problem's shape, leading dimensions and
-alignment (never the caller's data), filled with random values (never zeros), on the
+The candidates run on scratch operands of the problem's shape, layout, leading
+dimensions, batch strides, alignment, C's type and bias (never the caller's data),
+filled with random values (never zeros), on the
 call's own stream once it has drained (a private stream measured the same launches
 several microseconds slower on the H200, enough to flip the decision for the smallest
 problems). Each is timed as a caller's loop sees it:
@@ -51,25 +52,13 @@ def candidates(ranked: list[str]) -> list[str]:
 def decision(ms: dict[str, float], route: str) -> dict:
     """The table's decision from measured ms per call (kernel names and "cublas"): the
     fastest kernel if it beats cuBLAS by MEASURE_MARGIN, else cuBLAS (kernel None)."""
-    best = min((t, name) for name, t in ms.items() if name != "cublas")
-    kernel = best[1] if best[0] * MEASURE_MARGIN < ms["cublas"] else None
+    kernels = [(t, name) for name, t in ms.items() if name != "cublas"]
+    best = min(kernels) if kernels else None
+    kernel = best[1] if best is not None and best[0] * MEASURE_MARGIN < ms["cublas"] else None
     log.info("dispatch measured (%s): %s", route, ms)
     return dict(kernel=kernel, route=route,
                 measured_ms={name: round(t, 5) for name, t in ms.items()},
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-
-
-def _stored(m, n, k, lda, ldb, ldc, layout) -> tuple:
-    """(lines, elements used per line, ld) of A, B and C as a caller with `layout` stores
-    them: a column-major operand has its columns as lines."""
-    t = layout.value if layout else "nn"
-    return ((k, m, lda) if t[0] == "t" else (m, k, lda),
-            (n, k, ldb) if t[1] == "t" else (k, n, ldb), (m, n, ldc))
-
-
-def _sizes(m, n, k, lda, ldb, ldc, in_size, layout=None):
-    return tuple(((lines - 1) * ld + used) * size for (lines, used, ld), size in
-                 zip(_stored(m, n, k, lda, ldb, ldc, layout), (in_size, in_size, 4)))
 
 
 def _fill(ptr: int, nbytes: int, rng) -> None:
@@ -85,15 +74,22 @@ def _fill(ptr: int, nbytes: int, rng) -> None:
 
 
 @contextlib.contextmanager
-def driver_operands(g, m, n, k, lda, ldb, ldc, in_size, offsets, layout=None):
-    """(a, b, c) pointers on cuMemAlloc'd scratch, each `offsets` bytes past a 256-byte
-    boundary as the caller's were, stored as `layout` says; freed on exit."""
-    bufs = []
+def driver_operands(g, problem):
+    """(a, b, c, bias) pointers on cuMemAlloc'd scratch laid out as the caller's operands
+    (problem.spans(): the bytes each spans, its batch included), each `problem.offsets`
+    bytes past a 256-byte boundary as the caller's were; bias 0 where the problem has
+    none. Freed on exit."""
+    bufs, ptrs = [], []
+    offsets = tuple(problem.offsets) + (0,)
     try:
-        for size, off in zip(_sizes(m, n, k, lda, ldb, ldc, in_size, layout), offsets):
+        for size, off in zip(problem.spans(), offsets):
+            if not size:
+                ptrs.append(0)
+                continue
             bufs.append(driver.Buffer(size + 256))
             _fill(bufs[-1].ptr, size + 256, np.random.default_rng(len(bufs)))
-        yield tuple(b.ptr + off for b, off in zip(bufs, offsets))
+            ptrs.append(bufs[-1].ptr + off)
+        yield tuple(ptrs)
     finally:
         driver.synchronize()
         bufs.clear()
@@ -105,22 +101,25 @@ TORCH_DATA = {DType.F32: "float32", DType.TF32: "float32", DType.F32X3: "float32
 
 
 @contextlib.contextmanager
-def torch_operands(g, m, n, k, lda, ldb, ldc, dtype: DType, offsets, layout=None):
-    """(A, B, C) tensors for a torch caller, from torch's allocator on its current stream,
-    laid out as a caller's are (lines of `ld` elements, the same byte offset from a 256-byte
-    boundary; a column-major operand as the transposed view of its lines)."""
+def torch_operands(g, problem):
+    """(A, B, C, bias) tensors for a torch caller, from torch's allocator on its current
+    stream, laid out as the caller's are (problem.shapes: shapes and strides, a
+    column-major operand a transposed view, a shared one a batch stride of 0; the same
+    byte offset from a 256-byte boundary); bias None where the problem has none."""
     import torch
 
-    dt = getattr(torch, TORCH_DATA[dtype])
-    t = layout.value if layout else "nn"
     out = []
-    for (lines, used, ld), off, typ, flip in zip(_stored(m, n, k, lda, ldb, ldc, layout),
-                                                 offsets, (dt, dt, torch.float32),
-                                                 (t[0] == "t", t[1] == "t", False)):
+    offsets = tuple(problem.offsets) + (0,)
+    for geometry, off, name in zip(problem.shapes, offsets, problem.elements):
+        if geometry is None:
+            out.append(None)
+            continue
+        shape, strides = geometry
+        typ = getattr(torch, name)
         skip = off // torch.empty((), dtype=typ).element_size()
-        flat = torch.randn(skip + lines * ld, device=f"cuda:{g.index}", dtype=typ)
-        x = flat[skip:].view(lines, ld)[:, :used]
-        out.append(x.t() if flip else x)
+        span = 1 + sum((d - 1) * st for d, st in zip(shape, strides))
+        flat = torch.randn(skip + span, device=f"cuda:{g.index}", dtype=typ)
+        out.append(flat.as_strided(shape, strides, skip))
     yield tuple(out)
     torch.cuda.current_stream(g.index).synchronize()
 

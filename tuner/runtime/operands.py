@@ -4,6 +4,12 @@ Operands: torch tensors, cupy arrays, anything exposing __cuda_array_interface__
 GPUArrays (used in place), and numpy arrays (staged through the GPU). Everything is
 checked before any launch.
 
+A matrix is 2-D, rows x cols, row-major (unit stride along a row) or, for A and B,
+column-major (a transposed view: unit stride down a column); or 3-D, batch x rows x
+cols, each problem of the batch a matrix as above at a batch stride of its own (0: one
+matrix shared by the whole batch, as an expanded tensor or a batch of 1 is). The bias is
+a vector of N elements with a unit stride.
+
 Streams, in this order: the call's `stream=` argument (an int handle, or an object with
 `.handle`, `.ptr`, `.cuda_stream` or `__cuda_stream__`); torch's current stream on the
 tensors' device for torch tensors (its raw handle, not a Python stream object); cupy's
@@ -20,11 +26,16 @@ import numpy as np
 from codegen.config import DType
 from tuner.runtime.errors import DriverError, LibraryError
 
-__all__ = ["Operand", "operand", "resolve_stream", "same_device", "empty_like", "align_class"]
+__all__ = ["Operand", "operand", "bias_operand", "resolve_stream", "same_device", "empty_like",
+           "align_class", "out_dtype"]
 
 #: element types by numpy dtype (bfloat16 has none: it comes through torch only)
 _NUMPY = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
 _TORCH = {"torch.float32": DType.F32, "torch.float16": DType.F16, "torch.bfloat16": DType.BF16}
+#: the names a caller may give an output type by (beside torch, numpy and cupy dtypes)
+_OUT_NAMES = {"float32": DType.F32, "fp32": DType.F32, "f32": DType.F32, "float": DType.F32,
+              "float16": DType.F16, "fp16": DType.F16, "f16": DType.F16, "half": DType.F16,
+              "bfloat16": DType.BF16, "bf16": DType.BF16}
 
 
 def _error(msg: str) -> LibraryError:
@@ -45,19 +56,45 @@ class Operand:
     kind: str = "cai"  # "torch", "cupy", "pycuda", "cai" or "numpy"
     stream: int | None = None  # a stream the producer names (__cuda_array_interface__ v3)
     column_major: bool = False  # stored by columns: a transposed view of a row-major matrix
+    batch: int = 1  # problems in a 3-D operand (1: a matrix, or a batch of one)
+    bstride: int = 0  # elements between its problems (0: one matrix for the whole batch)
+    batched: bool = False  # 3-D (batch x rows x cols), even with a batch of one
 
     @property
     def stored(self) -> tuple[int, int]:
         """(lines, elements per line) as stored: rows x cols, or cols x rows by columns."""
         return (self.cols, self.rows) if self.column_major else (self.rows, self.cols)
 
+    def geometry(self) -> tuple[tuple, tuple]:
+        """(shape, strides in elements) of this operand as the caller's is laid out (a
+        batch of one, or a shared matrix, at a batch stride of 0)."""
+        shape = (self.rows, self.cols)
+        strides = (1, self.ld) if self.column_major else (self.ld, 1)
+        if self.batched:
+            return (self.batch,) + shape, (self.bstride,) + strides
+        return shape, strides
+
 
 def _elem(name: str, kind, inputs: bool) -> DType:
-    """The operand's element type; A and B may be float32, float16 or bfloat16, C float32."""
+    """The operand's element type: A and B float32, float16 or bfloat16; C too (FP32
+    accumulation always, rounded once to C's type)."""
     dt = _TORCH.get(str(kind)) or _NUMPY.get(_np_dtype(kind))
-    if dt is None or (dt is not DType.F32 and not inputs):
-        want = "float32, float16 or bfloat16" if inputs else "float32 (FP32 output)"
-        raise _error(f"{name} is {str(kind).replace('torch.', '')}; {name} must be {want}")
+    if dt is None:
+        raise _error(f"{name} is {str(kind).replace('torch.', '')}; {name} must be float32, "
+                     "float16 or bfloat16")
+    return dt
+
+
+def out_dtype(x) -> DType | None:
+    """The DType an `out_dtype=` argument names: a torch, numpy or cupy dtype, or a name
+    ("float16", "fp16", "bf16" ...); None for None."""
+    if x is None or isinstance(x, DType):
+        return x
+    dt = _TORCH.get(str(x)) or _OUT_NAMES.get(str(x).strip().lower())
+    if dt is None and not isinstance(x, str):
+        dt = _NUMPY.get(_np_dtype(x))
+    if dt is None:
+        raise _error(f"out_dtype {x!r} is not float32, float16 or bfloat16")
     return dt
 
 
@@ -69,27 +106,38 @@ def _np_dtype(kind):
 
 
 def _dims(name, shape, strides, itemsize, column_major_ok: bool = True):
-    """(rows, cols, ld, column_major) of a matrix: row-major (unit stride along a row, rows
-    ld >= cols elements apart) or, where `column_major_ok`, column-major (a transposed
-    view: unit stride down a column, columns ld >= rows apart). A matrix of one row or one
-    column is read as row-major."""
-    if len(shape) != 2:
-        raise _error(f"{name} must be a 2-D matrix (got {len(shape)} dimensions)")
-    rows, cols = (int(x) for x in shape)
-    if rows < 1 or cols < 1:
-        raise _error(f"{name} is {rows}x{cols}: every dimension must be at least 1")
+    """(rows, cols, ld, column_major, batch, bstride, batched) of a matrix, or of a batch of
+    them (3-D: batch x rows x cols): row-major (unit stride along a row, rows ld >= cols
+    elements apart) or, where `column_major_ok`, column-major (a transposed view: unit
+    stride down a column, columns ld >= rows apart); a batch's problems bstride >= 0
+    elements apart (0: one matrix for every problem). A matrix of one row or one column is
+    read as row-major."""
+    if len(shape) not in (2, 3):
+        raise _error(f"{name} must be a 2-D matrix or a 3-D batch of them "
+                     f"(got {len(shape)} dimensions)")
+    dims = [int(x) for x in shape]
+    batched = len(dims) == 3
+    batch, rows, cols = dims if batched else [1] + dims
+    if min(dims) < 1:
+        what = "x".join(map(str, dims))
+        raise _error(f"{name} is {what}: every dimension must be at least 1")
     if strides is None:
-        return rows, cols, cols, False
-    rs, cs = (int(x) for x in strides)
-    if not (rs % itemsize or cs % itemsize):
+        return rows, cols, cols, False, batch, rows * cols if batch > 1 else 0, batched
+    st = [int(x) for x in strides]
+    bs, rs, cs = st if batched else [0] + st
+    if not (rs % itemsize or cs % itemsize or bs % itemsize) and bs >= 0:
+        bstride = bs // itemsize if batch > 1 else 0
         if (cs == itemsize or cols == 1) and (rs // itemsize >= cols or rows == 1):
-            return rows, cols, max(rs // itemsize, cols), False
+            return rows, cols, max(rs // itemsize, cols), False, batch, bstride, batched
         if column_major_ok and (rs == itemsize or rows == 1) and cs // itemsize >= rows:
-            return rows, cols, max(cs // itemsize, rows), True
+            return rows, cols, max(cs // itemsize, rows), True, batch, bstride, batched
     what = "row-major" + (" or column-major" if column_major_ok else "")
-    raise _error(f"{name} is {rows}x{cols} with strides ({rs}, {cs}) bytes: it must be "
-                 f"{what} with a unit stride (a contiguous array, or a transposed view "
-                 "of one)")
+    size = "x".join(map(str, dims))
+    strides_text = ", ".join(map(str, st))
+    each = " (each problem of the batch)" if batched else ""
+    raise _error(f"{name} is {size} with strides ({strides_text}) bytes: it must be "
+                 f"{what}{each} with a unit stride (a contiguous array, or a transposed view "
+                 "of one)" + (", at a batch stride >= 0" if batched else ""))
 
 
 def _device_of(ptr: int, name: str) -> int:
@@ -104,12 +152,15 @@ def _device_of(ptr: int, name: str) -> int:
 
 
 def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Operand:
-    """Shape, dtype, layout, kind and device of one operand. `inputs`: A or B (float32,
-    float16 or bfloat16, row- or column-major); otherwise C (float32, row-major). numpy
-    arrays are staged through row-major copies."""
+    """Shape, dtype, layout, batch, kind and device of one operand. `inputs`: A or B (row-
+    or column-major); otherwise C (row-major). numpy arrays are staged through row-major
+    copies and take no batch."""
     if isinstance(x, np.ndarray):
         dt = _elem(name, x.dtype, inputs)
-        rows, cols, _, _ = _dims(name, x.shape, None, x.itemsize)
+        if x.ndim != 2:
+            raise _error(f"{name} is a {x.ndim}-D numpy array: numpy operands are 2-D "
+                         "matrices (a batch runs on device arrays)")
+        rows, cols, *_ = _dims(name, x.shape, None, x.itemsize)
         if writable and not x.flags.writeable:
             raise _error(f"{name} is read-only")
         return Operand(name, x, rows, cols, cols, None, host=x, dtype=dt, kind="numpy")
@@ -118,23 +169,22 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
         dt = _elem(name, x.dtype, inputs)
         if not x.is_cuda:
             raise _error(f"{name} is a CPU torch tensor; pass a CUDA tensor or numpy")
-        if x.dim() != 2:
-            raise _error(f"{name} must be a 2-D matrix (got {x.dim()} dimensions)")
-        rows, cols, ld, colmajor = _dims(name, x.shape, [st * x.element_size()
-                                                         for st in x.stride()],
-                                         x.element_size(), inputs)
+        size = x.element_size()
+        rows, cols, ld, colmajor, batch, bstride, batched = _dims(
+            name, x.shape, [st * size for st in x.stride()], size, inputs)
         return Operand(name, x, rows, cols, ld, int(x.data_ptr()), device=x.get_device(),
-                       dtype=dt, kind="torch", column_major=colmajor)
+                       dtype=dt, kind="torch", column_major=colmajor, batch=batch,
+                       bstride=bstride, batched=batched)
     cai = getattr(x, "__cuda_array_interface__", None)
     stream = None
     if hasattr(x, "gpudata"):  # a pycuda GPUArray (which also exports the interface)
         dt = _elem(name, x.dtype, inputs)
-        rows, cols, ld, colmajor = _dims(name, x.shape, x.strides, x.dtype.itemsize, inputs)
+        dims = _dims(name, x.shape, x.strides, x.dtype.itemsize, inputs)
         ptr, kind = int(x.gpudata), "pycuda"
     elif cai is not None:
         dt = _elem(name, np.dtype(cai["typestr"]), inputs)
-        rows, cols, ld, colmajor = _dims(name, cai["shape"], cai.get("strides"),
-                                         np.dtype(cai["typestr"]).itemsize, inputs)
+        dims = _dims(name, cai["shape"], cai.get("strides"), np.dtype(cai["typestr"]).itemsize,
+                     inputs)
         ptr, readonly = cai["data"]
         if writable and readonly:
             raise _error(f"{name} is read-only")
@@ -143,10 +193,51 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
     else:
         raise _error(f"{name} must be a numpy array, a pycuda GPUArray, a torch tensor "
                      f"or expose __cuda_array_interface__ (got {type(x).__name__})")
+    rows, cols, ld, colmajor, batch, bstride, batched = dims
     device = int(x.device.id) if kind == "cupy" else _device_of(int(ptr), name)
     return Operand(name, x, rows, cols, ld, int(ptr), device=device, dtype=dt, kind=kind,
                    stream=stream if isinstance(stream, int) and stream > 2 else None,
-                   column_major=colmajor)
+                   column_major=colmajor, batch=batch, bstride=bstride, batched=batched)
+
+
+def bias_operand(x, n: int, out: DType) -> tuple[Operand, str]:
+    """The bias vector and its kind ("out": of C's type, "f32": fp32 beside 16-bit C): N
+    elements with a unit stride, on the GPU."""
+    if isinstance(x, np.ndarray):
+        raise _error("the bias is a numpy array: pass it on the GPU (a torch tensor, a cupy "
+                     "array ...)")
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        dt = _TORCH.get(str(x.dtype))
+        shape, strides = tuple(x.shape), tuple(x.stride())
+        if not x.is_cuda:
+            raise _error("the bias is a CPU torch tensor; pass a CUDA tensor")
+        ptr, device, kind = int(x.data_ptr()), x.get_device(), "torch"
+    else:
+        cai = getattr(x, "__cuda_array_interface__", None)
+        if cai is None:
+            raise _error("the bias must be a torch tensor, a cupy array or expose "
+                         f"__cuda_array_interface__ (got {type(x).__name__})")
+        typ = np.dtype(cai["typestr"])
+        dt = _NUMPY.get(typ)
+        shape = tuple(cai["shape"])
+        strides = tuple(s // typ.itemsize for s in cai["strides"]) if cai.get("strides") \
+            else (1,) * len(shape)
+        ptr = int(cai["data"][0])
+        kind = "cupy" if mod == "cupy" else "cai"
+        device = int(x.device.id) if kind == "cupy" else _device_of(ptr, "the bias")
+    if len(shape) != 1 or shape[0] != n or (n > 1 and strides[0] != 1):
+        raise _error(f"the bias is {'x'.join(map(str, shape)) or 'a scalar'} with strides "
+                     f"{strides} elements: it must be a vector of N = {n} elements with a "
+                     "unit stride")
+    if dt is out:
+        what = "out"
+    elif dt is DType.F32:
+        what = "f32"
+    else:
+        name = getattr(dt, "short", str(getattr(x, "dtype", "?")).replace("torch.", ""))
+        raise _error(f"the bias is {name}; it must be of C's type ({out.short}) or float32")
+    return Operand("bias", x, 1, n, n, ptr, device=device, dtype=dt, kind=kind), what
 
 
 def same_device(*ops: Operand) -> int | None:
@@ -189,30 +280,37 @@ def stream_handle(stream) -> int:
                  f"stream (got {type(stream).__name__})")
 
 
-def empty_like(a: Operand, shape, device: int):
-    """An FP32 output of a's kind: numpy, torch, cupy or pycuda."""
-    if a.kind == "numpy":
-        return np.empty(shape, np.float32)
+def empty_like(a: Operand, shape, device: int, dtype: DType = DType.F32):
+    """An output of a's kind (numpy, torch, cupy or pycuda), of `dtype`."""
+    name = _NP_NAMES[dtype]
     if a.kind == "torch":
         import torch
 
-        return torch.empty(shape, dtype=torch.float32, device=a.obj.device)
+        return torch.empty(shape, dtype=getattr(torch, name), device=a.obj.device)
+    if dtype is DType.BF16:
+        raise _error("C is needed: gemm-tune allocates bfloat16 outputs for torch tensors "
+                     "only (numpy and cupy have no bfloat16); pass C")
+    if a.kind == "numpy":
+        return np.empty(shape, name)
     if a.kind == "cupy":
         import cupy
 
         with cupy.cuda.Device(device):
-            return cupy.empty(shape, dtype=cupy.float32)
+            return cupy.empty(shape, dtype=name)
     if a.kind == "pycuda":
         import pycuda.gpuarray as ga
 
-        return ga.empty(shape, np.float32)
+        return ga.empty(shape, np.dtype(name))
     raise _error("C is needed: gemm-tune cannot allocate an output like "
                  f"{type(a.obj).__name__}; pass C")
 
 
+_NP_NAMES = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "bfloat16"}
+
 _ALIGN = [16] + [next(v for v in (8, 4, 2, 1) if r % v == 0) for r in range(1, 16)]
 
 
-def align_class(ptr: int, ld: int, size: int) -> int:
-    """The widest access (16, 8, 4, 2 or 1 bytes) that every row of an operand allows."""
-    return _ALIGN[(ptr | ld * size) & 15]
+def align_class(ptr: int, ld: int, size: int, bstride: int = 0) -> int:
+    """The widest access (16, 8, 4, 2 or 1 bytes) that every row of an operand allows (of
+    every problem of a batch, `bstride` elements apart)."""
+    return _ALIGN[(ptr | ld * size | bstride * size) & 15]

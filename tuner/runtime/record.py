@@ -9,9 +9,16 @@ The file holds one JSON object per line (JSON Lines), appended whole under an ex
 lock, so several processes may record into one file; a problem seen by several processes,
 or in several runs, has several lines, which ``gemm-tune tune --problems FILE`` merges:
 
-    {"gpu": "NVIDIA H200", "dtype": "f32", "layout": "nt", "out": "f32", "epilogue": "none",
-     "batch": 1, "m": 16, "n": 4096, "k": 4096, "align": [16, 16, 16], "calls": 1200,
-     "ms_per_call": 0.0251, "ms": 30.1, "rule": "measured", "runs": "cuBLAS", "pid": 4242}
+    {"gpu": "NVIDIA H200", "dtype": "f16", "layout": "nt", "out": "f16",
+     "epilogue": "bias+gelu", "bias": "out", "act": "gelu", "batch": 1, "m": 16,
+     "n": 4096, "k": 4096, "align": [16, 16, 16], "calls": 1200, "ms_per_call": 0.0251,
+     "ms": 30.1, "rule": "measured", "runs": "cuBLAS", "pid": 4242}
+
+`layout`, `out` (C's type), `bias` ("none", "out": of C's type, "f32") and `act` (the
+activation) are the problem's variant (codegen.families._common.Variant; a kernel entry
+serves only its own), `epilogue` the bias and activation in a word ("none", "bias",
+"biasf32", "gelu", "bias+gelu", "biasf32+silu" ...), `batch` the problems of a strided
+batch (1: a plain GEMM).
 
 `ms_per_call` is what the decision knew of the call (the first-use measurement of what
 runs, or the estimate; null where neither exists) and `ms` is calls x ms_per_call: the

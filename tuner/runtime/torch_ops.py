@@ -1,41 +1,59 @@
-"""gemm-tune's GEMM as a torch custom op, for torch.compile and CUDA graphs.
+"""gemm-tune's GEMMs as torch custom ops, for torch.compile and CUDA graphs, and a patch
+that routes a model's nn.Linear layers through a library.
 
     from tuner.runtime import torch_ops
     name = torch_ops.library_key(lib)            # or a library's path
-    C = torch_ops.gemm(A, B, library=name)                          # A @ B
-    C = torch_ops.gemm(A, B, C0, alpha=0.5, beta=2.0, library=name) # ... + 2 C0 (C0 kept)
+    y = torch_ops.linear(x, W, b, "gelu", library=name)   # gelu(x @ W.t() + b), x (..., in)
+    C = torch_ops.matmul(A, B, library=name)              # A @ B, 2-D or batched (3-D)
+    C = torch_ops.gemm(A, B, C0, alpha=0.5, beta=2.0, library=name) # 0.5 A B + 2 C0, fp32
+    torch_ops.patch(model, lib)   # every nn.Linear of model through lib (unpatch undoes it)
 
-Importing this module (it needs torch) defines ``torch.ops.gemm_tune.gemm``: functional
-(it returns a new float32 tensor), with a fake implementation for tracing, running
-Library.gemm on torch's current stream; so a function calling it compiles under
-``torch.compile(fullgraph=True)`` and records into ``torch.cuda.graph``. Operands that are
-not row-major (a transposed view, say) are made contiguous first. A custom op takes no
-Python objects, so the library is named by a string: its resolved path, loaded once per
-process (or the object registered under it by :func:`library_key`).
+Importing this module (it needs torch) defines ``torch.ops.gemm_tune.linear``, ``.matmul``
+and ``.gemm``: functional (each returns a new tensor), with fake implementations for
+tracing, running Library.gemm on torch's current stream; so a function calling them
+compiles under ``torch.compile(fullgraph=True)`` and records into ``torch.cuda.graph``.
+Operands are used as they are stored (a transposed view is a column-major operand, served
+without a copy: ``linear`` multiplies by ``W.t()``, the NT layout); only one that is
+neither row- nor column-major is copied first. A custom op takes no Python objects, so the
+library is named by a string: its resolved path, loaded once per process (or the object
+registered under it by :func:`library_key`).
+
+The ops have no backward: they are for inference (a patched model runs torch's own
+layers where autograd records the call; see :func:`patch`).
 """
 
 from __future__ import annotations
 
 import threading
+import types
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["gemm", "library_key"]
+__all__ = ["gemm", "linear", "matmul", "library_key", "patch", "unpatch", "ACTIVATION_MODULES"]
 
 _LIBRARIES: dict[str, object] = {}
 _LOCK = threading.Lock()
 
 
 def library_key(library) -> str:
-    """The string that names `library` (a Library, or the path of one) to the op."""
+    """The string that names `library` (a Library, or the path of one) to the ops."""
     if isinstance(library, (str, Path)):
         return str(Path(library).resolve())
-    key = str(Path(library.path).resolve())
-    with _LOCK:
-        _LIBRARIES.setdefault(key, library)
+    key = getattr(library, "_torch_ops_key", None)
+    if key is None:
+        key = str(Path(library.path).resolve())
+        with _LOCK:
+            _LIBRARIES.setdefault(key, library)
+        library._torch_ops_key = key  # the next call skips resolving the path
     return key
+
+
+def _key(library) -> str:
+    if isinstance(library, str):
+        return library
+    return getattr(library, "_torch_ops_key", None) or library_key(library)
 
 
 def _library(key: str):
@@ -49,10 +67,34 @@ def _library(key: str):
     return lib
 
 
-def _rows(x: Tensor) -> Tensor:
-    return x if x.stride(-1) == 1 and x.stride(0) >= x.shape[1] else x.contiguous()
+def _served(x: Tensor) -> Tensor:
+    """x as the library takes it: each matrix row- or column-major with a unit stride (a
+    copy only of one that is neither)."""
+    rows, cols = x.shape[-2], x.shape[-1]
+    rs, cs = x.stride(-2), x.stride(-1)
+    if (cs == 1 or cols == 1) and (rs >= cols or rows == 1):
+        return x
+    if (rs == 1 or rows == 1) and cs >= rows:
+        return x
+    return x.contiguous()
 
 
+_OUT = {"": None, "float32": torch.float32, "float16": torch.float16,
+        "bfloat16": torch.bfloat16}
+
+
+def _out_name(dtype) -> str:
+    if dtype is None:
+        return ""
+    name = str(dtype).replace("torch.", "")
+    if name not in _OUT:
+        from tuner.runtime.errors import LibraryError
+
+        raise LibraryError(f"out_dtype {dtype!r} is not float32, float16 or bfloat16")
+    return name
+
+
+# ---- gemm: alpha A B + beta C, fp32 C --------------------------------------------------------
 @torch.library.custom_op("gemm_tune::gemm", mutates_args=(), device_types="cuda")
 def _gemm_op(a: Tensor, b: Tensor, c: Tensor | None, alpha: float, beta: float, library: str,
              allow_tf32: bool) -> Tensor:
@@ -61,7 +103,7 @@ def _gemm_op(a: Tensor, b: Tensor, c: Tensor | None, alpha: float, beta: float, 
         beta = 0.0
     else:
         out = c.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
-    _library(library).gemm(_rows(a), _rows(b), out, alpha=alpha, beta=beta,
+    _library(library).gemm(_served(a), _served(b), out, alpha=alpha, beta=beta,
                            allow_tf32=allow_tf32)
     return out
 
@@ -72,8 +114,219 @@ def _(a, b, c, alpha, beta, library, allow_tf32):
 
 
 def gemm(a: Tensor, b: Tensor, c: Tensor | None = None, alpha: float = 1.0,
-         beta: float = 0.0, *, library: str, allow_tf32: bool = False) -> Tensor:
-    """alpha * a @ b + beta * c through torch.ops.gemm_tune.gemm; `library` from
-    :func:`library_key`."""
-    return torch.ops.gemm_tune.gemm(a, b, c, float(alpha), float(beta), library,
+         beta: float = 0.0, *, library, allow_tf32: bool = False) -> Tensor:
+    """alpha * a @ b + beta * c (fp32, a new tensor) through torch.ops.gemm_tune.gemm;
+    `library`: a Library, or the string of :func:`library_key` (inside torch.compile)."""
+    return torch.ops.gemm_tune.gemm(a, b, c, float(alpha), float(beta), _key(library),
                                     bool(allow_tf32))
+
+
+# ---- linear: act(x W^T + b), x of any leading dimensions -------------------------------------
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, lib) -> Tensor:
+    k, n = x.shape[-1], weight.shape[0]
+    act = None if activation == "none" else activation
+    w = _served(weight.t())  # (in, out): weight as nn.Linear keeps it, read by columns (NT)
+    try:
+        x2 = x.view(-1, k)  # the leading dimensions flattened: a view, no copy
+    except RuntimeError:  # not expressible as one matrix; a 3-D x runs as a batch
+        x2 = None
+    if x2 is not None:
+        return lib.gemm(_served(x2), w, bias=bias, activation=act).view(*x.shape[:-1], n)
+    if x.dim() == 3:
+        return lib.gemm(_served(x), w, bias=bias, activation=act)
+    return lib.gemm(x.reshape(-1, k), w, bias=bias, activation=act).view(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("gemm_tune::linear", mutates_args=(), device_types="cuda")
+def _linear_op(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
+               library: str) -> Tensor:
+    return _linear(x, weight, bias, activation, _library(library))
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, activation, library):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           activation: str | None = None, *, library) -> Tensor:
+    """act(x @ weight.t() + bias), as torch.nn.functional.linear then the activation:
+    x (*, in) with any leading dimensions (flattened as a view), weight (out, in) as
+    nn.Linear keeps it (multiplied in place as a column-major B: the NT layout), bias
+    (out) of x's type or float32; `activation` None, "relu", "gelu", "gelu_tanh" or
+    "silu". Returns (*, out) in x's type. `library`: a Library, or the string of
+    :func:`library_key` (pass the string inside torch.compile)."""
+    return torch.ops.gemm_tune.linear(x, weight, bias, activation or "none", _key(library))
+
+
+# ---- matmul: a @ b, 2-D or batched ------------------------------------------------------------
+def _matmul(a: Tensor, b: Tensor, out_dtype: str, lib) -> Tensor:
+    out = _OUT[out_dtype]
+    if a.dim() == 3 and b.dim() == 2:
+        try:  # a batch times one matrix: one GEMM of batch x M rows where a allows it
+            a2 = a.view(-1, a.shape[-1])
+        except RuntimeError:
+            a2 = None
+        if a2 is not None:
+            return lib.gemm(_served(a2), _served(b), out_dtype=out).view(
+                a.shape[0], a.shape[1], b.shape[1])
+    return lib.gemm(_served(a), _served(b), out_dtype=out)
+
+
+def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
+    m, n = a.shape[-2], b.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return (m, n)
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    return (batch, m, n)
+
+
+@torch.library.custom_op("gemm_tune::matmul", mutates_args=(), device_types="cuda")
+def _matmul_op(a: Tensor, b: Tensor, out_dtype: str, library: str) -> Tensor:
+    return _matmul(a, b, out_dtype, _library(library))
+
+
+@_matmul_op.register_fake
+def _(a, b, out_dtype, library):
+    return a.new_empty(_matmul_shape(a, b), dtype=_OUT[out_dtype] or a.dtype)
+
+
+def matmul(a: Tensor, b: Tensor, *, library, out_dtype=None) -> Tensor:
+    """a @ b as torch.matmul for 2-D and 3-D operands: (M x K) @ (K x N), or batches
+    (B x M x K) @ (B x K x N), a 2-D operand (or a batch of 1) shared by the other's whole
+    batch. C is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16,
+    bfloat16) asks for another. `library`: a Library, or the string of
+    :func:`library_key`."""
+    return torch.ops.gemm_tune.matmul(a, b, _out_name(out_dtype), _key(library))
+
+
+# ---- patch: a model's nn.Linear layers through a library --------------------------------------
+#: the activation modules a Linear may absorb, by exact type (see :func:`patch`)
+ACTIVATION_MODULES = {torch.nn.ReLU: "relu", torch.nn.SiLU: "silu", torch.nn.GELU: "gelu"}
+
+_MARK = "_gemm_tune_patch"  # on a patched module: (the forward it had in its __dict__, or None)
+
+
+def _activation_of(module) -> str | None:
+    act = ACTIVATION_MODULES.get(type(module))
+    if act == "gelu":
+        approximate = getattr(module, "approximate", "none")
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    return act
+
+
+def _plain(module) -> bool:
+    """Runs its class's own forward, with no hooks of its own and none global."""
+    from torch.nn.modules import module as mm
+
+    return ("forward" not in module.__dict__ and not module._forward_hooks
+            and not module._forward_pre_hooks and not mm._global_forward_hooks
+            and not mm._global_forward_pre_hooks)
+
+
+def _fusions(model) -> dict:
+    """{Linear: (activation name, activation module)} where the structure is unambiguous:
+    inside an nn.Sequential running nn.Sequential's own forward, a plain nn.Linear
+    immediately followed by a plain nn.ReLU, nn.SiLU or nn.GELU (approximate "none" or
+    "tanh"), each of the two appearing once in the whole model, neither with hooks."""
+    uses: dict[int, int] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        uses[id(m)] = uses.get(id(m), 0) + 1
+    found = {}
+    for seq in model.modules():
+        if not isinstance(seq, torch.nn.Sequential) \
+                or type(seq).forward is not torch.nn.Sequential.forward or not _plain(seq):
+            continue
+        kids = list(seq._modules.values())
+        for lin, act in zip(kids, kids[1:]):
+            name = _activation_of(act)
+            if (type(lin) is torch.nn.Linear and name and _plain(lin) and _plain(act)
+                    and uses[id(lin)] == 1 and uses[id(act)] == 1 and lin not in found):
+                found[lin] = (name, act)
+    return found
+
+
+def _grad_recorded(x: Tensor, lin) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or lin.weight.requires_grad or (
+        lin.bias is not None and lin.bias.requires_grad))
+
+
+def _cuda_autocast() -> bool:
+    return torch.is_autocast_enabled("cuda")
+
+
+try:
+    _cuda_autocast()
+    _autocast = _cuda_autocast
+except TypeError:  # torch before 2.4: no device argument
+    _autocast = torch.is_autocast_enabled
+
+
+_TORCH_ACT = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+}
+
+
+def _patched_forward(key: str, activation: str):
+    torch_act = _TORCH_ACT[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not x.is_cuda or x.dtype != self.weight.dtype or _autocast() \
+                or _grad_recorded(x, self):  # torch's own layer (and activation)
+            return torch_act(torch.nn.functional.linear(x, self.weight, self.bias))
+        return torch.ops.gemm_tune.linear(x, self.weight, self.bias, activation, key)
+    return forward
+
+
+def _identity(self, x):
+    return x
+
+
+def patch(model: torch.nn.Module, lib, fuse: bool = True) -> torch.nn.Module:
+    """Route every nn.Linear of `model` (the module itself or any below it) through `lib`:
+    each one's forward is replaced, on the instance, by :func:`linear` (its parameters are
+    kept and used in place); :func:`unpatch` restores them. Returns `model`.
+
+    With `fuse`, a Linear that an activation immediately follows where the structure
+    leaves no doubt absorbs it: inside an nn.Sequential (running Sequential's own
+    forward), an nn.Linear directly followed by nn.ReLU, nn.SiLU or nn.GELU (approximate
+    "none" or "tanh"), each of the two used once in the model and neither with forward
+    hooks (nor any global ones). The pair becomes one call (the activation in the GEMM's
+    epilogue) and the activation module an identity while patched. Nothing else is
+    fused: an activation called from a custom forward (F.gelu(self.fc(x))) stays as it is.
+
+    A patched Linear runs torch's own F.linear (and the absorbed activation) instead
+    where gemm-tune's ops cannot stand in: a CPU input, an input of another type than the
+    weight, autocast, or autograd recording the call (the ops have no backward: run
+    inference under torch.no_grad() or torch.inference_mode()).
+
+    Example:
+        >>> torch_ops.patch(model, lib)                  # doctest: +SKIP
+        >>> with torch.inference_mode():                 # doctest: +SKIP
+        ...     y = model(x)
+    """
+    key = library_key(lib)
+    fused = _fusions(model) if fuse else {}
+    for m in model.modules():
+        if type(m) is torch.nn.Linear and not hasattr(m, _MARK) \
+                and "forward" not in m.__dict__:
+            name, act = fused.get(m, ("none", None))
+            setattr(m, _MARK, None)
+            m.forward = types.MethodType(_patched_forward(key, name), m)
+            if act is not None:
+                setattr(act, _MARK, None)
+                act.forward = types.MethodType(_identity, act)
+    return model
+
+
+def unpatch(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`patch` on every module of `model`: their own forwards again."""
+    for m in model.modules():
+        if hasattr(m, _MARK):
+            delattr(m, _MARK)
+            m.__dict__.pop("forward", None)
+    return model

@@ -1,0 +1,333 @@
+"""GPU: the GEMMs real programs make, through the library: A and B stored by rows or by
+columns (NN, NT, TN, TT), C of fp32, fp16 or bf16, a bias and an activation, strided
+batches with a shared operand; torch_ops.linear / matmul (eager, torch.compile, CUDA
+graphs) and patch() of a model. Both paths are checked: cuBLAS with the epilogue after it
+(no kernel tuned for the variant: torch's own ops for torch callers, gemm-tune's binding
+and epilogue kernel for cupy), and tuned SIMT kernels of a few variants in a library
+built here. Every output is poisoned first and checked against float64 of the same
+inputs, fresh random ones each run."""
+
+import dataclasses
+
+import pytest
+
+from _library import SMALL, entry
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = (131, 77, 259)  # odd everywhere: every edge of a tile, unaligned rows
+LAYOUTS = ["nn", "nt", "tn", "tt"]
+EPILOGUES = [(False, None), (True, "gelu"), (True, "silu"), (False, "relu")]
+#: ||C - ref|| / ||ref|| by C's type (16-bit inputs where C is 16-bit, fp32 otherwise)
+GATE = {"float32": 1e-5, "float16": 3e-3, "bfloat16": 1.5e-2}
+
+def _kernels():
+    """SIMT kernels of a few variants (SIMT builds every layout, C type, bias and
+    activation), by what they build."""
+    from codegen.config import DType, Layout
+
+    return {
+        # x @ W.t() + b, GELU, fp16 throughout: an nn.Linear + nn.GELU in half precision
+        "nt_f16_bias_gelu": dataclasses.replace(SMALL, stages=2, dtype=DType.F16,
+                                                layout=Layout.NT, out=DType.F16, bias="out",
+                                                act="gelu"),
+        "nt_f16_silu": dataclasses.replace(SMALL, stages=2, dtype=DType.F16, layout=Layout.NT,
+                                           out=DType.F16, bias="out", act="silu"),
+        "nt_f16_none": dataclasses.replace(SMALL, stages=2, dtype=DType.F16, layout=Layout.NT,
+                                           out=DType.F16, bias="out"),
+        # fp32 with a bias and ReLU, row-major: the batched calls' kernel
+        "nn_f32_bias_relu": dataclasses.replace(SMALL, bias="out", act="relu"),
+        # bf16 inputs by columns, fp32 C, SiLU
+        "tt_bf16_of32_silu": dataclasses.replace(SMALL, stages=2, dtype=DType.BF16,
+                                                 layout=Layout.TT, act="silu"),
+        # fp32 data written as bf16 with an fp32 bias and tanh-GELU
+        "tn_f32_obf16_biasf32_gelut": dataclasses.replace(SMALL, layout=Layout.TN,
+                                                          out=DType.BF16, bias="f32",
+                                                          act="gelu_tanh"),
+    }
+
+
+@pytest.fixture(scope="module")
+def kernel_lib(tmp_path_factory, compile_cache):
+    """A library of the kernels above, each recorded at 2x cuBLAS: with measuring off the
+    estimate picks them at nearby shapes."""
+    import torch
+
+    from codegen import compile_config
+    from tuner.runtime.library import Library, load_library
+
+    d = tmp_path_factory.mktemp("variants")
+    lib = Library.create_or_open(d / "library")
+    gpu = torch.cuda.get_device_name()
+    for cfg in _kernels().values():
+        res = compile_config(cfg, "sm_90", compile_cache, d / "art")
+        assert res.ok, res.log[-2000:]
+        for shape in ((128, 128, 256), (512, 512, 512)):
+            lib.add(entry(cfg, res, shape, 20.0, 10.0, dtype=cfg.dtype.short, gpu=gpu),
+                    d / "art" / "sm_90" / f"{cfg.name}.cu", res.cubin)
+    lib = load_library(d / "library")
+    lib.measure = False
+    return lib
+
+
+@pytest.fixture(scope="module")
+def empty_lib(tmp_path_factory):
+    """A library with no kernel at all: every call runs cuBLAS and the epilogue after it."""
+    from tuner.runtime.library import load_library
+
+    d = tmp_path_factory.mktemp("empty") / "library"
+    d.mkdir()
+    (d / "manifest.json").write_text('{"schema": 1, "kernels": {}, "entries": []}')
+    return load_library(d)
+
+
+def _stored(torch, rows, cols, by_columns, dtype):
+    """A rows x cols matrix of fresh values, stored by rows or by columns (a transposed
+    view, no copy)."""
+    if by_columns:
+        return torch.randn(cols, rows, device="cuda").to(dtype).t()
+    return torch.randn(rows, cols, device="cuda").to(dtype)
+
+
+def _reference(torch, a, b, alpha=1.0, beta=0.0, c0=None, bias=None, act=None):
+    ref = alpha * (a.double() @ b.double())
+    if beta:
+        ref = ref + beta * c0.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    F = torch.nn.functional
+    return {None: lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[act](ref)
+
+
+def _err(got, ref) -> float:
+    assert not got.isnan().any(), "C was not fully written"
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def _ran(lib):
+    """The one plan made since lib.plans was cleared: what ran."""
+    (plan,) = lib.plans.values()
+    return plan
+
+
+def _call(torch, lib, layout, out, with_bias, act, kind="torch", alpha=1.0, beta=0.0):
+    dtype = getattr(torch, out) if out != "float32" else torch.float32
+    m, n, k = SHAPE
+    a = _stored(torch, m, k, layout[0] == "t", dtype)
+    b = _stored(torch, k, n, layout[1] == "t", dtype)
+    c0 = torch.randn(m, n, device="cuda").to(dtype)
+    c = c0.clone() if beta else torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    bias = torch.randn(n, device="cuda").to(dtype) if with_bias else None
+    if kind == "cupy":
+        import cupy
+
+        A, B, C = (cupy.asarray(x) for x in (a, b, c))  # views keep their strides
+        got = lib.gemm(A, B, C, alpha=alpha, beta=beta,
+                       bias=None if bias is None else cupy.asarray(bias), activation=act)
+        assert got is C
+        torch.cuda.synchronize()
+    else:
+        assert lib.gemm(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=act) is c
+    return _err(c, _reference(torch, a, b, alpha, beta, c0, bias, act))
+
+
+@pytest.mark.parametrize("with_bias,act", EPILOGUES, ids=lambda x: str(x))
+@pytest.mark.parametrize("out", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cublas_and_torch_compute_every_variant(empty_lib, layout, out, with_bias, act):
+    """No kernel: torch callers on torch's stream get torch's matmul/addmm and the
+    activation after it; the 16-bit ones of the inputs' type."""
+    import torch
+
+    empty_lib.plans.clear()
+    err = _call(torch, empty_lib, layout, out, with_bias, act, alpha=0.5, beta=2.0)
+    assert err <= GATE[out], (layout, out, with_bias, act, err)
+    plan = _ran(empty_lib)
+    assert plan.choice.kernel is None and plan.torch_run is not None
+
+
+@pytest.mark.parametrize("with_bias,act", EPILOGUES, ids=lambda x: str(x))
+@pytest.mark.parametrize("out", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tt"])
+def test_cublas_and_the_epilogue_kernel_for_cupy(empty_lib, layout, out, with_bias, act):
+    """No kernel, no torch: gemm-tune's cuBLAS binding, and its epilogue kernel where there
+    is a bias or an activation."""
+    pytest.importorskip("cupy")
+    import torch
+
+    empty_lib.plans.clear()
+    err = _call(torch, empty_lib, layout, out, with_bias, act, kind="cupy", alpha=0.5,
+                beta=2.0)
+    assert err <= GATE[out], (layout, out, with_bias, act, err)
+    assert _ran(empty_lib).torch_run is None
+
+
+def test_an_output_type_cublas_cannot_write(empty_lib):
+    """fp16 data into fp32 C with a bias, fp32 data into bf16 C: cuBLAS writes fp32, the
+    epilogue kernel rounds once (torch callers too: torch cannot write these)."""
+    import torch
+
+    m, n, k = SHAPE
+    a, b = torch.randn(m, k, device="cuda").half(), torch.randn(n, k, device="cuda").half().t()
+    bias = torch.randn(n, device="cuda")
+    c = empty_lib.gemm(a, b, out_dtype=torch.float32, bias=bias, activation="gelu")
+    assert c.dtype == torch.float32
+    assert _err(c, _reference(torch, a, b, bias=bias, act="gelu")) <= 1e-5
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = empty_lib.gemm(a, b, out_dtype="bfloat16", bias=bias.bfloat16(), activation="silu")
+    assert c.dtype == torch.bfloat16
+    assert _err(c, _reference(torch, a, b, bias=bias.bfloat16(), act="silu")) <= GATE["bfloat16"]
+
+
+@pytest.mark.parametrize("name", list(_kernels()))
+def test_tuned_kernels_serve_their_variant(kernel_lib, name):
+    import torch
+
+    cfg = _kernels()[name]
+    layout, out = cfg.layout.value, {"f32": "float32", "f16": "float16",
+                                     "bf16": "bfloat16"}[cfg.out.short]
+    data = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[cfg.dtype.short]
+    m, n, k = SHAPE
+    for alpha, beta in ((1.0, 0.0), (0.5, 2.0)):
+        a = _stored(torch, m, k, layout[0] == "t", data)
+        b = _stored(torch, k, n, layout[1] == "t", data)
+        c0 = torch.randn(m, n, device="cuda").to(getattr(torch, out))
+        c = c0.clone() if beta else torch.full_like(c0, float("nan"))
+        bias = None
+        if cfg.bias != "none":
+            bias = torch.randn(n, device="cuda").to(c.dtype if cfg.bias == "out"
+                                                    else torch.float32)
+        act = None if cfg.act == "none" else cfg.act
+        kernel_lib.plans.clear()
+        kernel_lib.gemm(a, b, c, alpha=alpha, beta=beta, bias=bias, activation=act)
+        assert _ran(kernel_lib).choice.kernel == cfg.name, kernel_lib.explain(
+            m, n, k, cfg.dtype, layout=layout, out_dtype=cfg.out, bias=cfg.bias,
+            activation=act)
+        gate = GATE["bfloat16" if "bf16" in (cfg.dtype.short, cfg.out.short) else
+                    "float16" if "f16" in (cfg.dtype.short, cfg.out.short) else "float32"]
+        err = _err(c, _reference(torch, a, b, alpha, beta, c0, bias, act))
+        assert err <= gate, (name, alpha, beta, err)
+
+
+@pytest.mark.parametrize("path", ["kernel", "cublas"])
+def test_batches_with_a_shared_operand(kernel_lib, empty_lib, path):
+    """torch.bmm / baddbmm / 3-D matmul shapes: a batch times one matrix (2-D, expanded,
+    or a batch of 1), and one matrix times a batch; C (batch, M, N)."""
+    import torch
+
+    lib = kernel_lib if path == "kernel" else empty_lib
+    m, n, k = SHAPE
+    batch = 5
+    a3 = torch.randn(batch, m, k, device="cuda")
+    b2 = torch.randn(k, n, device="cuda")
+    bias = torch.randn(n, device="cuda")
+    for A, B in ((a3, b2), (a3, b2.expand(batch, k, n)), (a3, b2.unsqueeze(0)),
+                 (a3[0], torch.randn(batch, k, n, device="cuda")),
+                 (a3, torch.randn(batch, n, k, device="cuda").transpose(1, 2))):
+        c = torch.full((batch, m, n), float("nan"), device="cuda")
+        lib.plans.clear()
+        lib.gemm(A, B, c, bias=bias, activation="relu")
+        ref = _reference(torch, A.expand(batch, m, k), B.expand(batch, k, n), bias=bias,
+                         act="relu")
+        assert _err(c, ref) <= 1e-5, (A.shape, B.shape, B.stride())
+        if path == "kernel" and B.stride()[-1] == 1:  # the kernel is NN
+            assert _ran(lib).choice.kernel == _kernels()["nn_f32_bias_relu"].name
+        # allocated: (batch, M, N), as torch.matmul returns
+        c2 = lib.gemm(A, B, bias=bias, activation="relu")
+        assert c2.shape == (batch, m, n) and _err(c2, ref) <= 1e-5
+
+
+def test_linear_on_a_3d_input_eager_compiled_and_captured(kernel_lib, empty_lib):
+    import torch
+
+    from tuner.runtime import torch_ops
+
+    m, n, k = SHAPE
+    for lib in (kernel_lib, empty_lib):
+        key = torch_ops.library_key(lib)
+        x = torch.randn(3, m, k, device="cuda").half()
+        w = torch.randn(n, k, device="cuda").half()  # as nn.Linear keeps it
+        b = torch.randn(n, device="cuda").half()
+        ref = _reference(torch, x.reshape(-1, k), w.t(), bias=b, act="gelu").view(3, m, n)
+        lib.plans.clear()
+        y = torch_ops.linear(x, w, b, "gelu", library=lib)
+        assert y.shape == (3, m, n) and y.dtype == torch.float16
+        assert _err(y, ref) <= GATE["float16"]
+        if lib is kernel_lib:
+            assert _ran(lib).choice.kernel == _kernels()["nt_f16_bias_gelu"].name
+        # a non-contiguous x whose rows cannot be one matrix: run as a batch
+        xt = torch.randn(m, 3, k, device="cuda").half().transpose(0, 1)
+        yt = torch_ops.linear(xt, w, b, "gelu", library=key)
+        reft = _reference(torch, xt.reshape(-1, k), w.t(), bias=b, act="gelu").view(3, m, n)
+        assert yt.shape == (3, m, n) and _err(yt, reft) <= GATE["float16"]
+
+        def f(x):
+            return torch_ops.linear(x, w, b, "gelu", library=key) * 2.0
+
+        compiled = torch.compile(f, fullgraph=True)
+        assert _err(compiled(x), 2.0 * ref) <= GATE["float16"]
+        # CUDA graph: captured once, replayed on new values
+        static = x.clone()
+        f(static)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = f(static)
+        for _ in range(2):
+            static.copy_(torch.randn(3, m, k, device="cuda").half())
+            g.replay()
+            torch.cuda.synchronize()
+            want = _reference(torch, static.reshape(-1, k), w.t(), bias=b, act="gelu")
+            assert _err(out, 2.0 * want.view(3, m, n)) <= GATE["float16"]
+
+
+def test_matmul_2d_and_batched(kernel_lib):
+    import torch
+
+    from tuner.runtime import torch_ops
+
+    m, n, k = SHAPE
+    a, b = torch.randn(4, m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    y = torch_ops.matmul(a, b, library=kernel_lib)  # folded into one 4M x N x K GEMM
+    assert y.shape == (4, m, n) and _err(y, a.double() @ b.double()) <= 1e-5
+    bb = torch.randn(4, k, n, device="cuda")
+    y = torch_ops.matmul(a[1], bb, library=kernel_lib)
+    assert y.shape == (4, m, n) and _err(y, a[1].double() @ bb.double()) <= 1e-5
+    h = torch.randn(m, k, device="cuda").half()
+    y = torch_ops.matmul(h, torch.randn(n, k, device="cuda").half().t(), library=kernel_lib,
+                         out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+
+
+def test_patch_an_mlp_equals_the_unpatched_model(kernel_lib, empty_lib):
+    import torch
+
+    from tuner.runtime import torch_ops
+
+    nn = torch.nn
+    m, n, k = SHAPE
+    for lib in (kernel_lib, empty_lib):
+        mlp = nn.Sequential(nn.Linear(k, n), nn.GELU(), nn.Linear(n, n), nn.SiLU(),
+                            nn.Linear(n, 33)).cuda().half()
+        x = torch.randn(2, m, k, device="cuda").half()
+        with torch.inference_mode():
+            want = mlp(x)
+            torch_ops.patch(mlp, lib)
+            lib.plans.clear()
+            got = mlp(x)
+        assert {p.problem.variant.act for p in lib.plans.values()} == {"gelu", "silu", "none"}
+        assert _err(got, want.double()) <= GATE["float16"]
+        if lib is kernel_lib:  # the first two layers' variants have kernels
+            ran = {p.problem.variant.act: p.choice.kernel for p in lib.plans.values()}
+            assert ran["gelu"] == _kernels()["nt_f16_bias_gelu"].name
+            assert ran["silu"] == _kernels()["nt_f16_silu"].name
+        # autograd recording the call: torch's own layers (the ops have no backward)
+        lib.plans.clear()
+        y = mlp(x)
+        assert y.requires_grad and not lib.plans
+        y.float().sum().backward()
+        torch_ops.unpatch(mlp)
+        with torch.inference_mode():
+            again = mlp(x)
+        assert torch.equal(again, want)

@@ -1,0 +1,177 @@
+"""torch_ops without a GPU (needs torch; skipped where it is not installed): the custom ops'
+fake implementations (shapes and types as the real ops return them), and patch/unpatch
+of a model traced on fake CUDA tensors: which Linear layers go through gemm-tune and
+which activations they absorb, and torch's own layers where gemm-tune cannot stand in."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+from tuner.runtime import torch_ops  # noqa: E402
+
+nn = torch.nn
+
+
+class FakeLibrary:
+    path = "/nonexistent/gemm-tune-library"
+
+
+KEY = torch_ops.library_key(FakeLibrary.path)
+
+
+def _on_fake_cuda(model, dtype=torch.float16):
+    """`model`'s parameters replaced by fake CUDA ones (call inside a FakeTensorMode)."""
+    for m in model.modules():
+        for name, p in list(m.named_parameters(recurse=False)):
+            setattr(m, name, nn.Parameter(torch.empty(p.shape, device="cuda", dtype=dtype),
+                                          requires_grad=False))
+    return model
+
+
+def _calls(model, shape=(3, 5, 32), dtype=torch.float16, patch=True, **kw):
+    """[(op name, activation argument or None)] of `model`, patched, traced on fake CUDA
+    tensors."""
+    with FakeTensorMode():
+        _on_fake_cuda(model, dtype)
+        if patch:
+            torch_ops.patch(model, FakeLibrary(), **kw)
+        x = torch.empty(shape, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            gm = make_fx(model)(x)
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            name = str(node.target)
+            if "gemm_tune" in name:
+                out.append(("gemm_tune.linear", node.args[3]))
+            elif name.split(".")[1] in ("gelu", "silu", "relu", "addmm", "mm", "linear"):
+                out.append((name.split(".")[1], None))
+    return out
+
+
+def test_fake_linear_and_matmul_return_what_the_ops_return():
+    with FakeTensorMode():
+        x = torch.empty(2, 5, 32, dtype=torch.float16, device="cuda")
+        w = torch.empty(48, 32, dtype=torch.float16, device="cuda")
+        b = torch.empty(48, dtype=torch.float32, device="cuda")
+        y = torch_ops.linear(x, w, b, "gelu", library=KEY)
+        assert (y.shape, y.dtype, y.is_contiguous()) == ((2, 5, 48), torch.float16, True)
+        one = torch.empty(32, dtype=torch.float16, device="cuda")
+        assert torch_ops.linear(one, w, library=KEY).shape == (48,)
+        a = torch.empty(4, 7, 32, device="cuda")
+        m = torch.empty(32, 9, device="cuda")
+        assert torch_ops.matmul(a, m, library=KEY).shape == (4, 7, 9)
+        a2 = torch.empty(7, 32, device="cuda")
+        assert torch_ops.matmul(a2, torch.empty(6, 32, 9, device="cuda"),
+                                library=KEY).shape == (6, 7, 9)
+        assert torch_ops.matmul(a2, m, library=KEY).dtype == torch.float32
+        h = torch.empty(7, 32, dtype=torch.bfloat16, device="cuda")
+        hm = torch.empty(32, 9, dtype=torch.bfloat16, device="cuda")
+        assert torch_ops.matmul(h, hm, library=KEY).dtype == torch.bfloat16
+        assert torch_ops.matmul(h, hm, library=KEY, out_dtype=torch.float32).dtype \
+            == torch.float32
+    with pytest.raises(Exception, match="out_dtype torch.int8 is not float32"):
+        torch_ops.matmul(h, hm, library=KEY, out_dtype=torch.int8)
+
+
+def test_patch_fuses_a_linear_and_the_activation_after_it_in_a_sequential():
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64),
+                        nn.GELU(approximate="tanh"), nn.Linear(64, 64), nn.SiLU(),
+                        nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 8))
+    assert _calls(mlp) == [("gemm_tune.linear", a)
+                           for a in ("gelu", "gelu_tanh", "silu", "relu", "none")]
+    assert isinstance(mlp[1].__dict__["forward"], type(mlp[0].forward))  # an identity now
+    torch_ops.unpatch(mlp)
+    assert not any("forward" in m.__dict__ for m in mlp.modules())
+    assert [op for op, _ in _calls(mlp, patch=False)] == [
+        "addmm" if op == "linear" else op for op in
+        ("linear", "gelu", "linear", "gelu", "linear", "silu", "linear", "relu", "linear")]
+
+
+def test_patch_fuses_nothing_ambiguous():
+    shared = nn.ReLU()  # one module used twice: its second use is not after this Linear only
+    hooked = nn.Linear(32, 32)
+    hooked.register_forward_hook(lambda m, i, o: None)
+
+    class Custom(nn.Module):  # an activation in a forward of its own: not a module pair
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return nn.functional.gelu(self.fc(x))
+
+    class Reversed(nn.Sequential):  # a Sequential whose forward is not Sequential's
+        def forward(self, x):
+            for m in reversed(self):
+                x = m(x)
+            return x
+
+    cases = [
+        (nn.Sequential(nn.Linear(32, 32), shared, nn.Linear(32, 32), shared),
+         [("gemm_tune.linear", "none"), ("relu", None)] * 2),
+        (nn.Sequential(hooked, nn.SiLU()), [("gemm_tune.linear", "none"), ("silu", None)]),
+        (nn.Sequential(Custom()), [("gemm_tune.linear", "none"), ("gelu", None)]),
+        (Reversed(nn.ReLU(), nn.Linear(32, 32)), [("gemm_tune.linear", "none"),
+                                                  ("relu", None)]),
+        (nn.Sequential(nn.Linear(32, 32), nn.GELU()),
+         [("gemm_tune.linear", "gelu")]),
+    ]
+    for model, want in cases:
+        assert _calls(model) == want, model
+    assert _calls(nn.Sequential(nn.Linear(32, 32), nn.GELU()), fuse=False) == [
+        ("gemm_tune.linear", "none"), ("gelu", None)]
+
+
+def test_a_patched_model_runs_torch_where_gemm_tune_cannot_stand_in():
+    """On CPU tensors: torch's layers, the absorbed activation applied there once; the
+    outputs equal the unpatched model's (autograd recording a call is the same path:
+    test_gpu_runtime checks it, fake CUDA tensors carry no autograd here)."""
+    cpu = nn.Sequential(nn.Linear(32, 64), nn.GELU(approximate="tanh"), nn.Linear(64, 8),
+                        nn.SiLU())
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        want = cpu(x)
+        torch_ops.patch(cpu, FakeLibrary())
+        got = cpu(x)
+        torch_ops.unpatch(cpu)
+        again = cpu(x)
+    assert torch.equal(got, want) and torch.equal(again, want)
+
+
+def test_patch_is_idempotent_and_keeps_the_parameters():
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    params = [p.data_ptr() for p in mlp.parameters()]
+    torch_ops.patch(mlp, FakeLibrary())
+    torch_ops.patch(mlp, FakeLibrary())
+    assert [p.data_ptr() for p in mlp.parameters()] == params
+    assert _calls(mlp, shape=(2, 8), patch=False) == [("gemm_tune.linear", "relu")]
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (0.5, 2.0)])
+@pytest.mark.parametrize("bias", [None, "vector"])
+@pytest.mark.parametrize("shapes", [((7, 5), (5, 3)), ((4, 7, 5), (5, 3)), ((7, 5), (4, 5, 3)),
+                                    ((4, 7, 5), (1, 5, 3)), ((4, 7, 5), (4, 5, 3))])
+def test_the_torch_fallback_computes_the_variant(shapes, bias, alpha, beta, act):
+    """What runs a torch caller's call when no kernel serves it (torch's matmul, addmm,
+    bmm, baddbmm and the epilogue after them), on CPU tensors against float64."""
+    from tuner.runtime.call import _torch_fallback
+
+    sa, sb = shapes
+    A, B = torch.randn(sa, dtype=torch.float64), torch.randn(sb, dtype=torch.float64)
+    batch = max(x[0] if len(x) == 3 else 1 for x in shapes)
+    out = (batch, 7, 3) if len(sa) == 3 or len(sb) == 3 else (7, 3)
+    c0 = torch.randn(out, dtype=torch.float64)
+    vec = None if bias is None else torch.randn(3, dtype=torch.float64)
+    ref = alpha * (A @ B) + beta * c0
+    ref = ref + (0 if vec is None else vec)
+    F = torch.nn.functional
+    ref = {"none": lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
+           "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[act](ref)
+    C = c0.clone() if beta else torch.full(out, float("nan"), dtype=torch.float64)
+    _torch_fallback(batch, act)(A, B, C, alpha, beta, vec)
+    assert torch.allclose(C, ref, rtol=1e-12, atol=1e-12)
