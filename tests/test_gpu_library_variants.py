@@ -8,10 +8,12 @@ built here. Every output is poisoned first and checked against float64 of the sa
 inputs, fresh random ones each run."""
 
 import dataclasses
+import json
 
 import pytest
 
 from _library import SMALL, entry
+from tuner.runtime.manifest import SCHEMA
 
 pytestmark = pytest.mark.gpu
 
@@ -77,7 +79,7 @@ def empty_lib(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("empty") / "library"
     d.mkdir()
-    (d / "manifest.json").write_text('{"schema": 1, "kernels": {}, "entries": []}')
+    (d / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "kernels": {}, "entries": []}))
     return load_library(d)
 
 

@@ -4,11 +4,12 @@
 //             f16 inputs on tensor cores (m16n16k16), fp32 accumulation, fp32 output
 // Parameters: BM=64 BN=64 BK=32  warp tile 32x32 (2x2 fragments)
 //             SKEW=8 VEC=8 STAGES=2 SWIZZLE=1
-// Launch:     grid  = (ceil(M / 64) * ceil(N / 64), 1, 1)
+// Launch:     grid  = (ceil(M / 64) * ceil(N / 64), batch, 1)
 //             block = (128, 1, 1)
 //             dynamic shared memory = 19456 bytes
 // Signature:  gemm_wmma_f16_64x64x32_w32x32_p8_v8_s2_g1(int M, int N, int K, float alpha, const __half* A, int lda,
-//                 const __half* B, int ldb, float beta, float* C, int ldc)
+//                 long long sA, const __half* B, int ldb, long long sB, float beta,
+//                 float* C, int ldc, long long sC, const float* bias)
 
 #include <mma.h>
 #include <cuda_fp16.h>
@@ -72,10 +73,15 @@ __device__ __forceinline__ bool vec_ok(const void* p, int ld)
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_wmma_f16_64x64x32_w32x32_p8_v8_s2_g1(int M, int N, int K, float alpha,
-    const T* __restrict__ A, int lda,
-    const T* __restrict__ B, int ldb,
-    float beta, float* __restrict__ C, int ldc)
+    const T* __restrict__ A, int lda, long long sA,
+    const T* __restrict__ B, int ldb, long long sB,
+    float beta, float* __restrict__ C, int ldc, long long sC,
+    const float* __restrict__ bias)
 {
+    // This block's problem of the batch (a stride of 0 shares that operand).
+    A += blockIdx.y * sA;
+    B += blockIdx.y * sB;
+    C += blockIdx.y * sC;
     extern __shared__ __align__(128) unsigned char smem[];
     T* const As = reinterpret_cast<T*>(smem);        // [STAGES][BM][LDA_S]
     T* const Bs = As + STAGES * BM * LDA_S;          // [STAGES][BK][LDB_S]
