@@ -388,3 +388,19 @@ def test_profiling_a_variant_is_refused_in_one_line(tmp_path, capsys):
     code, _, err = _run(capsys, "inspect", var.name, "--profile", "--library", str(lib.path))
     assert code == 2 and "--profile runs the plain problem" in err
     assert "was tuned for nt, C f16, bias+gelu, batch 8" in err
+
+
+def test_a_variant_no_family_builds_is_one_line(capsys, monkeypatch):
+    """(Every family as if without layouts beyond NN and without an epilogue.)"""
+    import dataclasses
+
+    from codegen import families
+    from codegen.config import Layout
+
+    for name, spec in list(families.FAMILIES.items()):
+        monkeypatch.setitem(families.FAMILIES, name, dataclasses.replace(
+            spec, layouts=frozenset({Layout.NN}), epilogue=False))
+    code, _, err = _run(capsys, "--shape", "64x64x64", "--layout", "tn", "--dry-run")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("64x64x64 f32 tn C f32 on sm_90: no family builds it (the simt template reads nn "
+            "operands, not tn)") in err

@@ -96,7 +96,7 @@ def test_a_short_tune_of_a_batch_with_a_shared_b(tmp_path, capsys):
     assert (e["batch"], e["broadcast_b"], e["out"], e["act"]) == (6, True, "bf16", "relu")
     # the TFLOP/s count the whole batch's work
     assert w["tflops"] == pytest.approx(
-        6 * 2 * 128 * 256 * 320 / (w["timing"]["median_ms"] * 1e-3) / 1e12, rel=1e-3)
+        6 * 2 * 128 * 256 * 320 / (w["timing"]["median_ms"] * 1e-3) / 1e12, abs=0.006)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])

@@ -459,6 +459,7 @@ class Problem:
                 a = DeviceArray(self._logical(a_r, m, k, self.a_col, i))
                 b = DeviceArray(self._logical(b_r, k, n, self.b_col, i))
                 cublas().dgemm(m, n, k, a.ptr, k, b.ptr, n, ref.ptr + i * m * n * 8, n)
+                driver.synchronize()  # before a and b are freed (rebound) for the next one
             c0 = bias = None
             if self.c0 is not None:  # C0 as C holds it (rounded to C's type)
                 c0 = DeviceArray(np.ascontiguousarray(round_to(self.c0, self.out)[1][..., :n],

@@ -189,7 +189,12 @@ def _dry_run(args, task: Task) -> int:
     from tuner._progress import progress
     from tuner.dryrun import dry_run
 
+    from tuner.space import why_unsearched
+
     arch = parse_arch(args.arch or "sm_90")
+    why = why_unsearched(task.dtype, task.variant, task.batch, arch)
+    if why is not None:
+        raise UsageError(f"{task.label} on {arch.sm}: {why}")
     out = _console()
     with progress("compiling", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=args.json) as bar:

@@ -61,16 +61,11 @@ class Problem:
     def why_not(self, arch=None) -> str | None:
         """Why the tuner cannot take this problem (None: it can): no family that serves
         its input type builds its variant or runs its batch (on `arch`, if given)."""
-        from tuner.space import searched, variant_reasons
-        from codegen.families import families_for
+        from tuner.space import why_unsearched
 
         t = self.task
-        if searched(t.dtype, arch, t.variant, t.batch):
-            return None
-        why = sorted({r for s in families_for(t.dtype, arch)
-                      for r in variant_reasons(s, t.variant, t.batch)})
-        return ("no family builds it (" + "; ".join(why) + "): cuBLAS serves it") if why else \
-            f"no family serves {t.dtype.short}"
+        why = why_unsearched(t.dtype, t.variant, t.batch, arch)
+        return None if why is None else f"{why}: cuBLAS serves it"
 
 
 def _parse(line: str, where: str) -> tuple[Task, dict]:

@@ -25,7 +25,7 @@ from tuner.model import shape_reasons
 
 __all__ = ["valid_wmma_configs", "families", "is_candidate", "params_of", "suggest",
            "space_size", "valid_configs", "Shape", "supports", "variant_reasons",
-           "runs_batches", "searched"]
+           "runs_batches", "searched", "why_unsearched"]
 
 PLAIN = Variant()
 
@@ -65,6 +65,18 @@ def searched(dtype: DType, arch: ArchLimits | None = None, variant: Variant | No
     searches (on `arch`, if given), in registration order."""
     variant = variant or PLAIN
     return [s for s in families_for(dtype, arch) if supports(s, variant, batch)]
+
+
+def why_unsearched(dtype: DType, variant: Variant | None = None, batch: int = 1,
+                   arch: ArchLimits | None = None) -> str | None:
+    """Why no family builds `variant` at `batch` for `dtype` (on `arch`, if given): the
+    reasons of each family that serves the input type; None when one does."""
+    if searched(dtype, arch, variant, batch):
+        return None
+    why = sorted({r for s in families_for(dtype, arch)
+                  for r in variant_reasons(s, variant or PLAIN, batch)})
+    return "no family builds it (" + "; ".join(why) + ")" if why else \
+        f"no family serves {dtype.short}"
 
 
 def families(dtype: DType, arch: ArchLimits | None = None, variant: Variant | None = None,

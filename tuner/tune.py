@@ -131,6 +131,11 @@ class _Session:
     def result(self, task: Task) -> dict:
         """The cached winner of `task`, or a tune of it (cached and added to the library);
         _Interrupted on Ctrl-C."""
+        from tuner.space import why_unsearched
+
+        why = why_unsearched(task.dtype, task.variant, task.batch, self.dev.arch)
+        if why is not None:
+            raise UsageError(f"{task.label}: {why}")
         key = cache_key(self.dev, task)
         entry = self.cache.get(key)
         if entry and not self.args.force:
