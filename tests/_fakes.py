@@ -102,3 +102,52 @@ class ModelledBenchmark:
     def baseline(self):
         ms = self.flops / 30e12 * 1e3
         return Measurement(Outcome.TIMED, Timing((ms,) * 3), error=1e-7)
+
+
+class VariantBenchmark(ModelledBenchmark):
+    """A fake GPU for a program's problem (no nvcc, no GPU): `variant` and `batch` as
+    GpuBenchmark takes them; `measure` refuses (fails the test on) a config of another
+    variant, and times the model's prediction at the batch. `compile_task` writes a fake
+    .cu / .cubin / .json under the artifacts, as nvcc's would be, so that a tune can take
+    its winner into the library."""
+
+    def __init__(self, shape=SHAPE, dtype=None, seed=None, variant=None, batch=1,
+                 broadcast_b=False, slow=lambda c: 1.0):
+        from codegen.families._common import Variant
+
+        super().__init__(shape=shape, slow=slow)
+        self.variant, self.batch, self.broadcast_b = variant or Variant(), batch, broadcast_b
+        self.flops *= batch
+        self.baselines = 0
+
+    def compile_task(self, args):
+        import json
+        from pathlib import Path
+
+        res = super().compile_task(args)
+        cfg, arch, _cache, artifacts = args
+        if artifacts is not None:
+            from codegen.compile import target_arch
+
+            folder = Path(artifacts) / target_arch(cfg, arch)  # sm_90a for the wgmma family
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{cfg.name}.cu").write_text(f"// {cfg.name}\n")
+            (folder / f"{cfg.name}.cubin").write_bytes(b"\x7fELF " + cfg.name.encode())
+            (folder / f"{cfg.name}.json").write_text(json.dumps(dict(config=cfg.to_dict())))
+            res = type(res)(res.name, res.arch, True, "", 0.0, folder / f"{cfg.name}.cubin",
+                            res.resources)
+        return res
+
+    def measure(self, config, cubin):
+        from codegen.families._common import Variant
+        from tuner.model import predict_before_compile
+
+        assert Variant.of(config) == self.variant, (config.name, self.variant)
+        self.measured.append(config)
+        s = (predict_before_compile(config, self.shape, self.arch, self.batch).seconds
+             * self.slow(config))
+        return Measurement(Outcome.TIMED, Timing((s * 1e3,) * 3), error=1e-7)
+
+    def baseline(self):
+        self.baselines += 1
+        return super().baseline()

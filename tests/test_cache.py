@@ -23,6 +23,7 @@ def test_round_trip(tmp_path):
 @pytest.mark.parametrize("field,value", [
     ("gpu", "NVIDIA H100 80GB HBM3"), ("cc", 80), ("cuda", "12.8"), ("template_hash", "f" * 16),
     ("dtype", "tf32"), ("layout", "nt"), ("m", 4095), ("n", 4097), ("k", 1023),
+    ("out", "f16"), ("bias", "out"), ("act", "gelu"), ("batch", 8),
 ])
 def test_every_key_field_changes_the_key(tmp_path, field, value):
     other = dataclasses.replace(KEY, **{field: value})
@@ -67,3 +68,53 @@ def test_concurrent_writers_lose_no_entry(tmp_path):
     entries = WinnerCache(path).entries()
     assert len(entries) == 8
     assert not list(tmp_path.glob(".cache.json.*.tmp"))  # no temporary file left behind
+
+
+def test_the_plain_problems_key_is_the_one_from_before_variants():
+    """fp32 C, no epilogue, one problem: the text of before those fields, so that a cache
+    (and a study) written then answers now; anything else appends all of them."""
+    assert str(KEY) == "NVIDIA H200|sm_90|cuda 13.0|0123456789abcdef|f32|nn|4096x4096x4096"
+    v = dataclasses.replace(KEY, dtype="f16", layout="nt", out="f16", bias="out", act="gelu",
+                            batch=8)
+    assert str(v) == ("NVIDIA H200|sm_90|cuda 13.0|0123456789abcdef|f16|nt|4096x4096x4096"
+                      "|f16|out|gelu|batch 8")
+    shared = dataclasses.replace(KEY, batch=4, broadcast_b=True)
+    assert str(shared).endswith("|f32|nn|4096x4096x4096|f32|none|none|batch 4 B shared")
+    assert str(dataclasses.replace(KEY, batch=4)) != str(shared)
+    # an fp16 input with fp32 C and nothing else is the plain problem of fp16 data
+    assert str(dataclasses.replace(KEY, dtype="f16")).endswith("|f16|nn|4096x4096x4096")
+
+
+def test_an_old_cache_file_reads_as_the_plain_problem(tmp_path):
+    """A cache written before variants (its entries' "key" without out/bias/act/batch)
+    answers the plain key; an entry's key reads back as a CacheKey."""
+    path = tmp_path / "cache.json"
+    old_key = {f: getattr(KEY, f) for f in ("gpu", "cc", "cuda", "template_hash", "dtype",
+                                            "layout", "m", "n", "k")}
+    path.write_text(json.dumps({"schema": SCHEMA, "entries": {
+        "NVIDIA H200|sm_90|cuda 13.0|0123456789abcdef|f32|nn|4096x4096x4096": {
+            "name": "gemm_old", "key": old_key}}}))
+    cache = WinnerCache(path)
+    assert cache.get(KEY)["name"] == "gemm_old"
+    assert CacheKey.from_entry(cache.get(KEY)["key"]) == KEY
+    assert cache.get(dataclasses.replace(KEY, out="f16")) is None
+    # a library entry from before the fields: the plain problem too
+    entry = dict(old_key, kernel="gemm_old")
+    assert CacheKey.from_entry(entry) == KEY
+    new = dict(entry, out="bf16", bias="f32", act="silu", batch=2, broadcast_b=True)
+    assert CacheKey.from_entry(new) == dataclasses.replace(
+        KEY, out="bf16", bias="f32", act="silu", batch=2, broadcast_b=True)
+
+
+def test_a_tasks_key_carries_its_variant_and_batch():
+    from codegen.config import DType, Layout
+    from codegen.families._common import Variant
+    from tuner._shape import Task
+    from tuner.tune import task_key
+
+    plain = Task(DType.F32, (4096, 4096, 4096))
+    assert task_key("NVIDIA H200", 90, "13.0", "0123456789abcdef", plain) == KEY
+    t = Task(DType.F16, (16, 4096, 4096), Variant(Layout.NT, DType.F16, "out", "gelu"), 8, True)
+    assert str(task_key("NVIDIA H200", 90, "13.0", "0123456789abcdef", t)) == (
+        "NVIDIA H200|sm_90|cuda 13.0|0123456789abcdef|f16|nt|16x4096x4096|f16|out|gelu"
+        "|batch 8 B shared")

@@ -152,8 +152,35 @@ def test_a_problem_too_large_for_the_gpu_is_one_error(monkeypatch):
     monkeypatch.setattr(driver, "call", lambda name, *args: (80 * 2**30, 141 * 2**30))
     dev = SimpleNamespace(l2_bytes=60 * 2**20)
     _check_fits(dev, (4096, 4096, 4096), DType.F32)  # fits
-    with pytest.raises(UsageError, match=r"100000x100000x100000 needs 484\.4 GiB on the GPU"):
+    with pytest.raises(UsageError, match=r"100000x100000x100000 f32 nn C f32 needs 484\.4 GiB "
+                                         r"on the GPU"):
         _check_fits(dev, (100000, 100000, 100000), DType.F32)
+
+
+def test_a_batch_with_an_epilogue_counts_its_operands_c_and_references(monkeypatch):
+    """A batch of 8 NT fp16 problems, fp16 C, bias + gelu, B shared: A 8 x 4096^2 and one B
+    in fp16 (302 MB), C 8 x 4096^2 in fp16 and the fp32-sized bias (268 MB), float64: one
+    problem's A and B and 6 M x N buffers per problem (two roundings, with and without
+    the epilogue, and two working ones: 6.71 GB), the flush buffer (126 MB): 6.9 GiB."""
+    from types import SimpleNamespace
+
+    from codegen import DType, UsageError
+    from codegen.families._common import Layout, Variant
+    from tuner._shape import Task
+    from tuner.runtime import driver
+    from tuner.tune import _check_fits
+
+    monkeypatch.setattr(driver, "call", lambda name, *args: (6 * 2**30, 141 * 2**30))
+    dev = SimpleNamespace(l2_bytes=60 * 2**20)
+    shape = (4096, 4096, 4096)
+    task = Task(DType.F16, shape, Variant(Layout.NT, DType.F16, "out", "gelu"), 8, True)
+    need = ((8 * 4096**2 + 4096**2) * 2 + 8 * 4096**2 * 2 + 4096 * 4
+            + (2 * 4096**2 + 6 * 8 * 4096**2) * 8 + 2 * 60 * 2**20)
+    assert round(need / 2**30, 1) == 6.9
+    with pytest.raises(UsageError, match=r"^4096x4096x4096 f16 nt C f16 bias\+gelu "
+                                         r"batch 8, B shared needs 6\.9 GiB"):
+        _check_fits(dev, shape, DType.F16, task)
+    _check_fits(dev, shape, DType.F16, Task(DType.F16, shape, batch=2))  # 2 plain: 1.7 GiB
 
 
 def test_ctrl_c_exits_130(capsys, monkeypatch):
@@ -207,3 +234,173 @@ def test_a_piped_dry_run_shows_progress_lines_and_a_table_of_120_columns(tmp_pat
     assert progress and progress[-1].startswith("gemm-tune: compiled 3/3, "), p.stderr
     assert max(map(len, p.stdout.splitlines())) <= 120
     assert "fastest predicted first" in p.stdout
+
+
+# ---- the problem a program makes: layout, C's type, bias, activation, batch --------------
+@pytest.mark.parametrize("argv,msg", [
+    (["--layout", "xy"], "unknown layout 'xy' (choose from nn, nt, tn, tt"),
+    (["--out", "int8"], "C cannot be 'int8' (choose from fp32, fp16, bf16)"),
+    (["--out", "tf32"], "C cannot be 'tf32' (choose from fp32, fp16, bf16)"),
+    (["--bias", "maybe"], "unknown bias 'maybe' (choose from none, out, f32)"),
+    (["--act", "tanh"], "unknown activation 'tanh' (choose from none, relu, gelu, gelu_tanh, "
+                        "silu)"),
+    (["--batch", "0"], "--batch must be at least 1 (got 0)"),
+    (["--batch", "two"], "--batch must be a whole number (got 'two')"),
+    (["--broadcast-b"], "--broadcast-b shares B across a batch: give --batch 2 or more"),
+    (["--batch", "1", "--broadcast-b", "--dry-run"], "--broadcast-b shares B across a batch"),
+])
+def test_bad_problem_options_are_one_line_and_exit_2(capsys, argv, msg):
+    code, out, err = _run(capsys, "--shape", "64x64x64", *argv)
+    assert code == 2 and msg in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_problems_name_their_own_variants(capsys, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps(dict(dtype="f32", m=8, n=8, k=8)) + "\n")
+    code, _, err = _run(capsys, "tune", "--problems", str(f), "--layout", "nt", "--batch", "2")
+    assert code == 2 and "--problems takes no --layout, --batch: each recorded problem names " \
+                          "its own" in err
+
+
+def _tasks(monkeypatch, capsys, *argv):
+    """The tasks `gemm-tune ARGV` hands the GPU path."""
+    import tuner.tune
+
+    seen = []
+    monkeypatch.setattr(tuner.tune, "run_cli", lambda args, tasks, art: seen.extend(tasks) or 0)
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    return seen
+
+
+def test_the_problem_options_make_the_task(monkeypatch, capsys):
+    from codegen.config import DType, Layout
+    from codegen.families._common import Variant
+    from tuner._shape import Task
+
+    # C's type defaults to the input type for fp16 / bf16 (as torch), to fp32 otherwise
+    for dtype, out in (("fp16", DType.F16), ("bf16", DType.BF16), ("fp32", DType.F32),
+                       ("tf32", DType.F32), ("3xtf32", DType.F32)):
+        [t] = _tasks(monkeypatch, capsys, "--shape", "64x64x64", "--dtype", dtype)
+        assert t.variant == Variant(Layout.NN, out) and t.batch == 1 and not t.broadcast_b
+    tasks = _tasks(monkeypatch, capsys, "--shape", "16x4096x4096", "--shape", "8x8x8",
+                   "--dtype", "fp16", "--layout", "NT", "--act", "silu", "--bias", "f32",
+                   "--batch", "8", "--broadcast-b")
+    v = Variant(Layout.NT, DType.F16, "f32", "silu")
+    assert tasks == [Task(DType.F16, (16, 4096, 4096), v, 8, True),
+                     Task(DType.F16, (8, 8, 8), v, 8, True)]
+    # fp32 C from fp16 data (the old default) on request; an fp32 bias with fp32 C is C's
+    [t] = _tasks(monkeypatch, capsys, "--shape", "64x64x64", "--dtype", "half", "--out",
+                 "float32", "--bias", "f32", "--layout", "tt")
+    assert t.variant == Variant(Layout.TT, DType.F32, "out", "none")
+    [t] = _tasks(monkeypatch, capsys, "--shape", "64x64x64", "--out", "bf16", "--act", "gelu_tanh")
+    assert t.dtype is DType.F32 and t.variant == Variant(Layout.NN, DType.BF16, "none", "gelu_tanh")
+
+
+def test_dry_run_of_an_nt_fp16_c_bias_gelu_batch_of_8(tmp_path, capsys, monkeypatch):
+    """No GPU: the variant's kernels generated, compiled and modelled at the batch."""
+    monkeypatch.setenv("GEMM_TUNE_CACHE_DIR", str(tmp_path / "cc"))
+    argv = ["--shape", "64x128x256", "--dtype", "fp16", "--layout", "nt", "--bias", "out",
+            "--act", "gelu", "--batch", "8", "--dry-run", "--trials", "2", "--jobs", "2",
+            "--artifacts", str(tmp_path / "art")]
+    code, out, err = _run(capsys, *argv, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["layout"], report["out"], report["bias"], report["act"], report["batch"]) == (
+        "nt", "f16", "out", "gelu", 8)
+    rows = report["candidates"]
+    assert len(rows) == 2 and report["valid"] > 100
+    assert all(r["config"].endswith("_nt_of16_bias_gelu") for r in rows)
+    assert "gemm_simt_f16_128x128x8_r8x8_w4x8_p4_v4_s2_g8_nt_of16_bias_gelu" in [
+        r["config"] for r in rows]  # the CUDA-core family's default, as the variant
+    assert all(r["status"] in ("ok", "pruned") for r in rows)
+    assert all(r["predicted_tflops"] > 0 for r in rows if r["status"] == "ok")
+    for r in rows:
+        src = (tmp_path / "art" / "sm_90" / f"{r['config']}.cu").read_text()
+        assert "0.70710678118654752f" in src  # the erf GELU of the epilogue
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0 and "(nt, C f16, bias+gelu, batch 8)" in out
+
+
+def _fake_library(tmp_path):
+    """A library of two entries with fake cubins: one from before variants (no layout
+    beyond nn, no out, bias, act, batch) and an NT fp16-C bias+gelu batch of 8."""
+    from codegen.config import DType, KernelConfig, Layout
+    from codegen.families._common import Variant
+    from tuner.runtime.library import Library
+
+    lib = Library.create_or_open(tmp_path / "lib")
+    plain = KernelConfig()
+    var = Variant(Layout.NT, DType.F16, "out", "gelu").apply(KernelConfig(dtype=DType.F16))
+    timing = dict(median_ms=1.0, p10_ms=1.0, p90_ms=1.1, min_ms=0.9, max_ms=1.2, reps=10)
+    res = dict(registers=128, smem_static=0, smem_dynamic=16896, spill_stores=0,
+               spill_loads=0, stack_frame=0, barriers=1, ptxas_ms=1.0)
+    base = dict(gpu="NVIDIA H200", cc=90, arch="sm_90", cuda="13.0", template_hash="0" * 16,
+                m=512, n=512, k=512, tflops=10.0, timing=timing, cublas_tflops=12.5,
+                cublas_timing=timing, ratio=0.8, error=1e-6, resources=res, occupancy=0.25,
+                limiter="registers", date="2026-12-01T10:00:00+00:00")
+    for cfg, fields in ((plain, dict(dtype="f32", layout="nn")),
+                        (var, dict(dtype="f16", layout="nt", out="f16", bias="out", act="gelu",
+                                   batch=8, broadcast_b=False,
+                                   cublas="cublasGemmStridedBatchedEx (batch 8) ..."))):
+        src = tmp_path / f"{cfg.name}.cu"
+        src.write_text("// fake\n")
+        cubin = src.with_suffix(".cubin")
+        cubin.write_bytes(b"\x7fELF fake")
+        lib.add(dict(base, kernel=cfg.name, **fields), src, cubin)
+    return lib, plain, var
+
+
+def test_list_and_inspect_show_the_variant_and_batch(tmp_path, capsys):
+    lib, plain, var = _fake_library(tmp_path)
+    code, out, err = _run(capsys, "list", "--library", str(lib.path), "--json")
+    assert code == 0, err
+    rows = {r["kernel"]: r for r in json.loads(out)}
+    pick = ("layout", "out", "bias", "act", "epilogue", "batch", "broadcast_b")
+    assert [rows[plain.name][f] for f in pick] == ["nn", "f32", "none", "none", "none", 1, False]
+    assert [rows[var.name][f] for f in pick] == ["nt", "f16", "out", "gelu", "bias+gelu", 8,
+                                                 False]
+    code, out, _ = _run(capsys, "list", "--library", str(lib.path))
+    assert code == 0 and "C=f16" in out and "x8" in out and "C=f32" in out
+    # inspect --shape: the variant's options pick the entry, as the tune's options made it
+    code, out, err = _run(capsys, "inspect", "--shape", "512x512x512", "--dtype", "fp16",
+                          "--layout", "nt", "--act", "gelu", "--batch", "8", "--library",
+                          str(lib.path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["kernel"] == var.name
+    assert doc["tuned_for"][0].startswith("512x512x512 f16 (nt, C f16, bias+gelu, batch 8)")
+    code, _, err = _run(capsys, "inspect", "--shape", "512x512x512", "--dtype", "fp16",
+                        "--layout", "tn", "--library", str(lib.path))
+    assert code == 2 and "no fp16 entry for 512x512x512 --layout tn in" in err
+    code, _, err = _run(capsys, "inspect", "--shape", "512x512x512", "--act", "swish",
+                        "--library", str(lib.path))
+    assert code == 2 and "unknown activation 'swish'" in err
+    code, out, _ = _run(capsys, "inspect", "--shape", "512x512x512", "--library", str(lib.path))
+    assert code == 0 and "nn, C f32, none" in out  # the entry from before: the plain problem
+
+
+
+def test_profiling_a_variant_is_refused_in_one_line(tmp_path, capsys):
+    """tuner.profile runs the plain problem: a kernel with a bias would read it from 0."""
+    lib, plain, var = _fake_library(tmp_path)
+    code, _, err = _run(capsys, "inspect", var.name, "--profile", "--library", str(lib.path))
+    assert code == 2 and "--profile runs the plain problem" in err
+    assert "was tuned for nt, C f16, bias+gelu, batch 8" in err
+
+
+def test_a_variant_no_family_builds_is_one_line(capsys, monkeypatch):
+    """(Every family as if without layouts beyond NN and without an epilogue.)"""
+    import dataclasses
+
+    from codegen import families
+    from codegen.config import Layout
+
+    for name, spec in list(families.FAMILIES.items()):
+        monkeypatch.setitem(families.FAMILIES, name, dataclasses.replace(
+            spec, layouts=frozenset({Layout.NN}), epilogue=False))
+    code, _, err = _run(capsys, "--shape", "64x64x64", "--layout", "tn", "--dry-run")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("64x64x64 f32 tn C f32 on sm_90: no family builds it (the simt template reads nn "
+            "operands, not tn)") in err

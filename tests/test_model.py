@@ -39,6 +39,67 @@ def test_tile_traffic_by_hand():
     assert s["a_bytes"] == 16 * 1040 * 4 and s["b_bytes"] == 1040 * 64 * 4
 
 
+def test_a_2_byte_c_and_a_bias_in_the_tile_traffic_by_hand():
+    """fp16 C halves the C tile's bytes; the bias adds its BN slice per block, in C's type
+    (bias="out") or fp32 (bias="f32")."""
+    half = KernelConfig(dtype=DType.F16, out=DType.F16, bias="out", act="gelu")  # 128x128x8
+    t = tile_traffic(half, BIG)
+    assert t["a_bytes"] == t["b_bytes"] == 128 * 4096 * 2 == 1_048_576
+    assert t["c_bytes"] == 128 * 128 * 2 == 32_768 and t["bias_bytes"] == 128 * 2 == 256
+    assert t["intensity"] == round(2 * 128 * 128 * 4096 / (2 * 1_048_576 + 32_768 + 256), 2)
+    assert t["l2_bytes"] == 1024 * (2 * 1_048_576 + 32_768 + 256)
+    f32_bias = tile_traffic(KernelConfig(dtype=DType.F16, out=DType.BF16, bias="f32"), BIG)
+    assert f32_bias["c_bytes"] == 32_768 and f32_bias["bias_bytes"] == 128 * 4
+    plain = tile_traffic(KernelConfig(), BIG)
+    assert plain["c_bytes"] == 65_536 and plain["bias_bytes"] == 0
+    assert model.out_bytes(half) == 2 and model.bias_bytes(half) == 2
+
+
+def test_a_batch_multiplies_blocks_bytes_and_flops_by_hand():
+    """A batch of 8 problems of 512^3 (each A + B fits the L2: read once) with fp16 C and an
+    fp32 bias: 8 x 16 = 128 blocks (wave efficiency 128/132 instead of 16/132), DRAM bytes
+    8 x (A + B) + 8 x C in 2 bytes + the bias once, 8x the FLOPs."""
+    shape = (512, 512, 512)
+    c = KernelConfig(out=DType.F16, bias="f32", act="relu")  # fp32 data, fp16 C
+    assert tile_traffic(c, shape, 8)["blocks"] == 8 * 16
+    assert tile_traffic(c, shape, 8)["l2_bytes"] == 8 * tile_traffic(c, shape)["l2_bytes"]
+    bound1, f1 = bound_tflops(c, shape, H200)
+    bound8, f8 = bound_tflops(c, shape, H200, batch=8)
+    assert f1["wave_eff"] == round(16 / 132, 4) and f8["wave_eff"] == round(128 / 132, 4)
+    assert bound8 == pytest.approx(bound1 * 8)
+    occ = occupancy(c.threads, 128, c.smem_bytes, H200)
+    p1, p8 = predict(c, shape, H200, occ), predict(c, shape, H200, occ, batch=8)
+    once = (512 * 512 * 2) * 4
+    assert p1.traffic["dram_bytes"] == once + 512 * 512 * 2 + 512 * 4
+    assert p8.traffic["dram_bytes"] == 8 * once + 8 * 512 * 512 * 2 + 512 * 4 == 20_973_568
+    assert p8.terms["dram"] == pytest.approx(20_973_568 / 4.3e12)
+    # 16 blocks and 128 both fit one wave of 132 SMs (2 blocks each at most): the same
+    # issue and latency, 8x the FLOPs in (about) the same time
+    assert p8.terms["latency"] == pytest.approx(p1.terms["latency"])
+    assert p8.tflops == pytest.approx(2 * 512**3 * 8 / p8.seconds / 1e12)
+    # the split-K reduce pass reads every FP32 slice and writes C in its type, per problem
+    s = KernelConfig(bm=16, bn=64, bk=16, rm=2, rn=4, wt=8, split=4, out=DType.BF16)
+    occ = occupancy(s.threads, 64, s.smem_bytes, H200)
+    fixed = predict(s, (16, 4096, 4097), H200, occ, batch=3).terms["fixed"]
+    assert fixed == pytest.approx(2 * 2e-6 + (4 * 4 + 2) * 16 * 4096 * 3 / 4.3e12)
+
+
+def test_the_epilogue_costs_its_instructions():
+    """SIMT: per element of C, EPILOGUE_INSTR of the bias, the activation and the
+    conversion to a 2-byte C on top of the plain epilogue's 3 (scale, store)."""
+    c = KernelConfig()
+    occ = occupancy(c.threads, 128, c.smem_bytes, H200)
+    epi = KernelConfig(out=DType.F16, bias="out", act="gelu")
+    base, more = predict(c, BIG, H200, occ), predict(epi, BIG, H200, occ)
+    extra = model.EPILOGUE_INSTR["bias"] + model.EPILOGUE_INSTR["gelu"] + \
+        model.EPILOGUE_INSTR["convert"]
+    assert extra == 17
+    # 8 blocks on the busiest SM, 2 at a time: 4 chunks, each adding 2 blocks' epilogues
+    # of 8 warps x 64 elements x 17 instructions at 4 a clock
+    added = 4 * 2 * 8 * 64 * extra / 4 / 1.98e9
+    assert more.terms["latency"] - base.terms["latency"] == pytest.approx(added)
+
+
 def test_predicted_time_by_hand():
     """The default config at 4096^3 with 128 registers, every term computed by hand."""
     c = KernelConfig()  # 128x128x8 r8x8 w4x8 p4 v4 s2: 256 threads, 8 warps

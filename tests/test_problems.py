@@ -1,7 +1,9 @@
 """A program's recorded problems as a tuning plan: lines merged across processes and runs,
-the costliest first, untunable layouts and a spent budget said so, a killed run resumed
-from the cache; bad files are one line and exit status 2."""
+the costliest first, their variants (layout, C's type, epilogue, batch) read and tuned,
+what no family builds and a spent budget said so, a killed run resumed from the cache;
+bad files are one line and exit status 2."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -9,12 +11,25 @@ import pytest
 
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
+from codegen.families._common import Variant
+from tuner._shape import Task
 from tuner.problems import merge, read_problems
 
 
-def _line(m, n, k, calls, ms, dtype="f32", layout="nn", gpu="NVIDIA H200"):
+def _line(m, n, k, calls, ms, dtype="f32", layout="nn", gpu="NVIDIA H200", **more):
     return json.dumps(dict(gpu=gpu, dtype=dtype, layout=layout, m=m, n=n, k=k, calls=calls,
-                           ms=ms, align=[16, 16, 16], pid=1))
+                           ms=ms, align=[16, 16, 16], pid=1, **more))
+
+
+@pytest.fixture
+def nn_only(monkeypatch):
+    """Every family as if its template read NN operands only and wrote fp32 C only (as
+    the tensor-core ones did before their epilogues)."""
+    from codegen import families
+
+    for name, spec in list(families.FAMILIES.items()):
+        monkeypatch.setitem(families.FAMILIES, name, dataclasses.replace(
+            spec, layouts=frozenset({Layout.NN}), epilogue=False))
 
 
 def test_lines_of_one_problem_merge_and_the_costliest_comes_first():
@@ -23,11 +38,69 @@ def test_lines_of_one_problem_merge_and_the_costliest_comes_first():
              _line(16, 4096, 4096, 7, 0.5, dtype="f16"), _line(64, 64, 64, 9, 9.0, layout="nt")]
     plan = merge(lines)
     assert [(p.label, p.calls, p.ms, p.lines) for p in plan] == [
-        ("64x64x64 f32 nt", 9, 9.0, 1), ("16x4096x4096 f32 nn", 150, 3.75, 2),
-        ("4096x4096x4096 f32 nn", 3, 2.0, 1), ("16x4096x4096 f16 nn", 7, 0.5, 1)]
-    assert plan[0].why_not().startswith("layout nt: no family's template reads it yet")
+        ("64x64x64 f32 nt C f32", 9, 9.0, 1), ("16x4096x4096 f32 nn C f32", 150, 3.75, 2),
+        ("4096x4096x4096 f32 nn C f32", 3, 2.0, 1), ("16x4096x4096 f16 nn C f32", 7, 0.5, 1)]
+    assert plan[0].why_not() is None  # the CUDA-core family reads every layout
     assert plan[1].why_not() is None and plan[1].dtype is DType.F32
     assert plan[1].layout is Layout.NN and plan[1].gpus == {"NVIDIA H200"}
+
+
+def test_a_records_variant_is_its_own_problem():
+    """layout, out, epilogue and batch (the run path's record fields) name the problem; a
+    line without them (an older record) is the plain one: nn, fp32 C, none, 1."""
+    lines = [_line(16, 4096, 4096, 10, 1.0, dtype="f16", layout="nt", out="f16",
+                   epilogue="bias+gelu", batch=8),
+             _line(16, 4096, 4096, 5, 0.5, dtype="f16", layout="nt", out="f16",
+                   epilogue="bias+gelu", batch=8, gpu="other"),
+             _line(16, 4096, 4096, 3, 0.4, dtype="f16", layout="nt", out="f16",
+                   epilogue="bias+gelu", batch=8, broadcast_b=True),
+             _line(16, 4096, 4096, 2, 0.3, dtype="bf16", out="bf16", epilogue="biasf32+silu"),
+             _line(16, 4096, 4096, 1, 0.2, dtype="f32", out="f32", epilogue="biasf32"),
+             _line(16, 4096, 4096, 1, 0.1, dtype="f16", epilogue="relu", out="bf16"),
+             json.dumps(dict(dtype="f32", m=8, n=8, k=8, calls=1, ms=0.05))]
+    plan = merge(lines)
+    assert [(p.label, p.calls, p.lines) for p in plan] == [
+        ("16x4096x4096 f16 nt C f16 bias+gelu batch 8", 15, 2),
+        ("16x4096x4096 f16 nt C f16 bias+gelu batch 8, B shared", 3, 1),
+        ("16x4096x4096 bf16 nn C bf16 biasf32+silu", 2, 1),
+        ("16x4096x4096 f32 nn C f32 bias", 1, 1),  # an fp32 bias with fp32 C is C's type
+        ("16x4096x4096 f16 nn C bf16 relu", 1, 1),
+        ("8x8x8 f32 nn C f32", 1, 1)]
+    t = plan[0].task
+    assert t == Task(DType.F16, (16, 4096, 4096), Variant(Layout.NT, DType.F16, "out", "gelu"), 8)
+    assert t.flops == 2.0 * 16 * 4096 * 4096 * 8 and plan[0].flops == t.flops * 15
+    assert plan[2].task.variant == Variant(Layout.NN, DType.BF16, "f32", "silu")
+    assert plan[-1].task == Task(DType.F32, (8, 8, 8))
+    assert all(p.why_not() is None for p in plan)  # the CUDA-core family builds them all
+
+
+def test_what_no_family_builds_is_skipped_with_the_reason(nn_only):
+    plan = merge([_line(64, 64, 64, 9, 9.0, layout="nt"),
+                  _line(64, 64, 64, 9, 8.0, dtype="f16", out="f16", epilogue="relu"),
+                  _line(64, 64, 64, 9, 7.0)])
+    assert plan[0].why_not() == ("no family builds it (the simt template reads nn operands, "
+                                 "not nt): cuBLAS serves it")
+    why = plan[1].why_not()
+    assert why.startswith("no family builds it (") and why.endswith("): cuBLAS serves it")
+    assert "the wmma template writes fp32 C with no bias or activation" in why
+    assert plan[2].why_not() is None
+
+
+@pytest.mark.parametrize("fields,msg", [
+    (dict(out="f64"), "C cannot be 'f64'"),
+    (dict(out="tf32"), "C cannot be 'tf32'"),
+    (dict(epilogue="bias+tanh"), "epilogue 'bias+tanh' is not bias, an activation"),
+    (dict(epilogue="gelu+relu"), "epilogue 'gelu+relu' is not bias"),
+    (dict(batch=0), "--batch must be at least 1"),
+    (dict(batch="x"), "--batch must be a whole number"),
+    (dict(layout="NX"), "unknown layout 'NX'"),
+])
+def test_a_bad_variant_in_a_record_is_one_error_naming_the_line(tmp_path, fields, msg):
+    path = tmp_path / "p.jsonl"
+    path.write_text(_line(4, 4, 4, 1, 1.0) + "\n" + _line(4, 4, 4, 1, 1.0, **fields) + "\n")
+    with pytest.raises(UsageError, match="line 2: not a recorded problem \\(" + msg.replace(
+            "(", r"\(").replace("+", r"\+")):
+        read_problems(path)
 
 
 def test_without_recorded_times_the_work_orders_them():
@@ -75,13 +148,14 @@ class _FakeSession:
         self.clock, self.cached, self.tuned = clock, set(cached), []
         self.out = None
 
-    def result(self, shape, dtype):
-        if shape in self.cached:
+    def result(self, task):
+        if task in self.cached:
             return dict(winner=dict(name="k_cached", tflops=1.0, ratio=1.5), from_cache=True)
         self.clock.t += 10.0
-        self.tuned.append((shape, dtype))
-        self.cached.add(shape)
-        return dict(winner=dict(name=f"k_{shape[0]}", tflops=2.0, ratio=1.1), from_cache=False)
+        self.tuned.append(task)
+        self.cached.add(task)
+        return dict(winner=dict(name=f"k_{task.shape[0]}", tflops=2.0, ratio=1.1),
+                    from_cache=False)
 
 
 class _Clock:
@@ -101,21 +175,105 @@ def _run(monkeypatch, capsys, problems, session, budget):
     return json.loads(out.out), out.err
 
 
-def test_problems_are_tuned_costliest_first_within_the_budget_and_resume(monkeypatch, capsys):
+def test_problems_are_tuned_costliest_first_within_the_budget_and_resume(monkeypatch, capsys,
+                                                                         nn_only):
     lines = [_line(16, 4096, 4096, 100, 30.0), _line(4096, 4096, 4096, 3, 20.0),
              _line(64, 64, 64, 9, 9.0, layout="nt"), _line(1024, 1024, 1024, 5, 5.0)]
     clock = _Clock()
     session = _FakeSession(clock)
     rows, err = _run(monkeypatch, capsys, merge(lines), session, budget=15.0)
-    # the first two fit (0 s and 10 s spent when they start); the nt one is untunable; the
-    # last finds the budget spent
-    assert [r["problem"] for r in rows] == ["16x4096x4096 f32 nn", "4096x4096x4096 f32 nn",
-                                            "64x64x64 f32 nt", "1024x1024x1024 f32 nn"]
+    # the first two fit (0 s and 10 s spent when they start); no family (here) reads the nt
+    # one; the last finds the budget spent
+    assert [r["problem"] for r in rows] == ["16x4096x4096 f32 nn C f32",
+                                            "4096x4096x4096 f32 nn C f32",
+                                            "64x64x64 f32 nt C f32", "1024x1024x1024 f32 nn C f32"]
     assert [r.get("kernel") for r in rows] == ["k_16", "k_4096", None, None]
-    assert rows[2]["skipped"].startswith("layout nt") and "--budget of 15 s" in rows[3]["skipped"]
+    assert rows[2]["skipped"].startswith("no family builds it") and rows[2]["layout"] == "nt"
+    assert "--budget of 15 s" in rows[3]["skipped"]
     assert rows[0]["seconds"] == 10.0 and rows[0]["from_cache"] is False
-    assert "gemm-tune: problem 1/4: 16x4096x4096 f32 nn (100 calls)" in err
+    assert "gemm-tune: problem 1/4: 16x4096x4096 f32 nn C f32 (100 calls)" in err
     # run again (after a kill, or with more budget): the tuned ones answer from the cache
     rows, _ = _run(monkeypatch, capsys, merge(lines), session, budget=15.0)
     assert [r.get("from_cache") for r in rows] == [True, True, None, False]
-    assert session.tuned[-1] == ((1024, 1024, 1024), DType.F32)
+    assert session.tuned[-1] == Task(DType.F32, (1024, 1024, 1024))
+
+
+def _tune_args(tmp_path, **kw):
+    args = dict(budget=None, json=True, force=False, cache=None, library=None, devices=None,
+                arch=None, trials=6, timeout=120.0, sampler="grid", seed=0, jobs=1,
+                storage=None, study=None, lease=60.0, no_model=True, top=3,
+                kernel_timeout=60.0)
+    args.update(kw)
+    return SimpleNamespace(**args)
+
+
+def test_recorded_variants_are_tuned_through_a_fake_gpu_into_the_cache_and_library(
+        tmp_path, monkeypatch, capsys):
+    """tune.run_problems end to end but for the GPU: each recorded problem's search (a
+    fake GPU that refuses any config of another variant, times the model's prediction at
+    the batch, and a compile that writes fake artifacts), confirm, the cache under a key
+    with the variant and batch, the library entry with its fields; a second run answers
+    from the cache."""
+    import tuner.gpu
+    import tuner.tune as tt
+    from _fakes import VariantBenchmark
+    from codegen import parse_arch
+    from codegen.families import family_of
+    from tuner.runtime.library import Library
+
+    dev = SimpleNamespace(name="Fake H200", cc=90, sm="sm_90", arch=parse_arch("sm_90"),
+                          l2_bytes=50 << 20)
+    monkeypatch.setattr(tuner.gpu, "device", lambda: dev)
+    monkeypatch.setattr(tt, "_check_fits", lambda *a, **k: None)
+    benches = []
+
+    def fake_tune(args, task, artifacts, dev, key, devices):
+        bench = VariantBenchmark(task.shape, variant=task.variant, batch=task.batch,
+                                 broadcast_b=task.broadcast_b)
+        benches.append(bench)
+        return tt._tune_with(args, task, artifacts, dev, key, [bench])
+
+    monkeypatch.setattr(tt, "_tune", fake_tune)
+    lines = [_line(64, 128, 64, 10, 5.0, dtype="f16", layout="nt", out="f16",
+                   epilogue="bias+gelu", batch=4),
+             _line(32, 64, 48, 10, 1.0, dtype="f32", layout="tn", out="f32", epilogue="relu",
+                   batch=3, broadcast_b=True)]
+    art = tmp_path / "art"
+    assert tt.run_problems(_tune_args(tmp_path), merge(lines), art) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["problem"] for r in rows] == ["64x128x64 f16 nt C f16 bias+gelu batch 4",
+                                            "32x64x48 f32 tn C f32 relu batch 3, B shared"]
+    assert [(r["layout"], r["out"], r["bias"], r["act"], r["batch"], r["broadcast_b"])
+            for r in rows] == [("nt", "f16", "out", "gelu", 4, False),
+                               ("tn", "f32", "none", "relu", 3, True)]
+    assert rows[0]["kernel"].endswith("_nt_of16_bias_gelu") and rows[1]["kernel"].endswith(
+        "_tn_relu")
+    assert all(not r["from_cache"] for r in rows)
+    wants = [Variant(Layout.NT, DType.F16, "out", "gelu"), Variant(Layout.TN, DType.F32, "none",
+                                                                    "relu")]
+    for bench, want in zip(benches, wants):  # every timed config is of the problem's variant
+        assert bench.measured and {Variant.of(c) for c in bench.measured} == {want}
+        assert all(family_of(c).epilogue for c in bench.measured)
+    assert benches[0].batch == 4 and benches[1].broadcast_b
+    # the cache: keyed by the variant and batch
+    keys = list(json.loads((art / "cache.json").read_text())["entries"])
+    assert len(keys) == 2
+    assert keys[0].endswith("|f16|nt|64x128x64|f16|out|gelu|batch 4")
+    assert keys[1].endswith("|f32|tn|32x64x48|f32|none|relu|batch 3 B shared")
+    # the library: the entries carry the variant and the batch
+    entries = Library.load(art / "library").manifest["entries"]
+    assert sorted((e["dtype"], e["layout"], e["out"], e["bias"], e["act"], e["batch"],
+                   e["broadcast_b"], e["kernel"]) for e in entries) == sorted(
+        ("f16" if r["out"] == "f16" else "f32", r["layout"], r["out"], r["bias"], r["act"],
+         r["batch"], r["broadcast_b"], r["kernel"]) for r in rows)
+    # run again: both answer from the cache
+    assert tt.run_problems(_tune_args(tmp_path), merge(lines), art) == 0
+    assert [r["from_cache"] for r in json.loads(capsys.readouterr().out)] == [True, True]
+    assert len(benches) == 2
+    # the tune's table says the problem (C's type among it) and what cuBLAS was timed doing
+    task = merge(lines)[0].task
+    assert tt.run_cli(_tune_args(tmp_path, json=False), [task], art) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "gemm-tune 64x128x64 f16 nt C f16 bias+gelu batch 4 on Fake H200 (from cache)" in out
+    assert ("cuBLAS (cublasGemmStridedBatchedEx (batch 4), fp16 inputs, COMPUTE_32F, op(B)=T, "
+            "fp16 C; GEMM alone: without the bias and gelu (not fused by cuBLAS))") in out

@@ -249,3 +249,93 @@ def test_processes_sharing_a_study_never_time_a_candidate_twice(tmp_path, compil
     assert p.returncode == 0, p.stderr[-2000:]
     best = max(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
     assert float(p.stdout.split()[3]) == pytest.approx(best)
+
+
+# ---- a program's problem: layout, C's type, bias, activation, batch ----------------------
+def test_a_variants_search_builds_only_that_variant_from_the_families_that_do(tmp_path):
+    """NT, fp16 C, bias + gelu, a batch of 4, through a fake GPU that refuses any other
+    variant (no nvcc): of the fp16 families only those whose spec declares the layout and
+    the epilogue are searched (today the CUDA-core one), every candidate of the variant."""
+    from _fakes import VariantBenchmark
+    from codegen.config import DType, Layout
+    from codegen.families import family_of
+    from codegen.families._common import Variant
+    from tuner.space import families
+
+    v = Variant(Layout.NT, DType.F16, "out", "gelu")
+    want = {s.name for s in FAMILIES.values()
+            if s.serves(DType.F16) and Layout.NT in s.layouts and s.epilogue}
+    assert set(families(DType.F16, parse_arch("sm_90"), v)) == want and "simt" in want
+    bench = VariantBenchmark((256, 512, 1024), variant=v, batch=4)
+    res = search(bench.shape, bench, dtype=DType.F16, trials=12, jobs=1, variant=v, batch=4,
+                 artifacts=tmp_path, cache_dir=tmp_path, seed=1)
+    assert res.stats.compiled == 12 and res.variant == v and res.batch == 4
+    assert res.records and all(Variant.of(r.config) == v for r in res.records)
+    assert {family_of(r.config).name for r in res.records} <= want
+    assert len(bench.measured) == res.stats.timed > 0
+    assert all(r.config.name.endswith("_nt_of16_bias_gelu") for r in res.records)
+    # the model's first batch is of the variant too, and each timed TFLOP/s counts the batch
+    assert res.stats.model_first > 0
+    best = res.timed()[0]
+    assert best.tflops == pytest.approx(bench.flops / (best.timing.median_ms * 1e-3) / 1e12)
+
+
+def test_families_that_declare_a_variant_are_searched_and_a_batch_needs_a_runner_for_it(
+        tmp_path, monkeypatch):
+    """With the WMMA family declaring NT and the epilogue (as its template will), an NT fp16-C
+    search takes its kernels too, built as the variant; a batch leaves out a family whose
+    runner launches one problem (wgmma's TmaRunner) even for the plain variant."""
+    import dataclasses
+
+    from _fakes import VariantBenchmark
+    from codegen import families as registry
+    from codegen.config import DType, Layout
+    from codegen.families import family_of
+    from codegen.families._common import Variant
+    from tuner.space import families, valid_configs
+
+    arch = parse_arch("sm_90")
+    assert set(families(DType.F16, arch, Variant(), batch=4)) == {"simt", "wmma"}
+    assert set(families(DType.F16, arch, Variant(), batch=1)) == {"simt", "wmma", "wgmma"}
+    monkeypatch.setitem(registry.FAMILIES, "wmma", dataclasses.replace(
+        registry.FAMILIES["wmma"], layouts=frozenset({Layout.NN, Layout.NT}), epilogue=True))
+    v = Variant(Layout.NT, DType.F16, "none", "relu")
+    assert set(families(DType.F16, arch, v)) == {"simt", "wmma"}
+    pool = list(valid_configs(arch, DType.F16, (512, 512, 512), v))
+    assert {family_of(c).name for c in pool} == {"simt", "wmma"}
+    assert all(Variant.of(c) == v for c in pool)
+    bench = VariantBenchmark((512, 512, 512), variant=v)
+    res = search(bench.shape, bench, dtype=DType.F16, trials=30, jobs=1, variant=v,
+                 artifacts=tmp_path, cache_dir=tmp_path, seed=2, sampler="random")
+    assert {family_of(r.config).name for r in res.records} == {"simt", "wmma"}
+    assert all(Variant.of(r.config) == v for r in res.records)
+
+
+class _VariantFake(FakeBenchmark):
+    """FakeBenchmark (real nvcc cubins) refusing any config of another variant."""
+
+    def __init__(self, shape, variant):
+        super().__init__(shape=shape)
+        self.variant = variant
+
+    def measure(self, config, cubin):
+        from codegen.families._common import Variant
+
+        assert Variant.of(config) == self.variant, config.name
+        return super().measure(config, cubin)
+
+
+def test_a_variants_candidates_compile_with_nvcc(run):
+    """The same through nvcc: each candidate's source is its variant's (the fake GPU gets a
+    real cubin of a TT, bf16-C, fp32-bias, silu kernel)."""
+    from codegen.config import DType, Layout
+    from codegen.families._common import Variant
+
+    v = Variant(Layout.TT, DType.BF16, "f32", "silu")
+    bench = _VariantFake((96, 160, 64), v)
+    res = run(bench, dtype=DType.BF16, trials=3, variant=v, batch=2)
+    assert res.stats.compiled == 3 and res.stats.compile_failed == 0
+    assert res.stats.timed + res.stats.pruned == 3  # pruned: by the bound, on the fake's times
+    assert len(bench.measured) == res.stats.timed >= 1
+    assert all(r.config.name.endswith("_tt_obf16_biasf32_silu") for r in res.records)
+    assert all(r.cubin.read_bytes()[:4] == b"\x7fELF" for r in res.records)

@@ -2,6 +2,10 @@
 
     gemm-tune --shape 4096x4096x4096            tune on the GPU, compare with cuBLAS
     gemm-tune --shape 4096x4096x4096 --dry-run  generate, compile and model, no GPU
+    gemm-tune --shape 16x4096x4096 --dtype fp16 --layout nt --bias out --act gelu --batch 8
+                                                the problem a program makes: operands'
+                                                layout, C's type (--out), a fused bias
+                                                and activation, a strided batch
 
 Errors the user can fix print one line and exit with status 2.
 """
@@ -18,7 +22,11 @@ from pathlib import Path
 from codegen.arch import parse_arch
 from codegen.config import DType
 from codegen.errors import GemmTuneError, UsageError
-from tuner._shape import format_shape, fp32_mode, parse_shape, shapes_file
+from codegen.families._common import Variant
+from tuner._shape import (
+    Task, default_out, format_shape, fp32_mode, parse_act, parse_batch, parse_bias,
+    parse_layout, parse_out, parse_shape, shapes_file,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -53,12 +61,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for all of --problems (problems left when it is spent are "
                         "listed as skipped; run again to go on)")
     p.add_argument("--dtype", default="fp32",
-                   help="input type, always with FP32 accumulation and an FP32 C: fp32 "
+                   help="input type, always with FP32 accumulation (C's type: --out): fp32 "
                         "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
                         "cores are candidates too), 3xtf32 (fp32 data at fp32 accuracy; "
                         "3xTF32 tensor-core kernels are candidates too), fp16 or bf16 "
                         "(tensor cores, and CUDA "
                         "cores widening the inputs on load)")
+    p.add_argument("--layout", default="nn",
+                   help="how A and B are stored, A's letter first: nn (default; both "
+                        "row-major), nt (B column-major: x @ W.t() with W stored N x K, as "
+                        "torch.nn.Linear keeps it), tn, tt (T: column-major)")
+    p.add_argument("--out", default=None,
+                   help="C's type: fp32, fp16 or bf16 (default: the input type for fp16 and "
+                        "bf16, as torch; fp32 for fp32, tf32 and 3xtf32 data); accumulation "
+                        "is FP32, rounded once to C's type")
+    p.add_argument("--bias", default="none",
+                   help="a bias vector of N values added to every row of C: none (default), "
+                        "out (in C's type) or f32 (fp32; with fp32 C the same as out)")
+    p.add_argument("--act", default="none",
+                   help="the activation applied last, in FP32: none (default), relu, gelu "
+                        "(erf form), gelu_tanh (tanh approximation), silu")
+    p.add_argument("--batch", default="1",
+                   help="a strided batch of this many problems, each with its own A, B and "
+                        "C (default 1)")
+    p.add_argument("--broadcast-b", action="store_true",
+                   help="with --batch: one B shared by the batch (stride 0), as x @ W for a "
+                        "batch of x")
     p.add_argument("--allow-tf32", action="store_true",
                    help="with fp32 data, let TF32 tensor cores compete (the tf32 error gate "
                         "then applies to them, and cuBLAS runs with TF32 too): --dtype tf32")
@@ -129,7 +157,8 @@ def _print_dry_run(report, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"gemm-tune --dry-run {format_shape(report.shape)} {report.dtype} "
-                    f"on {report.arch}, fastest predicted first", box=box.SIMPLE_HEAD)
+                    f"({report.problem}) on {report.arch}, fastest predicted first",
+              box=box.SIMPLE_HEAD)
     for col in ("kernel", "regs", "smem B", "occupancy", "limiter", "predicted TFLOP/s",
                 "status"):
         # the figures keep their line; a long kernel name (a variant's) folds instead
@@ -155,20 +184,26 @@ def _print_dry_run(report, console) -> None:
     console.print(f"artifacts: {report.artifacts / report.arch}/<kernel>.cu, .cubin, .json")
 
 
-def _dry_run(args, shape, dtype) -> int:
+def _dry_run(args, task: Task) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 
     from tuner._progress import progress
     from tuner.dryrun import dry_run
 
+    from tuner.space import why_unsearched
+
     arch = parse_arch(args.arch or "sm_90")
+    why = why_unsearched(task.dtype, task.variant, task.batch, arch)
+    if why is not None:
+        raise UsageError(f"{task.label} on {arch.sm}: {why}")
     out = _console()
     with progress("compiling", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=args.json) as bar:
-        task = bar.add_task("compiled", total=None)
-        report = dry_run(shape, arch, args.trials, args.seed, _artifacts_dir(args), args.jobs,
-                         progress=lambda done, total: bar.update(task, completed=done, total=total),
-                         dtype=dtype)
+        bar_task = bar.add_task("compiled", total=None)
+        report = dry_run(task.shape, arch, args.trials, args.seed, _artifacts_dir(args),
+                         args.jobs, progress=lambda done, total: bar.update(
+                             bar_task, completed=done, total=total),
+                         dtype=task.dtype, variant=task.variant, batch=task.batch)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -191,12 +226,24 @@ def build_subparsers() -> argparse.ArgumentParser:
                        help="library directory (default <artifacts>/library)")
         return q
 
+    def variant(q, out_flag="--out"):
+        """Which of a shape's tuned problems: any, unless these say (as the tune's; C's
+        type is --c-type where --out names a directory)."""
+        for opt, what in (("--layout", "nn, nt, tn or tt"), (out_flag, "C's type"),
+                          ("--bias", "none, out or f32"), ("--act", "the activation"),
+                          ("--batch", "the batch")):
+            q.add_argument(opt, default=None, help=f"only the entries of this {what} "
+                                                   "(default: any)",
+                           dest="c_type" if opt == out_flag else None)
+        return q
+
     q = common(sub.add_parser("list", help="tuned entries: shape, kernel, TFLOP/s, % of cuBLAS"))
     q.add_argument("--json", action="store_true")
     q = common(sub.add_parser("inspect", help="one kernel (by name) or one tuned shape"))
     q.add_argument("name", nargs="?", help="kernel name, e.g. gemm_simt_f32_128x128x8_...")
     q.add_argument("--shape", help="the tuned shape MxNxK instead of a kernel name")
     q.add_argument("--dtype", default="fp32")
+    variant(q)
     q.add_argument("--source", action="store_true", help="print the generated .cu")
     q.add_argument("--sass", action="store_true", help="print the SASS (cuobjdump)")
     q.add_argument("--profile", action="store_true",
@@ -220,9 +267,11 @@ def build_subparsers() -> argparse.ArgumentParser:
         "upgrade", help="recompile an older library's kernels for this gemm-tune's argument "
                         "list (nvcc needed; its entries are kept)"))
     q.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPUs)")
-    q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape"))
+    q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape (its "
+                                             "newest entry of the variant asked)"))
     q.add_argument("--shape", required=True)
     q.add_argument("--dtype", default="fp32")
+    variant(q, out_flag="--c-type")
     q.add_argument("--out", type=Path, default=None,
                    help="report directory (default <artifacts>/reports/<shape>-<dtype>)")
     q = common(sub.add_parser("status", help="a shared study's state: candidates done, "
@@ -280,15 +329,30 @@ def _run(argv) -> int:
     if args.kernel_timeout <= 0:
         raise UsageError(f"--kernel-timeout must be positive (got {args.kernel_timeout:g})")
     dtype = fp32_mode(DType.parse(args.dtype), args)
+    variant, batch = problem_options(args, dtype)
     if args.trials < 1:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
+    tasks = [Task(dtype, shape, variant, batch, args.broadcast_b) for shape in shapes]
     if args.dry_run:
-        if len(shapes) > 1:
+        if len(tasks) > 1:
             raise UsageError("--dry-run takes one shape")
-        return _dry_run(args, shapes[0], dtype)
+        return _dry_run(args, tasks[0])
     from tuner import tune as _tune  # the GPU path
 
-    return _tune.run_cli(args, shapes, dtype, _artifacts_dir(args))
+    return _tune.run_cli(args, tasks, _artifacts_dir(args))
+
+
+def problem_options(args, dtype: DType) -> tuple[Variant, int]:
+    """The problem's variant and batch from --layout, --out, --bias, --act, --batch and
+    --broadcast-b (UsageError, one line, for a bad value). C's type defaults to the
+    input type for fp16 / bf16 data and fp32 otherwise (tuner._shape.default_out)."""
+    out = default_out(dtype) if args.out is None else parse_out(args.out)
+    variant = Variant(parse_layout(args.layout), out, parse_bias(args.bias, out),
+                      parse_act(args.act))
+    batch = parse_batch(args.batch)
+    if args.broadcast_b and batch < 2:
+        raise UsageError("--broadcast-b shares B across a batch: give --batch 2 or more")
+    return variant, batch
 
 
 def _run_problems(args) -> int:
@@ -296,6 +360,12 @@ def _run_problems(args) -> int:
 
     if args.shape or args.shapes or args.dry_run:
         raise UsageError("--problems takes no --shape, --shapes or --dry-run")
+    given = [f"--{o.replace('_', '-')}" for o, plain in (
+        ("layout", "nn"), ("out", None), ("bias", "none"), ("act", "none"), ("batch", "1"),
+        ("broadcast_b", False)) if getattr(args, o) != plain]
+    if given:
+        raise UsageError(f"--problems takes no {', '.join(given)}: each recorded problem "
+                         "names its own")
     if args.budget is not None and args.budget <= 0:
         raise UsageError(f"--budget must be positive (got {args.budget:g})")
     if args.trials < 1:

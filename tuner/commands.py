@@ -9,7 +9,10 @@ import subprocess
 
 from codegen.config import DType, config_from_dict, config_from_name
 from codegen.errors import UsageError
-from tuner._shape import format_shape, fp32_mode, parse_shape, shapes_file
+from tuner._shape import (
+    entry_variant, epilogue_text, format_shape, fp32_mode, parse_shape, shapes_file,
+    variant_text,
+)
 from tuner.runtime.library import Library
 
 
@@ -30,7 +33,9 @@ def find_cuobjdump() -> tuple[str | None, dict]:
     return shutil.which("cuobjdump", path=env["PATH"]), env
 
 
-def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None):
+def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None,
+             variant: dict | None = None):
+    """The entries of a shape, input type, kernel and (the fields given of) a variant."""
     out = []
     for e in lib.manifest["entries"]:
         if shape and (e["m"], e["n"], e["k"]) != tuple(shape):
@@ -39,27 +44,56 @@ def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str |
             continue
         if kernel and e["kernel"] != kernel:
             continue
+        if variant and any(entry_variant(e)[f] != v for f, v in variant.items()):
+            continue
         out.append(e)
     return out
+
+
+def variant_filter(args, dtype: DType) -> dict:
+    """The variant fields `inspect --shape` / `report` were given (--layout, --out (report:
+    --c-type), --bias, --act, --batch), checked as the tune's options are; {} for none."""
+    from tuner._shape import parse_act, parse_batch, parse_bias, parse_layout, parse_out
+
+    f = {}
+    if getattr(args, "layout", None) is not None:
+        f["layout"] = parse_layout(args.layout).value
+    out = parse_out(args.c_type) if getattr(args, "c_type", None) is not None else None
+    if out is not None:
+        f["out"] = out.short
+    if getattr(args, "bias", None) is not None:
+        f["bias"] = parse_bias(args.bias, out or DType.F16)
+    if getattr(args, "act", None) is not None:
+        f["act"] = parse_act(args.act)
+    if getattr(args, "batch", None) is not None:
+        f["batch"] = parse_batch(args.batch)
+    return f
 
 
 def cmd_list(args, console) -> int:
     from rich.table import Table
 
     lib = Library.load(args.library)
-    rows = [dict(shape=f"{e['m']}x{e['n']}x{e['k']}", dtype=e["dtype"], gpu=e["gpu"],
-                 kernel=e["kernel"], tflops=e["tflops"], pct_cublas=round(100 * e["ratio"], 1),
-                 cublas_tflops=e["cublas_tflops"], date=e["date"][:10])
+    rows = [dict(shape=f"{e['m']}x{e['n']}x{e['k']}", dtype=e["dtype"], **entry_variant(e),
+                 epilogue=epilogue_text(e.get("bias", "none"), e.get("act", "none")),
+                 gpu=e["gpu"], kernel=e["kernel"], tflops=e["tflops"],
+                 pct_cublas=round(100 * e["ratio"], 1), cublas_tflops=e["cublas_tflops"],
+                 date=e["date"][:10])
             for e in sorted(lib.manifest["entries"], key=lambda e: (e["gpu"], e["m"] * e["n"] * e["k"]))]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    t = Table(title=f"gemm-tune library {args.library} ({len(rows)} entries)")
-    for col in ("shape", "dtype", "GPU", "kernel", "TFLOP/s", "% of cuBLAS", "date"):
+    t = Table(title=f"gemm-tune library {args.library} ({len(rows)} entries; problem: input "
+                    "type, layout, C's type, epilogue, batch)")
+    for col in ("shape", "problem", "GPU", "kernel", "TFLOP/s", "% of cuBLAS", "date"):
         t.add_column(col, justify="right" if col in ("TFLOP/s", "% of cuBLAS") else "left",
-                     no_wrap=col == "kernel")
+                     no_wrap=col in ("kernel", "shape"))
     for r in rows:
-        t.add_row(r["shape"], r["dtype"], r["gpu"], r["kernel"], f"{r['tflops']:.1f}",
+        problem = " ".join([r["dtype"], r["layout"], f"C={r['out']}"]
+                           + ([r["epilogue"]] if r["epilogue"] != "none" else [])
+                           + ([f"x{r['batch']}{' B shared' if r['broadcast_b'] else ''}"]
+                              if r["batch"] > 1 else []))
+        t.add_row(r["shape"], problem, r["gpu"], r["kernel"], f"{r['tflops']:.1f}",
                   f"{r['pct_cublas']:.1f}%", r["date"])
     console.print(t)
     return 0
@@ -97,11 +131,20 @@ def _inspect_entries(args, lib: Library) -> list[dict]:
         if not entries:
             raise UsageError(f"kernel {args.name} is not in the library at {args.library}")
     else:
-        shape = parse_shape(args.shape)
-        entries = _entries(lib, shape, DType.parse(args.dtype))
+        shape, dtype = parse_shape(args.shape), DType.parse(args.dtype)
+        entries = _entries(lib, shape, dtype, variant=variant_filter(args, dtype))
         if not entries:
-            raise UsageError(f"no {args.dtype} entry for {format_shape(shape)} in {args.library}")
+            raise UsageError(f"no {args.dtype} entry for {format_shape(shape)} "
+                             f"{_asked(args)}in {args.library}")
     return entries
+
+
+def _asked(args) -> str:
+    """The variant options given, as words ('--layout nt --act gelu '), or ''."""
+    given = [f"--{o.replace('c_type', 'out')} {getattr(args, o)}"
+             for o in ("layout", "c_type", "bias", "act", "batch")
+             if getattr(args, o, None) is not None]
+    return " ".join(given) + " " if given else ""
 
 
 def _sass(cubin) -> str:
@@ -124,9 +167,9 @@ def _inspect_doc(e: dict, info: dict, entries: list[dict], source, cubin) -> dic
                 registers=res["registers"], smem=res["smem_static"] + res["smem_dynamic"],
                 spill_bytes=res["spill_stores"] + res["spill_loads"],
                 stack_frame=res["stack_frame"], occupancy=e["occupancy"], limiter=e["limiter"],
-                tuned_for=[f"{x['m']}x{x['n']}x{x['k']} {x['dtype']} on {x['gpu']}: "
-                           f"{x['tflops']:.1f} TFLOP/s, cuBLAS {x['cublas_tflops']:.1f}"
-                           for x in entries],
+                tuned_for=[f"{x['m']}x{x['n']}x{x['k']} {x['dtype']} ({variant_text(x)}) "
+                           f"on {x['gpu']}: {x['tflops']:.1f} TFLOP/s, cuBLAS "
+                           f"{x['cublas_tflops']:.1f}" for x in entries],
                 timing=e["timing"], cublas_timing=e["cublas_timing"],
                 source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"],
                 model=_model_figures(e, info), rank_rho=(e.get("stats") or {}).get("rank_rho"),
@@ -154,7 +197,9 @@ def _inspect_rows(e: dict, info: dict, doc: dict) -> list[tuple[str, str]]:
     c = config_from_dict(info["config"])
     rows = [("parameters", ", ".join(f"{f.name}={getattr(c, f.name)}"
                                      for f in dataclasses.fields(c)
-                                     if f.name not in ("dtype", "family", "layout"))),
+                                     if f.name not in ("dtype", "family", "layout", "out",
+                                                       "bias", "act"))),
+            ("problem", variant_text(e)),
             ("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
                           f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack"),
             ("occupancy", f"{doc['occupancy']:.0%} (limited by {doc['limiter']})")]
@@ -228,8 +273,11 @@ def cmd_report(args, console) -> int:
     from tuner.report import report
 
     shape, dtype = parse_shape(args.shape), DType.parse(args.dtype)
-    out = args.out or args.artifacts / "reports" / f"{format_shape(shape)}-{dtype.short}"
-    page = report(Library.load(args.library), shape, dtype, args.artifacts / "studies.db", out)
+    variant = variant_filter(args, dtype)
+    tag = "".join(f"-{v}" for v in variant.values())
+    out = args.out or args.artifacts / "reports" / f"{format_shape(shape)}-{dtype.short}{tag}"
+    page = report(Library.load(args.library), shape, dtype, args.artifacts / "studies.db", out,
+                  variant)
     console.print(f"report: {page}")
     return 0
 
@@ -269,13 +317,18 @@ def _model_figures(e: dict, info: dict) -> dict:
     arch = parse_arch(e["arch"])
     res = e["resources"]
     shape = (e["m"], e["n"], e["k"])
+    v = entry_variant(e)
+    batch = v["batch"]
     occ = occupancy(cfg.threads, res["registers"], res["smem_static"] + res["smem_dynamic"],
                     arch)
-    bound, _ = bound_tflops(cfg, shape, arch)
-    pred = predict(cfg, shape, arch, occ) if occ.blocks_per_sm else None
-    flops = 2.0 * e["m"] * e["n"] * e["k"]
+    bound, _ = bound_tflops(cfg, shape, arch, batch)
+    pred = predict(cfg, shape, arch, occ, batch) if occ.blocks_per_sm else None
+    flops = 2.0 * e["m"] * e["n"] * e["k"] * batch
     es = 2 if e["dtype"] in ("f16", "bf16") else 4
-    min_bytes = (e["m"] * e["k"] + e["k"] * e["n"]) * es + e["m"] * e["n"] * 4
+    cs = 2 if v["out"] in ("f16", "bf16") else 4
+    b_count = 1 if v["broadcast_b"] else batch
+    min_bytes = ((e["m"] * e["k"] * batch + e["k"] * e["n"] * b_count) * es
+                 + e["m"] * e["n"] * cs * batch)
     from tuner.report import bandwidth_gbs, peak_tflops
 
     bw, peak = bandwidth_gbs(e["gpu"]), peak_tflops(arch, DType.parse(e["dtype"]))
@@ -294,6 +347,10 @@ def _model_figures(e: dict, info: dict) -> dict:
 def _inspect_profile(args, lib: Library, e: dict, info: dict, console) -> int:
     """`inspect --profile`: ncu on the kernel and on cuBLAS at the entry's shape."""
     from tuner.profile import profile
+
+    if variant_text(e) != "nn, C f32, none":
+        raise UsageError(f"--profile runs the plain problem (nn, fp32 C, no epilogue, one "
+                         f"problem); {e['kernel']} was tuned for {variant_text(e)}")
 
     shape = (e["m"], e["n"], e["k"])
     cubin = lib.path / info["cubin"]

@@ -12,9 +12,11 @@ from codegen.arch import ArchLimits
 from codegen.compile import compile_many
 from codegen.check import check
 from codegen.config import DType
-from codegen.families import Config, families_for
+from codegen.families import Config
+from codegen.families._common import Variant
+from tuner._shape import epilogue_text
 from tuner.model import judge
-from tuner.space import space_size, valid_configs
+from tuner.space import searched, space_size, valid_configs
 
 __all__ = ["DryRunRow", "DryRunReport", "dry_run"]
 
@@ -49,17 +51,32 @@ class DryRunReport:
     rows: list[DryRunRow]
     artifacts: Path
     dtype: str = "f32"
+    variant: Variant = Variant()
+    batch: int = 1
+
+    @property
+    def problem(self) -> str:
+        """The variant and batch in words: 'nt, C f16, bias+gelu, batch 8'."""
+        v = self.variant
+        return (f"{v.layout.value}, C {v.out.short}, {epilogue_text(v.bias, v.act)}"
+                + (f", batch {self.batch}" if self.batch > 1 else ""))
 
     def to_dict(self) -> dict:
-        return dict(shape=list(self.shape), dtype=self.dtype, arch=self.arch, space=self.space,
-                    valid=self.valid,
+        v = self.variant
+        return dict(shape=list(self.shape), dtype=self.dtype, layout=v.layout.value,
+                    out=v.out.short, bias=v.bias, act=v.act, batch=self.batch,
+                    arch=self.arch, space=self.space, valid=self.valid,
                     sampled=len(self.rows), artifacts=str(self.artifacts),
                     candidates=[r.to_dict() for r in self.rows])
 
 
-def defaults(dtype: DType, arch: ArchLimits) -> list[Config]:
-    """The recommended configuration of each family a request in `dtype` searches."""
-    out = [spec.default(spec.dtypes[dtype]) for spec in families_for(dtype, arch)]
+def defaults(dtype: DType, arch: ArchLimits, variant: Variant | None = None,
+             batch: int = 1) -> list[Config]:
+    """The recommended configuration of each family a request in `dtype` for `variant`
+    (default: the plain one) and `batch` searches, built as that variant."""
+    variant = variant or Variant()
+    out = [variant.apply(spec.default(spec.dtypes[dtype]))
+           for spec in searched(dtype, arch, variant, batch)]
     return [c for c in out if not check(c, arch)]
 
 
@@ -73,11 +90,15 @@ def dry_run(
     cache_dir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     dtype: DType = DType.F32,
+    variant: Variant | None = None,
+    batch: int = 1,
 ) -> DryRunReport:
     """Compile the default configuration of each family and others drawn from the valid
-    space, `trials` in all."""
-    valid = list(valid_configs(arch, dtype, shape))
-    first = defaults(dtype, arch)[: max(trials, 0)]
+    space, `trials` in all, every one built as `variant` (default: the plain one) and
+    modelled at a batch of `batch`."""
+    variant = variant or Variant()
+    valid = list(valid_configs(arch, dtype, shape, variant, batch))
+    first = defaults(dtype, arch, variant, batch)[: max(trials, 0)]
     pool = [c for c in valid if c not in first]
     sample = random.Random(seed).sample(pool, min(max(trials - len(first), 0), len(pool)))
     configs = [*first, *sample]
@@ -87,7 +108,7 @@ def dry_run(
         if not res.ok:
             rows[cfg] = DryRunRow(cfg, "compile failed", res.error.splitlines()[0][:200])
         else:
-            v = judge(cfg, res.resources, shape, arch)
+            v = judge(cfg, res.resources, shape, arch, batch=batch)
             f = v.figures
             rows[cfg] = DryRunRow(
                 cfg, "pruned" if v.hopeless else "ok", v.reason, f["registers"], f["smem"],
@@ -100,5 +121,5 @@ def dry_run(
     # fastest predicted first; pruned and failed ones after, in the order drawn
     ordered = sorted((rows[c] for c in configs),
                      key=lambda r: (r.status != "ok", -(r.predicted_tflops or 0.0)))
-    return DryRunReport(shape, arch.sm, space_size(dtype), len(valid), ordered, Path(artifacts),
-                        dtype.short)
+    return DryRunReport(shape, arch.sm, space_size(dtype, variant, batch), len(valid), ordered,
+                        Path(artifacts), dtype.short, variant, batch)

@@ -45,8 +45,17 @@ plus the fixed costs of the launch:
            (one wave over the GPU, rasterised in swizzle groups) read the A panels of
            their block rows and the B panels of their block columns; waves read again
            what the one before read unless A and B fit in half the L2; never less than
-           A + B once, plus C written once (and the split-K workspace, written and read).
-  l2       every block's A and B panels and its C tile over the L2 bandwidth.
+           A + B once, plus C written once in its type (2 bytes an element for fp16 /
+           bf16 C), the bias vector read once, and the split-K workspace (FP32,
+           written and read). A strided batch is that many problems, each its own A,
+           B and C (a B shared by the batch is not modelled: read once per problem).
+  l2       every block's A and B panels, its C tile and its slice of the bias over the
+           L2 bandwidth.
+
+A batch of B problems launches B x tiles x split-K blocks: the wave quantisation, the
+bound's wave efficiency and every byte count are over all of them, and the FLOPs are B
+times one problem's. The epilogue's bias and activation cost their instructions
+(``EPILOGUE_INSTR``, per element of C: estimates, not calibrated).
   fixed    ``LAUNCH_S`` per kernel launched (split-K's second pass is a second one).
 
 The constants are physical figures of the H100 / H200 class, then calibrated (a small
@@ -70,7 +79,7 @@ from typing import Iterable, Sequence
 
 from codegen.arch import ArchLimits
 from codegen.compile import Resources
-from codegen.families import Config, family_of
+from codegen.families import Config, DType, family_of
 # the shape rules live with the configs (the families' spaces use them); re-exported here
 from codegen.families._common import cdiv as _cdiv, shape_reasons as _shape_reasons, wants_split
 from codegen.occupancy import Occupancy, occupancy
@@ -78,7 +87,8 @@ from codegen.occupancy import Occupancy, occupancy
 __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split", "Prediction",
            "predict", "predict_before_compile", "estimate_registers", "register_cap",
            "likely_spills", "spearman",
-           "tile_traffic", "PRUNE_MARGIN", "CONSTANTS"]
+           "tile_traffic", "out_bytes", "bias_bytes", "PRUNE_MARGIN", "CONSTANTS",
+           "EPILOGUE_INSTR"]
 
 
 # ---- the time model's constants (see the module doc; calibrated in bench/model_rank.py) --
@@ -105,6 +115,12 @@ CP_ASYNC_A_COST = 4.0
 STS_CONFLICT = 0.5
 #: seconds per kernel launched, back to back in a timing loop
 LAUNCH_S = 2.0e-6
+#: instructions per element of C the epilogue spends beyond scaling and storing it: the
+#: bias (its load, amortised over a thread's rows, and an add), each activation in FP32
+#: (erff ~ a dozen, tanhf and expf + a reciprocal fewer) and the conversion to a 2-byte C.
+#: Counted, not calibrated: no recorded study has an epilogue yet.
+EPILOGUE_INSTR = {"bias": 2, "relu": 1, "gelu": 14, "gelu_tanh": 10, "silu": 8,
+                  "convert": 1}
 
 #: Prune a compiled candidate whose predicted time exceeds the best measured time by more
 #: than this factor: predicted TFLOP/s x PRUNE_MARGIN < best measured TFLOP/s. The model
@@ -135,12 +151,13 @@ class Verdict:
 
 
 def bound_tflops(config: Config, shape: tuple[int, int, int],
-                 arch: ArchLimits) -> tuple[float, dict]:
-    """Upper bound on the TFLOP/s of `config` at `shape` on `arch`, and its factors."""
+                 arch: ArchLimits, batch: int = 1) -> tuple[float, dict]:
+    """Upper bound on the TFLOP/s of `config` at `shape` (a batch of `batch` problems) on
+    `arch`, and its factors."""
     m, n, k = shape
     c = config
     tile = (m * n * k) / (_cdiv(m, c.bm) * c.bm * _cdiv(n, c.bn) * c.bn * _cdiv(k, c.bk) * c.bk)
-    tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
+    tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split * batch
     sms = max(arch.sm_count, 1)
     wave = tiles / (sms * _cdiv(tiles, sms))
     family = family_of(c)
@@ -158,10 +175,34 @@ def _elem(config: Config) -> int:
     return config.dtype.size if config.dtype.short != "tf32" else 4
 
 
-def tile_traffic(config: Config, shape: tuple[int, int, int]) -> dict:
+def out_bytes(config: Config) -> int:
+    """Bytes per element of C as the kernel writes it (its `out`: 4, or 2 for fp16 /
+    bf16; a family without the field writes fp32)."""
+    return getattr(config, "out", DType.F32).size
+
+
+def bias_bytes(config: Config) -> int:
+    """Bytes per element of the bias vector: 0 without one, C's for bias="out", 4 for
+    bias="f32"."""
+    bias = getattr(config, "bias", "none")
+    return 0 if bias == "none" else 4 if bias == "f32" else out_bytes(config)
+
+
+def _epilogue_instr(config: Config) -> int:
+    """EPILOGUE_INSTR's instructions per element of C for this config's epilogue."""
+    extra = EPILOGUE_INSTR.get(getattr(config, "act", "none"), 0)
+    if getattr(config, "bias", "none") != "none":
+        extra += EPILOGUE_INSTR["bias"]
+    if out_bytes(config) < 4:
+        extra += EPILOGUE_INSTR["convert"]
+    return extra
+
+
+def tile_traffic(config: Config, shape: tuple[int, int, int], batch: int = 1) -> dict:
     """Bytes one block moves for its tile: A (BM x K slice), B (K slice x BN), C (BM x BN
-    written, fp32), and the arithmetic intensity that follows (FLOP per byte); with the
-    totals over all blocks (the L2's traffic).
+    written, in C's type), the bias (its BN slice, where there is one), and the
+    arithmetic intensity that follows (FLOP per byte); with the totals over all blocks
+    of the `batch` problems (the L2's traffic).
 
     Example:
         >>> from codegen.families.simt import KernelConfig
@@ -175,26 +216,38 @@ def tile_traffic(config: Config, shape: tuple[int, int, int]) -> dict:
     ks = _cdiv(_cdiv(k, c.split), c.bk) * c.bk  # the K slice a block walks, in whole tiles
     a = c.bm * ks * es
     b = ks * c.bn * es
-    cb = c.bm * c.bn * 4
+    cb = c.bm * c.bn * out_bytes(c)
+    bb = c.bn * bias_bytes(c)
     flops = 2 * c.bm * c.bn * ks
-    blocks = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split
+    blocks = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split * batch
     # a B tile multicast to the blocks of a cluster leaves the L2 once for all of them
     shared_b = b / max(c.b_multicast, 1)
-    return dict(a_bytes=a, b_bytes=b, c_bytes=cb, intensity=round(flops / (a + b + cb), 2),
-                blocks=blocks, k_slice=ks, l2_bytes=int(blocks * (a + shared_b + cb)))
+    return dict(a_bytes=a, b_bytes=b, c_bytes=cb, bias_bytes=bb,
+                intensity=round(flops / (a + b + cb + bb), 2),
+                blocks=blocks, k_slice=ks, l2_bytes=int(blocks * (a + shared_b + cb + bb)))
 
 
-def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int) -> float:
-    """Tiled DRAM traffic: what each wave of resident blocks reads, or A + B once."""
+def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int,
+                batch: int = 1) -> float:
+    """Tiled DRAM traffic: what each wave of resident blocks reads, or A + B once, for
+    each of `batch` problems; C written once in its type, the bias read once, the split-K
+    workspace (FP32) written and read."""
     m, n, k = shape
     c = config
+    out = batch * m * n * out_bytes(c) + n * bias_bytes(c) + (
+        2 * c.split * m * n * 4 * batch if getattr(c, "has_workspace", False) else 0)
+    return batch * _dram_reads(c, shape, arch, resident) + out
+
+
+def _dram_reads(c: Config, shape, arch: ArchLimits, resident: int) -> float:
+    """One problem's A and B as its tiles read them from DRAM."""
+    m, n, k = shape
     es = _elem(c)
     tm, tn = _cdiv(m, c.bm), _cdiv(n, c.bn)
     once = (m * k + k * n) * es
-    out = m * n * 4 + (2 * c.split * m * n * 4 if getattr(c, "has_workspace", False) else 0)
     l2 = L2_BYTES.get(arch.cc, 40 << 20)
     if once <= l2 / 2 or tm * tn <= resident:
-        return once + out
+        return once
     g = max(getattr(c, "swizzle", 1), 1)
     p = min(resident, tm * tn)
     if p <= g * tn:
@@ -203,8 +256,7 @@ def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int) -> float
         rows, cols = min(tm, g * _cdiv(p, g * tn)), tn
     waves = _cdiv(tm * tn, p)
     per_wave = (rows * c.bm + cols * c.bn) * k * es
-    reads = min(max(waves * per_wave, once), (tm * tn) * (c.bm + c.bn) * k * es)
-    return reads + out
+    return min(max(waves * per_wave, once), (tm * tn) * (c.bm + c.bn) * k * es)
 
 
 def _simt_instructions(c) -> tuple[float, float, float, float]:
@@ -252,15 +304,16 @@ def _clock_hz(arch: ArchLimits) -> float:
 
 
 def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
-            occ: Occupancy) -> Prediction:
-    """Predicted time of `config` at `shape` on `arch` with occupancy `occ` (see the module
-    doc for the terms). Use :func:`predict_before_compile` without resources."""
+            occ: Occupancy, batch: int = 1) -> Prediction:
+    """Predicted time of `config` at `shape` (a batch of `batch` problems) on `arch` with
+    occupancy `occ` (see the module doc for the terms). Use
+    :func:`predict_before_compile` without resources."""
     m, n, k = shape
     c = config
     spec = family_of(c)
     sms = max(arch.sm_count, 1)
     hz = _clock_hz(arch)
-    traffic = tile_traffic(c, shape)
+    traffic = tile_traffic(c, shape, batch)
     blocks, ks = traffic["blocks"], traffic["k_slice"]
     r = max(occ.blocks_per_sm, 1)
     warps = max(occ.warps_per_block, 1)
@@ -273,12 +326,12 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
         compute, mem, wavefronts, epilogue = _simt_instructions(c)
         step_instr = warps * (compute + mem)  # warp instructions per K tile of one block
         step_smem = warps * wavefronts  # shared-memory clocks per K tile of one block
-        epi_instr = warps * epilogue
+        epi_instr = warps * (epilogue + _epilogue_instr(c) * c.rm * c.rn)
     else:  # tensor cores: a block's FLOP at the SM's tensor rate, over the issue efficiency
         peak_clk = spec.math.peak_tflops(c.dtype, arch) * 1e12 / hz / sms  # FLOP/clk/SM
         eff = max(spec.issue_efficiency(c), 1e-3)
         step_instr = 4 * (2 * c.bm * c.bn * c.bk / peak_clk) / eff  # in issue slots of 4/clk
-        epi_instr = warps * (c.bm * c.bn / max(c.threads, 1)) * 2
+        epi_instr = warps * (c.bm * c.bn / max(c.threads, 1)) * (2 + _epilogue_instr(c))
         step_smem = 0.0
     stages = getattr(c, "stages", 2)
 
@@ -295,13 +348,14 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
         lat_clk += k_tiles * step + j * epi_instr / rate
     issue_s, latency_s = issue_clk / hz, lat_clk / hz
 
-    dram = _dram_bytes(c, shape, arch, sms * r)
+    dram = _dram_bytes(c, shape, arch, sms * r, batch)
     dram_s = dram / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9)
     l2_s = traffic["l2_bytes"] / (L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9)
     launches = 2 if getattr(c, "reduce_pass", False) else 1
     fixed = LAUNCH_S * launches
     if getattr(c, "reduce_pass", False):  # the second pass reads every slice, writes C
-        fixed += (c.split + 1) * m * n * 4 / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9)
+        fixed += ((c.split * 4 + out_bytes(c)) * m * n * batch
+                  / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9))
     if getattr(c, "cluster", False):  # partial tiles summed through distributed shared memory
         fixed += (c.split - 1) * c.bm * c.bn / max(c.threads, 1) * 8 / hz
     terms = dict(issue=issue_s, latency=latency_s, dram=dram_s, l2=l2_s)
@@ -310,7 +364,7 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
         limiter = "issue"
     seconds = max(latency_s, dram_s, l2_s) + fixed
     terms["fixed"] = fixed
-    flops = 2.0 * m * n * k
+    flops = 2.0 * m * n * k * batch
     traffic = dict(traffic, dram_bytes=int(dram))
     return Prediction(seconds, flops / seconds / 1e12, limiter, terms, traffic, r,
                       len(chunks))
@@ -345,12 +399,13 @@ def likely_spills(config: Config, arch: ArchLimits) -> bool:
     return False
 
 
-def predict_before_compile(config: Config, shape, arch: ArchLimits) -> Prediction:
+def predict_before_compile(config: Config, shape, arch: ArchLimits,
+                           batch: int = 1) -> Prediction:
     """:func:`predict` with the occupancy of estimated registers (:func:`estimate_registers`,
     at most :func:`register_cap`)."""
     regs = min(estimate_registers(config), register_cap(config, arch))
     occ = occupancy(config.threads, regs, config.smem_bytes, arch)
-    return predict(config, shape, arch, occ)
+    return predict(config, shape, arch, occ, batch)
 
 
 # ---- rank correlation ---------------------------------------------------------------------
@@ -402,18 +457,20 @@ def judge(
     arch: ArchLimits,
     best_tflops: float | None = None,
     margin: float | None = None,
+    batch: int = 1,
 ) -> Verdict:
-    """Is this compiled candidate worth timing? The reason and figures are stored on the trial.
+    """Is this compiled candidate worth timing (at `shape`, a batch of `batch` problems)?
+    The reason and figures are stored on the trial.
 
     With `margin`, a candidate is also hopeless when its predicted time is more than
     `margin` times the time of `best_tflops` (the best measured so far)."""
     occ = occupancy(config.threads, resources.registers, resources.smem, arch)
-    bound, figures = bound_tflops(config, shape, arch)
+    bound, figures = bound_tflops(config, shape, arch, batch)
     figures.update(registers=resources.registers, smem=resources.smem,
                    spill_bytes=resources.spill_bytes, **occ.to_dict())
     pred = None
     if occ.blocks_per_sm:
-        pred = predict(config, shape, arch, occ)
+        pred = predict(config, shape, arch, occ, batch)
         figures.update(predicted_tflops=round(pred.tflops, 2),
                        predicted_limiter=pred.limiter)
     if resources.spill_bytes:

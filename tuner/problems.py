@@ -1,11 +1,17 @@
 """A program's recorded problems (tuner/runtime/record.py's JSON lines) as a tuning plan:
 lines of one problem merged (their calls and time summed, whatever process or run wrote
-them), the costliest first, and what cannot be tuned yet said so.
+them), the costliest first, and what cannot be tuned said so.
+
+A line names its problem by dtype, layout, out (C's type), epilogue ("none", "relu",
+"bias", "bias+gelu", "biasf32+silu": tuner._shape.epilogue_text), batch (and, optionally,
+broadcast_b: one B shared by the batch), m, n, k; a line without layout, out, epilogue or
+batch (an older record) reads as nn, fp32 C, none, 1. Its align, gpu, calls and ms are
+the call's alignment, the GPU, the calls counted and the time spent.
 
 Example:
     >>> plan = read_problems("problems.jsonl")          # doctest: +SKIP
-    >>> [(p.dtype.short, p.shape, p.calls) for p in plan]  # doctest: +SKIP
-    [('f16', (16, 4096, 4096), 1200), ...]
+    >>> [(p.task.label, p.calls) for p in plan]          # doctest: +SKIP
+    [('16x4096x4096 f16 nt C f16 bias+gelu', 1200), ...]
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from pathlib import Path
 
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
-from tuner._shape import format_shape, parse_shape
+from codegen.families._common import Variant
+from tuner._shape import Task, parse_batch, parse_epilogue, parse_layout, parse_out, parse_shape
 
 __all__ = ["Problem", "read_problems", "merge"]
 
@@ -25,55 +32,72 @@ __all__ = ["Problem", "read_problems", "merge"]
 class Problem:
     """One problem of a record file, its lines merged."""
 
-    dtype: DType
-    layout: Layout
-    shape: tuple[int, int, int]
+    task: Task
     calls: int = 0
     ms: float | None = None  # time the program spent in it, where the decisions knew it
     gpus: set = dataclasses.field(default_factory=set)
     lines: int = 0
 
     @property
+    def dtype(self) -> DType:
+        return self.task.dtype
+
+    @property
+    def layout(self) -> Layout:
+        return self.task.variant.layout
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.task.shape
+
+    @property
     def flops(self) -> float:
-        return 2.0 * self.shape[0] * self.shape[1] * self.shape[2] * self.calls
+        return self.task.flops * self.calls
 
     @property
     def label(self) -> str:
-        return f"{format_shape(self.shape)} {self.dtype.short} {self.layout.value}"
+        return self.task.label
 
-    def why_not(self) -> str | None:
-        """Why the tuner cannot take this problem yet (None: it can)."""
-        if self.layout is not Layout.NN:
-            return (f"layout {self.layout.value}: no family's template reads it yet "
-                    "(cuBLAS serves it)")
-        return None
+    def why_not(self, arch=None) -> str | None:
+        """Why the tuner cannot take this problem (None: it can): no family that serves
+        its input type builds its variant or runs its batch (on `arch`, if given)."""
+        from tuner.space import why_unsearched
+
+        t = self.task
+        why = why_unsearched(t.dtype, t.variant, t.batch, arch)
+        return None if why is None else f"{why}: cuBLAS serves it"
 
 
-def _parse(line: str, where: str) -> tuple[tuple, dict]:
+def _parse(line: str, where: str) -> tuple[Task, dict]:
     try:
         d = json.loads(line)
         dtype = DType.from_short(d["dtype"]) or DType.parse(d["dtype"])
-        layout = Layout(d.get("layout", "nn"))
+        layout = parse_layout(d.get("layout", "nn"))
+        out = parse_out(d.get("out", "f32"))
+        bias, act = parse_epilogue(d.get("epilogue", "none"), out)
+        batch = parse_batch(d.get("batch", 1))
         shape = parse_shape(f"{d['m']}x{d['n']}x{d['k']}")
         calls = int(d.get("calls", 1))
-    except (ValueError, KeyError, TypeError, UsageError) as e:
+        broadcast = bool(d.get("broadcast_b", False)) and batch > 1
+    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
         raise UsageError(f"{where}: not a recorded problem ({e})") from None
     if calls < 0:
         raise UsageError(f"{where}: calls must be at least 0 (got {calls})")
-    return (dtype, layout, shape), dict(calls=calls, ms=d.get("ms"), gpu=d.get("gpu"))
+    task = Task(dtype, shape, Variant(layout, out, bias, act), batch, broadcast)
+    return task, dict(calls=calls, ms=d.get("ms"), gpu=d.get("gpu"))
 
 
 def merge(lines, source: str = "problems") -> list[Problem]:
-    """Problems of JSON lines (blank lines and # comments skipped), one per dtype, layout
-    and shape, costliest first: by recorded time where every line knew it, else by the
-    floating-point work of their calls."""
-    found: dict[tuple, Problem] = {}
+    """Problems of JSON lines (blank lines and # comments skipped), one per task (dtype,
+    shape, variant, batch), costliest first: by recorded time where every line knew it,
+    else by the floating-point work of their calls."""
+    found: dict[Task, Problem] = {}
     for no, line in enumerate(lines, 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
-        key, d = _parse(text, f"{source}, line {no}")
-        p = found.setdefault(key, Problem(*key, ms=0.0))
+        task, d = _parse(text, f"{source}, line {no}")
+        p = found.setdefault(task, Problem(task, ms=0.0))
         p.calls += d["calls"]
         p.ms = None if p.ms is None or d["ms"] is None else p.ms + float(d["ms"])
         p.lines += 1

@@ -1,4 +1,5 @@
-"""`gemm-tune report --shape MxNxK`: an HTML page and PNG figures for one tuned shape:
+"""`gemm-tune report --shape MxNxK [--layout ...]`: an HTML page and PNG figures for one
+tuned shape (its newest entry, of the variant asked):
 the optimisation history and parameter importances (Optuna's own visualization),
 the winner and cuBLAS on a roofline of the GPU, and the best configurations."""
 
@@ -41,14 +42,15 @@ def _study(db: Path, name: str):
         return None
 
 
-def report(lib: Library, shape, dtype: DType, studies_db: Path, out: Path) -> Path:
+def report(lib: Library, shape, dtype: DType, studies_db: Path, out: Path,
+           variant: dict | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (after the backend is chosen)
     import optuna  # noqa: F401
 
-    e = _latest_entry(lib, shape, dtype)
+    e = _latest_entry(lib, shape, dtype, variant)
     out.mkdir(parents=True, exist_ok=True)
     figures = _study_figures(e, shape, _study(studies_db, _study_key(e, shape)), out)
     figures.append(_roofline_figure(lib, e, shape, dtype, out))
@@ -60,22 +62,28 @@ def report(lib: Library, shape, dtype: DType, studies_db: Path, out: Path) -> Pa
     return page
 
 
-def _latest_entry(lib: Library, shape, dtype: DType) -> dict:
-    """The library's newest entry for the shape and input type; a usage error if none."""
+def _latest_entry(lib: Library, shape, dtype: DType, variant: dict | None = None) -> dict:
+    """The library's newest entry for the shape, input type and (the fields given of) the
+    variant; a usage error if none."""
+    from tuner._shape import entry_variant
+
     m, n, k = shape
     entries = [e for e in lib.manifest["entries"]
-               if (e["m"], e["n"], e["k"]) == (m, n, k) and e["dtype"] == dtype.short]
+               if (e["m"], e["n"], e["k"]) == (m, n, k) and e["dtype"] == dtype.short
+               and all(entry_variant(e)[f] == v for f, v in (variant or {}).items())]
     if not entries:
-        raise UsageError(f"no {dtype.short} entry for {format_shape(shape)} in {lib.path}: "
-                         "tune it first")
+        asked = "".join(f" {f}={v}" for f, v in (variant or {}).items())
+        raise UsageError(f"no {dtype.short}{asked} entry for {format_shape(shape)} in "
+                         f"{lib.path}: tune it first")
     return max(entries, key=lambda x: x["date"])
 
 
 def _study_key(e: dict, shape) -> str:
-    """The name the tune gave its Optuna study: the cache key of the problem."""
-    m, n, k = shape
-    return (f"{e['gpu']}|sm_{e['cc']}|cuda {e['cuda']}|{e['template_hash']}|{e['dtype']}"
-            f"|{e['layout']}|{m}x{n}x{k}")
+    """The name the tune gave its Optuna study: the cache key of the problem (with its
+    variant and batch; an older entry's is the plain problem's)."""
+    from tuner.cache import CacheKey
+
+    return str(CacheKey.from_entry(dict(e, m=shape[0], n=shape[1], k=shape[2])))
 
 
 def _study_figures(e: dict, shape, study, out: Path) -> list[tuple[str, str]]:
@@ -120,9 +128,14 @@ def _importances_figure(study, out: Path) -> tuple[str, str]:
         return ("", f"No parameter importances: {err}")
 
 
-def _intensity(mm: int, nn: int, kk: int, es: int) -> float:
-    """FLOP per byte of A and B (es bytes an element) and C (fp32) moved once."""
-    return 2.0 * mm * nn * kk / ((mm * kk + kk * nn) * es + mm * nn * 4)
+def _intensity(mm: int, nn: int, kk: int, es: int, cs: int = 4) -> float:
+    """FLOP per byte of A and B (es bytes an element) and C (cs bytes) moved once."""
+    return 2.0 * mm * nn * kk / ((mm * kk + kk * nn) * es + mm * nn * cs)
+
+
+def _c_size(e: dict) -> int:
+    """Bytes of an entry's C element (an older entry's C is fp32)."""
+    return 2 if e.get("out", "f32") in ("f16", "bf16") else 4
 
 
 def _roofline_figure(lib: Library, e: dict, shape, dtype: DType, out: Path) -> tuple[str, str]:
@@ -135,8 +148,8 @@ def _roofline_figure(lib: Library, e: dict, shape, dtype: DType, out: Path) -> t
             else max(e["tflops"], e["cublas_tflops"]) * 1.3)
     what = f"{dtype.short} tensor cores" if tensor else "FP32"
     bw = bandwidth_gbs(e["gpu"])
-    es = 2 if dtype in (DType.F16, DType.BF16) else 4  # bytes of A and B; C is fp32
-    ai = _intensity(*shape, es)
+    es = 2 if dtype in (DType.F16, DType.BF16) else 4  # bytes of A and B
+    ai = _intensity(*shape, es, _c_size(e))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ridge = peak * 1e3 / bw
     ax.plot([0.5, ridge, 2 ** 14], [0.5 * bw / 1e3, peak, peak], color="black",
@@ -151,7 +164,7 @@ def _roofline_figure(lib: Library, e: dict, shape, dtype: DType, out: Path) -> t
     ax.set_yscale("log", base=2)
     ax.set_xlabel("arithmetic intensity (FLOP / byte of A, B, C)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"{format_shape(shape)} {dtype.short} on {e['gpu']}")
+    ax.set_title(f"{format_shape(shape)} {dtype.short} ({_variant(e)}) on {e['gpu']}")
     ax.legend(loc="lower right", fontsize=8)
     fig.savefig(out / "roofline.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -163,7 +176,7 @@ def _plot_other_entries(ax, lib: Library, e: dict, es: int) -> None:
     """The library's other entries for the same GPU and input type, faint."""
     for other in lib.manifest["entries"]:
         if other["gpu"] == e["gpu"] and other["dtype"] == e["dtype"] and other is not e:
-            oa = _intensity(other["m"], other["n"], other["k"], es)
+            oa = _intensity(other["m"], other["n"], other["k"], es, _c_size(other))
             ax.scatter([oa], [other["tflops"]], color="tab:blue", alpha=0.3, s=20)
 
 
@@ -196,6 +209,17 @@ def _top_figure(e: dict, top: list[dict], out: Path) -> tuple[str, str]:
     return ("top.png", "The best configurations")
 
 
+def _variant(e: dict) -> str:
+    from tuner._shape import variant_text
+
+    return variant_text(e)
+
+
+def _cublas_note(e: dict) -> str:
+    """What the cuBLAS figure is, where the entry says (its tune stored the label)."""
+    return f" (cuBLAS: {html.escape(e['cublas'])})" if e.get("cublas") else ""
+
+
 def _top_rows(top: list[dict]) -> str:
     return "".join(
         f"<tr><td>{t['rank']}</td><td><code>{html.escape(t['kernel'])}</code></td>"
@@ -215,12 +239,13 @@ def _page_html(e: dict, shape, dtype: DType, top: list[dict],
     rows, imgs = _top_rows(top), _figures_html(figures)
     stats = e.get("stats", {})
     return f"""<!doctype html><meta charset="utf-8">
-<title>gemm-tune {format_shape(shape)} {dtype.short}</title>
+<title>gemm-tune {format_shape(shape)} {dtype.short} ({html.escape(_variant(e))})</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}td,th{{padding:2px 8px}}
 img{{max-width:100%}}</style>
-<h1>{format_shape(shape)} {dtype.short} on {html.escape(e['gpu'])}</h1>
+<h1>{format_shape(shape)} {dtype.short} ({html.escape(_variant(e))}) on {html.escape(e['gpu'])}</h1>
 <p>Winner <code>{html.escape(e['kernel'])}</code>: {e['tflops']:.1f} TFLOP/s, cuBLAS
-{e['cublas_tflops']:.1f} TFLOP/s in the same run ({e['ratio']:.2f}x); tuned {e['date']};
+{e['cublas_tflops']:.1f} TFLOP/s in the same run ({e['ratio']:.2f}x){_cublas_note(e)};
+tuned {e['date']};
 {stats.get('compiled', '?')} candidates compiled, {stats.get('timed', '?')} timed,
 {stats.get('pruned', '?')} pruned by the model; Spearman rank correlation of the model's
 predicted and the measured times over the tune's timed candidates:

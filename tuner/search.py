@@ -3,7 +3,10 @@ rest in a process pool ahead of the GPU, prune what the model calls hopeless, an
 time the survivors against cuBLAS, interleaved.
 
 The benchmark is an argument (anything with `arch`, `flops`, `measure(config, cubin)`
-and `baseline()`), so the loop runs in CPU tests with a fake one. A benchmark that also
+and `baseline()`), so the loop runs in CPU tests with a fake one. The problem's variant
+(layout, C's type, bias, activation) shapes every candidate: the families that build it
+are searched, each suggestion is built as it (tuner.space); its batch scales the model's
+blocks and bytes (tuner.model); the benchmark times that same problem. A benchmark that also
 has `compile_task(args)` (a simulation replaying recorded results, bench/simulate_search.py)
 compiles too: the search then runs no nvcc.
 
@@ -36,6 +39,7 @@ from codegen.compile import (
 )
 from codegen.config import DType, config_from_name
 from codegen.families import Config, family_of
+from codegen.families._common import Variant
 from tuner.dryrun import defaults
 from tuner._study import (
     LEASE_GRACE, LEASE_INTERVAL, SharedStudy, _retry, describe, open_storage as _open_storage,
@@ -128,6 +132,8 @@ class SearchResult:
     stats: SearchStats
     study: object  # the optuna.Study
     storage: object = None  # where the study lives (an Optuna storage object or URL)
+    variant: Variant = Variant()
+    batch: int = 1
 
     def timed(self) -> list[TrialRecord]:
         return sorted((r for r in self.records if r.outcome is Outcome.TIMED),
@@ -154,12 +160,13 @@ class _GridAsker:
     """Every valid configuration once, in an order shuffled by the seed; each is handed to
     Optuna through a PartialFixedSampler, so a trial's parameters are the configuration's."""
 
-    def __init__(self, study, arch: ArchLimits, dtype: DType, shape, seed: int | None):
+    def __init__(self, study, arch: ArchLimits, dtype: DType, shape, seed: int | None,
+                 variant: Variant | None = None, batch: int = 1):
         import random
 
         self.study, self.base = study, study.sampler
-        self.shape, self.arch, self.dtype = tuple(shape), arch, dtype
-        self.todo = list(valid_configs(arch, dtype, shape))
+        self.shape, self.arch, self.dtype, self.batch = tuple(shape), arch, dtype, batch
+        self.todo = list(valid_configs(arch, dtype, shape, variant, batch))
         self.last = None
         random.Random(seed).shuffle(self.todo)
 
@@ -169,7 +176,7 @@ class _GridAsker:
         if not self.todo:
             return None
         cfg = self.last = self.todo.pop()
-        params = params_of(cfg, self.dtype, self.shape, self.arch)
+        params = params_of(cfg, self.dtype, self.shape, self.arch, self.batch)
         with warnings.catch_warnings():  # PartialFixedSampler is "experimental" since 2.4
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.sampler = optuna.samplers.PartialFixedSampler(params, self.base)
@@ -206,6 +213,8 @@ def search(
     model: bool = True,
     first_batch: int = 16,
     margin: float | None | str = "family",
+    variant: Variant | None = None,
+    batch: int = 1,
 ) -> SearchResult:
     """Search the space for `shape`; `trials` counts the study's candidates (valid, new
     ones, compiled by this process, an earlier run of the study, or another process).
@@ -224,12 +233,16 @@ def search(
     best measured so far is not timed ("family": each family's calibrated
     FamilySpec.prune_margin; a number: that one for all; None: no pruning on the
     prediction), once MIN_TIMED candidates have been timed; False: neither.
+
+    `variant` (default: the plain problem, NN with fp32 C and no epilogue) and `batch`:
+    the problem `bench` times; only the families that build that variant (and run a
+    batch) are searched, each candidate built as it, and the model counts the batch.
     """
     return _Search(shape, bench, dtype=dtype, trials=trials, timeout=timeout, sampler=sampler,
                    seed=seed, jobs=jobs, artifacts=artifacts, cache_dir=cache_dir,
                    storage=storage, study_name=study_name, baseline_every=baseline_every,
                    lease=lease, storage_retry=storage_retry, on_event=on_event, model=model,
-                   first_batch=first_batch, margin=margin).run()
+                   first_batch=first_batch, margin=margin, variant=variant, batch=batch).run()
 
 
 class _Search:
@@ -243,7 +256,7 @@ class _Search:
 
     def __init__(self, shape, bench, *, dtype, trials, timeout, sampler, seed, jobs, artifacts,
                  cache_dir, storage, study_name, baseline_every, lease, storage_retry,
-                 on_event, model, first_batch, margin):
+                 on_event, model, first_batch, margin, variant=None, batch=1):
         import optuna
         from optuna.trial import TrialState
 
@@ -253,6 +266,7 @@ class _Search:
         self.bench = self.benches[0]
         self.arch = self.bench.arch
         self.shape, self.dtype, self.trials = tuple(shape), dtype, trials
+        self.variant, self.batch = variant or Variant(), batch
         self.artifacts, self.baseline_every, self.on_event = artifacts, baseline_every, on_event
         self.model, self.first_batch = model, first_batch
         self.stats = SearchStats()
@@ -266,8 +280,8 @@ class _Search:
         self.storage = storage
         if storage is not None:
             self.join(storage, study_name, lease, storage_retry)
-        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed) if sampler == "grid"
-                     else None)
+        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed, self.variant, batch)
+                     if sampler == "grid" else None)
         self.max_asks = trials * 50 + 2000
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
         self.retrying: set[str] = set()
@@ -332,9 +346,9 @@ class _Search:
             self.grid.todo = [c for c in self.grid.todo if c.name not in self.seen]
         elif self.model and self.first_batch > 0:
             for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
-                                   set(self.seen)):
-                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch),
-                                         skip_if_exists=False)
+                                   set(self.seen), self.variant, self.batch):
+                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch,
+                                                   self.batch), skip_if_exists=False)
                 self.stats.model_first += 1
         self.time_baseline()
 
@@ -376,9 +390,9 @@ class _Search:
             stats.lost = self.shared.lost
             remote = optuna.load_study(study_name=self.remote.study_name, storage=self.storage)
             return SearchResult(self.shape, self.dtype, self.records, self.baselines, stats,
-                                remote, self.storage)
+                                remote, self.storage, self.variant, self.batch)
         return SearchResult(self.shape, self.dtype, self.records, self.baselines, stats,
-                            self.study, self.study._storage)
+                            self.study, self.study._storage, self.variant, self.batch)
 
     # -- ahead of the GPU: ask, check, claim, compile ---------------------------------
     def refill(self):
@@ -411,7 +425,7 @@ class _Search:
         if trial is None:
             return None
         self.stats.asked += 1
-        cfg = suggest(trial, self.dtype, self.shape, self.arch)
+        cfg = suggest(trial, self.dtype, self.shape, self.arch, self.variant, self.batch)
         if grid and grid.last is not None and cfg.name != grid.last.name:
             grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
         return trial, cfg
@@ -489,7 +503,7 @@ class _Search:
                           TrialState.FAIL)
             return
         verdict = judge(cfg, res.resources, self.shape, self.arch, self.stats.best_tflops,
-                        self.margin_for(cfg))
+                        self.margin_for(cfg), batch=self.batch)
         rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
                           resources=res.resources, figures=verdict.figures, cubin=res.cubin)
         if verdict.hopeless:
@@ -645,7 +659,7 @@ class _Search:
             if c.status != "done" or name in self.seen:
                 continue
             cfg = config_from_name(name)
-            if not is_candidate(cfg, self.dtype):
+            if not is_candidate(cfg, self.dtype, self.variant):
                 continue
             self.seen[name] = (t.state, t.value)
             try:
@@ -687,19 +701,22 @@ class _Search:
 
 
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
-                exclude: set[str] = frozenset()) -> list[Config]:
+                exclude: set[str] = frozenset(), variant: Variant | None = None,
+                batch: int = 1) -> list[Config]:
     """The first batch, `n` valid configurations not in `exclude`: each searched family's
     default for `dtype` (its best measured on the GPU, a known good start the model cannot
     yet tell from its neighbours: within the wgmma family it predicts nearly every tile at
     the tensor-core peak), then the ones the model predicts fastest, before compiling
     (registers estimated; those likely to spill left out), fastest first (ties by name).
     Spreading the batch over distinct predicted times instead was tried on the 4096^3
-    replay and did worse (bench/NOTES.md)."""
+    replay and did worse (bench/NOTES.md). Every one is built as `variant` (default: the
+    plain problem) and predicted at a batch of `batch`."""
     shape = tuple(shape)
-    valid = [c for c in valid_configs(arch, dtype, shape) if c.name not in exclude]
+    valid = [c for c in valid_configs(arch, dtype, shape, variant, batch)
+             if c.name not in exclude]
     names = {c.name for c in valid}
-    first = [c for c in defaults(dtype, arch) if c.name in names]
-    ranked = sorted((predict_before_compile(c, shape, arch).seconds, c.name, c)
+    first = [c for c in defaults(dtype, arch, variant, batch) if c.name in names]
+    ranked = sorted((predict_before_compile(c, shape, arch, batch).seconds, c.name, c)
                     for c in valid if c not in first and not likely_spills(c, arch))
     return (first + [c for _, _, c in ranked])[:n]
 

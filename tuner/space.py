@@ -1,10 +1,14 @@
 """The search space: the union of the families a request searches, each family's own
-space (codegen/families/<family>.py: SPACE, its suggest and its inverse).
+space (codegen/families/<family>.py: SPACE, its suggest and its inverse), every point
+built as the problem's variant (its layout, C's type, bias and activation:
+codegen.families._common.Variant).
 
-Which families a request searches depends on its dtype (and the GPU): see `families`.
-Fixed categorical lists keep every Optuna trial on the same distributions (TPE, random
-and grid samplers all work); combinations that cannot be built are rejected by
-codegen.check and cost nothing but the check. With more than one family, a trial first
+Which families a request searches depends on its dtype (and the GPU), and on the problem:
+a family whose spec does not declare the variant (FamilySpec.layouts, .epilogue: what
+codegen.check accepts) or cannot run a batch (see :func:`runs_batches`) is left out:
+see `families`. Fixed categorical lists keep every Optuna trial on the same distributions
+(TPE, random and grid samplers all work); combinations that cannot be built are rejected
+by codegen.check and cost nothing but the check. With more than one family, a trial first
 picks one ("family"), then asks that family's parameters, whose names are its own.
 """
 
@@ -13,66 +17,141 @@ from __future__ import annotations
 from typing import Iterator
 
 from codegen.arch import ArchLimits, parse_arch
+from codegen.check import check
 from codegen.config import DType
-from codegen.families import FAMILIES, Config, families_for, family_of
-from codegen.families._common import Shape
+from codegen.families import FAMILIES, Config, FamilySpec, families_for, family_of
+from codegen.families._common import Shape, Variant
+from tuner.model import shape_reasons
 
 __all__ = ["valid_wmma_configs", "families", "is_candidate", "params_of", "suggest",
-           "space_size", "valid_configs", "Shape"]
+           "space_size", "valid_configs", "Shape", "supports", "variant_reasons",
+           "runs_batches", "searched", "why_unsearched"]
+
+PLAIN = Variant()
 
 
-def families(dtype: DType, arch: ArchLimits | None = None) -> dict[str, DType]:
+def runs_batches(spec: FamilySpec) -> bool:
+    """Can the family's runner launch a strided batch? A spec says so with a ``batched``
+    attribute; without one, a family launched by the plain runner (FamilySpec.runner
+    None: one cuLaunchKernel, the batch along grid y) can, one with a runner of its own
+    cannot (the wgmma family's TmaRunner refuses batch > 1)."""
+    return bool(getattr(spec, "batched", spec.runner is None))
+
+
+def variant_reasons(spec: FamilySpec, variant: Variant, batch: int = 1) -> list[str]:
+    """Why `spec`'s family cannot build `variant` (or run a batch of `batch`); empty when
+    it can. From what the spec declares, the rules codegen.check applies."""
+    why = []
+    if variant.layout not in spec.layouts:
+        why.append(f"the {spec.name} template reads "
+                   f"{', '.join(sorted(x.value for x in spec.layouts))} operands, not "
+                   f"{variant.layout.value}")
+    if not spec.epilogue and (variant.out, variant.bias, variant.act) != (
+            PLAIN.out, PLAIN.bias, PLAIN.act):
+        why.append(f"the {spec.name} template writes fp32 C with no bias or activation")
+    if batch > 1 and not runs_batches(spec):
+        why.append(f"the {spec.name} family's runner launches one problem, not a batch")
+    return why
+
+
+def supports(spec: FamilySpec, variant: Variant, batch: int = 1) -> bool:
+    """Does `spec`'s family build `variant` (and run a batch of `batch`)?"""
+    return not variant_reasons(spec, variant, batch)
+
+
+def searched(dtype: DType, arch: ArchLimits | None = None, variant: Variant | None = None,
+             batch: int = 1) -> list[FamilySpec]:
+    """The specs a request in `dtype` for `variant` (default: the plain one) and `batch`
+    searches (on `arch`, if given), in registration order."""
+    variant = variant or PLAIN
+    return [s for s in families_for(dtype, arch) if supports(s, variant, batch)]
+
+
+def why_unsearched(dtype: DType, variant: Variant | None = None, batch: int = 1,
+                   arch: ArchLimits | None = None) -> str | None:
+    """Why no family builds `variant` at `batch` for `dtype` (on `arch`, if given): the
+    reasons of each family that serves the input type; None when one does."""
+    if searched(dtype, arch, variant, batch):
+        return None
+    why = sorted({r for s in families_for(dtype, arch)
+                  for r in variant_reasons(s, variant or PLAIN, batch)})
+    return "no family builds it (" + "; ".join(why) + ")" if why else \
+        f"no family serves {dtype.short}"
+
+
+def families(dtype: DType, arch: ArchLimits | None = None, variant: Variant | None = None,
+             batch: int = 1) -> dict[str, DType]:
     """The candidate families for a request in `dtype`, by name (a Family member equals
     its name), each with its configs' dtype.
 
     fp32: CUDA cores only (FP32 FMAs). tf32 (fp32 data; `--dtype tf32` or
     `--allow-tf32`): also TF32 tensor cores. fp16 / bf16: tensor cores, and the CUDA-core
-    family widening the inputs to fp32 on load.
+    family widening the inputs to fp32 on load. Of those, the ones that build `variant`
+    and run a batch of `batch`.
     """
-    return {spec.name: spec.dtypes[dtype] for spec in families_for(dtype, arch)}
+    return {spec.name: spec.dtypes[dtype] for spec in searched(dtype, arch, variant, batch)}
 
 
-def is_candidate(config: Config, dtype: DType) -> bool:
-    """Is `config` one of the configurations a request in `dtype` searches?"""
+def is_candidate(config: Config, dtype: DType, variant: Variant | None = None) -> bool:
+    """Is `config` one of the configurations a request in `dtype` (for `variant`, if
+    given) searches?"""
     spec = family_of(config)
-    return spec.serves(dtype) and spec.dtypes[dtype] is config.dtype
+    return (spec.serves(dtype) and spec.dtypes[dtype] is config.dtype
+            and (variant is None or Variant.of(config) == variant))
 
 
 def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
-            arch: ArchLimits | None = None) -> Config:
-    """Ask an Optuna trial for one point of the space (split-K only where it can help).
+            arch: ArchLimits | None = None, variant: Variant | None = None,
+            batch: int = 1) -> Config:
+    """Ask an Optuna trial for one point of the space (split-K only where it can help),
+    built as `variant` (default: the plain one).
 
     With two families or more the trial first picks one ("family"); each family names its
     own parameters (the WMMA ones wmma_<name>), so each name keeps one distribution.
     """
-    specs = families_for(dtype, arch)
+    variant = variant or PLAIN
+    specs = searched(dtype, arch, variant, batch)
+    if not specs:
+        raise ValueError(f"no family builds {variant.key} for {dtype.short}")
     spec = specs[0]
     if len(specs) > 1:
         spec = FAMILIES[trial.suggest_categorical("family", tuple(s.name for s in specs))]
-    return spec.suggest(trial, spec.dtypes[dtype], shape, arch)
+    return variant.apply(spec.suggest(trial, spec.dtypes[dtype], shape, arch))
 
 
-def params_of(config: Config, dtype: DType, shape: Shape, arch: ArchLimits) -> dict:
-    """The trial parameters that make `suggest` return `config` (the grid's inverse)."""
+def params_of(config: Config, dtype: DType, shape: Shape, arch: ArchLimits,
+              batch: int = 1) -> dict:
+    """The trial parameters that make `suggest` return `config` (the grid's inverse; the
+    variant is the config's own)."""
     spec = family_of(config)
     p = spec.params_of(config, shape, arch)
-    return {"family": spec.name, **p} if len(families_for(dtype, arch)) > 1 else p
+    many = len(searched(dtype, arch, Variant.of(config), batch)) > 1
+    return {"family": spec.name, **p} if many else p
 
 
-def space_size(dtype: DType = DType.F32) -> int:
+def space_size(dtype: DType = DType.F32, variant: Variant | None = None,
+               batch: int = 1) -> int:
     """Points in the space a request in `dtype` searches (before validation; split-K
     variants not counted)."""
-    return sum(spec.space_size() for spec in families_for(dtype))
+    return sum(spec.space_size() for spec in searched(dtype, None, variant, batch))
 
 
 def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
-                  shape: Shape | None = None) -> Iterator[Config]:
+                  shape: Shape | None = None, variant: Variant | None = None,
+                  batch: int = 1) -> Iterator[Config]:
     """Every point of the space that codegen.check accepts for `arch` (and, given a shape,
-    that the shape rules keep, split-K variants included), in grid order: family by
-    family in registration order (the CUDA-core family first)."""
+    that the shape rules keep, split-K variants included), built as `variant`, in grid
+    order: family by family in registration order (the CUDA-core family first)."""
     arch = parse_arch(arch)
-    for spec in families_for(dtype, arch):
-        yield from spec.valid_configs(arch, spec.dtypes[dtype], shape)
+    variant = variant or PLAIN
+    for spec in searched(dtype, arch, variant, batch):
+        for c in spec.valid_configs(arch, spec.dtypes[dtype], shape):
+            if variant.plain:
+                yield c
+                continue
+            cv = variant.apply(c)  # the variant may add reasons (a column-major A's vectors)
+            if not check(cv, arch) and (shape is None or not shape_reasons(cv, shape, arch)):
+                yield cv
 
 
 def valid_wmma_configs(arch: ArchLimits | str, dtype: DType) -> Iterator[Config]:

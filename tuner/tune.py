@@ -1,5 +1,9 @@
 """`gemm-tune --shape MxNxK` on a GPU: answer from the cache, or search, confirm the
-best against cuBLAS side by side, cache the winner and show the top candidates."""
+best against cuBLAS side by side, cache the winner and show the top candidates.
+
+What is tuned is a :class:`tuner._shape.Task`: the input type and shape, the variant
+(layout, C's type, bias, activation) and the batch; its cache key, study name and library
+entry carry all of them."""
 
 from __future__ import annotations
 
@@ -12,15 +16,15 @@ import sys
 from pathlib import Path
 
 from codegen.compile import nvcc_version, target_arch
-from codegen.config import DType, Layout
+from codegen.config import DType
 from codegen.errors import UsageError
 from codegen.occupancy import occupancy
 from codegen.rendering import template_hash
 from tuner._progress import PIPE_WIDTH
-from tuner._shape import format_shape, problem_bytes
+from tuner._shape import Task, format_shape
 from tuner.cache import CacheKey, WinnerCache
 
-__all__ = ["run_cli", "run_problems", "cache_key"]
+__all__ = ["run_cli", "run_problems", "cache_key", "task_key"]
 
 
 class _Interrupted(Exception):
@@ -31,26 +35,44 @@ class _Interrupted(Exception):
         self.result = result
 
 
-#: what cuBLAS is asked for, per request: the same precision as the candidates
+#: what cuBLAS was asked for, by request, in results cached before the label was stored
+#: (the plain problem; tuner.bench.baseline_label says it for any)
 CUBLAS_PRECISION = {"f32": "SGEMM, FP32, no TF32", "tf32": "GemmEx FP32 data, FAST_TF32",
+                    "f32x3": "SGEMM, FP32, no TF32",
                     "f16": "GemmEx fp16 inputs, COMPUTE_32F", "bf16": "GemmEx bf16 inputs, COMPUTE_32F"}
 
 
-def cache_key(dev, dtype: DType, shape, layout: Layout = Layout.NN) -> CacheKey:
+def task_key(gpu: str, cc: int, cuda: str, templates: str, task: Task) -> CacheKey:
+    """The cache key (and study name) of `task` on a GPU, CUDA and template version."""
+    v = task.variant
+    return CacheKey(gpu, cc, cuda, templates, task.dtype.short, v.layout.value, *task.shape,
+                    out=v.out.short, bias=v.bias, act=v.act, batch=task.batch,
+                    broadcast_b=task.broadcast_b)
+
+
+def cache_key(dev, task: Task) -> CacheKey:
     cuda = re.search(r"release ([\d.]+)", nvcc_version()).group(1)
-    return CacheKey(dev.name, dev.cc, cuda, template_hash(), dtype.short, layout.value, *shape)
+    return task_key(dev.name, dev.cc, cuda, template_hash(), task)
 
 
-def _check_fits(dev, shape, dtype) -> None:
-    """The problem, its float64 reference and the L2 flush buffer must fit in free memory."""
+def _check_fits(dev, shape, dtype, task: Task | None = None) -> None:
+    """The problem (its batch, B once where shared, C in its type, the bias), its float64
+    references (one or two roundings of the inputs, with and without an epilogue) and one
+    problem's float64 operands, and the L2 flush buffer must fit in free memory."""
     from tuner.runtime import driver
 
+    task = task or Task(dtype, tuple(shape))
     m, n, k = shape
-    need = problem_bytes(shape, dtype.size) + (m * k + k * n + 3 * m * n) * 8 + 2 * dev.l2_bytes
+    v, b = task.variant, task.batch
+    stored = 4 if dtype.size == 4 else dtype.size
+    inputs = (m * k * b + k * n * (1 if task.broadcast_b else b)) * stored
+    out = m * n * b * v.out.size + (n * 4 if v.bias != "none" else 0)
+    refs = (1 if dtype is DType.F32 else 2) * (2 if (v.bias, v.act) != ("none", "none") else 1)
+    need = inputs + out + (m * k + k * n + (refs + 2) * m * n * b) * 8 + 2 * dev.l2_bytes
     free, _total = driver.call("cuMemGetInfo")
     if need > free:
-        raise UsageError(f"{format_shape(shape)} needs {need / 2**30:.1f} GiB on the GPU "
-                         f"(inputs, output, float64 reference); {free / 2**30:.1f} GiB is free")
+        raise UsageError(f"{task.label} needs {need / 2**30:.1f} GiB on the GPU "
+                         f"(inputs, output, float64 references); {free / 2**30:.1f} GiB is free")
 
 
 def _row(rank, rec, timing, cublas_ms, flops, arch) -> dict:
@@ -67,8 +89,8 @@ def _print(result: dict, console) -> None:
     from rich.table import Table
 
     src = "cache" if result["from_cache"] else "this run"
-    t = Table(title=f"gemm-tune {result['shape']} {result['dtype']} on {result['gpu']} "
-                    f"(from {src})")
+    t = Table(title=f"gemm-tune {result.get('problem') or result['shape'] + ' ' + result['dtype']}"
+                    f" on {result['gpu']} (from {src})")
     for col in ("#", "kernel", "TFLOP/s", "% of cuBLAS", "regs", "smem B", "occupancy",
                 "limiter"):
         t.add_column(col, justify="left" if col in ("kernel", "limiter") else "right",
@@ -77,8 +99,9 @@ def _print(result: dict, console) -> None:
         t.add_row(str(r["rank"]), r["kernel"], f"{r['tflops']:.1f}", f"{r['pct_cublas']:.1f}%",
                   str(r["registers"]), str(r["smem"]), f"{r['occupancy']:.0%}", r["limiter"])
     console.print(t)
-    console.print(f"cuBLAS ({CUBLAS_PRECISION[result['dtype']]}): "
-                  f"{result['cublas_tflops']:.1f} TFLOP/s, measured in the same run")
+    label = result.get("cublas") or CUBLAS_PRECISION.get(result["dtype"], result["dtype"])
+    console.print(f"cuBLAS ({label}): {result['cublas_tflops']:.1f} TFLOP/s, measured in the "
+                  "same run")
     s = result["stats"]
     console.print(
         f"search: {s['compiled']} compiled, {s['timed']} timed, {s['pruned']} pruned by the "
@@ -105,17 +128,22 @@ class _Session:
         self.devices = _devices(args.devices)
         self.out = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
-    def result(self, shape, dtype: DType) -> dict:
-        """The cached winner of (shape, dtype), or a tune of it (cached and added to the
-        library); _Interrupted on Ctrl-C."""
-        key = cache_key(self.dev, dtype, shape)
+    def result(self, task: Task) -> dict:
+        """The cached winner of `task`, or a tune of it (cached and added to the library);
+        _Interrupted on Ctrl-C."""
+        from tuner.space import why_unsearched
+
+        why = why_unsearched(task.dtype, task.variant, task.batch, self.dev.arch)
+        if why is not None:
+            raise UsageError(f"{task.label}: {why}")
+        key = cache_key(self.dev, task)
         entry = self.cache.get(key)
         if entry and not self.args.force:
             return dict(entry["result"], from_cache=True)
-        _check_fits(self.dev, shape, dtype)
+        _check_fits(self.dev, task.shape, task.dtype, task)
         # stdout carries the result alone (--json): what libraries print goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            result = dict(_tune(self.args, shape, dtype, self.artifacts, self.dev, key,
+            result = dict(_tune(self.args, task, self.artifacts, self.dev, key,
                                 self.devices), from_cache=False)
         self.cache.put(key, dict(result=result, **result["winner"]))
         _add_to_library(self.args, self.artifacts, self.dev, key, result)
@@ -132,14 +160,14 @@ def _interrupted(args, stop: _Interrupted) -> int:
     return 130
 
 
-def run_cli(args, shapes, dtype: DType, artifacts: Path) -> int:
-    """Tune each shape in turn (every shape's candidates spread over all of --devices);
-    print one table per shape, or with --json one document (a list for several shapes)."""
+def run_cli(args, tasks: list[Task], artifacts: Path) -> int:
+    """Tune each task in turn (every task's candidates spread over all of --devices);
+    print one table per task, or with --json one document (a list for several)."""
     session = _Session(args, artifacts)
     results = []
-    for shape in shapes:
+    for task in tasks:
         try:
-            result = session.result(shape, dtype)
+            result = session.result(task)
         except _Interrupted as stop:
             return _interrupted(args, stop)
         results.append(result)
@@ -161,21 +189,23 @@ def run_problems(args, problems, artifacts: Path, clock=None) -> int:
     session = _Session(args, artifacts)
     start, rows = clock(), []
     for i, p in enumerate(problems, 1):
-        why = p.why_not()
+        why = p.why_not(getattr(getattr(session, "dev", None), "arch", None))
         if why is None and args.budget is not None and clock() - start >= args.budget:
             why = f"the --budget of {args.budget:g} s was spent"
         print(f"gemm-tune: problem {i}/{len(problems)}: {p.label} ({p.calls} calls)"
               + (f": skipped, {why}" if why else ""), file=sys.stderr, flush=True)
         if why:
-            rows.append(dict(problem=p.label, calls=p.calls, ms=p.ms, skipped=why))
+            rows.append(dict(problem=p.label, calls=p.calls, ms=p.ms, skipped=why,
+                             **p.task.fields()))
             continue
         began = clock()
         try:
-            result = session.result(p.shape, p.dtype)
+            result = session.result(p.task)
         except _Interrupted as stop:
             return _interrupted(args, stop)
         w = result["winner"]
-        rows.append(dict(problem=p.label, calls=p.calls, ms=p.ms, kernel=w["name"],
+        rows.append(dict(problem=p.label, **p.task.fields(), calls=p.calls, ms=p.ms,
+                         kernel=w["name"],
                          tflops=w["tflops"], ratio=w["ratio"], seconds=round(clock() - began, 1),
                          from_cache=result["from_cache"]))
     if args.json:
@@ -188,7 +218,8 @@ def run_problems(args, problems, artifacts: Path, clock=None) -> int:
 def _print_problems(rows: list[dict], console) -> None:
     from rich.table import Table
 
-    t = Table(title=f"gemm-tune: {len(rows)} recorded problems, costliest first")
+    t = Table(title=f"gemm-tune: {len(rows)} recorded problems, costliest first (problem: "
+                    "shape, input type, layout, C's type, epilogue, batch)")
     for col in ("problem", "calls", "recorded ms", "winner", "x cuBLAS", "tune s"):
         t.add_column(col, justify="left" if col in ("problem", "winner") else "right")
     for r in rows:
@@ -224,9 +255,12 @@ def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> 
     w = result["winner"]
     entry = dict(gpu=dev.name, cc=dev.cc, arch=dev.sm, cuda=key.cuda,
                  template_hash=key.template_hash, dtype=key.dtype, layout=key.layout,
+                 out=key.out, bias=key.bias, act=key.act, batch=key.batch,
+                 broadcast_b=key.broadcast_b,
                  m=key.m, n=key.n, k=key.k, kernel=w["name"], tflops=w["tflops"],
                  timing=w["timing"], cublas_tflops=w["cublas_tflops"],
-                 cublas_timing=w["cublas_timing"], ratio=w["ratio"], error=w["error"],
+                 cublas_timing=w["cublas_timing"], cublas=result.get("cublas"),
+                 ratio=w["ratio"], error=w["error"],
                  resources=w["resources"], occupancy=w["occupancy"], limiter=w["limiter"],
                  date=w["date"], stats=result["stats"], top=result["top"])
     source = Path(w["source"])
@@ -234,24 +268,27 @@ def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> 
         entry, source, Path(w["cubin"]), source.with_suffix(".json"))
 
 
-def _tune(args, shape, dtype, artifacts, dev, key, devices) -> dict:
+def _tune(args, task: Task, artifacts, dev, key, devices) -> dict:
     from tuner.worker import GpuWorker
 
     # one timing worker process per GPU: a kernel that faults or hangs costs only its worker
     with contextlib.ExitStack() as stack:
-        workers = [stack.enter_context(GpuWorker(shape, dtype, seed=args.seed, device=i,
-                                                 timeout_s=args.kernel_timeout))
-                   for i in devices]
-        return _tune_with(args, shape, dtype, artifacts, dev, key, workers)
+        workers = [stack.enter_context(GpuWorker(
+            task.shape, task.dtype, seed=args.seed, device=i, timeout_s=args.kernel_timeout,
+            variant=task.variant, batch=task.batch, broadcast_b=task.broadcast_b))
+            for i in devices]
+        return _tune_with(args, task, artifacts, dev, key, workers)
 
 
-def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
+def _tune_with(args, task: Task, artifacts, dev, key, workers) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from tuner._progress import progress
 
+    from tuner.bench import baseline_label
     from tuner.search import confirm, save_study, search
 
+    shape, dtype = task.shape, task.dtype
     bench = workers[0]
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(),
                TextColumn("pruned {task.fields[pruned]} failed {task.fields[failed]} "
@@ -259,13 +296,14 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
                TimeElapsedColumn())
     fields = ("pruned {pruned}, failed {failed}, best {best} TFLOP/s ({pct} of cuBLAS)")
     with progress(*columns, fields_text=fields, disable=args.json) as bar:
-        task = bar.add_task("tuning", total=args.trials, pruned=0, failed=0, best="-", pct="-")
+        bar_task = bar.add_task("tuning", total=args.trials, pruned=0, failed=0, best="-",
+                                pct="-")
 
         def on_event(rec, s):
             best = f"{s.best_tflops:.1f}" if s.best_tflops else "-"
             pct = (f"{100 * s.best_tflops / s.cublas_tflops:.0f}%"
                    if s.best_tflops and s.cublas_tflops else "-")
-            bar.update(task, completed=s.done, pruned=s.pruned, failed=s.failed, best=best,
+            bar.update(bar_task, completed=s.done, pruned=s.pruned, failed=s.failed, best=best,
                        pct=pct)
 
         res = search(shape, workers, dtype=dtype, trials=args.trials, timeout=args.timeout,
@@ -273,8 +311,9 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
                      storage=args.storage, study_name=args.study or (str(key) if args.storage
                                                                      else None),
                      lease=(max(args.lease / 6, 0.1), args.lease), on_event=on_event,
-                     model=not getattr(args, "no_model", False))
-        bar.update(task, description="confirming")
+                     model=not getattr(args, "no_model", False), variant=task.variant,
+                     batch=task.batch)
+        bar.update(bar_task, description="confirming")
         save_study(res, artifacts / "studies.db", str(key))
         if not res.timed():
             raise UsageError("no candidate passed verification; see the artifacts' .json files")
@@ -300,8 +339,10 @@ def _tune_with(args, shape, dtype, artifacts, dev, key, workers) -> dict:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     return dict(
-        shape=format_shape(shape), dtype=dtype.short, gpu=dev.name, key=str(key),
-        cublas_tflops=winner["cublas_tflops"], winner=winner, top=top,
+        shape=format_shape(shape), dtype=dtype.short, **task.fields(), problem=task.label,
+        gpu=dev.name, key=str(key), cublas_tflops=winner["cublas_tflops"],
+        cublas=baseline_label(dtype, task.variant, task.batch, task.broadcast_b),
+        winner=winner, top=top,
         stats=dict(asked=s.asked, rejected=s.rejected, duplicates=s.duplicates,
                    compiled=s.compiled, compile_failed=s.compile_failed, pruned=s.pruned,
                    launch_failed=s.launch_failed, wrong=s.wrong, timed=s.timed,
