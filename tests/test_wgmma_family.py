@@ -321,22 +321,33 @@ def test_tensor_map_enum_names_exist_in_cuda_bindings():
     assert attr.value.clusterDim.x == 2
 
 
+#: the kernel's scalars after the tensor maps, in order: (name, ctypes kind, a value)
+KERNEL_SCALARS = [("M", ctypes.c_int32, 17), ("N", ctypes.c_int32, 33), ("K", ctypes.c_int32, 9),
+                  ("alpha", ctypes.c_float, 0.5), ("beta", ctypes.c_float, 2.0),
+                  ("C", ctypes.c_uint64, 0xABC0), ("ldc", ctypes.c_int32, 36),
+                  ("bias", ctypes.c_uint64, 0xBEE0)]
+
+
 def test_kernel_arguments_follow_the_signature():
     """The TMA runner's scalars after the tensor maps (A and B, and C with the TMA-store
-    epilogue) are the kernel's parameters in order: M N K alpha beta C ldc."""
+    epilogue) are the kernel's parameters in order (KERNEL_SCALARS), the first seven as
+    they were before C's type and the bias (callers that read M N K alpha beta C ldc off a
+    parameter block still find them there)."""
     from tuner.runtime.driver import ParamBlock
     from tuner.runtime.runners import TmaRunner
 
-    assert TmaRunner.SIGNATURE == "iiiffPi"  # int32 x 3, float x 2, a pointer, int32
+    assert TmaRunner.SIGNATURE == "iiiffPiP"
+    assert TmaRunner.SIGNATURE.startswith("iiiffPi")
     blk = ParamBlock(TmaRunner.SIGNATURE)
-    ptrs = (ctypes.c_void_p * 7).from_address(blk.pack(17, 33, 9, 0.5, 2.0, 0xABC0, 36))
-    kinds = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float,
-             ctypes.c_uint64, ctypes.c_int32]
-    assert [kind.from_address(p).value for kind, p in zip(kinds, ptrs)] == \
-        [17, 33, 9, 0.5, 2.0, 0xABC0, 36]
-    assert [ctypes.sizeof(kind) for kind in kinds] == [4, 4, 4, 4, 4, 8, 4]
+    values = [v for _, _, v in KERNEL_SCALARS]
+    ptrs = (ctypes.c_void_p * len(values)).from_address(blk.pack(*values))
+    assert [kind.from_address(p).value for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs)] == values
     src = render(DEFAULT_WGMMA)
-    assert "int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)" in src
+    assert ("int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,\n"
+            "    const BiasT* __restrict__ bias)") in src
+    assert "using OutT = float;" in src and "using BiasT = float;" in src
+    bf = render(dataclasses.replace(DEFAULT_WGMMA, out=DType.BF16, bias="f32"))
+    assert "using OutT = __nv_bfloat16;" in bf and "using BiasT = float;" in bf
     # the launch geometry the runner gives the driver: a cluster per tile, or (persistent)
     # at most sms // cluster clusters; one warpgroup per consumer plus the producer's
     cl = WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8")
@@ -457,7 +468,7 @@ def test_store_epilogue_source():
     assert "cp.async.bulk.wait_group.read %0;" in src and "bulk_wait_read<1>();" in src
     assert "cp.async.bulk.wait_group 0;" in src and "fence.proxy.async.shared::cta;" in src
     assert "bar.sync 2, 128;" in src and "bar.sync 3, 128;" in src
-    assert "constexpr uint32_t C_BYTES = 32768;" in src and "C (FP32) box 64 x 32" in src
+    assert "constexpr uint32_t C_BYTES = 32768;" in src and "C (fp32, SWIZZLE_128B) box 64 x 32" in src
     assert "const uint32_t bars = base + TILES_BYTES + C_BYTES;" in src
     plain = render(DEFAULT_WGMMA)
     assert "tmC" not in plain and "cp.async.bulk.wait_group" not in plain
@@ -798,3 +809,226 @@ def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
                                             enumerate(acc.METHODS)}) for s in acc.SPEED_SHAPES])
     acc.plot(report, tmp_path / "x.png")
     assert (tmp_path / "x.png").stat().st_size > 10000
+
+
+# ---- C's type, the bias and the activation (the epilogue) ----------------------------------
+from codegen.check import check  # noqa: E402
+from codegen.families._common import Layout  # noqa: E402
+from codegen.families.wgmma import c_tma_reasons, problem_reasons  # noqa: E402
+
+#: fp16 C with an fp16 bias and gelu, from registers
+EPI_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, out=DType.F16, bias="out", act="gelu")
+#: bf16 C through the TMA-store epilogue (SWIZZLE_64B buffers), silu, no bias
+EPI_TS_GOLDEN = WgmmaConfig(bm=128, bn=256, stages=4, dtype=DType.BF16, store=1, out=DType.BF16,
+                            act="silu")
+
+
+def test_epilogue_names_round_trip_and_check():
+    assert EPI_GOLDEN.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_of16_bias_gelu"
+    assert EPI_TS_GOLDEN.name == "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_obf16_silu"
+    pre = dataclasses.replace(PREP_GOLDEN, out=DType.BF16, bias="f32", act="gelu_tanh", store=1)
+    t3 = dataclasses.replace(T3_GOLDEN, out=DType.F16, act="relu")
+    assert pre.name == "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_obf16_biasf32_gelut"
+    for c in (EPI_GOLDEN, EPI_TS_GOLDEN, pre, t3):
+        assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
+        assert check(c, "sm_90") == [], c.name
+    # the family writes every C type with every bias and activation (FamilySpec.epilogue)
+    from codegen.families import FAMILIES
+
+    assert FAMILIES["wgmma"].epilogue
+    assert check(dataclasses.replace(DEFAULT_WGMMA, bias="out", act="silu"), "sm_90") == []
+    # the common rules still hold for this family
+    assert check(dataclasses.replace(DEFAULT_WGMMA, bias="f32"), "sm_90") == [
+        "an fp32 bias with fp32 C is bias='out'"]
+    assert any("activation 'tanh' is not one of" in w
+               for w in check(dataclasses.replace(DEFAULT_WGMMA, act="tanh"), "sm_90"))
+    assert any("C cannot be tf32" in w
+               for w in check(dataclasses.replace(DEFAULT_WGMMA, out=DType.TF32), "sm_90"))
+
+
+def test_two_byte_c_halves_the_staging_buffers():
+    c = EPI_TS_GOLDEN
+    assert c.c_row_bytes == 64 and c.c_buf_bytes == 64 * 64 == 4096 and c.c_bytes == 16384
+    assert STORE_GOLDEN.c_row_bytes == 128 and STORE_GOLDEN.c_bytes == 32768
+    assert c.smem_bytes == 1024 + 4 * 49152 + 16384 + 1024
+    assert c.tma_boxes()["C"] == (64, 32)  # 32 columns: 64 B rows, the SWIZZLE_64B span
+    v = c.template_values()
+    assert (v["C_ES"], v["C_ROW_BYTES"], v["OUT_T"], v["ACT"], v["BIAS"]) == \
+        (2, 64, "__nv_bfloat16", "silu", False)
+    # a 128x256 tile of 2-byte C fits 5 stages with its buffers (fp32 C does not)
+    assert check_wgmma(dataclasses.replace(c, stages=5), "sm_90") != []
+    assert dataclasses.replace(c, stages=4, bn=192).smem_bytes < \
+        dataclasses.replace(STORE_GOLDEN, stages=4, bn=192).smem_bytes
+
+
+def test_c_tma_reasons_for_two_byte_c():
+    assert c_tma_reasons(1024, 0x100, 1024, DType.F16) == []
+    assert c_tma_reasons(1028, 0x100, 1028, DType.F16) == [
+        "ldc=1028 x 2 B = 2056 B is not a multiple of 16 bytes",
+        "N=1028 is not a multiple of 8 fp16 values: TMA stores write C's rows in 16-byte pieces, past column N"]
+    assert c_tma_reasons(1032, 0x108, 1030, DType.BF16) == [
+        "C at 0x108 is not 16-byte aligned (off by 8 B)",
+        "N=1030 is not a multiple of 8 bf16 values: TMA stores write C's rows in 16-byte pieces, past column N"]
+    assert c_tma_reasons(1028, 0x100, 1028) == []  # fp32 C: 4 floats are 16 bytes
+    ts16 = dataclasses.replace(STORE_GOLDEN, out=DType.F16)
+    assert problem_reasons(ts16, (4096, 4100, 4096)) == [
+        "TMA cannot describe the operands: ldb=4100 x 2 B = 8200 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: ldc=4100 x 2 B = 8200 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: N=4100 is not a multiple of 8 fp16 values: TMA stores "
+        "write C's rows in 16-byte pieces, past column N"]
+    assert problem_reasons(STORE_GOLDEN, (4096, 4104, 4096)) == []
+    # the dispatch's rule: N a whole number of 16 bytes of C
+    assert STORE_GOLDEN.takes(64, 4100, 64, (16, 16, 16))
+    assert not ts16.takes(64, 4100, 64, (16, 16, 16)) and ts16.takes(64, 4104, 64, (16, 16, 16))
+    assert EPI_GOLDEN.takes(64, 4100, 64, (16, 16, 2))  # registers: any N, any C
+
+
+@pytest.mark.parametrize("cfg", [EPI_GOLDEN, EPI_TS_GOLDEN], ids=lambda c: c.name)
+def test_epilogue_golden_source(cfg):
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    rendered_as_golden(cfg)
+
+
+def test_epilogue_source_says_what_it_does():
+    src = render(EPI_GOLDEN)
+    assert "// Computes:   C = gelu(alpha * A * B + beta * C + bias);" in src
+    assert "fp32 accumulation, fp16 output, a __half bias of N" in src
+    assert "#include <cuda_fp16.h>" in src and "cuda_bf16.h" not in src
+    assert "using OutT = __half;" in src and "using BiasT = __half;" in src
+    assert "constexpr bool HAS_BIAS = true;" in src and "erff(" in src
+    assert "__floats2half2_rn" in src and "st_pair(p, finish1(v0, bias, col)" in src
+    ts = render(EPI_TS_GOLDEN)
+    assert "#include <cuda_bf16.h>" in ts and "cuda_fp16.h" not in ts
+    assert "C (bf16, SWIZZLE_64B) box 64 x 32" in ts and "C_ES = 2;" in ts
+    assert "sts_pair(cbuf + r * 64 + (((cc / 8) ^ ((r / 2) % 4)) * 16) + (cc % 8) * 2, v0, v1);" in ts
+    assert "sts64" not in ts and "expf(-x)" in ts
+    plain = render(DEFAULT_WGMMA)  # fp32 C: no fp16 / bf16 header, the 8-byte pair stores
+    assert "cuda_fp16.h" not in plain and "cuda_bf16.h" not in plain
+    assert "return *reinterpret_cast<const float2*>(p);" in plain
+
+
+@pytest.mark.parametrize("wm", [64, 128])
+def test_two_byte_c_slices_are_written_once_without_bank_conflicts(wm):
+    """2-byte C: each thread's pair of columns (cc, cc + 1) of row r goes, as one 4-byte store,
+    where TMA's SWIZZLE_64B reads it (16-byte chunk c of a 64-byte row at c ^ ((r / 2) % 4):
+    address bits 4-5 XOR bits 7-8), every element once, and each warp's 32 stores on 32
+    distinct banks."""
+    written = {}
+    for warp in range(4):
+        for i in range(wm // 64):
+            for h in range(2):
+                for q in range(4):
+                    banks = []
+                    for lane in range(32):
+                        cc = q * 8 + (lane % 4) * 2
+                        r = i * 64 + warp * 16 + lane // 4 + h * 8
+                        at = r * 64 + (((cc // 8) ^ ((r // 2) % 4)) * 16) + (cc % 8) * 2
+                        assert at % 4 == 0
+                        for e in range(2):
+                            plain = r * 64 + (cc + e) * 2  # unswizzled byte address
+                            assert at + 2 * e == plain ^ (((plain >> 7) & 3) << 4)
+                            assert (r, cc + e) not in written
+                            written[(r, cc + e)] = at + 2 * e
+                        banks.append(at // 4 % 32)
+                    assert sorted(banks) == list(range(32)), banks
+    assert len(written) == wm * 32 and len(set(written.values())) == wm * 32
+
+
+def test_the_runner_maps_c_in_its_type_and_passes_the_bias(monkeypatch):
+    """The TMA-store epilogue's C map is encoded in C's type (SWIZZLE_64B for 2-byte C, the
+    16-byte rules in C's elements), and the bias pointer follows ldc in the parameters."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded, packed = [], []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Image(_Image):
+        def launch(self, f, grid, block, stream, address):
+            n = len(TmaRunner.SIGNATURE)
+            ptrs = (ctypes.c_void_p * (3 + n)).from_address(address)
+            packed.append([kind.from_address(p).value
+                           for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs[3:])])
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = dataclasses.replace(EPI_TS_GOLDEN, bias="f32")
+    r = TmaRunner(cfg, b"")
+    with pytest.raises(TmaUnsupported, match="N=1028 is not a multiple of 8 bf16 values"):
+        r.bind(g, 64, 1028, 1024, 1024, 1032, 1032)
+    with pytest.raises(TmaUnsupported, match="ldc=1036 x 2 B = 2072 B"):
+        r.bind(g, 64, 1024, 1024, 1024, 1024, 1036)
+    run = r.bind(g, 64, 1024, 512, 512, 1024, 1032)
+    run(0x10000, 0x20000, 0x30000, 0.5, 2.0, 0, bias=0x40000)
+    c_map = encoded[2]
+    assert c_map["tensorDataType"] == "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"
+    assert c_map["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_64B"
+    assert c_map["globalDim"] == [1024, 64] and c_map["globalStrides"] == [1032 * 2]
+    assert c_map["boxDim"] == [32, 64]
+    assert packed == [[64, 1024, 512, 0.5, 2.0, 0x30000, 1032, 0x40000]]
+
+
+#: a modest sample of the new paths, compiled for sm_90a (CI has two cores): each C type in
+#: each epilogue, a bias of each kind, each activation, with ping-pong, a cluster, the tf32
+#: pre-pass and 3xTF32
+VARIANT_NAMES = [
+    EPI_GOLDEN.name,
+    EPI_TS_GOLDEN.name,
+    "gemm_wgmma_f16_128x128x64_c1_s5_x1_p0_g1_ts_bias_relu",               # fp32 C + bias, TMA store
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_of16_gelut",           # ping-pong, 2-byte TMA store
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_obf16_biasf32",             # cluster, fp32 bias
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_of16_biasf32_relu",  # tf32 pre-pass, fp16 C
+    "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_obf16_gelu",              # 3xTF32, bf16 C
+]
+
+
+@pytest.fixture(scope="module")
+def compiled_variants(compile_cache):
+    cfgs = [WgmmaConfig.from_name(n) for n in VARIANT_NAMES]
+    return dict(compile_many(cfgs, "sm_90", jobs=2, cache_dir=compile_cache))
+
+
+def test_variants_compile_without_spills_or_warnings(compiled_variants):
+    failed = {c.name: r.error for c, r in compiled_variants.items() if not r.ok}
+    assert not failed, failed
+    assert len(compiled_variants) == len(VARIANT_NAMES)
+    for c, r in compiled_variants.items():
+        assert check(c, "sm_90") == [], c.name
+        assert r.arch == "sm_90a"
+        assert "warning" not in r.log.lower() and "C7508" not in r.log, (c.name, r.log)
+        res = r.resources
+        assert res.spill_bytes == 0 and res.stack_frame == 0, (c.name, res)
+        assert res.registers == c.launch_regs, (c.name, res.registers)
+        assert res.smem_dynamic == c.smem_bytes and res.smem_static == 0, (c.name, res)
+
+
+def _sass(c, compile_cache) -> str:
+    tool, env = find_cuobjdump()
+    if tool is None:
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    r = compile_config(c, "sm_90", compile_cache)
+    assert r.ok, r.error
+    return subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                          env=env, check=True).stdout
+
+
+def test_sass_of_the_epilogues(compiled_variants, compile_cache):
+    """2-byte C through TMA: one 4-byte STS per pair (as many as fp32 C's 8-byte ones), one
+    UTMASTG per slice, no global store; from registers: 4-byte pair stores of 2-byte C."""
+    for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_of16_gelut"):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        assert code.count("UTMASTG.2D") == c.bn // 32, c.name
+        sts = re.findall(r"\bSTS(\.\w+)?\s", code)
+        assert len(sts) == (c.wm // 64) * 2 * (c.bn // 8) and set(sts) == {""}, (c.name, len(sts))
+        assert not re.search(r"\bSTG\.", code) and "STL" not in code, c.name
+    code = _sass(EPI_GOLDEN, compile_cache)
+    assert re.search(r"\bSTG\.E\s", code) and not re.search(r"\bSTG\.E\.64", code)
+    assert "UTMASTG" not in code and "STL" not in code

@@ -35,7 +35,7 @@ import random
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, epilogue_values,
 )
 from codegen.families._common import Serial as _Serial
 
@@ -47,7 +47,8 @@ __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_w
 PRODUCER_REGS = 40
 #: bytes of one row of a 128B-swizzled tile: the TMA box's inner extent and the swizzle span
 SWIZZLE_BYTES = 128
-#: FP32 columns of C per TMA store of the store=1 epilogue: 128 bytes, the swizzle span
+#: columns of C per TMA store of the store=1 epilogue: 128 bytes of fp32 C (SWIZZLE_128B), 64
+#: bytes of 2-byte C (SWIZZLE_64B: half the staging buffer)
 C_SLICE = 32
 #: slack added to the dynamic shared memory so the kernel can round its base up to 1024 B
 ALIGN_SLACK = 1024
@@ -98,7 +99,8 @@ def _up(x: int, to: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig(_Serial, Named):
-    """One point of the wgmma family: fp16 or bf16 inputs, FP32 accumulation and output.
+    """One point of the wgmma family: fp16, bf16 or fp32 (tf32, 3xTF32) inputs, FP32
+    accumulation, C in fp32, fp16 or bf16 with a fused bias and activation.
 
     Attributes:
         bm, bn, bk: block tile. BM = 64 or 128 rows per consumer warpgroup; BN a multiple of
@@ -127,6 +129,11 @@ class WgmmaConfig(_Serial, Named):
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
+        out, bias, act: C's type (fp32, fp16, bf16), the bias vector (none; "out": N values
+            of C's type; "f32": N floats) and the activation, applied in FP32 by either
+            epilogue before the one rounding to C's type (see _common.EPILOGUE_NAME: each
+            is named only when not the default).
+        layout: how A and B are stored (_common.Layout).
 
     Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
     plus ``_pp`` for ping-pong consumers, ``_pre`` for the tf32 pre-pass, ``_ts`` for the TMA-store
@@ -239,10 +246,16 @@ class WgmmaConfig(_Serial, Named):
         return self.tx_bytes + self.conv_bytes
 
     @property
+    def c_row_bytes(self) -> int:
+        """Bytes of one row of a C slice (store=1): 32 columns of C's type, 128 B for fp32
+        C, 64 B for fp16 / bf16 C; also the TMA swizzle of C's map and buffers."""
+        return C_SLICE * self.out.size
+
+    @property
     def c_buf_bytes(self) -> int:
-        """One epilogue staging buffer (store=1): WM rows of a 32-column FP32 slice, 128 B
-        each; 0 without the TMA-store epilogue."""
-        return self.wm * C_SLICE * 4 if self.store else 0
+        """One epilogue staging buffer (store=1): WM rows of a 32-column slice of C's type
+        (128 B each for fp32 C, 64 B for 2-byte C); 0 without the TMA-store epilogue."""
+        return self.wm * self.c_row_bytes if self.store else 0
 
     @property
     def c_bytes(self) -> int:
@@ -289,6 +302,7 @@ class WgmmaConfig(_Serial, Named):
         """Every value the template uses, derived here so the template stays plain."""
         box_rows, box_cols = self.tma_boxes()["B"]
         return dict(
+            **epilogue_values(self), C_ES=self.out.size, C_ROW_BYTES=self.c_row_bytes,
             name=self.name, template=self.family.template, dtype=self.dtype.short,
             PTX_T=_PTX_TYPE.get(self.dtype, "f16"),
             BM=self.bm, BN=self.bn, BK=self.bk, STAGES=self.stages,
@@ -340,14 +354,14 @@ class WgmmaConfig(_Serial, Named):
         B transposed (N x K) in one box of BN rows."""
         boxes = ({"A": (self.bm, self.bk), "B": (self.bn, self.bk)} if self.prep else
                  {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)})
-        if self.store:  # FP32 C, written a consumer's WM x 32 slice per store
+        if self.store:  # C in its type, written a consumer's WM x 32 slice per store
             boxes["C"] = (self.wm, C_SLICE)
         return boxes
 
     def takes(self, m: int, n: int, k: int, align: tuple) -> bool:
-        """The default rule (aligned_operands), and with the TMA-store epilogue N a multiple
-        of 4 floats (c_tma_reasons)."""
-        return super().takes(m, n, k, align) and not (self.store and n % 4)
+        """The default rule (aligned_operands), and with the TMA-store epilogue N a whole
+        number of 16 bytes of C (4 floats, 8 halves: c_tma_reasons)."""
+        return super().takes(m, n, k, align) and not (self.store and n % (16 // self.out.size))
 
     @property
     def b_multicast(self) -> int:
@@ -518,24 +532,32 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
     return why
 
 
-def c_tma_reasons(ldc: int, c_ptr: int, n: int) -> list[str]:
-    """Why FP32 C (ldc, at c_ptr) cannot be the TMA-store epilogue's tensor map; empty when
-    it can (the same 16-byte rules as A and B).
+#: how c_tma_reasons counts 16 bytes of C in its elements
+_C_UNITS = {DType.F32: "floats", DType.F16: "fp16 values", DType.BF16: "bf16 values"}
+
+
+def c_tma_reasons(ldc: int, c_ptr: int, n: int, out: DType = DType.F32) -> list[str]:
+    """Why C of type `out` (ldc, at c_ptr) cannot be the TMA-store epilogue's tensor map;
+    empty when it can: the same 16-byte rules as A and B (address, row stride), and N a
+    whole number of 16 bytes (4 floats, 8 halves).
 
     Example:
         >>> c_tma_reasons(1004, 0, 1001)
         ["N=1001 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
+        >>> c_tma_reasons(1004, 0, 1004, DType.BF16)
+        ['ldc=1004 x 2 B = 2008 B is not a multiple of 16 bytes', "N=1004 is not a multiple of 8 bf16 values: TMA stores write C's rows in 16-byte pieces, past column N"]
     """
     why = []
+    es = out.size
     if c_ptr % 16:
         why.append(f"C at 0x{c_ptr:x} is not 16-byte aligned (off by {c_ptr % 16} B)")
-    if (ldc * 4) % 16:
-        why.append(f"ldc={ldc} x 4 B = {ldc * 4} B is not a multiple of 16 bytes")
+    if (ldc * es) % 16:
+        why.append(f"ldc={ldc} x {es} B = {ldc * es} B is not a multiple of 16 bytes")
     if ldc < n:
         why.append(f"ldc={ldc} is below N={n}")
-    if n % 4:  # seen on the H200: the columns up to the next 16 bytes past N were written
-        why.append(f"N={n} is not a multiple of 4 floats: TMA stores write C's rows in "
-                   "16-byte pieces, past column N")
+    if n % (16 // es):  # seen on the H200: the columns up to the next 16 bytes past N were written
+        why.append(f"N={n} is not a multiple of {16 // es} {_C_UNITS[out]}: TMA stores write "
+                   "C's rows in 16-byte pieces, past column N")
     return why
 
 
@@ -660,7 +682,7 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
     # the pre-pass reads A and B with plain loads; TMA reads its copies
     why = [] if config.prep else tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
     if config.store:  # the tuner's C: ldc = N
-        why += c_tma_reasons(n, 0, n)
+        why += c_tma_reasons(n, 0, n, config.out)
     return [f"TMA cannot describe the operands: {w}" for w in why]
 
 
@@ -708,6 +730,8 @@ WGMMA = register(FamilySpec(
     shape_reasons=problem_reasons,
     # launched through tensor maps (and cuLaunchKernelEx for clusters)
     runner="tuner.runtime.runners:TmaRunner",
+    # C in fp32, fp16 or bf16, a bias and an activation, in both epilogues
+    epilogue=True,
     # 1 / terms: a 3xTF32 kernel spends three TF32 products on each multiply
     issue_efficiency=lambda c: 1.0 / c.terms,
     # measured / predicted over an fp16 4096^3 study with the model off (33 wgmma kernels

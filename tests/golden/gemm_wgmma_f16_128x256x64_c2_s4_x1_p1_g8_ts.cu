@@ -7,9 +7,9 @@
 // Launch:     grid  = (min(tiles, SMs / 1) * 1, 1, 1), tiles = ceil(ceil(M / 128) / 1) * ceil(N / 256)
 //             block = (384, 1, 1), cluster = (1, 1, 1)
 //             dynamic shared memory = 231424 bytes
-//             tensor maps (SWIZZLE_128B, zero fill): A box 128 x 64, B box 64 x 64 (rows x cols), C (FP32) box 64 x 32
+//             tensor maps (SWIZZLE_128B, zero fill): A box 128 x 64, B box 64 x 64 (rows x cols), C (fp32, SWIZZLE_128B) box 64 x 32
 // Signature:  gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts(CUtensorMap tmA, CUtensorMap tmB, CUtensorMap tmC, int M, int N, int K,
-//                 float alpha, float beta, float* C, int ldc)
+//                 float alpha, float beta, float* C, int ldc, const float* bias)
 
 #include <cuda.h>  // CUtensorMap
 #include <stdint.h>
@@ -26,7 +26,7 @@ constexpr uint32_t A_STAGE_BYTES = 16384, B_CHUNK_BYTES = 8192;
 constexpr uint32_t B_STAGE_BYTES = 32768, STAGE_BYTES = 49152;
 constexpr uint32_t TILES_BYTES = 196608, SMEM_BYTES = 231424;
 constexpr uint32_t C_BYTES = 32768;  // the TMA-store epilogue's buffers (0: none)
-constexpr int C_SLICE = 32;  // FP32 columns of C per TMA store (128 bytes)
+constexpr int C_SLICE = 32, C_ES = 4;  // columns of C per TMA store, bytes per element
 constexpr uint32_t C_OFF = 196608, C_BUF_BYTES = 8192;
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
@@ -40,9 +40,93 @@ static_assert(B_BOX_ROWS * CLUSTER == BK && B_BOX_ROWS % 8 == 0, "B's rows split
 static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && B_CHUNK_BYTES == BK * 128, "stage bytes");
 static_assert(STAGE_BYTES == A_STAGE_BYTES + B_STAGE_BYTES && STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle boundaries");
 static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + C_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, the C buffers, the barriers and the alignment slack fit");
-static_assert(C_OFF == TILES_BYTES && C_BUF_BYTES == WM * C_SLICE * 4 && C_BYTES == 2 * CONSUMERS * C_BUF_BYTES && C_BUF_BYTES % 1024 == 0, "two 1024-aligned WM x 32 FP32 buffers per consumer after the ring");
-static_assert(C_SLICE * 4 == 128 && BN % C_SLICE == 0, "C slices span the 128-byte swizzle");
+static_assert(C_OFF == TILES_BYTES && C_BUF_BYTES == WM * C_SLICE * C_ES && C_BYTES == 2 * CONSUMERS * C_BUF_BYTES && C_BUF_BYTES % 1024 == 0, "two 1024-aligned WM x 32 buffers of C's type per consumer after the ring");
+static_assert(C_SLICE == 32 && C_SLICE * C_ES == 128 && BN % C_SLICE == 0, "C slices span the swizzle (128 B for fp32 C, 64 B for 2-byte C)");
 static_assert(SMEM_BYTES <= 232448, "227 KiB of shared memory per block at most");
+
+// V consecutive elements of type E to / from fp32 registers: one access of sizeof(E) * V
+// bytes, aligned to it (float, __half, __nv_bfloat16; the narrow types round to nearest).
+template <int V, typename E>
+__device__ __forceinline__ void ld_cvt(float* r, const E* p)
+{
+    struct alignas(sizeof(E) * V) Pack { E x[V]; };
+    const Pack v = *reinterpret_cast<const Pack*>(p);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+        r[j] = static_cast<float>(v.x[j]);
+}
+
+template <int V, typename E>
+__device__ __forceinline__ void st_cvt(E* p, const float* r)
+{
+    struct alignas(sizeof(E) * V) Pack { E x[V]; };
+    Pack v;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+        v.x[j] = static_cast<E>(r[j]);
+    *reinterpret_cast<Pack*>(p) = v;
+}
+
+// The epilogue, in FP32 before the one rounding to C's type:
+//   C = alpha * acc + beta * C
+using OutT = float;   // C's element
+using BiasT = float;  // the bias vector's element (unread without a bias)
+constexpr bool HAS_BIAS = false;
+
+__device__ __forceinline__ float activate(float x)
+{
+    return x;
+}
+
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
+__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+{
+    if constexpr (HAS_BIAS)
+        v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// Store V outputs of one row at columns gn..gn+V-1 (those below N) to p (that row's
+// element gn), v holding alpha * acc: beta * the old values is added where beta != 0 (C
+// is not read otherwise), then, where EPI, the bias and the activation. Whole vectors
+// where `vec` (p and the row aligned to V elements) and the columns are all inside.
+template <int V, bool EPI, typename E>
+__device__ __forceinline__ void finish_store(E* p, float* v, float beta, const BiasT* bias,
+                                             int gn, int N, bool vec)
+{
+    if (vec && gn + V <= N) {
+        if (beta != 0.0f) {
+            float old[V];
+            ld_cvt<V>(old, p);
+#pragma unroll
+            for (int s = 0; s < V; ++s)
+                v[s] = fmaf(beta, old[s], v[s]);
+        }
+        if constexpr (EPI) {
+#pragma unroll
+            for (int s = 0; s < V; ++s)
+                v[s] = finish1(v[s], bias, gn + s);
+        }
+        st_cvt<V>(p, v);
+    } else {
+#pragma unroll
+        for (int s = 0; s < V; ++s) {
+            if (gn + s < N) {
+                float x = beta != 0.0f ? fmaf(beta, static_cast<float>(p[s]), v[s]) : v[s];
+                if constexpr (EPI)
+                    x = finish1(x, bias, gn + s);
+                p[s] = static_cast<E>(x);
+            }
+        }
+    }
+}
+static_assert(sizeof(OutT) == 4, "C's element");
+
+// Two adjacent elements of C (p aligned to both) to / from FP32; stores round to nearest.
+__device__ __forceinline__ float2 ld_pair(const OutT* p)
+{
+    return *reinterpret_cast<const float2*>(p);
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
 {
@@ -246,7 +330,8 @@ __device__ __forceinline__ void tile_coords(int t, int ctiles_m, int tiles_n, in
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
     const __grid_constant__ CUtensorMap tmC,
-    int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
+    int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,
+    const BiasT* __restrict__ bias)
 {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 128B swizzle atoms repeat every 1024 bytes: the ring starts on such a boundary.
@@ -360,9 +445,10 @@ gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts(const __grid_constant__ CUtensorMap 
             release(previous);
 
             // Epilogue through shared memory: for each 32-column slice of this consumer's
-            // WM x BN tile, its threads write alpha * acc (+ beta * C, read here) into one of
-            // two WM x 32 buffers, 128B-swizzled as C's tensor map expects, and the leader
-            // issues one TMA store of the slice; TMA clips rows >= M and columns >= N. A
+            // WM x BN tile, its threads write act(alpha * acc + beta * C + bias) (beta * C read
+            // here), rounded to C's type, into one of two WM x 32 buffers, swizzled as C's
+            // tensor map expects, and the leader issues one TMA store of the slice; TMA clips
+            // rows >= M and columns >= N. A
             // buffer is written again only once the store before last has read it: the stores
             // run on under the next slice and the next tile's wgmmas.
             const uint32_t cbuf0 = base + C_OFF + consumer * 2 * C_BUF_BYTES;
@@ -386,16 +472,20 @@ gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts(const __grid_constant__ CUtensorMap 
                             const int col = n0 + sb * C_SLICE + cc;
                             if (beta != 0.0f && row < M && col < N) {
                                 // C's map makes ldc and C 16-byte aligned: col is even, so a
-                                // pair is 8-byte aligned
-                                const float* const p = C + static_cast<size_t>(row) * ldc + col;
+                                // pair is aligned to two elements
+                                const OutT* const p = C + static_cast<size_t>(row) * ldc + col;
                                 if (col + 1 < N) {
-                                    const float2 old = *reinterpret_cast<const float2*>(p);
+                                    const float2 old = ld_pair(p);
                                     v0 = fmaf(beta, old.x, v0);
                                     v1 = fmaf(beta, old.y, v1);
                                 } else {
-                                    v0 = fmaf(beta, p[0], v0);
+                                    v0 = fmaf(beta, static_cast<float>(p[0]), v0);
                                 }
                             }
+                            if (col < N)  // bias has N entries; columns past N are not stored
+                                v0 = finish1(v0, bias, col);
+                            if (col + 1 < N)
+                                v1 = finish1(v1, bias, col + 1);
                             // 16-byte chunk cc/4 of row r lands at chunk (cc/4) ^ (r % 8). A
                             // half-warp's four rows pair up on the same 32 bytes of banks
                             // (rows 2j and 2j+1 swap chunks within a pair): two wavefronts per

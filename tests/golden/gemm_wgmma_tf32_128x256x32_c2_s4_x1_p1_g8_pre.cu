@@ -10,7 +10,7 @@
 //             dynamic shared memory = 198656 bytes
 //             tensor maps (SWIZZLE_128B, zero fill): A box 128 x 32, B box 256 x 32 (rows x cols)
 // Signature:  gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre(CUtensorMap tmA, CUtensorMap tmB, int M, int N, int K,
-//                 float alpha, float beta, float* C, int ldc)
+//                 float alpha, float beta, float* C, int ldc, const float* bias)
 //             gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_prep(const float* A, int lda, const float* B, int ldb, int M, int N,
 //                 int K, float* At, float* Bt, int ldw, int a_blocks): grid (a_blocks +
 //                 ceil(K/32) * ceil(N/32), 1, 1), a_blocks = ceil(M/32) * ceil(K/32), block (256, 1, 1);
@@ -43,6 +43,95 @@ static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && 
 static_assert(STAGE_BYTES == A_STAGE_BYTES + B_STAGE_BYTES && STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle boundaries");
 static_assert(TILES_BYTES == STAGES * STAGE_BYTES && TILES_BYTES + C_BYTES + 16 * STAGES + 8 + 1024 <= SMEM_BYTES, "the ring, the C buffers, the barriers and the alignment slack fit");
 static_assert(SMEM_BYTES <= 232448, "227 KiB of shared memory per block at most");
+
+// V consecutive elements of type E to / from fp32 registers: one access of sizeof(E) * V
+// bytes, aligned to it (float, __half, __nv_bfloat16; the narrow types round to nearest).
+template <int V, typename E>
+__device__ __forceinline__ void ld_cvt(float* r, const E* p)
+{
+    struct alignas(sizeof(E) * V) Pack { E x[V]; };
+    const Pack v = *reinterpret_cast<const Pack*>(p);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+        r[j] = static_cast<float>(v.x[j]);
+}
+
+template <int V, typename E>
+__device__ __forceinline__ void st_cvt(E* p, const float* r)
+{
+    struct alignas(sizeof(E) * V) Pack { E x[V]; };
+    Pack v;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+        v.x[j] = static_cast<E>(r[j]);
+    *reinterpret_cast<Pack*>(p) = v;
+}
+
+// The epilogue, in FP32 before the one rounding to C's type:
+//   C = alpha * acc + beta * C
+using OutT = float;   // C's element
+using BiasT = float;  // the bias vector's element (unread without a bias)
+constexpr bool HAS_BIAS = false;
+
+__device__ __forceinline__ float activate(float x)
+{
+    return x;
+}
+
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
+__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+{
+    if constexpr (HAS_BIAS)
+        v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// Store V outputs of one row at columns gn..gn+V-1 (those below N) to p (that row's
+// element gn), v holding alpha * acc: beta * the old values is added where beta != 0 (C
+// is not read otherwise), then, where EPI, the bias and the activation. Whole vectors
+// where `vec` (p and the row aligned to V elements) and the columns are all inside.
+template <int V, bool EPI, typename E>
+__device__ __forceinline__ void finish_store(E* p, float* v, float beta, const BiasT* bias,
+                                             int gn, int N, bool vec)
+{
+    if (vec && gn + V <= N) {
+        if (beta != 0.0f) {
+            float old[V];
+            ld_cvt<V>(old, p);
+#pragma unroll
+            for (int s = 0; s < V; ++s)
+                v[s] = fmaf(beta, old[s], v[s]);
+        }
+        if constexpr (EPI) {
+#pragma unroll
+            for (int s = 0; s < V; ++s)
+                v[s] = finish1(v[s], bias, gn + s);
+        }
+        st_cvt<V>(p, v);
+    } else {
+#pragma unroll
+        for (int s = 0; s < V; ++s) {
+            if (gn + s < N) {
+                float x = beta != 0.0f ? fmaf(beta, static_cast<float>(p[s]), v[s]) : v[s];
+                if constexpr (EPI)
+                    x = finish1(x, bias, gn + s);
+                p[s] = static_cast<E>(x);
+            }
+        }
+    }
+}
+static_assert(sizeof(OutT) == 4, "C's element");
+
+// Two adjacent elements of C (p aligned to both) to / from FP32; stores round to nearest.
+__device__ __forceinline__ float2 ld_pair(const OutT* p)
+{
+    return *reinterpret_cast<const float2*>(p);
+}
+
+__device__ __forceinline__ void st_pair(OutT* p, float x, float y)
+{
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
 {
@@ -209,7 +298,8 @@ __device__ __forceinline__ void tile_coords(int t, int ctiles_m, int tiles_n, in
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-    int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
+    int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,
+    const BiasT* __restrict__ bias)
 {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 128B swizzle atoms repeat every 1024 bytes: the ring starts on such a boundary.
@@ -268,7 +358,7 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre(const __grid_constant__ CUtensorMa
         const int consumer = warpgroup - 1;
         const int lane = tid % 32, warp = (tid % 128) / 32;
         const bool leader = tid % 128 == 0;  // releases stages for its warpgroup
-        const bool c_vec2 = ldc % 2 == 0 && reinterpret_cast<uintptr_t>(C) % 8 == 0;
+        const bool c_vec2 = ldc % 2 == 0 && reinterpret_cast<uintptr_t>(C) % (2 * sizeof(OutT)) == 0;
         float acc[M_WGMMAS][ACC];
         int stage = 0;
         uint32_t phase = 0;
@@ -320,9 +410,10 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre(const __grid_constant__ CUtensorMa
                 fence_acc(acc[i]);
             release(previous);
 
-            // Epilogue: C = alpha * acc + beta * C, rows >= M and columns >= N never touched,
-            // C not read when beta == 0. Accumulator j of slice i holds row
-            // 16 warp + lane/4 (+8 for j%4 >= 2), column 8 (j/4) + 2 (lane%4) + j%2.
+            // Epilogue: C = act(alpha * acc + beta * C + bias), rounded to C's type; rows >= M
+            // and columns >= N never touched, C not read when beta == 0. Accumulator j of
+            // slice i holds row 16 warp + lane/4 (+8 for j%4 >= 2), column 8 (j/4) + 2 (lane%4)
+            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow).
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
@@ -330,25 +421,25 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre(const __grid_constant__ CUtensorMa
                     const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
                     if (row >= M)
                         continue;
-                    float* const c_row = C + static_cast<size_t>(row) * ldc;
+                    OutT* const c_row = C + static_cast<size_t>(row) * ldc;
 #pragma unroll
                     for (int nb = 0; nb < BN / 8; ++nb) {
                         const int col = n0 + nb * 8 + (lane % 4) * 2;
                         float v0 = alpha * acc[i][nb * 4 + h * 2];
                         float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
-                        float* const p = c_row + col;
+                        OutT* const p = c_row + col;
                         if (c_vec2 && col + 1 < N) {
                             if (beta != 0.0f) {
-                                const float2 old = *reinterpret_cast<const float2*>(p);
+                                const float2 old = ld_pair(p);
                                 v0 = fmaf(beta, old.x, v0);
                                 v1 = fmaf(beta, old.y, v1);
                             }
-                            *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+                            st_pair(p, finish1(v0, bias, col), finish1(v1, bias, col + 1));
                         } else {
                             if (col < N)
-                                p[0] = beta != 0.0f ? fmaf(beta, p[0], v0) : v0;
+                                p[0] = static_cast<OutT>(finish1(beta != 0.0f ? fmaf(beta, static_cast<float>(p[0]), v0) : v0, bias, col));
                             if (col + 1 < N)
-                                p[1] = beta != 0.0f ? fmaf(beta, p[1], v1) : v1;
+                                p[1] = static_cast<OutT>(finish1(beta != 0.0f ? fmaf(beta, static_cast<float>(p[1]), v1) : v1, bias, col + 1));
                         }
                     }
                 }

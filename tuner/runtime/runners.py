@@ -127,8 +127,9 @@ class _MapParams:
 
 class TmaRunner(Runner):
     """A wgmma + TMA kernel (the wgmma family). A and B go in as TMA tensor maps, and with
-    the TMA-store epilogue (config.store) C too; the maps are encoded once per pointer set
-    of a plan and kept (a few per plan). A cluster kernel launches with cuLaunchKernelEx
+    the TMA-store epilogue (config.store) C too, in C's type (config.out; SWIZZLE_64B for a
+    2-byte C); the maps are encoded once per pointer set of a plan and kept (a few per
+    plan). The bias pointer (config.bias) follows the scalars. A cluster kernel launches with cuLaunchKernelEx
     and its cluster dimension. A tf32 kernel with a pre-pass (config.prep) launches
     <name>_prep first, into a per-stream workspace that its A and B maps describe.
 
@@ -136,7 +137,7 @@ class TmaRunner(Runner):
     library dispatches such calls elsewhere; the tuner records the candidate REJECTED).
     """
 
-    SIGNATURE = "iiiffPi"  # after the tensor maps: M N K alpha beta C ldc
+    SIGNATURE = "iiiffPiP"  # after the tensor maps: M N K alpha beta C ldc bias
     PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
     MAPS_PER_PLAN = 16  # pointer sets whose tensor maps a plan keeps
 
@@ -159,10 +160,11 @@ class TmaRunner(Runner):
         def c_map(c: int) -> tuple:
             if not cfg.store:
                 return ()
-            why = c_tma_reasons(ldc, c, n)
+            why = c_tma_reasons(ldc, c, n, cfg.out)
             if why:
                 raise TmaUnsupported("; ".join(why))
-            return (tma.encode(tma.tensor_map_args(DType.F32, c, m, n, ldc, *boxes["C"])),)
+            return (tma.encode(tma.tensor_map_args(cfg.out, c, m, n, ldc, *boxes["C"],
+                                                   swizzle=f"{cfg.c_row_bytes}B")),)
 
         def remember(key, made: tuple) -> tuple:
             """Keep the maps of a pointer set (the oldest of a full cache goes)."""
@@ -182,13 +184,13 @@ class TmaRunner(Runner):
             def launch(stream, address):
                 main.launch(f, grid, block, stream, address)
 
-        def packed(mps, alpha, beta, c) -> int:
+        def packed(mps, alpha, beta, c, bias) -> int:
             blk = getattr(tls, "blk", None)
             if blk is None:
                 blk = tls.blk = _MapParams(self.SIGNATURE, n_maps)
-            return blk.pack(mps, m, n, k, alpha, beta, c, ldc)
+            return blk.pack(mps, m, n, k, alpha, beta, c, ldc, bias)
 
-        why = c_tma_reasons(ldc, 0, n) if cfg.store else []  # C's strides and N, now
+        why = c_tma_reasons(ldc, 0, n, cfg.out) if cfg.store else []  # C's strides and N, now
         if self.prep is not None:
             if why:
                 raise TmaUnsupported("; ".join(why))
@@ -210,7 +212,7 @@ class TmaRunner(Runner):
         def run(a, b, c, alpha, beta, stream, bias=0):
             key = (a, b, c) if cfg.store else (a, b)
             mps = maps.get(key) or remember(key, make_maps(a, b, c))
-            launch(stream, packed(mps, alpha, beta, c))
+            launch(stream, packed(mps, alpha, beta, c, bias))
         return run
 
     def _bind_prep(self, g, m, n, k, lda, ldb, allocate_captured, maps, remember, c_map,
@@ -239,7 +241,7 @@ class TmaRunner(Runner):
             prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
                         prep.params(self.PREP_SIGNATURE).pack(a, lda, b, ldb, m, n, k, w,
                                                               w + bt_off, ldw, a_blocks))
-            launch(stream, packed(mps, alpha, beta, c))
+            launch(stream, packed(mps, alpha, beta, c, bias))
         return run
 
 
