@@ -816,15 +816,17 @@ from codegen.check import check  # noqa: E402
 from codegen.families._common import Layout  # noqa: E402
 from codegen.families.wgmma import c_tma_reasons, problem_reasons  # noqa: E402
 
-#: fp16 C with an fp16 bias and gelu, from registers
-EPI_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, out=DType.F16, bias="out", act="gelu")
+#: x @ W.t() (NT: B column-major, both operands K-major), fp16 C with an fp16 bias and gelu,
+#: from registers
+EPI_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, layout=Layout.NT, out=DType.F16, bias="out",
+                                 act="gelu")
 #: bf16 C through the TMA-store epilogue (SWIZZLE_64B buffers), silu, no bias
 EPI_TS_GOLDEN = WgmmaConfig(bm=128, bn=256, stages=4, dtype=DType.BF16, store=1, out=DType.BF16,
                             act="silu")
 
 
 def test_epilogue_names_round_trip_and_check():
-    assert EPI_GOLDEN.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_of16_bias_gelu"
+    assert EPI_GOLDEN.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_nt_of16_bias_gelu"
     assert EPI_TS_GOLDEN.name == "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_obf16_silu"
     pre = dataclasses.replace(PREP_GOLDEN, out=DType.BF16, bias="f32", act="gelu_tanh", store=1)
     t3 = dataclasses.replace(T3_GOLDEN, out=DType.F16, act="relu")
@@ -883,7 +885,11 @@ def test_c_tma_reasons_for_two_byte_c():
     assert EPI_GOLDEN.takes(64, 4100, 64, (16, 16, 2))  # registers: any N, any C
 
 
-@pytest.mark.parametrize("cfg", [EPI_GOLDEN, EPI_TS_GOLDEN], ids=lambda c: c.name)
+#: the tf32 pre-pass reading a column-major A (it transposes A, copies a column-major B)
+PREP_TN_GOLDEN = dataclasses.replace(PREP_GOLDEN, layout=Layout.TN)
+
+
+@pytest.mark.parametrize("cfg", [EPI_GOLDEN, EPI_TS_GOLDEN, PREP_TN_GOLDEN], ids=lambda c: c.name)
 def test_epilogue_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
     rendered_as_golden(cfg)
@@ -976,16 +982,19 @@ def test_the_runner_maps_c_in_its_type_and_passes_the_bias(monkeypatch):
 
 
 #: a modest sample of the new paths, compiled for sm_90a (CI has two cores): each C type in
-#: each epilogue, a bias of each kind, each activation, with ping-pong, a cluster, the tf32
-#: pre-pass and 3xTF32
+#: each epilogue, a bias of each kind, each activation, each layout, with ping-pong, a
+#: cluster, the tf32 pre-pass, tf32 and 3xTF32 converted in shared memory
 VARIANT_NAMES = [
-    EPI_GOLDEN.name,
-    EPI_TS_GOLDEN.name,
-    "gemm_wgmma_f16_128x128x64_c1_s5_x1_p0_g1_ts_bias_relu",               # fp32 C + bias, TMA store
-    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_of16_gelut",           # ping-pong, 2-byte TMA store
-    "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_obf16_biasf32",             # cluster, fp32 bias
-    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_of16_biasf32_relu",  # tf32 pre-pass, fp16 C
-    "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_obf16_gelu",              # 3xTF32, bf16 C
+    EPI_GOLDEN.name,                                                          # NT, fp16 C + bias, gelu
+    EPI_TS_GOLDEN.name,                                                       # bf16 C by TMA, silu
+    PREP_TN_GOLDEN.name,                                                      # the pre-pass transposing A
+    "gemm_wgmma_f16_128x128x64_c1_s5_x1_p0_g1_ts_bias_relu",                  # fp32 C + bias, TMA store
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_tn_obf16_bias",             # TN, 2-byte TMA store
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut",           # ping-pong, TN
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_tt_obf16_biasf32",             # cluster, TT, fp32 bias
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_tt_of16_biasf32_relu",  # pre-pass TT, fp16 C
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",                      # tf32 B^T in place, cluster
+    "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu",              # 3xTF32 NT, bf16 C
 ]
 
 
@@ -1022,7 +1031,7 @@ def _sass(c, compile_cache) -> str:
 def test_sass_of_the_epilogues(compiled_variants, compile_cache):
     """2-byte C through TMA: one 4-byte STS per pair (as many as fp32 C's 8-byte ones), one
     UTMASTG per slice, no global store; from registers: 4-byte pair stores of 2-byte C."""
-    for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_of16_gelut"):
+    for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut"):
         c = WgmmaConfig.from_name(name)
         code = _sass(c, compile_cache)
         assert code.count("UTMASTG.2D") == c.bn // 32, c.name
@@ -1032,3 +1041,165 @@ def test_sass_of_the_epilogues(compiled_variants, compile_cache):
     code = _sass(EPI_GOLDEN, compile_cache)
     assert re.search(r"\bSTG\.E\s", code) and not re.search(r"\bSTG\.E\.64", code)
     assert "UTMASTG" not in code and "STL" not in code
+
+
+# ---- layouts: A and B row- or column-major ----------------------------------------------------
+def _at(layout, **kw):
+    return dataclasses.replace(DEFAULT_WGMMA, layout=Layout(layout), **kw)
+
+
+def test_layouts_choose_each_operands_box_and_major_ness():
+    """A row-major: one BM x BK box, K-major; column-major: BM/64 boxes of BK rows (K) by 64
+    (M), M-major. B row-major: BN/64 boxes of BK rows by 64 (N-major); column-major: one
+    box of BN rows (N) by BK, K-major; a cluster splits B along K or along N."""
+    want = {"nn": ((128, 64), (64, 64), False, True), "nt": ((128, 64), (256, 64), False, False),
+            "tn": ((64, 64), (64, 64), True, True), "tt": ((64, 64), (256, 64), True, False)}
+    for layout, (a, b, a_mn, b_mn) in want.items():
+        c = _at(layout)
+        assert c.tma_boxes() == {"A": a, "B": b}, layout
+        assert (c.a_mn_major, c.b_mn_major) == (a_mn, b_mn), layout
+        v = c.template_values()
+        assert (v["A_MN"], v["B_MN"], v["B_CHUNKS"]) == (a_mn, b_mn, 4 if b_mn else 1), layout
+        assert (v["A_CHUNKS"], v["A_CHUNK_BYTES"]) == (2, 64 * 128)
+        assert c.stage_bytes == DEFAULT_WGMMA.stage_bytes and check_wgmma(c, "sm_90") == []
+    assert _at("nt", cluster=2).tma_boxes()["B"] == (128, 64)  # half of N per block
+    assert _at("tt", cluster=2).template_values()["B_BOX_ROWS"] == 128
+    # fp32 data: a column-major B comes K-major, so it is rounded in place (no Bt copy)
+    nt = dataclasses.replace(TF32_GOLDEN, layout=Layout.NT)
+    assert nt.tma_boxes() == {"A": (128, 32), "B": (128, 32)}
+    assert nt.conv_bytes == 0 and nt.stage_bytes == nt.tx_bytes == 32768
+    assert nt.conv_offsets[0] == nt.a_stage_bytes  # the wgmmas read B where TMA put it
+    t3 = dataclasses.replace(T3_GOLDEN, layout=Layout.NT)
+    assert t3.conv_bytes == t3.a_stage_bytes + t3.b_stage_bytes  # the small parts only
+    assert t3.conv_offsets == (16384, 32768, 49152)
+    assert T3_GOLDEN.conv_offsets == (32768, 49152, 65536)  # NN as before: A | B | Bt | As | Bts
+    # the pre-pass writes K-major copies whatever the layout: its boxes do not change
+    for layout in Layout:
+        p = dataclasses.replace(PREP_GOLDEN, layout=layout)
+        assert p.tma_boxes() == PREP_GOLDEN.tma_boxes() and not p.a_mn_major and not p.b_mn_major
+
+
+def test_layout_rules_in_check():
+    from codegen.families import FAMILIES
+
+    assert FAMILIES["wgmma"].layouts == frozenset(Layout)
+    for layout in Layout:
+        assert check(_at(layout.value), "sm_90") == []
+        assert check(dataclasses.replace(PREP_GOLDEN, layout=layout), "sm_90") == []
+    assert check(dataclasses.replace(TF32_GOLDEN, layout=Layout.NT), "sm_90") == []
+    assert check(dataclasses.replace(T3_GOLDEN, layout=Layout.NT), "sm_90") == []
+    for cfg, tail in ((dataclasses.replace(TF32_GOLDEN, layout=Layout.TN),
+                       "the pre-pass (prep=1) reads a column-major A"),
+                      (dataclasses.replace(T3_GOLDEN, layout=Layout.TT), "3xTF32 has no pre-pass")):
+        why = check(cfg, "sm_90")
+        assert len(why) == 1 and why[0].startswith(
+            f"layout {cfg.layout.value}: fp32 data converted in shared memory needs a row-major "
+            "A") and why[0].endswith(tail), why
+
+
+def test_tma_reasons_read_the_layout():
+    # column-major A: lda is its column stride, at least M; column-major B: at least K
+    assert tma_reasons(DType.F16, 128, 64, 0, 0, m=100, n=64, k=64, layout=Layout.TT) == []
+    assert tma_reasons(DType.F16, 64, 64, 0, 0, m=100, n=64, k=64, layout=Layout.TT) == [
+        "lda=64 is below M=100 (A is column-major)"]
+    assert tma_reasons(DType.F16, 128, 56, 0, 0, m=100, n=512, k=64, layout=Layout.NT) == [
+        "ldb=56 is below K=64 (B is column-major)"]
+    assert tma_reasons(DType.F16, 1024, 1024, 0, 0, m=64, n=1000, k=1024, layout=Layout.NT) == []
+    # the tuner's dense problem: lda = M for a column-major A, ldb = K for a column-major B
+    assert problem_reasons(_at("tn"), (4095, 4096, 4096)) == [
+        "TMA cannot describe the operands: lda=4095 x 2 B = 8190 B is not a multiple of 16 bytes"]
+    assert problem_reasons(_at("nn"), (4095, 4096, 4096)) == []
+    assert problem_reasons(_at("nt"), (4096, 4095, 4096)) == []  # ldb = K
+    assert problem_reasons(_at("nt"), (4096, 4096, 4095)) == [
+        "TMA cannot describe the operands: lda=4095 x 2 B = 8190 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes"]
+
+
+def test_layout_source():
+    imm = {"nn": "0, 1", "nt": "0, 0", "tn": "1, 1", "tt": "1, 0"}
+    for layout, flags in imm.items():
+        src = render(_at(layout))
+        assert f" %128, %129, p, 1, 1, {flags};" in src, layout
+        assert f"{'column' if layout[0] == 't' else 'row'}-major A (M x K), " \
+               f"{'column' if layout[1] == 't' else 'row'}-major B (K x N)" in src, layout
+    tn = render(_at("tn"))
+    assert "tma_load(a_dst + j * A_CHUNK_BYTES, &tmA, bar, m0 + j * 64, kt * BK);" in tn
+    assert "(row0 / 64) * A_CHUNK_BYTES" in tn and "A box 64 x 64 (2 per stage)" in tn
+    assert "smem_desc(a_tile + i * A_CHUNK_BYTES + kk * 16 * 128, A_CHUNK_BYTES, 1024)" in tn
+    nt = render(_at("nt", cluster=2))
+    assert "tma_load_multicast(b_dst, &tmB, bar, kt * BK, n0 + static_cast<int>(rank) * B_BOX_ROWS," in nt
+    assert "const uint64_t db = smem_desc(b_tile + kk * 32, 16, 1024);" in nt
+    tf = render(dataclasses.replace(TF32_GOLDEN, layout=Layout.NT))
+    assert "B^T (column-major B): K-major as TMA brings it, so rounded in place" in tf
+    assert "k block kb" not in tf and "BT_OFF = 16384" in tf
+    pre = render(PREP_TN_GOLDEN)
+    assert "prep_transpose(A, lda, K, M, bid, At, ldw, tile);" in pre
+    assert "prep_transpose(B, ldb, K, N, bid - a_blocks, Bt, ldw, tile);" in pre
+    tt = render(dataclasses.replace(PREP_GOLDEN, layout=Layout.NT))
+    assert "prep_copy(A, lda, M, K, bid, At, ldw);" in tt
+    assert "prep_copy(B, ldb, N, K, bid - a_blocks, Bt, ldw);" in tt and "tile[32][33]" not in tt
+
+
+def test_the_runner_maps_operands_as_stored(monkeypatch):
+    """Column-major operands are mapped as stored: A as K rows of M (lda), B as N rows of K
+    (ldb), with the boxes of tma_boxes; lda and ldb below M and K are refused."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded = []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", _Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    m, n, k = 300, 520, 136
+    for layout, lda, ldb, a_dim, b_dim in (("nn", 136, 520, [k, m], [n, k]),
+                                           ("nt", 136, 144, [k, m], [k, n]),
+                                           ("tn", 304, 520, [m, k], [n, k]),
+                                           ("tt", 304, 144, [m, k], [k, n])):
+        encoded.clear()
+        cfg = _at(layout)
+        TmaRunner(cfg, b"").bind(g, m, n, k, lda, ldb, 520)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+        a, b = encoded
+        assert (a["globalDim"], a["globalStrides"]) == (a_dim, [lda * 2]), layout
+        assert (b["globalDim"], b["globalStrides"]) == (b_dim, [ldb * 2]), layout
+        boxes = cfg.tma_boxes()
+        assert a["boxDim"] == list(boxes["A"][::-1]) and b["boxDim"] == list(boxes["B"][::-1]), layout
+    with pytest.raises(TmaUnsupported, match="lda=296 is below M=300"):
+        TmaRunner(_at("tt"), b"").bind(g, m, n, k, 296, 144, 520)
+    with pytest.raises(TmaUnsupported, match="ldb=128 is below K=136"):
+        TmaRunner(_at("nt"), b"").bind(g, m, n, k, 136, 128, 520)
+
+
+def test_sass_of_the_layouts(compiled_variants, compile_cache):
+    """Each layout's wgmmas carry the transpose flags of its operands' tiles (tnspA for an
+    M-major A, tnspB for an N-major B), TMA loads a box per 64 columns of an MN-major tile
+    and one for a K-major one; tf32 never transposes."""
+    for name, flags in ((EPI_GOLDEN.name, ""),
+                        ("gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_tn_obf16_bias", ".tnspA.tnspB"),
+                        ("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_tt_obf16_biasf32", ".tnspA"),
+                        ("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut", ".tnspA.tnspB")):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        hgmma = [line for line in code.splitlines() if "HGMMA.64x" in line]
+        assert len(hgmma) == (c.wm // 64) * (c.bk // 16), (name, len(hgmma))
+        assert all(re.search(r"gdesc\[UR\d+\]" + re.escape(flags) + r",", line) for line in hgmma), \
+            (name, hgmma[0])
+        loads = c.bm // 64 if c.a_mn_major else 1
+        loads += c.bn // 64 if c.b_mn_major else 1
+        assert code.count("UTMALDG.2D") >= loads, name
+        assert ("MULTICAST" in code.upper()) == (c.cluster > 1), name
+    for name in ("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",
+                 "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu"):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        hgmma = [line for line in code.splitlines() if "HGMMA.64x" in line]
+        assert len(hgmma) == c.terms * (c.wm // 64) * (c.bk // 8) and \
+            all("tnsp" not in line for line in hgmma), name
+        assert "STL" not in code and "LDL" not in code

@@ -220,6 +220,37 @@ class WgmmaConfig(_Serial, Named):
         """Columns of B in one 128-byte TMA box."""
         return SWIZZLE_BYTES // self.elem
 
+    # ---- the layout: which operands sit in shared memory K-major ------------------------
+    @property
+    def a_col(self) -> bool:
+        """A stored column-major (layout TN, TT)?"""
+        return self.layout in (Layout.TN, Layout.TT)
+
+    @property
+    def b_col(self) -> bool:
+        """B stored column-major (layout NT, TT: B^T row-major, as torch.nn.Linear's W)?"""
+        return self.layout in (Layout.NT, Layout.TT)
+
+    @property
+    def a_mn_major(self) -> bool:
+        """A's tile in shared memory M-major (wgmma's transpose-A = 1): a column-major A of
+        fp16 / bf16 as TMA reads it (BM/64 boxes of BK rows of K by 64 columns of M). A
+        row-major A, and the pre-pass's copies, are K-major."""
+        return self.a_col and not self.prep
+
+    @property
+    def b_mn_major(self) -> bool:
+        """B's tile as TMA brings it N-major (row-major B: BN/64 boxes of BK rows by 64
+        columns); a column-major B, and the pre-pass's Bt, come K-major (one box of BN rows
+        by BK). fp16 / bf16 read an N-major B with transpose-B = 1; fp32 data's consumers
+        transpose it into a K-major copy (tf32 has no transpose)."""
+        return not self.b_col and not self.prep
+
+    @property
+    def a_chunk_bytes(self) -> int:
+        """One 64-column (M) box of an M-major A: BK rows of 128 bytes."""
+        return self.bk * SWIZZLE_BYTES
+
     @property
     def b_stage_bytes(self) -> int:
         return self.bk * self.bn * self.elem
@@ -237,8 +268,18 @@ class WgmmaConfig(_Serial, Named):
         the pre-pass, which converts ahead of the GEMM)."""
         if not self.fp32_data or self.prep:
             return 0
-        return self.b_stage_bytes + (self.a_stage_bytes + self.b_stage_bytes
-                                     if self.terms == 3 else 0)
+        bt = self.b_stage_bytes if self.b_mn_major else 0  # a K-major B is rounded in place
+        return bt + (self.a_stage_bytes + self.b_stage_bytes if self.terms == 3 else 0)
+
+    @property
+    def conv_offsets(self) -> tuple[int, int, int]:
+        """(BT_OFF, AS_OFF, BTS_OFF) in a stage of fp32 data: where the wgmmas read B (the
+        transposed copy after TMA's part; a K-major B where TMA put it), and the 3xTF32
+        small parts of A and B after that."""
+        tx, a, b = self.tx_bytes, self.a_stage_bytes, self.b_stage_bytes
+        if self.b_mn_major:
+            return tx, tx + b, tx + b + a
+        return a, tx, tx + a
 
     @property
     def stage_bytes(self) -> int:
@@ -301,6 +342,7 @@ class WgmmaConfig(_Serial, Named):
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""
         box_rows, box_cols = self.tma_boxes()["B"]
+        bt_off, as_off, bts_off = self.conv_offsets
         return dict(
             **epilogue_values(self), C_ES=self.out.size, C_ROW_BYTES=self.c_row_bytes,
             name=self.name, template=self.family.template, dtype=self.dtype.short,
@@ -310,7 +352,9 @@ class WgmmaConfig(_Serial, Named):
             GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
             EMPTY_ARRIVALS=1 if self.pingpong else self.consumers * self.cluster,
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
-            B_CHUNKS=1 if self.prep else self.bn // self.b_box_cols, B_BOX_ROWS=box_rows,
+            B_CHUNKS=self.bn // self.b_box_cols if self.b_mn_major else 1, B_BOX_ROWS=box_rows,
+            A_MN=self.a_mn_major, B_MN=self.b_mn_major, A_CHUNKS=self.bm // 64,
+            A_CHUNK_BYTES=self.a_chunk_bytes,
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
             B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
             TILES_BYTES=self.stages * self.stage_bytes, SMEM_BYTES=self.smem_bytes,
@@ -319,8 +363,7 @@ class WgmmaConfig(_Serial, Named):
             ACC_REGS=self.acc_regs,
             TF32=self.fp32_data and not self.prep, PREP=self.prep, TERMS=self.terms,
             MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
-            BT_OFF=self.tx_bytes, AS_OFF=self.tx_bytes + self.b_stage_bytes,
-            BTS_OFF=self.tx_bytes + self.b_stage_bytes + self.a_stage_bytes,
+            BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
             NC=128 * self.consumers, STORE=self.store, C_SLICE=C_SLICE,
             C_OFF=self.stages * self.stage_bytes, C_BUF_BYTES=self.c_buf_bytes,
             C_BYTES=self.c_bytes,
@@ -348,12 +391,23 @@ class WgmmaConfig(_Serial, Named):
         return self.cluster, 1, 1
 
     def tma_boxes(self) -> dict[str, tuple[int, int]]:
-        """(rows, cols) of the TMA box of each operand, in elements: A's BM x BK tile in one
-        box; B as BN/64 boxes of 64 columns (BN/32 of 32 for fp32 data), each block of a
-        cluster loading BK/cluster rows of each and multicasting them; with the pre-pass,
-        B transposed (N x K) in one box of BN rows."""
-        boxes = ({"A": (self.bm, self.bk), "B": (self.bn, self.bk)} if self.prep else
-                 {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)})
+        """(rows, cols) of the TMA box of each operand, in elements of the matrix as stored
+        (the runner's maps describe A, B and C as they are in memory):
+
+        - A row-major (and the pre-pass's At): its BM x BK tile in one box (K-major);
+          column-major (M-major): BM/64 boxes of BK rows (K) by 64 columns (M).
+        - B row-major: BN/64 boxes of BK rows by 64 columns (BN/32 of 32 for fp32 data), each
+          block of a cluster loading BK/cluster rows of each and multicasting them;
+          column-major (and the pre-pass's Bt, N x K): one box of BN rows (N) by BK, each
+          block of a cluster loading BN/cluster of them.
+        - C (store=1): a consumer's WM x 32 slice.
+        """
+        a = (self.bk, self.b_box_cols) if self.a_mn_major else (self.bm, self.bk)
+        if self.b_mn_major:
+            b = (self.bk // self.cluster, self.b_box_cols)
+        else:
+            b = (self.bn // self.cluster, self.bk)
+        boxes = {"A": a, "B": b}
         if self.store:  # C in its type, written a consumer's WM x 32 slice per store
             boxes["C"] = (self.wm, C_SLICE)
         return boxes
@@ -461,6 +515,12 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     elif c.prep and (c.dtype is not DType.TF32 or c.cluster != 1 or c.pingpong):
         why.append(f"prep=1 (the tf32 pre-pass) needs dtype tf32, no cluster and no ping-pong "
                    f"(it has {c.dtype.short}, cluster={c.cluster}, pingpong={c.pingpong})")
+    if c.fp32_data and not c.prep and c.a_col:
+        why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
+                   f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "
+                   f"transpose B alone); "
+                   + ("the pre-pass (prep=1) reads a column-major A" if c.dtype is DType.TF32
+                      else "3xTF32 has no pre-pass"))
     if c.store not in (0, 1):  # its 32-column slices of C: BN is a multiple of 32 already
         why.append(f"store={c.store} is not 0 or 1")
     if c.pingpong not in (0, 1):
@@ -501,9 +561,12 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
 
 
 def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
-                m: int = 1, n: int = 1, k: int = 1) -> list[str]:
-    """Why row-major A (lda) and B (ldb) at these addresses cannot be TMA tensor maps;
-    empty when they can. The library dispatches another family when this is not empty.
+                m: int = 1, n: int = 1, k: int = 1, layout: Layout = Layout.NN) -> list[str]:
+    """Why A (lda) and B (ldb), stored as `layout` says, at these addresses cannot be TMA
+    tensor maps; empty when they can. The library dispatches another family when this is
+    not empty. lda and ldb are the operands' leading dimensions as stored: a column-major
+    A (M x K) is a row-major K x M matrix with rows of lda >= M elements, a column-major B
+    (K x N) one of N rows of ldb >= K.
 
     cuTensorMapEncodeTiled needs a 16-byte aligned global address, row strides that are
     multiples of 16 bytes (and below 2^40), and dimensions below 2^32.
@@ -511,6 +574,8 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
     Example:
         >>> tma_reasons(DType.F16, 1001, 1024, 0, 0)
         ['lda=1001 x 2 B = 2002 B is not a multiple of 16 bytes']
+        >>> tma_reasons(DType.F16, 64, 1024, 0, 0, m=100, n=1024, k=64, layout=Layout.TN)
+        ['lda=64 is below M=100 (A is column-major)']
     """
     why: list[str] = []
     es = dtype.size
@@ -525,9 +590,14 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
     for what, v in (("M", m), ("N", n), ("K", k)):
         if v >= 1 << 32:
             why.append(f"{what}={v} is not below TMA's 2^32 elements per dimension")
-    if lda < k:
+    a_col, b_col = layout in (Layout.TN, Layout.TT), layout in (Layout.NT, Layout.TT)
+    if a_col and lda < m:
+        why.append(f"lda={lda} is below M={m} (A is column-major)")
+    elif not a_col and lda < k:
         why.append(f"lda={lda} is below K={k}")
-    if ldb < n:
+    if b_col and ldb < k:
+        why.append(f"ldb={ldb} is below K={k} (B is column-major)")
+    elif not b_col and ldb < n:
         why.append(f"ldb={ldb} is below N={n}")
     return why
 
@@ -670,17 +740,22 @@ def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
 
 
 def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) -> list[str]:
-    """Why the tuner's problem at `shape` (dense row-major A and B: lda = K, ldb = N, in
-    allocations aligned to 256 bytes) cannot be given to `config` as TMA tensor maps; the
-    search rejects such candidates before compiling them, with these reasons.
+    """Why the tuner's problem at `shape` (dense A and B stored as config.layout says,
+    lda = K or M, ldb = N or K, in allocations aligned to 256 bytes) cannot be given to
+    `config` as TMA tensor maps; the search rejects such candidates before compiling them,
+    with these reasons.
 
     Example:
         >>> problem_reasons(WgmmaConfig(), (4096, 4095, 4096))
         ['TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes']
     """
     m, n, k = shape
-    # the pre-pass reads A and B with plain loads; TMA reads its copies
-    why = [] if config.prep else tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
+    # dense operands as the layout stores them: lda = K (row-major A) or M (column-major),
+    # ldb = N (row-major B) or K (column-major); the pre-pass reads A and B with plain
+    # loads, and TMA reads its copies
+    lda, ldb = (m if config.a_col else k), (k if config.b_col else n)
+    why = [] if config.prep else tma_reasons(config.dtype, lda, ldb, 0, 0, m, n, k,
+                                             config.layout)
     if config.store:  # the tuner's C: ldc = N
         why += c_tma_reasons(n, 0, n, config.out)
     return [f"TMA cannot describe the operands: {w}" for w in why]
@@ -732,6 +807,8 @@ WGMMA = register(FamilySpec(
     runner="tuner.runtime.runners:TmaRunner",
     # C in fp32, fp16 or bf16, a bias and an activation, in both epilogues
     epilogue=True,
+    # A and B row- or column-major (fp32 data without the pre-pass: A row-major; check says)
+    layouts=frozenset(Layout),
     # 1 / terms: a 3xTF32 kernel spends three TF32 products on each multiply
     issue_efficiency=lambda c: 1.0 / c.terms,
     # measured / predicted over an fp16 4096^3 study with the model off (33 wgmma kernels

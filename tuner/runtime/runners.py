@@ -196,17 +196,20 @@ class TmaRunner(Runner):
                 raise TmaUnsupported("; ".join(why))
             return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, maps, remember,
                                    c_map, packed, launch)
-        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k) + why
+        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k, cfg.layout) + why
         if why:
             raise TmaUnsupported("; ".join(why))
+        # the maps describe A and B as stored: a column-major A is K x M, a column-major B N x K
+        a_dims = (k, m) if cfg.a_col else (m, k)
+        b_dims = (n, k) if cfg.b_col else (k, n)
 
         def make_maps(a: int, b: int, c: int) -> tuple:
-            why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k)
+            why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k, cfg.layout)
             if why:
                 raise TmaUnsupported("; ".join(why))
             # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it
-            return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, m, k, lda, *boxes["A"])),
-                    tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, k, n, ldb, *boxes["B"])),
+            return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, *a_dims, lda, *boxes["A"])),
+                    tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, *b_dims, ldb, *boxes["B"])),
                     *c_map(c))
 
         def run(a, b, c, alpha, beta, stream, bias=0):
@@ -217,9 +220,9 @@ class TmaRunner(Runner):
 
     def _bind_prep(self, g, m, n, k, lda, ldb, allocate_captured, maps, remember, c_map,
                    packed, launch) -> Callable:
-        """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
-        writes At (M x K) and Bt (N x K) into this stream's workspace; the maps describe
-        those."""
+        """The pre-pass variant: A and B are read by <name>_prep (any alignment, as the
+        layout stores them), which writes At (M x K) and Bt (N x K) into this stream's
+        workspace; the maps describe those."""
         cfg, prep = self.config, self.prep
         fp = prep.prepare(g)
         boxes, ldw = cfg.tma_boxes(), cfg.prep_ld(k)
