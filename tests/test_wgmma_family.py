@@ -325,18 +325,19 @@ def test_tensor_map_enum_names_exist_in_cuda_bindings():
 KERNEL_SCALARS = [("M", ctypes.c_int32, 17), ("N", ctypes.c_int32, 33), ("K", ctypes.c_int32, 9),
                   ("alpha", ctypes.c_float, 0.5), ("beta", ctypes.c_float, 2.0),
                   ("C", ctypes.c_uint64, 0xABC0), ("ldc", ctypes.c_int32, 36),
-                  ("bias", ctypes.c_uint64, 0xBEE0)]
+                  ("bias", ctypes.c_uint64, 0xBEE0), ("batch", ctypes.c_int32, 5),
+                  ("maps3", ctypes.c_int32, 6), ("sC", ctypes.c_int64, 1 << 33)]
 
 
 def test_kernel_arguments_follow_the_signature():
     """The TMA runner's scalars after the tensor maps (A and B, and C with the TMA-store
     epilogue) are the kernel's parameters in order (KERNEL_SCALARS), the first seven as
-    they were before C's type and the bias (callers that read M N K alpha beta C ldc off a
-    parameter block still find them there)."""
+    they were before C's type, the bias and the batch (callers that read M N K alpha beta C
+    ldc off a parameter block still find them there)."""
     from tuner.runtime.driver import ParamBlock
     from tuner.runtime.runners import TmaRunner
 
-    assert TmaRunner.SIGNATURE == "iiiffPiP"
+    assert TmaRunner.SIGNATURE == "iiiffPiPiiL"
     assert TmaRunner.SIGNATURE.startswith("iiiffPi")
     blk = ParamBlock(TmaRunner.SIGNATURE)
     values = [v for _, _, v in KERNEL_SCALARS]
@@ -344,7 +345,7 @@ def test_kernel_arguments_follow_the_signature():
     assert [kind.from_address(p).value for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs)] == values
     src = render(DEFAULT_WGMMA)
     assert ("int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,\n"
-            "    const BiasT* __restrict__ bias)") in src
+            "    const BiasT* __restrict__ bias, int batch, int maps3, long long sC)") in src
     assert "using OutT = float;" in src and "using BiasT = float;" in src
     bf = render(dataclasses.replace(DEFAULT_WGMMA, out=DType.BF16, bias="f32"))
     assert "using OutT = __nv_bfloat16;" in bf and "using BiasT = float;" in bf
@@ -978,7 +979,7 @@ def test_the_runner_maps_c_in_its_type_and_passes_the_bias(monkeypatch):
     assert c_map["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_64B"
     assert c_map["globalDim"] == [1024, 64] and c_map["globalStrides"] == [1032 * 2]
     assert c_map["boxDim"] == [32, 64]
-    assert packed == [[64, 1024, 512, 0.5, 2.0, 0x30000, 1032, 0x40000]]
+    assert packed == [[64, 1024, 512, 0.5, 2.0, 0x30000, 1032, 0x40000, 1, 0, 0]]
 
 
 #: a modest sample of the new paths, compiled for sm_90a (CI has two cores): each C type in
@@ -1123,7 +1124,7 @@ def test_layout_source():
         assert f"{'column' if layout[0] == 't' else 'row'}-major A (M x K), " \
                f"{'column' if layout[1] == 't' else 'row'}-major B (K x N)" in src, layout
     tn = render(_at("tn"))
-    assert "tma_load(a_dst + j * A_CHUNK_BYTES, &tmA, bar, m0 + j * 64, kt * BK);" in tn
+    assert "tma_load(a_dst + j * A_CHUNK_BYTES, &tmA, bar, m0 + j * 64, kt * BK, bt, a3);" in tn
     assert "(row0 / 64) * A_CHUNK_BYTES" in tn and "A box 64 x 64 (2 per stage)" in tn
     assert "smem_desc(a_tile + i * A_CHUNK_BYTES + kk * 16 * 128, A_CHUNK_BYTES, 1024)" in tn
     nt = render(_at("nt", cluster=2))
@@ -1203,3 +1204,175 @@ def test_sass_of_the_layouts(compiled_variants, compile_cache):
         assert len(hgmma) == c.terms * (c.wm // 64) * (c.bk // 8) and \
             all("tnsp" not in line for line in hgmma), name
         assert "STL" not in code and "LDL" not in code
+
+
+# ---- strided batches ---------------------------------------------------------------------------
+def test_batched_tensor_maps_have_rank_3():
+    args = tensor_map_args(DType.F16, 0x10000, rows=300, cols=136, ld=136, box_rows=128,
+                           box_cols=64, batch=7, batch_stride=300 * 136)
+    assert args["tensorRank"] == 3 and args["globalDim"] == [136, 300, 7]
+    assert args["globalStrides"] == [272, 300 * 136 * 2]
+    assert args["boxDim"] == [64, 128, 1] and args["elementStrides"] == [1, 1, 1]
+    one = tensor_map_args(DType.F16, 0x10000, 300, 136, 136, 128, 64, batch=1, batch_stride=8)
+    assert one["tensorRank"] == 2 and one["globalStrides"] == [272]  # one problem: rank 2
+    for stride, says in ((0, "batch stride 0 x 2 B"), (300 * 136 + 4, "not a positive multiple")):
+        with pytest.raises(TmaUnsupported, match=says):
+            tensor_map_args(DType.F16, 0, 300, 136, 136, 128, 64, batch=7, batch_stride=stride)
+
+
+def test_batch_strides_follow_tma_rules():
+    assert tma_reasons(DType.F16, 64, 64, 0, 0, 64, 64, 64, sa=64 * 64, sb=0) == []
+    assert tma_reasons(DType.BF16, 64, 64, 0, 0, 64, 64, 64, sa=4100, sb=-8) == [
+        "sA=4100 x 2 B = 8200 B (A's batch stride) is not a multiple of 16 bytes",
+        "sB=-8: B's batch stride is negative"]
+    assert c_tma_reasons(64, 0, 64, DType.F16, sc=64 * 63 + 4) == [
+        "sC=4036 x 2 B = 8072 B (C's batch stride) is not a multiple of 16 bytes"]
+    assert c_tma_reasons(64, 0, 64, DType.F32, sc=64 * 63 + 4) == []
+    # the grid: a cluster per tile of every problem, or the persistent SMs over all of them
+    flat = dataclasses.replace(DEFAULT_WGMMA, persistent=0)
+    assert flat.tiles(300, 520, 3) == 3 * 3 * 3 and flat.grid(300, 520, 132, batch=3) == (27, 1, 1)
+    assert DEFAULT_WGMMA.grid(300, 520, 132, batch=3) == (27, 1, 1)
+    assert DEFAULT_WGMMA.grid(4096, 4096, 132, batch=3) == (132, 1, 1)
+    cl = dataclasses.replace(DEFAULT_WGMMA, cluster=2, persistent=0)
+    assert cl.grid(300, 520, 132, batch=3) == (2 * 2 * 3 * 3, 1, 1)
+
+
+def test_batch_source():
+    src = render(_at("tn", cluster=2, store=1, out=DType.BF16))
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
+    assert ".multicast::cluster [%0], [%1, { %3, %4, %5 }], [%2], %6;" in src
+    assert "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];" in src
+    assert "const int num_tiles = ctiles_m * tiles_n * batch;" in src
+    assert "bt = t / (ctiles_m * tiles_n);" in src
+    assert "OutT* const Cb = C + static_cast<long long>(bt) * sC;" in src
+    assert "tma_store(&tmC, cbuf, n0 + sb * C_SLICE, m0 + row0, bt, c3);" in src
+    assert "const bool a3 = maps3 & 1, b3 = maps3 & 2;" in src and "const bool c3 = maps3 & 4;" in src
+
+
+def test_the_runner_launches_a_batch_once_with_shared_operands_of_rank_2(monkeypatch):
+    """A batch is one launch: the grid over every problem's tiles, batched operands' maps of
+    rank 3 (their strides in bytes), a shared operand's (stride 0) of rank 2, maps3 saying
+    which, C's stride for the register epilogue; C's stride 0 and strides TMA cannot take
+    are refused when bound."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded, packed, grids = [], [], []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Image(_Image):
+        def launch(self, f, grid, block, stream, address):
+            ptrs = (ctypes.c_void_p * (3 + len(KERNEL_SCALARS))).from_address(address)
+            n_maps = 3 if "_ts" in self.name else 2
+            packed.append([kind.from_address(p).value
+                           for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs[n_maps:])])
+            grids.append(grid)
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    m, n, k, batch = 100, 264, 72, 5
+    plain = TmaRunner(_at("nt", persistent=0), b"")
+    # A shared (x @ W.t() for a batch of W), B and C batched
+    run = plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(0, n * k, m * 270))
+    run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+    a, b = encoded
+    assert a["tensorRank"] == 2 and a["globalDim"] == [k, m]
+    assert b["tensorRank"] == 3 and b["globalDim"] == [k, n, batch]
+    assert b["globalStrides"] == [72 * 2, n * k * 2] and b["boxDim"] == [64, 256, 1]
+    assert packed[-1][-3:] == [batch, 0b010, m * 270]
+    assert grids[-1] == (1 * 2 * batch, 1, 1)  # ceil(100/128) x ceil(264/256) tiles a problem
+    # the TMA store: C's map of rank 3 too
+    encoded.clear()
+    ts = TmaRunner(_at("nn", store=1, out=DType.F16), b"")
+    run = ts.bind(g, m, n, k, 72, 264, 264, batch=batch, strides=(m * 72, 0, m * 264))
+    run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+    a, b, c = encoded
+    assert (a["tensorRank"], b["tensorRank"], c["tensorRank"]) == (3, 2, 3)
+    assert c["globalDim"] == [n, m, batch] and c["globalStrides"] == [264 * 2, m * 264 * 2]
+    assert packed[-1][-3:] == [batch, 0b101, m * 264]
+    # one problem: rank 2 everywhere, whatever strides are passed
+    encoded.clear()
+    plain.bind(g, m, n, k, 72, 72, 270, batch=1, strides=(8, 8, 8))(0x10000, 0x20000, 0, 1.0,
+                                                                    0.0, 0)
+    assert [e["tensorRank"] for e in encoded] == [2, 2] and packed[-1][-3:] == [1, 0, 0]
+    with pytest.raises(TmaUnsupported, match="sC=0: every problem of the batch needs a C"):
+        plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(0, n * k, 0))
+    with pytest.raises(TmaUnsupported, match="sA=7201 x 2 B = 14402 B"):
+        plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(m * 72 + 1, n * k, m * 270))
+    with pytest.raises(TmaUnsupported, match="sC=26402 x 2 B = 52804 B"):  # C's map: 16 B
+        ts.bind(g, m, n, k, 72, 264, 264, batch=batch, strides=(0, 0, m * 264 + 2))
+    plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(0, 0, m * 270 + 1))  # registers
+
+
+def test_the_pre_pass_writes_each_problems_copies(monkeypatch):
+    """tf32 pre-pass with a batch: one pre-pass launch per problem, at its A and B, into its
+    own pair of copies; the GEMM's maps of rank 3 over them. Both shared: one pair, rank 2."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    launched, encoded, prep_args = [], [], []
+
+    class Image(_Image):
+        def params(self, signature):
+            self.blk = super().params(signature)
+            return self.blk
+
+        def launch(self, f, grid, block, stream, address):
+            launched.append(self.name)
+            if self.name.endswith("_prep"):
+                prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Scratch:
+        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+            launched.append(("scratch", nbytes))
+            return 0x4000000
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = PREP_TN_GOLDEN
+    m, n, k, batch = 100, 130, 70, 3
+    per = cfg.prep_floats(m, n, k)
+    TmaRunner(cfg, b"").bind(g, m, n, k, 101, 131, 130, batch=batch,
+                             strides=(101 * k, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
+    prep = f"{cfg.name}_prep"
+    assert launched == [("scratch", batch * per * 4), prep, prep, prep, cfg.name]
+    ldw, w = cfg.prep_ld(k), 0x4000000
+    assert prep_args == [(0x10000 + i * 101 * k * 4, 101, 0x20000, 131, m, n, k,
+                          w + i * per * 4, w + i * per * 4 + m * ldw * 4, ldw,
+                          cfg.prep_grid(m, n, k)[1]) for i in range(batch)]
+    a, b = encoded
+    assert a["tensorRank"] == b["tensorRank"] == 3 and a["globalStrides"][1] == per * 4
+    assert b["globalAddress"] == 0x4000000 + m * cfg.prep_ld(k) * 4
+    launched.clear()
+    encoded.clear()
+    TmaRunner(cfg, b"").bind(g, m, n, k, 101, 131, 130, batch=batch,
+                             strides=(0, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
+    assert launched == [("scratch", per * 4), prep, cfg.name]
+    assert [e["tensorRank"] for e in encoded] == [2, 2]
+
+
+def test_sass_loads_and_stores_rank_3_boxes_for_a_batch(compiled_variants, compile_cache):
+    """Every kernel can run a batch: beside each 2-D TMA load (and store) the 3-D one of a
+    batched operand's map, chosen per launch (maps3)."""
+    for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_tt_obf16_biasf32"):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        assert code.count("UTMALDG.3D") >= 2 and code.count("UTMALDG.2D") >= 2, name
+        assert (code.count("UTMASTG.3D") == code.count("UTMASTG.2D") == c.bn // 32) == bool(c.store), name
+        assert "STL" not in code, name

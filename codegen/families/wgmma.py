@@ -370,15 +370,16 @@ class WgmmaConfig(_Serial, Named):
         )
 
     # ---- launch geometry ------------------------------------------------------
-    def tiles(self, m: int, n: int) -> int:
-        """Cluster tiles of an M x N output: (ceil(M/BM) rounded up to the cluster) x ceil(N/BN),
-        counted in clusters."""
+    def tiles(self, m: int, n: int, batch: int = 1) -> int:
+        """Cluster tiles of `batch` M x N outputs: (ceil(M/BM) rounded up to the cluster) x
+        ceil(N/BN) each, counted in clusters (the kernel walks them problem after problem)."""
         tiles_m = -(-m // self.bm)
-        return -(-tiles_m // self.cluster) * -(-n // self.bn)
+        return -(-tiles_m // self.cluster) * -(-n // self.bn) * batch
 
-    def grid(self, m: int, n: int, sms: int = 132) -> tuple[int, int, int]:
-        """Blocks along x: a cluster per tile, or (persistent) at most sms // cluster clusters."""
-        clusters = self.tiles(m, n)
+    def grid(self, m: int, n: int, sms: int = 132, batch: int = 1) -> tuple[int, int, int]:
+        """Blocks along x: a cluster per tile of the whole batch, or (persistent) at most
+        sms // cluster clusters, which stride over the batch's tiles."""
+        clusters = self.tiles(m, n, batch)
         if self.persistent:
             clusters = max(1, min(clusters, sms // self.cluster))
         return clusters * self.cluster, 1, 1
@@ -561,12 +562,15 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
 
 
 def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
-                m: int = 1, n: int = 1, k: int = 1, layout: Layout = Layout.NN) -> list[str]:
+                m: int = 1, n: int = 1, k: int = 1, layout: Layout = Layout.NN,
+                sa: int = 0, sb: int = 0) -> list[str]:
     """Why A (lda) and B (ldb), stored as `layout` says, at these addresses cannot be TMA
     tensor maps; empty when they can. The library dispatches another family when this is
     not empty. lda and ldb are the operands' leading dimensions as stored: a column-major
     A (M x K) is a row-major K x M matrix with rows of lda >= M elements, a column-major B
-    (K x N) one of N rows of ldb >= K.
+    (K x N) one of N rows of ldb >= K. `sa` and `sb` are the batch strides (elements; 0:
+    one operand shared by the batch, a map of rank 2), a third dimension of the map that
+    follows the same 16-byte rule as a row.
 
     cuTensorMapEncodeTiled needs a 16-byte aligned global address, row strides that are
     multiples of 16 bytes (and below 2^40), and dimensions below 2^32.
@@ -587,6 +591,7 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
             why.append(f"{op}={ld} x {es} B = {ld * es} B is not a multiple of 16 bytes")
         if ld * es >= 1 << 40:
             why.append(f"{op}={ld} x {es} B is not below the 2^40-byte stride limit")
+    why += _batch_stride_reasons((("A", "sA", sa), ("B", "sB", sb)), es)
     for what, v in (("M", m), ("N", n), ("K", k)):
         if v >= 1 << 32:
             why.append(f"{what}={v} is not below TMA's 2^32 elements per dimension")
@@ -602,14 +607,30 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
     return why
 
 
+def _batch_stride_reasons(strides, es: int) -> list[str]:
+    """The 16-byte rules of a batch stride (a map's third dimension), per (operand, name,
+    stride in elements); 0 is a shared operand, no dimension at all."""
+    why = []
+    for op, name, s in strides:
+        if s < 0:
+            why.append(f"{name}={s}: {op}'s batch stride is negative")
+        elif (s * es) % 16:
+            why.append(f"{name}={s} x {es} B = {s * es} B ({op}'s batch stride) is not a "
+                       "multiple of 16 bytes")
+        elif s * es >= 1 << 40:
+            why.append(f"{name}={s} x {es} B is not below the 2^40-byte stride limit")
+    return why
+
+
 #: how c_tma_reasons counts 16 bytes of C in its elements
 _C_UNITS = {DType.F32: "floats", DType.F16: "fp16 values", DType.BF16: "bf16 values"}
 
 
-def c_tma_reasons(ldc: int, c_ptr: int, n: int, out: DType = DType.F32) -> list[str]:
-    """Why C of type `out` (ldc, at c_ptr) cannot be the TMA-store epilogue's tensor map;
-    empty when it can: the same 16-byte rules as A and B (address, row stride), and N a
-    whole number of 16 bytes (4 floats, 8 halves).
+def c_tma_reasons(ldc: int, c_ptr: int, n: int, out: DType = DType.F32,
+                  sc: int = 0) -> list[str]:
+    """Why C of type `out` (ldc, at c_ptr; batch stride sc) cannot be the TMA-store
+    epilogue's tensor map; empty when it can: the same 16-byte rules as A and B (address,
+    row stride, batch stride), and N a whole number of 16 bytes (4 floats, 8 halves).
 
     Example:
         >>> c_tma_reasons(1004, 0, 1001)
@@ -625,6 +646,7 @@ def c_tma_reasons(ldc: int, c_ptr: int, n: int, out: DType = DType.F32) -> list[
         why.append(f"ldc={ldc} x {es} B = {ldc * es} B is not a multiple of 16 bytes")
     if ldc < n:
         why.append(f"ldc={ldc} is below N={n}")
+    why += _batch_stride_reasons((("C", "sC", sc),), es)
     if n % (16 // es):  # seen on the H200: the columns up to the next 16 bytes past N were written
         why.append(f"N={n} is not a multiple of {16 // es} {_C_UNITS[out]}: TMA stores write "
                    "C's rows in 16-byte pieces, past column N")

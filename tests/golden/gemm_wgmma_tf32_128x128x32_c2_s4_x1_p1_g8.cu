@@ -5,12 +5,15 @@
 //             fp32 data rounded to tf32 (cvt.rna) in shared memory, B transposed to K-major there
 // Parameters: BM=128 BN=128 BK=32 STAGES=4 CONSUMERS=2 CLUSTER=1 PERSISTENT=1 GROUP=8
 // Registers:  launch 168; producer setmaxnreg.dec 40; consumers setmaxnreg.inc 232 (64 accumulators)
-// Launch:     grid  = (min(tiles, SMs / 1) * 1, 1, 1), tiles = ceil(ceil(M / 128) / 1) * ceil(N / 128)
+// Launch:     grid  = (min(tiles, SMs / 1) * 1, 1, 1), tiles = ceil(ceil(M / 128) / 1) * ceil(N / 128) * batch
 //             block = (384, 1, 1), cluster = (1, 1, 1)
 //             dynamic shared memory = 198656 bytes
 //             tensor maps (SWIZZLE_128B, zero fill; of the matrices as stored): A box 128 x 32, B box 32 x 32 (rows x cols)
 // Signature:  gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(CUtensorMap tmA, CUtensorMap tmB, int M, int N, int K,
-//                 float alpha, float beta, float* C, int ldc, const float* bias)
+//                 float alpha, float beta, float* C, int ldc, const float* bias, int batch,
+//                 int maps3, long long sC): `batch` problems, the b-th at batch coordinate b of
+//                 each map of rank 3 (maps3: bit 0 A, bit 1 B, bit 2 C; a map of rank 2 is
+//                 shared by every problem) and at C + b * sC
 
 #include <cuda.h>  // CUtensorMap
 #include <stdint.h>
@@ -180,14 +183,23 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar)
 
 // ---- TMA ---------------------------------------------------------------------------
 // The box at (c0 = column, c1 = row) of the tensor map into shared memory at dst; its
-// bytes complete_tx on bar. Out-of-bounds elements are zero-filled and counted.
+// bytes complete_tx on bar. Out-of-bounds elements are zero-filled and counted. `batched`:
+// the map has rank 3 and c2 is the problem of the batch (a batched operand); otherwise it
+// has rank 2 (one problem, or an operand every problem of the batch shares) and c2 is unread.
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                         int c0, int c1)
+                                         int c0, int c1, int c2, bool batched)
 {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, { %3, %4 }], [%2];\n"
-                 :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-                 : "memory");
+    if (batched)
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     " [%0], [%1, { %3, %4, %5 }], [%2];\n"
+                     :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1),
+                        "r"(c2)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     " [%0], [%1, { %3, %4 }], [%2];\n"
+                     :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+                     : "memory");
 }
 
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map)
@@ -347,10 +359,14 @@ __device__ __forceinline__ bool convert_stage(uint32_t st, int ct)
     return inf;
 }
 
-// Tile t (in clusters) -> (cluster-tile row, tile column): GROUP cluster rows at a time,
-// walked column by column, so neighbouring clusters share panels of A and B in L2.
-__device__ __forceinline__ void tile_coords(int t, int ctiles_m, int tiles_n, int& ctm, int& tn)
+// Tile t (in clusters) -> (problem of the batch, cluster-tile row, tile column): the
+// problems one after another, each's tiles GROUP cluster rows at a time, walked column by
+// column, so neighbouring clusters share panels of A and B in L2.
+__device__ __forceinline__ void tile_coords(int t, int ctiles_m, int tiles_n, int& bt, int& ctm,
+                                            int& tn)
 {
+    bt = t / (ctiles_m * tiles_n);
+    t -= bt * (ctiles_m * tiles_n);
     const int per_group = GROUP * tiles_n;
     const int group = t / per_group;
     const int first = group * GROUP;
@@ -365,7 +381,7 @@ __device__ __forceinline__ void tile_coords(int t, int ctiles_m, int tiles_n, in
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
     int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,
-    const BiasT* __restrict__ bias)
+    const BiasT* __restrict__ bias, int batch, int maps3, long long sC)
 {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 128B swizzle atoms repeat every 1024 bytes: the ring starts on such a boundary.
@@ -377,7 +393,8 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
     const int tid = threadIdx.x, warpgroup = tid / 128;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int ctiles_m = (tiles_m + CLUSTER - 1) / CLUSTER;
-    const int num_tiles = ctiles_m * tiles_n;  // in clusters
+    const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
+    const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
     const uint32_t rank = 0;
     const int cluster_id = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
@@ -400,19 +417,19 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
             int stage = 0;
             uint32_t phase = 0;
             for (int t = cluster_id; t < num_tiles; t += clusters) {
-                int ctm, tn;
-                tile_coords(t, ctiles_m, tiles_n, ctm, tn);
+                int bt, ctm, tn;
+                tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
                 const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
                 for (int kt = 0; kt < k_tiles; ++kt) {
                     mbar_wait(empty(stage), phase ^ 1);  // consumers of every block are done with it
                     const uint32_t bar = full(stage);
                     mbar_arrive_expect_tx(bar, TX_BYTES);
                     const uint32_t a_dst = base + stage * STAGE_BYTES;
-                    tma_load(a_dst, &tmA, bar, kt * BK, m0);
+                    tma_load(a_dst, &tmA, bar, kt * BK, m0, bt, a3);
                     const uint32_t b_dst = a_dst + A_STAGE_BYTES + rank * (B_BOX_ROWS * 128);
 #pragma unroll
                     for (int j = 0; j < B_CHUNKS; ++j)
-                        tma_load(b_dst + j * B_CHUNK_BYTES, &tmB, bar, n0 + j * 32, kt * BK);
+                        tma_load(b_dst + j * B_CHUNK_BYTES, &tmB, bar, n0 + j * 32, kt * BK, bt, b3);
                     if (++stage == STAGES) {
                         stage = 0;
                         phase ^= 1;
@@ -426,7 +443,7 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
         const int consumer = warpgroup - 1;
         const int lane = tid % 32, warp = (tid % 128) / 32;
         const bool leader = tid % 128 == 0;  // releases stages for its warpgroup
-        const bool c_vec2 = ldc % 2 == 0 && reinterpret_cast<uintptr_t>(C) % (2 * sizeof(OutT)) == 0;
+        const bool c_vec2 = ldc % 2 == 0 && sC % 2 == 0 && reinterpret_cast<uintptr_t>(C) % (2 * sizeof(OutT)) == 0;
         float acc[M_WGMMAS][ACC];
         const int ct = tid - 128;  // this thread's share of each stage's conversion
         int stage = 0;
@@ -440,9 +457,10 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
 
         for (int t = cluster_id; t < num_tiles; t += clusters) {
             const int row0 = consumer * WM;  // this consumer's rows of the tile
-            int ctm, tn;
-            tile_coords(t, ctiles_m, tiles_n, ctm, tn);
+            int bt, ctm, tn;
+            tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
+            OutT* const Cb = C + static_cast<long long>(bt) * sC;  // this problem's C
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
@@ -498,7 +516,7 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
                     const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
                     if (row >= M)
                         continue;
-                    OutT* const c_row = C + static_cast<size_t>(row) * ldc;
+                    OutT* const c_row = Cb + static_cast<size_t>(row) * ldc;
 #pragma unroll
                     for (int nb = 0; nb < BN / 8; ++nb) {
                         const int col = n0 + nb * 8 + (lane % 4) * 2;
