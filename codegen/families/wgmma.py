@@ -25,6 +25,27 @@ see the template's header; or, tf32 with ``prep=1``, a pre-pass kernel writes th
 into a workspace ahead of the GEMM (measured faster: 0.75-0.89x cuBLAS TF32 against
 0.53-0.61x). ``terms=3`` is 3xTF32: big = tf32(x), small = tf32(x - big),
 A*B ~ Abig*Bbig + Abig*Bsmall + Asmall*Bbig, an fp32 candidate held to fp32's gate.
+
+What a problem asks beyond its input type (the config's ``layout``, ``out``, ``bias``,
+``act``; _common.Variant) is compiled in:
+
+- **C's type and the epilogue.** C is fp32, fp16 or bf16; the epilogue computes
+  act(alpha * acc + beta * C + bias[col]) in FP32 (beta reads the old C in its own type;
+  the bias is N values of C's type or fp32) and rounds once. From registers, each thread
+  stores column pairs (8 bytes of fp32, 4 of fp16 / bf16). The TMA-store epilogue stages
+  32-column slices in C's type: 128-byte rows swizzled 128B for fp32 C, 64-byte rows
+  swizzled 64B for 2-byte C (half the buffers; a warp's 4-byte stores on 32 distinct
+  banks), C's map in its type; TMA's rules then want C 16-byte aligned, ldc a whole number
+  of 16 bytes and N too (4 floats, 8 halves: :func:`c_tma_reasons`).
+- **Layouts.** TMA maps A and B as stored and wgmma reads each tile K-major or MN-major:
+  row-major A is K-major (transpose-A 0), column-major A M-major (BM/64 boxes of BK x 64,
+  transpose-A 1); row-major B is N-major (transpose-B 1), column-major B K-major (one box
+  of BN rows, transpose-B 0: x @ W.t() reads W as it is). tf32 has no transpose: the
+  consumers' conversion takes a row-major A with B either way (a column-major B is
+  rounded in place, no transposed copy), and the pre-pass reads every layout.
+- **Strided batches.** One launch walks batch x tiles; a batched operand's map has rank
+  3 (its stride a multiple of 16 bytes), an operand every problem shares (stride 0) keeps
+  a map of rank 2; the kernel's ``maps3`` says which (tuner/runtime/runners.py).
 """
 
 from __future__ import annotations
