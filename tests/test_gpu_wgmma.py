@@ -202,3 +202,217 @@ def test_a_short_fp16_search_times_wgmma_candidates(tmp_path, compile_cache):
     assert all(r.outcome.value in ("timed", "pruned") for r in wg), \
         [(r.config.name, r.outcome.value, r.reason) for r in wg]
     assert any(r.outcome.value == "timed" for r in wg)
+
+
+# ---- C's type, the fused epilogue, the layouts and strided batches ---------------------------
+# Each case runs the kernel through its runner (TmaRunner) on fresh random inputs stored as
+# the layout says (padded leading dimensions, C poisoned with NaN first and its padding
+# checked untouched), against a float64 reference of the inputs as the tensor cores take
+# them. C in fp16 / bf16 must be within one rounding of its type of the reference, plus the
+# accumulation gate (tuner.bench.tolerance): ||max(|C - ref| - u |ref| - tiny, 0)|| / ||ref||
+# <= tolerance, u the type's unit roundoff (that is at most (1 + u) times the gate of the
+# FP32 value before its rounding).
+import math  # noqa: E402
+
+from codegen.families._common import OUT_DTYPES, Layout  # noqa: E402
+
+#: unit roundoff, and half the smallest subnormal, of each type C may be written in
+_U = {DType.F32: 2.0 ** -24, DType.F16: 2.0 ** -11, DType.BF16: 2.0 ** -8}
+_TINY = {DType.F32: 2.0 ** -150, DType.F16: 2.0 ** -25, DType.BF16: 2.0 ** -134}
+_erf = np.vectorize(math.erf)
+_ACT = {"none": lambda x: x,
+        "relu": lambda x: np.maximum(x, 0.0),
+        "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+        "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi)
+                                                        * (x + 0.044715 * x ** 3))),
+        "silu": lambda x: x / (1.0 + np.exp(-x))}
+
+
+def _stored(x32: np.ndarray, d: DType) -> np.ndarray:
+    """float32 values as an array of type d (fp16; bf16 as uint16 bits; fp32)."""
+    from tuner.bench import round_to
+
+    return round_to(x32, d)[0] if d in (DType.F16, DType.BF16) else x32.astype(np.float32)
+
+
+def _value(x: np.ndarray, d: DType) -> np.ndarray:
+    """An array of type d (as _stored makes them) as float64."""
+    if d is DType.BF16:
+        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def _poison(shape, d: DType) -> np.ndarray:
+    if d is DType.BF16:
+        return np.full(shape, 0x7FC0, np.uint16)  # a bf16 NaN
+    return np.full(shape, np.nan, np.float16 if d is DType.F16 else np.float32)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint16 if x.itemsize == 2 else np.uint32)
+
+
+def _check_variant(cfg, cubin: bytes, shape, batch: int = 1, shared: str = "",
+                   alpha: float = 0.75, beta: float = 0.5, seed: int = 0) -> float:
+    """Run `cfg` on one problem (or `batch` problems, `shared` naming the operands, "a" and
+    or "b", that the whole batch shares: stride 0) and check C; returns the error."""
+    from tuner.bench import round_to, tolerance
+    from tuner.gpu import device
+    from tuner.runtime import driver
+    from tuner.runtime.runners import runner_for
+
+    dev = device()
+    m, n, k = shape
+    rng = np.random.default_rng(seed)
+    stored = DType.F32 if cfg.fp32_data else cfg.dtype
+    per = 16 // stored.size
+
+    def ld_of(cols: int) -> int:  # TMA: rows of whole 16 bytes, plus one more; the pre-pass: any
+        return cols + 1 if cfg.prep else -(-cols // per) * per + per
+
+    a_rows, a_cols = (k, m) if cfg.a_col else (m, k)
+    b_rows, b_cols = (n, k) if cfg.b_col else (k, n)
+    lda, ldb = ld_of(a_cols), ld_of(b_cols)
+    na, nb = (1 if "a" in shared else batch), (1 if "b" in shared else batch)
+    a32 = rng.standard_normal((na, a_rows, lda), dtype=np.float32)
+    b32 = rng.standard_normal((nb, b_rows, ldb), dtype=np.float32)
+    # what the tensor cores multiply: tf32 rounds (cvt.rna), 3xTF32 takes every bit
+    taken = DType.TF32 if cfg.dtype is DType.TF32 else stored
+    a = round_to(a32, taken)[1].astype(np.float64)[:, :a_rows, :a_cols]
+    b = round_to(b32, taken)[1].astype(np.float64)[:, :b_rows, :b_cols]
+    a = a.transpose(0, 2, 1) if cfg.a_col else a  # (na, M, K)
+    b = b.transpose(0, 2, 1) if cfg.b_col else b  # (nb, K, N)
+    acc = np.matmul(a, b)  # (batch, M, N)
+
+    out = cfg.out
+    ldc = -(-n // 8) * 8 + 8 if cfg.store else n + 3  # TMA stores: rows of whole 16 bytes
+    c_host = _poison((batch, m, ldc), out)
+    c_old = np.zeros((batch, m, n))
+    if beta:
+        c0 = _stored(rng.standard_normal((batch, m, n), dtype=np.float32), out)
+        c_host[:, :, :n] = c0
+        c_old = _value(c0, out)
+    bias_type = {"none": None, "out": out, "f32": DType.F32}[cfg.bias]
+    bias_val, bias_buf = 0.0, None
+    if bias_type is not None:
+        bias_host = _stored(rng.standard_normal(n, dtype=np.float32), bias_type)
+        bias_val, bias_buf = _value(bias_host, bias_type), driver.Buffer.of(bias_host)
+    ref = _ACT[cfg.act](alpha * acc + beta * c_old + bias_val)
+
+    bufs = [driver.Buffer.of(_stored(x, stored)) for x in (a32, b32)]
+    c_buf = driver.Buffer.of(c_host)
+    strides = (0 if "a" in shared else a_rows * lda, 0 if "b" in shared else b_rows * ldb,
+               m * ldc)
+    run = runner_for(cfg, cubin).bind(dev, m, n, k, lda, ldb, ldc, batch=batch,
+                                      strides=strides)
+    run(bufs[0].ptr, bufs[1].ptr, c_buf.ptr, alpha, beta, 0,
+        bias=bias_buf.ptr if bias_buf is not None else 0)
+    driver.synchronize()
+    got = c_buf.download(np.empty_like(c_host))
+    assert np.array_equal(_bits(got[:, :, n:]), _bits(c_host[:, :, n:])), \
+        (cfg.name, shape, "C's padding past N was written")
+    g = _value(got[:, :, :n], out)
+    assert np.isfinite(g).all(), (cfg.name, shape, batch, shared,
+                                  f"{int((~np.isfinite(g)).sum())} elements unwritten or not finite")
+    excess = np.maximum(np.abs(g - ref) - 1.001 * _U[out] * np.abs(ref) - _TINY[out], 0.0)
+    err = float(np.linalg.norm(excess) / (np.linalg.norm(ref) or 1.0))
+    assert err <= tolerance(cfg, k), (cfg.name, shape, batch, shared, err, tolerance(cfg, k))
+    return err
+
+
+_BASE = WgmmaConfig(bm=128, bn=128, stages=4, consumers=2, persistent=1, group=8)
+_ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+
+
+def _epilogue_configs(store: int, acts=_ACTS) -> list[WgmmaConfig]:
+    """Each layout x each C type x each of `acts` (with a bias whenever there is an
+    activation: of C's type or fp32, in turn), fp16 and bf16 inputs in turn."""
+    cfgs = []
+    for li, layout in enumerate(Layout):
+        for oi, out in enumerate(OUT_DTYPES):
+            for ei, act in enumerate(acts):
+                bias = "none" if act == "none" else ("out" if out is DType.F32 or ei % 2 else "f32")
+                cfgs.append(dataclasses.replace(
+                    _BASE, dtype=(DType.F16, DType.BF16)[(li + oi + ei) % 2], layout=layout,
+                    out=out, bias=bias, act=act, store=store))
+    return cfgs
+
+
+#: the register epilogue: 4 layouts x 3 C types x {no epilogue, bias + each activation}
+REG_VARIANTS = _epilogue_configs(store=0)
+#: the TMA-store epilogue: 4 layouts x 3 C types x {no epilogue, bias + gelu}
+TS_VARIANTS = _epilogue_configs(store=1, acts=("none", "gelu"))
+#: fp32 data in every layout it takes: the pre-pass (any), tf32 / 3xTF32 in shared memory (NN, NT)
+FP32_VARIANTS = [
+    dataclasses.replace(CONFIGS[6], layout=Layout.TN, out=DType.F16, bias="f32", act="gelu"),
+    dataclasses.replace(CONFIGS[6], layout=Layout.TT, out=DType.BF16, act="relu", store=1),
+    dataclasses.replace(CONFIGS[6], layout=Layout.NT),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_nt_of16_bias_silu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p0_g8_nt"),
+    WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelut"),
+]
+#: batches: the register and TMA-store epilogues, a cluster, ping-pong, the pre-pass
+BATCH_VARIANTS = [
+    WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_nt_of16_bias_relu"),
+    WgmmaConfig.from_name("gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_ts_tt_obf16_silu"),
+    WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8_tn"),
+    WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_of16"),
+    FP32_VARIANTS[0],
+]
+#: odd shapes TMA takes (leading dimensions padded): M = 1, M and N below a tile, prime K
+REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
+#: the TMA store: N a whole number of 16 bytes of C
+TS_SHAPES = [(1, 8, 7), (17, 40, 131), (127, 136, 257), (300, 264, 1009)]
+
+
+@pytest.fixture(scope="module")
+def compiled_variants(compile_cache):
+    import os
+
+    from codegen import compile_many
+
+    cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + FP32_VARIANTS + BATCH_VARIANTS))
+    out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
+    failed = {c.name: r.error for c, r in out.items() if not r.ok}
+    assert not failed, failed
+    return {c: Path(r.cubin).read_bytes() for c, r in out.items()}
+
+
+@pytest.mark.parametrize("cfg", REG_VARIANTS, ids=lambda c: c.name)
+def test_each_layout_c_type_and_epilogue_from_registers(cfg, compiled_variants):
+    for i, shape in enumerate(REG_SHAPES):
+        _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", TS_VARIANTS, ids=lambda c: c.name)
+def test_each_layout_c_type_and_epilogue_through_tma_stores(cfg, compiled_variants):
+    for i, shape in enumerate(TS_SHAPES):
+        _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.5, 0.0)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", FP32_VARIANTS, ids=lambda c: c.name)
+def test_fp32_data_in_its_layouts(cfg, compiled_variants):
+    for i, shape in enumerate(TS_SHAPES if cfg.store else REG_SHAPES):
+        _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", BATCH_VARIANTS, ids=lambda c: c.name)
+@pytest.mark.parametrize("shared", ["", "a", "b", "ab"])
+def test_strided_batches_with_shared_operands(cfg, shared, compiled_variants):
+    """Five problems in one launch, each operand batched or shared by all (stride 0: a map
+    of rank 2); every problem's C against its own reference."""
+    for i, shape in enumerate([(17, 40, 131), (127, 136, 257)]):
+        _check_variant(cfg, compiled_variants[cfg], shape, batch=5, shared=shared,
+                       beta=(0.5, 0.0)[i], seed=10 + i)
+
+
+def test_the_variants_run_at_one_block_per_sm_without_local_memory(compiled_variants):
+    from tuner.gpu import device
+    from tuner.runtime.runners import runner_for
+
+    dev = device()
+    for cfg, cubin in compiled_variants.items():
+        runner = runner_for(cfg, cubin)
+        assert runner.max_active_blocks(dev) == 1, cfg.name
+        attrs = runner.attributes(dev)
+        assert attrs["local_bytes"] == 0 and attrs["registers"] == cfg.launch_regs, cfg.name

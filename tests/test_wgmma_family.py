@@ -321,22 +321,34 @@ def test_tensor_map_enum_names_exist_in_cuda_bindings():
     assert attr.value.clusterDim.x == 2
 
 
+#: the kernel's scalars after the tensor maps, in order: (name, ctypes kind, a value)
+KERNEL_SCALARS = [("M", ctypes.c_int32, 17), ("N", ctypes.c_int32, 33), ("K", ctypes.c_int32, 9),
+                  ("alpha", ctypes.c_float, 0.5), ("beta", ctypes.c_float, 2.0),
+                  ("C", ctypes.c_uint64, 0xABC0), ("ldc", ctypes.c_int32, 36),
+                  ("bias", ctypes.c_uint64, 0xBEE0), ("batch", ctypes.c_int32, 5),
+                  ("maps3", ctypes.c_int32, 6), ("sC", ctypes.c_int64, 1 << 33)]
+
+
 def test_kernel_arguments_follow_the_signature():
     """The TMA runner's scalars after the tensor maps (A and B, and C with the TMA-store
-    epilogue) are the kernel's parameters in order: M N K alpha beta C ldc."""
+    epilogue) are the kernel's parameters in order (KERNEL_SCALARS), the first seven as
+    they were before C's type, the bias and the batch (callers that read M N K alpha beta C
+    ldc off a parameter block still find them there)."""
     from tuner.runtime.driver import ParamBlock
     from tuner.runtime.runners import TmaRunner
 
-    assert TmaRunner.SIGNATURE == "iiiffPi"  # int32 x 3, float x 2, a pointer, int32
+    assert TmaRunner.SIGNATURE == "iiiffPiPiiL"
+    assert TmaRunner.SIGNATURE.startswith("iiiffPi")
     blk = ParamBlock(TmaRunner.SIGNATURE)
-    ptrs = (ctypes.c_void_p * 7).from_address(blk.pack(17, 33, 9, 0.5, 2.0, 0xABC0, 36))
-    kinds = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_float,
-             ctypes.c_uint64, ctypes.c_int32]
-    assert [kind.from_address(p).value for kind, p in zip(kinds, ptrs)] == \
-        [17, 33, 9, 0.5, 2.0, 0xABC0, 36]
-    assert [ctypes.sizeof(kind) for kind in kinds] == [4, 4, 4, 4, 4, 8, 4]
+    values = [v for _, _, v in KERNEL_SCALARS]
+    ptrs = (ctypes.c_void_p * len(values)).from_address(blk.pack(*values))
+    assert [kind.from_address(p).value for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs)] == values
     src = render(DEFAULT_WGMMA)
-    assert "int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)" in src
+    assert ("int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,\n"
+            "    const BiasT* __restrict__ bias, int batch, int maps3, long long sC)") in src
+    assert "using OutT = float;" in src and "using BiasT = float;" in src
+    bf = render(dataclasses.replace(DEFAULT_WGMMA, out=DType.BF16, bias="f32"))
+    assert "using OutT = __nv_bfloat16;" in bf and "using BiasT = float;" in bf
     # the launch geometry the runner gives the driver: a cluster per tile, or (persistent)
     # at most sms // cluster clusters; one warpgroup per consumer plus the producer's
     cl = WgmmaConfig.from_name("gemm_wgmma_f16_128x256x64_c2_s4_x2_p1_g8")
@@ -457,7 +469,7 @@ def test_store_epilogue_source():
     assert "cp.async.bulk.wait_group.read %0;" in src and "bulk_wait_read<1>();" in src
     assert "cp.async.bulk.wait_group 0;" in src and "fence.proxy.async.shared::cta;" in src
     assert "bar.sync 2, 128;" in src and "bar.sync 3, 128;" in src
-    assert "constexpr uint32_t C_BYTES = 32768;" in src and "C (FP32) box 64 x 32" in src
+    assert "constexpr uint32_t C_BYTES = 32768;" in src and "C (fp32, SWIZZLE_128B) box 64 x 32" in src
     assert "const uint32_t bars = base + TILES_BYTES + C_BYTES;" in src
     plain = render(DEFAULT_WGMMA)
     assert "tmC" not in plain and "cp.async.bulk.wait_group" not in plain
@@ -798,3 +810,569 @@ def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
                                             enumerate(acc.METHODS)}) for s in acc.SPEED_SHAPES])
     acc.plot(report, tmp_path / "x.png")
     assert (tmp_path / "x.png").stat().st_size > 10000
+
+
+# ---- C's type, the bias and the activation (the epilogue) ----------------------------------
+from codegen.check import check  # noqa: E402
+from codegen.families._common import Layout  # noqa: E402
+from codegen.families.wgmma import c_tma_reasons, problem_reasons  # noqa: E402
+
+#: x @ W.t() (NT: B column-major, both operands K-major), fp16 C with an fp16 bias and gelu,
+#: from registers
+EPI_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, layout=Layout.NT, out=DType.F16, bias="out",
+                                 act="gelu")
+#: bf16 C through the TMA-store epilogue (SWIZZLE_64B buffers), silu, no bias
+EPI_TS_GOLDEN = WgmmaConfig(bm=128, bn=256, stages=4, dtype=DType.BF16, store=1, out=DType.BF16,
+                            act="silu")
+
+
+def test_epilogue_names_round_trip_and_check():
+    assert EPI_GOLDEN.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_nt_of16_bias_gelu"
+    assert EPI_TS_GOLDEN.name == "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_obf16_silu"
+    pre = dataclasses.replace(PREP_GOLDEN, out=DType.BF16, bias="f32", act="gelu_tanh", store=1)
+    t3 = dataclasses.replace(T3_GOLDEN, out=DType.F16, act="relu")
+    assert pre.name == "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_obf16_biasf32_gelut"
+    for c in (EPI_GOLDEN, EPI_TS_GOLDEN, pre, t3):
+        assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
+        assert check(c, "sm_90") == [], c.name
+    # the family writes every C type with every bias and activation (FamilySpec.epilogue)
+    from codegen.families import FAMILIES
+
+    assert FAMILIES["wgmma"].epilogue
+    assert check(dataclasses.replace(DEFAULT_WGMMA, bias="out", act="silu"), "sm_90") == []
+    # the common rules still hold for this family
+    assert check(dataclasses.replace(DEFAULT_WGMMA, bias="f32"), "sm_90") == [
+        "an fp32 bias with fp32 C is bias='out'"]
+    assert any("activation 'tanh' is not one of" in w
+               for w in check(dataclasses.replace(DEFAULT_WGMMA, act="tanh"), "sm_90"))
+    assert any("C cannot be tf32" in w
+               for w in check(dataclasses.replace(DEFAULT_WGMMA, out=DType.TF32), "sm_90"))
+
+
+def test_two_byte_c_halves_the_staging_buffers():
+    c = EPI_TS_GOLDEN
+    assert c.c_row_bytes == 64 and c.c_buf_bytes == 64 * 64 == 4096 and c.c_bytes == 16384
+    assert STORE_GOLDEN.c_row_bytes == 128 and STORE_GOLDEN.c_bytes == 32768
+    assert c.smem_bytes == 1024 + 4 * 49152 + 16384 + 1024
+    assert c.tma_boxes()["C"] == (64, 32)  # 32 columns: 64 B rows, the SWIZZLE_64B span
+    v = c.template_values()
+    assert (v["C_ES"], v["C_ROW_BYTES"], v["OUT_T"], v["ACT"], v["BIAS"]) == \
+        (2, 64, "__nv_bfloat16", "silu", False)
+    # a 128x256 tile of 2-byte C fits 5 stages with its buffers (fp32 C does not)
+    assert check_wgmma(dataclasses.replace(c, stages=5), "sm_90") != []
+    assert dataclasses.replace(c, stages=4, bn=192).smem_bytes < \
+        dataclasses.replace(STORE_GOLDEN, stages=4, bn=192).smem_bytes
+
+
+def test_c_tma_reasons_for_two_byte_c():
+    assert c_tma_reasons(1024, 0x100, 1024, DType.F16) == []
+    assert c_tma_reasons(1028, 0x100, 1028, DType.F16) == [
+        "ldc=1028 x 2 B = 2056 B is not a multiple of 16 bytes",
+        "N=1028 is not a multiple of 8 fp16 values: TMA stores write C's rows in 16-byte pieces, past column N"]
+    assert c_tma_reasons(1032, 0x108, 1030, DType.BF16) == [
+        "C at 0x108 is not 16-byte aligned (off by 8 B)",
+        "N=1030 is not a multiple of 8 bf16 values: TMA stores write C's rows in 16-byte pieces, past column N"]
+    assert c_tma_reasons(1028, 0x100, 1028) == []  # fp32 C: 4 floats are 16 bytes
+    ts16 = dataclasses.replace(STORE_GOLDEN, out=DType.F16)
+    assert problem_reasons(ts16, (4096, 4100, 4096)) == [
+        "TMA cannot describe the operands: ldb=4100 x 2 B = 8200 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: ldc=4100 x 2 B = 8200 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: N=4100 is not a multiple of 8 fp16 values: TMA stores "
+        "write C's rows in 16-byte pieces, past column N"]
+    assert problem_reasons(STORE_GOLDEN, (4096, 4104, 4096)) == []
+    # the dispatch's rule: N a whole number of 16 bytes of C
+    assert STORE_GOLDEN.takes(64, 4100, 64, (16, 16, 16))
+    assert not ts16.takes(64, 4100, 64, (16, 16, 16)) and ts16.takes(64, 4104, 64, (16, 16, 16))
+    assert EPI_GOLDEN.takes(64, 4100, 64, (16, 16, 2))  # registers: any N, any C
+
+
+#: the tf32 pre-pass reading a column-major A (it transposes A, copies a column-major B)
+PREP_TN_GOLDEN = dataclasses.replace(PREP_GOLDEN, layout=Layout.TN)
+
+
+@pytest.mark.parametrize("cfg", [EPI_GOLDEN, EPI_TS_GOLDEN, PREP_TN_GOLDEN], ids=lambda c: c.name)
+def test_epilogue_golden_source(cfg):
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    rendered_as_golden(cfg)
+
+
+def test_epilogue_source_says_what_it_does():
+    src = render(EPI_GOLDEN)
+    assert "// Computes:   C = gelu(alpha * A * B + beta * C + bias);" in src
+    assert "fp32 accumulation, fp16 output, a __half bias of N" in src
+    assert "#include <cuda_fp16.h>" in src and "cuda_bf16.h" not in src
+    assert "using OutT = __half;" in src and "using BiasT = __half;" in src
+    assert "constexpr bool HAS_BIAS = true;" in src and "erff(" in src
+    assert "__floats2half2_rn" in src and "st_pair(p, finish1(v0, bias, col)" in src
+    ts = render(EPI_TS_GOLDEN)
+    assert "#include <cuda_bf16.h>" in ts and "cuda_fp16.h" not in ts
+    assert "C (bf16, SWIZZLE_64B) box 64 x 32" in ts and "C_ES = 2;" in ts
+    assert "sts_pair(cbuf + r * 64 + (((cc / 8) ^ ((r / 2) % 4)) * 16) + (cc % 8) * 2, v0, v1);" in ts
+    assert "sts64" not in ts and "expf(-x)" in ts
+    plain = render(DEFAULT_WGMMA)  # fp32 C: no fp16 / bf16 header, the 8-byte pair stores
+    assert "cuda_fp16.h" not in plain and "cuda_bf16.h" not in plain
+    assert "return *reinterpret_cast<const float2*>(p);" in plain
+
+
+@pytest.mark.parametrize("wm", [64, 128])
+def test_two_byte_c_slices_are_written_once_without_bank_conflicts(wm):
+    """2-byte C: each thread's pair of columns (cc, cc + 1) of row r goes, as one 4-byte store,
+    where TMA's SWIZZLE_64B reads it (16-byte chunk c of a 64-byte row at c ^ ((r / 2) % 4):
+    address bits 4-5 XOR bits 7-8), every element once, and each warp's 32 stores on 32
+    distinct banks."""
+    written = {}
+    for warp in range(4):
+        for i in range(wm // 64):
+            for h in range(2):
+                for q in range(4):
+                    banks = []
+                    for lane in range(32):
+                        cc = q * 8 + (lane % 4) * 2
+                        r = i * 64 + warp * 16 + lane // 4 + h * 8
+                        at = r * 64 + (((cc // 8) ^ ((r // 2) % 4)) * 16) + (cc % 8) * 2
+                        assert at % 4 == 0
+                        for e in range(2):
+                            plain = r * 64 + (cc + e) * 2  # unswizzled byte address
+                            assert at + 2 * e == plain ^ (((plain >> 7) & 3) << 4)
+                            assert (r, cc + e) not in written
+                            written[(r, cc + e)] = at + 2 * e
+                        banks.append(at // 4 % 32)
+                    assert sorted(banks) == list(range(32)), banks
+    assert len(written) == wm * 32 and len(set(written.values())) == wm * 32
+
+
+def test_the_runner_maps_c_in_its_type_and_passes_the_bias(monkeypatch):
+    """The TMA-store epilogue's C map is encoded in C's type (SWIZZLE_64B for 2-byte C, the
+    16-byte rules in C's elements), and the bias pointer follows ldc in the parameters."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded, packed = [], []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Image(_Image):
+        def launch(self, f, grid, block, stream, address):
+            n = len(TmaRunner.SIGNATURE)
+            ptrs = (ctypes.c_void_p * (3 + n)).from_address(address)
+            packed.append([kind.from_address(p).value
+                           for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs[3:])])
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = dataclasses.replace(EPI_TS_GOLDEN, bias="f32")
+    r = TmaRunner(cfg, b"")
+    with pytest.raises(TmaUnsupported, match="N=1028 is not a multiple of 8 bf16 values"):
+        r.bind(g, 64, 1028, 1024, 1024, 1032, 1032)
+    with pytest.raises(TmaUnsupported, match="ldc=1036 x 2 B = 2072 B"):
+        r.bind(g, 64, 1024, 1024, 1024, 1024, 1036)
+    run = r.bind(g, 64, 1024, 512, 512, 1024, 1032)
+    run(0x10000, 0x20000, 0x30000, 0.5, 2.0, 0, bias=0x40000)
+    c_map = encoded[2]
+    assert c_map["tensorDataType"] == "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"
+    assert c_map["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_64B"
+    assert c_map["globalDim"] == [1024, 64] and c_map["globalStrides"] == [1032 * 2]
+    assert c_map["boxDim"] == [32, 64]
+    assert packed == [[64, 1024, 512, 0.5, 2.0, 0x30000, 1032, 0x40000, 1, 0, 0]]
+
+
+#: a modest sample of the new paths, compiled for sm_90a (CI has two cores): each C type in
+#: each epilogue, a bias of each kind, each activation, each layout, with ping-pong, a
+#: cluster, the tf32 pre-pass, tf32 and 3xTF32 converted in shared memory
+VARIANT_NAMES = [
+    EPI_GOLDEN.name,                                                          # NT, fp16 C + bias, gelu
+    EPI_TS_GOLDEN.name,                                                       # bf16 C by TMA, silu
+    PREP_TN_GOLDEN.name,                                                      # the pre-pass transposing A
+    "gemm_wgmma_f16_128x128x64_c1_s5_x1_p0_g1_ts_bias_relu",                  # fp32 C + bias, TMA store
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_tn_obf16_bias",             # TN, 2-byte TMA store
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut",           # ping-pong, TN
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_tt_obf16_biasf32",             # cluster, TT, fp32 bias
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_tt_of16_biasf32_relu",  # pre-pass TT, fp16 C
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",                      # tf32 B^T in place, cluster
+    "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu",              # 3xTF32 NT, bf16 C
+]
+
+
+@pytest.fixture(scope="module")
+def compiled_variants(compile_cache):
+    cfgs = [WgmmaConfig.from_name(n) for n in VARIANT_NAMES]
+    return dict(compile_many(cfgs, "sm_90", jobs=2, cache_dir=compile_cache))
+
+
+def test_variants_compile_without_spills_or_warnings(compiled_variants):
+    failed = {c.name: r.error for c, r in compiled_variants.items() if not r.ok}
+    assert not failed, failed
+    assert len(compiled_variants) == len(VARIANT_NAMES)
+    for c, r in compiled_variants.items():
+        assert check(c, "sm_90") == [], c.name
+        assert r.arch == "sm_90a"
+        assert "warning" not in r.log.lower() and "C7508" not in r.log, (c.name, r.log)
+        res = r.resources
+        assert res.spill_bytes == 0 and res.stack_frame == 0, (c.name, res)
+        assert res.registers == c.launch_regs, (c.name, res.registers)
+        assert res.smem_dynamic == c.smem_bytes and res.smem_static == 0, (c.name, res)
+
+
+def _sass(c, compile_cache) -> str:
+    tool, env = find_cuobjdump()
+    if tool is None:
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    r = compile_config(c, "sm_90", compile_cache)
+    assert r.ok, r.error
+    return subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                          env=env, check=True).stdout
+
+
+def test_sass_of_the_epilogues(compiled_variants, compile_cache):
+    """2-byte C through TMA: one 4-byte STS per pair (as many as fp32 C's 8-byte ones), one
+    UTMASTG per slice, no global store; from registers: 4-byte pair stores of 2-byte C."""
+    for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut"):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        assert code.count("UTMASTG.2D") == c.bn // 32, c.name
+        sts = re.findall(r"\bSTS(\.\w+)?\s", code)
+        assert len(sts) == (c.wm // 64) * 2 * (c.bn // 8) and set(sts) == {""}, (c.name, len(sts))
+        assert not re.search(r"\bSTG\.", code) and "STL" not in code, c.name
+    code = _sass(EPI_GOLDEN, compile_cache)
+    assert re.search(r"\bSTG\.E\s", code) and not re.search(r"\bSTG\.E\.64", code)
+    assert "UTMASTG" not in code and "STL" not in code
+
+
+# ---- layouts: A and B row- or column-major ----------------------------------------------------
+def _at(layout, **kw):
+    return dataclasses.replace(DEFAULT_WGMMA, layout=Layout(layout), **kw)
+
+
+def test_layouts_choose_each_operands_box_and_major_ness():
+    """A row-major: one BM x BK box, K-major; column-major: BM/64 boxes of BK rows (K) by 64
+    (M), M-major. B row-major: BN/64 boxes of BK rows by 64 (N-major); column-major: one
+    box of BN rows (N) by BK, K-major; a cluster splits B along K or along N."""
+    want = {"nn": ((128, 64), (64, 64), False, True), "nt": ((128, 64), (256, 64), False, False),
+            "tn": ((64, 64), (64, 64), True, True), "tt": ((64, 64), (256, 64), True, False)}
+    for layout, (a, b, a_mn, b_mn) in want.items():
+        c = _at(layout)
+        assert c.tma_boxes() == {"A": a, "B": b}, layout
+        assert (c.a_mn_major, c.b_mn_major) == (a_mn, b_mn), layout
+        v = c.template_values()
+        assert (v["A_MN"], v["B_MN"], v["B_CHUNKS"]) == (a_mn, b_mn, 4 if b_mn else 1), layout
+        assert (v["A_CHUNKS"], v["A_CHUNK_BYTES"]) == (2, 64 * 128)
+        assert c.stage_bytes == DEFAULT_WGMMA.stage_bytes and check_wgmma(c, "sm_90") == []
+    assert _at("nt", cluster=2).tma_boxes()["B"] == (128, 64)  # half of N per block
+    assert _at("tt", cluster=2).template_values()["B_BOX_ROWS"] == 128
+    # fp32 data: a column-major B comes K-major, so it is rounded in place (no Bt copy)
+    nt = dataclasses.replace(TF32_GOLDEN, layout=Layout.NT)
+    assert nt.tma_boxes() == {"A": (128, 32), "B": (128, 32)}
+    assert nt.conv_bytes == 0 and nt.stage_bytes == nt.tx_bytes == 32768
+    assert nt.conv_offsets[0] == nt.a_stage_bytes  # the wgmmas read B where TMA put it
+    t3 = dataclasses.replace(T3_GOLDEN, layout=Layout.NT)
+    assert t3.conv_bytes == t3.a_stage_bytes + t3.b_stage_bytes  # the small parts only
+    assert t3.conv_offsets == (16384, 32768, 49152)
+    assert T3_GOLDEN.conv_offsets == (32768, 49152, 65536)  # NN as before: A | B | Bt | As | Bts
+    # the pre-pass writes K-major copies whatever the layout: its boxes do not change
+    for layout in Layout:
+        p = dataclasses.replace(PREP_GOLDEN, layout=layout)
+        assert p.tma_boxes() == PREP_GOLDEN.tma_boxes() and not p.a_mn_major and not p.b_mn_major
+
+
+def test_layout_rules_in_check():
+    from codegen.families import FAMILIES
+
+    assert FAMILIES["wgmma"].layouts == frozenset(Layout)
+    for layout in Layout:
+        assert check(_at(layout.value), "sm_90") == []
+        assert check(dataclasses.replace(PREP_GOLDEN, layout=layout), "sm_90") == []
+    assert check(dataclasses.replace(TF32_GOLDEN, layout=Layout.NT), "sm_90") == []
+    assert check(dataclasses.replace(T3_GOLDEN, layout=Layout.NT), "sm_90") == []
+    for cfg, tail in ((dataclasses.replace(TF32_GOLDEN, layout=Layout.TN),
+                       "the pre-pass (prep=1) reads a column-major A"),
+                      (dataclasses.replace(T3_GOLDEN, layout=Layout.TT), "3xTF32 has no pre-pass")):
+        why = check(cfg, "sm_90")
+        assert len(why) == 1 and why[0].startswith(
+            f"layout {cfg.layout.value}: fp32 data converted in shared memory needs a row-major "
+            "A") and why[0].endswith(tail), why
+
+
+def test_tma_reasons_read_the_layout():
+    # column-major A: lda is its column stride, at least M; column-major B: at least K
+    assert tma_reasons(DType.F16, 128, 64, 0, 0, m=100, n=64, k=64, layout=Layout.TT) == []
+    assert tma_reasons(DType.F16, 64, 64, 0, 0, m=100, n=64, k=64, layout=Layout.TT) == [
+        "lda=64 is below M=100 (A is column-major)"]
+    assert tma_reasons(DType.F16, 128, 56, 0, 0, m=100, n=512, k=64, layout=Layout.NT) == [
+        "ldb=56 is below K=64 (B is column-major)"]
+    assert tma_reasons(DType.F16, 1024, 1024, 0, 0, m=64, n=1000, k=1024, layout=Layout.NT) == []
+    # the tuner's dense problem: lda = M for a column-major A, ldb = K for a column-major B
+    assert problem_reasons(_at("tn"), (4095, 4096, 4096)) == [
+        "TMA cannot describe the operands: lda=4095 x 2 B = 8190 B is not a multiple of 16 bytes"]
+    assert problem_reasons(_at("nn"), (4095, 4096, 4096)) == []
+    assert problem_reasons(_at("nt"), (4096, 4095, 4096)) == []  # ldb = K
+    assert problem_reasons(_at("nt"), (4096, 4096, 4095)) == [
+        "TMA cannot describe the operands: lda=4095 x 2 B = 8190 B is not a multiple of 16 bytes",
+        "TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes"]
+
+
+def test_layout_source():
+    imm = {"nn": "0, 1", "nt": "0, 0", "tn": "1, 1", "tt": "1, 0"}
+    for layout, flags in imm.items():
+        src = render(_at(layout))
+        assert f" %128, %129, p, 1, 1, {flags};" in src, layout
+        assert f"{'column' if layout[0] == 't' else 'row'}-major A (M x K), " \
+               f"{'column' if layout[1] == 't' else 'row'}-major B (K x N)" in src, layout
+    tn = render(_at("tn"))
+    assert "tma_load(a_dst + j * A_CHUNK_BYTES, &tmA, bar, m0 + j * 64, kt * BK, bt, a3);" in tn
+    assert "(row0 / 64) * A_CHUNK_BYTES" in tn and "A box 64 x 64 (2 per stage)" in tn
+    assert "smem_desc(a_tile + i * A_CHUNK_BYTES + kk * 16 * 128, A_CHUNK_BYTES, 1024)" in tn
+    nt = render(_at("nt", cluster=2))
+    assert "tma_load_multicast(b_dst, &tmB, bar, kt * BK, n0 + static_cast<int>(rank) * B_BOX_ROWS," in nt
+    assert "const uint64_t db = smem_desc(b_tile + kk * 32, 16, 1024);" in nt
+    tf = render(dataclasses.replace(TF32_GOLDEN, layout=Layout.NT))
+    assert "B^T (column-major B): K-major as TMA brings it, so rounded in place" in tf
+    assert "k block kb" not in tf and "BT_OFF = 16384" in tf
+    pre = render(PREP_TN_GOLDEN)
+    assert "prep_transpose(A, lda, K, M, bid, At, ldw, tile);" in pre
+    assert "prep_transpose(B, ldb, K, N, bid - a_blocks, Bt, ldw, tile);" in pre
+    tt = render(dataclasses.replace(PREP_GOLDEN, layout=Layout.NT))
+    assert "prep_copy(A, lda, M, K, bid, At, ldw);" in tt
+    assert "prep_copy(B, ldb, N, K, bid - a_blocks, Bt, ldw);" in tt and "tile[32][33]" not in tt
+
+
+def test_the_runner_maps_operands_as_stored(monkeypatch):
+    """Column-major operands are mapped as stored: A as K rows of M (lda), B as N rows of K
+    (ldb), with the boxes of tma_boxes; lda and ldb below M and K are refused."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded = []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", _Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    m, n, k = 300, 520, 136
+    for layout, lda, ldb, a_dim, b_dim in (("nn", 136, 520, [k, m], [n, k]),
+                                           ("nt", 136, 144, [k, m], [k, n]),
+                                           ("tn", 304, 520, [m, k], [n, k]),
+                                           ("tt", 304, 144, [m, k], [k, n])):
+        encoded.clear()
+        cfg = _at(layout)
+        TmaRunner(cfg, b"").bind(g, m, n, k, lda, ldb, 520)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+        a, b = encoded
+        assert (a["globalDim"], a["globalStrides"]) == (a_dim, [lda * 2]), layout
+        assert (b["globalDim"], b["globalStrides"]) == (b_dim, [ldb * 2]), layout
+        boxes = cfg.tma_boxes()
+        assert a["boxDim"] == list(boxes["A"][::-1]) and b["boxDim"] == list(boxes["B"][::-1]), layout
+    with pytest.raises(TmaUnsupported, match="lda=296 is below M=300"):
+        TmaRunner(_at("tt"), b"").bind(g, m, n, k, 296, 144, 520)
+    with pytest.raises(TmaUnsupported, match="ldb=128 is below K=136"):
+        TmaRunner(_at("nt"), b"").bind(g, m, n, k, 136, 128, 520)
+
+
+def test_sass_of_the_layouts(compiled_variants, compile_cache):
+    """Each layout's wgmmas carry the transpose flags of its operands' tiles (tnspA for an
+    M-major A, tnspB for an N-major B), TMA loads a box per 64 columns of an MN-major tile
+    and one for a K-major one; tf32 never transposes."""
+    for name, flags in ((EPI_GOLDEN.name, ""),
+                        ("gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_tn_obf16_bias", ".tnspA.tnspB"),
+                        ("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_tt_obf16_biasf32", ".tnspA"),
+                        ("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut", ".tnspA.tnspB")):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        hgmma = [line for line in code.splitlines() if "HGMMA.64x" in line]
+        assert len(hgmma) == (c.wm // 64) * (c.bk // 16), (name, len(hgmma))
+        assert all(re.search(r"gdesc\[UR\d+\]" + re.escape(flags) + r",", line) for line in hgmma), \
+            (name, hgmma[0])
+        loads = c.bm // 64 if c.a_mn_major else 1
+        loads += c.bn // 64 if c.b_mn_major else 1
+        assert code.count("UTMALDG.2D") >= loads, name
+        assert ("MULTICAST" in code.upper()) == (c.cluster > 1), name
+    for name in ("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",
+                 "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu"):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        hgmma = [line for line in code.splitlines() if "HGMMA.64x" in line]
+        assert len(hgmma) == c.terms * (c.wm // 64) * (c.bk // 8) and \
+            all("tnsp" not in line for line in hgmma), name
+        assert "STL" not in code and "LDL" not in code
+
+
+# ---- strided batches ---------------------------------------------------------------------------
+def test_batched_tensor_maps_have_rank_3():
+    args = tensor_map_args(DType.F16, 0x10000, rows=300, cols=136, ld=136, box_rows=128,
+                           box_cols=64, batch=7, batch_stride=300 * 136)
+    assert args["tensorRank"] == 3 and args["globalDim"] == [136, 300, 7]
+    assert args["globalStrides"] == [272, 300 * 136 * 2]
+    assert args["boxDim"] == [64, 128, 1] and args["elementStrides"] == [1, 1, 1]
+    one = tensor_map_args(DType.F16, 0x10000, 300, 136, 136, 128, 64, batch=1, batch_stride=8)
+    assert one["tensorRank"] == 2 and one["globalStrides"] == [272]  # one problem: rank 2
+    for stride, says in ((0, "batch stride 0 x 2 B"), (300 * 136 + 4, "not a positive multiple")):
+        with pytest.raises(TmaUnsupported, match=says):
+            tensor_map_args(DType.F16, 0, 300, 136, 136, 128, 64, batch=7, batch_stride=stride)
+
+
+def test_batch_strides_follow_tma_rules():
+    assert tma_reasons(DType.F16, 64, 64, 0, 0, 64, 64, 64, sa=64 * 64, sb=0) == []
+    assert tma_reasons(DType.BF16, 64, 64, 0, 0, 64, 64, 64, sa=4100, sb=-8) == [
+        "sA=4100 x 2 B = 8200 B (A's batch stride) is not a multiple of 16 bytes",
+        "sB=-8: B's batch stride is negative"]
+    assert c_tma_reasons(64, 0, 64, DType.F16, sc=64 * 63 + 4) == [
+        "sC=4036 x 2 B = 8072 B (C's batch stride) is not a multiple of 16 bytes"]
+    assert c_tma_reasons(64, 0, 64, DType.F32, sc=64 * 63 + 4) == []
+    # the grid: a cluster per tile of every problem, or the persistent SMs over all of them
+    flat = dataclasses.replace(DEFAULT_WGMMA, persistent=0)
+    assert flat.tiles(300, 520, 3) == 3 * 3 * 3 and flat.grid(300, 520, 132, batch=3) == (27, 1, 1)
+    assert DEFAULT_WGMMA.grid(300, 520, 132, batch=3) == (27, 1, 1)
+    assert DEFAULT_WGMMA.grid(4096, 4096, 132, batch=3) == (132, 1, 1)
+    cl = dataclasses.replace(DEFAULT_WGMMA, cluster=2, persistent=0)
+    assert cl.grid(300, 520, 132, batch=3) == (2 * 2 * 3 * 3, 1, 1)
+
+
+def test_batch_source():
+    src = render(_at("tn", cluster=2, store=1, out=DType.BF16))
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
+    assert ".multicast::cluster [%0], [%1, { %3, %4, %5 }], [%2], %6;" in src
+    assert "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];" in src
+    assert "const int num_tiles = ctiles_m * tiles_n * batch;" in src
+    assert "bt = t / (ctiles_m * tiles_n);" in src
+    assert "OutT* const Cb = C + static_cast<long long>(bt) * sC;" in src
+    assert "tma_store(&tmC, cbuf, n0 + sb * C_SLICE, m0 + row0, bt, c3);" in src
+    assert "const bool a3 = maps3 & 1, b3 = maps3 & 2;" in src and "const bool c3 = maps3 & 4;" in src
+
+
+def test_the_runner_launches_a_batch_once_with_shared_operands_of_rank_2(monkeypatch):
+    """A batch is one launch: the grid over every problem's tiles, batched operands' maps of
+    rank 3 (their strides in bytes), a shared operand's (stride 0) of rank 2, maps3 saying
+    which, C's stride for the register epilogue; C's stride 0 and strides TMA cannot take
+    are refused when bound."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded, packed, grids = [], [], []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Image(_Image):
+        def launch(self, f, grid, block, stream, address):
+            ptrs = (ctypes.c_void_p * (3 + len(KERNEL_SCALARS))).from_address(address)
+            n_maps = 3 if "_ts" in self.name else 2
+            packed.append([kind.from_address(p).value
+                           for (_, kind, _), p in zip(KERNEL_SCALARS, ptrs[n_maps:])])
+            grids.append(grid)
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    m, n, k, batch = 100, 264, 72, 5
+    plain = TmaRunner(_at("nt", persistent=0), b"")
+    # A shared (x @ W.t() for a batch of W), B and C batched
+    run = plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(0, n * k, m * 270))
+    run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+    a, b = encoded
+    assert a["tensorRank"] == 2 and a["globalDim"] == [k, m]
+    assert b["tensorRank"] == 3 and b["globalDim"] == [k, n, batch]
+    assert b["globalStrides"] == [72 * 2, n * k * 2] and b["boxDim"] == [64, 256, 1]
+    assert packed[-1][-3:] == [batch, 0b010, m * 270]
+    assert grids[-1] == (1 * 2 * batch, 1, 1)  # ceil(100/128) x ceil(264/256) tiles a problem
+    # the TMA store: C's map of rank 3 too
+    encoded.clear()
+    ts = TmaRunner(_at("nn", store=1, out=DType.F16), b"")
+    run = ts.bind(g, m, n, k, 72, 264, 264, batch=batch, strides=(m * 72, 0, m * 264))
+    run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+    a, b, c = encoded
+    assert (a["tensorRank"], b["tensorRank"], c["tensorRank"]) == (3, 2, 3)
+    assert c["globalDim"] == [n, m, batch] and c["globalStrides"] == [264 * 2, m * 264 * 2]
+    assert packed[-1][-3:] == [batch, 0b101, m * 264]
+    # one problem: rank 2 everywhere, whatever strides are passed
+    encoded.clear()
+    plain.bind(g, m, n, k, 72, 72, 270, batch=1, strides=(8, 8, 8))(0x10000, 0x20000, 0, 1.0,
+                                                                    0.0, 0)
+    assert [e["tensorRank"] for e in encoded] == [2, 2] and packed[-1][-3:] == [1, 0, 0]
+    with pytest.raises(TmaUnsupported, match="sC=0: every problem of the batch needs a C"):
+        plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(0, n * k, 0))
+    with pytest.raises(TmaUnsupported, match="sA=7201 x 2 B = 14402 B"):
+        plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(m * 72 + 1, n * k, m * 270))
+    with pytest.raises(TmaUnsupported, match="sC=26402 x 2 B = 52804 B"):  # C's map: 16 B
+        ts.bind(g, m, n, k, 72, 264, 264, batch=batch, strides=(0, 0, m * 264 + 2))
+    plain.bind(g, m, n, k, 72, 72, 270, batch=batch, strides=(0, 0, m * 270 + 1))  # registers
+
+
+def test_the_pre_pass_writes_each_problems_copies(monkeypatch):
+    """tf32 pre-pass with a batch: one pre-pass launch per problem, at its A and B, into its
+    own pair of copies; the GEMM's maps of rank 3 over them. Both shared: one pair, rank 2."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    launched, encoded, prep_args = [], [], []
+
+    class Image(_Image):
+        def params(self, signature):
+            self.blk = super().params(signature)
+            return self.blk
+
+        def launch(self, f, grid, block, stream, address):
+            launched.append(self.name)
+            if self.name.endswith("_prep"):
+                prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Scratch:
+        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+            launched.append(("scratch", nbytes))
+            return 0x4000000
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = PREP_TN_GOLDEN
+    m, n, k, batch = 100, 130, 70, 3
+    per = cfg.prep_floats(m, n, k)
+    TmaRunner(cfg, b"").bind(g, m, n, k, 101, 131, 130, batch=batch,
+                             strides=(101 * k, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
+    prep = f"{cfg.name}_prep"
+    assert launched == [("scratch", batch * per * 4), prep, prep, prep, cfg.name]
+    ldw, w = cfg.prep_ld(k), 0x4000000
+    assert prep_args == [(0x10000 + i * 101 * k * 4, 101, 0x20000, 131, m, n, k,
+                          w + i * per * 4, w + i * per * 4 + m * ldw * 4, ldw,
+                          cfg.prep_grid(m, n, k)[1]) for i in range(batch)]
+    a, b = encoded
+    assert a["tensorRank"] == b["tensorRank"] == 3 and a["globalStrides"][1] == per * 4
+    assert b["globalAddress"] == 0x4000000 + m * cfg.prep_ld(k) * 4
+    launched.clear()
+    encoded.clear()
+    TmaRunner(cfg, b"").bind(g, m, n, k, 101, 131, 130, batch=batch,
+                             strides=(0, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
+    assert launched == [("scratch", per * 4), prep, cfg.name]
+    assert [e["tensorRank"] for e in encoded] == [2, 2]
+
+
+def test_sass_loads_and_stores_rank_3_boxes_for_a_batch(compiled_variants, compile_cache):
+    """Every kernel can run a batch: beside each 2-D TMA load (and store) the 3-D one of a
+    batched operand's map, chosen per launch (maps3)."""
+    for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8_tt_obf16_biasf32"):
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        assert code.count("UTMALDG.3D") >= 2 and code.count("UTMALDG.2D") >= 2, name
+        assert (code.count("UTMASTG.3D") == code.count("UTMASTG.2D") == c.bn // 32) == bool(c.store), name
+        assert "STL" not in code, name

@@ -25,6 +25,27 @@ see the template's header; or, tf32 with ``prep=1``, a pre-pass kernel writes th
 into a workspace ahead of the GEMM (measured faster: 0.75-0.89x cuBLAS TF32 against
 0.53-0.61x). ``terms=3`` is 3xTF32: big = tf32(x), small = tf32(x - big),
 A*B ~ Abig*Bbig + Abig*Bsmall + Asmall*Bbig, an fp32 candidate held to fp32's gate.
+
+What a problem asks beyond its input type (the config's ``layout``, ``out``, ``bias``,
+``act``; _common.Variant) is compiled in:
+
+- **C's type and the epilogue.** C is fp32, fp16 or bf16; the epilogue computes
+  act(alpha * acc + beta * C + bias[col]) in FP32 (beta reads the old C in its own type;
+  the bias is N values of C's type or fp32) and rounds once. From registers, each thread
+  stores column pairs (8 bytes of fp32, 4 of fp16 / bf16). The TMA-store epilogue stages
+  32-column slices in C's type: 128-byte rows swizzled 128B for fp32 C, 64-byte rows
+  swizzled 64B for 2-byte C (half the buffers; a warp's 4-byte stores on 32 distinct
+  banks), C's map in its type; TMA's rules then want C 16-byte aligned, ldc a whole number
+  of 16 bytes and N too (4 floats, 8 halves: :func:`c_tma_reasons`).
+- **Layouts.** TMA maps A and B as stored and wgmma reads each tile K-major or MN-major:
+  row-major A is K-major (transpose-A 0), column-major A M-major (BM/64 boxes of BK x 64,
+  transpose-A 1); row-major B is N-major (transpose-B 1), column-major B K-major (one box
+  of BN rows, transpose-B 0: x @ W.t() reads W as it is). tf32 has no transpose: the
+  consumers' conversion takes a row-major A with B either way (a column-major B is
+  rounded in place, no transposed copy), and the pre-pass reads every layout.
+- **Strided batches.** One launch walks batch x tiles; a batched operand's map has rank
+  3 (its stride a multiple of 16 bytes), an operand every problem shares (stride 0) keeps
+  a map of rank 2; the kernel's ``maps3`` says which (tuner/runtime/runners.py).
 """
 
 from __future__ import annotations
@@ -35,7 +56,7 @@ import random
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, epilogue_values,
 )
 from codegen.families._common import Serial as _Serial
 
@@ -47,7 +68,8 @@ __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_w
 PRODUCER_REGS = 40
 #: bytes of one row of a 128B-swizzled tile: the TMA box's inner extent and the swizzle span
 SWIZZLE_BYTES = 128
-#: FP32 columns of C per TMA store of the store=1 epilogue: 128 bytes, the swizzle span
+#: columns of C per TMA store of the store=1 epilogue: 128 bytes of fp32 C (SWIZZLE_128B), 64
+#: bytes of 2-byte C (SWIZZLE_64B: half the staging buffer)
 C_SLICE = 32
 #: slack added to the dynamic shared memory so the kernel can round its base up to 1024 B
 ALIGN_SLACK = 1024
@@ -98,7 +120,8 @@ def _up(x: int, to: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig(_Serial, Named):
-    """One point of the wgmma family: fp16 or bf16 inputs, FP32 accumulation and output.
+    """One point of the wgmma family: fp16, bf16 or fp32 (tf32, 3xTF32) inputs, FP32
+    accumulation, C in fp32, fp16 or bf16 with a fused bias and activation.
 
     Attributes:
         bm, bn, bk: block tile. BM = 64 or 128 rows per consumer warpgroup; BN a multiple of
@@ -127,6 +150,11 @@ class WgmmaConfig(_Serial, Named):
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
+        out, bias, act: C's type (fp32, fp16, bf16), the bias vector (none; "out": N values
+            of C's type; "f32": N floats) and the activation, applied in FP32 by either
+            epilogue before the one rounding to C's type (see _common.EPILOGUE_NAME: each
+            is named only when not the default).
+        layout: how A and B are stored (_common.Layout).
 
     Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
     plus ``_pp`` for ping-pong consumers, ``_pre`` for the tf32 pre-pass, ``_ts`` for the TMA-store
@@ -213,6 +241,37 @@ class WgmmaConfig(_Serial, Named):
         """Columns of B in one 128-byte TMA box."""
         return SWIZZLE_BYTES // self.elem
 
+    # ---- the layout: which operands sit in shared memory K-major ------------------------
+    @property
+    def a_col(self) -> bool:
+        """A stored column-major (layout TN, TT)?"""
+        return self.layout in (Layout.TN, Layout.TT)
+
+    @property
+    def b_col(self) -> bool:
+        """B stored column-major (layout NT, TT: B^T row-major, as torch.nn.Linear's W)?"""
+        return self.layout in (Layout.NT, Layout.TT)
+
+    @property
+    def a_mn_major(self) -> bool:
+        """A's tile in shared memory M-major (wgmma's transpose-A = 1): a column-major A of
+        fp16 / bf16 as TMA reads it (BM/64 boxes of BK rows of K by 64 columns of M). A
+        row-major A, and the pre-pass's copies, are K-major."""
+        return self.a_col and not self.prep
+
+    @property
+    def b_mn_major(self) -> bool:
+        """B's tile as TMA brings it N-major (row-major B: BN/64 boxes of BK rows by 64
+        columns); a column-major B, and the pre-pass's Bt, come K-major (one box of BN rows
+        by BK). fp16 / bf16 read an N-major B with transpose-B = 1; fp32 data's consumers
+        transpose it into a K-major copy (tf32 has no transpose)."""
+        return not self.b_col and not self.prep
+
+    @property
+    def a_chunk_bytes(self) -> int:
+        """One 64-column (M) box of an M-major A: BK rows of 128 bytes."""
+        return self.bk * SWIZZLE_BYTES
+
     @property
     def b_stage_bytes(self) -> int:
         return self.bk * self.bn * self.elem
@@ -230,8 +289,18 @@ class WgmmaConfig(_Serial, Named):
         the pre-pass, which converts ahead of the GEMM)."""
         if not self.fp32_data or self.prep:
             return 0
-        return self.b_stage_bytes + (self.a_stage_bytes + self.b_stage_bytes
-                                     if self.terms == 3 else 0)
+        bt = self.b_stage_bytes if self.b_mn_major else 0  # a K-major B is rounded in place
+        return bt + (self.a_stage_bytes + self.b_stage_bytes if self.terms == 3 else 0)
+
+    @property
+    def conv_offsets(self) -> tuple[int, int, int]:
+        """(BT_OFF, AS_OFF, BTS_OFF) in a stage of fp32 data: where the wgmmas read B (the
+        transposed copy after TMA's part; a K-major B where TMA put it), and the 3xTF32
+        small parts of A and B after that."""
+        tx, a, b = self.tx_bytes, self.a_stage_bytes, self.b_stage_bytes
+        if self.b_mn_major:
+            return tx, tx + b, tx + b + a
+        return a, tx, tx + a
 
     @property
     def stage_bytes(self) -> int:
@@ -239,10 +308,16 @@ class WgmmaConfig(_Serial, Named):
         return self.tx_bytes + self.conv_bytes
 
     @property
+    def c_row_bytes(self) -> int:
+        """Bytes of one row of a C slice (store=1): 32 columns of C's type, 128 B for fp32
+        C, 64 B for fp16 / bf16 C; also the TMA swizzle of C's map and buffers."""
+        return C_SLICE * self.out.size
+
+    @property
     def c_buf_bytes(self) -> int:
-        """One epilogue staging buffer (store=1): WM rows of a 32-column FP32 slice, 128 B
-        each; 0 without the TMA-store epilogue."""
-        return self.wm * C_SLICE * 4 if self.store else 0
+        """One epilogue staging buffer (store=1): WM rows of a 32-column slice of C's type
+        (128 B each for fp32 C, 64 B for 2-byte C); 0 without the TMA-store epilogue."""
+        return self.wm * self.c_row_bytes if self.store else 0
 
     @property
     def c_bytes(self) -> int:
@@ -288,7 +363,9 @@ class WgmmaConfig(_Serial, Named):
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""
         box_rows, box_cols = self.tma_boxes()["B"]
+        bt_off, as_off, bts_off = self.conv_offsets
         return dict(
+            **epilogue_values(self), C_ES=self.out.size, C_ROW_BYTES=self.c_row_bytes,
             name=self.name, template=self.family.template, dtype=self.dtype.short,
             PTX_T=_PTX_TYPE.get(self.dtype, "f16"),
             BM=self.bm, BN=self.bn, BK=self.bk, STAGES=self.stages,
@@ -296,7 +373,9 @@ class WgmmaConfig(_Serial, Named):
             GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
             EMPTY_ARRIVALS=1 if self.pingpong else self.consumers * self.cluster,
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
-            B_CHUNKS=1 if self.prep else self.bn // self.b_box_cols, B_BOX_ROWS=box_rows,
+            B_CHUNKS=self.bn // self.b_box_cols if self.b_mn_major else 1, B_BOX_ROWS=box_rows,
+            A_MN=self.a_mn_major, B_MN=self.b_mn_major, A_CHUNKS=self.bm // 64,
+            A_CHUNK_BYTES=self.a_chunk_bytes,
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
             B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
             TILES_BYTES=self.stages * self.stage_bytes, SMEM_BYTES=self.smem_bytes,
@@ -305,23 +384,23 @@ class WgmmaConfig(_Serial, Named):
             ACC_REGS=self.acc_regs,
             TF32=self.fp32_data and not self.prep, PREP=self.prep, TERMS=self.terms,
             MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
-            BT_OFF=self.tx_bytes, AS_OFF=self.tx_bytes + self.b_stage_bytes,
-            BTS_OFF=self.tx_bytes + self.b_stage_bytes + self.a_stage_bytes,
+            BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
             NC=128 * self.consumers, STORE=self.store, C_SLICE=C_SLICE,
             C_OFF=self.stages * self.stage_bytes, C_BUF_BYTES=self.c_buf_bytes,
             C_BYTES=self.c_bytes,
         )
 
     # ---- launch geometry ------------------------------------------------------
-    def tiles(self, m: int, n: int) -> int:
-        """Cluster tiles of an M x N output: (ceil(M/BM) rounded up to the cluster) x ceil(N/BN),
-        counted in clusters."""
+    def tiles(self, m: int, n: int, batch: int = 1) -> int:
+        """Cluster tiles of `batch` M x N outputs: (ceil(M/BM) rounded up to the cluster) x
+        ceil(N/BN) each, counted in clusters (the kernel walks them problem after problem)."""
         tiles_m = -(-m // self.bm)
-        return -(-tiles_m // self.cluster) * -(-n // self.bn)
+        return -(-tiles_m // self.cluster) * -(-n // self.bn) * batch
 
-    def grid(self, m: int, n: int, sms: int = 132) -> tuple[int, int, int]:
-        """Blocks along x: a cluster per tile, or (persistent) at most sms // cluster clusters."""
-        clusters = self.tiles(m, n)
+    def grid(self, m: int, n: int, sms: int = 132, batch: int = 1) -> tuple[int, int, int]:
+        """Blocks along x: a cluster per tile of the whole batch, or (persistent) at most
+        sms // cluster clusters, which stride over the batch's tiles."""
+        clusters = self.tiles(m, n, batch)
         if self.persistent:
             clusters = max(1, min(clusters, sms // self.cluster))
         return clusters * self.cluster, 1, 1
@@ -334,20 +413,31 @@ class WgmmaConfig(_Serial, Named):
         return self.cluster, 1, 1
 
     def tma_boxes(self) -> dict[str, tuple[int, int]]:
-        """(rows, cols) of the TMA box of each operand, in elements: A's BM x BK tile in one
-        box; B as BN/64 boxes of 64 columns (BN/32 of 32 for fp32 data), each block of a
-        cluster loading BK/cluster rows of each and multicasting them; with the pre-pass,
-        B transposed (N x K) in one box of BN rows."""
-        boxes = ({"A": (self.bm, self.bk), "B": (self.bn, self.bk)} if self.prep else
-                 {"A": (self.bm, self.bk), "B": (self.bk // self.cluster, self.b_box_cols)})
-        if self.store:  # FP32 C, written a consumer's WM x 32 slice per store
+        """(rows, cols) of the TMA box of each operand, in elements of the matrix as stored
+        (the runner's maps describe A, B and C as they are in memory):
+
+        - A row-major (and the pre-pass's At): its BM x BK tile in one box (K-major);
+          column-major (M-major): BM/64 boxes of BK rows (K) by 64 columns (M).
+        - B row-major: BN/64 boxes of BK rows by 64 columns (BN/32 of 32 for fp32 data), each
+          block of a cluster loading BK/cluster rows of each and multicasting them;
+          column-major (and the pre-pass's Bt, N x K): one box of BN rows (N) by BK, each
+          block of a cluster loading BN/cluster of them.
+        - C (store=1): a consumer's WM x 32 slice.
+        """
+        a = (self.bk, self.b_box_cols) if self.a_mn_major else (self.bm, self.bk)
+        if self.b_mn_major:
+            b = (self.bk // self.cluster, self.b_box_cols)
+        else:
+            b = (self.bn // self.cluster, self.bk)
+        boxes = {"A": a, "B": b}
+        if self.store:  # C in its type, written a consumer's WM x 32 slice per store
             boxes["C"] = (self.wm, C_SLICE)
         return boxes
 
     def takes(self, m: int, n: int, k: int, align: tuple) -> bool:
-        """The default rule (aligned_operands), and with the TMA-store epilogue N a multiple
-        of 4 floats (c_tma_reasons)."""
-        return super().takes(m, n, k, align) and not (self.store and n % 4)
+        """The default rule (aligned_operands), and with the TMA-store epilogue N a whole
+        number of 16 bytes of C (4 floats, 8 halves: c_tma_reasons)."""
+        return super().takes(m, n, k, align) and not (self.store and n % (16 // self.out.size))
 
     @property
     def b_multicast(self) -> int:
@@ -447,6 +537,12 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     elif c.prep and (c.dtype is not DType.TF32 or c.cluster != 1 or c.pingpong):
         why.append(f"prep=1 (the tf32 pre-pass) needs dtype tf32, no cluster and no ping-pong "
                    f"(it has {c.dtype.short}, cluster={c.cluster}, pingpong={c.pingpong})")
+    if c.fp32_data and not c.prep and c.a_col:
+        why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
+                   f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "
+                   f"transpose B alone); "
+                   + ("the pre-pass (prep=1) reads a column-major A" if c.dtype is DType.TF32
+                      else "3xTF32 has no pre-pass"))
     if c.store not in (0, 1):  # its 32-column slices of C: BN is a multiple of 32 already
         why.append(f"store={c.store} is not 0 or 1")
     if c.pingpong not in (0, 1):
@@ -487,9 +583,15 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
 
 
 def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
-                m: int = 1, n: int = 1, k: int = 1) -> list[str]:
-    """Why row-major A (lda) and B (ldb) at these addresses cannot be TMA tensor maps;
-    empty when they can. The library dispatches another family when this is not empty.
+                m: int = 1, n: int = 1, k: int = 1, layout: Layout = Layout.NN,
+                sa: int = 0, sb: int = 0) -> list[str]:
+    """Why A (lda) and B (ldb), stored as `layout` says, at these addresses cannot be TMA
+    tensor maps; empty when they can. The library dispatches another family when this is
+    not empty. lda and ldb are the operands' leading dimensions as stored: a column-major
+    A (M x K) is a row-major K x M matrix with rows of lda >= M elements, a column-major B
+    (K x N) one of N rows of ldb >= K. `sa` and `sb` are the batch strides (elements; 0:
+    one operand shared by the batch, a map of rank 2), a third dimension of the map that
+    follows the same 16-byte rule as a row.
 
     cuTensorMapEncodeTiled needs a 16-byte aligned global address, row strides that are
     multiples of 16 bytes (and below 2^40), and dimensions below 2^32.
@@ -497,6 +599,8 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
     Example:
         >>> tma_reasons(DType.F16, 1001, 1024, 0, 0)
         ['lda=1001 x 2 B = 2002 B is not a multiple of 16 bytes']
+        >>> tma_reasons(DType.F16, 64, 1024, 0, 0, m=100, n=1024, k=64, layout=Layout.TN)
+        ['lda=64 is below M=100 (A is column-major)']
     """
     why: list[str] = []
     es = dtype.size
@@ -508,34 +612,65 @@ def tma_reasons(dtype: DType, lda: int, ldb: int, a_ptr: int, b_ptr: int,
             why.append(f"{op}={ld} x {es} B = {ld * es} B is not a multiple of 16 bytes")
         if ld * es >= 1 << 40:
             why.append(f"{op}={ld} x {es} B is not below the 2^40-byte stride limit")
+    why += _batch_stride_reasons((("A", "sA", sa), ("B", "sB", sb)), es)
     for what, v in (("M", m), ("N", n), ("K", k)):
         if v >= 1 << 32:
             why.append(f"{what}={v} is not below TMA's 2^32 elements per dimension")
-    if lda < k:
+    a_col, b_col = layout in (Layout.TN, Layout.TT), layout in (Layout.NT, Layout.TT)
+    if a_col and lda < m:
+        why.append(f"lda={lda} is below M={m} (A is column-major)")
+    elif not a_col and lda < k:
         why.append(f"lda={lda} is below K={k}")
-    if ldb < n:
+    if b_col and ldb < k:
+        why.append(f"ldb={ldb} is below K={k} (B is column-major)")
+    elif not b_col and ldb < n:
         why.append(f"ldb={ldb} is below N={n}")
     return why
 
 
-def c_tma_reasons(ldc: int, c_ptr: int, n: int) -> list[str]:
-    """Why FP32 C (ldc, at c_ptr) cannot be the TMA-store epilogue's tensor map; empty when
-    it can (the same 16-byte rules as A and B).
+def _batch_stride_reasons(strides, es: int) -> list[str]:
+    """The 16-byte rules of a batch stride (a map's third dimension), per (operand, name,
+    stride in elements); 0 is a shared operand, no dimension at all."""
+    why = []
+    for op, name, s in strides:
+        if s < 0:
+            why.append(f"{name}={s}: {op}'s batch stride is negative")
+        elif (s * es) % 16:
+            why.append(f"{name}={s} x {es} B = {s * es} B ({op}'s batch stride) is not a "
+                       "multiple of 16 bytes")
+        elif s * es >= 1 << 40:
+            why.append(f"{name}={s} x {es} B is not below the 2^40-byte stride limit")
+    return why
+
+
+#: how c_tma_reasons counts 16 bytes of C in its elements
+_C_UNITS = {DType.F32: "floats", DType.F16: "fp16 values", DType.BF16: "bf16 values"}
+
+
+def c_tma_reasons(ldc: int, c_ptr: int, n: int, out: DType = DType.F32,
+                  sc: int = 0) -> list[str]:
+    """Why C of type `out` (ldc, at c_ptr; batch stride sc) cannot be the TMA-store
+    epilogue's tensor map; empty when it can: the same 16-byte rules as A and B (address,
+    row stride, batch stride), and N a whole number of 16 bytes (4 floats, 8 halves).
 
     Example:
         >>> c_tma_reasons(1004, 0, 1001)
         ["N=1001 is not a multiple of 4 floats: TMA stores write C's rows in 16-byte pieces, past column N"]
+        >>> c_tma_reasons(1004, 0, 1004, DType.BF16)
+        ['ldc=1004 x 2 B = 2008 B is not a multiple of 16 bytes', "N=1004 is not a multiple of 8 bf16 values: TMA stores write C's rows in 16-byte pieces, past column N"]
     """
     why = []
+    es = out.size
     if c_ptr % 16:
         why.append(f"C at 0x{c_ptr:x} is not 16-byte aligned (off by {c_ptr % 16} B)")
-    if (ldc * 4) % 16:
-        why.append(f"ldc={ldc} x 4 B = {ldc * 4} B is not a multiple of 16 bytes")
+    if (ldc * es) % 16:
+        why.append(f"ldc={ldc} x {es} B = {ldc * es} B is not a multiple of 16 bytes")
     if ldc < n:
         why.append(f"ldc={ldc} is below N={n}")
-    if n % 4:  # seen on the H200: the columns up to the next 16 bytes past N were written
-        why.append(f"N={n} is not a multiple of 4 floats: TMA stores write C's rows in "
-                   "16-byte pieces, past column N")
+    why += _batch_stride_reasons((("C", "sC", sc),), es)
+    if n % (16 // es):  # seen on the H200: the columns up to the next 16 bytes past N were written
+        why.append(f"N={n} is not a multiple of {16 // es} {_C_UNITS[out]}: TMA stores write "
+                   "C's rows in 16-byte pieces, past column N")
     return why
 
 
@@ -648,19 +783,24 @@ def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
 
 
 def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) -> list[str]:
-    """Why the tuner's problem at `shape` (dense row-major A and B: lda = K, ldb = N, in
-    allocations aligned to 256 bytes) cannot be given to `config` as TMA tensor maps; the
-    search rejects such candidates before compiling them, with these reasons.
+    """Why the tuner's problem at `shape` (dense A and B stored as config.layout says,
+    lda = K or M, ldb = N or K, in allocations aligned to 256 bytes) cannot be given to
+    `config` as TMA tensor maps; the search rejects such candidates before compiling them,
+    with these reasons.
 
     Example:
         >>> problem_reasons(WgmmaConfig(), (4096, 4095, 4096))
         ['TMA cannot describe the operands: ldb=4095 x 2 B = 8190 B is not a multiple of 16 bytes']
     """
     m, n, k = shape
-    # the pre-pass reads A and B with plain loads; TMA reads its copies
-    why = [] if config.prep else tma_reasons(config.dtype, k, n, 0, 0, m, n, k)
+    # dense operands as the layout stores them: lda = K (row-major A) or M (column-major),
+    # ldb = N (row-major B) or K (column-major); the pre-pass reads A and B with plain
+    # loads, and TMA reads its copies
+    lda, ldb = (m if config.a_col else k), (k if config.b_col else n)
+    why = [] if config.prep else tma_reasons(config.dtype, lda, ldb, 0, 0, m, n, k,
+                                             config.layout)
     if config.store:  # the tuner's C: ldc = N
-        why += c_tma_reasons(n, 0, n)
+        why += c_tma_reasons(n, 0, n, config.out)
     return [f"TMA cannot describe the operands: {w}" for w in why]
 
 
@@ -708,6 +848,10 @@ WGMMA = register(FamilySpec(
     shape_reasons=problem_reasons,
     # launched through tensor maps (and cuLaunchKernelEx for clusters)
     runner="tuner.runtime.runners:TmaRunner",
+    # C in fp32, fp16 or bf16, a bias and an activation, in both epilogues
+    epilogue=True,
+    # A and B row- or column-major (fp32 data without the pre-pass: A row-major; check says)
+    layouts=frozenset(Layout),
     # 1 / terms: a 3xTF32 kernel spends three TF32 products on each multiply
     issue_efficiency=lambda c: 1.0 / c.terms,
     # measured / predicted over an fp16 4096^3 study with the model off (33 wgmma kernels

@@ -126,17 +126,29 @@ class _MapParams:
 
 
 class TmaRunner(Runner):
-    """A wgmma + TMA kernel (the wgmma family). A and B go in as TMA tensor maps, and with
-    the TMA-store epilogue (config.store) C too; the maps are encoded once per pointer set
-    of a plan and kept (a few per plan). A cluster kernel launches with cuLaunchKernelEx
-    and its cluster dimension. A tf32 kernel with a pre-pass (config.prep) launches
-    <name>_prep first, into a per-stream workspace that its A and B maps describe.
+    """A wgmma + TMA kernel (the wgmma family). A and B go in as TMA tensor maps of the
+    operands as stored (config.layout: a column-major A is mapped K x M, a column-major B
+    N x K), and with the TMA-store epilogue (config.store) C too, in C's type (config.out;
+    SWIZZLE_64B for a 2-byte C); the maps are encoded once per pointer set of a plan and
+    kept (a few per plan). The bias pointer (config.bias) follows the scalars. A cluster
+    kernel launches with cuLaunchKernelEx and its cluster dimension. A tf32 kernel with a
+    pre-pass (config.prep) launches <name>_prep first, into a per-stream workspace that its
+    A and B maps describe.
+
+    A strided batch is one launch: each batched operand's map has rank 3 (the batch its
+    third dimension, its stride in bytes a multiple of 16), an operand of stride 0 keeps a
+    map of rank 2 that every problem reads, and the persistent blocks walk the tiles of all
+    the problems (the kernel's `maps3` says which maps have rank 3; C's register epilogue
+    steps sC elements a problem). With the pre-pass, each problem's copies are written
+    one pre-pass launch after another (once when A and B are both shared).
 
     Operands TMA cannot describe raise TmaUnsupported before anything is launched (the
     library dispatches such calls elsewhere; the tuner records the candidate REJECTED).
     """
 
-    SIGNATURE = "iiiffPi"  # after the tensor maps: M N K alpha beta C ldc
+    #: after the tensor maps: M N K alpha beta C ldc bias batch maps3 sC (the first seven as
+    #: they were before the epilogue and the batch)
+    SIGNATURE = "iiiffPiPiiL"
     PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
     MAPS_PER_PLAN = 16  # pointer sets whose tensor maps a plan keeps
 
@@ -149,20 +161,30 @@ class TmaRunner(Runner):
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
              allocate_captured=None, batch: int = 1, strides: tuple = (0, 0, 0)) -> Callable:
         cfg, main = self.config, self.main
-        if batch != 1:
-            raise TmaUnsupported(f"a batch of {batch}: the wgmma kernels run one problem")
+        sa, sb, sc = (int(s) for s in strides) if batch > 1 else (0, 0, 0)
+        why = []
+        if batch < 1:
+            why.append(f"a batch of {batch}: at least one problem")
+        elif batch > 1 and sc <= 0:
+            why.append(f"sC={sc}: every problem of the batch needs a C of its own (a "
+                       "positive stride)")
+        if why:
+            raise TmaUnsupported("; ".join(why))
         f = main.prepare(g)
-        grid, block = cfg.grid(m, n, g.arch.sm_count), cfg.block()
+        grid, block = cfg.grid(m, n, g.arch.sm_count, batch), cfg.block()
         boxes, tls, maps = cfg.tma_boxes(), threading.local(), {}
         n_maps = 2 + cfg.store
+        c3 = batch > 1 and bool(cfg.store)  # C's map of rank 3
 
         def c_map(c: int) -> tuple:
             if not cfg.store:
                 return ()
-            why = c_tma_reasons(ldc, c, n)
+            why = c_tma_reasons(ldc, c, n, cfg.out, sc)
             if why:
                 raise TmaUnsupported("; ".join(why))
-            return (tma.encode(tma.tensor_map_args(DType.F32, c, m, n, ldc, *boxes["C"])),)
+            return (tma.encode(tma.tensor_map_args(cfg.out, c, m, n, ldc, *boxes["C"],
+                                                   swizzle=f"{cfg.c_row_bytes}B",
+                                                   batch=batch if c3 else 1, batch_stride=sc)),)
 
         def remember(key, made: tuple) -> tuple:
             """Keep the maps of a pointer set (the oldest of a full cache goes)."""
@@ -182,53 +204,70 @@ class TmaRunner(Runner):
             def launch(stream, address):
                 main.launch(f, grid, block, stream, address)
 
-        def packed(mps, alpha, beta, c) -> int:
+        def packed(mps, alpha, beta, c, bias, maps3) -> int:
             blk = getattr(tls, "blk", None)
             if blk is None:
                 blk = tls.blk = _MapParams(self.SIGNATURE, n_maps)
-            return blk.pack(mps, m, n, k, alpha, beta, c, ldc)
+            return blk.pack(mps, m, n, k, alpha, beta, c, ldc, bias, batch, maps3, sc)
 
-        why = c_tma_reasons(ldc, 0, n) if cfg.store else []  # C's strides and N, now
+        # C's strides and N, now
+        why = c_tma_reasons(ldc, 0, n, cfg.out, sc) if cfg.store else []
         if self.prep is not None:
             if why:
                 raise TmaUnsupported("; ".join(why))
             return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, maps, remember,
-                                   c_map, packed, launch)
-        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k) + why
+                                   c_map, packed, launch, batch, sa, sb, c3)
+        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k, cfg.layout, sa, sb) + why
         if why:
             raise TmaUnsupported("; ".join(why))
+        # the maps describe A and B as stored: a column-major A is K x M, a column-major B N x K
+        a_dims = (k, m) if cfg.a_col else (m, k)
+        b_dims = (n, k) if cfg.b_col else (k, n)
+        # a batched operand's map has rank 3; a shared one (stride 0) rank 2
+        a_batch, b_batch = (batch if sa else 1), (batch if sb else 1)
+        maps3 = (a_batch > 1) | (b_batch > 1) << 1 | c3 << 2
 
         def make_maps(a: int, b: int, c: int) -> tuple:
-            why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k)
+            why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k, cfg.layout, sa, sb)
             if why:
                 raise TmaUnsupported("; ".join(why))
             # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it
-            return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, m, k, lda, *boxes["A"])),
-                    tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, k, n, ldb, *boxes["B"])),
+            return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, *a_dims, lda, *boxes["A"],
+                                                   batch=a_batch, batch_stride=sa)),
+                    tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, *b_dims, ldb, *boxes["B"],
+                                                   batch=b_batch, batch_stride=sb)),
                     *c_map(c))
 
         def run(a, b, c, alpha, beta, stream, bias=0):
             key = (a, b, c) if cfg.store else (a, b)
             mps = maps.get(key) or remember(key, make_maps(a, b, c))
-            launch(stream, packed(mps, alpha, beta, c))
+            launch(stream, packed(mps, alpha, beta, c, bias, maps3))
         return run
 
     def _bind_prep(self, g, m, n, k, lda, ldb, allocate_captured, maps, remember, c_map,
-                   packed, launch) -> Callable:
-        """The pre-pass variant: A and B are read by <name>_prep (any alignment), which
-        writes At (M x K) and Bt (N x K) into this stream's workspace; the maps describe
-        those."""
+                   packed, launch, batch=1, sa=0, sb=0, c3=False) -> Callable:
+        """The pre-pass variant: A and B are read by <name>_prep (any alignment, as the
+        layout stores them), which writes At (M x K) and Bt (N x K) into this stream's
+        workspace; the maps describe those. A batch gets a pair of copies per problem (one
+        pre-pass launch each, at the problem's A and B), the maps rank 3 over them; one
+        pair when A and B are both shared."""
         cfg, prep = self.config, self.prep
         fp = prep.prepare(g)
         boxes, ldw = cfg.tma_boxes(), cfg.prep_ld(k)
-        wbytes, bt_off = cfg.prep_floats(m, n, k) * 4, m * ldw * 4
+        per, bt_off = cfg.prep_floats(m, n, k), m * ldw * 4  # floats of a problem's copies
+        copies = batch if (sa or sb) else 1
+        wbytes = copies * per * 4
         blocks, a_blocks = cfg.prep_grid(m, n, k)
         scratch = driver.scratch()
+        maps3 = (3 if copies > 1 else 0) | c3 << 2
+        steps = [(i * sa * 4, i * sb * 4, i * per * 4) for i in range(copies)]  # bytes
 
         def make_maps(w: int, c: int) -> tuple:
-            return (tma.encode(tma.tensor_map_args(DType.F32, w, m, k, ldw, *boxes["A"])),
+            return (tma.encode(tma.tensor_map_args(DType.F32, w, m, k, ldw, *boxes["A"],
+                                                   batch=copies, batch_stride=per)),
                     tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, n, k, ldw,
-                                                   *boxes["B"])),
+                                                   *boxes["B"], batch=copies,
+                                                   batch_stride=per)),
                     *c_map(c))
 
         def run(a, b, c, alpha, beta, stream, bias=0):
@@ -236,10 +275,12 @@ class TmaRunner(Runner):
                             allocate_captured=allocate_captured)
             key = (w, c) if cfg.store else w
             mps = maps.get(key) or remember(key, make_maps(w, c))
-            prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
-                        prep.params(self.PREP_SIGNATURE).pack(a, lda, b, ldb, m, n, k, w,
-                                                              w + bt_off, ldw, a_blocks))
-            launch(stream, packed(mps, alpha, beta, c))
+            for da, db, dw in steps:
+                prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
+                            prep.params(self.PREP_SIGNATURE).pack(
+                                a + da, lda, b + db, ldb, m, n, k, w + dw, w + dw + bt_off,
+                                ldw, a_blocks))
+            launch(stream, packed(mps, alpha, beta, c, bias, maps3))
         return run
 
 

@@ -1,5 +1,5 @@
-"""TMA tensor maps: the arguments of cuTensorMapEncodeTiled for a row-major matrix, checked
-against TMA's rules (:func:`tensor_map_args`, pure: tested without a GPU), and their
+"""TMA tensor maps: the arguments of cuTensorMapEncodeTiled for a row-major matrix, or a
+strided batch of them (rank 3), checked against TMA's rules (:func:`tensor_map_args`, pure: tested without a GPU), and their
 encoding through the driver (:func:`encode`). The run-time library, the tuner's runner
 (tuner/runtime/runners.py) and the export bundle's C++ launchers (the same values) use them.
 """
@@ -22,9 +22,13 @@ _SWIZZLE = {"none": ("CU_TENSOR_MAP_SWIZZLE_NONE", 0), "32B": ("CU_TENSOR_MAP_SW
 
 # ---- tensor maps ------------------------------------------------------------------
 def tensor_map_args(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box_rows: int,
-                    box_cols: int, swizzle: str = "128B") -> dict:
+                    box_cols: int, swizzle: str = "128B", batch: int = 1,
+                    batch_stride: int = 0) -> dict:
     """The arguments of cuTensorMapEncodeTiled for a row-major rows x cols matrix with
-    leading dimension ld (elements) at ptr, as plain values (enum members by name).
+    leading dimension ld (elements) at ptr, as plain values (enum members by name). With
+    batch > 1: `batch` such matrices batch_stride elements apart, a map of rank 3 (the
+    batch its outermost dimension, a box of one matrix); a batch that shares one matrix is
+    a map of rank 2 (batch=1: TMA strides are multiples of 16 bytes, 0 is none).
 
     Raises:
         TmaUnsupported: a rule of cuTensorMapEncodeTiled is broken; the message says which.
@@ -46,14 +50,22 @@ def tensor_map_args(dtype: DType, ptr: int, rows: int, cols: int, ld: int, box_r
         why.append(f"box rows of {box_cols} x {es} B are not a multiple of 16 bytes")
     if not (1 <= rows < 1 << 32 and 1 <= cols < 1 << 32):
         why.append(f"dimensions {rows} x {cols} are outside 1..2^32-1")
+    rank = 3 if batch > 1 else 2
+    if rank == 3:
+        if not 1 <= batch < 1 << 32:
+            why.append(f"a batch of {batch} is outside 1..2^32-1")
+        if batch_stride <= 0 or (batch_stride * es) % 16 or batch_stride * es >= 1 << 40:
+            why.append(f"batch stride {batch_stride} x {es} B is not a positive multiple of "
+                       f"16 bytes below 2^40")
     if why:
         raise TmaUnsupported("cannot encode a TMA tensor map: " + "; ".join(why))
     return dict(
-        tensorDataType=_TMA_DTYPE[dtype], tensorRank=2, globalAddress=ptr,
-        globalDim=[cols, rows],          # innermost first
-        globalStrides=[ld * es],         # bytes, rank - 1 entries (the innermost is implied)
-        boxDim=[box_cols, box_rows],
-        elementStrides=[1, 1],
+        tensorDataType=_TMA_DTYPE[dtype], tensorRank=rank, globalAddress=ptr,
+        globalDim=[cols, rows] + [batch] * (rank == 3),  # innermost first
+        # bytes, rank - 1 entries (the innermost is implied)
+        globalStrides=[ld * es] + [batch_stride * es] * (rank == 3),
+        boxDim=[box_cols, box_rows] + [1] * (rank == 3),
+        elementStrides=[1] * rank,
         interleave="CU_TENSOR_MAP_INTERLEAVE_NONE", swizzle=name,
         l2Promotion="CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
         oobFill="CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",  # out-of-bounds elements read as zero
