@@ -193,7 +193,7 @@ def _dry_run(args, task: Task) -> int:
     from tuner.space import why_unsearched
 
     arch = parse_arch(args.arch or "sm_90")
-    why = why_unsearched(task.dtype, task.variant, task.batch, arch)
+    why = why_unsearched(task.dtype, task.variant, arch)
     if why is not None:
         raise UsageError(f"{task.label} on {arch.sm}: {why}")
     out = _console()

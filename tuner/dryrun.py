@@ -70,13 +70,12 @@ class DryRunReport:
                     candidates=[r.to_dict() for r in self.rows])
 
 
-def defaults(dtype: DType, arch: ArchLimits, variant: Variant | None = None,
-             batch: int = 1) -> list[Config]:
+def defaults(dtype: DType, arch: ArchLimits, variant: Variant | None = None) -> list[Config]:
     """The recommended configuration of each family a request in `dtype` for `variant`
-    (default: the plain one) and `batch` searches, built as that variant."""
+    (default: the plain one) searches, built as that variant."""
     variant = variant or Variant()
     out = [variant.apply(spec.default(spec.dtypes[dtype]))
-           for spec in searched(dtype, arch, variant, batch)]
+           for spec in searched(dtype, arch, variant)]
     return [c for c in out if not check(c, arch)]
 
 
@@ -97,8 +96,8 @@ def dry_run(
     space, `trials` in all, every one built as `variant` (default: the plain one) and
     modelled at a batch of `batch`."""
     variant = variant or Variant()
-    valid = list(valid_configs(arch, dtype, shape, variant, batch))
-    first = defaults(dtype, arch, variant, batch)[: max(trials, 0)]
+    valid = list(valid_configs(arch, dtype, shape, variant))
+    first = defaults(dtype, arch, variant)[: max(trials, 0)]
     pool = [c for c in valid if c not in first]
     sample = random.Random(seed).sample(pool, min(max(trials - len(first), 0), len(pool)))
     configs = [*first, *sample]
@@ -121,5 +120,5 @@ def dry_run(
     # fastest predicted first; pruned and failed ones after, in the order drawn
     ordered = sorted((rows[c] for c in configs),
                      key=lambda r: (r.status != "ok", -(r.predicted_tflops or 0.0)))
-    return DryRunReport(shape, arch.sm, space_size(dtype, variant, batch), len(valid), ordered,
+    return DryRunReport(shape, arch.sm, space_size(dtype, variant), len(valid), ordered,
                         Path(artifacts), dtype.short, variant, batch)

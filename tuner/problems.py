@@ -64,7 +64,7 @@ class Problem:
         from tuner.space import why_unsearched
 
         t = self.task
-        why = why_unsearched(t.dtype, t.variant, t.batch, arch)
+        why = why_unsearched(t.dtype, t.variant, arch)
         return None if why is None else f"{why}: cuBLAS serves it"
 
 

@@ -161,12 +161,12 @@ class _GridAsker:
     Optuna through a PartialFixedSampler, so a trial's parameters are the configuration's."""
 
     def __init__(self, study, arch: ArchLimits, dtype: DType, shape, seed: int | None,
-                 variant: Variant | None = None, batch: int = 1):
+                 variant: Variant | None = None):
         import random
 
         self.study, self.base = study, study.sampler
-        self.shape, self.arch, self.dtype, self.batch = tuple(shape), arch, dtype, batch
-        self.todo = list(valid_configs(arch, dtype, shape, variant, batch))
+        self.shape, self.arch, self.dtype = tuple(shape), arch, dtype
+        self.todo = list(valid_configs(arch, dtype, shape, variant))
         self.last = None
         random.Random(seed).shuffle(self.todo)
 
@@ -176,7 +176,7 @@ class _GridAsker:
         if not self.todo:
             return None
         cfg = self.last = self.todo.pop()
-        params = params_of(cfg, self.dtype, self.shape, self.arch, self.batch)
+        params = params_of(cfg, self.dtype, self.shape, self.arch)
         with warnings.catch_warnings():  # PartialFixedSampler is "experimental" since 2.4
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.sampler = optuna.samplers.PartialFixedSampler(params, self.base)
@@ -280,7 +280,7 @@ class _Search:
         self.storage = storage
         if storage is not None:
             self.join(storage, study_name, lease, storage_retry)
-        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed, self.variant, batch)
+        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed, self.variant)
                      if sampler == "grid" else None)
         self.max_asks = trials * 50 + 2000
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
@@ -347,8 +347,8 @@ class _Search:
         elif self.model and self.first_batch > 0:
             for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
                                    set(self.seen), self.variant, self.batch):
-                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch,
-                                                   self.batch), skip_if_exists=False)
+                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch),
+                                         skip_if_exists=False)
                 self.stats.model_first += 1
         self.time_baseline()
 
@@ -425,7 +425,7 @@ class _Search:
         if trial is None:
             return None
         self.stats.asked += 1
-        cfg = suggest(trial, self.dtype, self.shape, self.arch, self.variant, self.batch)
+        cfg = suggest(trial, self.dtype, self.shape, self.arch, self.variant)
         if grid and grid.last is not None and cfg.name != grid.last.name:
             grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
         return trial, cfg
@@ -712,10 +712,10 @@ def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
     replay and did worse (bench/NOTES.md). Every one is built as `variant` (default: the
     plain problem) and predicted at a batch of `batch`."""
     shape = tuple(shape)
-    valid = [c for c in valid_configs(arch, dtype, shape, variant, batch)
+    valid = [c for c in valid_configs(arch, dtype, shape, variant)
              if c.name not in exclude]
     names = {c.name for c in valid}
-    first = [c for c in defaults(dtype, arch, variant, batch) if c.name in names]
+    first = [c for c in defaults(dtype, arch, variant) if c.name in names]
     ranked = sorted((predict_before_compile(c, shape, arch, batch).seconds, c.name, c)
                     for c in valid if c not in first and not likely_spills(c, arch))
     return (first + [c for _, _, c in ranked])[:n]

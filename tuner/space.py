@@ -5,8 +5,8 @@ codegen.families._common.Variant).
 
 Which families a request searches depends on its dtype (and the GPU), and on the problem:
 a family whose spec does not declare the variant (FamilySpec.layouts, .epilogue: what
-codegen.check accepts) or cannot run a batch (see :func:`runs_batches`) is left out:
-see `families`. Fixed categorical lists keep every Optuna trial on the same distributions
+codegen.check accepts) is left out: see `families`. Every family's runner launches strided
+batches. Fixed categorical lists keep every Optuna trial on the same distributions
 (TPE, random and grid samplers all work); combinations that cannot be built are rejected
 by codegen.check and cost nothing but the check. With more than one family, a trial first
 picks one ("family"), then asks that family's parameters, whose names are its own.
@@ -25,22 +25,13 @@ from tuner.model import shape_reasons
 
 __all__ = ["valid_wmma_configs", "families", "is_candidate", "params_of", "suggest",
            "space_size", "valid_configs", "Shape", "supports", "variant_reasons",
-           "runs_batches", "searched", "why_unsearched"]
+           "searched", "why_unsearched"]
 
 PLAIN = Variant()
 
 
-def runs_batches(spec: FamilySpec) -> bool:
-    """Can the family's runner launch a strided batch? A spec says so with a ``batched``
-    attribute; without one, a family launched by the plain runner (FamilySpec.runner
-    None: one cuLaunchKernel, the batch along grid y) can, one with a runner of its own
-    cannot (the wgmma family's TmaRunner refuses batch > 1)."""
-    return bool(getattr(spec, "batched", spec.runner is None))
-
-
-def variant_reasons(spec: FamilySpec, variant: Variant, batch: int = 1) -> list[str]:
-    """Why `spec`'s family cannot build `variant` (or run a batch of `batch`); empty when
-    it can. From what the spec declares, the rules codegen.check applies."""
+def variant_reasons(spec: FamilySpec, variant: Variant) -> list[str]:
+    """Why `spec`'s family cannot build `variant`; empty when it can. From what the spec declares, the rules codegen.check applies."""
     why = []
     if variant.layout not in spec.layouts:
         why.append(f"the {spec.name} template reads "
@@ -49,47 +40,44 @@ def variant_reasons(spec: FamilySpec, variant: Variant, batch: int = 1) -> list[
     if not spec.epilogue and (variant.out, variant.bias, variant.act) != (
             PLAIN.out, PLAIN.bias, PLAIN.act):
         why.append(f"the {spec.name} template writes fp32 C with no bias or activation")
-    if batch > 1 and not runs_batches(spec):
-        why.append(f"the {spec.name} family's runner launches one problem, not a batch")
     return why
 
 
-def supports(spec: FamilySpec, variant: Variant, batch: int = 1) -> bool:
-    """Does `spec`'s family build `variant` (and run a batch of `batch`)?"""
-    return not variant_reasons(spec, variant, batch)
+def supports(spec: FamilySpec, variant: Variant) -> bool:
+    """Does `spec`'s family build `variant`?"""
+    return not variant_reasons(spec, variant)
 
 
-def searched(dtype: DType, arch: ArchLimits | None = None, variant: Variant | None = None,
-             batch: int = 1) -> list[FamilySpec]:
-    """The specs a request in `dtype` for `variant` (default: the plain one) and `batch`
-    searches (on `arch`, if given), in registration order."""
+def searched(dtype: DType, arch: ArchLimits | None = None,
+             variant: Variant | None = None) -> list[FamilySpec]:
+    """The specs a request in `dtype` for `variant` (default: the plain one) searches (on
+    `arch`, if given), in registration order."""
     variant = variant or PLAIN
-    return [s for s in families_for(dtype, arch) if supports(s, variant, batch)]
+    return [s for s in families_for(dtype, arch) if supports(s, variant)]
 
 
-def why_unsearched(dtype: DType, variant: Variant | None = None, batch: int = 1,
+def why_unsearched(dtype: DType, variant: Variant | None = None,
                    arch: ArchLimits | None = None) -> str | None:
-    """Why no family builds `variant` at `batch` for `dtype` (on `arch`, if given): the
-    reasons of each family that serves the input type; None when one does."""
-    if searched(dtype, arch, variant, batch):
+    """Why no family builds `variant` for `dtype` (on `arch`, if given): the reasons of
+    each family that serves the input type; None when one does."""
+    if searched(dtype, arch, variant):
         return None
     why = sorted({r for s in families_for(dtype, arch)
-                  for r in variant_reasons(s, variant or PLAIN, batch)})
+                  for r in variant_reasons(s, variant or PLAIN)})
     return "no family builds it (" + "; ".join(why) + ")" if why else \
         f"no family serves {dtype.short}"
 
 
-def families(dtype: DType, arch: ArchLimits | None = None, variant: Variant | None = None,
-             batch: int = 1) -> dict[str, DType]:
+def families(dtype: DType, arch: ArchLimits | None = None,
+             variant: Variant | None = None) -> dict[str, DType]:
     """The candidate families for a request in `dtype`, by name (a Family member equals
     its name), each with its configs' dtype.
 
     fp32: CUDA cores only (FP32 FMAs). tf32 (fp32 data; `--dtype tf32` or
     `--allow-tf32`): also TF32 tensor cores. fp16 / bf16: tensor cores, and the CUDA-core
-    family widening the inputs to fp32 on load. Of those, the ones that build `variant`
-    and run a batch of `batch`.
+    family widening the inputs to fp32 on load. Of those, the ones that build `variant`.
     """
-    return {spec.name: spec.dtypes[dtype] for spec in searched(dtype, arch, variant, batch)}
+    return {spec.name: spec.dtypes[dtype] for spec in searched(dtype, arch, variant)}
 
 
 def is_candidate(config: Config, dtype: DType, variant: Variant | None = None) -> bool:
@@ -101,8 +89,7 @@ def is_candidate(config: Config, dtype: DType, variant: Variant | None = None) -
 
 
 def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
-            arch: ArchLimits | None = None, variant: Variant | None = None,
-            batch: int = 1) -> Config:
+            arch: ArchLimits | None = None, variant: Variant | None = None) -> Config:
     """Ask an Optuna trial for one point of the space (split-K only where it can help),
     built as `variant` (default: the plain one).
 
@@ -110,7 +97,7 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     own parameters (the WMMA ones wmma_<name>), so each name keeps one distribution.
     """
     variant = variant or PLAIN
-    specs = searched(dtype, arch, variant, batch)
+    specs = searched(dtype, arch, variant)
     if not specs:
         raise ValueError(f"no family builds {variant.key} for {dtype.short}")
     spec = specs[0]
@@ -119,32 +106,30 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     return variant.apply(spec.suggest(trial, spec.dtypes[dtype], shape, arch))
 
 
-def params_of(config: Config, dtype: DType, shape: Shape, arch: ArchLimits,
-              batch: int = 1) -> dict:
+def params_of(config: Config, dtype: DType, shape: Shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config` (the grid's inverse; the
     variant is the config's own)."""
     spec = family_of(config)
     p = spec.params_of(config, shape, arch)
-    many = len(searched(dtype, arch, Variant.of(config), batch)) > 1
+    many = len(searched(dtype, arch, Variant.of(config))) > 1
     return {"family": spec.name, **p} if many else p
 
 
-def space_size(dtype: DType = DType.F32, variant: Variant | None = None,
-               batch: int = 1) -> int:
+def space_size(dtype: DType = DType.F32, variant: Variant | None = None) -> int:
     """Points in the space a request in `dtype` searches (before validation; split-K
     variants not counted)."""
-    return sum(spec.space_size() for spec in searched(dtype, None, variant, batch))
+    return sum(spec.space_size() for spec in searched(dtype, None, variant))
 
 
 def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
-                  shape: Shape | None = None, variant: Variant | None = None,
-                  batch: int = 1) -> Iterator[Config]:
+                  shape: Shape | None = None,
+                  variant: Variant | None = None) -> Iterator[Config]:
     """Every point of the space that codegen.check accepts for `arch` (and, given a shape,
     that the shape rules keep, split-K variants included), built as `variant`, in grid
     order: family by family in registration order (the CUDA-core family first)."""
     arch = parse_arch(arch)
     variant = variant or PLAIN
-    for spec in searched(dtype, arch, variant, batch):
+    for spec in searched(dtype, arch, variant):
         for c in spec.valid_configs(arch, spec.dtypes[dtype], shape):
             if variant.plain:
                 yield c

@@ -133,7 +133,7 @@ class _Session:
         _Interrupted on Ctrl-C."""
         from tuner.space import why_unsearched
 
-        why = why_unsearched(task.dtype, task.variant, task.batch, self.dev.arch)
+        why = why_unsearched(task.dtype, task.variant, self.dev.arch)
         if why is not None:
             raise UsageError(f"{task.label}: {why}")
         key = cache_key(self.dev, task)

@@ -75,7 +75,9 @@ constexpr bool HAS_BIAS = true;
 
 __device__ __forceinline__ float activate(float x)
 {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    // x * Phi(x) = x/2 * (1 + erf(x/sqrt 2)) = x/2 * erfc(-x/sqrt 2): no cancellation of
+    // 1 + erf at negative x (there the FP32 sum loses the relative accuracy an fp32 C keeps)
+    return 0.5f * x * erfcf(-0.70710678118654752f * x);
 }
 
 // alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
