@@ -183,14 +183,17 @@ def test_each_operand_is_read_in_its_storage_order(layout):
         frag = "wmma::precision::tf32" if dtype is DType.TF32 else "__half"
         assert f"wmma::matrix_a, 16, 16, FK, {frag}, wmma::{a}_major> af[FM];" in src
         assert f"wmma::matrix_b, 16, 16, FK, {frag}, wmma::{b}_major> bf[FN];" in src
-        assert ("load_tile<BK, BM, LDA_S, A_LOADS>(As + s * A_ROWS * LDA_S, A, lda, k0, K, m0, M"
-                if cfg.a_col else
-                "load_tile<BM, BK, LDA_S, A_LOADS>(As + s * A_ROWS * LDA_S, A, lda, m0, M, k0, K") in src
-        assert ("load_tile<BN, BK, LDB_S, B_LOADS>(Bs + s * B_ROWS * LDB_S, B, ldb, n0, N, k0, K"
-                if cfg.b_col else
-                "load_tile<BK, BN, LDB_S, B_LOADS>(Bs + s * B_ROWS * LDB_S, B, ldb, k0, K, n0, N") in src
-        assert ("as + kk * LDA_S + wm0 + i * 16" if cfg.a_col else "as + (wm0 + i * 16) * LDA_S + kk") in src
-        assert ("bs + (wn0 + j * 16) * LDB_S + kk" if cfg.b_col else "bs + kk * LDB_S + wn0 + j * 16") in src
+        a_load = ("<BK, BM, LDA_S, A_LOADS>(As + s * A_ROWS * LDA_S, A, lda, k0, K, m0, M"
+                  if cfg.a_col else
+                  "<BM, BK, LDA_S, A_LOADS>(As + s * A_ROWS * LDA_S, A, lda, m0, M, k0, K")
+        b_load = ("<BN, BK, LDB_S, B_LOADS>(Bs + s * B_ROWS * LDB_S, B, ldb, n0, N, k0, K"
+                  if cfg.b_col else
+                  "<BK, BN, LDB_S, B_LOADS>(Bs + s * B_ROWS * LDB_S, B, ldb, k0, K, n0, N")
+        assert f"load_tile{a_load}" in src and f"load_tile{b_load}" in src
+        a_frag = "kk * LDA_S + wm0 + i * 16" if cfg.a_col else "(wm0 + i * 16) * LDA_S + kk"
+        b_frag = "(wn0 + j * 16) * LDB_S + kk" if cfg.b_col else "kk * LDB_S + wn0 + j * 16"
+        assert f"load_matrix_sync(af[i], as + {a_frag}, LDA_S);" in src
+        assert f"load_matrix_sync(bf[j], bs + {b_frag}, LDB_S);" in src
         assert (src.count("__float_to_tf32") == 2) == (dtype is DType.TF32)
 
 
