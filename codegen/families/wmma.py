@@ -1,5 +1,6 @@
 """The WMMA family: tensor cores through nvcuda::wmma, fp16 / bf16 / tf32 inputs, FP32
-accumulation and output.
+accumulation; A and B row- or column-major (every Layout), C fp32, fp16 or bf16 with an
+optional bias and activation, and strided batches.
 
 Its config (:class:`WmmaConfig`), its check, its search space and its template values;
 registered as "wmma" with templates/gemm_wmma.cu.j2.
@@ -14,8 +15,8 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, positive_sizes, smem_reasons, stages_reasons,
-    swizzle_reasons, threads_reasons,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, epilogue_values,
+    positive_sizes, smem_reasons, stages_reasons, swizzle_reasons, threads_reasons,
 )
 
 __all__ = ["WmmaConfig", "DEFAULT_WMMA", "TEMPLATE", "check", "SPACE", "from_params",
@@ -30,7 +31,7 @@ _WMMA_CPP = {DType.F16: ("__half", "__half"), DType.BF16: ("__nv_bfloat16", "__n
 @dataclasses.dataclass(frozen=True)
 class WmmaConfig(Serial, Named):
     """One point of the tensor-core (WMMA) GEMM family: fp16, bf16 or tf32 inputs, FP32
-    accumulation and FP32 output.
+    accumulation, C written in `out` after the epilogue.
 
     Attributes:
         bm, bn, bk: block tile.
@@ -40,6 +41,9 @@ class WmmaConfig(Serial, Named):
         vec: elements per global-to-shared copy (16, 8 or 4 bytes), scalar at edges.
         stages: 1 = synchronous loads; 2-4 = a cp.async ring of that depth (sm_80+).
         swizzle: block rows per rasterisation group (1 = row order).
+        layout, out, bias, act: how A and B are stored, C's type, the bias vector and
+            the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
+            only when not the default).
 
     Example:
         >>> WmmaConfig().name
@@ -82,9 +86,31 @@ class WmmaConfig(Serial, Named):
         return self.dtype.size
 
     @property
+    def a_col(self) -> bool:
+        """A column-major (TN, TT)?"""
+        return self.layout in (Layout.TN, Layout.TT)
+
+    @property
+    def b_col(self) -> bool:
+        """B column-major (NT, TT)?"""
+        return self.layout in (Layout.NT, Layout.TT)
+
+    @property
+    def a_tile(self) -> tuple[int, int]:
+        """A's shared tile as (rows, contiguous elements), in its storage order: BM x BK
+        row-major, BK x BM column-major (each row then padded by the skew)."""
+        return (self.bk, self.bm) if self.a_col else (self.bm, self.bk)
+
+    @property
+    def b_tile(self) -> tuple[int, int]:
+        """B's shared tile as (rows, contiguous elements): BK x BN row-major, BN x BK
+        column-major."""
+        return (self.bn, self.bk) if self.b_col else (self.bk, self.bn)
+
+    @property
     def pipeline_bytes(self) -> int:
-        return self.stages * (self.bm * (self.bk + self.skew) + self.bk * (self.bn + self.skew)) \
-            * self.elem
+        (ar, ac), (br, bc) = self.a_tile, self.b_tile
+        return self.stages * (ar * (ac + self.skew) + br * (bc + self.skew)) * self.elem
 
     @property
     def epilogue_bytes(self) -> int:
@@ -99,16 +125,20 @@ class WmmaConfig(Serial, Named):
         t = self.threads or 1
         elem_t, frag_t = _WMMA_CPP.get(self.dtype, ("float", "float"))
         return dict(
+            **epilogue_values(self),
             name=self.name, template=TEMPLATE, dtype=self.dtype.short,
             BM=self.bm, BN=self.bn, BK=self.bk, WM=self.wm, WN=self.wn,
             WARPS_N=self.bn // self.wn if self.wn else 0, FM=self.wm // 16, FN=self.wn // 16,
             FK=self.frag_k, SKEW=self.skew, VEC=self.vec, STAGES=self.stages,
-            SWIZZLE=self.swizzle, THREADS=self.threads, LDA_S=self.bk + self.skew,
-            LDB_S=self.bn + self.skew, LDC_S=20, ES=self.elem,
+            SWIZZLE=self.swizzle, THREADS=self.threads, LDA_S=self.a_tile[1] + self.skew,
+            LDB_S=self.b_tile[1] + self.skew, LDC_S=20, ES=self.elem,
             A_LOADS=(self.bm * self.bk) // (self.vec * t),
             B_LOADS=(self.bk * self.bn) // (self.vec * t),
             SMEM_BYTES=self.smem_bytes, PIPELINE_BYTES=self.pipeline_bytes,
             ELEM_T=elem_t, FRAG_T=frag_t, IS_TF32=self.dtype is DType.TF32,
+            OUT_BYTES=self.out.size,
+            # fp32 C and no bias: a whole fragment may be stored straight from registers
+            DIRECT=self.out is DType.F32 and self.bias == "none",
         )
 
     # The launch interface shared with KernelConfig (the runner needs nothing else).
@@ -121,10 +151,10 @@ class WmmaConfig(Serial, Named):
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
 
-    def workspace_floats(self, m: int, n: int) -> int:
+    def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
         return 0
 
-    def ticket_count(self, m: int, n: int) -> int:
+    def ticket_count(self, m: int, n: int, batch: int = 1) -> int:
         return 0
 
 
@@ -162,8 +192,13 @@ def check(c: WmmaConfig, a: ArchLimits) -> list[str]:
     if c.vec * c.elem not in (4, 8, 16):
         why.append(f"vector width {c.vec} x {c.elem} B is not a 4, 8 or 16 byte copy")
     else:
-        for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
-            if cols % c.vec or (rows * cols // c.vec) % t:
+        # each tile moves in vectors along its operand's contiguous dimension
+        for op, (rows, cols), along in (("A", c.a_tile, "M" if c.a_col else "K"),
+                                        ("B", c.b_tile, "K" if c.b_col else "N")):
+            if cols % c.vec:
+                why.append(f"the {op} tile's {cols} elements along {along} (its contiguous "
+                           f"dimension) are not a multiple of the vector width {c.vec}")
+            elif (rows * cols // c.vec) % t:
                 why.append(f"{t} threads cannot load the {rows}x{cols} {op} tile evenly "
                            f"in vectors of {c.vec}")
     if c.skew < 0 or (c.skew * c.elem) % 16:
@@ -239,4 +274,6 @@ WMMA = register(FamilySpec(
     default=lambda dtype: dataclasses.replace(DEFAULT_WMMA, dtype=dtype, vec=16 // dtype.size,
                                               skew=16 // dtype.size),
     min_cc=70,
+    layouts=frozenset(Layout),
+    epilogue=True,
 ))
