@@ -85,6 +85,8 @@ def test_tune_fp16_and_tf32_end_to_end(tmp_path, capsys):
     import json
     import sys
 
+    from codegen.config import config_from_name
+    from tuner.bench import output_rounding
     from tuner.cli import main
 
     art = tmp_path / "art"
@@ -97,7 +99,9 @@ def test_tune_fp16_and_tf32_end_to_end(tmp_path, capsys):
               f"{w['cublas_tflops']}; error {w['error']:.2e} (exact {w['error_exact']:.2e}); "
               f"{r['stats']}", file=sys.stderr)
         assert r["dtype"] == dtype and w["tflops"] > 0 and r["stats"]["timed"] >= 1
-        assert w["error"] <= 1e-4 and w["error_exact"] < 1e-2
+        # an fp16 tune writes fp16 C by default (as torch): its gate adds C's rounding
+        assert w["error"] <= 1e-4 + output_rounding(config_from_name(w["name"]).out)
+        assert w["error_exact"] < 1e-2
 
 
 def test_library_runs_fp16_and_bf16_tensors(tmp_path, compile_cache):
