@@ -79,6 +79,8 @@ class Candidates:
         out = [config_from_name(e["kernel"]) for e in self.entries if e["dtype"] == dtype.short]
         if dtype in (DType.F16, DType.BF16):
             out += wgmma_configs(dtype)
+            # each with the TMA-store epilogue too (the previous tunes' winners were such)
+            out += [dataclasses.replace(c, store=1) for c in wgmma_configs(dtype)]
             # the CUDA-core kernels tuned for fp32 (split-K for the skinny shapes), widening
             # this type on load instead (codegen.check drops those with cp.async stages)
             out += [dataclasses.replace(c, dtype=dtype) for c in

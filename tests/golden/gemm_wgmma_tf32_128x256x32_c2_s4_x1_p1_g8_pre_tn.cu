@@ -447,18 +447,30 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
                         float v0 = alpha * acc[i][nb * 4 + h * 2];
                         float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
                         OutT* const p = c_row + col;
-                        if (c_vec2 && col + 1 < N) {
-                            if (beta != 0.0f) {
+                        const bool pair = c_vec2 && col + 1 < N;
+                        if (beta != 0.0f) {
+                            if (pair) {
                                 const float2 old = ld_pair(p);
                                 v0 = fmaf(beta, old.x, v0);
                                 v1 = fmaf(beta, old.y, v1);
+                            } else {
+                                if (col < N)
+                                    v0 = fmaf(beta, static_cast<float>(p[0]), v0);
+                                if (col + 1 < N)
+                                    v1 = fmaf(beta, static_cast<float>(p[1]), v1);
                             }
-                            st_pair(p, finish1(v0, bias, col), finish1(v1, bias, col + 1));
+                        }
+                        // the bias and the activation once per element (one copy of the
+                        // activation's code per element: the unrolled epilogue stays small)
+                        v0 = finish1(v0, bias, col < N ? col : 0);
+                        v1 = finish1(v1, bias, col + 1 < N ? col + 1 : 0);
+                        if (pair) {
+                            st_pair(p, v0, v1);
                         } else {
                             if (col < N)
-                                p[0] = static_cast<OutT>(finish1(beta != 0.0f ? fmaf(beta, static_cast<float>(p[0]), v0) : v0, bias, col));
+                                p[0] = static_cast<OutT>(v0);
                             if (col + 1 < N)
-                                p[1] = static_cast<OutT>(finish1(beta != 0.0f ? fmaf(beta, static_cast<float>(p[1]), v1) : v1, bias, col + 1));
+                                p[1] = static_cast<OutT>(v1);
                         }
                     }
                 }
