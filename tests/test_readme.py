@@ -35,7 +35,7 @@ def _tunes(name: str) -> dict:
 
 
 def test_the_4096_tune_figures_are_those_of_the_files_cited():
-    fp32 = _tunes("tunes-4096-one-runner")["fp32"]
+    fp32 = _tunes("tunes-4096-fp32-")["fp32"]
     fp16 = _tunes("tunes-4096-fp16-")["fp16"]
     text = " ".join(README.split())
     assert f"took {fp32['wall_s']:.0f} s and found `{fp32['kernel']}` at {fp32['tflops']:.1f}" \
@@ -43,3 +43,25 @@ def test_the_4096_tune_figures_are_those_of_the_files_cited():
     assert f"({fp32['ratio']:.2f}x)" in text
     assert f"took {fp16['wall_s']:.0f} s and won at {fp16['ratio']:.2f}x cuBLAS with " \
         f"`{fp16['kernel']}` ({fp16['tflops']:.1f} against {fp16['cublas_tflops']:.1f}" in text
+
+
+def test_the_layouts_and_epilogue_figures_are_those_of_the_file_cited():
+    cited = re.search(r"bench/results/(layouts-epilogues-[\w-]+\.json)", README).group(1)
+    rows = json.loads((ROOT / "bench" / "results" / cited).read_text())["rows"]
+
+    def span(part, keep=lambda r: True):
+        xs = [r["ratio"] for r in rows if r["part"] == part and keep(r)]
+        return f"{min(xs):.2f}x-{max(xs):.2f}x"
+
+    def big(r):  # at least 2048^3
+        return r["shape"][0] * r["shape"][1] * r["shape"][2] >= 8 * 2 ** 30
+
+    def rows16(r):  # rows of 16-byte multiples: what TMA (the wgmma kernels) reads
+        return all(x % 8 == 0 for x in r["shape"])
+
+    text = " ".join(README.split())
+    assert f"ran {span('linear')} of `F.gelu(F.linear(x, W, b))`" in text
+    assert f"2-byte C ran {span('outtype', lambda r: big(r) and rows16(r))} of torch.matmul " \
+        "on the large suite shapes with rows TMA can read, " \
+        f"{span('outtype', lambda r: r['shape'] == [4095, 4097, 1023])} at 4095x4097x1023" in text
+    assert f"but {span('outtype', lambda r: not big(r))} on the small and skinny ones" in text
