@@ -644,7 +644,7 @@ def test_every_request_has_torch_scratch_operands_for_its_first_use_measurement(
 @pytest.mark.parametrize("a_t,b_t", [(False, True), (True, False), (True, True)])
 def test_transposed_views_run_without_a_copy_on_cublas_with_their_layout(lib, fake, a_t, b_t):
     """x @ W.t() and the other layouts: the strides say which operand is stored by columns;
-    no family has kernels for them yet, so cuBLAS runs them in place (its op flags), and the
+    this library holds NN kernels only, so cuBLAS runs them in place (its op flags), and the
     decision is keyed by layout (nothing measured: there is nothing to measure against)."""
     from codegen.config import Layout
 
