@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import family_of
-from codegen.families._common import MAX_STAGES, epilogue_reasons
+from codegen.families._common import MAX_STAGES, Variant, epilogue_reasons
 from codegen.families.simt import CLUSTER_SPLITS, REDUCES, SPLITS, WARP_ARRANGEMENTS
 
 __all__ = ["check", "MAX_STAGES", "SPLITS", "REDUCES", "CLUSTER_SPLITS", "WARP_ARRANGEMENTS"]
@@ -26,11 +26,5 @@ def check(config, arch: str | int | ArchLimits) -> list[str]:
     """
     spec = family_of(config)
     why = spec.check(config, parse_arch(arch)) + epilogue_reasons(config)
-    if config.layout not in spec.layouts:
-        why.append(f"layout {config.layout.value}: the {spec.name} template reads "
-                   f"{', '.join(sorted(x.value for x in spec.layouts))} operands only "
-                   "; other layouts run on cuBLAS")
-    if not spec.epilogue and (config.out.short, config.bias, config.act) != ("f32", "none", "none"):
-        why.append(f"the {spec.name} template writes fp32 C with no bias or activation; "
-                   "other epilogues run on another family or cuBLAS")
+    why += spec.variant_reasons(Variant.of(config))
     return why

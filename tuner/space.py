@@ -24,28 +24,15 @@ from codegen.families._common import Shape, Variant
 from tuner.model import shape_reasons
 
 __all__ = ["valid_wmma_configs", "families", "is_candidate", "params_of", "suggest",
-           "space_size", "valid_configs", "Shape", "supports", "variant_reasons",
+           "space_size", "valid_configs", "Shape", "supports",
            "searched", "why_unsearched"]
 
 PLAIN = Variant()
 
 
-def variant_reasons(spec: FamilySpec, variant: Variant) -> list[str]:
-    """Why `spec`'s family cannot build `variant`; empty when it can. From what the spec declares, the rules codegen.check applies."""
-    why = []
-    if variant.layout not in spec.layouts:
-        why.append(f"the {spec.name} template reads "
-                   f"{', '.join(sorted(x.value for x in spec.layouts))} operands, not "
-                   f"{variant.layout.value}")
-    if not spec.epilogue and (variant.out, variant.bias, variant.act) != (
-            PLAIN.out, PLAIN.bias, PLAIN.act):
-        why.append(f"the {spec.name} template writes fp32 C with no bias or activation")
-    return why
-
-
 def supports(spec: FamilySpec, variant: Variant) -> bool:
     """Does `spec`'s family build `variant`?"""
-    return not variant_reasons(spec, variant)
+    return not spec.variant_reasons(variant)
 
 
 def searched(dtype: DType, arch: ArchLimits | None = None,
@@ -63,7 +50,7 @@ def why_unsearched(dtype: DType, variant: Variant | None = None,
     if searched(dtype, arch, variant):
         return None
     why = sorted({r for s in families_for(dtype, arch)
-                  for r in variant_reasons(s, variant or PLAIN)})
+                  for r in s.variant_reasons(variant or PLAIN)})
     return "no family builds it (" + "; ".join(why) + ")" if why else \
         f"no family serves {dtype.short}"
 

@@ -182,6 +182,20 @@ class FamilySpec:
     def prefix(self) -> str:
         return f"gemm_{self.name}_"
 
+    def variant_reasons(self, variant) -> list[str]:
+        """Why this family cannot build `variant` (a _common.Variant: the layout, C's type,
+        bias and activation) per what it declares; empty when it can. codegen.check and the
+        search both ask this."""
+        why = []
+        if variant.layout not in self.layouts:
+            why.append(f"the {self.name} template reads "
+                       f"{', '.join(sorted(x.value for x in self.layouts))} operands, not "
+                       f"{variant.layout.value}")
+        if not self.epilogue and (variant.out, variant.bias, variant.act) != (
+                DType.F32, "none", "none"):
+            why.append(f"the {self.name} template writes fp32 C with no bias or activation")
+        return why
+
     def serves(self, dtype: DType, arch: ArchLimits | None = None) -> bool:
         """Does a request in `dtype` (on `arch`, if given) search this family?"""
         return self.searched and dtype in self.dtypes and (
