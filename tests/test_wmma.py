@@ -175,14 +175,20 @@ def test_golden_layout_and_epilogue_sources(cfg):
 @pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
 def test_each_operand_is_read_in_its_storage_order(layout):
     """A column-major operand is copied along its columns and read as a col_major fragment;
-    the load's outer index runs over the other dimension (K for A, N for B)."""
-    for dtype, extra in ((DType.F16, {}), (DType.TF32, dict(vec=4, skew=4, bk=16))):
+    the load's outer index runs over the other dimension (K for A, N for B). bf16 and tf32
+    fragments load by wmma.load from the .shared state space (load_matrix_sync's overloads
+    for them address shared memory generically), fp16 ones by load_matrix_sync."""
+    for dtype, extra in ((DType.F16, {}), (DType.BF16, {}),
+                         (DType.TF32, dict(vec=4, skew=4, bk=16))):
         cfg = WmmaConfig(dtype=dtype, layout=layout, **extra)
         src = render(cfg)
         a, b = ("col" if cfg.a_col else "row"), ("col" if cfg.b_col else "row")
-        frag = "wmma::precision::tf32" if dtype is DType.TF32 else "__half"
-        assert f"wmma::matrix_a, 16, 16, FK, {frag}, wmma::{a}_major> af[FM];" in src
-        assert f"wmma::matrix_b, 16, 16, FK, {frag}, wmma::{b}_major> bf[FN];" in src
+        frag = {DType.F16: "__half", DType.BF16: "__nv_bfloat16",
+                DType.TF32: "wmma::precision::tf32"}[dtype]
+        assert f"using FragA = wmma::fragment<wmma::matrix_a, 16, 16, FK, {frag}, " \
+               f"wmma::{a}_major>;" in src
+        assert f"using FragB = wmma::fragment<wmma::matrix_b, 16, 16, FK, {frag}, " \
+               f"wmma::{b}_major>;" in src
         a_load = ("<BK, BM, LDA_S, A_LOADS>(As + s * A_ROWS * LDA_S, A, lda, k0, K, m0, M"
                   if cfg.a_col else
                   "<BM, BK, LDA_S, A_LOADS>(As + s * A_ROWS * LDA_S, A, lda, m0, M, k0, K")
@@ -192,8 +198,15 @@ def test_each_operand_is_read_in_its_storage_order(layout):
         assert f"load_tile{a_load}" in src and f"load_tile{b_load}" in src
         a_frag = "kk * LDA_S + wm0 + i * 16" if cfg.a_col else "(wm0 + i * 16) * LDA_S + kk"
         b_frag = "(wn0 + j * 16) * LDB_S + kk" if cfg.b_col else "kk * LDB_S + wn0 + j * 16"
-        assert f"load_matrix_sync(af[i], as + {a_frag}, LDA_S);" in src
-        assert f"load_matrix_sync(bf[j], bs + {b_frag}, LDB_S);" in src
+        assert f"load_a(af[i], as + {a_frag}, LDA_S);" in src
+        assert f"load_b(bf[j], bs + {b_frag}, LDB_S);" in src
+        if dtype is DType.F16:
+            assert src.count("wmma::load_matrix_sync(f, p, ldm);") == 2 and "wmma.load" not in src
+        else:
+            k = cfg.frag_k
+            assert f'"wmma.load.a.sync.aligned.{a}.m16n16k{k}.shared.{dtype.short} ' in src
+            assert f'"wmma.load.b.sync.aligned.{b}.m16n16k{k}.shared.{dtype.short} ' in src
+            assert "{%0, %1, %2, %3}, [%4], %5;" in src and "load_matrix_sync(f," not in src
         assert (src.count("__float_to_tf32") == 2) == (dtype is DType.TF32)
 
 

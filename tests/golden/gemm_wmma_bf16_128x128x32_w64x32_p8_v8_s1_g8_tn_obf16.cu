@@ -133,35 +133,132 @@ __device__ __forceinline__ void copy_bytes(void* dst, const void* src)
         *reinterpret_cast<int*>(dst) = *reinterpret_cast<const int*>(src);
 }
 
+// The first row and column of block `bid`'s tile of C (tiles rasterised in groups of
+// SWIZZLE block rows).
+__device__ __forceinline__ void tile_of(int bid, int M, int N, int& m0, int& n0)
+{
+    const int tiles_n = (N + BN - 1) / BN;
+    const int group = bid / (8 * tiles_n);
+    const int first_m = group * 8;
+    const int tiles_m = (M + BM - 1) / BM;
+    const int rows_in_group = min(tiles_m - first_m, 8);
+    const int in_group = bid - group * 8 * tiles_n;
+    const int tile_m = first_m + in_group % rows_in_group;
+    const int tile_n = in_group / rows_in_group;
+    m0 = tile_m * BM;
+    n0 = tile_n * BN;
+}
+
+// blockIdx.x and threadIdx.x, read anew (a volatile read the compiler cannot merge with an
+// earlier one): what only the epilogue needs is recomputed after the main loop instead of
+// held in registers through it, where ptxas would rather spill it.
+__device__ __forceinline__ int ctaid_x()
+{
+    unsigned v;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    return static_cast<int>(v);
+}
+
+__device__ __forceinline__ int tid_x()
+{
+    unsigned v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return static_cast<int>(v);
+}
+
+// The fragments of A and B, each in its operand's storage order (shared tiles keep it).
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, FK, __nv_bfloat16, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, FK, __nv_bfloat16, wmma::row_major>;
+
+// A fragment from shared memory, rows (row-major) or columns (column-major) ldm apart, by
+// wmma.load with the .shared state space. (load_matrix_sync's bf16 overload addresses
+// shared memory generically: generic loads and MOVM transposes instead of LDSM, and a
+// 64-bit address per fragment, registers the main loop runs short of.)
+__device__ __forceinline__ void load_a(FragA& f, const T* p, unsigned ldm)
+{
+    static_assert(sizeof(f.x) == 16, "a fragment of four 32-bit registers");
+    unsigned* const r = reinterpret_cast<unsigned*>(f.x);
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("wmma.load.a.sync.aligned.col.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a), "r"(ldm) : "memory");
+}
+
+__device__ __forceinline__ void load_b(FragB& f, const T* p, unsigned ldm)
+{
+    static_assert(sizeof(f.x) == 16, "a fragment of four 32-bit registers");
+    unsigned* const r = reinterpret_cast<unsigned*>(f.x);
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a), "r"(ldm) : "memory");
+}
+
 // May whole vectors be copied? (the base pointer and every row aligned)
 __device__ __forceinline__ bool vec_ok(const void* p, int ld)
 {
     return ld % VEC == 0 && reinterpret_cast<unsigned long long>(p) % (VEC * ES) == 0;
 }
 
+// One vector of VEC elements from s to d: whole where `vec` (s aligned) and all `inside`
+// (the elements of it inside the operand, counted from s; <= 0: none), else element by
+// element, zero outside.
+__device__ __forceinline__ void copy_vec(T* d, const T* s, int inside, bool vec)
+{
+    if (vec && inside >= VEC) {
+        copy_bytes<VEC * ES>(d, s);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            d[j] = j < inside ? s[j] : static_cast<T>(0.0f);
+    }
+}
+
+// x, hidden from the optimizer: what is computed from it is computed where it is used, in
+// each tile's copy, instead of hoisted out of the main loop and held in registers through it
+// (LOADS pointers a thread, one per vector, would be hoisted: 2 x LOADS registers).
+__device__ __forceinline__ size_t opaque(size_t x)
+{
+    asm volatile("" : "+l"(x));
+    return x;
+}
+
+__device__ __forceinline__ int opaque(int x)
+{
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // Global -> shared: a ROWS x COLS tile, COLS contiguous in both, to dst (rows LDS apart)
 // from src, whose element (o, i) is src[o * ld + i] and inside where o < O and i < I
-// (o counted from o0, i from i0); zero outside. Each thread copies LOADS vectors of VEC,
-// whole where `vec` (src and ld aligned) and inside, else element by element.
+// (o counted from o0, i from i0). Each thread copies LOADS vectors of VEC (copy_vec;
+// `vec`: src and ld aligned to whole vectors).
 template <int ROWS, int COLS, int LDS, int LOADS>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int ld, int o0, int O, int i0,
                                           int I, bool vec, int tid)
 {
     static_assert(LOADS * VEC * THREADS == ROWS * COLS, "threads load the tile evenly");
-#pragma unroll
-    for (int v = 0; v < LOADS; ++v) {
-        const int idx = tid + v * THREADS;
-        const int r = idx / (COLS / VEC), c = (idx % (COLS / VEC)) * VEC;
-        const int go = o0 + r, gi = i0 + c;
-        const T* s = src + static_cast<size_t>(go) * ld + gi;
+    constexpr int PER_ROW = COLS / VEC;  // vectors in a row of the tile
+    if constexpr (THREADS % PER_ROW == 0) {
+        // A thread's vectors share one column, RSTEP rows apart: a few registers of state
+        // (the elements inside from that column, the rows inside from the first row, one
+        // pointer) however many vectors it copies.
+        constexpr int RSTEP = THREADS / PER_ROW;
+        const int r = tid / PER_ROW, c = (tid % PER_ROW) * VEC;
+        const int i_in = I - (i0 + c), o_in = O - (o0 + r);
+        const T* s = src + static_cast<size_t>(o0 + r) * ld + i0 + c;
+        const size_t step = opaque(static_cast<size_t>(RSTEP) * ld);  // RSTEP rows
         T* d = dst + r * LDS + c;
-        const int inside = go < O ? I - gi : 0;  // elements of this vector inside (<= 0: none)
-        if (vec && inside >= VEC) {
-            copy_bytes<VEC * ES>(d, s);
-        } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j)
-                d[j] = j < inside ? s[j] : static_cast<T>(0.0f);
+        for (int v = 0; v < LOADS; ++v, s += step)
+            copy_vec(d + v * RSTEP * LDS, s, o_in > v * RSTEP ? i_in : 0, vec);
+    } else {
+        const int t = opaque(tid);
+#pragma unroll
+        for (int v = 0; v < LOADS; ++v) {
+            const int idx = t + v * THREADS;
+            const int r = idx / PER_ROW, c = (idx % PER_ROW) * VEC;
+            const int go = o0 + r, gi = i0 + c;
+            copy_vec(dst + r * LDS + c, src + static_cast<size_t>(go) * ld + gi,
+                     go < O ? I - gi : 0, vec);
         }
     }
 }
@@ -175,25 +272,17 @@ gemm_wmma_bf16_128x128x32_w64x32_p8_v8_s1_g8_tn_obf16(int M, int N, int K, float
     float beta, OutT* __restrict__ C, int ldc, long long sC,
     const BiasT* __restrict__ bias)
 {
-    // This block's problem of the batch (a stride of 0 shares that operand).
+    // This block's problem of the batch (a stride of 0 shares that operand; C is offset in
+    // the epilogue, which alone uses it).
     A += blockIdx.y * sA;
     B += blockIdx.y * sB;
-    C += blockIdx.y * sC;
     extern __shared__ __align__(128) unsigned char smem[];
     T* const As = reinterpret_cast<T*>(smem);        // [STAGES][A_ROWS][LDA_S]
     T* const Bs = As + STAGES * A_ROWS * LDA_S;      // [STAGES][B_ROWS][LDB_S]
     float* const Cs = reinterpret_cast<float*>(smem);  // [warps][16][LDC_S], after the main loop
 
-    const int tiles_n = (N + BN - 1) / BN;
-    const int bid = blockIdx.x;
-    const int group = bid / (8 * tiles_n);
-    const int first_m = group * 8;
-    const int tiles_m = (M + BM - 1) / BM;
-    const int rows_in_group = min(tiles_m - first_m, 8);
-    const int in_group = bid - group * 8 * tiles_n;
-    const int tile_m = first_m + in_group % rows_in_group;
-    const int tile_n = in_group / rows_in_group;
-    const int m0 = tile_m * BM, n0 = tile_n * BN;
+    int m0, n0;
+    tile_of(blockIdx.x, M, N, m0, n0);
     const int tid = threadIdx.x, warp = tid / 32;
     const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
     const bool a_vec = vec_ok(A, lda), b_vec = vec_ok(B, ldb);
@@ -218,15 +307,15 @@ gemm_wmma_bf16_128x128x32_w64x32_p8_v8_s1_g8_tn_obf16(int M, int N, int K, float
         const T* bs = Bs + s * B_ROWS * LDB_S;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += FK) {
-            wmma::fragment<wmma::matrix_a, 16, 16, FK, __nv_bfloat16, wmma::col_major> af[FM];
-            wmma::fragment<wmma::matrix_b, 16, 16, FK, __nv_bfloat16, wmma::row_major> bf[FN];
+            FragA af[FM];
+            FragB bf[FN];
 #pragma unroll
             for (int i = 0; i < FM; ++i) {
-                wmma::load_matrix_sync(af[i], as + kk * LDA_S + wm0 + i * 16, LDA_S);
+                load_a(af[i], as + kk * LDA_S + wm0 + i * 16, LDA_S);
             }
 #pragma unroll
             for (int j = 0; j < FN; ++j) {
-                wmma::load_matrix_sync(bf[j], bs + kk * LDB_S + wn0 + j * 16, LDB_S);
+                load_b(bf[j], bs + kk * LDB_S + wn0 + j * 16, LDB_S);
             }
 #pragma unroll
             for (int i = 0; i < FM; ++i)
@@ -236,9 +325,9 @@ gemm_wmma_bf16_128x128x32_w64x32_p8_v8_s1_g8_tn_obf16(int M, int N, int K, float
         }
     };
 
-    const int k_tiles = (K + BK - 1) / BK;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-        load_tiles(0, kt * BK);
+    // (the loops count k0 up to K, a kernel argument: no register holds their bound)
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        load_tiles(0, k0);
         __syncthreads();
         compute_stage(0);
         __syncthreads();
@@ -253,8 +342,13 @@ gemm_wmma_bf16_128x128x32_w64x32_p8_v8_s1_g8_tn_obf16(int M, int N, int K, float
     // consecutive elements of one row (lanes 0-15 the left half of rows 0-15, lanes 16-31
     // the right half) with finish_store: 8-element vectors where C is 16-byte aligned,
     // element by element, guarded, at the edges.
-    float* const scratch = Cs + warp * 16 * LDC_S;
-    const int lane = tid % 32;
+    C += blockIdx.y * sC;
+    int cm0, cn0;  // this warp's first row and column of C (again: see ctaid_x)
+    tile_of(ctaid_x(), M, N, cm0, cn0);
+    const int ctid = tid_x(), cwarp = ctid / 32, lane = ctid % 32;
+    cm0 += (cwarp / WARPS_N) * WM;
+    cn0 += (cwarp % WARPS_N) * WN;
+    float* const scratch = Cs + cwarp * 16 * LDC_S;
     const int sr = lane % 16, sc = (lane / 16) * 8;  // this lane's row and first column
     constexpr int CV = 16 / sizeof(OutT);            // elements of C per 16-byte vector
     const bool c_vec = ldc % CV == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0;
@@ -262,7 +356,7 @@ gemm_wmma_bf16_128x128x32_w64x32_p8_v8_s1_g8_tn_obf16(int M, int N, int K, float
     for (int i = 0; i < FM; ++i) {
 #pragma unroll
         for (int j = 0; j < FN; ++j) {
-            const int gm = m0 + wm0 + i * 16, gn = n0 + wn0 + j * 16;
+            const int gm = cm0 + i * 16, gn = cn0 + j * 16;
             if (gm >= M || gn >= N)
                 continue;  // the same for the whole warp
 #pragma unroll
