@@ -5,6 +5,11 @@
 #             their winners and ratios as JSON lines in $OUT/tunes.jsonl
 #   tests     the GPU tests named by $TESTS (default: all of them), log in $OUT
 #   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
+#   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
+#             tuned into a copy of the committed library ($OUT/library), with a summary in
+#             $OUT/variant-tunes.json; VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
+#   layouts   bench/layouts_epilogues.py over $LAYOUTS_LIBRARY (default: the variants
+#             step's library if it ran, else the committed one)
 # Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/launch_path_check.sh library tunes
 # (writes under $OUT)
 set -uo pipefail
@@ -47,6 +52,18 @@ PY
     record)
       timeout ${RECORD_TIMEOUT:-300} python3 bench/record_and_tune.py --out "$OUT" \
         --budget ${RECORD_BUDGET:-150} 2>&1 | tail -25 ;;
+    variants)
+      rm -rf /tmp/var-library && cp -r artifacts/library /tmp/var-library
+      timeout ${VAR_WALL:-600} python3 -m tuner --problems "${PROBLEMS:-bench/problems/layouts_epilogues.jsonl}" \
+        --trials ${VAR_TRIALS:-40} --timeout ${VAR_TIMEOUT:-45} --budget ${VAR_BUDGET:-480} \
+        --artifacts /tmp/art-var --library /tmp/var-library --json \
+        > "$OUT/variant-tunes.json" 2> "$OUT/variant-tunes.err"
+      echo "rc $?"; tail -20 "$OUT/variant-tunes.err"
+      cp -r /tmp/var-library "$OUT/library"
+      export LAYOUTS_LIBRARY=${LAYOUTS_LIBRARY:-/tmp/var-library} ;;
+    layouts)
+      timeout ${LAYOUTS_TIMEOUT:-420} python3 bench/layouts_epilogues.py --out "$OUT" \
+        --library "${LAYOUTS_LIBRARY:-artifacts/library}" 2>&1 | tee "$OUT/layouts-epilogues.log" | tail -40 ;;
     tests)
       timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -rs ${TESTS:-tests/} \
         > "$OUT/gpu-tests.log" 2>&1

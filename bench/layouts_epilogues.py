@@ -5,10 +5,11 @@
 
 Four parts, each row "ours" against the torch call a user would otherwise make, with the
 same input and output types:
-  layouts   each family's tuned 4096^3 kernel (the library's entry; a family with none:
-            its default config, marked "untuned") in NN, NT, TN and TT: the ratio of each
-            layout's time to the same kernel's NN (the bar: NT, TN, TT within 5%); torch
-            .matmul on the same views beside it.
+  layouts   each family's 4096^3 kernel in NN, NT, TN and TT: the library's entry tuned
+            for that layout (plain epilogue, the NN entry's C type) where it holds one
+            ("tuned": true), else the family's NN entry (or default) re-targeted to the
+            layout; the ratio of each layout's time to the family's NN (the bar: NT, TN,
+            TT within 5%); torch.matmul on the same views beside it.
   linear    tokens x in x out of 8192x4096x14336 and 8192x14336x4096, bf16 and fp16:
             ours C = gelu(x W^T + b) in one kernel (layout NT, C of the input type, a bias,
             GELU) against F.gelu(F.linear(x, W, b)) (the bar: 1.05x).
@@ -21,9 +22,10 @@ Ours: the library's tuned kernels of that input type (every entry's config, at a
 shape), the wgmma bench's candidate list and each family's default, re-targeted to the
 row's layout, output type, bias and activation (codegen.families._common.Variant), those
 that codegen.check accepts, compiled here and launched through their runners
-(tuner.runtime.runners: what the tuner times and the library ships). None was tuned
-for these problems: each row takes the candidate fastest in a first pass (a best-of-N
-selection, stated), checked against torch's output first, then times it against torch in
+(tuner.runtime.runners: what the tuner times and the library ships). Where the library
+holds an entry tuned for the row's exact problem, its config is among them, and the row
+says whether the winner is that entry ("tuned"). Each row takes the candidate fastest in
+a first pass (a best-of-N selection, stated), checked against torch's output first, then times it against torch in
 three interleaved rounds (CUDA events, L2 flushed before each repetition; medians).
 Writes layouts-epilogues-<gpu>-<date>.json and .png under --out (default bench/results).
 """
@@ -91,20 +93,46 @@ class Candidates:
         return list(dict.fromkeys(out))
 
     def tuned(self, dtype: DType, shape) -> dict:
-        """family -> (its config tuned at `shape` in the library, or its default; tuned?)."""
+        """family -> {layout: (config, tuned for that layout?)}: the family's config tuned
+        at `shape` for each layout in the library (the plain epilogue, of the NN entry's C
+        type), else its NN config (or its default) re-targeted to the layout."""
         from codegen.config import config_from_name
         from codegen.families import FAMILIES, family_of
+        from tuner.runtime.manifest import entry_batch, entry_variant
 
-        out = {}
+        found: dict = {}
         for e in self.entries:
-            if e["dtype"] == dtype.short and (e["m"], e["n"], e["k"]) == tuple(shape):
+            v = entry_variant(e)
+            if e["dtype"] == dtype.short and (e["m"], e["n"], e["k"]) == tuple(shape) \
+                    and entry_batch(e) == 1 and (v.bias, v.act) == ("none", "none"):
                 cfg = config_from_name(e["kernel"])
-                out[family_of(cfg).name] = (cfg, True)
+                found.setdefault(family_of(cfg).name, {})[v.layout] = cfg
+        out = {}
         for s in FAMILIES.values():
-            if s.name not in out and s.searched and dtype in s.dtypes \
-                    and s.dtypes[dtype] is dtype:
-                out[s.name] = (s.default(dtype), False)
+            if not (s.searched and dtype in s.dtypes and s.dtypes[dtype] is dtype):
+                continue
+            mine = found.get(s.name, {})
+            nn = mine.get(Layout.NN, s.default(dtype))
+            out[s.name] = {}
+            for layout in Layout:
+                cfg = mine.get(layout)
+                if cfg is not None and cfg.out is nn.out:
+                    out[s.name][layout] = (cfg, True)
+                else:
+                    cs = retarget([nn], Variant(layout, nn.out))
+                    if cs:
+                        out[s.name][layout] = (cs[0], False)
         return out
+
+    def exact(self, dtype: DType, shape, variant: Variant, batch: int = 1) -> set:
+        """Names (as re-targeted to `variant`) of the library's entries tuned for exactly
+        this problem."""
+        from codegen.config import config_from_name
+        from tuner.runtime.manifest import entry_batch, entry_variant
+
+        return {variant.apply(config_from_name(e["kernel"])).name for e in self.entries
+                if e["dtype"] == dtype.short and (e["m"], e["n"], e["k"]) == tuple(shape)
+                and entry_variant(e) == variant and entry_batch(e) == batch}
 
     def build(self, configs) -> None:
         from codegen.compile import compile_many
@@ -195,28 +223,27 @@ def part_layouts(torch, timer, cands, g, stream) -> list:
     rows = []
     m = n = k = 4096
     for dtype in (DType.F32, DType.F16, DType.BF16):
-        for family, (cfg, tuned) in cands.tuned(dtype, (m, n, k)).items():
-            per = {v: retarget([cfg], Variant(v, cfg.out))[:1] for v in Layout}
-            cands.build([c for cs in per.values() for c in cs])
+        for family, per in cands.tuned(dtype, (m, n, k)).items():
+            cands.build([cfg for cfg, _ in per.values()])
             res = {}
-            for layout, cs in per.items():
-                if not cs or cands.built.get(cs[0]) is None:
+            for layout, (cfg, tuned) in per.items():
+                if cands.built.get(cfg) is None:
                     continue
                 a, lda, _ = operand(torch, None, m, k, layout in (Layout.TN, Layout.TT), dtype)
                 b, ldb, _ = operand(torch, None, k, n, layout in (Layout.NT, Layout.TT), dtype)
-                c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, cs[0].out))
-                run = launcher(cands.built[cs[0]], g, m, n, k, lda, ldb, n, 1, (0, 0, 0), a, b,
+                c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, cfg.out))
+                run = launcher(cands.built[cfg], g, m, n, k, lda, ldb, n, 1, (0, 0, 0), a, b,
                                c, None, stream)
                 if run is None:
                     continue
                 ref = torch.matmul(a.double(), b.double())
-                row = race(torch, timer, {cs[0].name: run},
+                row = race(torch, timer, {cfg.name: run},
                            lambda a=a, b=b: torch.matmul(a, b), c, ref,
-                           _gate(dtype, cs[0].out, k), 2.0 * m * n * k)
-                res[layout] = row
+                           _gate(dtype, cfg.out, k), 2.0 * m * n * k)
+                res[layout] = dict(row, tuned=tuned)
             nn = res.get(Layout.NN, {}).get("ms")
             for layout, row in res.items():
-                row.update(part="layouts", dtype=dtype.short, family=family, tuned=tuned,
+                row.update(part="layouts", dtype=dtype.short, family=family,
                            layout=layout.value, shape=[m, n, k],
                            vs_nn=(nn / row["ms"]) if nn and row.get("ms") else None)
                 rows.append(row)
@@ -247,6 +274,7 @@ def part_linear(torch, timer, cands, g, stream) -> list:
             row = race(torch, timer, runs, lambda: F.gelu(F.linear(x, w, bias)), c, ref,
                        _gate(dtype, dtype, k), 2.0 * m * n * k)
             row.update(part="linear", dtype=dtype.short, shape=[m, n, k], variant=v.key,
+                       tuned=row.get("kernel") in cands.exact(dtype, (m, n, k), v),
                        peer="F.gelu(F.linear(x, W, b))")
             rows.append(row)
             print(f"linear  {dtype.short:4} {tokens}x{fin}x{fout}  ours {row.get('ms') or 0:.3f} ms"
@@ -270,7 +298,9 @@ def part_outtype(torch, timer, cands, g, stream) -> list:
             ref = torch.matmul(a.double(), b.double())
             row = race(torch, timer, runs, lambda a=a, b=b: torch.matmul(a, b), c, ref,
                        _gate(dtype, dtype, k), 2.0 * m * n * k)
-            row.update(part="outtype", dtype=dtype.short, shape=[m, n, k], peer="torch.matmul")
+            row.update(part="outtype", dtype=dtype.short, shape=[m, n, k], peer="torch.matmul",
+                       tuned=row.get("kernel") in cands.exact(dtype, (m, n, k),
+                                                              Variant(Layout.NN, dtype)))
             rows.append(row)
             print(f"outtype {dtype.short:4} {m}x{n}x{k}  {row.get('ratio') or 0:.3f}x "
                   f"{row.get('kernel')}", flush=True)
@@ -294,6 +324,8 @@ def part_batched(torch, timer, cands, g, stream) -> list:
             row = race(torch, timer, runs, lambda a=a, b=b: torch.bmm(a, b), c, ref,
                        _gate(dtype, dtype, k), 2.0 * batch * m * n * k)
             row.update(part="batched", dtype=dtype.short, shape=[batch, m, n, k],
+                       tuned=row.get("kernel") in cands.exact(dtype, (m, n, k),
+                                                              Variant(Layout.NN, dtype), batch),
                        peer="torch.bmm")
             rows.append(row)
             print(f"batched {dtype.short:4} {batch}x{m}x{n}x{k}  {row.get('ratio') or 0:.3f}x "
