@@ -65,3 +65,52 @@ def test_the_layouts_and_epilogue_figures_are_those_of_the_file_cited():
         "on the large suite shapes with rows TMA can read, " \
         f"{span('outtype', lambda r: r['shape'] == [4095, 4097, 1023])} at 4095x4097x1023" in text
     assert f"but {span('outtype', lambda r: not big(r))} on the small and skinny ones" in text
+
+
+def _cited(prefix: str) -> dict:
+    name = re.search(rf"bench/results/({prefix}[\w-]*\.json)", README).group(1)
+    return json.loads((ROOT / "bench" / "results" / name).read_text())
+
+
+def _span(xs, fmt=".2f", unit="x") -> str:
+    return f"{min(xs):{fmt}}{unit}-{max(xs):{fmt}}{unit}"
+
+
+def test_the_wgmma_figures_are_those_of_the_files_cited():
+    text = " ".join(README.split())
+    rows = _cited("wgmma-vs-cublas-h200")["rows"]
+    at = {(r["dtype"], r["shape"][0], r["shape"][2]): r["tflops"] for r in rows}
+    assert f"fp16 and bf16 at {_span([r['ratio'] for r in rows])} cuBLAS (4096^3: " \
+        f"{at['f16', 4096, 4096]:.0f} and {at['bf16', 4096, 4096]:.0f} TFLOP/s; 8192^3: " \
+        f"{at['f16', 8192, 8192]:.0f} and {at['bf16', 8192, 8192]:.0f};" in text
+    ahead = [r["tflops"] / r["triton_f32_tflops"] - 1 for r in rows]
+    assert f"{min(ahead) * 100:.0f}-{max(ahead) * 100:.0f}% ahead of Triton" in text
+    tf32 = _cited("wgmma-vs-cublas-tf32")["rows"]
+    assert f"reaches {_span([r['ratio'] for r in tf32])} cuBLAS TF32" in text
+    wmma = [r for r in _cited("layouts-epilogues")["rows"] if r["part"] == "layouts"
+            and r["family"] == "wmma" and r["layout"] == "nn"]
+    assert f"WMMA family's default kernels reach {_span([r['ratio'] for r in wmma])} of " \
+        "torch.matmul" in text
+
+
+def test_the_3xtf32_figures_are_those_of_the_file_cited():
+    text = " ".join(README.split())
+    doc = _cited("tf32x3-accuracy")
+    acc = {a["distribution"]: a["methods"] for a in doc["accuracy"]}
+    for dist, words in (("normal", "normal"), ("uniform_pm1_k16384", "K=16384")):
+        t3, sg = acc[dist]["wgmma_3xtf32"]["rel_fro"], acc[dist]["cublas_sgemm"]["rel_fro"]
+        assert t3 <= sg
+        assert f"{words} {t3:.1e} against {sg:.1e}".replace("e-0", "e-") in text
+    speed = doc["speed"]
+    tflops = [s["methods"]["wgmma_3xtf32"]["tflops"] for s in speed]
+    assert f"it ran {_span(tflops, '.0f', '')} TFLOP/s at 4096^3" in text
+    assert f"{_span([s['t3_vs_sgemm'] for s in speed])} cuBLAS SGEMM" in text
+
+
+def test_the_record_and_tune_figures_are_those_of_the_file_cited():
+    text = " ".join(README.split())
+    doc = _cited("record-and-tune")
+    assert f"were tuned in {doc['tune_seconds']:.0f} s" in text
+    for r in doc["tune"]:
+        if r["problem"].startswith(("16x4096x1024 f32 nn", "16x1024x4096 f32 nn")):
+            assert f"{r['problem'].split()[0]} at {r['ratio']:.2f}x" in text
