@@ -114,3 +114,24 @@ def test_the_record_and_tune_figures_are_those_of_the_file_cited():
     for r in doc["tune"]:
         if r["problem"].startswith(("16x4096x1024 f32 nn", "16x1024x4096 f32 nn")):
             assert f"{r['problem'].split()[0]} at {r['ratio']:.2f}x" in text
+
+
+def test_the_fp32_suite_exhaustive_and_pipeline_figures_are_those_of_the_files_cited():
+    text = " ".join(README.split())
+    suite = _cited("suite-h200")
+    rows = {r["shape"]: r for r in suite["rows"]}
+    assert f"Over all {len(rows)} shapes of the suite the geometric mean is " \
+        f"{suite['geomean_ratio']:.3f}x cuBLAS" in text
+    for shape, words in (("16x4096x4096", "16x4096x4096 ran"), ("1024x1024x1024", "1024^3")):
+        r = rows[shape]
+        assert f"{words} {r['tflops']:.1f} TFLOP/s against cuBLAS's {r['cublas_tflops']:.1f} " \
+            f"({r['ratio']:.1f}x)" in text or f"{words} {r['tflops']:.1f} against " \
+            f"{r['cublas_tflops']:.1f} ({r['ratio']:.2f}x)" in text, shape
+    ex = _cited("search-quality-exhaustive")["exhaustive"]
+    assert f"over the {ex['valid']} valid configurations of the space before the swizzle " \
+        f"({ex['seconds']:.0f} s, 2026-11-30) found {ex['best']['tflops']:.1f} TFLOP/s at best " \
+        f"(`{ex['best']['kernel']}`" in text
+    host = {r["m"]: r for r in _cited("host-overlap-h200")["rows"]}
+    assert f"12288^3 fp32 {host[12288]['speedup_vs_sequential']:.2f}x faster than copy, " \
+        f"compute, copy (16384^3: {host[16384]['speedup_vs_sequential']:.2f}x" in text
+    assert f"(4096^3: {host[4096]['copy_ms'] / host[4096]['compute_ms']:.0f}x)" in text
