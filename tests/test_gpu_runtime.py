@@ -403,6 +403,41 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
                 (m, n, k), pad)
 
 
+#: the allow_tf32 promise (README): whichever route runs the call (a tf32 kernel, which
+#: rounds the inputs to nearest, or cuBLAS TF32, which need not), C is within this of the
+#: float64 product of the fp32 inputs as given, relative in norm, scaled by K above 4096.
+TF32_PROMISE = 1e-3
+
+
+@pytest.mark.parametrize("kind", ["torch", "cupy"])
+def test_allow_tf32_keeps_its_promise_on_every_route(lib, kind):
+    """allow_tf32 through lib.gemm on aligned and padded rows (padded rows: no TMA, so the
+    tf32 entries cannot take them and cuBLAS TF32 or a CUDA-core kernel may), tiny to
+    K-heavy shapes, with alpha and beta: within TF32_PROMISE of float64 of the inputs as
+    given, C poisoned first where beta is 0."""
+    import torch
+
+    for m, n, k in ((1, 8, 8), (127, 136, 263), (512, 512, 512), (64, 64, 8192)):
+        for pad in (0, 1):
+            a = torch.randn(m, k + pad, device="cuda")[:, :k]
+            b = torch.randn(k, n + pad, device="cuda")[:, :n]
+            c0 = torch.randn(m, n, device="cuda")
+            for alpha, beta in ((1.0, 0.0), (0.5, 2.0)):
+                c = c0.clone() if beta else torch.full((m, n), float("nan"), device="cuda")
+                if kind == "torch":
+                    lib.gemm(a, b, c, alpha=alpha, beta=beta, allow_tf32=True)
+                else:
+                    import cupy
+
+                    c_cp = cupy.asarray(c)
+                    lib.gemm(cupy.asarray(a), cupy.asarray(b), c_cp, alpha=alpha, beta=beta,
+                             allow_tf32=True)
+                    c = torch.as_tensor(c_cp, device="cuda")
+                torch.cuda.synchronize()
+                err = _err(c, a, b, alpha, beta, c0 if beta else None)
+                assert err <= TF32_PROMISE * max(1.0, k / 4096), ((m, n, k), pad, beta, err)
+
+
 @pytest.mark.parametrize("kind", ["torch", "cupy", "numpy"])
 def test_3xtf32_requests_on_an_untuned_shape_from_every_caller(lib, kind):
     """allow_3xtf32 on a shape with no entry: decided on first use by measuring, keyed apart
