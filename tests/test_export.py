@@ -263,3 +263,17 @@ def test_the_check_program_covers_every_variant(bundle):
     assert '"gemm_tuned_sgemm"' in src and '"gemm_tuned_bf16gemm"' not in src  # no plain bf16
     assert 'std::printf("%d of %d checks passed\\n", passed, total);' in src
     assert "cublasGemmStridedBatchedEx" in src
+
+
+def test_the_check_program_compiles(bundle, tmp_path):
+    """example.cu compiles with the bundle's flags: against cuBLAS's headers where they are
+    installed, else against the declarations it uses (tests/fixtures/cublas_decls)."""
+    _, out, _ = bundle
+    decls = [] if Path(CUDA_INCLUDE, "cublas_v2.h").is_file() else [
+        f"-I{Path(__file__).parent / 'fixtures' / 'cublas_decls'}"]
+    p = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                        "-Xcompiler", "-Wall", *decls, f"-I{out}", "-c", "-o",
+                        str(tmp_path / "example.o"), str(out / "example.cu")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "warning" not in p.stderr, p.stderr[-3000:]
