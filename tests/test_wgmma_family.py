@@ -591,8 +591,8 @@ def test_prep_names_geometry_and_reasons():
     assert problem_reasons(TF32_GOLDEN, (4096, 4095, 4097)) != []
     for bad, why in ((dataclasses.replace(c, dtype=DType.BF16, bk=64), "has bf16"),
                      (dataclasses.replace(c, cluster=2), "cluster=2"),
-                     (dataclasses.replace(c, dtype=DType.F32, terms=3), "has f32")):
-        assert any("prep=1 (the tf32 pre-pass) needs" in w and why in w
+                     (dataclasses.replace(c, dtype=DType.F32, terms=3, cluster=2), "cluster=2")):
+        assert any("prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32" in w and why in w
                    for w in check_wgmma(bad, "sm_90")), bad.name
     src = render(c)
     assert f"{c.name}_prep(const float* __restrict__ A" in src and "cvt.rna.tf32.f32" in src
@@ -1091,7 +1091,8 @@ def test_layout_rules_in_check():
     assert check(dataclasses.replace(T3_GOLDEN, layout=Layout.NT), "sm_90") == []
     for cfg, tail in ((dataclasses.replace(TF32_GOLDEN, layout=Layout.TN),
                        "the pre-pass (prep=1) reads a column-major A"),
-                      (dataclasses.replace(T3_GOLDEN, layout=Layout.TT), "3xTF32 has no pre-pass")):
+                      (dataclasses.replace(T3_GOLDEN, layout=Layout.TT),
+                       "the pre-pass (prep=1) reads a column-major A")):
         why = check(cfg, "sm_90")
         assert len(why) == 1 and why[0].startswith(
             f"layout {cfg.layout.value}: fp32 data converted in shared memory needs a row-major "
