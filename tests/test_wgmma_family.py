@@ -798,9 +798,18 @@ def test_fp32_probe_plan():
 def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
     import tf32x3_accuracy as acc  # bench/, on the path above; imports no GPU package
 
-    for name in (acc.T3_DEFAULT, acc.TF32_DEFAULT):
+    for name in (acc.T3_DEFAULT, acc.TF32_DEFAULT, acc.PRESPLIT_DEFAULT):
         assert check_wgmma(WgmmaConfig.from_name(name), "sm_90") == []
     assert WgmmaConfig.from_name(acc.T3_DEFAULT).terms == 3
+    # the two split modes of 3xTF32, raced in one run
+    assert not WgmmaConfig.from_name(acc.T3_DEFAULT).presplit
+    assert WgmmaConfig.from_name(acc.PRESPLIT_DEFAULT).presplit
+    assert {"wgmma_3xtf32", "wgmma_3xtf32_presplit"} <= set(acc.WGMMA_METHODS) <= set(acc.METHODS)
+    # the NaN / Inf case: rows every method's TMA maps can read (16-byte multiples)
+    import inspect
+
+    special = inspect.signature(acc.special_inputs).parameters
+    assert special["n"].default % 4 == 0 and special["k"].default % 4 == 0
     assert acc.SIMT_DEFAULT in (ROOT / "artifacts/library/manifest.json").read_text()
     assert acc.DISTRIBUTIONS["uniform_pm1_k16384"]["k"] == 16384 and len(acc.DISTRIBUTIONS) == 5
     assert [tuple(s) for s in acc.SPEED_SHAPES] == [(4096,) * 3, (8192,) * 3, (8192, 8192, 1024)]
