@@ -594,8 +594,9 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     if not 1 <= c.stages <= 8:
         why.append(f"stages={c.stages} is outside 1..8")
     elif c.fp32_data and c.stages < 2:
-        why.append(f"stages={c.stages}: fp32 data needs 2 or more (the consumers convert one "
-                   f"stage while the wgmmas read the previous one)")
+        why.append(f"stages={c.stages}: fp32 data needs 2 or more " + (
+            "(with the pre-pass: one stage loads while the wgmmas read another)" if c.prep
+            else "(the consumers convert one stage while the wgmmas read the previous one)"))
     if why:
         return why
 
@@ -878,7 +879,7 @@ WGMMA = register(FamilySpec(
             DType.F32X3: DType.F32},
     searched=True,
     math=Math.TENSOR_CORE,
-    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},  # tf32 adds TF32_SEARCH
+    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},  # fp32 data adds TF32_SEARCH
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
