@@ -8,11 +8,13 @@ import collections
 import ctypes
 import dataclasses
 import itertools
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _golden import rendered_as_golden
 
@@ -591,8 +593,8 @@ def test_prep_names_geometry_and_reasons():
     assert problem_reasons(TF32_GOLDEN, (4096, 4095, 4097)) != []
     for bad, why in ((dataclasses.replace(c, dtype=DType.BF16, bk=64), "has bf16"),
                      (dataclasses.replace(c, cluster=2), "cluster=2"),
-                     (dataclasses.replace(c, dtype=DType.F32, terms=3), "has f32")):
-        assert any("prep=1 (the tf32 pre-pass) needs" in w and why in w
+                     (dataclasses.replace(c, dtype=DType.F32, terms=3, cluster=2), "cluster=2")):
+        assert any("prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32" in w and why in w
                    for w in check_wgmma(bad, "sm_90")), bad.name
     src = render(c)
     assert f"{c.name}_prep(const float* __restrict__ A" in src and "cvt.rna.tf32.f32" in src
@@ -796,9 +798,18 @@ def test_fp32_probe_plan():
 def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
     import tf32x3_accuracy as acc  # bench/, on the path above; imports no GPU package
 
-    for name in (acc.T3_DEFAULT, acc.TF32_DEFAULT):
+    for name in (acc.T3_DEFAULT, acc.TF32_DEFAULT, acc.PRESPLIT_DEFAULT):
         assert check_wgmma(WgmmaConfig.from_name(name), "sm_90") == []
     assert WgmmaConfig.from_name(acc.T3_DEFAULT).terms == 3
+    # the two split modes of 3xTF32, raced in one run
+    assert not WgmmaConfig.from_name(acc.T3_DEFAULT).presplit
+    assert WgmmaConfig.from_name(acc.PRESPLIT_DEFAULT).presplit
+    assert {"wgmma_3xtf32", "wgmma_3xtf32_presplit"} <= set(acc.WGMMA_METHODS) <= set(acc.METHODS)
+    # the NaN / Inf case: rows every method's TMA maps can read (16-byte multiples)
+    import inspect
+
+    special = inspect.signature(acc.special_inputs).parameters
+    assert special["n"].default % 4 == 0 and special["k"].default % 4 == 0
     assert acc.SIMT_DEFAULT in (ROOT / "artifacts/library/manifest.json").read_text()
     assert acc.DISTRIBUTIONS["uniform_pm1_k16384"]["k"] == 16384 and len(acc.DISTRIBUTIONS) == 5
     assert [tuple(s) for s in acc.SPEED_SHAPES] == [(4096,) * 3, (8192,) * 3, (8192, 8192, 1024)]
@@ -1091,7 +1102,8 @@ def test_layout_rules_in_check():
     assert check(dataclasses.replace(T3_GOLDEN, layout=Layout.NT), "sm_90") == []
     for cfg, tail in ((dataclasses.replace(TF32_GOLDEN, layout=Layout.TN),
                        "the pre-pass (prep=1) reads a column-major A"),
-                      (dataclasses.replace(T3_GOLDEN, layout=Layout.TT), "3xTF32 has no pre-pass")):
+                      (dataclasses.replace(T3_GOLDEN, layout=Layout.TT),
+                       "the pre-pass (prep=1) reads a column-major A")):
         why = check(cfg, "sm_90")
         assert len(why) == 1 and why[0].startswith(
             f"layout {cfg.layout.value}: fp32 data converted in shared memory needs a row-major "
@@ -1376,3 +1388,338 @@ def test_sass_loads_and_stores_rank_3_boxes_for_a_batch(compiled_variants, compi
         assert code.count("UTMALDG.3D") >= 2 and code.count("UTMALDG.2D") >= 2, name
         assert (code.count("UTMASTG.3D") == code.count("UTMASTG.2D") == c.bn // 32) == bool(c.store), name
         assert "STL" not in code, name
+
+
+# ---- 3xTF32 pre-split (prep=1 with terms=3): the pre-pass splits, the loop only multiplies ----
+#: the pre-split kernel the GPU tests and the accuracy bench start from, and a TT one (the
+#: pre-pass transposing A, copying B) with bf16 C through the TMA-store epilogue
+PRESPLIT_GOLDEN = WgmmaConfig(bm=128, bn=128, bk=32, stages=3, consumers=2, cluster=1,
+                              persistent=1, group=8, dtype=DType.F32, terms=3, prep=1)
+PRESPLIT_TT_GOLDEN = dataclasses.replace(PRESPLIT_GOLDEN, layout=Layout.TT, out=DType.BF16,
+                                         bias="f32", act="silu", store=1)
+
+
+def _presplit_tiles(arch="sm_90"):
+    """One searched pre-split config per (BM, BN, consumers, stages) check accepts."""
+    from codegen.families.wgmma import valid_configs
+
+    tiles = {}
+    for c in valid_configs(arch, DType.F32):
+        if c.prep:
+            tiles.setdefault((c.bm, c.bn, c.consumers, c.stages), c)
+    return list(tiles.values())
+
+
+def test_presplit_name_round_trips_and_marks_both_switches():
+    c = PRESPLIT_GOLDEN
+    assert c.name == "gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3"
+    assert PRESPLIT_TT_GOLDEN.name == "gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu"
+    for x in (c, PRESPLIT_TT_GOLDEN):
+        assert WgmmaConfig.from_name(x.name) == x and WgmmaConfig.from_dict(x.to_dict()) == x
+        assert check_wgmma(x, "sm_90") == []
+    assert c.presplit and c.to_dict()["prep"] == 1 and c.to_dict()["terms"] == 3
+    # the other fp32-data kernels are not pre-split, and keep their names
+    assert not T3_GOLDEN.presplit and not PREP_GOLDEN.presplit and not DEFAULT_WGMMA.presplit
+    assert T3_GOLDEN.name.endswith("_g8_t3") and PREP_GOLDEN.name.endswith("_g8_pre")
+
+
+def test_presplit_geometry_workspace_and_template_values():
+    c = PRESPLIT_GOLDEN
+    # a stage is four 16 KiB tiles as TMA writes them: A, Bt, As, Bts; nothing converted
+    assert c.tx_bytes == c.stage_bytes == 4 * 128 * 32 * 4 == 65536 and c.conv_bytes == 0
+    assert c.conv_offsets == (16384, 32768, 49152)
+    assert c.smem_bytes == 1024 + 3 * 65536 + 1024 == 198656
+    assert c.tma_boxes() == {"A": (128, 32), "B": (128, 32)}  # K-major boxes, two of each a stage
+    assert c.acc_regs == 2 * 64 * 128 // 128  # the k-tile's partial sums and the totals
+    assert c.prep_copies == 2 and PREP_GOLDEN.prep_copies == 1
+    # [Abig; Asmall] then [Bbig; Bsmall], ldw = K rounded up to 4 floats
+    assert c.prep_floats(100, 300, 1023) == 2 * 400 * 1024
+    assert PREP_GOLDEN.prep_floats(100, 300, 1023) == 400 * 1024
+    assert c.prep_grid(100, 300, 1023) == PREP_GOLDEN.prep_grid(100, 300, 1023)
+    # DRAM bytes of the pre-pass: A and B read (4 B), their copies written (8 B pre-split)
+    assert c.prep_bytes(4096, 4096, 4096) == 2 * 4096 * 4096 * (4 + 8)
+    assert PREP_GOLDEN.prep_bytes(4096, 4096, 4096) == 2 * 4096 * 4096 * (4 + 4)
+    assert T3_GOLDEN.prep_bytes(4096, 4096, 4096) == 0
+    assert c.operand_bytes == 8 and T3_GOLDEN.operand_bytes == 4 and DEFAULT_WGMMA.operand_bytes == 2
+    assert c.aligned_operands == (False, False, False)  # the pre-pass reads any A and B
+    v = c.template_values()
+    assert v["SPLIT"] and v["PREP"] == 1 and not v["TF32"] and v["TERMS"] == 3
+    assert (v["BT_OFF"], v["AS_OFF"], v["BTS_OFF"]) == (16384, 32768, 49152)
+    assert v["STAGE_BYTES"] == 65536 and v["K_STEPS"] == 4 and v["B_CHUNKS"] == 1
+    assert not any(x.template_values()["SPLIT"] for x in (T3_GOLDEN, PREP_GOLDEN, DEFAULT_WGMMA))
+
+
+@pytest.mark.parametrize("cfg,reason", [
+    (dataclasses.replace(PRESPLIT_GOLDEN, stages=4),
+     "shared memory 264192 B (4 stages of 65536 B: the big and small tiles of A and of B, "
+     "2 x (128 + 128) x 128 B) exceeds the 232448 B per-block opt-in limit of sm_90"),
+    (dataclasses.replace(PRESPLIT_GOLDEN, bm=256, bn=64),
+     "shared memory 247808 B (3 stages of 81920 B: the big and small tiles of A and of B, "
+     "2 x (256 + 64) x 128 B) exceeds"),
+    (dataclasses.replace(PRESPLIT_GOLDEN, bn=256, stages=2),
+     "the 64x256 consumer tile holds 256 accumulators per thread (partial sums and totals: "
+     "3xTF32); with 48 more that is over the 232 registers a consumer thread gets"),
+    (dataclasses.replace(PRESPLIT_GOLDEN, cluster=2, stages=2),
+     "prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), no cluster and no "
+     "ping-pong (it has f32, cluster=2, pingpong=0)"),
+    (dataclasses.replace(PRESPLIT_GOLDEN, stages=1), "stages=1: fp32 data needs 2 or more"),
+], ids=["smem-128x128-s4", "smem-256x64", "registers-128x256", "cluster", "one-stage"])
+def test_presplit_rules_say_why_with_numbers(cfg, reason):
+    assert any(w.startswith(reason) for w in check_wgmma(cfg, "sm_90")), check_wgmma(cfg, "sm_90")
+
+
+def test_presplit_takes_every_layout_and_any_leading_dimension():
+    from codegen.families import FAMILIES
+
+    for layout in Layout:
+        c = dataclasses.replace(PRESPLIT_GOLDEN, layout=layout)
+        assert check(c, "sm_90") == [] and c.tma_boxes() == PRESPLIT_GOLDEN.tma_boxes()
+        assert not c.a_mn_major and not c.b_mn_major  # the copies are K-major in any layout
+        assert c.takes(4095, 4097, 1023, (4, 4, 4))  # operands of any alignment
+    assert FAMILIES["wgmma"].layouts == frozenset(Layout)
+    assert problem_reasons(PRESPLIT_GOLDEN, (4096, 4095, 4097)) == []
+    assert problem_reasons(T3_GOLDEN, (4096, 4095, 4097)) != []  # in-loop: TMA reads B as stored
+
+
+def test_presplit_is_a_search_value_of_3xtf32_requests():
+    """An f32x3 request searches the split mode (prep 0: in-loop, 1: pre-split) beside the
+    tiles; the trial parameters round-trip; the valid pre-split tiles are the ones whose four
+    tiles a stage and doubled accumulators fit."""
+    import optuna
+
+    from codegen.arch import parse_arch
+    from codegen.families.wgmma import params_of, suggest, valid_configs
+
+    arch = parse_arch("sm_90")
+    grid = list(valid_configs(arch, DType.F32, (4096, 4096, 4096)))
+    assert {c.prep for c in grid} == {0, 1} and all(c.terms == 3 for c in grid)
+    assert PRESPLIT_GOLDEN in grid
+    assert {(c.bm, c.bn, c.consumers) for c in grid if c.prep} == {
+        (64, 64, 1), (64, 128, 1), (64, 192, 1), (128, 64, 1), (128, 64, 2), (128, 128, 2)}
+    assert max(c.stages for c in grid if c.prep and (c.bm, c.bn) == (128, 128)) == 3
+    p = params_of(PRESPLIT_GOLDEN, (4096, 4096, 4096), arch)
+    assert p["wgmma_prep"] == 1
+    assert suggest(optuna.trial.FixedTrial(p), DType.F32) == PRESPLIT_GOLDEN
+    # an odd shape TMA cannot read as stored: only the pre-split kernels are left
+    odd = list(valid_configs(arch, DType.F32, (4096, 4095, 4097)))
+    assert odd and all(c.prep for c in odd)
+
+
+def _split(x: float) -> tuple[float, float]:
+    """The pre-pass's split of x (split_put in the template), mirrored in Python."""
+    def rna(v):
+        if not math.isfinite(v):
+            return v
+        bits = int(np.array(v, np.float32).view(np.uint32))
+        return float(np.array((bits + 0x1000) & 0xFFFFE000, np.uint32).view(np.float32))
+
+    if math.isnan(x):
+        return rna(x), 0.0
+    if math.isinf(x):
+        return math.copysign(1.0, x), x
+    big = rna(x)
+    if math.isinf(big):
+        big = float(np.array(int(np.array(x, np.float32).view(np.uint32)) & 0xFFFFE000,
+                             np.uint32).view(np.float32))
+    return big, rna(float(np.float32(x) - np.float32(big)))
+
+
+def _kind(v: float) -> str:
+    return "nan" if math.isnan(v) else "+inf" if v == math.inf else "-inf" if v == -math.inf \
+        else "finite"
+
+
+def test_presplit_encoding_gives_sgemms_nan_and_inf_for_every_pair():
+    """The three products the kernel forms of one a and one b (Abig*Bsmall + Asmall*Bbig +
+    Abig*Bbig) are NaN, +Inf, -Inf or finite exactly where SGEMM's a*b is, for every pair of
+    specials and ordinary values (the pre-pass writes +-Inf as big +-1, small +-Inf); a
+    finite x splits into big + small within 2^-21 of x, a big past FLT_MAX truncated."""
+    values = [math.inf, -math.inf, math.nan, 0.0, -0.0, 1.0, -2.5, 1.2e-30, 1.0000001,
+              -7.0e5, 0.3]
+    for x in values + [3.4028234663852886e38, -3.3e38]:
+        big, small = _split(x)
+        if math.isfinite(x):
+            assert math.isfinite(big) and math.isfinite(small), x
+            assert abs(x - (big + small)) <= 2.0 ** -21 * abs(x), x
+    for a in values:
+        ab, as_ = _split(a)
+        for b in values:
+            bb, bs = _split(b)
+            with np.errstate(all="ignore"):
+                terms = np.float64(ab) * bs + np.float64(as_) * bb + np.float64(ab) * bb
+                want = np.float32(a) * np.float32(b)
+            assert _kind(float(terms)) == _kind(float(want)), (a, b, terms, want)
+
+
+@pytest.mark.parametrize("cfg", [PRESPLIT_GOLDEN, PRESPLIT_TT_GOLDEN], ids=lambda c: c.name)
+def test_presplit_golden_source(cfg):
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    rendered_as_golden(cfg)
+
+
+def test_presplit_source_says_what_it_does():
+    src = render(PRESPLIT_GOLDEN)
+    main, prep = src.split("\nconstexpr float FLT_MAX_")  # the pre-pass's code follows the GEMM's
+    # the main loop: four TMA tiles a stage, the small products first, no conversion
+    assert "tma_load(a_dst + AS_OFF, &tmA, bar, kt * BK, M + m0, bt, a3);" in main
+    assert "tma_load(a_dst + BTS_OFF, &tmB, bar, kt * BK, N + n0, bt, b3);" in main
+    assert "mbar_arrive_expect_tx(bar, STAGE_BYTES);" in main
+    body = main[main.index("void mma_split("):]
+    first, second, big = (body.index(s) for s in (
+        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, kk > 0);",
+        "wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);",
+        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);"))
+    assert first < second < big  # Abig*Bsmall (scale-d 0 first), Asmall*Bbig, then Abig*Bbig
+    assert "acc[i][j] += part[i][j]" in main and "wgmma_wait<0>();\n                release(stage);" in main
+    for absent in ("convert_stage", "split_tf32", "bar.red", "clear_nonfinite_big", "lds128"):
+        assert absent not in src, absent
+    assert main.count("tf32_rna(") == 1  # its definition: the main loop rounds nothing
+    # the pre-pass: big and small parts, the small ones M (N) rows of ldw after the big ones
+    assert "prep_copy(A, lda, M, K, bid, At, ldw, static_cast<size_t>(M) * ldw);" in prep
+    assert "prep_transpose(B, ldb, K, N, bid - a_blocks, Bt, ldw, static_cast<size_t>(N) * ldw, tile);" in prep
+    assert "big = copysignf(1.0f, x);" in src and "dst[i + small] = lo;" in src
+    tt = render(PRESPLIT_TT_GOLDEN)
+    assert "prep_transpose(A, lda, K, M, bid, At, ldw, static_cast<size_t>(M) * ldw, tile);" in tt
+    assert "prep_copy(B, ldb, N, K, bid - a_blocks, Bt, ldw, static_cast<size_t>(N) * ldw);" in tt
+
+
+def test_the_runner_of_a_presplit_kernel_maps_four_copies(monkeypatch):
+    """The runner launches <name>_prep into a "3xTF32 pre-split" workspace of 2 (M + N) x ldw
+    floats, then the GEMM, whose maps span both halves: A over [Abig; Asmall] (2M rows), B
+    over [Bbig; Bsmall] (2N rows) after it; with a batch, one set per problem (rank 3)."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    launched, encoded, prep_args = [], [], []
+
+    class Image(_Image):
+        def params(self, signature):
+            self.blk = super().params(signature)
+            return self.blk
+
+        def launch(self, f, grid, block, stream, address):
+            launched.append((self.name, grid))
+            if self.name.endswith("_prep"):
+                prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Scratch:
+        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+            launched.append((purpose, nbytes))
+            return 0x4000000
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = PRESPLIT_GOLDEN
+    m, n, k = 100, 130, 70
+    ldw, w, per = cfg.prep_ld(k), 0x4000000, cfg.prep_floats(m, n, k)
+    assert per == 2 * (m + n) * ldw
+    TmaRunner(cfg, b"").bind(g, m, n, k, 71, 131, 130)(0x10004, 0x20004, 0x30000, 1.0, 0.0, 7)
+    blocks, a_blocks = cfg.prep_grid(m, n, k)
+    assert launched == [("3xTF32 pre-split", per * 4), (f"{cfg.name}_prep", (blocks, 1, 1)),
+                        (cfg.name, cfg.grid(m, n, 132))]
+    assert prep_args == [(0x10004, 71, 0x20004, 131, m, n, k, w, w + 2 * m * ldw * 4, ldw,
+                          a_blocks)]
+    assert [(e["globalAddress"], e["globalDim"], e["globalStrides"], e["boxDim"])
+            for e in encoded] == [(w, [k, 2 * m], [ldw * 4], [32, 128]),
+                                  (w + 2 * m * ldw * 4, [k, 2 * n], [ldw * 4], [32, 128])]
+    launched.clear()
+    encoded.clear()
+    prep_args.clear()
+    batch = 3
+    TmaRunner(cfg, b"").bind(g, m, n, k, 71, 131, 130, batch=batch,
+                             strides=(m * 71, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
+    assert launched[0] == ("3xTF32 pre-split", batch * per * 4)
+    assert [a[7] for a in prep_args] == [w + i * per * 4 for i in range(batch)]
+    assert [a[8] - a[7] for a in prep_args] == [2 * m * ldw * 4] * batch
+    assert [(e["tensorRank"], e["globalDim"]) for e in encoded] == [
+        (3, [k, 2 * m, batch]), (3, [k, 2 * n, batch])]
+
+
+def test_the_model_counts_the_presplit_pre_pass_and_its_wider_operands():
+    from codegen.arch import parse_arch
+    from codegen.occupancy import occupancy
+    from tuner.model import DRAM_GBS, LAUNCH_S, bound_tflops, predict, tile_traffic
+
+    arch = parse_arch("sm_90")
+    shape = (4096, 4096, 4096)
+    occ = occupancy(PRESPLIT_GOLDEN.threads, 168, PRESPLIT_GOLDEN.smem_bytes, arch)
+    inloop = dataclasses.replace(PRESPLIT_GOLDEN, prep=0, stages=2)
+    pre, loop = (predict(c, shape, arch, occ) for c in (PRESPLIT_GOLDEN, inloop))
+    prep_s = PRESPLIT_GOLDEN.prep_bytes(*shape) / (DRAM_GBS[90] * 1e9)
+    assert pre.terms["fixed"] == pytest.approx(2 * LAUNCH_S + prep_s)
+    assert loop.terms["fixed"] == pytest.approx(LAUNCH_S)
+    # the main loop loads a big and a small tile of each operand: twice in-loop's bytes
+    assert tile_traffic(PRESPLIT_GOLDEN, shape)["a_bytes"] == 128 * 4096 * 8
+    assert pre.traffic["l2_bytes"] == 2 * loop.traffic["l2_bytes"] - 32 * 32 * 128 * 128 * 4
+    # three tf32 products a multiply, either way: a third of the tf32 peak
+    b_pre, f_pre = bound_tflops(PRESPLIT_GOLDEN, shape, arch)
+    assert f_pre["issue_eff"] == 0.3333
+    assert b_pre == pytest.approx(bound_tflops(inloop, shape, arch)[0])
+    # a batch: one pre-pass per problem
+    pre3 = predict(PRESPLIT_GOLDEN, shape, arch, occ, batch=3)
+    assert pre3.terms["fixed"] == pytest.approx(4 * LAUNCH_S + 3 * prep_s)
+
+
+@pytest.fixture(scope="module")
+def compiled_presplit(compile_cache):
+    """Every pre-split tile the search can ask for, and the golden in each layout with each
+    epilogue (both C paths, each C type, a bias of each kind)."""
+    cfgs = _presplit_tiles() + [PRESPLIT_TT_GOLDEN] + [
+        dataclasses.replace(PRESPLIT_GOLDEN, layout=layout, out=out, bias=bias, act=act,
+                            store=store)
+        for layout, out, bias, act, store in (
+            (Layout.NT, DType.F16, "f32", "gelu", 0), (Layout.TN, DType.F32, "out", "relu", 1),
+            (Layout.TT, DType.F32, "none", "none", 0), (Layout.NN, DType.BF16, "out", "gelu_tanh", 1))]
+    return dict(compile_many(list(dict.fromkeys(cfgs)), "sm_90", jobs=2,
+                             cache_dir=compile_cache))
+
+
+def test_presplit_configs_compile_without_spills_or_serialisation(compiled_presplit):
+    assert len(compiled_presplit) == 17
+    failed = {c.name: r.error for c, r in compiled_presplit.items() if not r.ok}
+    assert not failed, failed
+    for c, r in compiled_presplit.items():
+        assert r.arch == "sm_90a"
+        assert "C7508" not in r.log and "C7520" not in r.log, (c.name, r.log)
+        assert "warning" not in r.log.lower(), (c.name, r.log)
+        res = r.resources
+        assert res.spill_bytes == 0 and res.stack_frame == 0, (c.name, res)
+        assert res.registers == c.launch_regs, (c.name, res.registers)
+        assert res.smem_dynamic == c.smem_bytes and res.smem_static == 0, (c.name, res)
+        assert f"Function properties for {c.name}_prep\n    0 bytes stack frame, 0 bytes spill" \
+            in r.log, c.name
+
+
+def _function_sass(sass: str, name: str) -> str:
+    """The SASS of one kernel of a cubin's dump."""
+    parts = re.split(r"\n\s*Function : ", sass)
+    return next(p for p in parts if p.split()[0] == name)
+
+
+def test_presplit_sass_multiplies_tma_tiles_without_converting(compiled_presplit, compile_cache):
+    """The main kernel: 3 x M_WGMMAS x 4 tf32 HGMMAs a k-tile (no transpose), the first with
+    scale-d 0, four TMA loads a stage (2-D, and 3-D for a batch), and no shared-memory load,
+    nor a store outside the TMA-store epilogue (nothing is converted in the loop); the split
+    is in <name>_prep."""
+    for c in (PRESPLIT_GOLDEN, PRESPLIT_TT_GOLDEN,
+              next(x for x in _presplit_tiles() if x.consumers == 1 and x.bm == 128)):
+        sass = _sass(c, compile_cache)
+        main, prep = _function_sass(sass, c.name), _function_sass(sass, f"{c.name}_prep")
+        hgmma = [l for l in main.splitlines() if "HGMMA.64x" in l]
+        assert len(hgmma) == 3 * (c.wm // 64) * (c.bk // 8), (c.name, len(hgmma))
+        assert all(f"HGMMA.64x{c.bn}x8.F32.TF32" in l and "tnsp" not in l for l in hgmma)
+        assert "RZ, !UPT" in hgmma[0] and sum("!UPT" in l for l in hgmma) == c.wm // 64
+        assert main.count("UTMALDG.2D") == 4 and main.count("UTMALDG.3D") == 4, c.name
+        # (the TMA-store epilogue stages C through shared memory: its STS only)
+        for op in ("LDS", "STL", "LDL", "BAR.RED") + (() if c.store else ("STS",)):
+            assert not re.search(rf"\b{op}\b", main), (c.name, op)
+        assert "HGMMA" not in prep and "STG" in prep, c.name

@@ -56,7 +56,9 @@ A batch of B problems launches B x tiles x split-K blocks: the wave quantisation
 bound's wave efficiency and every byte count are over all of them, and the FLOPs are B
 times one problem's. The epilogue's bias and activation cost their instructions
 (``EPILOGUE_INSTR``, per element of C: estimates, not calibrated).
-  fixed    ``LAUNCH_S`` per kernel launched (split-K's second pass is a second one).
+  fixed    ``LAUNCH_S`` per kernel launched (split-K's second pass is a second one; a
+           pre-pass of fp32 data, tf32 or pre-split 3xTF32, another per problem), and the
+           pre-pass's DRAM traffic (``prep_bytes``: A and B read, their copies written).
 
 The constants are physical figures of the H100 / H200 class, then calibrated (a small
 grid search, ``bench/model_rank.py --calibrate``) on the measured studies committed
@@ -171,8 +173,10 @@ def bound_tflops(config: Config, shape: tuple[int, int, int],
 
 # ---- the predicted time -----------------------------------------------------------------
 def _elem(config: Config) -> int:
-    """Bytes per element of A and B as the kernel reads them from global memory."""
-    return config.dtype.size if config.dtype.short != "tf32" else 4
+    """Bytes per element of A and B as the kernel reads them from global memory: a
+    family's `operand_bytes` where it declares them (pre-split 3xTF32 loads a big and a small
+    tf32 copy of each: 8), else the input type's."""
+    return getattr(config, "operand_bytes", None) or config.dtype.size
 
 
 def out_bytes(config: Config) -> int:
@@ -352,10 +356,14 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     dram_s = dram / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9)
     l2_s = traffic["l2_bytes"] / (L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9)
     launches = 2 if getattr(c, "reduce_pass", False) else 1
-    fixed = LAUNCH_S * launches
+    dram_bw = DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9
+    fixed = 0.0
+    if getattr(c, "prep", 0):  # the pre-pass, launched first for each problem: its copies
+        launches += batch
+        fixed += batch * c.prep_bytes(m, n, k) / dram_bw
+    fixed += LAUNCH_S * launches
     if getattr(c, "reduce_pass", False):  # the second pass reads every slice, writes C
-        fixed += ((c.split * 4 + out_bytes(c)) * m * n * batch
-                  / (DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9))
+        fixed += (c.split * 4 + out_bytes(c)) * m * n * batch / dram_bw
     if getattr(c, "cluster", False):  # partial tiles summed through distributed shared memory
         fixed += (c.split - 1) * c.bm * c.bn / max(c.threads, 1) * 8 / hz
     terms = dict(issue=issue_s, latency=latency_s, dram=dram_s, l2=l2_s)

@@ -17,14 +17,19 @@ parameters, so that a simpler step still works if a fancier one fails on the GPU
                                                wgmmas (needs persistent=1)
     (f) prep=1 (tf32)                          a pre-pass kernel rounds A and transposes B
                                                into a workspace; no conversion in the loop
+    (g) prep=1 (f32, terms=3: pre-split)       the pre-pass writes big and small K-major
+                                               copies of A and B; TMA loads four tiles a
+                                               stage, three wgmma products, no conversion
 
 The same kernel takes fp32 data (``dtype`` tf32, or f32 with ``terms=3``): wgmma's k8 tf32
 shape wants both operands K-major, so the consumer warpgroups convert each stage in shared
 memory before their wgmmas read it (A rounded in place, B transposed into a K-major copy),
-see the template's header; or, tf32 with ``prep=1``, a pre-pass kernel writes those copies
-into a workspace ahead of the GEMM (measured faster: 0.75-0.89x cuBLAS TF32 against
+see the template's header; or, with ``prep=1``, a pre-pass kernel writes those copies
+into a workspace ahead of the GEMM (tf32: measured faster, 0.75-0.89x cuBLAS TF32 against
 0.53-0.61x). ``terms=3`` is 3xTF32: big = tf32(x), small = tf32(x - big),
-A*B ~ Abig*Bbig + Abig*Bsmall + Asmall*Bbig, an fp32 candidate held to fp32's gate.
+A*B ~ Abig*Bbig + Abig*Bsmall + Asmall*Bbig, an fp32 candidate held to fp32's gate; its
+``prep`` is the split mode: 0 splits each stage in shared memory (in-loop), 1 pre-splits
+(the pre-pass writes big and small copies of A and B, the main loop only multiplies).
 
 What a problem asks beyond its input type (the config's ``layout``, ``out``, ``bias``,
 ``act``; _common.Variant) is compiled in:
@@ -138,10 +143,13 @@ class WgmmaConfig(_Serial, Named):
             consumers take a block's tiles in turn, each the whole BM x BN tile, their main
             loops ordered by an mbarrier, so that one's epilogue overlaps the other's
             wgmmas (fp16 / bf16, persistent, no cluster).
-        prep: tf32 only: 0 = the consumers convert each stage in shared memory; 1 = a
+        prep: fp32 data: 0 = the consumers convert each stage in shared memory; 1 = a
             pre-pass kernel (<name>_prep, launched first) writes A rounded to tf32 and B
             transposed and rounded into a workspace of (M + N) x prep_ld(K) floats, which
-            the tensor maps describe (no cluster, no ping-pong).
+            the tensor maps describe (no cluster, no ping-pong). For 3xTF32 (terms=3) it
+            is the split mode: 1 = pre-split, the pre-pass writes the big and small parts
+            of each, [Abig; Asmall] (2M rows) then [Bbig; Bsmall] (2N rows), and each stage
+            holds the four tiles (:attr:`presplit`).
         store: the epilogue. 0 = each thread stores its accumulators to C from registers;
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
@@ -157,9 +165,10 @@ class WgmmaConfig(_Serial, Named):
         layout: how A and B are stored (_common.Layout).
 
     Name: ``gemm_wgmma_<dtype>_<BM>x<BN>x<BK>_c<consumers>_s<stages>_x<cluster>_p<persistent>_g<group>``,
-    plus ``_pp`` for ping-pong consumers, ``_pre`` for the tf32 pre-pass, ``_ts`` for the TMA-store
+    plus ``_pp`` for ping-pong consumers, ``_pre`` for the pre-pass, ``_ts`` for the TMA-store
     epilogue and ``_t3`` for 3xTF32
-    (``gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp``, ``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``).
+    (``gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp``, ``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``;
+    pre-split 3xTF32: ``gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3``).
 
     Example:
         >>> WgmmaConfig().name
@@ -202,6 +211,17 @@ class WgmmaConfig(_Serial, Named):
         """fp32 data on the tf32 tensor cores (tf32, or f32 as 3xTF32): converted in shared
         memory by the consumers before the wgmmas read it."""
         return self.dtype in FP32_DATA
+
+    @property
+    def presplit(self) -> bool:
+        """3xTF32 pre-split (prep=1, terms=3): the pre-pass writes big and small copies of A
+        and B, and TMA loads four K-major tiles a stage (no conversion in the main loop)."""
+        return bool(self.prep) and self.terms == 3
+
+    @property
+    def prep_copies(self) -> int:
+        """Copies of each operand the pre-pass writes: 2 pre-split (big, small), else 1."""
+        return 2 if self.presplit else 1
 
     @property
     def mma_k(self) -> int:
@@ -279,8 +299,9 @@ class WgmmaConfig(_Serial, Named):
     @property
     def tx_bytes(self) -> int:
         """Bytes TMA writes into one ring stage: the mbarrier's expect_tx count (out-of-bounds
-        parts of a box are zero-filled and counted too)."""
-        return self.a_stage_bytes + self.b_stage_bytes
+        parts of a box are zero-filled and counted too); pre-split, the big and small tiles
+        of A and of B."""
+        return (self.a_stage_bytes + self.b_stage_bytes) * self.prep_copies
 
     @property
     def conv_bytes(self) -> int:
@@ -296,11 +317,11 @@ class WgmmaConfig(_Serial, Named):
     def conv_offsets(self) -> tuple[int, int, int]:
         """(BT_OFF, AS_OFF, BTS_OFF) in a stage of fp32 data: where the wgmmas read B (the
         transposed copy after TMA's part; a K-major B where TMA put it), and the 3xTF32
-        small parts of A and B after that."""
+        small parts of A and B after that (pre-split: where TMA puts them)."""
         tx, a, b = self.tx_bytes, self.a_stage_bytes, self.b_stage_bytes
         if self.b_mn_major:
             return tx, tx + b, tx + b + a
-        return a, tx, tx + a
+        return a, a + b, 2 * a + b
 
     @property
     def stage_bytes(self) -> int:
@@ -383,6 +404,7 @@ class WgmmaConfig(_Serial, Named):
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
             TF32=self.fp32_data and not self.prep, PREP=self.prep, TERMS=self.terms,
+            SPLIT=self.presplit,
             MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
             BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
             NC=128 * self.consumers, STORE=self.store, C_SLICE=C_SLICE,
@@ -457,8 +479,20 @@ class WgmmaConfig(_Serial, Named):
         return -(-k // 4) * 4
 
     def prep_floats(self, m: int, n: int, k: int) -> int:
-        """Floats of the pre-pass workspace: At (M x ldw) then Bt (N x ldw); 0 without it."""
-        return (m + n) * self.prep_ld(k) if self.prep else 0
+        """Floats of the pre-pass workspace: At (M x ldw) then Bt (N x ldw), pre-split
+        [Abig; Asmall] (2M x ldw) then [Bbig; Bsmall] (2N x ldw); 0 without it."""
+        return (m + n) * self.prep_ld(k) * self.prep_copies if self.prep else 0
+
+    def prep_bytes(self, m: int, n: int, k: int) -> int:
+        """DRAM bytes the pre-pass moves for one problem: A and B read once, its copies
+        written (0 without it); the model adds them to the kernel's time."""
+        return (m + n) * k * 4 + self.prep_floats(m, n, k) * 4 if self.prep else 0
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes the main kernel loads per element of A and of B: the input type's, twice
+        that pre-split (a big and a small tile each)."""
+        return self.dtype.size * self.prep_copies
 
     def prep_grid(self, m: int, n: int, k: int) -> tuple[int, int]:
         """(blocks, a_blocks) of the pre-pass: 32 x 32 tiles of A, then of B."""
@@ -534,15 +568,14 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"persistent={c.persistent} is not 0 or 1")
     if c.prep not in (0, 1):
         why.append(f"prep={c.prep} is not 0 or 1")
-    elif c.prep and (c.dtype is not DType.TF32 or c.cluster != 1 or c.pingpong):
-        why.append(f"prep=1 (the tf32 pre-pass) needs dtype tf32, no cluster and no ping-pong "
-                   f"(it has {c.dtype.short}, cluster={c.cluster}, pingpong={c.pingpong})")
+    elif c.prep and (not c.fp32_data or c.cluster != 1 or c.pingpong):
+        why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), no "
+                   f"cluster and no ping-pong (it has {c.dtype.short}, cluster={c.cluster}, "
+                   f"pingpong={c.pingpong})")
     if c.fp32_data and not c.prep and c.a_col:
         why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
                    f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "
-                   f"transpose B alone); "
-                   + ("the pre-pass (prep=1) reads a column-major A" if c.dtype is DType.TF32
-                      else "3xTF32 has no pre-pass"))
+                   f"transpose B alone); the pre-pass (prep=1) reads a column-major A")
     if c.store not in (0, 1):  # its 32-column slices of C: BN is a multiple of 32 already
         why.append(f"store={c.store} is not 0 or 1")
     if c.pingpong not in (0, 1):
@@ -561,19 +594,24 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     if not 1 <= c.stages <= 8:
         why.append(f"stages={c.stages} is outside 1..8")
     elif c.fp32_data and c.stages < 2:
-        why.append(f"stages={c.stages}: fp32 data needs 2 or more (the consumers convert one "
-                   f"stage while the wgmmas read the previous one)")
+        why.append(f"stages={c.stages}: fp32 data needs 2 or more " + (
+            "(with the pre-pass: one stage loads while the wgmmas read another)" if c.prep
+            else "(the consumers convert one stage while the wgmmas read the previous one)"))
     if why:
         return why
 
     if c.smem_bytes > a.smem_per_block_optin:
-        why.append(f"shared memory {c.smem_bytes} B ({c.stages} stages of {c.stage_bytes} B) "
-                   f"exceeds the {a.smem_per_block_optin} B per-block opt-in limit of {a.sm}")
+        what = (f": the big and small tiles of A and of B, 2 x ({c.bm} + {c.bn}) x 128 B"
+                if c.presplit else "")
+        why.append(f"shared memory {c.smem_bytes} B ({c.stages} stages of {c.stage_bytes} B"
+                   f"{what}) exceeds the {a.smem_per_block_optin} B per-block opt-in limit "
+                   f"of {a.sm}")
     budget = 128 * PRODUCER_REGS + 128 * c.consumers * c.consumer_regs
     if budget > a.regs_per_sm:
         why.append(f"setmaxnreg budget 128 x {PRODUCER_REGS} + {128 * c.consumers} x "
                    f"{c.consumer_regs} = {budget} registers exceeds the {a.regs_per_sm} of an SM")
-    overhead = TF32_OVERHEAD_REGS if c.fp32_data else CONSUMER_OVERHEAD_REGS
+    # the stage conversion's registers; pre-split 3xTF32 converts nothing in the loop
+    overhead = TF32_OVERHEAD_REGS if c.fp32_data and not c.presplit else CONSUMER_OVERHEAD_REGS
     if c.acc_regs + overhead > c.consumer_regs:
         why.append(f"the {c.wm}x{c.bn} consumer tile holds {c.acc_regs} accumulators per thread"
                    f"{' (partial sums and totals: 3xTF32)' if c.terms == 3 else ''}; "
@@ -753,15 +791,16 @@ SEARCH_SPACE: dict[str, tuple] = {
     "group": (1, 8, 16),
     "store": (0, 1),
 }
-#: tf32 requests also choose between the in-loop conversion and the pre-pass (which
+#: fp32 data also chooses between the in-loop conversion and the pre-pass: tf32 (the pre-pass
 #: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
-#: bench/results/wgmma-probe-prep-h200-2026-12-01.json)
+#: bench/results/wgmma-probe-prep-h200-2026-12-01.json), and 3xTF32's split mode (in-loop,
+#: or pre-split: the pre-pass writes big and small copies)
 TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1)}
 
 
 def _searched(dtype: DType) -> dict[str, tuple]:
     """The searched parameters of a request in `dtype` and their values."""
-    return {**SEARCH_SPACE, **(TF32_SEARCH if dtype is DType.TF32 else {})}
+    return {**SEARCH_SPACE, **(TF32_SEARCH if dtype in FP32_DATA else {})}
 
 
 def _point(dtype: DType, **params) -> WgmmaConfig:
@@ -840,7 +879,7 @@ WGMMA = register(FamilySpec(
             DType.F32X3: DType.F32},
     searched=True,
     math=Math.TENSOR_CORE,
-    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},  # tf32 adds TF32_SEARCH
+    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},  # fp32 data adds TF32_SEARCH
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,

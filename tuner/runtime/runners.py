@@ -131,9 +131,9 @@ class TmaRunner(Runner):
     N x K), and with the TMA-store epilogue (config.store) C too, in C's type (config.out;
     SWIZZLE_64B for a 2-byte C); the maps are encoded once per pointer set of a plan and
     kept (a few per plan). The bias pointer (config.bias) follows the scalars. A cluster
-    kernel launches with cuLaunchKernelEx and its cluster dimension. A tf32 kernel with a
-    pre-pass (config.prep) launches <name>_prep first, into a per-stream workspace that its
-    A and B maps describe.
+    kernel launches with cuLaunchKernelEx and its cluster dimension. A kernel of fp32 data
+    with a pre-pass (config.prep: tf32, or pre-split 3xTF32) launches <name>_prep first, into
+    a per-stream workspace that its A and B maps describe.
 
     A strided batch is one launch: each batched operand's map has rank 3 (the batch its
     third dimension, its stride in bytes a multiple of 16), an operand of stride 0 keeps a
@@ -248,30 +248,35 @@ class TmaRunner(Runner):
                    packed, launch, batch=1, sa=0, sb=0, c3=False) -> Callable:
         """The pre-pass variant: A and B are read by <name>_prep (any alignment, as the
         layout stores them), which writes At (M x K) and Bt (N x K) into this stream's
-        workspace; the maps describe those. A batch gets a pair of copies per problem (one
-        pre-pass launch each, at the problem's A and B), the maps rank 3 over them; one
-        pair when A and B are both shared."""
+        workspace; the maps describe those. Pre-split 3xTF32 (config.presplit) writes four
+        copies, At = [Abig; Asmall] (2M x K) and Bt = [Bbig; Bsmall] (2N x K), one map over
+        each pair. A batch gets a set of copies per problem (one pre-pass launch each, at
+        the problem's A and B), the maps rank 3 over them; one set when A and B are both
+        shared."""
         cfg, prep = self.config, self.prep
         fp = prep.prepare(g)
-        boxes, ldw = cfg.tma_boxes(), cfg.prep_ld(k)
-        per, bt_off = cfg.prep_floats(m, n, k), m * ldw * 4  # floats of a problem's copies
+        boxes, ldw, rows = cfg.tma_boxes(), cfg.prep_ld(k), cfg.prep_copies
+        # floats of a problem's copies, and Bt's offset in them (bytes)
+        per, bt_off = cfg.prep_floats(m, n, k), rows * m * ldw * 4
         copies = batch if (sa or sb) else 1
         wbytes = copies * per * 4
         blocks, a_blocks = cfg.prep_grid(m, n, k)
         scratch = driver.scratch()
         maps3 = (3 if copies > 1 else 0) | c3 << 2
         steps = [(i * sa * 4, i * sb * 4, i * per * 4) for i in range(copies)]  # bytes
+        purpose = "3xTF32 pre-split" if cfg.presplit else "tf32 pre-pass"
 
         def make_maps(w: int, c: int) -> tuple:
-            return (tma.encode(tma.tensor_map_args(DType.F32, w, m, k, ldw, *boxes["A"],
-                                                   batch=copies, batch_stride=per)),
-                    tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, n, k, ldw,
+            return (tma.encode(tma.tensor_map_args(DType.F32, w, rows * m, k, ldw,
+                                                   *boxes["A"], batch=copies,
+                                                   batch_stride=per)),
+                    tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, rows * n, k, ldw,
                                                    *boxes["B"], batch=copies,
                                                    batch_stride=per)),
                     *c_map(c))
 
         def run(a, b, c, alpha, beta, stream, bias=0):
-            w = scratch.get(g, stream, "tf32 pre-pass", wbytes,
+            w = scratch.get(g, stream, purpose, wbytes,
                             allocate_captured=allocate_captured)
             key = (w, c) if cfg.store else w
             mps = maps.get(key) or remember(key, make_maps(w, c))
