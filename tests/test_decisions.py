@@ -1,0 +1,195 @@
+"""The run-time decisions on the CPU, through a fake GPU: what a decision is keyed by (the
+route, the leading-dimension class, the alignment, the variant, the batch), how a first use
+times its candidates, and explain() of exactly a caller's call."""
+
+import json
+
+import pytest
+
+from _fake_gpu import Cai, Dev, FakeGpu
+from _library import BIG, SMALL, build
+from codegen.config import DType
+from tuner.runtime import driver, measure
+from tuner.runtime.dispatch import Case, DispatchTable
+from tuner.runtime.library import load_library
+
+
+@pytest.fixture
+def lib(tmp_path, compile_cache):
+    build(tmp_path / "library", compile_cache, tmp_path / "art")
+    return load_library(tmp_path / "library")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return FakeGpu(monkeypatch)
+
+
+def _decisions(lib) -> dict:
+    return json.loads(lib.table_path.read_text())["decisions"]
+
+
+# ---- item: measure what the caller will run, keyed by all of it ----------------------------
+def test_padded_and_tight_rows_are_measured_and_kept_apart(lib, fake):
+    """777x555x333 with A's rows padded by 4 floats has the alignment class of the tight call
+    (4-byte rows either way) but is its own decision, measured on scratch of its own leading
+    dimension; explain() of each call's operands reports that call's figures."""
+    m, n, k = 777, 555, 333
+    tight = Cai(m, k, 0x100000), Cai(k, n, 0x200000), Cai(m, n, 0x300000)
+    padded = Cai(m, k, 0x100000, ld=k + 4), Cai(k, n, 0x200000), Cai(m, n, 0x300000)
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    lib.gemm(*tight)
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(*padded)
+    assert [x[:2] for x in fake.measured] == [((m, n, k), (k, n, n)), ((m, n, k), (k + 4, n, n))]
+    assert fake.launches[-1][0] == SMALL.name and len(fake.blas) == 1  # tight: SMALL; padded: cuBLAS
+    keys = sorted(_decisions(lib))
+    assert len(keys) == 2 and all("|align 4.4.4|" in key for key in keys)
+    assert keys[0].endswith("|ld padded.tight.tight") and keys[1].endswith("|ld tight.tight.tight")
+    assert lib.explain(*tight).startswith(f"{SMALL.name} (measured, gemm-tune callers) for "
+                                          "777x555x333 f32 nn")
+    said = lib.explain(*padded)
+    assert said.startswith("cuBLAS (measured, gemm-tune callers)") and "A padded" in said
+    assert "cublas 1.0000 ms" in said
+    # the same call by its shape, leading dimensions and route: the same answer
+    assert lib.explain(m, n, k, ld=(k + 4, n, n), route="gemm-tune") == said
+    # another padding of the same classes shares the decision; one of another alignment
+    # (rows of 334 floats: 8-byte) has none yet
+    assert lib.explain(m, n, k, ld=(k + 8, n, n), route="gemm-tune") == said
+    assert lib.explain(m, n, k, ld=(k + 1, n, n)).endswith("a first call will measure")
+
+
+def test_every_field_of_a_case_is_in_its_key(lib, fake):
+    g = driver.gpu(0)
+    base = Case(DType.F32, 300, 100, 200)
+    key = lib.dispatcher.key(g, base)
+    assert "cublas 130100 via gemm-tune" in key and "|300x100x200|" in key
+    changes = [dict(route="torch"), dict(ld=("padded", "tight", "tight")),
+               dict(align=(4, 16, 16)), dict(batch=3), dict(dtype=DType.TF32), dict(n=101),
+               dict(k=201), dict(m=301)]
+    import dataclasses
+
+    from codegen.families._common import Variant
+
+    for v in (Variant(out=DType.F16), Variant(bias="out"), Variant(act="relu")):
+        changes.append(dict(variant=v))
+    keys = {lib.dispatcher.key(g, dataclasses.replace(base, **c)) for c in changes}
+    assert key not in keys and len(keys) == len(changes)
+
+
+def test_the_table_keys_name_the_leading_dimensions_and_a_schema_1_table_is_replaced(tmp_path):
+    args = dict(gpu_name="NVIDIA H200", driver=13000, cublas="130100 via torch",
+                fingerprint="abc", dtype="f32", layout="nn", m="33-64", n=4, k=5,
+                align=(16, 16, 16), ld=("tight", "tight", "tight"))
+    key = DispatchTable.key(**args)
+    assert key == ("NVIDIA H200|driver 13000|cublas 130100 via torch|lib abc|f32|nn|33-64x4x5"
+                   "|align 16.16.16|ld tight.tight.tight")
+    path = tmp_path / "dispatch.json"
+    path.write_text(json.dumps({"schema": 1, "decisions": {"old": {"kernel": None}}}))
+    t = DispatchTable(path)
+    assert t.get("old") is None  # schema 1: keyed by one M and no leading dimensions
+    t.put(key, dict(kernel=None, measured_ms={"cublas": 1.0}, date=""))
+    data = json.loads(path.read_text())
+    assert data["schema"] == 2 and list(data["decisions"]) == [key]
+    assert not list(tmp_path.glob("*.corrupt-*"))  # replaced, not set aside as corrupt
+
+
+def test_explain_defaults_the_out_type_as_gemm_does(lib, fake):
+    assert "no kernel tuned for f16 nn, f16 C on sm_90" in lib.explain(64, 64, 64, "fp16")
+    assert "no kernel tuned for f16 nn on sm_90" in lib.explain(64, 64, 64, "fp16",
+                                                                  out_dtype="float32")
+    assert "no kernel tuned for bf16 nn, bf16 C" in lib.explain(64, 64, 64, "bf16")
+    a16, b16 = Dev((64, 64), 0x100000, "<f2"), Dev((64, 64), 0x200000, "<f2")
+    assert "f16 nn, f16 C" in lib.explain(a16, b16)
+    assert "f16 nn, f16 C" not in lib.explain(a16, b16, out_dtype="float32")
+
+
+def test_explain_of_operands_reads_them_as_gemm_does(lib, fake):
+    """Layout, alignment (an allocated C included: rows of N elements from a 256-byte
+    boundary), batch and epilogue, as the call would have them."""
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    A, B = Dev((100, 64), 0x100000), Dev((64, 70), 0x200000)
+    said = lib.explain(A, B)  # C allocated: rows of 70 floats, 8-byte aligned
+    assert "100x70x64 f32 nn (M-bucket 100), operands 16.8.8-byte aligned:" in said
+    assert said.endswith("a first call will measure")
+    C = Dev((100, 70), 0x300000)
+    lib.gemm(A, B, C)
+    assert lib.explain(A, B, C).startswith(f"{SMALL.name} (measured, gemm-tune callers)")
+    assert lib.explain(Dev((100, 64), 0x100004), B, C).endswith("a first call will measure")
+    nt = lib.explain(A, Dev((64, 70), 0x200000, strides=(1, 64)), C, bias=Dev((70,), 0x400000),
+                     activation="gelu")
+    assert "f32 nt, bias + gelu" in nt and "no kernel tuned" in nt
+    assert "batch 3" in lib.explain(Dev((3, 100, 64), 0x100000), B)
+    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 1  # explain runs nothing
+
+
+def test_measure_off_takes_the_tables_decision_and_writes_nothing(lib, fake):
+    ops = Cai(300, 200, 0x10000), Cai(200, 100, 0x20000), Cai(300, 100, 0x30000)
+    fake.times = {SMALL.name: 0.5, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(*ops)  # measured: SMALL
+    kept = lib.table_path.read_text()
+    off = load_library(lib.path, measure=False)
+    assert off.measure is False
+    off.gemm(*ops)
+    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 1
+    off.gemm(Cai(300, 200, 0x10000), Cai(200, 101, 0x20000), Cai(300, 101, 0x30000))
+    assert len(fake.measured) == 1 and lib.table_path.read_text() == kept
+
+
+# ---- how a first use times its candidates ---------------------------------------------------
+class _Stream:
+    """One stream on a simulated clock: the host issues a call every `host` ms; the GPU runs
+    each after the one before it and not before it is issued; an event completes when the
+    stream reaches it."""
+
+    def __init__(self, host: float):
+        self.host_ms, self.now, self.free = host, 0.0, 0.0
+
+    def run(self, gpu_ms: float) -> None:
+        self.now += self.host_ms
+        self.free = max(self.free, self.now) + gpu_ms
+
+    def reached(self) -> float:
+        return max(self.free, self.now)
+
+
+@pytest.mark.parametrize("gpu_ms,host_ms", [(0.020, 0.008), (0.005, 0.012), (0.8, 0.01)],
+                         ids=["gpu-bound", "host-bound", "large"])
+def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms, host_ms):
+    """The per-call time a first use records is the loop's steady state, max(GPU, host) per
+    call, even for cuBLAS, whose first call takes milliseconds (choosing its algorithm): the
+    loops are sized from a warm loop, and the clock starts with a call in flight."""
+    s = _Stream(host_ms)
+
+    class Event:
+        def record(self, stream):
+            self.t = s.reached()
+
+        def synchronize(self):
+            s.now = max(s.now, self.t)
+
+        def since(self, start):
+            return self.t - start.t
+
+    monkeypatch.setattr(driver, "Event", Event)
+    monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
+    first = {"cublas": True}
+
+    def blas(stream):
+        s.run(3.0 if first.pop("cublas", False) else gpu_ms)
+
+    ms = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
+                                        "cublas": blas}, stream=7)
+    assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
+    assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
+
+
+def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
+    at = {33: {"a": 0.9, "b": 0.5, "cublas": 1.0}, 64: {"a": 1.8, "b": 2.1, "cublas": 2.0}}
+    d = measure.decision(at, "torch")
+    assert d["kernel"] == "a" and d["measured_m"] == [33, 64]  # b lost at 64
+    assert d["measured_ms"] == at[64] and d["measured_ms_low"] == at[33]
+    assert measure.decision({64: {"a": 1.99, "cublas": 2.0}}, "torch")["kernel"] is None
+    # a kernel not measured at every M (it could not take the operands there) cannot run
+    d = measure.decision({33: {"a": 0.1, "cublas": 1.0}, 64: {"cublas": 2.0}}, "torch")
+    assert d["kernel"] is None and "measured_ms_low" in d
