@@ -193,3 +193,58 @@ def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
     # a kernel not measured at every M (it could not take the operands there) cannot run
     d = measure.decision({33: {"a": 0.1, "cublas": 1.0}, 64: {"cublas": 2.0}}, "torch")
     assert d["kernel"] is None and "measured_ms_low" in d
+
+
+# ---- explain() without a GPU ----------------------------------------------------------------
+def test_explain_without_a_gpu_answers_for_a_named_model_from_the_estimates(
+        lib, monkeypatch, compile_cache, tmp_path):
+    """Nothing touches a driver: the exact entry or the estimates (with the time they
+    predict), for a model named in full or by a unique part of its name, from a shape or
+    numpy operands, and the decisions the table holds for that model; anything else one
+    line saying why not."""
+    import numpy as np
+
+    from _library import entry
+    from codegen import compile_config
+    from tuner.runtime.errors import LibraryError
+
+    def no_driver(*args):
+        raise AssertionError("explain(gpu=...) reached for the driver")
+
+    monkeypatch.setattr(driver, "gpu", no_driver)
+    monkeypatch.setattr(driver, "current_device", no_driver)
+    said = lib.explain(16, 4096, 4096, "fp32", gpu="H200")
+    est = lib.select(16, 4096, 4096, DType.F32, 90, 132).estimate_tflops
+    assert said.startswith(f"{SMALL.name} (estimate, for NVIDIA H200 without a GPU here)")
+    assert f"about {2e-9 * 16 * 4096 * 4096 / est:.4f} ms per call" in said
+    assert said.endswith("on that GPU a first call measures")
+    a, b = np.ones((16, 4096), np.float32), np.ones((4096, 4096), np.float32)
+    assert lib.explain(a, b, gpu="NVIDIA H200") == said  # the same call, by its operands
+    assert lib.explain(4096, 4096, 4096, gpu="h200").startswith(
+        "cuBLAS (exact, for NVIDIA H200 without a GPU here): tuned for exactly 4096x4096x4096")
+    # a decision the table holds for that model, under the driver and cuBLAS it names
+    case = Case(DType.F32, 16, 4096, 4096)
+    key = DispatchTable.key("NVIDIA H200", 13000, "130100 via torch", lib.fingerprint, "f32",
+                            case.variant, lib.m_buckets.text(16), 4096, 4096, case.align,
+                            1, case.ld)
+    lib.dispatcher.table.put(key, measure.decision({16: {BIG.name: 0.2, "cublas": 0.3}},
+                                                   "torch"))
+    lines = lib.explain(16, 4096, 4096, gpu="H200").splitlines()
+    assert lines[0] == said and len(lines) == 2
+    assert lines[1].startswith(f"{BIG.name} (measured on NVIDIA H200, driver 13000, cublas "
+                               "130100 via torch): measured on first use")
+    # one line where it cannot answer
+    with pytest.raises(LibraryError, match=r"has no entries for 'A100' \(it has: NVIDIA "
+                                           r"H200\): explain\(\) without a GPU answers only "
+                                           "for a GPU model the library was tuned on") as e:
+        lib.explain(64, 64, 64, gpu="A100")
+    assert "\n" not in str(e.value)
+    res = compile_config(SMALL, "sm_80", compile_cache, tmp_path / "art")
+    lib.add(entry(SMALL, res, (512, 512, 512), 10.0, 12.0, cc=80, gpu="NVIDIA A100"),
+            tmp_path / "art" / "sm_80" / f"{SMALL.name}.cu", res.cubin)
+    two = load_library(lib.path)
+    with pytest.raises(LibraryError, match="names several 'NVIDIA' .it has: NVIDIA A100, "
+                                           "NVIDIA H200."):
+        two.explain(64, 64, 64, gpu="NVIDIA")
+    assert two.explain(512, 512, 512, gpu="A100").startswith(
+        "cuBLAS (exact, for NVIDIA A100 without a GPU here)")

@@ -423,10 +423,10 @@ def request(a: Operand, b: Operand, c: Operand | None, out=None, bias=None,
 
 
 def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
-             measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
-             torch_tf32: bool = False) -> "Problem":
-    """The Problem of a checked call: what its plan is built from and its decision keyed
-    by. `torch_stream`: a torch caller on torch's current stream, `torch_tf32` torch's TF32
+             measure: bool, g: "driver.Gpu | None", stream: int, allocate=None,
+             torch_stream: bool = False, torch_tf32: bool = False) -> "Problem":
+    """The Problem of a checked call on GPU g (None: a problem only to explain, without a
+    GPU): what its plan is built from and its decision keyed by. `torch_stream`: a torch caller on torch's current stream, `torch_tf32` torch's TF32
     setting: cuBLAS is reached through torch where torch computes exactly what is asked (C
     of the inputs' type, or fp32 C for fp32 data at torch's TF32 setting), else through
     gemm-tune's own binding."""
@@ -448,7 +448,7 @@ def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DTyp
     geometry = (a.geometry(), b.geometry(),
                 c.geometry() if c is not None else (out_shape, (m * n, n, 1)[-len(out_shape):]),
                 None if req.bias is None else ((n,), (1,)))
-    return Problem(driver.gpu(dev), dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
+    return Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
                    measure, stream, allocate, variant, batch, (a.bstride, b.bstride, sc),
                    geometry, align)
 
@@ -457,8 +457,8 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DT
           measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
           torch_tf32: bool = False) -> Plan:
     """Decide a checked call (dispatch.py's rule; the arguments as _problem's)."""
-    problem = _problem(a, b, c, req, mode, measure, dev, stream, allocate, torch_stream,
-                       torch_tf32)
+    problem = _problem(a, b, c, req, mode, measure, driver.gpu(dev), stream, allocate,
+                       torch_stream, torch_tf32)
     g = problem.gpu
     with driver.entered(g):
         choice = lib.choose(problem, problem.timer(lib) if measure else None)
@@ -484,19 +484,24 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DT
 
 
 def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, bias=None,
-               act=None) -> "Problem":
+               act=None, offline: bool = False) -> "Problem":
     """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
-    call reads them; nothing runs): Library.explain's view of a call."""
+    call reads them; nothing runs): Library.explain's view of a call. `offline`: without
+    a GPU (the problem's gpu is None; its stream 0)."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
     ops = (a, b) if c is None else (a, b, c)
     req = request(a, b, c, out, bias, act)
     every = ops + (() if req.bias is None else (req.bias,))
     dev = same_device(*every)
-    dev = driver.current_device() if dev is None else dev
     torch_call = all(o.kind == "torch" for o in every) and stream is None
-    return _problem(a, b, c, req, mode, False, dev, resolve_stream(stream, ops, dev),
-                    torch_stream=torch_call, torch_tf32=torch_call and _torch_tf32())
+    tf32 = torch_call and _torch_tf32()
+    if offline:
+        return _problem(a, b, c, req, mode, False, None, 0, torch_stream=torch_call,
+                        torch_tf32=tf32)
+    dev = driver.current_device() if dev is None else dev
+    return _problem(a, b, c, req, mode, False, driver.gpu(dev), resolve_stream(stream, ops, dev),
+                    torch_stream=torch_call, torch_tf32=tf32)
 
 
 def _span(shape, strides) -> int:

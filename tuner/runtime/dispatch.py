@@ -598,8 +598,11 @@ class Dispatcher:
         settled = c.rule == "cublas" or c.rule == "exact" and c.kernel is not None
         note = "" if settled else ("; with measuring off a decision the table holds, else "
                                    "this estimate, decides; on that GPU a first call measures")
+        per = "" if not c.estimate_tflops else (
+            f", about {2e-9 * case.m * case.n * case.k * case.batch / c.estimate_tflops:.4f} "
+            "ms per call")
         lines = [f"{c.kernel or 'cuBLAS'} ({c.rule}, for {gpu} without a GPU here): "
-                 f"{c.reason}; the call: {case.words(self.buckets)}{note}"]
+                 f"{c.reason}{per}; the call: {case.words(self.buckets)}{note}"]
         if not settled:
             lines += self._offline_table_lines(gpu, case)
         return "\n".join(lines)

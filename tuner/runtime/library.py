@@ -167,9 +167,10 @@ class Library:
         measured for its M-bucket (naming the bucket), or the estimates. Two forms:
 
         ``explain(A, B, C=None, *, out_dtype=None, bias=None, activation=None,
-        allow_tf32=False, allow_3xtf32=False, stream=None)``: the call lib.gemm would make
-        of these operands (read as gemm reads them: layout, leading dimensions, alignment,
-        batch, C's type, the epilogue, the route to cuBLAS); exactly that call's decision.
+        allow_tf32=False, allow_3xtf32=False, stream=None, gpu=None)``: the call lib.gemm
+        would make of these operands (read as gemm reads them: layout, leading dimensions,
+        alignment, batch, C's type, the epilogue, the route to cuBLAS); exactly that call's
+        decision.
 
         ``explain(m, n, k, dtype="fp32", device=None, gpu=None, *, layout="nn",
         out_dtype=None, bias="none", activation=None, batch=1, ld=None, align=None,
@@ -179,9 +180,12 @@ class Library:
         columns of a column-major operand; default: packed); `align` (A, B, C): the widest
         access in bytes each allows (default: that of its leading dimension from a 256-byte
         boundary); `route` "torch" or "gemm-tune" (default: each that has a decision).
-        `gpu`: a GPU model the library was tuned on ("NVIDIA H200", or "H200"), to ask
-        without one: the exact entry or the estimates answer, and the decisions the table
-        holds for that model; a model it was not tuned on gets a one-line LibraryError.
+        `gpu` (either form): a GPU model the library was tuned on ("NVIDIA H200", or
+        "H200"), to ask without one (numpy operands, or a shape): the exact entry or the
+        estimates answer (the entries' recorded timings scaled by the occupancy model's
+        tile and wave efficiency), with the decisions the dispatch table holds for that
+        model; a model the library was not tuned on gets a one-line LibraryError, and so
+        does a call without `gpu` where no GPU is usable (NoGPUError).
 
         Example:
             >>> print(lib.explain(x, W.t(), bias=b, activation="gelu"))   # doctest: +SKIP
@@ -193,9 +197,11 @@ class Library:
 
     def _explain_call(self, A, B, C=None, *, out_dtype=None, bias=None, activation=None,
                       allow_tf32: bool = False, allow_3xtf32: bool = False,
-                      stream=None) -> str:
+                      stream=None, gpu: str | None = None) -> str:
         problem = call.problem_of(A, B, C, _mode(allow_tf32, allow_3xtf32), stream,
-                                  out_dtype, bias, activation)
+                                  out_dtype, bias, activation, offline=gpu is not None)
+        if gpu is not None:
+            return self.dispatcher.explain_offline(gpu, problem.case)
         return self.dispatcher.explain(problem.gpu, problem.case)
 
     def _explain_shape(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
