@@ -47,7 +47,9 @@ class FakeGpu:
         self.scratch_calls = []  # launches and cuBLAS calls made by a measurement
         self.measure_streams = []
         self.measuring = False
-        self.times = {}  # kernel name or "cublas" -> ms a first-use measurement reports
+        #: kernel name or "cublas" -> the ms a first-use measurement reports (or a function
+        #: of the M it measures at)
+        self.times = {}
         g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
                        total_mem=140 << 30, driver_version=13000, ctx=1)
         world = self
@@ -110,7 +112,8 @@ class FakeGpu:
             for run in runners.values():  # each runs on the scratch operands
                 run(stream)
             world.measuring = False
-            return {name: world.times.get(name, 1.0) for name in runners}
+            m = world.scratch_problems[-1].m
+            return {name: _at(world.times.get(name, 1.0), m) for name in runners}
 
         monkeypatch.setattr(driver, "gpu", lambda i: g)
         monkeypatch.setattr(driver, "current_device", lambda: 0)
@@ -137,3 +140,7 @@ class Dev:
         self.__cuda_array_interface__ = dict(
             shape=tuple(shape), typestr=typestr, data=(ptr, False), version=3, stream=None,
             strides=None if strides is None else tuple(s * size for s in strides))
+
+
+def _at(t, m: int) -> float:
+    return t(m) if callable(t) else t

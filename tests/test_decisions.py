@@ -41,7 +41,10 @@ def test_padded_and_tight_rows_are_measured_and_kept_apart(lib, fake):
     lib.gemm(*tight)
     fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
     lib.gemm(*padded)
-    assert [x[:2] for x in fake.measured] == [((m, n, k), (k, n, n)), ((m, n, k), (k + 4, n, n))]
+    # each at both ends of M's bucket, 769-896
+    assert [x[:2] for x in fake.measured] == [
+        ((769, n, k), (k, n, n)), ((896, n, k), (k, n, n)),
+        ((769, n, k), (k + 4, n, n)), ((896, n, k), (k + 4, n, n))]
     assert fake.launches[-1][0] == SMALL.name and len(fake.blas) == 1  # tight: SMALL; padded: cuBLAS
     keys = sorted(_decisions(lib))
     assert len(keys) == 2 and all("|align 4.4.4|" in key for key in keys)
@@ -63,10 +66,10 @@ def test_every_field_of_a_case_is_in_its_key(lib, fake):
     g = driver.gpu(0)
     base = Case(DType.F32, 300, 100, 200)
     key = lib.dispatcher.key(g, base)
-    assert "cublas 130100 via gemm-tune" in key and "|300x100x200|" in key
+    assert "cublas 130100 via gemm-tune" in key and "|257-384x100x200|" in key
     changes = [dict(route="torch"), dict(ld=("padded", "tight", "tight")),
                dict(align=(4, 16, 16)), dict(batch=3), dict(dtype=DType.TF32), dict(n=101),
-               dict(k=201), dict(m=301)]
+               dict(k=201), dict(m=385)]
     import dataclasses
 
     from codegen.families._common import Variant
@@ -75,6 +78,7 @@ def test_every_field_of_a_case_is_in_its_key(lib, fake):
         changes.append(dict(variant=v))
     keys = {lib.dispatcher.key(g, dataclasses.replace(base, **c)) for c in changes}
     assert key not in keys and len(keys) == len(changes)
+    assert lib.dispatcher.key(g, dataclasses.replace(base, m=257)) == key  # M's bucket
 
 
 def test_the_table_keys_name_the_leading_dimensions_and_a_schema_1_table_is_replaced(tmp_path):
@@ -110,7 +114,7 @@ def test_explain_of_operands_reads_them_as_gemm_does(lib, fake):
     fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
     A, B = Dev((100, 64), 0x100000), Dev((64, 70), 0x200000)
     said = lib.explain(A, B)  # C allocated: rows of 70 floats, 8-byte aligned
-    assert "100x70x64 f32 nn (M-bucket 100), operands 16.8.8-byte aligned:" in said
+    assert "100x70x64 f32 nn (M-bucket 65-128), operands 16.8.8-byte aligned:" in said
     assert said.endswith("a first call will measure")
     C = Dev((100, 70), 0x300000)
     lib.gemm(A, B, C)
@@ -120,7 +124,7 @@ def test_explain_of_operands_reads_them_as_gemm_does(lib, fake):
                      activation="gelu")
     assert "f32 nt, bias + gelu" in nt and "no kernel tuned" in nt
     assert "batch 3" in lib.explain(Dev((3, 100, 64), 0x100000), B)
-    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 1  # explain runs nothing
+    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 2  # explain runs nothing
 
 
 def test_measure_off_takes_the_tables_decision_and_writes_nothing(lib, fake):
@@ -131,9 +135,9 @@ def test_measure_off_takes_the_tables_decision_and_writes_nothing(lib, fake):
     off = load_library(lib.path, measure=False)
     assert off.measure is False
     off.gemm(*ops)
-    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 1
+    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 2
     off.gemm(Cai(300, 200, 0x10000), Cai(200, 101, 0x20000), Cai(300, 101, 0x30000))
-    assert len(fake.measured) == 1 and lib.table_path.read_text() == kept
+    assert len(fake.measured) == 2 and lib.table_path.read_text() == kept
 
 
 # ---- how a first use times its candidates ---------------------------------------------------
@@ -248,3 +252,154 @@ def test_explain_without_a_gpu_answers_for_a_named_model_from_the_estimates(
         two.explain(64, 64, 64, gpu="NVIDIA")
     assert two.explain(512, 512, 512, gpu="A100").startswith(
         "cuBLAS (exact, for NVIDIA A100 without a GPU here)")
+
+
+# ---- M-buckets --------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tuner.runtime.dispatch import MBuckets  # noqa: E402
+
+
+def test_the_default_buckets_are_powers_of_two_to_64_then_multiples_of_128():
+    b = MBuckets()
+    assert str(b) == "1,2,4,8,16,32,64,+128" and MBuckets.parse(str(b)) == b
+    assert [b.of(m) for m in (1, 2, 3, 4, 5, 8, 9, 33, 64, 65, 128, 129, 777, 4096, 4097)] == [
+        (1, 1), (2, 2), (3, 4), (3, 4), (5, 8), (5, 8), (9, 16), (33, 64), (33, 64), (65, 128),
+        (65, 128), (129, 256), (769, 896), (3969, 4096), (4097, 4224)]
+    assert [b.text(m) for m in (1, 3, 100)] == ["1", "3-4", "65-128"]
+    exact = MBuckets.parse("exact")
+    assert exact.of(777) == (777, 777) and str(exact) == "exact"
+    assert MBuckets.parse("1, 8, +100").of(50) == (9, 100)
+
+
+@pytest.mark.parametrize("spec", ["", "1,2,4", "4,2,+128", "1,2,+0", "0,+8", "a,+8", "+x"])
+def test_a_bad_bucket_spec_is_one_line(spec, monkeypatch):
+    from tuner.runtime.errors import LibraryError
+
+    with pytest.raises(LibraryError, match="give increasing bounds and then") as e:
+        MBuckets.parse(spec)
+    assert "\n" not in str(e.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bounds=st.lists(st.integers(1, 300), max_size=8, unique=True).map(sorted),
+       step=st.integers(1, 300), m=st.integers(1, 100_000))
+def test_every_m_is_in_exactly_one_bucket(bounds, step, m):
+    """Buckets hold their M, tile the Ms without gaps or overlaps, and every M of a bucket
+    names that bucket."""
+    b = MBuckets(tuple(bounds), step)
+    lo, hi = b.of(m)
+    assert lo <= m <= hi
+    assert b.of(lo) == b.of(hi) == (lo, hi)
+    assert lo == 1 or b.of(lo - 1)[1] == lo - 1  # the bucket before ends just below
+    assert b.of(hi + 1)[0] == hi + 1  # and the next starts just above
+
+
+def test_buckets_are_configurable_by_environment_and_argument(lib, monkeypatch):
+    from tuner.runtime.errors import LibraryError
+
+    assert lib.m_buckets == MBuckets()
+    monkeypatch.setenv("GEMM_TUNE_M_BUCKETS", "1,16,+64")
+    assert load_library(lib.path).m_buckets == MBuckets((1, 16), 64)
+    assert load_library(lib.path, m_buckets="exact").m_buckets == MBuckets((), 1)
+    monkeypatch.setenv("GEMM_TUNE_M_BUCKETS", "16,8")
+    with pytest.raises(LibraryError, match="M-buckets '16,8'"):
+        load_library(lib.path)
+
+
+@pytest.mark.parametrize("m0,bucket", [(40, (33, 64)), (300, (257, 384)), (2, (2, 2))])
+def test_a_bucket_is_measured_once_and_its_kernel_runs_every_m_in_it(lib, fake, m0, bucket):
+    """The first call of a bucket measures at its two ends; every other M of the bucket runs
+    the kernel chosen, whole (its grid covers M), with nothing measured again; an M of the
+    next bucket is measured anew. explain() names the bucket and both measurements."""
+    n, k = 4096, 512
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    lo, hi = bucket
+    lib.gemm(Cai(m0, k, 0x100000), Cai(k, n, 0x200000), Cai(m0, n, 0x300000))
+    assert [x[0][0] for x in fake.measured] == sorted({lo, hi})
+    fake.times = {SMALL.name: 9.0, BIG.name: 9.0, "cublas": 0.1}  # would now pick cuBLAS
+    for m in range(lo, hi + 1):
+        lib.gemm(Cai(m, k, 0x100000), Cai(k, n, 0x200000), Cai(m, n, 0x300000))
+        name, grid, *_, args = fake.launches[-1]
+        assert (name, grid, args[0]) == (SMALL.name, SMALL.grid(m, n), m)
+    assert len(fake.measured) == len({lo, hi}) and fake.blas == []
+    said = lib.explain(hi, n, k)
+    assert said.startswith(f"{SMALL.name} (measured, ") and f"(M-bucket {lib.m_buckets.text(hi)})" in said
+    assert f"at M={hi}: " in said and (lo == hi or f"at M={lo}: " in said)
+    lib.gemm(Cai(hi + 1, k, 0x100000), Cai(k, n, 0x200000), Cai(hi + 1, n, 0x300000))
+    assert len(fake.blas) == 1 and fake.measured[-1][0][0] == lib.m_buckets.of(hi + 1)[1]
+
+
+def test_a_kernel_must_win_at_both_ends_of_its_bucket(lib, fake):
+    """SMALL is 2x faster than cuBLAS at M = 64 but slower at M = 33: cuBLAS runs the
+    bucket. The record line of a call in it has its bucket and the time interpolated."""
+    n, k = 4096, 512
+    fake.times = {SMALL.name: lambda m: 0.5 if m == 64 else 1.2, BIG.name: 9.0,
+                  "cublas": lambda m: m / 50}
+    with lib.record(lib.path / "problems.jsonl"):
+        lib.gemm(Cai(40, k, 0x100000), Cai(k, n, 0x200000), Cai(40, n, 0x300000))
+    assert len(fake.blas) == 1 and fake.launches == []
+    (line,) = (json.loads(x) for x in (lib.path / "problems.jsonl").read_text().splitlines())
+    assert line["m"] == 40 and line["m_bucket"] == [33, 64]
+    assert line["ms_per_call"] == pytest.approx(33 / 50 + (64 - 33) / 50 * (40 - 33) / 31)
+
+
+@settings(max_examples=200, deadline=None)
+@given(layout=st.sampled_from(["nn", "nt", "tn", "tt"]), m=st.integers(1, 700),
+       m2=st.integers(1, 700), n=st.integers(1, 300), k=st.integers(1, 300),
+       pads=st.tuples(*[st.integers(0, 9)] * 3), offsets=st.tuples(*[st.integers(0, 7)] * 3),
+       batch=st.sampled_from([1, 3]), bpads=st.tuples(st.integers(0, 9), st.integers(0, 9)),
+       dtype=st.sampled_from([DType.F32, DType.F16]), out=st.sampled_from([DType.F32,
+                                                                           DType.F16]))
+def test_a_problem_at_another_m_keeps_its_alignment_and_leading_dimension_classes(
+        layout, m, m2, n, k, pads, offsets, batch, bpads, dtype, out):
+    """The scratch a bucket's other end is measured on: the caller's layout, byte offsets,
+    alignment class and leading-dimension class, A's and C's batch strides grown with M
+    (each covering a problem), B as it was."""
+    from codegen.config import Layout
+    from codegen.families._common import Variant
+    from tuner.runtime import call
+    from tuner.runtime.dispatch import packed_ld
+    from tuner.runtime.operands import align_class
+
+    v = Variant(Layout(layout), out)
+    ld = tuple(p + x for p, x in zip(packed_ld(v.layout, m, n, k), pads))
+    size = dtype.size
+    offs = tuple(o * size for o in offsets)
+    ta, tb = layout
+
+    def geo(rows, cols, col, ldx, stride, b3):
+        strides = (1, ldx) if col else (ldx, 1)
+        return ((batch, rows, cols), (stride,) + strides) if b3 else ((rows, cols), strides)
+
+    span_a = (k - 1) * ld[0] + m if ta == "t" else (m - 1) * ld[0] + k
+    span_c = (m - 1) * ld[2] + n
+    sa = span_a + bpads[0] if batch > 1 else 0
+    sc = span_c + bpads[1] if batch > 1 else 0
+    geometry = (geo(m, k, ta == "t", ld[0], sa, batch > 1), geo(k, n, tb == "t", ld[1], 0, False),
+                geo(m, n, False, ld[2], sc, batch > 1), None)
+    sizes = (size, size, out.size)
+
+    def align(ldx, strides):
+        return tuple(align_class(o, x, sz, st_) for o, x, sz, st_ in zip(offs, ldx, sizes,
+                                                                         strides))
+
+    p = call.Problem(None, dtype, m, n, k, *ld, offs, False, None, True, 0, None, v, batch,
+                     (sa, 0, sc), geometry, align(ld, (sa, 0, sc)))
+    q = p.at_m(m2)
+    assert (q.m, q.n, q.k, q.offsets, q.variant, q.batch) == (m2, n, k, offs, v, batch)
+    assert align((q.lda, q.ldb, q.ldc), q.strides) == p.align and (q.ldb, q.ldc) == (p.ldb, p.ldc)
+    # tight stays tight, unless (a column-major A's rows of M) that would change the alignment
+    moved = ta == "t" and align_class(0, m, size) != align_class(0, m2, size)
+    assert q.ld_class[1:] == p.ld_class[1:]
+    assert q.ld_class[0] == ("padded" if moved else p.ld_class[0])
+    (a_shape, a_st), b_geo, (c_shape, c_st), _ = q.shapes
+    assert a_shape[-2:] == (m2, k) and c_shape[-2:] == (m2, n) and b_geo == geometry[1]
+    assert a_st[-2:] == ((1, q.lda) if ta == "t" else (q.lda, 1)) and c_st[-2:] == (q.ldc, 1)
+    need = (m2 if ta == "t" else k, k if tb == "t" else n, n)
+    assert all(x >= y for x, y in zip((q.lda, q.ldb, q.ldc), need))
+    if batch > 1:  # each problem of A and C clear of the next
+        assert q.strides[0] >= call._span(a_shape, a_st) and q.strides[2] >= call._span(c_shape,
+                                                                                         c_st)
+        assert (a_st[0], c_st[0]) == (q.strides[0], q.strides[2])

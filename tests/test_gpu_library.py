@@ -273,3 +273,34 @@ def test_first_use_times_cublas_as_the_callers_torch_matmul_runs(lib, spec):
     theirs = statistics.median(rounds)
     ours = d["measured_ms"]["cublas"]
     assert ours <= 1.2 * theirs + 0.004, (spec, ours, theirs)
+
+
+@pytest.mark.parametrize("bucket", [(33, 64), (257, 384)], ids=lambda b: f"{b[0]}-{b[1]}")
+def test_every_m_of_a_bucket_is_right_after_one_measurement_of_the_bucket(
+        lib, bucket, monkeypatch):
+    """Every M of an M-bucket through lib.gemm, C poisoned, against float64 on fresh
+    inputs: the first call measures the bucket (at its two ends), the others measure
+    nothing and run the same choice, whatever their M."""
+    import torch
+
+    from tuner.runtime import measure
+
+    timed = []
+    real = measure.time_candidates
+    monkeypatch.setattr(measure, "time_candidates",
+                        lambda *a, **kw: timed.append(1) or real(*a, **kw))
+    lo, hi = bucket
+    assert lib.m_buckets.of(lo) == bucket
+    n, k = 1000, 777
+    chosen = set()
+    for m in range(lo, hi + 1):
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        c = torch.full((m, n), float("nan"), device="cuda")
+        lib.gemm(a, b, c)
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err <= 1e-5, (m, err, lib.explain(a, b, c))
+        chosen.add(_ran(lib, a, b, c).choice.kernel)
+    assert len(timed) == 2 and len(chosen) == 1, (timed, chosen)
+    assert f"M-bucket {lo}-{hi}" in lib.explain(a, b, c) or lib.explain(a, b, c).startswith(
+        "cuBLAS (exact")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Callable
 
 from codegen.config import DType, Layout
@@ -511,9 +510,12 @@ def _span(shape, strides) -> int:
 
 def _grow(x: int, need: int, need2: int, size: int) -> int:
     """A stride `x` >= `need` for a matrix that needs `need2` instead: the same padding past
-    it, rounded up to the same byte offset within 16 bytes (so the same alignment class)."""
+    it, or the least more that keeps the widest access it allows (16, 8, 4, 2 bytes), so
+    that the operand keeps its alignment class."""
     y = need2 + x - need
-    return y + (x - y) % (16 // math.gcd(16, size))
+    while align_class(0, y, size) != align_class(0, x, size):
+        y += 1
+    return y
 
 
 #: the torch (and numpy) name of each element type a problem's operands may have

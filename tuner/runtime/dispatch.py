@@ -149,7 +149,7 @@ class MBuckets:
     def from_env(cls) -> "MBuckets":
         """GEMM_TUNE_M_BUCKETS's buckets, or the default."""
         text = os.environ.get(M_BUCKETS_ENV, "").strip()
-        return cls.parse(text or "exact")
+        return cls.parse(text) if text else cls()
 
     def of(self, m: int) -> tuple[int, int]:
         """(smallest, largest) M of the bucket holding `m`."""
@@ -184,12 +184,9 @@ def packed_ld(layout, m: int, n: int, k: int) -> tuple[int, int, int]:
 
 def ld_class(layout, m: int, n: int, k: int, ld: tuple) -> tuple:
     """"tight" or "padded" for A, B and C of leading dimensions `ld`: are their lines (rows,
-    or columns of a column-major operand) exactly as long as the matrix's? (An operand of
-    one line is tight: its stride is never used.)"""
-    ta, tb = layout.value
-    lines = (k if ta == "t" else m, n if tb == "t" else k, m)
-    return tuple("tight" if x == need or count == 1 else "padded"
-                 for x, need, count in zip(ld, packed_ld(layout, m, n, k), lines))
+    or columns of a column-major operand) exactly as long as the matrix's?"""
+    return tuple("tight" if x == need else "padded"
+                 for x, need in zip(ld, packed_ld(layout, m, n, k)))
 
 
 @dataclasses.dataclass(frozen=True)
