@@ -3,6 +3,7 @@ route, the leading-dimension class, the alignment, the variant, the batch), how 
 times its candidates, and explain() of exactly a caller's call."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -403,3 +404,73 @@ def test_a_problem_at_another_m_keeps_its_alignment_and_leading_dimension_classe
         assert q.strides[0] >= call._span(a_shape, a_st) and q.strides[2] >= call._span(c_shape,
                                                                                          c_st)
         assert (a_st[0], c_st[0]) == (q.strides[0], q.strides[2])
+
+
+# ---- measuring off: the same decisions in every process ----------------------------------
+#: calls of a program: packed fp32 GEMMs, one with padded rows, one NT, one batched
+_PROGRAM = [(300, 100, 200, None, False), (40, 4096, 512, None, False),
+            (777, 555, 333, 337, False), (16, 4096, 4096, None, True), (100, 70, 50, None, False)]
+
+
+def _run_program(lib, fake) -> list:
+    """(M, N, K, what ran, rule) of each call of _PROGRAM, through lib.gemm."""
+    out = []
+    for m, n, k, lda, nt in _PROGRAM:
+        b = Cai(k, n, 0x200000, column_major=nt)
+        lib.gemm(Cai(m, k, 0x100000, ld=lda), b, Cai(m, n, 0x300000))
+        plan = next(reversed(lib.plans.values()))
+        out.append((m, n, k, plan.choice.kernel or "cuBLAS", plan.choice.rule))
+    return out
+
+
+def _program_in_a_process(path, queue) -> None:
+    """A fresh process: the library loaded with GEMM_TUNE_MEASURE=0 (set by the parent),
+    _PROGRAM run through a fake GPU whose timer fails if called."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    with pytest.MonkeyPatch.context() as mp:
+        fake = FakeGpu(mp)
+        mp.setattr(measure, "time_candidates", _no_timing)
+        lib = load_library(path)
+        queue.put((lib.measure, _run_program(lib, fake), len(fake.measured)))
+
+
+def _no_timing(*args, **kw):
+    raise AssertionError("a first-use measurement with measuring off")
+
+
+def test_measuring_off_decides_from_the_library_and_table_alike_in_every_process(
+        lib, fake, monkeypatch):
+    """A program's decisions measured once (prewarm, or a first run) are kept in the
+    table; processes started with GEMM_TUNE_MEASURE=0 (ranks of one job) then time
+    nothing, write nothing and take exactly those decisions, and the estimate where the
+    table has none (NT here: nothing tuned, cuBLAS), each the same."""
+    import multiprocessing
+
+    fake.times = {SMALL.name: lambda m: 0.5 if m < 100 else 2.0, BIG.name: 3.0, "cublas": 1.0}
+    first = _run_program(lib, fake)
+    assert {r[4] for r in first} == {"measured", "cublas"}
+    assert {r[3] for r in first} == {SMALL.name, "cuBLAS"}  # each way, by M
+    kept = lib.table_path.read_text()
+    monkeypatch.setenv("GEMM_TUNE_MEASURE", "0")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_program_in_a_process, args=(lib.path, queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    answers = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert answers == [(False, first, 0)] * 2
+    assert lib.table_path.read_text() == kept
+    # and here, a library loaded with measure=False on a program's new shapes: estimates
+    monkeypatch.setattr(measure, "time_candidates", _no_timing)
+    off = load_library(lib.path, measure=False)
+    again = _run_program(off, fake)
+    assert again == first
+    off.gemm(Cai(1000, 999, 0x100000), Cai(999, 998, 0x200000), Cai(1000, 998, 0x300000))
+    assert next(reversed(off.plans.values())).choice.rule == "estimate"
+    assert lib.table_path.read_text() == kept

@@ -302,5 +302,61 @@ def test_every_m_of_a_bucket_is_right_after_one_measurement_of_the_bucket(
         assert err <= 1e-5, (m, err, lib.explain(a, b, c))
         chosen.add(_ran(lib, a, b, c).choice.kernel)
     assert len(timed) == 2 and len(chosen) == 1, (timed, chosen)
-    assert f"M-bucket {lo}-{hi}" in lib.explain(a, b, c) or lib.explain(a, b, c).startswith(
-        "cuBLAS (exact")
+    assert f"M-bucket {lo}-{hi}" in lib.explain(a, b, c)
+
+
+_CHILD = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+from test_gpu_library import _ran, _torch_case
+from tuner.runtime import load_library, measure
+
+def no_timing(*a, **kw):
+    raise AssertionError("a first-use measurement with measuring off")
+
+measure.time_candidates = no_timing
+lib = load_library(sys.argv[1])
+assert lib.measure is False
+out = []
+for spec in json.loads(sys.argv[3]):
+    a, b, c = _torch_case(spec)
+    lib.gemm(a, b, c)
+    ref = a.double() @ b.double()
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    assert err <= 1e-5, (spec, err)
+    ch = _ran(lib, a, b, c).choice
+    out.append([spec, ch.kernel or "cuBLAS", ch.rule])
+print(json.dumps(out))
+"""
+
+
+def test_a_fresh_process_with_measuring_off_decides_identically_without_measuring(lib):
+    """Ranks of a job: the decisions this process measured, taken by two fresh processes
+    with GEMM_TUNE_MEASURE=0 that time nothing (their timer raises), each call right
+    against float64, each process deciding the same; the table unchanged."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    specs = ["300x200x100", "40x1000x777", "777x555x333+1", "16x4096x1000", "1x4096x4096"]
+    here = []
+    for spec in specs:
+        a, b, c = _torch_case(spec)
+        lib.gemm(a, b, c)
+        ch = _ran(lib, a, b, c).choice
+        here.append([spec, ch.kernel or "cuBLAS", ch.rule])
+    kept = lib.table_path.read_text()
+    tests = str(Path(__file__).parent)
+    env = dict(os.environ, GEMM_TUNE_MEASURE="0",
+               PYTHONPATH=os.pathsep.join([str(Path(tests).parent), tests]))
+    runs = [subprocess.run([sys.executable, "-c", _CHILD, str(lib.path), tests, json.dumps(specs)],
+                           capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert first == second == here
+    assert lib.table_path.read_text() == kept

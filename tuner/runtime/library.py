@@ -15,10 +15,12 @@ strides, device and the pointers' alignment), and that tuple, with the request (
 type, the bias, the activation), is the key of a memo holding the call's plan (the
 decision, the launch geometry, the kernel loaded), so the rule, the estimates and the
 checks run once per (device, dtype, variant, batch, M, N, K, leading dimensions and
-strides, alignment class). Then the caller's stream is read (torch's raw handle) and
-the kernel launched through the driver API with a parameter block packed in one call.
-Any thread may call; nothing is allocated, synchronised or timed while a CUDA graph is
-being captured.
+strides, alignment class), and a first-use measurement once per dispatch case (its
+M-bucket, leading-dimension and alignment classes, route: tuner.runtime.dispatch). Then
+the caller's stream is read (torch's raw handle) and the kernel launched through the
+driver API with a parameter block packed in one call. Any thread may call; nothing is
+allocated, synchronised or timed while a CUDA graph is being captured, nor anywhere with
+measuring off (load_library(..., measure=False), GEMM_TUNE_MEASURE=0).
 """
 
 from __future__ import annotations
@@ -309,10 +311,13 @@ class Library:
         The call runs on `stream` when given (an int handle or a torch, cupy, pycuda or
         CUDA Python stream), else on torch's current stream for torch tensors, cupy's for
         cupy arrays, else the legacy default stream; on the GPU holding the operands,
-        from any thread, and inside CUDA-graph capture. `measure` (default: on, unless
-        GEMM_TUNE_MEASURE=0) lets a shape with no exact entry be decided by timing the
-        best candidates and cuBLAS once (see Library.explain); its default is the
-        library's `measure` attribute. Returns C (allocated like A when None is passed).
+        from any thread, and inside CUDA-graph capture. `measure` (default: the library's
+        `measure` attribute: on, unless GEMM_TUNE_MEASURE=0 or load_library(...,
+        measure=False)) lets a call with no exact entry be decided by timing the best
+        candidates and cuBLAS once per M-bucket, as this call runs them; off, nothing is
+        timed: the dispatch table's decisions, else the estimates, decide (see
+        tuner.runtime.dispatch and Library.explain). Returns C (allocated like A when None
+        is passed).
         Raises LibraryError, before any launch, for what it cannot serve.
 
         Example:
