@@ -474,3 +474,22 @@ def test_measuring_off_decides_from_the_library_and_table_alike_in_every_process
     off.gemm(Cai(1000, 999, 0x100000), Cai(999, 998, 0x200000), Cai(1000, 998, 0x300000))
     assert next(reversed(off.plans.values())).choice.rule == "estimate"
     assert lib.table_path.read_text() == kept
+
+
+def test_an_exact_entry_decides_its_own_m_and_explain_says_the_bucket_is_apart(
+        lib, fake, compile_cache, tmp_path):
+    from _library import entry
+    from codegen import compile_config
+
+    res = compile_config(SMALL, "sm_90", compile_cache, tmp_path / "art")
+    lib.add(entry(SMALL, res, (300, 256, 256), 20.0, 10.0), tmp_path / "art" / "sm_90" /
+            f"{SMALL.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+    assert lib.explain(300, 256, 256).startswith(f"{SMALL.name} (exact): tuned for exactly")
+    assert lib.explain(300, 256, 256).endswith("(the other Ms of its M-bucket, 257-384, are "
+                                               "decided apart)")
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(Cai(300, 256, 0x100000), Cai(256, 256, 0x200000), Cai(300, 256, 0x300000))
+    assert fake.launches[-1][0] == SMALL.name and fake.measured == []
+    lib.gemm(Cai(301, 256, 0x100000), Cai(256, 256, 0x200000), Cai(301, 256, 0x300000))
+    assert len(fake.blas) == 1 and [x[0][0] for x in fake.measured] == [257, 384]

@@ -559,8 +559,11 @@ class Dispatcher:
         for its M-bucket (for each route in `routes`, default the case's own), or the
         estimates."""
         c = self.select_case(case, g.cc, g.arch.sm_count, g.name)
-        if c.rule == "cublas" or c.rule == "exact" and c.kernel is not None:
-            return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
+        if c.rule == "cublas":
+            return f"cuBLAS (cublas): {c.reason}"
+        if c.rule == "exact" and c.kernel is not None:
+            return (f"{c.kernel} (exact): {c.reason} (the other Ms of its M-bucket, "
+                    f"{self.buckets.text(case.m)}, are decided apart)")
         lines = self._table_lines(g, case, routes or (case.route,))
         return "\n".join(lines) or (f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason} (so with "
                                      f"measuring off); for {case.words(self.buckets)}: a first "
