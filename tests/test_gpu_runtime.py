@@ -330,10 +330,12 @@ def test_library_runs_wgmma_and_3xtf32_kernels(tmp_path, compile_cache):
                     tmp_path / "art" / "sm_90a" / f"{cfg.name}.cu", res.cubin)
     lib = load_library(tmp_path / "lib")
     for m, n, k in shapes:
-        assert lib.explain(m, n, k, "fp16").startswith(half.name)
+        # these entries write fp32 C (an fp16 call with no C would ask for fp16 C)
+        assert lib.explain(m, n, k, "fp16", out_dtype="fp32").startswith(half.name)
         assert lib.explain(m, n, k, "f32x3").startswith(t3.name)
         a16, b16 = (torch.randn(m, k, device="cuda").half(), torch.randn(k, n, device="cuda").half())
         c0 = torch.randn(m, n, device="cuda")
+        assert lib.explain(a16, b16, c0).startswith(half.name)  # exactly this call
         c = c0.clone()
         lib.gemm(a16, b16, c, alpha=0.5, beta=2.0)
         assert _err(c, a16, b16, 0.5, 2.0, c0) <= 2e-5
@@ -384,12 +386,13 @@ def test_library_runs_the_tf32_pre_pass_kernel_on_any_leading_dimension(tmp_path
 
     side = torch.cuda.Stream()
     for m, n, k in shapes:
-        assert lib.explain(m, n, k, "tf32").startswith(cfg.name)
         for pad in (0, 1):  # pad 1: rows of k + 1 floats, not a multiple of 16 bytes
             a = torch.randn(m, k + pad, device="cuda")[:, :k]
             b = torch.randn(k, n + pad, device="cuda")[:, :n]
             c0 = torch.randn(m, n, device="cuda")
             c = c0.clone()
+            if pad == 0:  # the exact entry, or (rows of 263 floats) its estimate
+                assert lib.explain(a, b, c, allow_tf32=True).startswith(cfg.name)
             side.wait_stream(torch.cuda.current_stream())  # the operands are made there
             with torch.cuda.stream(side):
                 if pad == 0:

@@ -2,7 +2,6 @@
 measure-off rule, decisions measured once and kept, graph capture, streams and launch
 arguments, per-stream scratch."""
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -12,132 +11,15 @@ import struct
 import numpy as np
 import pytest
 
+from _fake_gpu import Cai, Dev, FakeGpu
 from _library import BIG, SMALL, build
 from codegen.arch import ARCHS
 from codegen.config import DType, Layout
 from codegen.families._common import Variant
-from tuner.runtime import call, driver, epilogue, measure, operands, runners
-from tuner.runtime import cublas as cublas_mod
+from tuner.runtime import call, driver, measure, operands, runners
 from tuner.runtime.dispatch import DispatchTable, table_path
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.library import load_library
-
-
-class Cai:
-    """A device matrix known only by its __cuda_array_interface__."""
-
-    def __init__(self, rows, cols, ptr, typestr="<f4", ld=None, stream=None,
-                 column_major=False):
-        size = np.dtype(typestr).itemsize
-        strides = None if ld is None else (ld * size, size)
-        if column_major:  # a transposed view: columns ld (default: rows) elements apart
-            strides = (size, (ld or rows) * size)
-        self.__cuda_array_interface__ = dict(
-            shape=(rows, cols), typestr=typestr, data=(ptr, False), version=3, stream=stream,
-            strides=strides)
-
-
-class _NoContext:
-    def __init__(self, g):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class FakeGpu:
-    """Records every launch and cuBLAS call instead of running it."""
-
-    def __init__(self, monkeypatch):
-        self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
-        self.blas_layouts = []  # the layout each cuBLAS call was given
-        self.blas_kw = []  # its out type, batch and strides
-        self.scratch_problems = []  # the problems first-use measurements made scratch for
-        self.scratch_calls = []  # launches and cuBLAS calls made by a measurement
-        self.measure_streams = []
-        self.measuring = False
-        self.times = {}  # kernel name or "cublas" -> ms a first-use measurement reports
-        g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
-                       total_mem=140 << 30, driver_version=13000, ctx=1)
-        world = self
-
-        blocks = {}  # parameter-block address -> block
-
-        class Image:
-            def __init__(self, library, name, smem):
-                self.name, self.smem, self.blocks = name, smem, {}
-
-            def prepare(self, g):
-                return f"{self.name} on GPU {g.index}"
-
-            def params(self, signature):
-                blk = self.blocks.setdefault(signature, driver.ParamBlock(signature))
-                blocks[blk.address] = blk
-                return blk
-
-            def launch(self, f, grid, block, stream, address):
-                cu.cuLaunchKernel(f, *grid, *block, self.smem, stream, address, 0)
-
-        class Cu:
-            def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, address, extra):
-                name, on = f.split(" on GPU ")
-                assert on == "0" and extra == 0
-                blk = blocks[address]
-                (world.scratch_calls if world.measuring else world.launches).append(
-                    (name, (gx, gy, gz), (bx, by, bz), stream, blk.fmt.unpack_from(blk.buf)))
-                return (0,)
-
-            def cuMemAlloc(self, size):
-                world.allocs.append(size)
-                return 0, 0x7000000 + len(world.allocs) * 0x100000
-
-            def cuMemsetD32Async(self, ptr, value, count, stream):
-                return (0,)
-
-        cu = self.cu = Cu()
-        self.allocs = []
-
-        class Blas:
-            version = 130100
-
-            def gemm(self, *args, allocate_captured=None, layout=None, **kw):
-                (world.scratch_calls if world.measuring else world.blas).append(args)
-                world.blas_layouts.append(layout)
-                world.blas_kw.append(kw)
-
-        @contextlib.contextmanager
-        def scratch_operands(g, problem):
-            world.measured.append(((problem.m, problem.n, problem.k),
-                                   (problem.lda, problem.ldb, problem.ldc), problem.offsets))
-            world.scratch_problems.append(problem)
-            yield 0x1000, 0x2000, 0x3000, 0x4000 if problem.variant.bias != "none" else 0
-
-        def time_candidates(g, runners, stream, budget_ms=2.0, rounds=3):
-            world.measure_streams.append(stream)
-            world.measured[-1] += (sorted(runners),)
-            world.measuring = True
-            for run in runners.values():  # each runs on the scratch operands
-                run(stream)
-            world.measuring = False
-            return {name: world.times.get(name, 1.0) for name in runners}
-
-        monkeypatch.setattr(driver, "gpu", lambda i: g)
-        monkeypatch.setattr(driver, "current_device", lambda: 0)
-        monkeypatch.setattr(driver, "entered", _NoContext)
-        monkeypatch.setattr(driver, "is_capturing", lambda s: s in self.capturing)
-        monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: what)
-        monkeypatch.setattr(driver, "KernelImage", Image)
-        monkeypatch.setattr(driver, "api", lambda: cu)
-        monkeypatch.setattr(cublas_mod, "device_blas", lambda g: Blas())
-        monkeypatch.setattr(cublas_mod, "has_handle", lambda g: True)
-        monkeypatch.setattr(cublas_mod, "cublas_version", lambda: 130100)
-        monkeypatch.setattr(operands, "_device_of", lambda ptr, name: 0)
-        monkeypatch.setattr(measure, "time_candidates", time_candidates)
-        monkeypatch.setattr(measure, "driver_operands", scratch_operands)
-        epilogue._image.cache_clear()  # loaded through this fake, not an earlier test's
 
 
 @pytest.fixture
@@ -155,11 +37,13 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
     a, b, c = Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000, ld=72)
     fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
     assert lib.gemm(a, b, c, alpha=0.5, beta=2.0, stream=1234) is c
-    # measured on scratch operands of the call's leading dimensions, each candidate once
-    assert fake.measured == [((100, 70, 50), (50, 70, 72), (0, 0, 0),
-                              sorted([SMALL.name, BIG.name, "cublas"]))]
+    # measured on scratch operands of the call's leading dimensions, each candidate once at
+    # each end of M's bucket (65-128)
+    names = sorted([SMALL.name, BIG.name, "cublas"])
+    assert fake.measured == [((65, 70, 50), (50, 70, 72), (0, 0, 0), names),
+                             ((128, 70, 50), (50, 70, 72), (0, 0, 0), names)]
     # ... on the call's own stream
-    assert fake.measure_streams == [1234]
+    assert fake.measure_streams == [1234, 1234]
     assert {(call[0], call[3], call[4][4]) for call in fake.scratch_calls[:2]} == {
         (SMALL.name, 1234, 0x1000), (BIG.name, 1234, 0x1000)}
     assert fake.scratch_calls[2][5:7] == (0x1000, 50) and fake.scratch_calls[2][12] == 1234
@@ -180,7 +64,7 @@ def test_launch_arguments_and_the_callers_stream(lib, fake):
                 type("S", (), {"__cuda_stream__": lambda self: (0, 8)})()):
         lib.gemm(a, b, c, stream=obj)
         assert fake.launches[-1][3] == operands.stream_handle(obj)
-    assert len(fake.measured) == 2  # decided once per alignment class
+    assert len(fake.measured) == 4  # decided once per alignment class (two Ms each)
 
 
 def test_plans_are_memoised_per_shape_and_alignment(lib, fake, monkeypatch):
@@ -225,8 +109,9 @@ def test_an_exact_entry_that_lost_to_cublas_is_measured(lib, fake):
     lib.gemm(*ops, measure=False)  # the recorded ratio (0.90x) decides: cuBLAS
     assert fake.launches == [] and len(fake.blas) == 1 and fake.measured == []
     fake.times = {BIG.name: 0.9, SMALL.name: 5.0, "cublas": 1.0}
-    lib.gemm(*ops)  # measured against cuBLAS as this caller reaches it
-    assert fake.measured[0][0] == (4096, 4096, 4096) and fake.launches[-1][0] == BIG.name
+    lib.gemm(*ops)  # measured against cuBLAS as this caller reaches it, over M's bucket
+    assert [x[0] for x in fake.measured] == [(3969, 4096, 4096), (4096, 4096, 4096)]
+    assert fake.launches[-1][0] == BIG.name
     assert "(measured, gemm-tune callers)" in lib.explain(4096, 4096, 4096)
 
 
@@ -234,26 +119,28 @@ def test_a_measured_decision_is_kept_for_the_next_process(lib, fake):
     fake.times = {SMALL.name: 0.9, BIG.name: 2.0, "cublas": 0.5}
     ops = Cai(300, 200, 0x10000), Cai(200, 100, 0x20000), Cai(300, 100, 0x30000)
     lib.gemm(*ops)
-    assert len(fake.blas) == 1 and len(fake.measured) == 1
+    assert len(fake.blas) == 1 and len(fake.measured) == 2  # M's bucket: 257 and 384
     table = json.loads((lib.path / "dispatch.json").read_text())
     (key, d), = table["decisions"].items()
-    assert "300x100x200" in key and "align 16.16.16" in key and "NVIDIA H200" in key
+    assert "257-384x100x200" in key and "align 16.16.16" in key and "NVIDIA H200" in key
     assert "via gemm-tune" in key and d["route"] == "gemm-tune"
     del d["route"]
     assert d["kernel"] is None and d["measured_ms"] == {SMALL.name: 0.9, BIG.name: 2.0,
                                                         "cublas": 0.5}
+    assert d["measured_m"] == [257, 384] and d["measured_ms_low"] == d["measured_ms"]
     again = load_library(lib.path)  # a new process: no measurement, the same choice
     again.gemm(*ops)
-    assert len(fake.measured) == 1 and len(fake.blas) == 2
+    again.gemm(Cai(301, 200, 0x10000), Cai(200, 100, 0x20000), Cai(301, 100, 0x30000))
+    assert len(fake.measured) == 2 and len(fake.blas) == 3  # M 301: the same bucket
     assert again.explain(300, 100, 200, "fp32").startswith(
         "cuBLAS (measured, gemm-tune callers)")
     assert "cublas 0.5000 ms" in again.explain(300, 100, 200, "fp32")
     # a kernel must win by the margin: 1% faster than cuBLAS is not enough
     fake.times = {SMALL.name: 0.99, BIG.name: 2.0, "cublas": 1.0}
-    again.gemm(Cai(301, 200, 0x10000), Cai(200, 100, 0x20000), Cai(301, 100, 0x30000))
-    assert len(fake.blas) == 3
+    again.gemm(Cai(301, 200, 0x10000), Cai(200, 101, 0x20000), Cai(301, 101, 0x30000))
+    assert len(fake.blas) == 4 and len(fake.measured) == 4
     fake.times = {SMALL.name: 0.5, BIG.name: 2.0, "cublas": 1.0}
-    again.gemm(Cai(302, 200, 0x10000), Cai(200, 100, 0x20000), Cai(302, 100, 0x30000))
+    again.gemm(Cai(302, 200, 0x10000), Cai(200, 102, 0x20000), Cai(302, 102, 0x30000))
     assert fake.launches[-1][0] == SMALL.name
 
 
@@ -264,10 +151,10 @@ def test_a_shape_first_seen_during_capture_uses_the_estimate(lib, fake):
     lib.gemm(*ops, stream=99)  # nothing measured, nothing kept: the estimate's kernel
     assert fake.measured == [] and fake.launches[-1][0] == SMALL.name
     assert not (lib.path / "dispatch.json").exists()
-    lib.gemm(*ops, stream=5)  # outside capture: measured, cuBLAS wins, kept
-    assert len(fake.measured) == 1 and len(fake.blas) == 1
+    lib.gemm(*ops, stream=5)  # outside capture: measured (M 9 and 16), cuBLAS wins, kept
+    assert len(fake.measured) == 2 and len(fake.blas) == 1
     lib.gemm(*ops, stream=99)  # during a later capture the measured decision holds
-    assert len(fake.blas) == 2 and len(fake.measured) == 1
+    assert len(fake.blas) == 2 and len(fake.measured) == 2
 
 
 def test_errors_before_any_launch(lib, fake):
@@ -585,7 +472,8 @@ def test_prewarm_measures_each_shape_and_keeps_it(lib, fake, tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [(r["shape"], r["kernel"], r["rule"]) for r in rows] == [
         ("300x200x100", SMALL.name, "measured"), ("16x4096x4096", SMALL.name, "measured")]
-    assert [m[0] for m in fake.measured] == [(300, 200, 100), (16, 4096, 4096)]
+    assert [m[0] for m in fake.measured] == [(257, 200, 100), (384, 200, 100),
+                                             (9, 4096, 4096), (16, 4096, 4096)]
     assert len(json.loads((lib.path / "dispatch.json").read_text())["decisions"]) == 2
 
 
@@ -713,17 +601,6 @@ def test_record_files_take_appends_from_several_processes(tmp_path):
 
 
 # ---- variants (layout, C's type, bias, activation) and batches --------------------------------
-class Dev:
-    """A device array of any rank known only by its __cuda_array_interface__ (strides in
-    elements; None: packed)."""
-
-    def __init__(self, shape, ptr, typestr="<f4", strides=None):
-        size = np.dtype(typestr).itemsize
-        self.__cuda_array_interface__ = dict(
-            shape=tuple(shape), typestr=typestr, data=(ptr, False), version=3, stream=None,
-            strides=None if strides is None else tuple(s * size for s in strides))
-
-
 #: SMALL building NT (x @ W.t()), fp16 C, a bias of C's type and GELU: a variant kernel
 VARIANT = dataclasses.replace(SMALL, layout=Layout.NT, out=DType.F16, bias="out", act="gelu")
 VSHAPE = (256, 128, 64)
@@ -933,23 +810,26 @@ def test_batched_calls_launch_one_grid_row_per_problem(lib, fake, monkeypatch):
     B = Dev((50, 70), 0x200000)  # one B for the whole batch
     C = Dev((4, 100, 70), 0x300000, strides=(7200, 70, 1))
     lib.gemm(A, B, C, alpha=0.5, stream=3)
-    # measured on scratch laid out as the caller's: the batch strides, a shared B
-    (p,) = fake.scratch_problems
-    assert (p.batch, p.strides, p.variant) == (4, (5000, 0, 7200), Variant())
-    assert p.geometry[:3] == (((4, 100, 50), (5000, 50, 1)), ((50, 70), (70, 1)),
-                              ((4, 100, 70), (7200, 70, 1)))
-    assert p.spans() == (4 * 5000 * 4, 50 * 70 * 4, (3 * 7200 + 100 * 70) * 4, 0)
+    # measured on scratch laid out as the caller's, at both ends of M's bucket (65-128): the
+    # batch strides grown with M (C's padding kept; both 16-byte multiples, as the caller's
+    # are), a shared B
+    lo, hi = fake.scratch_problems
+    assert (lo.m, hi.m) == (65, 128) and lo.strides == (3252, 0, 4752)
+    assert (hi.batch, hi.strides, hi.variant) == (4, (6400, 0, 9160), Variant())
+    assert hi.geometry[:3] == (((4, 128, 50), (6400, 50, 1)), ((50, 70), (70, 1)),
+                               ((4, 128, 70), (9160, 70, 1)))
+    assert hi.spans() == (4 * 6400 * 4, 50 * 70 * 4, (3 * 9160 + 128 * 70) * 4, 0)
     name, grid, block, stream, args = fake.launches[-1]
     assert name == SMALL.name and grid == (SMALL.grid(100, 70)[0], 4, 1)
     assert args == (100, 70, 50, 0.5, 0x100000, 50, 5000, 0x200000, 70, 0, 0.0, 0x300000, 70,
                     7200, 0)
     # cuBLAS where it wins: strided batched, B's stride 0
     fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
-    lib.gemm(Dev((4, 101, 50), 0x100000), B, Dev((4, 101, 70), 0x300000), stream=3)
-    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=4, strides=(5050, 0, 7070))
+    lib.gemm(Dev((4, 200, 50), 0x100000), B, Dev((4, 200, 70), 0x300000), stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=4, strides=(10000, 0, 14000))
     keys = list(json.loads((lib.path / "dispatch.json").read_text())["decisions"])
-    assert any("|100x70x50|batch 4|" in key for key in keys)
-    assert any("|101x70x50|batch 4|" in key for key in keys)
+    assert any("|65-128x70x50|batch 4|" in key for key in keys)
+    assert any("|129-256x70x50|batch 4|" in key for key in keys)
 
 
 def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):

@@ -421,36 +421,46 @@ def request(a: Operand, b: Operand, c: Operand | None, out=None, bias=None,
     return Request(m, n, k, batch, want, bop, kind, act, batched)
 
 
-def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
-          measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
-          torch_tf32: bool = False) -> Plan:
-    """Decide a checked call (dispatch.py's rule). `torch_stream`: a torch caller on torch's
-    current stream, `torch_tf32` torch's TF32 setting: cuBLAS is reached through torch
-    where torch computes exactly what is asked (C of the inputs' type, or fp32 C for fp32
-    data at torch's TF32 setting), else through gemm-tune's own binding."""
+def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
+             measure: bool, g: "driver.Gpu | None", stream: int, allocate=None,
+             torch_stream: bool = False, torch_tf32: bool = False) -> "Problem":
+    """The Problem of a checked call on GPU g (None: a problem only to explain, without a
+    GPU): what its plan is built from and its decision keyed by. `torch_stream`: a torch caller on torch's current stream, `torch_tf32` torch's TF32
+    setting: cuBLAS is reached through torch where torch computes exactly what is asked (C
+    of the inputs' type, or fp32 C for fp32 data at torch's TF32 setting), else through
+    gemm-tune's own binding."""
     m, n, k, batch = req.m, req.n, req.k, req.batch
     dtype = fp32_request(a.dtype, mode)
     fp32_data = dtype in (DType.F32, DType.TF32, DType.F32X3)
     via_torch = torch_stream and (
         (fp32_data and (dtype is DType.TF32) == torch_tf32 and req.out is DType.F32)
         or (not fp32_data and req.out is dtype))
-    g = driver.gpu(dev)
     ldc = c.ld if c is not None else n
     sc = c.bstride if c is not None else (m * n if batch > 1 else 0)
+    # a C the call allocates starts on a 256-byte boundary, its rows n elements apart
     align = tuple(align_class(o.ptr or 0, o.ld, o.dtype.size, o.bstride) for o in (a, b)) + (
-        align_class(c.ptr or 0, ldc, c.dtype.size, sc) if c is not None else 16,)
+        align_class(c.ptr or 0, ldc, c.dtype.size, sc) if c is not None else
+        align_class(0, ldc, req.out.size, sc),)
     offsets = tuple((o.ptr or 0) & 255 for o in (a, b)) + ((c.ptr or 0) & 255 if c else 0,)
     variant = req.variant(a, b)
     out_shape = (batch, m, n) if req.batched else (m, n)
     geometry = (a.geometry(), b.geometry(),
                 c.geometry() if c is not None else (out_shape, (m * n, n, 1)[-len(out_shape):]),
                 None if req.bias is None else ((n,), (1,)))
-    problem = Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode, measure,
-                      stream, allocate, variant, batch, (a.bstride, b.bstride, sc), geometry)
+    return Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
+                   measure, stream, allocate, variant, batch, (a.bstride, b.bstride, sc),
+                   geometry, align)
+
+
+def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
+          measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
+          torch_tf32: bool = False) -> Plan:
+    """Decide a checked call (dispatch.py's rule; the arguments as _problem's)."""
+    problem = _problem(a, b, c, req, mode, measure, driver.gpu(dev), stream, allocate,
+                       torch_stream, torch_tf32)
+    g = problem.gpu
     with driver.entered(g):
-        choice = lib.choose(g, dtype, m, n, k, align, stream,
-                            problem.timer(lib) if measure else None, problem.route, variant,
-                            batch)
+        choice = lib.choose(problem, problem.timer(lib) if measure else None)
         capturing = driver.is_capturing(stream)
         try:
             plan = problem.build(lib, choice, capturing)
@@ -461,13 +471,51 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DT
             choice = Choice(None, choice.rule, f"{choice.reason}; but {choice.kernel} cannot "
                                                f"take these operands ({e}): cuBLAS runs")
             plan = problem.build(lib, choice, capturing)
+    out_shape = (req.batch, req.m, req.n) if req.batched else (req.m, req.n)
     plan = dataclasses.replace(plan, out=req.out, out_shape=out_shape)
     if measure and choice.rule == "estimate" and capturing:
         plan = dataclasses.replace(plan, memo=False)
-    if lib.recorder is not None and lib.select(m, n, k, dtype, g.cc, g.arch.sm_count, variant,
-                                               g.name, align=align, batch=batch).rule != "exact":
-        plan = dataclasses.replace(plan, tally=lib.recorder.tally(problem.record(choice, align)))
+    if lib.recorder is not None and lib.dispatcher.select_case(
+            problem.case, g.cc, g.arch.sm_count, g.name).rule != "exact":
+        plan = dataclasses.replace(plan, tally=lib.recorder.tally(
+            problem.record(choice, lib.dispatcher.buckets.of(problem.m))))
     return plan
+
+
+def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, bias=None,
+               act=None, offline: bool = False) -> "Problem":
+    """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
+    call reads them; nothing runs): Library.explain's view of a call. `offline`: without
+    a GPU (the problem's gpu is None; its stream 0)."""
+    a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
+    c = None if C is None else operand(C, "C", writable=True)
+    ops = (a, b) if c is None else (a, b, c)
+    req = request(a, b, c, out, bias, act)
+    every = ops + (() if req.bias is None else (req.bias,))
+    dev = same_device(*every)
+    torch_call = all(o.kind == "torch" for o in every) and stream is None
+    tf32 = torch_call and _torch_tf32()
+    if offline:
+        return _problem(a, b, c, req, mode, False, None, 0, torch_stream=torch_call,
+                        torch_tf32=tf32)
+    dev = driver.current_device() if dev is None else dev
+    return _problem(a, b, c, req, mode, False, driver.gpu(dev), resolve_stream(stream, ops, dev),
+                    torch_stream=torch_call, torch_tf32=tf32)
+
+
+def _span(shape, strides) -> int:
+    """Elements from the first of one problem's matrix to its last (the last two dims)."""
+    return 1 + sum((d - 1) * st for d, st in zip(shape[-2:], strides[-2:]))
+
+
+def _grow(x: int, need: int, need2: int, size: int) -> int:
+    """A stride `x` >= `need` for a matrix that needs `need2` instead: the same padding past
+    it, or the least more that keeps the widest access it allows (16, 8, 4, 2 bytes), so
+    that the operand keeps its alignment class."""
+    y = need2 + x - need
+    while align_class(0, y, size) != align_class(0, x, size):
+        y += 1
+    return y
 
 
 #: the torch (and numpy) name of each element type a problem's operands may have
@@ -499,10 +547,48 @@ class Problem:
     #: (shape, strides) in elements of A, B, C and the bias (None: no bias) as the caller's
     #: are: the first-use measurement's scratch operands are made so
     geometry: tuple | None = None
+    align: tuple = (16, 16, 16)  # the alignment class of A, B and C (operands.align_class)
 
     @property
     def layout(self) -> Layout:
         return self.variant.layout
+
+    @property
+    def ld_class(self) -> tuple:
+        """"tight" or "padded" for A, B and C (tuner.runtime.dispatch.ld_class)."""
+        from tuner.runtime.dispatch import ld_class
+
+        return ld_class(self.layout, self.m, self.n, self.k, (self.lda, self.ldb, self.ldc))
+
+    @property
+    def case(self):
+        """The dispatch's view of this problem (tuner.runtime.dispatch.Case)."""
+        from tuner.runtime.dispatch import Case
+
+        return Case(self.dtype, self.m, self.n, self.k, self.variant, self.batch, self.align,
+                    self.ld_class, self.route)
+
+    def at_m(self, m: int) -> "Problem":
+        """This problem with `m` rows (another M of its bucket, to measure there): the same
+        layout, byte offsets, padding and alignment class; A's leading dimension (when A is
+        column-major) and A's and C's batch strides, which grow with M, grown alike."""
+        if m == self.m:
+            return self
+        (ash, ast), b, (csh, cst), bias = self.shapes
+        size, csize = self.dtype.size, self.variant.out.size
+        a_col = self.layout.value[0] == "t"
+        lda = _grow(self.lda, self.m, m, size) if a_col else self.lda
+        a = (ash[:-2] + (m, ash[-1]), ast[:-2] + ((1, lda) if a_col else ast[-2:]))
+        c = (csh[:-2] + (m, csh[-1]), cst)
+        sa, sb, sc = self.strides
+        if sa:
+            sa = _grow(sa, _span(ash, ast), _span(*a), size)
+            a = (a[0], (sa,) + a[1][1:]) if len(a[0]) == 3 else a
+        if sc:
+            sc = _grow(sc, _span(csh, cst), _span(*c), csize)
+            c = (c[0], (sc,) + c[1][1:]) if len(c[0]) == 3 else c
+        return dataclasses.replace(self, m=m, lda=lda, strides=(sa, sb, sc),
+                                   geometry=(a, b, c, bias))
 
     @property
     def route(self) -> str:
@@ -542,18 +628,17 @@ class Problem:
             + ([] if v.act == "none" else [v.act])
         return "+".join(parts) or "none"
 
-    def record(self, choice, align: tuple) -> dict:
+    def record(self, choice, bucket: tuple) -> dict:
         """This problem as a line of a record file (tuner.runtime.record), with what the
-        decision knew of a call's time."""
-        ms = choice.measured_ms or {}
-        per = ms.get(choice.kernel or "cublas")
+        decision knew of a call's time and its M-bucket (smallest M, largest M)."""
+        per = choice.ms_at(self.m)
         if per is None and choice.estimate_tflops:
             per = 2.0 * self.m * self.n * self.k * self.batch / (choice.estimate_tflops * 1e9)
         v = self.variant
         return dict(gpu=self.gpu.name, dtype=self.dtype.short, layout=v.layout.value,
                     out=v.out.short, epilogue=self.epilogue, bias=v.bias, act=v.act,
-                    batch=self.batch, m=self.m, n=self.n, k=self.k,
-                    align=list(align), ms_per_call=None if per is None else round(per, 5),
+                    batch=self.batch, m=self.m, n=self.n, k=self.k, m_bucket=list(bucket),
+                    align=list(self.align), ms_per_call=None if per is None else round(per, 5),
                     rule=choice.rule, runs=choice.kernel or "cuBLAS")
 
     def build(self, lib, choice, capturing: bool = False) -> Plan:
@@ -610,53 +695,65 @@ class Problem:
         return run
 
     def timer(self, lib) -> Callable:
-        """time(kernel names) -> {name or "cublas": ms per call}: each candidate timed on
-        scratch operands like the caller's (layout, leading dimensions, batch strides, C's
-        type, a bias), on the call's stream, in loops, as the call would run it. A torch
-        caller's candidates are timed through lib.gemm itself (the call's whole host path,
-        its own plan swapped in), everyone else's through the plan's launcher. A kernel
-        that cannot take the operands is left out."""
-        from tuner.runtime import measure
+        """time(kernel names, m=None) -> {name or "cublas": ms per call}: each candidate
+        timed on scratch operands like the caller's (layout, leading dimensions, batch
+        strides, byte offsets, C's type, a bias), at M = `m` (default: this problem's; see
+        at_m), on the call's stream, in loops, as the call would run it (tuner.runtime.
+        measure). A kernel that cannot take the operands is left out."""
+        def time(names, m=None):
+            p = self if m is None else self.at_m(m)
+            return p._time_torch(lib, names) if p.via_torch else p._time_pointers(lib, names)
+
+        return time
+
+    def _plans(self, lib, names) -> dict:
+        """name (or "cublas") -> the plan running it on this problem."""
         from tuner.runtime.dispatch import Choice
 
-        def plans(names):
-            out = {}
-            for name in names:
-                try:
-                    out[name] = self.build(lib, Choice(name, "measured", ""))
-                except Unsupported as e:
-                    log.info("%s is not measured: %s", name, e)
-            out["cublas"] = self.build(lib, Choice(None, "measured", ""))
-            return out
+        out = {}
+        for name in names:
+            try:
+                out[name] = self.build(lib, Choice(name, "measured", ""))
+            except Unsupported as e:
+                log.info("%s is not measured: %s", name, e)
+        out["cublas"] = self.build(lib, Choice(None, "measured", ""))
+        return out
 
-        def time_torch(names):
-            _see_torch()
-            with measure.torch_operands(self.gpu, self) as (A, B, C, bias):
-                act = self.variant.act
-                key = _torch_key(A, B, C, self.mode, self.measure, None, None, bias, act)[0]
-                saved = lib.plans.get(key)
+    def _time_torch(self, lib, names) -> dict:
+        """A torch caller's candidates, timed through lib.gemm itself (the call's whole host
+        path, each plan swapped in under the call's key) on torch tensors laid out as the
+        caller's: cuBLAS as torch.matmul, addmm, bmm ... (_torch_fallback)."""
+        from tuner.runtime import measure
 
-                def runner(plan):
-                    def run(stream):
-                        lib.plans[key] = plan
-                        gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
-                             act=act)
-                    return run
+        _see_torch()
+        with measure.torch_operands(self.gpu, self) as (A, B, C, bias):
+            act = self.variant.act
+            key = _torch_key(A, B, C, self.mode, self.measure, None, None, bias, act)[0]
+            saved = lib.plans.get(key)
 
-                try:
-                    return measure.time_candidates(
-                        self.gpu, {name: runner(p) for name, p in plans(names).items()},
-                        self.stream)
-                finally:
-                    if saved is None:
-                        lib.plans.pop(key, None)
-                    else:
-                        lib.plans[key] = saved
+            def runner(plan):
+                def run(stream):
+                    lib.plans[key] = plan
+                    gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
+                         act=act)
+                return run
 
-        def time_pointers(names):
-            with measure.driver_operands(self.gpu, self) as (a, b, c, bias):
+            try:
                 return measure.time_candidates(
-                    self.gpu, {name: (lambda st, p=p: p.run(a, b, c, 1.0, 0.0, st, bias))
-                               for name, p in plans(names).items()}, self.stream)
+                    self.gpu, {name: runner(p) for name, p in self._plans(lib, names).items()},
+                    self.stream)
+            finally:
+                if saved is None:
+                    lib.plans.pop(key, None)
+                else:
+                    lib.plans[key] = saved
 
-        return time_torch if self.via_torch else time_pointers
+    def _time_pointers(self, lib, names) -> dict:
+        """Anyone else's candidates, through each plan's launcher on scratch device memory:
+        cuBLAS through gemm-tune's binding (tuner/runtime/cublas.py)."""
+        from tuner.runtime import measure
+
+        with measure.driver_operands(self.gpu, self) as (a, b, c, bias):
+            return measure.time_candidates(
+                self.gpu, {name: (lambda st, p=p: p.run(a, b, c, 1.0, 0.0, st, bias))
+                           for name, p in self._plans(lib, names).items()}, self.stream)

@@ -10,14 +10,35 @@ codegen.families._common.Variant):
   1. exact: an entry tuned for exactly this GPU model, dtype, variant, batch and shape,
      called with fully aligned operands, runs its kernel if it beat cuBLAS where it was
      tuned (its recorded ratio >= 1), else cuBLAS runs; both were timed in the same run.
-  2. measured: otherwise the first call times, on scratch buffers of the same shape and
-     alignment, the library kernels with the best estimates (below) and cuBLAS, and the
-     fastest runs from then on. The decision is kept in the dispatch table (on disk, beside
-     the library or in the user cache) so later processes do not measure again.
-  3. estimated: with measuring off (`measure=False`, GEMM_TUNE_MEASURE=0), or during
-     CUDA-graph capture (where nothing may be timed), the kernel with the best estimate
-     runs if that estimate beats cuBLAS's estimate, else cuBLAS.
+  2. measured: otherwise the first call of a case (below) times the library kernels with
+     the best estimates (below) and cuBLAS as this caller's call runs them (its route to
+     cuBLAS, on scratch operands of its layout, leading dimensions, alignment, batch
+     strides, C's type and epilogue: tuner.runtime.call), at the smallest and the largest M
+     of its M-bucket; the kernel whose worst ratio to cuBLAS over the two beats cuBLAS by
+     MEASURE_MARGIN runs from then on, else cuBLAS. The decision is kept in the dispatch
+     table (on disk, beside the library or in the user cache) so later calls of the
+     bucket, and later processes, do not measure again.
+  3. estimated: with measuring off (`measure=False`, GEMM_TUNE_MEASURE=0) a decision the
+     table holds still runs (nothing is measured or written: every process with the same
+     library and table decides the same); where it holds none, and during CUDA-graph
+     capture (where nothing may be timed), the kernel with the best estimate runs if that
+     estimate beats cuBLAS's estimate, else cuBLAS.
   With nothing tuned for this GPU and dtype, cuBLAS runs.
+
+A case, what a decision is made for and keyed by (:class:`Case`): dtype, variant, batch,
+N, K, the M-bucket, the operands' alignment class (the widest access each of A, B and C
+allows), their leading-dimension class (each "tight": rows of exactly their length, or
+"padded") and the route by which the caller reaches cuBLAS ("torch": torch.matmul and
+friends on torch's current stream; "gemm-tune": gemm-tune's own binding).
+
+M-buckets (:class:`MBuckets`): problems that differ only in M share a decision. By
+default the buckets are 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64 (powers of two up to 64) and
+then every multiple of 128 (65-128, 129-256, ...); GEMM_TUNE_M_BUCKETS or
+``load_library(..., m_buckets=...)`` changes them ("1,2,4,8,16,32,64,+128" is the
+default; "exact" gives every M a bucket of its own). A bucket's decision names a kernel
+only if it was measured at both ends of the bucket, and every kernel takes any M (its
+alignment rules, `takes`, do not depend on M), so a decision made on one M runs on every
+other M of its bucket; an exact entry still decides its own M.
 
 The estimate of a tuned kernel at a new shape:
     estimate = measured TFLOP/s at its tuned shape
@@ -36,6 +57,7 @@ the entry nearest in log-shape, for a nominal 128 x 128 x 32 tile at one block p
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -48,14 +70,17 @@ from pathlib import Path
 
 from codegen._io import atomic_write_json, file_lock
 from codegen.arch import ARCHS, parse_arch
-from codegen.config import config_from_name
+from codegen.config import DType, config_from_name
+from codegen.families._common import Variant
 from codegen.occupancy import occupancy
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.manifest import as_variant, entry_batch
 
-__all__ = ["Choice", "efficiency", "estimate_tflops", "reduce_ms", "cublas_estimate",
-           "REDUCE_LAUNCH_MS", "DispatchTable", "table_path", "TABLE_SCHEMA", "FULL_ALIGN",
-           "Dispatcher", "measured_choice", "describe", "MAX_KERNEL_BATCH"]
+__all__ = ["Choice", "Case", "MBuckets", "M_BUCKETS_ENV", "efficiency", "estimate_tflops",
+           "reduce_ms", "cublas_estimate", "REDUCE_LAUNCH_MS", "DispatchTable", "table_path",
+           "TABLE_SCHEMA", "FULL_ALIGN",
+           "Dispatcher", "measured_choice", "describe", "MAX_KERNEL_BATCH", "packed_ld",
+           "ld_class"]
 
 #: the largest batch a kernel launch takes (its problems are the grid's y dimension)
 MAX_KERNEL_BATCH = 65535
@@ -75,10 +100,116 @@ def describe(dtype, variant=None, batch: int = 1) -> str:
         parts.append(f"batch {batch}")
     return ", ".join(parts)
 
+
 log = logging.getLogger(__name__)
 
 REDUCE_LAUNCH_MS = 0.002
-TABLE_SCHEMA = 1
+#: 2: keys name the M-bucket, the leading-dimension class and the route (schema 1 keyed
+#: one M and no leading dimensions: its decisions are dropped, to be measured again)
+TABLE_SCHEMA = 2
+#: the environment variable that sets the M-buckets of every library a process loads
+M_BUCKETS_ENV = "GEMM_TUNE_M_BUCKETS"
+
+
+@dataclasses.dataclass(frozen=True)
+class MBuckets:
+    """Which Ms share a dispatch decision: a bucket per `bounds` (1, 2, 3-4, 5-8 ... for
+    powers of two), then one per multiple of `step` above the last bound (65-128, 129-256
+    ...). No bounds and a step of 1: every M its own bucket.
+
+    Example:
+        >>> b = MBuckets.parse("1,2,4,8,16,32,64,+128")
+        >>> b.of(3), b.of(64), b.of(65), b.of(4097), b.text(1), b.text(40)
+        ((3, 4), (33, 64), (65, 128), (4097, 4224), '1', '33-64')
+    """
+
+    bounds: tuple = (1, 2, 4, 8, 16, 32, 64)
+    step: int = 128
+
+    @classmethod
+    def parse(cls, text: str) -> "MBuckets":
+        """A bucket spec: the bounds, comma-separated and increasing, then "+STEP" (every
+        multiple of STEP above them); "exact": one bucket per M. LibraryError otherwise."""
+        text = str(text).strip().lower()
+        if text == "exact":
+            return cls((), 1)
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        try:
+            step = int(items.pop()[1:]) if items and items[-1].startswith("+") else None
+            bounds = tuple(int(x) for x in items)
+        except ValueError:
+            step = bounds = None
+        if step is None or step < 1 or any(b < 1 for b in bounds) \
+                or list(bounds) != sorted(set(bounds)):
+            raise LibraryError(f"M-buckets {text!r}: give increasing bounds and then +STEP "
+                               "(\"1,2,4,8,16,32,64,+128\"), or \"exact\"")
+        return cls(bounds, step)
+
+    @classmethod
+    def from_env(cls) -> "MBuckets":
+        """GEMM_TUNE_M_BUCKETS's buckets, or the default."""
+        text = os.environ.get(M_BUCKETS_ENV, "").strip()
+        return cls.parse(text) if text else cls()
+
+    def of(self, m: int) -> tuple[int, int]:
+        """(smallest, largest) M of the bucket holding `m`."""
+        bounds = self.bounds
+        if bounds and m <= bounds[-1]:
+            i = bisect.bisect_left(bounds, m)
+            return (bounds[i - 1] + 1 if i else 1), bounds[i]
+        hi = -(-m // self.step) * self.step
+        return max(hi - self.step, bounds[-1] if bounds else 0) + 1, hi
+
+    def text(self, m: int) -> str:
+        """The bucket of `m` in words: "33-64", or "1" for a bucket of one M."""
+        lo, hi = self.of(m)
+        return str(lo) if lo == hi else f"{lo}-{hi}"
+
+    def __str__(self) -> str:
+        if not self.bounds and self.step == 1:
+            return "exact"
+        return ",".join([*map(str, self.bounds), f"+{self.step}"])
+
+
+#: leading-dimension classes of A, B and C: rows (columns, for a column-major operand) of
+#: exactly their length, or padded
+TIGHT = ("tight", "tight", "tight")
+
+
+def packed_ld(layout, m: int, n: int, k: int) -> tuple[int, int, int]:
+    """The leading dimensions of packed A, B and C stored as `layout` says (a Layout)."""
+    ta, tb = layout.value
+    return (m if ta == "t" else k), (k if tb == "t" else n), n
+
+
+def ld_class(layout, m: int, n: int, k: int, ld: tuple) -> tuple:
+    """"tight" or "padded" for A, B and C of leading dimensions `ld`: are their lines (rows,
+    or columns of a column-major operand) exactly as long as the matrix's?"""
+    return tuple("tight" if x == need else "padded"
+                 for x, need in zip(ld, packed_ld(layout, m, n, k)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call as the rule sees it and the table keys its decision (the module doc)."""
+
+    dtype: DType
+    m: int
+    n: int
+    k: int
+    variant: Variant = Variant()
+    batch: int = 1
+    align: tuple = (16, 16, 16)  # the widest access each of A, B and C allows (bytes)
+    ld: tuple = TIGHT  # "tight" or "padded", for A, B and C
+    route: str = "gemm-tune"  # how the caller reaches cuBLAS: "torch" or "gemm-tune"
+
+    def words(self, buckets: "MBuckets | None" = None) -> str:
+        """"300x100x200 f32 nn (M-bucket 257-384), rows 4.16.16-byte aligned, A padded"."""
+        bucket = f" (M-bucket {buckets.text(self.m)})" if buckets is not None else ""
+        padded = [name for name, c in zip("ABC", self.ld) if c == "padded"]
+        return (f"{self.m}x{self.n}x{self.k} {describe(self.dtype, self.variant, self.batch)}"
+                f"{bucket}, operands {'.'.join(map(str, self.align))}-byte aligned"
+                + (f", {' '.join(padded)} padded" if padded else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +221,20 @@ class Choice:
     reason: str
     estimate_tflops: float | None = None
     measured_ms: dict | None = None  # kernel name (or "cublas") -> median ms, when measured
+    #: where measured over a bucket: (smallest M, largest M) and the ms at the smallest
+    #: (measured_ms holds those at the largest)
+    measured_m: tuple | None = None
+    measured_ms_low: dict | None = None
+
+    def ms_at(self, m: int) -> float | None:
+        """The measured ms per call of what runs, at `m` (linear between the bucket's ends),
+        or None where nothing was measured."""
+        name = self.kernel or "cublas"
+        hi_ms = (self.measured_ms or {}).get(name)
+        if hi_ms is None or not self.measured_m or not self.measured_ms_low:
+            return hi_ms
+        (lo, hi), lo_ms = self.measured_m, self.measured_ms_low.get(name, hi_ms)
+        return lo_ms + (hi_ms - lo_ms) * (min(max(m, lo), hi) - lo) / max(hi - lo, 1)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -168,16 +313,20 @@ def table_path(library_dir: Path) -> Path:
 class DispatchTable:
     """Decisions made by measurement, persisted as JSON:
 
-        {"schema": 1, "decisions": {KEY: {"kernel": NAME or null, "measured_ms": {...},
-                                          "date": ISO}}}
+        {"schema": 2, "decisions": {KEY: {"kernel": NAME or null, "route": ROUTE,
+                                          "measured_m": [LO, HI], "measured_ms": {...},
+                                          "measured_ms_low": {...}, "date": ISO}}}
 
-    KEY joins the GPU model, driver version, cuBLAS version (and the route to it), the
+    (measured_ms at M = HI, measured_ms_low at M = LO, absent for a bucket of one M).
+    KEY joins the GPU model, driver version, cuBLAS version and the route to it, the
     library's fingerprint (its kernel set), dtype, variant (the layout alone for fp32 C
-    without an epilogue, as keys were before the variant), M x N x K, the batch (when not
-    1) and the alignment class, so a decision is never reused where any of them differs. Writes are atomic (write, fsync, rename) under an
-    exclusive lock on a sidecar file, re-reading the table first so concurrent writers lose
-    nothing. A table that cannot be read is set aside (renamed *.corrupt-<time>) with a
-    warning and started afresh: a lost cache costs a re-measurement, never a failure.
+    without an epilogue), the M-bucket x N x K, the batch (when not 1), the alignment class
+    and the leading-dimension class, so a decision is never reused where any of them
+    differs. Writes are atomic (write, fsync, rename) under an exclusive lock on a sidecar
+    file, re-reading the table first so concurrent writers lose nothing. A table that cannot
+    be read is set aside (renamed *.corrupt-<time>) with a warning and started afresh: a
+    lost cache costs a re-measurement, never a failure. One of schema 1 is replaced (its
+    keys name one M and no leading dimensions) by the first decision written.
     """
 
     def __init__(self, path: Path):
@@ -186,16 +335,19 @@ class DispatchTable:
         self._loaded = False
 
     @staticmethod
-    def key(gpu_name: str, driver: int, cublas: int, fingerprint: str, dtype: str, layout,
-            m: int, n: int, k: int, align: tuple, batch: int = 1) -> str:
-        """`layout`: a Variant (or a Layout, or its text "nn")."""
+    def key(gpu_name: str, driver: int, cublas: int | str, fingerprint: str, dtype: str,
+            layout, m: int | str, n: int, k: int, align: tuple, batch: int = 1,
+            ld: tuple | None = None) -> str:
+        """`layout`: a Variant (or a Layout, or its text "nn"); `m`: an M or an M-bucket's
+        text ("33-64"); `ld`: the leading-dimension classes of A, B and C (None: unnamed)."""
         if not isinstance(layout, str):
             v = as_variant(layout)
             layout = v.layout.value if (v.out.short, v.bias, v.act) == ("f32", "none", "none") \
                 else v.key
         shape = f"{m}x{n}x{k}" + (f"|batch {batch}" if batch != 1 else "")
+        rows = f"|ld {'.'.join(ld)}" if ld is not None else ""
         return (f"{gpu_name}|driver {driver}|cublas {cublas}|lib {fingerprint}|{dtype}|{layout}"
-                f"|{shape}|align {'.'.join(map(str, align))}")
+                f"|{shape}|align {'.'.join(map(str, align))}{rows}")
 
     def get(self, key: str) -> dict | None:
         if not self._loaded:
@@ -213,6 +365,10 @@ class DispatchTable:
             return {}
         try:
             data = json.loads(text)
+            if isinstance(data, dict) and data.get("schema") == 1:
+                log.info("dispatch table %s is of schema 1: its decisions will be measured "
+                         "again", self.path)
+                return {}
             if not (isinstance(data, dict) and data.get("schema") == TABLE_SCHEMA
                     and isinstance(data.get("decisions"), dict)):
                 raise ValueError("not a gemm-tune dispatch table of schema "
@@ -248,22 +404,33 @@ class DispatchTable:
 FULL_ALIGN = (16, 16, 16)
 
 
+def _figures(ms: dict) -> str:
+    return ", ".join(f"{name} {t:.4f} ms" for name, t in sorted(ms.items(), key=lambda r: r[1]))
+
+
 def measured_choice(d: dict) -> Choice:
     """The Choice a decision of the table stands for."""
-    ms = d["measured_ms"]
-    figures = ", ".join(f"{name} {t:.4f} ms" for name, t in sorted(ms.items(), key=lambda r: r[1]))
+    ms, low = d["measured_ms"], d.get("measured_ms_low")
+    lo, hi = d.get("measured_m") or (None, None)
     who = d["kernel"] or f"cuBLAS (through {d.get('route', 'gemm-tune')})"
+    if low:
+        figures = f"at M={hi}: {_figures(ms)}; at M={lo}: {_figures(low)}"
+    else:
+        figures = (f"at M={hi}: " if hi else "") + _figures(ms)
     return Choice(d["kernel"], "measured",
-                  f"measured on first use ({d['date'][:10]}), ms per call in a loop: {figures}; "
-                  f"{who} runs", None, ms)
+                  f"measured on first use ({d['date'][:10]}), ms per call in a loop {figures}; "
+                  f"{who} runs", None, ms, (lo, hi) if hi else None, low)
 
 
 class Dispatcher:
     """The rule of this module's doc over one library's manifest, and its table of
-    decisions made by measurement (kept beside the library or in the user cache)."""
+    decisions made by measurement (kept beside the library or in the user cache).
+    `buckets`: the M-buckets decisions are shared over (default: GEMM_TUNE_M_BUCKETS's, or
+    MBuckets())."""
 
-    def __init__(self, manifest):
+    def __init__(self, manifest, buckets: MBuckets | None = None):
         self.manifest = manifest
+        self.buckets = buckets if buckets is not None else MBuckets.from_env()
         self._table: DispatchTable | None = None
 
     @property
@@ -340,67 +507,118 @@ class Dispatcher:
             return Choice(e["kernel"], "estimate", f"no entry for {what}; {figures}", est)
         return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
 
-    def key(self, g, dtype, m: int, n: int, k: int, align: tuple, route: str = "gemm-tune",
-            variant=None, batch: int = 1) -> str:
-        """The table's key of a decision on GPU g (route: how cuBLAS is reached)."""
+    def key(self, g, case: Case) -> str:
+        """The table's key of `case` on GPU g."""
         from tuner.runtime.cublas import cublas_version
 
-        return DispatchTable.key(g.name, g.driver_version, f"{cublas_version()} via {route}",
-                                 self.manifest.fingerprint, dtype.short, as_variant(variant),
-                                 m, n, k, align, batch)
+        return DispatchTable.key(g.name, g.driver_version,
+                                 f"{cublas_version()} via {case.route}",
+                                 self.manifest.fingerprint, case.dtype.short, case.variant,
+                                 self.buckets.text(case.m), case.n, case.k, case.align,
+                                 case.batch, case.ld)
 
-    def decide(self, g, dtype, m: int, n: int, k: int, align: tuple, measure,
-               route: str = "gemm-tune", variant=None, batch: int = 1) -> Choice:
-        """The rule for one problem on GPU g. `measure`: None (decide without timing), or
-        a callable (kernel names ranked best first) -> a table decision, called once per
-        key: an exact entry that beat cuBLAS where it was tuned runs; anything else is
-        measured against cuBLAS as this caller reaches it."""
-        choice = self.select(m, n, k, dtype, g.cc, g.arch.sm_count, variant, g.name, align,
-                             batch)
-        if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact" \
-                or measure is None:
+    def select_case(self, case: Case, cc: int, sms: int | None, gpu: str | None) -> Choice:
+        """select() of a case (on a GPU of compute capability cc, `sms` SMs, model `gpu`)."""
+        return self.select(case.m, case.n, case.k, case.dtype, cc, sms, case.variant, gpu,
+                           case.align, case.batch)
+
+    def decide(self, g, case: Case, measure=None) -> Choice:
+        """The rule for `case` on GPU g. An exact entry that beat cuBLAS where it was tuned
+        runs; else the table's decision for the case's key; else, with `measure` (a
+        callable (kernel names ranked best first, (smallest M, largest M) of the bucket)
+        -> a table decision, or None where nothing may be timed), one is measured and kept;
+        else the estimate decides."""
+        choice = self.select_case(case, g.cc, g.arch.sm_count, g.name)
+        if choice.rule == "cublas" or choice.kernel is not None and choice.rule == "exact":
             return choice
-        key = self.key(g, dtype, m, n, k, align, route, variant, batch)
+        key = self.key(g, case)
         d = self.table.get(key)
-        if d is None:
-            ranked = self.ranked(m, n, k, dtype, g.cc, g.arch.sm_count, variant, align, batch)
-            d = measure([e["kernel"] for _, e in ranked], choice)
+        if d is None and measure is not None:
+            lo, hi = self.buckets.of(case.m)
+            ranked = self.ranked(hi, case.n, case.k, case.dtype, g.cc, g.arch.sm_count,
+                                 case.variant, case.align, case.batch)
+            d = measure([e["kernel"] for _, e in ranked], (lo, hi))
             if d is None:  # a CUDA graph is being captured: nothing may be timed
-                return Choice(choice.kernel, choice.rule, choice.reason + " (a CUDA graph "
-                              "is being captured: nothing is measured)", choice.estimate_tflops)
+                return dataclasses.replace(choice, reason=choice.reason + " (a CUDA graph is "
+                                           "being captured: nothing is measured)")
             self.table.put(key, d)
-        return measured_choice(d)
+        return choice if d is None else measured_choice(d)
 
-    def explain_offline(self, gpu: str, dtype, m: int, n: int, k: int, variant=None,
-                        batch: int = 1) -> str:
-        """explain() for a GPU model the library was tuned on, with no GPU here: the exact
-        entry or the estimates (first-use measurements belong to a driver and a cuBLAS)."""
-        ccs = {e["cc"] for e in self.manifest.entries if e["gpu"] == gpu}
-        if not ccs:
-            models = sorted({e["gpu"] for e in self.manifest.entries}) or ["none"]
-            raise LibraryError(f"the library at {self.manifest.path} has no entries for "
-                               f"{gpu!r} (it has: {', '.join(models)})")
-        cc = max(ccs)
-        c = self.select(m, n, k, dtype, cc, ARCHS[cc].sm_count if cc in ARCHS else None,
-                        variant, gpu=gpu, batch=batch)
-        settled = c.rule == "cublas" or c.rule == "exact" and c.kernel is not None
-        note = "" if settled else "; on that GPU a first call measures"
-        return (f"{c.kernel or 'cuBLAS'} ({c.rule}, for {gpu} without a GPU here): "
-                f"{c.reason}{note}")
-
-    def explain(self, g, dtype, m: int, n: int, k: int, align: tuple = FULL_ALIGN,
-                variant=None, batch: int = 1) -> str:
-        """Which kernel runs this problem on GPU g and why: the exact entry, the figures
-        measured (per route to cuBLAS that has been measured), or the estimates."""
-        c = self.decide(g, dtype, m, n, k, align, None, variant=variant, batch=batch)
-        if c.rule == "cublas" or c.rule == "exact" and c.kernel is not None:
-            return f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}"
+    def _table_lines(self, g, case: Case, routes) -> list[str]:
         lines = []
-        for route in ("torch", "gemm-tune"):
-            d = self.table.get(self.key(g, dtype, m, n, k, align, route, variant, batch))
+        for route in routes:
+            d = self.table.get(self.key(g, dataclasses.replace(case, route=route)))
             if d is not None:
                 mc = measured_choice(d)
-                lines.append(f"{mc.kernel or 'cuBLAS'} ({mc.rule}, {route} callers) for "
-                             f"{m}x{n}x{k} {describe(dtype, variant, batch)}: {mc.reason}")
-        return "\n".join(lines) or (f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason}; "
-                                     "a first call will measure")
+                lines.append(f"{mc.kernel or 'cuBLAS'} (measured, {route} callers) for "
+                             f"{case.words(self.buckets)}: {mc.reason}")
+        return lines
+
+    def explain(self, g, case: Case, routes=None) -> str:
+        """Which kernel runs `case` on GPU g and why: the exact entry, the figures measured
+        for its M-bucket (for each route in `routes`, default the case's own), or the
+        estimates."""
+        c = self.select_case(case, g.cc, g.arch.sm_count, g.name)
+        if c.rule == "cublas":
+            return f"cuBLAS (cublas): {c.reason}"
+        if c.rule == "exact" and c.kernel is not None:
+            return (f"{c.kernel} (exact): {c.reason} (the other Ms of its M-bucket, "
+                    f"{self.buckets.text(case.m)}, are decided apart)")
+        lines = self._table_lines(g, case, routes or (case.route,))
+        return "\n".join(lines) or (f"{c.kernel or 'cuBLAS'} ({c.rule}): {c.reason} (so with "
+                                     f"measuring off); for {case.words(self.buckets)}: a first "
+                                     "call will measure")
+
+    def models(self) -> list[str]:
+        """The GPU models the library's entries were tuned on."""
+        return sorted({e["gpu"] for e in self.manifest.entries})
+
+    def gpu_model(self, gpu: str) -> str:
+        """The library's GPU model `gpu` names: exactly, or as a unique part of one
+        ("H200"); LibraryError in one line otherwise."""
+        models = self.models()
+        if gpu in models:
+            return gpu
+        found = [x for x in models if gpu.strip().lower() in x.lower()]
+        if len(found) == 1:
+            return found[0]
+        what = "names several" if found else "has no entries for"
+        raise LibraryError(f"the library at {self.manifest.path} {what} {gpu!r} (it has: "
+                           f"{', '.join(models) or 'none'}): explain() without a GPU answers "
+                           "only for a GPU model the library was tuned on")
+
+    def explain_offline(self, gpu: str, case: Case) -> str:
+        """explain() for a GPU model the library was tuned on, with no GPU here: the exact
+        entry or the estimates (from the entries' recorded timings and the occupancy
+        model), and the decisions the table holds for that model (made under the driver
+        and cuBLAS they name)."""
+        gpu = self.gpu_model(gpu)
+        cc = max(e["cc"] for e in self.manifest.entries if e["gpu"] == gpu)
+        c = self.select_case(case, cc, ARCHS[cc].sm_count if cc in ARCHS else None, gpu)
+        settled = c.rule == "cublas" or c.rule == "exact" and c.kernel is not None
+        note = "" if settled else ("; with measuring off a decision the table holds, else "
+                                   "this estimate, decides; on that GPU a first call measures")
+        per = "" if not c.estimate_tflops else (
+            f", about {2e-9 * case.m * case.n * case.k * case.batch / c.estimate_tflops:.4f} "
+            "ms per call")
+        lines = [f"{c.kernel or 'cuBLAS'} ({c.rule}, for {gpu} without a GPU here): "
+                 f"{c.reason}{per}; the call: {case.words(self.buckets)}{note}"]
+        if not settled:
+            lines += self._offline_table_lines(gpu, case)
+        return "\n".join(lines)
+
+    def _offline_table_lines(self, gpu: str, case: Case) -> list[str]:
+        """The table's decisions for `case` on GPU model `gpu`, under any driver, cuBLAS
+        and route."""
+        want = DispatchTable.key(gpu, 0, 0, self.manifest.fingerprint, case.dtype.short,
+                                 case.variant, self.buckets.text(case.m), case.n, case.k,
+                                 case.align, case.batch, case.ld).split("|")
+        self.table.get("")  # loads it
+        lines = []
+        for key, d in sorted(self.table.decisions.items()):
+            parts = key.split("|")
+            if parts[0] == want[0] and parts[3:] == want[3:]:
+                mc = measured_choice(d)
+                lines.append(f"{mc.kernel or 'cuBLAS'} (measured on {gpu}, {parts[1]}, "
+                             f"{parts[2]}): {mc.reason}")
+        return lines

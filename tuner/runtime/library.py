@@ -15,16 +15,19 @@ strides, device and the pointers' alignment), and that tuple, with the request (
 type, the bias, the activation), is the key of a memo holding the call's plan (the
 decision, the launch geometry, the kernel loaded), so the rule, the estimates and the
 checks run once per (device, dtype, variant, batch, M, N, K, leading dimensions and
-strides, alignment class). Then the caller's stream is read (torch's raw handle) and
-the kernel launched through the driver API with a parameter block packed in one call.
-Any thread may call; nothing is allocated, synchronised or timed while a CUDA graph is
-being captured.
+strides, alignment class), and a first-use measurement once per dispatch case (its
+M-bucket, leading-dimension and alignment classes, route: tuner.runtime.dispatch). Then
+the caller's stream is read (torch's raw handle) and the kernel launched through the
+driver API with a parameter block packed in one call. Any thread may call; nothing is
+allocated, synchronised or timed while a CUDA graph is being captured, nor anywhere with
+measuring off (load_library(..., measure=False), GEMM_TUNE_MEASURE=0).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import threading
 from pathlib import Path
@@ -32,9 +35,12 @@ from pathlib import Path
 from codegen.config import DType, Layout, config_from_name
 from codegen.families._common import Variant
 from tuner.runtime import call, driver, measure
-from tuner.runtime.dispatch import FULL_ALIGN, Choice, Dispatcher
+from tuner.runtime.dispatch import (
+    FULL_ALIGN, Case, Choice, Dispatcher, MBuckets, ld_class, packed_ld,
+)
 from tuner.runtime.errors import LibraryError, NoGPUError
 from tuner.runtime.manifest import SCHEMA, Manifest, as_variant
+from tuner.runtime.operands import align_class
 from tuner.runtime.operands import out_dtype as _out_dtype
 from tuner.runtime.record import Recorder
 from tuner.runtime.runners import Runner, runner_for
@@ -52,16 +58,22 @@ def _measure_default() -> bool:
 class Library:
     """A tuned-kernel library. Use :func:`load_library` to open one for running."""
 
-    def __init__(self, store: Manifest):
+    def __init__(self, store: Manifest, measure: bool | None = None,
+                 m_buckets: str | MBuckets | None = None):
         self.store = store
-        self.dispatcher = Dispatcher(store)
+        if isinstance(m_buckets, str):
+            m_buckets = MBuckets.parse(m_buckets)
+        self.dispatcher = Dispatcher(store, m_buckets)
         #: call key -> call.Plan (see tuner.runtime.call)
         self.plans: dict = {}
         self._runners: dict[str, Runner] = {}
         self._load_lock = threading.Lock()
         self._measure_lock = threading.Lock()
-        #: gemm's default for `measure`: on, unless GEMM_TUNE_MEASURE=0 when the library loads
-        self.measure = _measure_default()
+        #: gemm's default for `measure`: on, unless GEMM_TUNE_MEASURE=0 when the library
+        #: loads, or the library was loaded with measure=False. Off, nothing is timed or
+        #: written at run time: exact entries, the dispatch table's decisions and the
+        #: estimates decide, the same in every process (for multi-rank jobs)
+        self.measure = _measure_default() if measure is None else bool(measure)
         #: counts the calls of problems with no exact entry (GEMM_TUNE_RECORD, record())
         self.recorder: Recorder | None = Recorder.from_env()
 
@@ -71,10 +83,17 @@ class Library:
         return cls(Manifest.create_or_open(path))
 
     @classmethod
-    def load(cls, path: str | Path, verify: bool = True) -> "Library":
+    def load(cls, path: str | Path, verify: bool = True, measure: bool | None = None,
+             m_buckets: str | MBuckets | None = None) -> "Library":
         """Read the manifest; with `verify`, check every file's hash and re-validate every
-        config. Raises LibraryError, naming the file, for anything wrong."""
-        return cls(Manifest.load(path, verify))
+        config. Raises LibraryError, naming the file, for anything wrong. `measure` and
+        `m_buckets`: see load_library."""
+        return cls(Manifest.load(path, verify), measure, m_buckets)
+
+    @property
+    def m_buckets(self) -> MBuckets:
+        """The M-buckets this library's decisions are shared over (tuner.runtime.dispatch)."""
+        return self.dispatcher.buckets
 
     @property
     def path(self) -> Path:
@@ -128,12 +147,12 @@ class Library:
     def decide(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
                device: int | None = None, route: str | None = None,
                variant: Variant | None = None, batch: int = 1) -> Choice:
-        """The kernel that runs this problem (fully aligned, packed operands) on this GPU,
-        measuring now if the rule asks to and no decision is kept (`gemm-tune prewarm`).
-        `route`: how cuBLAS is reached, "torch" (torch tensors; the default where torch is
-        installed) or "gemm-tune" (cupy, pycuda, numpy, pointers). `variant`: layout, C's
-        type, bias and activation (default: NN, fp32 C, none); `batch`: packed problems
-        one after another."""
+        """The kernel that runs this problem (packed operands on 256-byte boundaries) on
+        this GPU, measuring now if the rule asks to and no decision is kept for its M-bucket
+        (`gemm-tune prewarm`). `route`: how cuBLAS is reached, "torch" (torch tensors; the
+        default where torch is installed) or "gemm-tune" (cupy, pycuda, numpy, pointers).
+        `variant`: layout, C's type, bias and activation (default: NN, fp32 C, none);
+        `batch`: packed problems one after another."""
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
         variant = as_variant(variant)
         if route is None:
@@ -141,71 +160,89 @@ class Library:
             route = "torch" if _torch_importable() and (
                 variant.out is DType.F32 if fp32 else variant.out is dtype) else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
-        mode = dtype if dtype in (DType.TF32, DType.F32X3) else None
-        ta, tb = variant.layout.value
-        lda = m if ta == "t" else k
-        ldb = k if tb == "t" else n
-        a = ((batch, m, k), (m * k,) + ((1, m) if ta == "t" else (k, 1)))
-        b = ((batch, k, n), (k * n,) + ((1, k) if tb == "t" else (n, 1)))
-        c = ((batch, m, n), (m * n, n, 1))
-        geometry = (a, b, c, None if variant.bias == "none" else ((n,), (1,)))
-        if batch == 1:
-            geometry = tuple(x if x is None or len(x[0]) == 1 else (x[0][1:], x[1][1:])
-                             for x in geometry)
-        strides = (m * k, k * n, m * n) if batch > 1 else (0, 0, 0)
-        problem = call.Problem(g, dtype, m, n, k, lda, ldb, n, (0, 0, 0), route == "torch",
-                               mode, True, 0, None, variant, batch, strides, geometry)
+        problem = _packed(g, dtype, m, n, k, variant, batch, route == "torch")
         with driver.entered(g):  # the legacy default stream: torch's default
-            return self.choose(g, dtype, m, n, k, FULL_ALIGN, None, problem.timer(self), route,
-                               variant, batch)
+            return self.choose(problem, problem.timer(self), watch_capture=False)
 
-    def explain(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
-                device: int | None = None, gpu: str | None = None, *,
-                layout: Layout | str = Layout.NN, out_dtype=None, bias: str = "none",
-                activation: str | None = None, batch: int = 1) -> str:
-        """Which kernel `gemm` runs for this problem (fully aligned, packed operands) on this
-        GPU, and why: the exact entry, the figures measured (for each route to cuBLAS that
-        has been measured: torch callers', and everyone else's), or the estimates.
+    def explain(self, *args, **kw) -> str:
+        """Which kernel `gemm` runs for a call, and why: the exact entry, the figures
+        measured for its M-bucket (naming the bucket), or the estimates. Two forms:
 
-        The problem's variant: `layout` ("nn", "nt", ... or a Layout), `out_dtype` (C's
-        type; default fp32, the plain problem, whatever the inputs: pass the inputs' type
-        to ask about gemm(A, B) of fp16 or bf16 tensors with no C), `bias` ("none", "out":
-        of C's type, "f32"), `activation`; and `batch`.
-        `gpu`: a GPU model the library was tuned on ("NVIDIA H200"), to ask without one:
-        the exact entry or the estimates answer (nothing measured is known then)."""
-        dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
-        out = _out_dtype(out_dtype) or DType.F32
-        variant = Variant(Layout(layout) if isinstance(layout, str) else layout, out, bias,
-                          activation or "none")
+        ``explain(A, B, C=None, *, out_dtype=None, bias=None, activation=None,
+        allow_tf32=False, allow_3xtf32=False, stream=None, gpu=None)``: the call lib.gemm
+        would make of these operands (read as gemm reads them: layout, leading dimensions,
+        alignment, batch, C's type, the epilogue, the route to cuBLAS); exactly that call's
+        decision.
+
+        ``explain(m, n, k, dtype="fp32", device=None, gpu=None, *, layout="nn",
+        out_dtype=None, bias="none", activation=None, batch=1, ld=None, align=None,
+        route=None)``: a problem by its shape. `out_dtype` defaults as gemm's does (the
+        inputs' type for fp16 and bf16, fp32 for fp32); `bias` "none", "out" (of C's type)
+        or "f32"; `ld` (lda, ldb, ldc): the leading dimensions, elements between rows (or
+        columns of a column-major operand; default: packed); `align` (A, B, C): the widest
+        access in bytes each allows (default: that of its leading dimension from a 256-byte
+        boundary); `route` "torch" or "gemm-tune" (default: each that has a decision).
+        `gpu` (either form): a GPU model the library was tuned on ("NVIDIA H200", or
+        "H200"), to ask without one (numpy operands, or a shape): the exact entry or the
+        estimates answer (the entries' recorded timings scaled by the occupancy model's
+        tile and wave efficiency), with the decisions the dispatch table holds for that
+        model; a model the library was not tuned on gets a one-line LibraryError, and so
+        does a call without `gpu` where no GPU is usable (NoGPUError).
+
+        Example:
+            >>> print(lib.explain(x, W.t(), bias=b, activation="gelu"))   # doctest: +SKIP
+            >>> print(lib.explain(16, 4096, 4096, "fp16", gpu="H200"))     # doctest: +SKIP
+        """
+        if args and not isinstance(args[0], numbers.Integral):
+            return self._explain_call(*args, **kw)
+        return self._explain_shape(*args, **kw)
+
+    def _explain_call(self, A, B, C=None, *, out_dtype=None, bias=None, activation=None,
+                      allow_tf32: bool = False, allow_3xtf32: bool = False,
+                      stream=None, gpu: str | None = None) -> str:
+        problem = call.problem_of(A, B, C, _mode(allow_tf32, allow_3xtf32), stream,
+                                  out_dtype, bias, activation, offline=gpu is not None)
         if gpu is not None:
-            return self.dispatcher.explain_offline(gpu, dtype, m, n, k, variant, batch)
+            return self.dispatcher.explain_offline(gpu, problem.case)
+        return self.dispatcher.explain(problem.gpu, problem.case)
+
+    def _explain_shape(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
+                       device: int | None = None, gpu: str | None = None, *,
+                       layout: Layout | str = Layout.NN, out_dtype=None, bias: str = "none",
+                       activation: str | None = None, batch: int = 1, ld: tuple | None = None,
+                       align: tuple | None = None, route: str | None = None) -> str:
+        dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        case = _case(dtype, m, n, k, layout, out_dtype, bias, activation, batch, ld, align,
+                     route or "gemm-tune")
+        if gpu is not None:
+            return self.dispatcher.explain_offline(gpu, case)
         try:
             g = driver.gpu(driver.current_device() if device is None else device)
         except NoGPUError as e:
-            models = sorted({e["gpu"] for e in self.manifest["entries"]})
+            models = self.dispatcher.models()
             raise NoGPUError(f"explain() needs a GPU, and here {e}. Without one, name a GPU "
                              "model the library was tuned on: "
                              f"explain(..., gpu={models[0] if models else '...'!r})") from None
-        return self.dispatcher.explain(g, dtype, m, n, k, variant=variant, batch=batch)
+        return self.dispatcher.explain(g, case, (route,) if route else ("torch", "gemm-tune"))
 
-    def choose(self, g, dtype: DType, m: int, n: int, k: int, align: tuple, stream: int | None,
-               timer=None, route: str = "gemm-tune", layout: Layout | Variant = Layout.NN,
-               batch: int = 1) -> Choice:
-        """The rule for one call on GPU g, measuring with `timer` (kernel names ->
-        {name or "cublas": ms per call}) where the rule asks to; nothing is measured while
-        `stream` is being captured into a CUDA graph (the estimate decides then).
-        `layout`: the call's Variant (or a Layout: fp32 C, no epilogue)."""
+    def choose(self, problem, timer=None, watch_capture: bool = True) -> Choice:
+        """The rule for one call's problem (tuner.runtime.call.Problem), measuring with
+        `timer` (kernel names, M -> {name or "cublas": ms per call}) at both ends of its
+        M-bucket where the rule asks to; nothing is measured while the problem's stream is
+        being captured into a CUDA graph (`watch_capture`; the estimate decides then)."""
+        g, case = problem.gpu, problem.case
         if timer is None:
-            return self.dispatcher.decide(g, dtype, m, n, k, align, None, route, layout, batch)
+            return self.dispatcher.decide(g, case)
 
-        def measured(ranked: list[str], choice: Choice) -> dict | None:
-            if stream is not None and driver.is_capturing(stream):
+        def measured(ranked: list[str], bucket: tuple) -> dict | None:
+            if watch_capture and driver.is_capturing(problem.stream):
                 return None
-            return measure.decision(timer(measure.candidates(ranked)), route)
+            names = measure.candidates(ranked)
+            return measure.decision({m: timer(names, m) for m in sorted(set(bucket))},
+                                    case.route)
 
         with self._measure_lock:
-            return self.dispatcher.decide(g, dtype, m, n, k, align, measured, route, layout,
-                                          batch)
+            return self.dispatcher.decide(g, case, measured)
 
     @contextlib.contextmanager
     def record(self, path: str | Path):
@@ -274,10 +311,13 @@ class Library:
         The call runs on `stream` when given (an int handle or a torch, cupy, pycuda or
         CUDA Python stream), else on torch's current stream for torch tensors, cupy's for
         cupy arrays, else the legacy default stream; on the GPU holding the operands,
-        from any thread, and inside CUDA-graph capture. `measure` (default: on, unless
-        GEMM_TUNE_MEASURE=0) lets a shape with no exact entry be decided by timing the
-        best candidates and cuBLAS once (see Library.explain); its default is the
-        library's `measure` attribute. Returns C (allocated like A when None is passed).
+        from any thread, and inside CUDA-graph capture. `measure` (default: the library's
+        `measure` attribute: on, unless GEMM_TUNE_MEASURE=0 or load_library(...,
+        measure=False)) lets a call with no exact entry be decided by timing the best
+        candidates and cuBLAS once per M-bucket, as this call runs them; off, nothing is
+        timed: the dispatch table's decisions, else the estimates, decide (see
+        tuner.runtime.dispatch and Library.explain). Returns C (allocated like A when None
+        is passed).
         Raises LibraryError, before any launch, for what it cannot serve.
 
         Example:
@@ -312,9 +352,52 @@ def _torch_importable() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def load_library(path: str | Path = "artifacts/library") -> Library:
+def _case(dtype: DType, m: int, n: int, k: int, layout, out_dtype, bias: str, activation,
+          batch: int, ld: tuple | None, align: tuple | None, route: str) -> Case:
+    """The Case explain() asks about by shape (see Library.explain)."""
+    out = _out_dtype(out_dtype) or (dtype if dtype in (DType.F16, DType.BF16) else DType.F32)
+    variant = Variant(Layout(layout) if isinstance(layout, str) else layout, out, bias,
+                      activation or "none")
+    packed = packed_ld(variant.layout, m, n, k)
+    ld = tuple(ld) if ld is not None else packed
+    if len(ld) != 3 or any(x < p for x, p in zip(ld, packed)):
+        raise LibraryError(f"ld {ld}: give (lda, ldb, ldc), each at least its line's length "
+                           f"{packed}")
+    sizes = (dtype.size, dtype.size, out.size)
+    align = tuple(align) if align is not None else tuple(
+        align_class(0, x, size) for x, size in zip(ld, sizes))
+    tight = ld_class(variant.layout, m, n, k, ld)
+    return Case(dtype, m, n, k, variant, batch, align, tight, route)
+
+
+def _packed(g, dtype: DType, m: int, n: int, k: int, variant: Variant, batch: int,
+            via_torch: bool) -> "call.Problem":
+    """The Problem of a call on packed operands starting on 256-byte boundaries."""
+    mode = dtype if dtype in (DType.TF32, DType.F32X3) else None
+    ta, tb = variant.layout.value
+    lda, ldb, _ = packed_ld(variant.layout, m, n, k)
+    a = ((batch, m, k), (m * k,) + ((1, m) if ta == "t" else (k, 1)))
+    b = ((batch, k, n), (k * n,) + ((1, k) if tb == "t" else (n, 1)))
+    c = ((batch, m, n), (m * n, n, 1))
+    geometry = (a, b, c, None if variant.bias == "none" else ((n,), (1,)))
+    if batch == 1:
+        geometry = tuple(x if x is None or len(x[0]) == 1 else (x[0][1:], x[1][1:])
+                         for x in geometry)
+    strides = (m * k, k * n, m * n) if batch > 1 else (0, 0, 0)
+    align = tuple(align_class(0, ld, size, st) for ld, size, st in
+                  zip((lda, ldb, n), (dtype.size, dtype.size, variant.out.size), strides))
+    return call.Problem(g, dtype, m, n, k, lda, ldb, n, (0, 0, 0), via_torch, mode, True, 0,
+                        None, variant, batch, strides, geometry, align)
+
+
+def load_library(path: str | Path = "artifacts/library", measure: bool | None = None,
+                 m_buckets: str | MBuckets | None = None) -> Library:
     """Open a tuned-kernel library: every file's sha256 is checked and every config
-    re-validated before anything runs.
+    re-validated before anything runs. `measure`: False for no measuring at run time
+    (decisions from the library and the dispatch table only, identical in every process:
+    for multi-rank jobs; default: on unless GEMM_TUNE_MEASURE=0). `m_buckets`: the
+    M-buckets that share a decision ("1,2,4,8,16,32,64,+128" by default, or
+    GEMM_TUNE_M_BUCKETS; "exact": none shared; see tuner.runtime.dispatch).
 
     Example:
         >>> lib = load_library("artifacts/library")            # doctest: +SKIP
@@ -322,4 +405,4 @@ def load_library(path: str | Path = "artifacts/library") -> Library:
         'gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1 (exact): ...'
         >>> C = lib.gemm(A, B)   # torch / cupy / pycuda / numpy  # doctest: +SKIP
     """
-    return Library.load(path, verify=True)
+    return Library.load(path, verify=True, measure=measure, m_buckets=m_buckets)

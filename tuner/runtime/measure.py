@@ -1,14 +1,19 @@
-"""Timing a few candidates for a shape on first use, as the dispatch rule asks.
+"""Timing a few candidates for a case on first use, as the dispatch rule asks.
 
-The candidates run on scratch operands of the problem's shape, layout, leading
-dimensions, batch strides, alignment, C's type and bias (never the caller's data),
-filled with random values (never zeros), on the
-call's own stream once it has drained (a private stream measured the same launches
-several microseconds slower on the H200, enough to flip the decision for the smallest
-problems). Each is timed as a caller's loop sees it:
-CUDA events around N back-to-back calls through the same route a call would take (so a
-split-K kernel's second launch and cuBLAS's own host work count), N sized to about
-`budget_ms`, after a warm-up loop, turn about for 5 rounds, median per call.
+The candidates run as the caller's call would run them: through the same route (a torch
+caller's through lib.gemm itself, so cuBLAS is torch.matmul / addmm / bmm on torch's
+current stream and a kernel pays the call's whole host path; anyone else's through the
+plan's launcher, cuBLAS through gemm-tune's binding, tuner/runtime/cublas.py), on
+scratch operands of the problem's shape, layout, leading dimensions, batch strides,
+byte offsets (so the same alignment), C's type and bias (never the caller's data, nor
+its C), filled with random values (never zeros), on the call's own stream once it has
+drained (a private stream measured the same launches several microseconds slower on the
+H200, enough to flip the decision for the smallest problems). Each is timed as a
+caller's loop sees it: CUDA events around N back-to-back calls (so a split-K kernel's
+second launch and cuBLAS's own host work count), N sized to about `budget_ms`, after a
+warm-up loop, turn about for 5 rounds, median per call. A bucket of Ms is timed at its
+smallest and its largest M (tuner.runtime.dispatch), and `decision` takes the worst of
+the two.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import statistics
 
 import numpy as np
@@ -49,16 +55,29 @@ def candidates(ranked: list[str]) -> list[str]:
     return names
 
 
-def decision(ms: dict[str, float], route: str) -> dict:
-    """The table's decision from measured ms per call (kernel names and "cublas"): the
-    fastest kernel if it beats cuBLAS by MEASURE_MARGIN, else cuBLAS (kernel None)."""
-    kernels = [(t, name) for name, t in ms.items() if name != "cublas"]
-    best = min(kernels) if kernels else None
-    kernel = best[1] if best is not None and best[0] * MEASURE_MARGIN < ms["cublas"] else None
-    log.info("dispatch measured (%s): %s", route, ms)
-    return dict(kernel=kernel, route=route,
-                measured_ms={name: round(t, 5) for name, t in ms.items()},
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+def decision(at: dict[int, dict[str, float]], route: str) -> dict:
+    """The table's decision from ms per call measured at one or two Ms of a bucket (M ->
+    {kernel name or "cublas": ms}): the kernel whose worst ratio to cuBLAS over them is the
+    best, if that beats cuBLAS by MEASURE_MARGIN, else cuBLAS (kernel None). A kernel not
+    measured at every M (it could not take the operands there) is no candidate."""
+    ms = [at[m] for m in sorted(at)]
+
+    def worst(name: str) -> float:
+        if not all(name in x for x in ms):
+            return math.inf
+        return max(x[name] / max(x["cublas"], 1e-9) for x in ms)
+
+    names = [name for name in ms[-1] if name != "cublas"]
+    best = min(names, key=worst, default=None)
+    kernel = best if best is not None and worst(best) * MEASURE_MARGIN < 1.0 else None
+    log.info("dispatch measured (%s): %s", route, at)
+    lo, hi = min(at), max(at)
+    d = dict(kernel=kernel, route=route, measured_m=[lo, hi],
+             measured_ms={name: round(t, 5) for name, t in at[hi].items()})
+    if lo != hi:
+        d["measured_ms_low"] = {name: round(t, 5) for name, t in at[lo].items()}
+    d["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return d
 
 
 def _fill(ptr: int, nbytes: int, rng) -> None:
@@ -127,11 +146,19 @@ def torch_operands(g, problem):
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
                     rounds: int = 5) -> dict[str, float]:
     """Median milliseconds per call of each runner (name -> callable(stream)) in loops on
-    `stream`."""
+    `stream`, as a caller's loop runs in its steady state.
+
+    Each loop starts its clock with a call already in flight, so the host's start-up (the
+    first call's issue, which the GPU would wait for) is not counted: on a GPU-bound loop
+    the clock sees the calls back to back, on a host-bound one the host's rate; either way
+    what a caller's loop sees. The number of calls per loop is sized from a warm loop, not
+    from a first call (which includes cuBLAS choosing its algorithm and a kernel's load:
+    sized from it, a loop of cuBLAS ran 2-4 calls and counted the issue of the first)."""
     driver.sync(stream)
     start, end = driver.Event(), driver.Event()
 
     def loop(run, reps) -> float:
+        run(stream)  # in flight when the clock starts
         start.record(stream)
         for _ in range(reps):
             run(stream)
@@ -139,12 +166,13 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
         end.synchronize()
         return end.since(start) / reps
 
-    # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise),
-    # then one whole loop each, discarded: on the H200 the first loop of a shape still
-    # ran up to 3x slower than the later ones
-    first = {name: loop(run, 1) for name, run in runners.items()}
-    reps = {name: int(min(100, max(2, budget_ms / max(t, 1e-4))))
-            for name, t in first.items()}
+    # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise), then a
+    # short loop each (sizing the loops), then one whole loop each, discarded: on the H200
+    # the first loop of a shape still ran up to 3x slower than the later ones
+    for run in runners.values():
+        run(stream)
+    warm = {name: loop(run, 3) for name, run in runners.items()}
+    reps = {name: int(min(100, max(3, budget_ms / max(t, 1e-4)))) for name, t in warm.items()}
     for name, run in runners.items():
         loop(run, reps[name])
     times: dict[str, list] = {name: [] for name in runners}

@@ -11,8 +11,8 @@ or in several runs, has several lines, which ``gemm-tune tune --problems FILE`` 
 
     {"gpu": "NVIDIA H200", "dtype": "f16", "layout": "nt", "out": "f16",
      "epilogue": "bias+gelu", "bias": "out", "act": "gelu", "batch": 1, "m": 16,
-     "n": 4096, "k": 4096, "align": [16, 16, 16], "calls": 1200, "ms_per_call": 0.0251,
-     "ms": 30.1, "rule": "measured", "runs": "cuBLAS", "pid": 4242}
+     "n": 4096, "k": 4096, "m_bucket": [9, 16], "align": [16, 16, 16], "calls": 1200,
+     "ms_per_call": 0.0251, "ms": 30.1, "rule": "measured", "runs": "cuBLAS", "pid": 4242}
 
 `layout`, `out` (C's type), `bias` ("none", "out": of C's type, "f32") and `act` (the
 activation) are the problem's variant (codegen.families._common.Variant; a kernel entry
@@ -20,9 +20,13 @@ serves only its own), `epilogue` the bias and activation in a word ("none", "bia
 "biasf32", "gelu", "bias+gelu", "biasf32+silu" ...), `batch` the problems of a strided
 batch (1: a plain GEMM).
 
+`m_bucket` is the smallest and largest M of the M-bucket that shares the problem's
+dispatch decision (tuner.runtime.dispatch; a tune of one M of it serves that M exactly).
+
 `ms_per_call` is what the decision knew of the call (the first-use measurement of what
-runs, or the estimate; null where neither exists) and `ms` is calls x ms_per_call: the
-time the program spent in that problem, so that a tune can take the costliest first.
+runs, at the ends of the M-bucket and taken linearly between them, or the estimate; null
+where neither exists) and `ms` is calls x ms_per_call: the time the program spent in that
+problem, so that a tune can take the costliest first.
 
 On the hot path a recorded call costs one increment of a counter that its memoised plan
 holds; nothing is written until the block ends.

@@ -1,0 +1,495 @@
+"""The run-time decisions on the CPU, through a fake GPU: what a decision is keyed by (the
+route, the leading-dimension class, the alignment, the variant, the batch), how a first use
+times its candidates, and explain() of exactly a caller's call."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _fake_gpu import Cai, Dev, FakeGpu
+from _library import BIG, SMALL, build
+from codegen.config import DType
+from tuner.runtime import driver, measure
+from tuner.runtime.dispatch import Case, DispatchTable
+from tuner.runtime.library import load_library
+
+
+@pytest.fixture
+def lib(tmp_path, compile_cache):
+    build(tmp_path / "library", compile_cache, tmp_path / "art")
+    return load_library(tmp_path / "library")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return FakeGpu(monkeypatch)
+
+
+def _decisions(lib) -> dict:
+    return json.loads(lib.table_path.read_text())["decisions"]
+
+
+# ---- item: measure what the caller will run, keyed by all of it ----------------------------
+def test_padded_and_tight_rows_are_measured_and_kept_apart(lib, fake):
+    """777x555x333 with A's rows padded by 4 floats has the alignment class of the tight call
+    (4-byte rows either way) but is its own decision, measured on scratch of its own leading
+    dimension; explain() of each call's operands reports that call's figures."""
+    m, n, k = 777, 555, 333
+    tight = Cai(m, k, 0x100000), Cai(k, n, 0x200000), Cai(m, n, 0x300000)
+    padded = Cai(m, k, 0x100000, ld=k + 4), Cai(k, n, 0x200000), Cai(m, n, 0x300000)
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    lib.gemm(*tight)
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(*padded)
+    # each at both ends of M's bucket, 769-896
+    assert [x[:2] for x in fake.measured] == [
+        ((769, n, k), (k, n, n)), ((896, n, k), (k, n, n)),
+        ((769, n, k), (k + 4, n, n)), ((896, n, k), (k + 4, n, n))]
+    assert fake.launches[-1][0] == SMALL.name and len(fake.blas) == 1  # tight: SMALL; padded: cuBLAS
+    keys = sorted(_decisions(lib))
+    assert len(keys) == 2 and all("|align 4.4.4|" in key for key in keys)
+    assert keys[0].endswith("|ld padded.tight.tight") and keys[1].endswith("|ld tight.tight.tight")
+    assert lib.explain(*tight).startswith(f"{SMALL.name} (measured, gemm-tune callers) for "
+                                          "777x555x333 f32 nn")
+    said = lib.explain(*padded)
+    assert said.startswith("cuBLAS (measured, gemm-tune callers)") and "A padded" in said
+    assert "cublas 1.0000 ms" in said
+    # the same call by its shape, leading dimensions and route: the same answer
+    assert lib.explain(m, n, k, ld=(k + 4, n, n), route="gemm-tune") == said
+    # another padding of the same classes shares the decision; one of another alignment
+    # (rows of 334 floats: 8-byte) has none yet
+    assert lib.explain(m, n, k, ld=(k + 8, n, n), route="gemm-tune") == said
+    assert lib.explain(m, n, k, ld=(k + 1, n, n)).endswith("a first call will measure")
+
+
+def test_every_field_of_a_case_is_in_its_key(lib, fake):
+    g = driver.gpu(0)
+    base = Case(DType.F32, 300, 100, 200)
+    key = lib.dispatcher.key(g, base)
+    assert "cublas 130100 via gemm-tune" in key and "|257-384x100x200|" in key
+    changes = [dict(route="torch"), dict(ld=("padded", "tight", "tight")),
+               dict(align=(4, 16, 16)), dict(batch=3), dict(dtype=DType.TF32), dict(n=101),
+               dict(k=201), dict(m=385)]
+    import dataclasses
+
+    from codegen.families._common import Variant
+
+    for v in (Variant(out=DType.F16), Variant(bias="out"), Variant(act="relu")):
+        changes.append(dict(variant=v))
+    keys = {lib.dispatcher.key(g, dataclasses.replace(base, **c)) for c in changes}
+    assert key not in keys and len(keys) == len(changes)
+    assert lib.dispatcher.key(g, dataclasses.replace(base, m=257)) == key  # M's bucket
+
+
+def test_the_table_keys_name_the_leading_dimensions_and_a_schema_1_table_is_replaced(tmp_path):
+    args = dict(gpu_name="NVIDIA H200", driver=13000, cublas="130100 via torch",
+                fingerprint="abc", dtype="f32", layout="nn", m="33-64", n=4, k=5,
+                align=(16, 16, 16), ld=("tight", "tight", "tight"))
+    key = DispatchTable.key(**args)
+    assert key == ("NVIDIA H200|driver 13000|cublas 130100 via torch|lib abc|f32|nn|33-64x4x5"
+                   "|align 16.16.16|ld tight.tight.tight")
+    path = tmp_path / "dispatch.json"
+    path.write_text(json.dumps({"schema": 1, "decisions": {"old": {"kernel": None}}}))
+    t = DispatchTable(path)
+    assert t.get("old") is None  # schema 1: keyed by one M and no leading dimensions
+    t.put(key, dict(kernel=None, measured_ms={"cublas": 1.0}, date=""))
+    data = json.loads(path.read_text())
+    assert data["schema"] == 2 and list(data["decisions"]) == [key]
+    assert not list(tmp_path.glob("*.corrupt-*"))  # replaced, not set aside as corrupt
+
+
+def test_explain_defaults_the_out_type_as_gemm_does(lib, fake):
+    assert "no kernel tuned for f16 nn, f16 C on sm_90" in lib.explain(64, 64, 64, "fp16")
+    assert "no kernel tuned for f16 nn on sm_90" in lib.explain(64, 64, 64, "fp16",
+                                                                  out_dtype="float32")
+    assert "no kernel tuned for bf16 nn, bf16 C" in lib.explain(64, 64, 64, "bf16")
+    a16, b16 = Dev((64, 64), 0x100000, "<f2"), Dev((64, 64), 0x200000, "<f2")
+    assert "f16 nn, f16 C" in lib.explain(a16, b16)
+    assert "f16 nn, f16 C" not in lib.explain(a16, b16, out_dtype="float32")
+
+
+def test_explain_of_operands_reads_them_as_gemm_does(lib, fake):
+    """Layout, alignment (an allocated C included: rows of N elements from a 256-byte
+    boundary), batch and epilogue, as the call would have them."""
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    A, B = Dev((100, 64), 0x100000), Dev((64, 70), 0x200000)
+    said = lib.explain(A, B)  # C allocated: rows of 70 floats, 8-byte aligned
+    assert "100x70x64 f32 nn (M-bucket 65-128), operands 16.8.8-byte aligned:" in said
+    assert said.endswith("a first call will measure")
+    C = Dev((100, 70), 0x300000)
+    lib.gemm(A, B, C)
+    assert lib.explain(A, B, C).startswith(f"{SMALL.name} (measured, gemm-tune callers)")
+    assert lib.explain(Dev((100, 64), 0x100004), B, C).endswith("a first call will measure")
+    nt = lib.explain(A, Dev((64, 70), 0x200000, strides=(1, 64)), C, bias=Dev((70,), 0x400000),
+                     activation="gelu")
+    assert "f32 nt, bias + gelu" in nt and "no kernel tuned" in nt
+    assert "batch 3" in lib.explain(Dev((3, 100, 64), 0x100000), B)
+    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 2  # explain runs nothing
+
+
+def test_measure_off_takes_the_tables_decision_and_writes_nothing(lib, fake):
+    ops = Cai(300, 200, 0x10000), Cai(200, 100, 0x20000), Cai(300, 100, 0x30000)
+    fake.times = {SMALL.name: 0.5, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(*ops)  # measured: SMALL
+    kept = lib.table_path.read_text()
+    off = load_library(lib.path, measure=False)
+    assert off.measure is False
+    off.gemm(*ops)
+    assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 2
+    off.gemm(Cai(300, 200, 0x10000), Cai(200, 101, 0x20000), Cai(300, 101, 0x30000))
+    assert len(fake.measured) == 2 and lib.table_path.read_text() == kept
+
+
+# ---- how a first use times its candidates ---------------------------------------------------
+class _Stream:
+    """One stream on a simulated clock: the host issues a call every `host` ms; the GPU runs
+    each after the one before it and not before it is issued; an event completes when the
+    stream reaches it."""
+
+    def __init__(self, host: float):
+        self.host_ms, self.now, self.free = host, 0.0, 0.0
+
+    def run(self, gpu_ms: float) -> None:
+        self.now += self.host_ms
+        self.free = max(self.free, self.now) + gpu_ms
+
+    def reached(self) -> float:
+        return max(self.free, self.now)
+
+
+@pytest.mark.parametrize("gpu_ms,host_ms", [(0.020, 0.008), (0.005, 0.012), (0.8, 0.01)],
+                         ids=["gpu-bound", "host-bound", "large"])
+def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms, host_ms):
+    """The per-call time a first use records is the loop's steady state, max(GPU, host) per
+    call, even for cuBLAS, whose first call takes milliseconds (choosing its algorithm): the
+    loops are sized from a warm loop, and the clock starts with a call in flight."""
+    s = _Stream(host_ms)
+
+    class Event:
+        def record(self, stream):
+            self.t = s.reached()
+
+        def synchronize(self):
+            s.now = max(s.now, self.t)
+
+        def since(self, start):
+            return self.t - start.t
+
+    monkeypatch.setattr(driver, "Event", Event)
+    monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
+    first = {"cublas": True}
+
+    def blas(stream):
+        s.run(3.0 if first.pop("cublas", False) else gpu_ms)
+
+    ms = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
+                                        "cublas": blas}, stream=7)
+    assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
+    assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
+
+
+def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
+    at = {33: {"a": 0.9, "b": 0.5, "cublas": 1.0}, 64: {"a": 1.8, "b": 2.1, "cublas": 2.0}}
+    d = measure.decision(at, "torch")
+    assert d["kernel"] == "a" and d["measured_m"] == [33, 64]  # b lost at 64
+    assert d["measured_ms"] == at[64] and d["measured_ms_low"] == at[33]
+    assert measure.decision({64: {"a": 1.99, "cublas": 2.0}}, "torch")["kernel"] is None
+    # a kernel not measured at every M (it could not take the operands there) cannot run
+    d = measure.decision({33: {"a": 0.1, "cublas": 1.0}, 64: {"cublas": 2.0}}, "torch")
+    assert d["kernel"] is None and "measured_ms_low" in d
+
+
+# ---- explain() without a GPU ----------------------------------------------------------------
+def test_explain_without_a_gpu_answers_for_a_named_model_from_the_estimates(
+        lib, monkeypatch, compile_cache, tmp_path):
+    """Nothing touches a driver: the exact entry or the estimates (with the time they
+    predict), for a model named in full or by a unique part of its name, from a shape or
+    numpy operands, and the decisions the table holds for that model; anything else one
+    line saying why not."""
+    import numpy as np
+
+    from _library import entry
+    from codegen import compile_config
+    from tuner.runtime.errors import LibraryError
+
+    def no_driver(*args):
+        raise AssertionError("explain(gpu=...) reached for the driver")
+
+    monkeypatch.setattr(driver, "gpu", no_driver)
+    monkeypatch.setattr(driver, "current_device", no_driver)
+    said = lib.explain(16, 4096, 4096, "fp32", gpu="H200")
+    est = lib.select(16, 4096, 4096, DType.F32, 90, 132).estimate_tflops
+    assert said.startswith(f"{SMALL.name} (estimate, for NVIDIA H200 without a GPU here)")
+    assert f"about {2e-9 * 16 * 4096 * 4096 / est:.4f} ms per call" in said
+    assert said.endswith("on that GPU a first call measures")
+    a, b = np.ones((16, 4096), np.float32), np.ones((4096, 4096), np.float32)
+    assert lib.explain(a, b, gpu="NVIDIA H200") == said  # the same call, by its operands
+    assert lib.explain(4096, 4096, 4096, gpu="h200").startswith(
+        "cuBLAS (exact, for NVIDIA H200 without a GPU here): tuned for exactly 4096x4096x4096")
+    # a decision the table holds for that model, under the driver and cuBLAS it names
+    case = Case(DType.F32, 16, 4096, 4096)
+    key = DispatchTable.key("NVIDIA H200", 13000, "130100 via torch", lib.fingerprint, "f32",
+                            case.variant, lib.m_buckets.text(16), 4096, 4096, case.align,
+                            1, case.ld)
+    lib.dispatcher.table.put(key, measure.decision({16: {BIG.name: 0.2, "cublas": 0.3}},
+                                                   "torch"))
+    lines = lib.explain(16, 4096, 4096, gpu="H200").splitlines()
+    assert lines[0] == said and len(lines) == 2
+    assert lines[1].startswith(f"{BIG.name} (measured on NVIDIA H200, driver 13000, cublas "
+                               "130100 via torch): measured on first use")
+    # one line where it cannot answer
+    with pytest.raises(LibraryError, match=r"has no entries for 'A100' \(it has: NVIDIA "
+                                           r"H200\): explain\(\) without a GPU answers only "
+                                           "for a GPU model the library was tuned on") as e:
+        lib.explain(64, 64, 64, gpu="A100")
+    assert "\n" not in str(e.value)
+    res = compile_config(SMALL, "sm_80", compile_cache, tmp_path / "art")
+    lib.add(entry(SMALL, res, (512, 512, 512), 10.0, 12.0, cc=80, gpu="NVIDIA A100"),
+            tmp_path / "art" / "sm_80" / f"{SMALL.name}.cu", res.cubin)
+    two = load_library(lib.path)
+    with pytest.raises(LibraryError, match="names several 'NVIDIA' .it has: NVIDIA A100, "
+                                           "NVIDIA H200."):
+        two.explain(64, 64, 64, gpu="NVIDIA")
+    assert two.explain(512, 512, 512, gpu="A100").startswith(
+        "cuBLAS (exact, for NVIDIA A100 without a GPU here)")
+
+
+# ---- M-buckets --------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tuner.runtime.dispatch import MBuckets  # noqa: E402
+
+
+def test_the_default_buckets_are_powers_of_two_to_64_then_multiples_of_128():
+    b = MBuckets()
+    assert str(b) == "1,2,4,8,16,32,64,+128" and MBuckets.parse(str(b)) == b
+    assert [b.of(m) for m in (1, 2, 3, 4, 5, 8, 9, 33, 64, 65, 128, 129, 777, 4096, 4097)] == [
+        (1, 1), (2, 2), (3, 4), (3, 4), (5, 8), (5, 8), (9, 16), (33, 64), (33, 64), (65, 128),
+        (65, 128), (129, 256), (769, 896), (3969, 4096), (4097, 4224)]
+    assert [b.text(m) for m in (1, 3, 100)] == ["1", "3-4", "65-128"]
+    exact = MBuckets.parse("exact")
+    assert exact.of(777) == (777, 777) and str(exact) == "exact"
+    assert MBuckets.parse("1, 8, +100").of(50) == (9, 100)
+
+
+@pytest.mark.parametrize("spec", ["", "1,2,4", "4,2,+128", "1,2,+0", "0,+8", "a,+8", "+x"])
+def test_a_bad_bucket_spec_is_one_line(spec, monkeypatch):
+    from tuner.runtime.errors import LibraryError
+
+    with pytest.raises(LibraryError, match="give increasing bounds and then") as e:
+        MBuckets.parse(spec)
+    assert "\n" not in str(e.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bounds=st.lists(st.integers(1, 300), max_size=8, unique=True).map(sorted),
+       step=st.integers(1, 300), m=st.integers(1, 100_000))
+def test_every_m_is_in_exactly_one_bucket(bounds, step, m):
+    """Buckets hold their M, tile the Ms without gaps or overlaps, and every M of a bucket
+    names that bucket."""
+    b = MBuckets(tuple(bounds), step)
+    lo, hi = b.of(m)
+    assert lo <= m <= hi
+    assert b.of(lo) == b.of(hi) == (lo, hi)
+    assert lo == 1 or b.of(lo - 1)[1] == lo - 1  # the bucket before ends just below
+    assert b.of(hi + 1)[0] == hi + 1  # and the next starts just above
+
+
+def test_buckets_are_configurable_by_environment_and_argument(lib, monkeypatch):
+    from tuner.runtime.errors import LibraryError
+
+    assert lib.m_buckets == MBuckets()
+    monkeypatch.setenv("GEMM_TUNE_M_BUCKETS", "1,16,+64")
+    assert load_library(lib.path).m_buckets == MBuckets((1, 16), 64)
+    assert load_library(lib.path, m_buckets="exact").m_buckets == MBuckets((), 1)
+    monkeypatch.setenv("GEMM_TUNE_M_BUCKETS", "16,8")
+    with pytest.raises(LibraryError, match="M-buckets '16,8'"):
+        load_library(lib.path)
+
+
+@pytest.mark.parametrize("m0,bucket", [(40, (33, 64)), (300, (257, 384)), (2, (2, 2))])
+def test_a_bucket_is_measured_once_and_its_kernel_runs_every_m_in_it(lib, fake, m0, bucket):
+    """The first call of a bucket measures at its two ends; every other M of the bucket runs
+    the kernel chosen, whole (its grid covers M), with nothing measured again; an M of the
+    next bucket is measured anew. explain() names the bucket and both measurements."""
+    n, k = 4096, 512
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    lo, hi = bucket
+    lib.gemm(Cai(m0, k, 0x100000), Cai(k, n, 0x200000), Cai(m0, n, 0x300000))
+    assert [x[0][0] for x in fake.measured] == sorted({lo, hi})
+    fake.times = {SMALL.name: 9.0, BIG.name: 9.0, "cublas": 0.1}  # would now pick cuBLAS
+    for m in range(lo, hi + 1):
+        lib.gemm(Cai(m, k, 0x100000), Cai(k, n, 0x200000), Cai(m, n, 0x300000))
+        name, grid, *_, args = fake.launches[-1]
+        assert (name, grid, args[0]) == (SMALL.name, SMALL.grid(m, n), m)
+    assert len(fake.measured) == len({lo, hi}) and fake.blas == []
+    said = lib.explain(hi, n, k)
+    assert said.startswith(f"{SMALL.name} (measured, ") and f"(M-bucket {lib.m_buckets.text(hi)})" in said
+    assert f"at M={hi}: " in said and (lo == hi or f"at M={lo}: " in said)
+    lib.gemm(Cai(hi + 1, k, 0x100000), Cai(k, n, 0x200000), Cai(hi + 1, n, 0x300000))
+    assert len(fake.blas) == 1 and fake.measured[-1][0][0] == lib.m_buckets.of(hi + 1)[1]
+
+
+def test_a_kernel_must_win_at_both_ends_of_its_bucket(lib, fake):
+    """SMALL is 2x faster than cuBLAS at M = 64 but slower at M = 33: cuBLAS runs the
+    bucket. The record line of a call in it has its bucket and the time interpolated."""
+    n, k = 4096, 512
+    fake.times = {SMALL.name: lambda m: 0.5 if m == 64 else 1.2, BIG.name: 9.0,
+                  "cublas": lambda m: m / 50}
+    with lib.record(lib.path / "problems.jsonl"):
+        lib.gemm(Cai(40, k, 0x100000), Cai(k, n, 0x200000), Cai(40, n, 0x300000))
+    assert len(fake.blas) == 1 and fake.launches == []
+    (line,) = (json.loads(x) for x in (lib.path / "problems.jsonl").read_text().splitlines())
+    assert line["m"] == 40 and line["m_bucket"] == [33, 64]
+    assert line["ms_per_call"] == pytest.approx(33 / 50 + (64 - 33) / 50 * (40 - 33) / 31)
+
+
+@settings(max_examples=200, deadline=None)
+@given(layout=st.sampled_from(["nn", "nt", "tn", "tt"]), m=st.integers(1, 700),
+       m2=st.integers(1, 700), n=st.integers(1, 300), k=st.integers(1, 300),
+       pads=st.tuples(*[st.integers(0, 9)] * 3), offsets=st.tuples(*[st.integers(0, 7)] * 3),
+       batch=st.sampled_from([1, 3]), bpads=st.tuples(st.integers(0, 9), st.integers(0, 9)),
+       dtype=st.sampled_from([DType.F32, DType.F16]), out=st.sampled_from([DType.F32,
+                                                                           DType.F16]))
+def test_a_problem_at_another_m_keeps_its_alignment_and_leading_dimension_classes(
+        layout, m, m2, n, k, pads, offsets, batch, bpads, dtype, out):
+    """The scratch a bucket's other end is measured on: the caller's layout, byte offsets,
+    alignment class and leading-dimension class, A's and C's batch strides grown with M
+    (each covering a problem), B as it was."""
+    from codegen.config import Layout
+    from codegen.families._common import Variant
+    from tuner.runtime import call
+    from tuner.runtime.dispatch import packed_ld
+    from tuner.runtime.operands import align_class
+
+    v = Variant(Layout(layout), out)
+    ld = tuple(p + x for p, x in zip(packed_ld(v.layout, m, n, k), pads))
+    size = dtype.size
+    offs = tuple(o * size for o in offsets)
+    ta, tb = layout
+
+    def geo(rows, cols, col, ldx, stride, b3):
+        strides = (1, ldx) if col else (ldx, 1)
+        return ((batch, rows, cols), (stride,) + strides) if b3 else ((rows, cols), strides)
+
+    span_a = (k - 1) * ld[0] + m if ta == "t" else (m - 1) * ld[0] + k
+    span_c = (m - 1) * ld[2] + n
+    sa = span_a + bpads[0] if batch > 1 else 0
+    sc = span_c + bpads[1] if batch > 1 else 0
+    geometry = (geo(m, k, ta == "t", ld[0], sa, batch > 1), geo(k, n, tb == "t", ld[1], 0, False),
+                geo(m, n, False, ld[2], sc, batch > 1), None)
+    sizes = (size, size, out.size)
+
+    def align(ldx, strides):
+        return tuple(align_class(o, x, sz, st_) for o, x, sz, st_ in zip(offs, ldx, sizes,
+                                                                         strides))
+
+    p = call.Problem(None, dtype, m, n, k, *ld, offs, False, None, True, 0, None, v, batch,
+                     (sa, 0, sc), geometry, align(ld, (sa, 0, sc)))
+    q = p.at_m(m2)
+    assert (q.m, q.n, q.k, q.offsets, q.variant, q.batch) == (m2, n, k, offs, v, batch)
+    assert align((q.lda, q.ldb, q.ldc), q.strides) == p.align and (q.ldb, q.ldc) == (p.ldb, p.ldc)
+    # tight stays tight, unless (a column-major A's rows of M) that would change the alignment
+    moved = ta == "t" and align_class(0, m, size) != align_class(0, m2, size)
+    assert q.ld_class[1:] == p.ld_class[1:]
+    assert q.ld_class[0] == ("padded" if moved else p.ld_class[0])
+    (a_shape, a_st), b_geo, (c_shape, c_st), _ = q.shapes
+    assert a_shape[-2:] == (m2, k) and c_shape[-2:] == (m2, n) and b_geo == geometry[1]
+    assert a_st[-2:] == ((1, q.lda) if ta == "t" else (q.lda, 1)) and c_st[-2:] == (q.ldc, 1)
+    need = (m2 if ta == "t" else k, k if tb == "t" else n, n)
+    assert all(x >= y for x, y in zip((q.lda, q.ldb, q.ldc), need))
+    if batch > 1:  # each problem of A and C clear of the next
+        assert q.strides[0] >= call._span(a_shape, a_st) and q.strides[2] >= call._span(c_shape,
+                                                                                         c_st)
+        assert (a_st[0], c_st[0]) == (q.strides[0], q.strides[2])
+
+
+# ---- measuring off: the same decisions in every process ----------------------------------
+#: calls of a program: packed fp32 GEMMs, one with padded rows, one NT, one batched
+_PROGRAM = [(300, 100, 200, None, False), (40, 4096, 512, None, False),
+            (777, 555, 333, 337, False), (16, 4096, 4096, None, True), (100, 70, 50, None, False)]
+
+
+def _run_program(lib, fake) -> list:
+    """(M, N, K, what ran, rule) of each call of _PROGRAM, through lib.gemm."""
+    out = []
+    for m, n, k, lda, nt in _PROGRAM:
+        b = Cai(k, n, 0x200000, column_major=nt)
+        lib.gemm(Cai(m, k, 0x100000, ld=lda), b, Cai(m, n, 0x300000))
+        plan = next(reversed(lib.plans.values()))
+        out.append((m, n, k, plan.choice.kernel or "cuBLAS", plan.choice.rule))
+    return out
+
+
+def _program_in_a_process(path, queue) -> None:
+    """A fresh process: the library loaded with GEMM_TUNE_MEASURE=0 (set by the parent),
+    _PROGRAM run through a fake GPU whose timer fails if called."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    with pytest.MonkeyPatch.context() as mp:
+        fake = FakeGpu(mp)
+        mp.setattr(measure, "time_candidates", _no_timing)
+        lib = load_library(path)
+        queue.put((lib.measure, _run_program(lib, fake), len(fake.measured)))
+
+
+def _no_timing(*args, **kw):
+    raise AssertionError("a first-use measurement with measuring off")
+
+
+def test_measuring_off_decides_from_the_library_and_table_alike_in_every_process(
+        lib, fake, monkeypatch):
+    """A program's decisions measured once (prewarm, or a first run) are kept in the
+    table; processes started with GEMM_TUNE_MEASURE=0 (ranks of one job) then time
+    nothing, write nothing and take exactly those decisions, and the estimate where the
+    table has none (NT here: nothing tuned, cuBLAS), each the same."""
+    import multiprocessing
+
+    fake.times = {SMALL.name: lambda m: 0.5 if m < 100 else 2.0, BIG.name: 3.0, "cublas": 1.0}
+    first = _run_program(lib, fake)
+    assert {r[4] for r in first} == {"measured", "cublas"}
+    assert {r[3] for r in first} == {SMALL.name, "cuBLAS"}  # each way, by M
+    kept = lib.table_path.read_text()
+    monkeypatch.setenv("GEMM_TUNE_MEASURE", "0")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_program_in_a_process, args=(lib.path, queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    answers = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert answers == [(False, first, 0)] * 2
+    assert lib.table_path.read_text() == kept
+    # and here, a library loaded with measure=False on a program's new shapes: estimates
+    monkeypatch.setattr(measure, "time_candidates", _no_timing)
+    off = load_library(lib.path, measure=False)
+    again = _run_program(off, fake)
+    assert again == first
+    off.gemm(Cai(1000, 999, 0x100000), Cai(999, 998, 0x200000), Cai(1000, 998, 0x300000))
+    assert next(reversed(off.plans.values())).choice.rule == "estimate"
+    assert lib.table_path.read_text() == kept
+
+
+def test_an_exact_entry_decides_its_own_m_and_explain_says_the_bucket_is_apart(
+        lib, fake, compile_cache, tmp_path):
+    from _library import entry
+    from codegen import compile_config
+
+    res = compile_config(SMALL, "sm_90", compile_cache, tmp_path / "art")
+    lib.add(entry(SMALL, res, (300, 256, 256), 20.0, 10.0), tmp_path / "art" / "sm_90" /
+            f"{SMALL.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+    assert lib.explain(300, 256, 256).startswith(f"{SMALL.name} (exact): tuned for exactly")
+    assert lib.explain(300, 256, 256).endswith("(the other Ms of its M-bucket, 257-384, are "
+                                               "decided apart)")
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(Cai(300, 256, 0x100000), Cai(256, 256, 0x200000), Cai(300, 256, 0x300000))
+    assert fake.launches[-1][0] == SMALL.name and fake.measured == []
+    lib.gemm(Cai(301, 256, 0x100000), Cai(256, 256, 0x200000), Cai(301, 256, 0x300000))
+    assert len(fake.blas) == 1 and [x[0][0] for x in fake.measured] == [257, 384]
