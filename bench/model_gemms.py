@@ -33,8 +33,8 @@ Steps:
    defaults to 480 s in all; each problem gets --timeout max(10, B / problems) s and
    --trials 40, costliest (recorded time) first, so the long token counts go first and
    problems left when B is spent are skipped (cuBLAS serves them). A problem started
-   before B runs to its timeout, so the tune ends within about B + 10 + 40 s (its timeout
-   plus the confirmation against cuBLAS): under 10 minutes at the default, within the
+   before B runs to its timeout, so the tune ends within about B + that timeout + 40 s
+   (the confirmation against cuBLAS): under 10 minutes at the default, within the
    issue's 15 (the JSON's bar "tune_within_15_min" checks the time measured; keep B at
    most about 800). It tunes into a fresh copy of the committed library,
    artifacts/model-gemms/library (tune artifacts and winners cache beside it, kept: a
@@ -50,21 +50,23 @@ Steps:
    - the layer's forward, patched (torch_ops.patch) against unpatched (the same
      parameters), under torch.inference_mode().
    Each output is checked before anything is timed, against float64 on fresh random
-   inputs (the caching allocator handed a NaN-filled block of the output's size first):
-   a GEMM against act(x W^T + b) in float64 of the stored inputs, gated as the tuner
-   gates the input type (tuner.bench: TOLERANCE x max(1, K/4096) plus one rounding of C);
-   a forward against a float64 copy of the layer: the patched layer's error must be
-   within LAYER_SLACK (1.5) times the unpatched layer's own.
+   inputs: a GEMM's (its second call's, the caching allocator first handed a NaN-filled
+   block of the output's size, so an output never written reads as NaN) against
+   act(x W^T + b) in float64 of the stored inputs, gated as the tuner gates the input
+   type (tuner.bench: TOLERANCE x max(1, K/4096) plus one rounding of C); a forward's
+   against a float64 copy of the layer: the patched layer's error must be within
+   LAYER_SLACK (1.5) times the unpatched layer's own.
 
 Cost: torch.compile max-autotune compiles and benchmarks Triton GEMM templates per shape:
 on the order of 20-60 s each on the H200 (an estimate: "compile_s" in each row records
 it), about 45 distinct shapes for both layers at all five T, so 15-45 minutes; each is cut
 at --compile-limit seconds (a SIGALRM in the compiling thread; the row then says so) and
 --no-compile leaves them out. Inductor's caches on disk make a rerun on the same machine
-much faster. Building the layers, the first-use measurements and the timing itself take
-about two minutes. To stay within 10-minute commands: --tune-only first, then
---skip-tune --library artifacts/model-gemms/library, by layer or token counts if need be
-(each run writes its JSON as it goes: a cut run keeps the rows it finished).
+much faster. Building the layers, the first-use measurements and the timing itself
+should take minutes, not tens of them (an estimate: not yet run). To stay within
+10-minute commands: --tune-only first, then --skip-tune --library
+artifacts/model-gemms/library, by layer or token counts if need be (each run writes its
+JSON as it goes: a cut run keeps the rows it finished).
 
 The bars ("bars" in the JSON): every GEMM at least 0.95x torch; the geometric mean over
 all GEMMs at least 1.05x; each layer's forward at least 1.0x at every T; every output
@@ -187,7 +189,8 @@ def expected_lines(specs, tokens) -> list[str]:
 
 def recorded_vs_expected(recorded: list[str], expected: list[str]) -> dict:
     """What a record file holds against what the layers give, problem by problem (label:
-    shape, type, layout, C, epilogue): missing ones had an exact entry already."""
+    shape, type, layout, C, epilogue): a missing one was served by an exact entry (or not
+    recorded: a bug)."""
     from tuner.problems import merge
 
     got = {p.label: p.calls for p in merge(recorded)}
