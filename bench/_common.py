@@ -77,3 +77,25 @@ def trial_counts(trials, by: str) -> dict:
     return {f"by_{by}": dict(collections.Counter(str(t.user_attrs.get(by, 0)) for t in measured)),
             "measured": len(names), "measured_twice": len(names) - len(set(names)),
             "unfinished": sum(not t.state.is_finished() for t in trials)}
+
+
+def geomean(values) -> float | None:
+    """The geometric mean of the positive numbers among `values` (None where none is)."""
+    import math
+
+    xs = [x for x in values if x is not None and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def interleaved(timer, fns: dict, rounds: int) -> dict:
+    """Time each of `fns` (name -> no-argument callable) once per round, turn about, for
+    `rounds` rounds, so that every figure comes from the same minutes. `timer(fn)` returns
+    a list of times (wgmma_vs_cublas.Timer: CUDA events, L2 flushed). Returns name ->
+    (median of the rounds' medians, [each round's median])."""
+    import statistics
+
+    per: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(statistics.median(timer(fn)))
+    return {name: (statistics.median(ms), ms) for name, ms in per.items()}
