@@ -21,7 +21,7 @@ Example:
     ...         /*0030*/                   IADD3 R2, R2, 0x10, RZ ;
     ...         /*0040*/               @P0 BRA 0x0 ;
     ... '''
-    >>> m = loop_mix(text, "k", k_steps=1)
+    >>> m = loop_mix(text, "k", ffma_per_step=2)
     >>> m.counts["ffma"], m.issued, round(m.ffma_share, 2)
     (2, 5, 0.4)
 """
@@ -222,7 +222,8 @@ class Mix:
 
     Attributes:
         kernel: the function's name.
-        k_steps: k-steps one iteration covers (the SIMT family's BK).
+        k_steps: k-steps one iteration covers (its FFMAs over those of one k-step: BK, or
+            2 x BK where the loop takes two K tiles a turn).
         start, end: the loop's first address and its back branch's.
         counts: instructions issued per iteration, by class (CLASSES, then "other").
         opcodes: the same by opcode with modifiers ("LDS.128": 32, ...; one that never
@@ -281,11 +282,13 @@ class Mix:
                 f"({self.reuse_flags} flags)")
 
 
-def loop_mix(sass: str, kernel: str, k_steps: int) -> Mix:
-    """The main-loop mix of function `kernel` in a SASS dump (cuobjdump's text).
+def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
+    """The main-loop mix of function `kernel` in a SASS dump (cuobjdump's text), whose
+    k-steps issue `ffma_per_step` FFMAs each (the SIMT family's RM x RN).
 
     Raises:
-        ValueError: no such function, or it has no loop of FFMAs.
+        ValueError: no such function, it has no loop of FFMAs, or the loop's hot path is
+            not a whole number of k-steps.
     """
     code = functions(sass).get(kernel)
     if code is None:
@@ -295,6 +298,10 @@ def loop_mix(sass: str, kernel: str, k_steps: int) -> Mix:
     counts = collections.Counter(classify(i) for i in path)
     ffmas = [i for i in path if i.base == "FFMA"]
     widths = collections.Counter(i.width for i in path if classify(i) == "lds")
+    k_steps, odd = divmod(len(ffmas), ffma_per_step)
+    if odd or not k_steps:
+        raise ValueError(f"the loop at {code[first].addr:#x} issues {len(ffmas)} FFMAs, not "
+                         f"a whole number of k-steps of {ffma_per_step}")
     return Mix(kernel=kernel, k_steps=k_steps, start=code[first].addr, end=code[last].addr,
                counts={c: counts[c] for c in (*CLASSES, "other")},
                opcodes=dict(collections.Counter(
@@ -307,5 +314,5 @@ def loop_mix(sass: str, kernel: str, k_steps: int) -> Mix:
 
 
 def kernel_mix(config, cubin: Path | str) -> Mix:
-    """The main-loop mix of `config`'s kernel in its compiled `cubin` (k-steps: its BK)."""
-    return loop_mix(disassemble(cubin), config.name, config.bk)
+    """The main-loop mix of a SIMT `config`'s kernel in its compiled `cubin`."""
+    return loop_mix(disassemble(cubin), config.name, config.rm * config.rn)

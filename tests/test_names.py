@@ -109,11 +109,12 @@ def test_only_the_name_a_config_writes_reads_back(name):
 #: the trial parameters each family's search asks for, by the dtype of its configs: the
 #: names live on in stored Optuna studies, so they must not change
 PARAMETERS = {
-    # (the first valid SIMT point has pad 0, so the conditional "swz" is asked too)
+    # (the first valid SIMT point has pad 0 and one stage, so the conditional "swz" and
+    # "interior" are asked too)
     ("simt", DType.F32): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "stages", "swizzle",
-                          "swz"],
+                          "swz", "interior"],
     ("simt", DType.F16): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "widened_stages",
-                          "swizzle", "swz"],
+                          "swizzle", "swz", "interior"],
     ("wmma", DType.F16): ["wmma_bm", "wmma_bn", "wmma_bk", "wmma_wm", "wmma_wn", "wmma_stages",
                           "wmma_swizzle", "wmma_skew_bytes"],
     ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",
@@ -133,6 +134,11 @@ def test_search_parameter_names_are_pinned(family, dtype):
     assert list(spec.params_of(c, (8192, 8192, 8192), arch)) == PARAMETERS[family, dtype]
     # split-K's, asked only where the tiles leave SMs idle
     if family == "simt":
+        # an 8x8 micro-tile asks whether it is 8x16; one of 16 rows does not ask RN
+        wide = KernelConfig(bm=128, bn=256, rm=8, rn=16, wt=8, dtype=dtype)
+        assert list(spec.params_of(wide, (8192, 8192, 8192), arch))[-2:] == ["rn16", "interior"]
+        tall = KernelConfig(bm=256, rm=16, rn=8, dtype=dtype)
+        assert "rn" not in spec.params_of(tall, (8192, 8192, 8192), arch)
         small = KernelConfig(dtype=dtype, split=2, reduce="cluster")
         assert list(spec.params_of(small, (128, 128, 8192), arch))[-2:] == ["split",
                                                                            "split_reduce"]

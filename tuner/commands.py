@@ -147,7 +147,7 @@ def _inspect_sass_mix(args, info: dict, cubin) -> int:
         raise UsageError(f"--sass-mix reads the FFMA loop of a CUDA-core (simt) kernel; "
                          f"{cfg.name} is a {cfg.family.value} kernel (--sass shows its code)")
     try:
-        mix = loop_mix(_sass(cubin), cfg.name, cfg.bk)
+        mix = loop_mix(_sass(cubin), cfg.name, cfg.rm * cfg.rn)
     except ValueError as e:
         raise UsageError(f"{cfg.name}: {e}") from None
     print(json.dumps(mix.to_dict(), indent=2) if args.json else mix.summary())
