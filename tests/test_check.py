@@ -115,6 +115,8 @@ def test_the_interior_path_rules():
     assert check(dataclasses.replace(ok, stages=1), "sm_90") == [
         "an interior path of two K tiles a turn pairs the double buffer's stages: stages "
         "2, not 1"]
+    assert check(dataclasses.replace(ok, zigzag=1), "sm_90") == []
+    assert check(dataclasses.replace(ok, zigzag=2), "sm_90") == ["zigzag flag 2 must be 0 or 1"]
 
 
 def test_epilogue_and_layout_rules():

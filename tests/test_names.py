@@ -14,7 +14,7 @@ import pytest
 
 from codegen import UsageError
 from codegen.families import FAMILIES, config_from_name
-from codegen.families._common import DType
+from codegen.families._common import DType, Layout
 from codegen.families.simt import KernelConfig
 from codegen.families.wgmma import WgmmaConfig
 from codegen.families.wmma import WmmaConfig
@@ -76,6 +76,10 @@ def test_the_name_declares_every_field(family):
      "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k8l_f2"),
     (KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=2, reduce="cluster", minb=3),
      "gemm_simt_f32_32x32x8_r2x4_w16x2_p4_v4_s3_g8_k2c_b3"),
+    (KernelConfig(pad=0, swz=1, interior=2, zigzag=1, layout=Layout.NT),
+     "gemm_simt_f32_128x128x8_r8x8_w4x8_p0_v4_s2_g8_sw_i2_z_nt"),
+    (KernelConfig(bn=256, rn=16, wt=8, stages=1, interior=1),
+     "gemm_simt_f32_128x256x8_r8x16_w8x4_p4_v4_s1_g8_i1"),
     (WmmaConfig(), "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8"),
     (WmmaConfig(dtype=DType.TF32, bk=16, skew=4, vec=4),
      "gemm_wmma_tf32_128x128x16_w64x32_p4_v4_s3_g8"),
@@ -96,6 +100,9 @@ def test_name_format_is_pinned(config, name):
     "gemm_simt_f32_128x128x8_r8x8_w4x4_p4_v4_s2_g8",       # 4 x 4 is not 32 lanes
     "gemm_simt_f32_0128x128x8_r8x8_w4x8_p4_v4_s2_g8",      # one spelling of each number
     "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_b2_f2",  # parts in their order
+    "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_z_i1",   # parts in their order
+    "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_i0",     # no interior path: nothing
+    "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_i",      # the path is a number
     "gemm_wmma_f32x4_128x128x32_w64x32_p8_v8_s3_g8",
     "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_t1",
     "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts_pp",

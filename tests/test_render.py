@@ -25,9 +25,11 @@ from codegen.rendering import _env
     # the interior path: paired, on an 8x16 micro-tile (the best SASS mix measured) ...
     KernelConfig(bm=128, bn=256, bk=8, rm=8, rn=16, wt=8, pad=0, swz=1, swizzle=1,
                  interior=2),
-    # ... unchecked, single buffer, A column-major, fp16 widened, a cluster split-K
+    # ... unchecked, single buffer, A column-major, fp16 widened, a cluster split-K, the
+    # FMAs in serpentine order
     KernelConfig(bm=128, bn=64, bk=16, rm=8, rn=4, wt=8, pad=4, stages=1, swizzle=1,
-                 interior=1, layout=Layout.TN, dtype=DType.F16, split=4, reduce="cluster"),
+                 interior=1, layout=Layout.TN, dtype=DType.F16, split=4, reduce="cluster",
+                 zigzag=1),
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -69,6 +71,12 @@ def test_interior_paths_render_what_they_use():
     assert "for (; kt < whole_tiles; ++kt)" in single
     assert "const size_t a_step = static_cast<size_t>(BK) * lda;" in single
     assert "const size_t b_step = BK;" in single
+
+
+def test_the_serpentine_order_renders_in_both_fragment_loops():
+    for frags in (1, 2):
+        plain, zz = (render(KernelConfig(frags=frags, zigzag=z)) for z in (0, 1))
+        assert "RN - 1 - jj" not in plain and zz.count("const int j = i % 2 ? RN - 1 - jj : jj;") == 1
 
 
 def test_strict_undefined_catches_a_missing_value():

@@ -211,3 +211,29 @@ def test_inspect_sass_mix_of_a_tensor_core_kernel_is_one_line(lib, tool, capsys,
     err = capsys.readouterr().err.strip()
     assert "--sass-mix reads the FFMA loop of a CUDA-core (simt) kernel" in err
     assert len(err.splitlines()) == 1
+
+
+# ---- bench/sass_mix.py and the pairs the lead times ---------------------------------------
+def test_the_mainloop_pairs_build_and_tabulate(tool, compile_cache):
+    """Every kernel of bench/pairs/mainloop-4096.txt builds on sm_90 (the device run times
+    them all); bench/sass_mix.py's row and table of one of them."""
+    import sys
+    from pathlib import Path
+
+    from codegen import check
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    import sass_mix
+
+    names = sass_mix.names_of(bench / "pairs" / "mainloop-4096.txt")
+    assert WINNER in names and BEST in names and len(names) == len(set(names)) >= 10
+    for name in names:
+        assert check(config_from_name(name), "sm_90") == [], name
+    c = config_from_name(BEST)
+    row = sass_mix.row(c, compile_config(c, "sm_90", compile_cache))
+    assert row["rest"] == row["issued"] - row["counts"]["ffma"] - row["counts"]["lds"] > 0
+    assert row["spill_bytes"] == 0 and row["registers"] > 128
+    text = sass_mix.table([row])
+    assert f"| `{BEST.removeprefix('gemm_simt_')}` | {row['issued']} (16) | " \
+           f"{row['ffma_share']:.1%} | 6 (96 x 128-bit) |" in text

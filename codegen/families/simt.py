@@ -78,6 +78,11 @@ class KernelConfig(Serial, Named):
             two K tiles a turn, so the shared stages it reads and writes are constants.
             Fewer instructions besides the FFMAs in the main loop (bench/NOTES.md, "the
             main loop's instruction mix"). The name carries `_i<interior>` only above 0.
+        zigzag: 1 = a k-step's FMAs run in serpentine order (odd rows of the micro-tile
+            right to left), so that consecutive FFMAs share an operand at the turns too
+            (ptxas's .reuse flags: register-bank conflicts). The name carries `_z` only
+            when 1. Buildable and tested, not searched: it leaves the instruction count
+            as it is (bench/NOTES.md).
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
             only when not the default).
@@ -103,6 +108,7 @@ class KernelConfig(Serial, Named):
     minb: int = 1
     swz: int = 0
     interior: int = 0
+    zigzag: int = 0
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -113,11 +119,11 @@ class KernelConfig(Serial, Named):
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it): split-K
     #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
-    #: ``_b`` only above 1, ``_sw`` and ``_i`` only above 0, so that names from before
+    #: ``_b`` only above 1, ``_sw``, ``_i`` and ``_z`` only above 0, so that names from before
     #: those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
                 "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}][_sw{swz}]"
-                "[_i{interior}]" + EPILOGUE_NAME, swz=FLAG,
+                "[_i{interior}][_z{zigzag}]" + EPILOGUE_NAME, swz=FLAG, zigzag=FLAG,
                 family=choice({f: f.value for f in Family}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
 
@@ -205,7 +211,7 @@ class KernelConfig(Serial, Named):
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
             LAST=self.last, REDUCE_PASS=self.reduce_pass,
-            MIN_BLOCKS=self.minb, INTERIOR=self.interior,
+            MIN_BLOCKS=self.minb, INTERIOR=self.interior, ZIGZAG=bool(self.zigzag),
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
@@ -305,6 +311,8 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
         why.append(f"swizzle flag {c.swz} must be 0 or 1")
     elif c.swz:
         why += _swizzle_reasons(c)
+    if c.zigzag not in (0, 1):
+        why.append(f"zigzag flag {c.zigzag} must be 0 or 1")
     if c.interior not in INTERIORS:
         why.append(f"interior path {c.interior} is not one of "
                    f"{', '.join(map(str, INTERIORS))}")
