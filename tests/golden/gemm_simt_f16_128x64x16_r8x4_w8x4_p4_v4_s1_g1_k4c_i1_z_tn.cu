@@ -45,6 +45,7 @@ static_assert(SPLIT <= 8 && BM % SPLIT == 0 && BN % 4 == 0, "a portable cluster;
 static_assert(32768 == (12800 > BM * BN * 4 ? 12800 : BM * BN * 4) &&
               12800 == STAGES * BK * (LDA_S + LDB_S) * 4, "dynamic shared memory size");
 static_assert(STORE_VEC <= VB && VB % STORE_VEC == 0, "stores must not straddle fragment chunks");
+static_assert(STAGES <= 2, "the interior path runs the register-staged loop");
 
 // Vector load / store of V consecutive floats to / from registers. The caller
 // guarantees 4*V-byte alignment; V = 1, 2 or 4.

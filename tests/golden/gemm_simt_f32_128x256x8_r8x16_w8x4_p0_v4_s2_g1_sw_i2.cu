@@ -37,6 +37,7 @@ static_assert(A_LOADS >= 1 && A_LOADS * VEC * THREADS == BM * BK, "threads must 
 static_assert(B_LOADS >= 1 && B_LOADS * VEC * THREADS == BK * BN, "threads must load the B tile evenly");
 static_assert(24576 == STAGES * BK * (LDA_S + LDB_S) * 4, "dynamic shared memory size");
 static_assert(STORE_VEC <= VB && VB % STORE_VEC == 0, "stores must not straddle fragment chunks");
+static_assert(STAGES == 2, "the interior path runs the register-staged loop (two K tiles a turn: two stages)");
 
 // The XOR swizzle of a transposed k-major tile: row k's columns permuted in SWZ_UNIT-wide
 // chunks, one pattern per VEC-deep group of rows (what one thread's vector spans).
