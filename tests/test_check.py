@@ -103,6 +103,22 @@ def test_the_swizzle_rules():
         KernelConfig(bm=16, bn=32, bk=16, rm=4, rn=4, wt=4, pad=0, swz=1), "sm_90")
 
 
+def test_the_interior_path_rules():
+    ok = KernelConfig(bm=128, bn=128, bk=8, rm=8, rn=8, wt=16, pad=0, swz=1, interior=2)
+    assert check(ok, "sm_90") == [] and check(dataclasses.replace(ok, interior=1), "sm_75") == []
+    assert check(dataclasses.replace(ok, stages=1, interior=1), "sm_90") == []
+    assert check(dataclasses.replace(ok, interior=3), "sm_90") == [
+        "interior path 3 is not one of 0, 1, 2"]
+    assert check(dataclasses.replace(ok, stages=3), "sm_90") == [
+        "the unchecked interior path is built for the register-staged loop (stages 1-2), "
+        "not a cp.async ring of 3"]
+    assert check(dataclasses.replace(ok, stages=1), "sm_90") == [
+        "an interior path of two K tiles a turn pairs the double buffer's stages: stages "
+        "2, not 1"]
+    assert check(dataclasses.replace(ok, zigzag=1), "sm_90") == []
+    assert check(dataclasses.replace(ok, zigzag=2), "sm_90") == ["zigzag flag 2 must be 0 or 1"]
+
+
 def test_epilogue_and_layout_rules():
     from codegen.config import Layout
 

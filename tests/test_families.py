@@ -82,6 +82,27 @@ def test_built_in_families_and_compatibility_names():
     assert [s.name for s in families_for(DType.F16, parse_arch("sm_80"))] == ["simt", "wmma"]
 
 
+def test_the_simt_space_holds_the_main_loop_parameters():
+    """Micro-tiles of 16 only as 16x8 and 8x16 (RN16), the interior path only in the
+    register-staged loop (paired: 2 stages); each round-trips its trial parameters."""
+    spec = FAMILIES["simt"]
+    grid = list(spec.valid_configs(ARCH, DType.F32, None))
+    tiles = {(c.rm, c.rn) for c in grid}
+    assert {(16, 8), (8, 16)} <= tiles and not {(16, 4), (4, 16), (2, 16), (16, 16)} & tiles
+    assert {(c.stages, c.interior) for c in grid} == {
+        (1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (3, 0), (4, 0)}
+    assert len(grid) == len(set(grid)) == 11830
+    big = (4096, 4096, 4096)
+    for name in ("gemm_simt_f32_128x256x8_r8x16_w8x4_p0_v4_s2_g1_sw_i2",
+                 "gemm_simt_f32_256x128x8_r16x8_w4x8_p0_v4_s2_g1_sw_i1",
+                 "gemm_simt_f32_128x128x8_r8x8_w16x2_p0_v4_s2_g1_sw",
+                 "gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1"):
+        c = config_from_name(name)
+        assert c in grid
+        trial = optuna.trial.FixedTrial(spec.params_of(c, big, ARCH))
+        assert spec.suggest(trial, DType.F32, big, ARCH) == c
+
+
 def test_unknown_names_dicts_and_types_are_refused():
     with pytest.raises(UsageError, match="is not a gemm-tune kernel name"):
         config_from_name("gemm_nope_f32_1x1x1")

@@ -1,6 +1,7 @@
 """The time model against hand-computed figures, the rank correlation, and the search's
 use of the ranking (first batch, pruning margin) with a simulation benchmark (no nvcc)."""
 
+import dataclasses
 import math
 
 import optuna
@@ -140,6 +141,24 @@ def test_the_model_orders_what_it_should():
     split = KernelConfig(bm=16, bn=128, bk=16, rm=2, rn=4, wt=8, stages=2, split=4,
                          reduce="cluster")
     assert t(split, shape) < t(skinny, shape)
+
+
+def test_the_interior_path_issues_fewer_instructions_where_tiles_lie_inside():
+    """A K tile's instructions times INTERIOR_ISSUE over the tiles of C wholly inside: less
+    issue at 4096^3 (every tile inside; the paired path least), less of a saving where a
+    column of tiles is cut, none where every tile is (the checked loop runs). A 16x8
+    micro-tile, whose K tile the model finds issue-bound (not bound by shared memory)."""
+    c = KernelConfig(bm=128, bn=128, bk=8, rm=16, rn=8, wt=4, pad=0, swz=1, swizzle=1)
+    occ = occupancy(c.threads, 232, c.smem_bytes, H200)
+
+    def issue(interior, shape):
+        return predict(dataclasses.replace(c, interior=interior), shape, H200, occ).terms["issue"]
+    big, half, cut = BIG, (4096, 4160, 4096), (100, 100, 4096)
+    assert issue(2, big) < issue(1, big) < issue(0, big)
+    for i in (1, 2):
+        assert 1 - issue(i, half) / issue(0, half) < 1 - issue(i, big) / issue(0, big)
+        assert issue(i, cut) == issue(0, cut)
+    assert model.INTERIOR_ISSUE[2] < model.INTERIOR_ISSUE[1] < model.INTERIOR_ISSUE[0] == 1
 
 
 def test_register_estimate_and_cap():

@@ -14,7 +14,7 @@ import pytest
 
 from codegen import UsageError
 from codegen.families import FAMILIES, config_from_name
-from codegen.families._common import DType
+from codegen.families._common import DType, Layout
 from codegen.families.simt import KernelConfig
 from codegen.families.wgmma import WgmmaConfig
 from codegen.families.wmma import WmmaConfig
@@ -76,6 +76,10 @@ def test_the_name_declares_every_field(family):
      "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k8l_f2"),
     (KernelConfig(bm=32, bn=32, rm=2, rn=4, wt=16, stages=3, split=2, reduce="cluster", minb=3),
      "gemm_simt_f32_32x32x8_r2x4_w16x2_p4_v4_s3_g8_k2c_b3"),
+    (KernelConfig(pad=0, swz=1, interior=2, zigzag=1, layout=Layout.NT),
+     "gemm_simt_f32_128x128x8_r8x8_w4x8_p0_v4_s2_g8_sw_i2_z_nt"),
+    (KernelConfig(bn=256, rn=16, wt=8, stages=1, interior=1),
+     "gemm_simt_f32_128x256x8_r8x16_w8x4_p4_v4_s1_g8_i1"),
     (WmmaConfig(), "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8"),
     (WmmaConfig(dtype=DType.TF32, bk=16, skew=4, vec=4),
      "gemm_wmma_tf32_128x128x16_w64x32_p4_v4_s3_g8"),
@@ -96,6 +100,9 @@ def test_name_format_is_pinned(config, name):
     "gemm_simt_f32_128x128x8_r8x8_w4x4_p4_v4_s2_g8",       # 4 x 4 is not 32 lanes
     "gemm_simt_f32_0128x128x8_r8x8_w4x8_p4_v4_s2_g8",      # one spelling of each number
     "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_b2_f2",  # parts in their order
+    "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_z_i1",   # parts in their order
+    "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_i0",     # no interior path: nothing
+    "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_i",      # the path is a number
     "gemm_wmma_f32x4_128x128x32_w64x32_p8_v8_s3_g8",
     "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_t1",
     "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts_pp",
@@ -109,11 +116,12 @@ def test_only_the_name_a_config_writes_reads_back(name):
 #: the trial parameters each family's search asks for, by the dtype of its configs: the
 #: names live on in stored Optuna studies, so they must not change
 PARAMETERS = {
-    # (the first valid SIMT point has pad 0, so the conditional "swz" is asked too)
+    # (the first valid SIMT point has pad 0 and one stage, so the conditional "swz" and
+    # "interior" are asked too)
     ("simt", DType.F32): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "stages", "swizzle",
-                          "swz"],
+                          "swz", "interior"],
     ("simt", DType.F16): ["bm", "bn", "bk", "rm", "rn", "wt", "pad", "vec", "widened_stages",
-                          "swizzle", "swz"],
+                          "swizzle", "swz", "interior"],
     ("wmma", DType.F16): ["wmma_bm", "wmma_bn", "wmma_bk", "wmma_wm", "wmma_wn", "wmma_stages",
                           "wmma_swizzle", "wmma_skew_bytes"],
     ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",
@@ -133,6 +141,11 @@ def test_search_parameter_names_are_pinned(family, dtype):
     assert list(spec.params_of(c, (8192, 8192, 8192), arch)) == PARAMETERS[family, dtype]
     # split-K's, asked only where the tiles leave SMs idle
     if family == "simt":
+        # an 8x8 micro-tile asks whether it is 8x16; one of 16 rows does not ask RN
+        wide = KernelConfig(bm=128, bn=256, rm=8, rn=16, wt=8, dtype=dtype)
+        assert list(spec.params_of(wide, (8192, 8192, 8192), arch))[-2:] == ["rn16", "interior"]
+        tall = KernelConfig(bm=256, rm=16, rn=8, dtype=dtype)
+        assert "rn" not in spec.params_of(tall, (8192, 8192, 8192), arch)
         small = KernelConfig(dtype=dtype, split=2, reduce="cluster")
         assert list(spec.params_of(small, (128, 128, 8192), arch))[-2:] == ["split",
                                                                            "split_reduce"]

@@ -22,6 +22,14 @@ from codegen.rendering import _env
                  act="silu", split=4),  # the reduce pass applies the epilogue
     KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=8, wt=8, pad=0, swz=1,
                  layout=Layout.NT),  # XOR-swizzled transposed tiles of A and B
+    # the interior path: paired, on an 8x16 micro-tile (the best SASS mix measured) ...
+    KernelConfig(bm=128, bn=256, bk=8, rm=8, rn=16, wt=8, pad=0, swz=1, swizzle=1,
+                 interior=2),
+    # ... unchecked, single buffer, A column-major, fp16 widened, a cluster split-K, the
+    # FMAs in serpentine order
+    KernelConfig(bm=128, bn=64, bk=16, rm=8, rn=4, wt=8, pad=4, stages=1, swizzle=1,
+                 interior=1, layout=Layout.TN, dtype=DType.F16, split=4, reduce="cluster",
+                 zigzag=1),
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -45,6 +53,30 @@ def test_stage_paths_render_what_they_use():
     assert "Single buffer" in single and "Double buffer" in double
     assert "% rows_in_group" in render(KernelConfig(swizzle=8))
     assert "rows_in_group" not in render(KernelConfig(swizzle=1))
+
+
+def test_interior_paths_render_what_they_use():
+    """No interior path: one checked loop, as before the parameter; 1: the unchecked loop
+    first, pointers advanced a K tile a load; 2: also two K tiles a turn, stages constant."""
+    plain, unchecked, paired = (render(KernelConfig(interior=i)) for i in (0, 1, 2))
+    assert "load_whole" not in plain and "for (int kt = 0; kt < k_tiles; ++kt)" in plain
+    for src in (unchecked, paired):
+        assert "const bool interior = m0 + BM <= M && n0 + BN <= N && a_vec && b_vec;" in src
+        assert "a_src[v] += a_step;" in src and "for (; kt < k_tiles; ++kt)" in src
+        assert "const size_t b_step = static_cast<size_t>(BK) * ldb;" in src
+    assert "kt += 2" not in unchecked
+    assert "for (; kt + 2 < whole_tiles; kt += 2)" in paired
+    assert "compute_stage(0);\n            store_tiles(1);" in paired
+    single = render(KernelConfig(stages=1, interior=1, layout=Layout.TT))
+    assert "for (; kt < whole_tiles; ++kt)" in single
+    assert "const size_t a_step = static_cast<size_t>(BK) * lda;" in single
+    assert "const size_t b_step = BK;" in single
+
+
+def test_the_serpentine_order_renders_in_both_fragment_loops():
+    for frags in (1, 2):
+        plain, zz = (render(KernelConfig(frags=frags, zigzag=z)) for z in (0, 1))
+        assert "RN - 1 - jj" not in plain and zz.count("const int j = i % 2 ? RN - 1 - jj : jj;") == 1
 
 
 def test_strict_undefined_catches_a_missing_value():

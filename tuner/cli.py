@@ -246,6 +246,9 @@ def build_subparsers() -> argparse.ArgumentParser:
     variant(q)
     q.add_argument("--source", action="store_true", help="print the generated .cu")
     q.add_argument("--sass", action="store_true", help="print the SASS (cuobjdump)")
+    q.add_argument("--sass-mix", action="store_true",
+                   help="a CUDA-core kernel's main loop from its SASS: instructions issued per "
+                        "iteration and k-step by class, the FFMAs' share, shared loads by width")
     q.add_argument("--profile", action="store_true",
                    help="run the kernel and cuBLAS at its shape under Nsight Compute (ncu, "
                         "GPU): DRAM bytes, time, occupancy, throughputs, stalls, bank "

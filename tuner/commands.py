@@ -4,33 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import subprocess
 
-from codegen.config import DType, config_from_dict, config_from_name
-from codegen.errors import UsageError
+from codegen.config import DType, Family, config_from_dict, config_from_name
+from codegen.errors import ToolchainError, UsageError
+from codegen.sass import disassemble, find_cuobjdump, loop_mix
 from tuner._shape import (
     entry_variant, epilogue_text, format_shape, fp32_mode, parse_shape, shapes_file,
     variant_text,
 )
 from tuner.runtime.library import Library
-
-
-def find_cuobjdump() -> tuple[str | None, dict]:
-    """cuobjdump (and the nvdisasm it runs) from PATH, the toolkit's bin, or the pip wheels
-    (nvidia-cuda-cuobjdump / -nvdisasm, the dev extra); with the environment to run it in."""
-    import os
-    from pathlib import Path
-
-    env = dict(os.environ)
-    dirs = [Path("/usr/local/cuda/bin")]
-    try:
-        import nvidia.cu13 as cu13
-        dirs += [Path(p) / "bin" for p in cu13.__path__]
-    except ImportError:
-        pass
-    env["PATH"] = os.pathsep.join([env.get("PATH", "")] + [str(d) for d in dirs])
-    return shutil.which("cuobjdump", path=env["PATH"]), env
 
 
 def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None,
@@ -111,6 +93,8 @@ def cmd_inspect(args, console) -> int:
     if args.sass:
         print(_sass(cubin), end="")
         return 0
+    if args.sass_mix:
+        return _inspect_sass_mix(args, info, cubin)
     if args.profile:
         return _inspect_profile(args, lib, e, info, console)
     doc = _inspect_doc(e, info, entries, source, cubin)
@@ -149,15 +133,25 @@ def _asked(args) -> str:
 
 def _sass(cubin) -> str:
     """The cubin's SASS, by cuobjdump."""
-    tool, env = find_cuobjdump()
-    if not tool:
-        raise UsageError("--sass needs cuobjdump (the CUDA toolkit, or the dev extra's "
-                         "nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm)")
-    p = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True,
-                       check=False, env=env)
-    if p.returncode:
-        raise UsageError(f"cuobjdump failed on {cubin}: {p.stderr.strip()[:300]}")
-    return p.stdout
+    try:
+        return disassemble(cubin)
+    except ToolchainError as e:
+        raise UsageError(str(e)) from None
+
+
+def _inspect_sass_mix(args, info: dict, cubin) -> int:
+    """`inspect NAME --sass-mix`: what one iteration of a CUDA-core kernel's main loop
+    issues (codegen.sass.loop_mix), FFMAs' share first."""
+    cfg = config_from_dict(info["config"])
+    if cfg.family is not Family.SIMT:
+        raise UsageError(f"--sass-mix reads the FFMA loop of a CUDA-core (simt) kernel; "
+                         f"{cfg.name} is a {cfg.family.value} kernel (--sass shows its code)")
+    try:
+        mix = loop_mix(_sass(cubin), cfg.name, cfg.rm * cfg.rn)
+    except ValueError as e:
+        raise UsageError(f"{cfg.name}: {e}") from None
+    print(json.dumps(mix.to_dict(), indent=2) if args.json else mix.summary())
+    return 0
 
 
 def _inspect_doc(e: dict, info: dict, entries: list[dict], source, cubin) -> dict:

@@ -31,7 +31,9 @@ plus the fixed costs of the launch:
            LDS, the global loads and shared stores of the tile (A is stored
            transposed: one STS per float; cp.async: one copy per float of A, one per
            vector of B) and ``K_TILE_OVERHEAD`` instructions of loop, address and
-           barrier; the epilogue's RM*RN stores and scaling. Any other family (the
+           barrier; the epilogue's RM*RN stores and scaling; for a kernel with an interior
+           path (SIMT's ``interior``), times ``INTERIOR_ISSUE`` over the tiles of C that
+           lie wholly inside. Any other family (the
            tensor-core ones) issues its FLOP at its math's peak rate over its own
            issue efficiency (FamilySpec.issue_efficiency). An SM issues 4 warp
            instructions a clock (one per scheduler) when it holds ``SATURATING_WARPS``
@@ -123,6 +125,12 @@ LAUNCH_S = 2.0e-6
 #: Counted, not calibrated: no recorded study has an epilogue yet.
 EPILOGUE_INSTR = {"bias": 2, "relu": 1, "gelu": 14, "gelu_tanh": 10, "silu": 8,
                   "convert": 1}
+
+#: A K tile's instructions issued by the interior path (KernelConfig.interior: 1 unchecked,
+#: 2 paired) over those of the checked loop, as read from the SASS (codegen.sass, nvcc
+#: 13.0, sm_90): 0.957-0.964 unchecked, 0.928-0.938 paired on 8x8 and 16x8 micro-tiles
+#: (bench/NOTES.md, "the main loop's instruction mix"). Counted, not calibrated on timings.
+INTERIOR_ISSUE = {0: 1.0, 1: 0.96, 2: 0.93}
 
 #: Prune a compiled candidate whose predicted time exceeds the best measured time by more
 #: than this factor: predicted TFLOP/s x PRUNE_MARGIN < best measured TFLOP/s. The model
@@ -284,6 +292,17 @@ def _simt_instructions(c) -> tuple[float, float, float, float]:
     return fma + lds + K_TILE_OVERHEAD, mem, lds_wf + sts_wf, epilogue
 
 
+def _interior_issue(c, shape) -> float:
+    """INTERIOR_ISSUE of `c`'s interior path, over the share of the tiles of C that lie
+    wholly inside (the others run the checked loop); 1 without one."""
+    saved = 1.0 - INTERIOR_ISSUE[getattr(c, "interior", 0)]
+    if not saved:
+        return 1.0
+    m, n, _ = shape
+    inside = (m // c.bm) * (n // c.bn) / (_cdiv(m, c.bm) * _cdiv(n, c.bn))
+    return 1.0 - saved * inside
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """The predicted time of one candidate and the terms it came from."""
@@ -328,7 +347,8 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
 
     if spec.micro_tile:
         compute, mem, wavefronts, epilogue = _simt_instructions(c)
-        step_instr = warps * (compute + mem)  # warp instructions per K tile of one block
+        # warp instructions per K tile of one block
+        step_instr = warps * (compute + mem) * _interior_issue(c, shape)
         step_smem = warps * wavefronts  # shared-memory clocks per K tile of one block
         epi_instr = warps * (epilogue + _epilogue_instr(c) * c.rm * c.rn)
     else:  # tensor cores: a block's FLOP at the SM's tensor rate, over the issue efficiency

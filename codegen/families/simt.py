@@ -19,7 +19,8 @@ from codegen.families._common import (
 )
 
 __all__ = ["KernelConfig", "DEFAULT_CONFIG", "TEMPLATE", "check", "SPLITS", "REDUCES",
-           "CLUSTER_SPLITS", "WARP_ARRANGEMENTS", "SPACE", "SEARCH_SPLITS", "SPLIT_REDUCES", "SWIZZLES",
+           "CLUSTER_SPLITS", "WARP_ARRANGEMENTS", "INTERIORS", "SPACE", "SEARCH_SPLITS",
+           "SPLIT_REDUCES", "SWIZZLES", "SEARCH_INTERIORS", "RN16", "RN_OF_16",
            "WIDENED_STAGES", "config_from_params", "suggest", "params_of", "valid_configs",
            "issue_efficiency", "SIMT"]
 
@@ -70,6 +71,18 @@ class KernelConfig(Serial, Named):
             row-major, B column-major) is XOR-swizzled instead of padded (pad must be 0):
             one warp's transposed stores then hit 32 distinct banks where padding leaves
             2-way conflicts (BK=16). The name carries `_sw` only when 1.
+        interior: 0 = one main loop, every global load checked; 1 = (stages 1-2) a block
+            whose tile lies inside A and B, with aligned rows, runs its whole K tiles
+            through a loop whose global loads take no bounds check and no test of a next
+            tile, the checked loop taking the rest; 2 = (stages 2) that loop also takes
+            two K tiles a turn, so the shared stages it reads and writes are constants.
+            Fewer instructions besides the FFMAs in the main loop (bench/NOTES.md, "the
+            main loop's instruction mix"). The name carries `_i<interior>` only above 0.
+        zigzag: 1 = a k-step's FMAs run in serpentine order (odd rows of the micro-tile
+            right to left), so that consecutive FFMAs share an operand at the turns too
+            (ptxas's .reuse flags: register-bank conflicts). The name carries `_z` only
+            when 1. Buildable and tested, not searched: it leaves the instruction count
+            as it is (bench/NOTES.md).
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
             only when not the default).
@@ -94,6 +107,8 @@ class KernelConfig(Serial, Named):
     reduce: str = "pass"
     minb: int = 1
     swz: int = 0
+    interior: int = 0
+    zigzag: int = 0
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -104,10 +119,12 @@ class KernelConfig(Serial, Named):
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it): split-K
     #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
-    #: ``_b`` only above 1, so that names from before those fields still read
+    #: ``_b`` only above 1, ``_sw``, ``_i`` and ``_z`` only above 0, so that names from before
+    #: those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
                 "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}][_sw{swz}]"
-                + EPILOGUE_NAME, swz=FLAG, family=choice({f: f.value for f in Family}),
+                "[_i{interior}][_z{zigzag}]" + EPILOGUE_NAME, swz=FLAG, zigzag=FLAG,
+                family=choice({f: f.value for f in Family}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
 
     # ---- derived geometry (computed here, passed to the template) -------------
@@ -194,7 +211,7 @@ class KernelConfig(Serial, Named):
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
             LAST=self.last, REDUCE_PASS=self.reduce_pass,
-            MIN_BLOCKS=self.minb,
+            MIN_BLOCKS=self.minb, INTERIOR=self.interior, ZIGZAG=bool(self.zigzag),
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
@@ -225,6 +242,8 @@ SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last", "cluster")
 CLUSTER_SPLITS = (2, 4, 8)
 WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
+#: the main loop's interior paths (KernelConfig.interior)
+INTERIORS = (0, 1, 2)
 
 
 def check(c: KernelConfig, a: ArchLimits) -> list[str]:
@@ -292,6 +311,17 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
         why.append(f"swizzle flag {c.swz} must be 0 or 1")
     elif c.swz:
         why += _swizzle_reasons(c)
+    if c.zigzag not in (0, 1):
+        why.append(f"zigzag flag {c.zigzag} must be 0 or 1")
+    if c.interior not in INTERIORS:
+        why.append(f"interior path {c.interior} is not one of "
+                   f"{', '.join(map(str, INTERIORS))}")
+    elif c.interior and c.stages > 2:
+        why.append(f"the unchecked interior path is built for the register-staged loop "
+                   f"(stages 1-2), not a cp.async ring of {c.stages}")
+    elif c.interior == 2 and c.stages != 2:
+        why.append(f"an interior path of two K tiles a turn pairs the double buffer's "
+                   f"stages: stages 2, not {c.stages}")
     if c.frags not in (1, 2):
         why.append(f"fragment buffers {c.frags} must be 1 or 2")
     if c.minb < 1 or c.minb * t > a.max_threads_per_sm:
@@ -345,13 +375,13 @@ def _swizzle_reasons(c: KernelConfig) -> list[str]:
 #: is narrower than what codegen builds: values that rarely win on a real GPU (narrower
 #: global vectors, which help only where a leading dimension is 2 mod 4; BK=32; a padding
 #: that breaks 16-byte shared reads) stay buildable and tested, but are not searched,
-#: which keeps the valid space small enough (3944 on sm_90, 1208 of them swizzled) for an
-#: exhaustive grid.
+#: which keeps the valid space small enough for an exhaustive grid (11830 on sm_90: 3738
+#: swizzled, 5070 with an interior path, 4928 of micro-tiles of 16: see RN16).
 SPACE: dict[str, tuple[int, ...]] = {
     "bm": (16, 32, 64, 128, 256),
     "bn": (32, 64, 128, 256),
     "bk": (8, 16),
-    "rm": (2, 4, 8),
+    "rm": (2, 4, 8, 16),
     "rn": (4, 8),
     "wt": (2, 4, 8, 16),
     "pad": (0, 4),
@@ -371,6 +401,25 @@ SPLIT_REDUCES: tuple[str, ...] = ("pass", "cluster")
 #: pad is 0 (it replaces the padding).
 SWIZZLES: tuple[int, ...] = (0, 1)
 
+#: Micro-tiles of 16 (a 64x64 warp tile over 4x8 lanes: 128 FFMAs per 6 LDS.128 a k-step
+#: where 8x8 does 64 per 4; cuBLAS's shape) are searched as 16x8 and 8x16 only, the shapes
+#: that raise the FFMAs' share of the loop (16x4 and 4x16 lower it): RM=16 takes RN=8 (RN
+#: not asked), and an 8x8 micro-tile asks "rn16" (0, 1: 1 makes it 8x16).
+RN_OF_16 = 8
+RN16: tuple[int, ...] = (0, 1)
+
+#: The main loop's interior path ("interior"), a conditional parameter: asked only of the
+#: register-staged loop (stages 1-2); 2 (two K tiles a turn) builds with stages 2 only.
+SEARCH_INTERIORS: tuple[int, ...] = INTERIORS
+
+#: The interior path and the micro-tiles of 16 render, compile with no spills and raise the
+#: main loop's FFMA share (bench/NOTES.md, "main loop's instruction mix"), but no GPU has
+#: run them yet: the search rejects them at every shape (problem_reasons) until the GPU
+#: tests of tests/test_gpu_simt_mainloop.py pass; then set this True. Rejecting them there,
+#: not leaving them out of SPACE, keeps every trial parameter's values as they will be.
+UNPROVEN_SEARCHED = False
+
+
 #: fp16 / bf16 inputs on CUDA cores are widened on their way through registers, so that
 #: variant takes stages 1-2 only: a parameter of its own, so no ask is wasted on 3-4.
 WIDENED_STAGES = (1, 2)
@@ -379,6 +428,7 @@ WIDENED_STAGES = (1, 2)
 def config_from_params(params: dict, dtype: DType = DType.F32) -> KernelConfig:
     return KernelConfig(dtype=dtype, split=int(params.get("split", 1)),
                         reduce=params.get("split_reduce", "pass"), swz=int(params.get("swz", 0)),
+                        interior=int(params.get("interior", 0)),
                         **{k: int(params[k]) for k in SPACE})
 
 
@@ -387,23 +437,50 @@ def _reduces(split: int, arch: ArchLimits) -> tuple[str, ...]:
     return SPLIT_REDUCES if split in CLUSTER_SPLITS and arch.cc >= 90 else ("pass",)
 
 
-def _param(name: str, widened: bool) -> str:
-    return "widened_stages" if widened and name == "stages" else name
+def _param(name: str, widened: bool, rm: int) -> str | None:
+    """The trial parameter holding field `name` of SPACE (None: not asked) for a micro-tile
+    of `rm` rows."""
+    if name == "stages" and widened:
+        return "widened_stages"
+    return None if name == "rn" and rm == 16 else name
 
 
-def _values(name: str, widened: bool) -> tuple[int, ...]:
-    return WIDENED_STAGES if widened and name == "stages" else SPACE[name]
+def _values(param: str | None) -> tuple[int, ...]:
+    """The values of a trial parameter (None: the one RN of 16 rows)."""
+    extra = {None: (RN_OF_16,), "widened_stages": WIDENED_STAGES}
+    return extra[param] if param in extra else SPACE[param]
+
+
+def _rns(rm: int, rn: int) -> tuple[int, ...]:
+    """The RNs a point of (rm, rn) stands for: an 8x8 micro-tile also 8x16 ("rn16")."""
+    return (rn, 2 * rn) if (rm, rn) == (8, 8) else (rn,)
+
+
+def _grid(widened: bool) -> list[dict]:
+    """Every point of the searched space's fields (SPACE's, RN as asked: see RN16), in the
+    order of SPACE's fields and values."""
+    points: list[dict] = [{}]
+    for k in SPACE:
+        points = [{**p, k: v} for p in points
+                  for v in _values(_param(k, widened, p.get("rm", 0)))]
+    return [dict(p, rn=rn) for p in points for rn in _rns(p["rm"], p["rn"])]
 
 
 def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
             arch: ArchLimits | None = None) -> KernelConfig:
     """Ask a trial (anything with Optuna's suggest_categorical) for one point; split-K
-    only where it can help. Parameter names: those of SPACE, unprefixed."""
+    only where it can help. Parameter names: those of SPACE, unprefixed (RN: see RN16)."""
     widened = dtype is not DType.F32  # register-staged only: its own stages list
-    params = {k: trial.suggest_categorical(_param(k, widened), _values(k, widened))
-              for k in SPACE}
+    params: dict = {}
+    for k in SPACE:
+        name = _param(k, widened, params.get("rm", 0))
+        params[k] = trial.suggest_categorical(name, _values(name)) if name else RN_OF_16
+    if len(_rns(params["rm"], params["rn"])) > 1 and trial.suggest_categorical("rn16", RN16):
+        params["rn"] = 16
     if params["pad"] == 0:  # unpadded tiles: plain, or XOR-swizzled
         params["swz"] = trial.suggest_categorical("swz", SWIZZLES)
+    if params["stages"] <= 2:  # the register-staged loop: with or without an interior path
+        params["interior"] = trial.suggest_categorical("interior", SEARCH_INTERIORS)
     cfg = config_from_params(params, dtype)
     if shape is not None and arch is not None and wants_split(cfg, shape, arch):
         params["split"] = trial.suggest_categorical("split", SEARCH_SPLITS)
@@ -416,9 +493,14 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
 def params_of(config: KernelConfig, shape: Shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config` (the grid's inverse)."""
     widened = config.dtype is not DType.F32
-    p = {_param(k, widened): getattr(config, k) for k in SPACE}
+    p = {name: getattr(config, k) for k in SPACE
+         if (name := _param(k, widened, config.rm)) is not None}
+    if config.rm == 8 and config.rn in (8, 16):
+        p.update(rn=8, rn16=int(config.rn == 16))
     if config.pad == 0:
         p["swz"] = config.swz
+    if config.stages <= 2:
+        p["interior"] = config.interior
     if wants_split(config, shape, arch):
         p["split"] = config.split
         if len(_reduces(config.split, arch)) > 1:
@@ -428,21 +510,39 @@ def params_of(config: KernelConfig, shape: Shape, arch: ArchLimits) -> dict:
 
 def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
                   shape: Shape | None = None) -> Iterator[KernelConfig]:
-    """Every point of SPACE that `check` accepts (and, given a shape, that the shape rules
+    """Every point of the searched space that `check` accepts (and, given a shape, that the shape rules
     keep, split-K variants included), in grid order."""
     arch = parse_arch(arch)
-    for vals, swz in itertools.product(itertools.product(*SPACE.values()), SWIZZLES):
-        params = dict(zip(SPACE, vals), swz=swz)
-        if params["pad"] and swz:
-            continue  # asked only of unpadded tiles
+    for point, swz, interior in itertools.product(_grid(dtype is not DType.F32), SWIZZLES,
+                                                  SEARCH_INTERIORS):
+        params = dict(point, swz=swz, interior=interior)
+        if (params["pad"] and swz) or (params["stages"] > 2 and interior):
+            continue  # asked only of unpadded tiles, of the register-staged loop
         c = config_from_params(params, dtype)
         if check(c, arch):
             continue
         splits = SEARCH_SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
         for s, r in ((s, r) for s in splits for r in _reduces(s, arch)):
             cs = c if s == 1 else dataclasses.replace(c, split=s, reduce=r)
-            if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)):
+            if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)
+                                     or problem_reasons(cs, shape, arch)):
                 yield cs
+
+
+def problem_reasons(config: KernelConfig, shape: Shape, arch: ArchLimits | None = None
+                    ) -> list[str]:
+    """The family's own reasons the search does not take `config` at `shape`: the parts
+    no GPU has run yet (UNPROVEN_SEARCHED)."""
+    if UNPROVEN_SEARCHED:
+        return []
+    why = []
+    if config.interior:
+        why.append(f"the interior path (interior={config.interior}) is built and CPU-tested "
+                   "but no GPU has run it yet: not searched (UNPROVEN_SEARCHED)")
+    if 16 in (config.rm, config.rn):
+        why.append(f"the {config.rm}x{config.rn} micro-tile is built and CPU-tested but no "
+                   "GPU has run it yet: not searched (UNPROVEN_SEARCHED)")
+    return why
 
 
 def issue_efficiency(c: KernelConfig) -> float:
@@ -470,6 +570,7 @@ SIMT = register(FamilySpec(
     default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
     issue_efficiency=issue_efficiency,
     micro_tile=True,
+    shape_reasons=problem_reasons,
     layouts=frozenset(Layout),
     epilogue=True,
 ))
