@@ -222,6 +222,14 @@ __device__ __forceinline__ void column_form(unsigned* b, const unsigned (&bs)[NB
         b[q] = bs[j][q];
 }
 
+// r <- 0 bits (+0.0).
+__device__ __forceinline__ void zero(unsigned (&r)[VEC / 2])
+{
+#pragma unroll
+    for (int q = 0; q < VEC / 2; ++q)
+        r[q] = 0u;
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -268,25 +276,27 @@ gemm_decode_f16_mma16x64_w4x2_v8_s3_nt_of16_bias_gelu(int M, int N, int K, float
     auto a_drow = [](int i) { return 16 * (i / 2) + 8 * (i % 2); };
 
     // The next whole chunk this lane loads (the warp's chunks in order: first, first + WK,
-    // ...): whole vectors, no guard but A's rows >= M (zeros, read from nowhere). Only for
-    // chunks inside K, the warp's columns inside N and aligned operands (see the ring).
+    // ...): whole vectors; B's columns >= N and A's rows >= M are zeros, read from nowhere.
+    // Only for chunks inside K and aligned operands (see the ring).
     const unsigned short* pb = Bb + static_cast<size_t>(nw0 + g) * ldb + first * KC + VEC * t;
     const size_t b_block = static_cast<size_t>(8) * ldb, b_next = WK * KC;  // per n8 block, chunk
     const unsigned short* pa = Ab + static_cast<size_t>(a_row0) * lda + first * KC + VEC * t;
     constexpr int a_next = WK * KC;
     auto load_whole = [&](unsigned (&bs)[NB][VEC / 2], unsigned (&as)[A_LOADS][VEC / 2]) {
 #pragma unroll
-        for (int j = 0; j < NB; ++j)
-            ld_stream<VEC>(bs[j], pb + j * b_block);
+        for (int j = 0; j < NB; ++j) {
+            if (nw0 + 8 * j + g < N)
+                ld_stream<VEC>(bs[j], pb + j * b_block);
+            else
+                zero(bs[j]);
+        }
         pb += b_next;
 #pragma unroll
         for (int i = 0; i < A_LOADS; ++i) {
             if (a_row0 + a_drow(i) < M)
                 ld_bits<VEC>(as[i], pa + static_cast<size_t>(a_drow(i)) * lda);
             else
-#pragma unroll
-                for (int r = 0; r < VEC / 2; ++r)
-                    as[i][r] = 0u;
+                zero(as[i]);
         }
         pa += a_next;
     };
@@ -336,11 +346,12 @@ gemm_decode_f16_mma16x64_w4x2_v8_s3_nt_of16_bias_gelu(int M, int N, int K, float
     };
 
     // This warp's chunks are first + it * WK, it < count. The ring takes the first `whole`
-    // of them, those loaded whole (chunks below c_whole: inside K; none unless the warp's
-    // columns lie inside N and the operands allow vectors): chunk it is loaded into stage
+    // of them, those loaded whole (chunks below c_whole: inside K; none unless the operands
+    // allow vectors): chunk it is loaded into stage
     // it % STAGES, STAGES-1 steps before it is computed (a whole round of STAGES steps a
-    // pass, so that every stage index is a constant). The rest (an edge) go one at a time.
-    const bool vectors = b_vec && nw0 + BNW <= N && a_vec;
+    // pass, so that every stage index is a constant). The rest (the end of K; all of them
+    // with misaligned operands) go one at a time.
+    const bool vectors = b_vec && a_vec;
     const int c_whole = vectors ? min(c_end, K / KC) : c_begin;
     const int whole = first < c_whole ? (c_whole - first + WK - 1) / WK : 0;
 #pragma unroll

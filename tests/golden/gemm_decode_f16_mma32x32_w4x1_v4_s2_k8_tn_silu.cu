@@ -235,6 +235,14 @@ __device__ __forceinline__ void column_form(unsigned* b, const unsigned (&bs)[NB
         b[q] = transpose_b16(bs[(j / (VEC / 2)) * (VEC / 2) + q][j % (VEC / 2)]);
 }
 
+// r <- 0 bits (+0.0).
+__device__ __forceinline__ void zero(unsigned (&r)[VEC / 2])
+{
+#pragma unroll
+    for (int q = 0; q < VEC / 2; ++q)
+        r[q] = 0u;
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -283,8 +291,8 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
     auto a_drow = [](int i) { return 16 * (i / 2) + 8 * (i % 2); };
 
     // The next whole chunk this lane loads (the warp's chunks in order: first, first + WK,
-    // ...): whole vectors, no guard but A's rows >= M (zeros, read from nowhere). Only for
-    // chunks inside K, the warp's columns inside N and aligned operands (see the ring).
+    // ...): whole vectors; B's columns >= N and A's rows >= M are zeros, read from nowhere.
+    // Only for chunks inside K and aligned operands (see the ring).
     const unsigned short* pb =
         Bb + static_cast<size_t>(first * KC + VEC * (g / 2) + g % 2) * ldb + nw0 + VEC * t;
     const size_t b_row = static_cast<size_t>(2) * ldb, b_next = static_cast<size_t>(WK * KC) * ldb;
@@ -294,17 +302,19 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
 #pragma unroll
         for (int grp = 0; grp < GROUPS; ++grp)
 #pragma unroll
-            for (int q = 0; q < VEC / 2; ++q)
-                ld_stream<VEC>(bs[grp * (VEC / 2) + q], pb + q * b_row + grp * GROUP);
+            for (int q = 0; q < VEC / 2; ++q) {
+                if (nw0 + grp * GROUP + VEC * t + VEC <= N)  // (N a multiple of VEC, or inside)
+                    ld_stream<VEC>(bs[grp * (VEC / 2) + q], pb + q * b_row + grp * GROUP);
+                else
+                    zero(bs[grp * (VEC / 2) + q]);
+            }
         pb += b_next;
 #pragma unroll
         for (int i = 0; i < A_LOADS; ++i) {
             if (a_row0 + a_drow(i) < M)
                 ld_bits_guarded<VEC>(as[i], pa + a_drow(i), lda, [](int) { return true; });
             else
-#pragma unroll
-                for (int r = 0; r < VEC / 2; ++r)
-                    as[i][r] = 0u;
+                zero(as[i]);
         }
         pa += a_next;
     };
@@ -356,11 +366,12 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
     };
 
     // This warp's chunks are first + it * WK, it < count. The ring takes the first `whole`
-    // of them, those loaded whole (chunks below c_whole: inside K; none unless the warp's
-    // columns lie inside N and the operands allow vectors): chunk it is loaded into stage
+    // of them, those loaded whole (chunks below c_whole: inside K; none unless the operands
+    // allow vectors and each vector of B lies inside N or outside it): chunk it is loaded into stage
     // it % STAGES, STAGES-1 steps before it is computed (a whole round of STAGES steps a
-    // pass, so that every stage index is a constant). The rest (an edge) go one at a time.
-    const bool vectors = b_vec && nw0 + BNW <= N;
+    // pass, so that every stage index is a constant). The rest (the end of K; all of them
+    // with misaligned operands) go one at a time.
+    const bool vectors = b_vec && (N % VEC == 0 || nw0 + BNW <= N);
     const int c_whole = vectors ? min(c_end, K / KC) : c_begin;
     const int whole = first < c_whole ? (c_whole - first + WK - 1) / WK : 0;
 #pragma unroll
