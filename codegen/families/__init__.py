@@ -85,6 +85,7 @@ class Family(str, enum.Enum):
     SIMT = "simt"  # CUDA cores, FP32 FMAs
     WMMA = "wmma"  # tensor cores through nvcuda::wmma, FP32 accumulation
     WGMMA = "wgmma"  # Hopper: TMA + mbarriers + warp-specialised wgmma (codegen/families/wgmma.py)
+    DECODE = "decode"  # M <= 64 at the DRAM roof: B streamed once, split-K (codegen/families/decode.py)
 
     @property
     def template(self) -> str:
@@ -269,3 +270,4 @@ def families_for(dtype: DType, arch: ArchLimits | None = None) -> list[FamilySpe
 from codegen.families import simt as _simt  # noqa: E402,F401
 from codegen.families import wmma as _wmma  # noqa: E402,F401
 from codegen.families import wgmma as _wgmma  # noqa: E402,F401
+from codegen.families import decode as _decode  # noqa: E402,F401

@@ -1,0 +1,439 @@
+"""The decode family: skinny GEMMs (M <= 64: one token, or a few, through a weight matrix)
+at the DRAM roof. fp16 / bf16 inputs, FP32 accumulation; every layout; C fp32, fp16 or
+bf16 with the bias and activation; strided batches; split-K summed by the plain runner's
+workspace (a reduce pass, or the last block of each tile).
+
+At M <= 64 a GEMM reads N x K weights once and does little with each: what it costs is the
+bytes of B in flight from DRAM. Each block owns a BN-wide panel of C (MT rows) and a slice
+of K; its WK x WN warps split the panel's columns WN ways and take the slice's K chunks in
+turn WK ways, each streaming its chunks of B straight into registers with 16-byte loads
+that bypass L1, STAGES-1 chunks ahead of its math (no shared memory and no barrier in the
+main loop), and sum them with mma.sync m16n8k16 (MT = 16, 32, 64: rows >= M masked) or
+FP32 FMAs (MT = 1, 2, 4, 8). The warps' partial tiles meet in shared memory once, in a
+fixed order; then the epilogue or the split-K partial. See templates/gemm_decode.cu.j2 for
+the data flow and the figures of Little's law.
+
+Its config (:class:`DecodeConfig`), its check, its search space and its template values;
+registered as "decode" with templates/gemm_decode.cu.j2, with ``searched=False``: the
+kernels build, compile without spills and are tested on the CPU, but no search takes them
+until a GPU run has checked them (tests/test_gpu_decode.py) and timed them against
+torch.matmul (bench/decode_roof.py). To let the tuner search them, set ``searched=True``
+in the ``register`` call at the bottom of this module (and re-pin the family lists of
+tests/test_families.py and tests/test_precision.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Iterator
+
+from codegen.arch import ArchLimits, parse_arch
+from codegen.families import Family, FamilySpec, Math, register
+from codegen.families._common import (
+    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, cdiv, choice,
+    epilogue_values, positive_sizes, shape_reasons as split_reasons, smem_reasons,
+    threads_reasons, wants_split,
+)
+
+__all__ = ["DecodeConfig", "DEFAULT_DECODE", "TEMPLATE", "check", "SPACE", "MMA_TILES",
+           "FMA_ROWS", "SPLITS", "REDUCES", "MAX_ACC_REGS", "OVERHEAD_REGS", "FMA_RATE",
+           "from_params", "suggest", "params_of", "valid_configs", "problem_reasons",
+           "issue_efficiency", "DECODE"]
+
+TEMPLATE = "gemm_decode.cu.j2"
+
+#: M tiles of the tensor-core path (m16n8k16 fragments) and of the CUDA-core path
+MMA_TILES = (16, 32, 64)
+FMA_ROWS = (1, 2, 4, 8)
+#: elements of one lane's load of B (16 or 8 bytes); a K chunk is 4 lanes x VEC deep
+VECS = (4, 8)
+SPLITS = (1, 2, 4, 8, 16, 32)
+REDUCES = ("pass", "last")
+#: the most registers a thread may give its accumulators
+MAX_ACC_REGS = 64
+#: registers besides the accumulators, the ring and the per-load terms of
+#: DecodeConfig.regs_estimate. The terms were fitted to ptxas (CUDA 13.0, sm_90) over 975
+#: configs of the space (NT with an fp16 C, bias and GELU; NN plain) and checked on 410
+#: more (TN, TT; sm_80's): with 40 here the estimate was at or above the registers of
+#: every one that compiled without spilling (by 20 on average, 0 at least) and above the
+#: cap of every one that spilled; 8 more are a margin for other compilers. check keeps the
+#: estimate within the cap, so every valid config compiles without spilling
+#: (tests/test_decode_family.py compiles a sample and holds ptxas to the estimate)
+OVERHEAD_REGS = 48
+#: FP32 FMA FLOP per clock and SM over the fp16 tensor cores' (sm_80, sm_90: 256 / 4096):
+#: what the model's tensor-core peak is worth to the FMA path
+FMA_RATE = 1 / 16
+
+_CPP = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig(Serial, Named):
+    """One point of the decode family.
+
+    Attributes:
+        math: "mma" (mma.sync m16n8k16, FP32 accumulation; MT 16, 32 or 64) or "fma"
+            (CUDA-core FP32 FMAs on the widened inputs; MT 1, 2, 4 or 8).
+        mt: rows of C a block computes (its M tile); rows >= M are masked.
+        bn: columns of C a block computes (its panel of B), in blocks of 8.
+        wk, wn: the block's WK x WN warps: those of one column of the arrangement share
+            BN/WN columns of the panel and take every WK-th K chunk of the block's slice
+            (their partial tiles are summed in shared memory); the WN warps of a row read
+            the same chunk of A at once (L1 serves all but the first).
+        vec: elements (2 bytes each) of a lane's load of A or B: 8 (16 bytes) or 4; a K
+            chunk is 4 x VEC deep. Scalar loads where an edge or the alignment forbids it.
+        stages: the register ring of each warp: the loads of STAGES-1 chunks are in flight
+            while it computes one (1: load, then compute).
+        split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
+        reduce: how the slices are summed, in a fixed order: "pass" (a second kernel, the
+            name's plain ``_k<split>``) or "last" (the last block of a tile, ``l``).
+        layout, out, bias, act: how A and B are stored, C's type, the bias vector and
+            the activation (see _common.EPILOGUE_NAME).
+
+    Example:
+        >>> DecodeConfig().name
+        'gemm_decode_f16_mma16x64_w4x2_v8_s3'
+        >>> DecodeConfig(split=4, reduce="last", layout=Layout.NT, out=DType.F16).name
+        'gemm_decode_f16_mma16x64_w4x2_v8_s3_k4l_nt_of16'
+    """
+
+    math: str = "mma"
+    mt: int = 16
+    bn: int = 64
+    wk: int = 4
+    wn: int = 2
+    vec: int = 8
+    stages: int = 3
+    split: int = 1
+    reduce: str = "pass"
+    dtype: DType = DType.F16
+    family: Family = Family.DECODE
+    layout: Layout = Layout.NN
+    out: DType = DType.F32
+    bias: str = "none"
+    act: str = "none"
+
+    #: the procedural name, encoding every field (``Named`` writes and reads it)
+    NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_s{stages}"
+                "[_k{split}{reduce}]" + EPILOGUE_NAME,
+                math=choice({"mma": "mma", "fma": "fma"}),
+                reduce=choice({"pass": "", "last": "l"}), **EPILOGUE_TEXTS)
+
+    # ---- the launch interface (tuner.runtime.runners.Runner) ------------------------
+    cluster = False
+
+    @property
+    def last(self) -> bool:
+        """Split-K summed by the last block of each tile (one launch, workspace + tickets)."""
+        return self.split > 1 and self.reduce == "last"
+
+    @property
+    def reduce_pass(self) -> bool:
+        """Does a launch end with the <name>_reduce kernel?"""
+        return self.split > 1 and self.reduce == "pass"
+
+    @property
+    def has_workspace(self) -> bool:
+        return self.reduce_pass or self.last
+
+    @property
+    def warps(self) -> int:
+        return self.wk * self.wn
+
+    @property
+    def threads(self) -> int:
+        return self.warps * 32
+
+    @property
+    def bnw(self) -> int:
+        """Columns of a warp: BN / WN."""
+        return self.bn // self.wn if self.wn > 0 else 0
+
+    @property
+    def bm(self) -> int:
+        return self.mt
+
+    @property
+    def kc(self) -> int:
+        """K of one chunk: 4 lanes x VEC elements."""
+        return 4 * self.vec
+
+    @property
+    def bk(self) -> int:
+        """K a block covers per step of its warps (WK chunks)."""
+        return self.kc * self.wk
+
+    @property
+    def b_col(self) -> bool:
+        """B column-major (NT, TT: x @ W.t() with W stored N x K)?"""
+        return self.layout in (Layout.NT, Layout.TT)
+
+    @property
+    def ldr(self) -> int:
+        """Floats per row of a warp's partial tile in shared memory (8 of padding: a
+        half-warp's float2 stores fall on distinct banks)."""
+        return self.bn + 8
+
+    @property
+    def smem_bytes(self) -> int:
+        """The partial tiles of the WK warps of each column, [WK][MT][LDR] floats (dynamic)."""
+        return self.wk * self.mt * self.ldr * 4
+
+    @property
+    def acc_regs(self) -> int:
+        """Accumulator registers per thread: m16n8 fragments of 4, or (fma) one per row
+        and n8 block of the warp (the lane's column)."""
+        if self.math == "mma":
+            return (self.mt // 16) * (self.bnw // 8) * 4
+        return self.mt * (self.bnw // 8)
+
+    @property
+    def a_loads(self) -> int:
+        """Loads of A per lane and chunk: rows g and g+8 of each 16-row tile (mma), or
+        every row (fma)."""
+        return (self.mt // 16) * 2 if self.math == "mma" else self.mt
+
+    @property
+    def stage_regs(self) -> int:
+        """Registers of one stage of the ring: a VEC-element load of B per n8 block of the
+        warp, of A per a_loads."""
+        return (self.bnw // 8 + self.a_loads) * (self.vec // 2)
+
+    @property
+    def regs_estimate(self) -> int:
+        """Registers per thread, estimated (an upper bound, fitted: see OVERHEAD_REGS): the
+        accumulators, the ring (a single stage counted as two: it measured as much), a
+        quarter of the FMA path's widened A rows (MT x VEC), one per load of a stage (two
+        per load of a row-major B: movmatrix's copies) and OVERHEAD_REGS."""
+        nb = self.bnw // 8
+        widened = self.mt * self.vec // 4 if self.math == "fma" else 0
+        loads = nb * (1 if self.b_col else 2) + self.a_loads
+        return (self.acc_regs + max(self.stages, 2) * self.stage_regs + widened + loads
+                + OVERHEAD_REGS)
+
+    def register_cap(self, arch: ArchLimits) -> int:
+        """The registers ptxas may give a thread of this block (__launch_bounds__(THREADS,
+        1): 64K / THREADS in whole 8s, at most 255)."""
+        per = arch.regs_per_block // max(self.threads, 1) // 8 * 8
+        return min(arch.max_regs_per_thread, per)
+
+    @property
+    def b_in_flight(self) -> int:
+        """Bytes of B a warp has in flight while it computes a chunk: STAGES-1 chunks (one
+        with a single stage) of a warp-wide load per n8 block."""
+        return max(self.stages - 1, 1) * (self.bnw // 8) * 32 * self.vec * 2
+
+    def template_values(self) -> dict:
+        mma = self.math == "mma"
+        return dict(
+            **epilogue_values(self),
+            name=self.name, template=TEMPLATE, dtype=self.dtype.short,
+            ELEM_T=_CPP.get(self.dtype, "__half"), MMA=mma, MATH=self.math,
+            MT=self.mt, BN=self.bn, WK=self.wk, WN=self.wn, WARPS=self.warps,
+            THREADS=self.threads, BNW=self.bnw, VEC=self.vec, KC=self.kc, STAGES=self.stages,
+            NB=self.bnw // 8, MTILES=self.mt // 16,
+            A_LOADS=self.a_loads, LDR=self.ldr, SMEM_BYTES=self.smem_bytes,
+            ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, B_FLIGHT=self.b_in_flight,
+            SPLIT=self.split, LAST=self.last, REDUCE_PASS=self.reduce_pass,
+            WORKSPACE=self.has_workspace,
+        )
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """M tiles fastest along x (the blocks of one panel of B run together), the K
+        slices along z; the runner puts the batch along y."""
+        return cdiv(m, self.mt) * cdiv(n, self.bn), 1, self.split
+
+    def block(self) -> tuple[int, int, int]:
+        return self.threads, 1, 1
+
+    def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
+        return batch * self.split * m * n if self.has_workspace else 0
+
+    def ticket_count(self, m: int, n: int, batch: int = 1) -> int:
+        return batch * self.grid(m, n)[0] if self.last else 0
+
+
+DEFAULT_DECODE = DecodeConfig()
+
+
+# ---- validation -----------------------------------------------------------------------
+def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
+    """Reasons `c` cannot be built for `a`; empty when it can.
+
+    Example:
+        >>> check(DecodeConfig(mt=8), parse_arch("sm_90"))
+        ['an mma tile has 16, 32 or 64 rows, not 8']
+    """
+    why: list[str] = []
+    if c.family is not Family.DECODE:
+        why.append(f"a DecodeConfig must be of the decode family, not {c.family.value}")
+    if c.dtype not in _CPP:
+        why.append(f"the decode family takes f16 or bf16 inputs, not {c.dtype.short}")
+    if a.cc < 80:
+        why.append(f"mma.sync m16n8k16 and the streaming loads need sm_80 or newer; {a.sm} "
+                   "has none")
+    bad = positive_sizes(MT=c.mt, BN=c.bn, WK=c.wk, WN=c.wn, VEC=c.vec, STAGES=c.stages)
+    if bad:
+        return why + bad
+    if c.math == "mma" and c.mt not in MMA_TILES:
+        why.append(f"an mma tile has {', '.join(map(str, MMA_TILES[:-1]))} or "
+                   f"{MMA_TILES[-1]} rows, not {c.mt}")
+    elif c.math == "fma" and c.mt not in FMA_ROWS:
+        why.append(f"the FMA path takes {', '.join(map(str, FMA_ROWS[:-1]))} or "
+                   f"{FMA_ROWS[-1]} rows, not {c.mt}")
+    elif c.math not in ("mma", "fma"):
+        why.append(f"math {c.math!r} is not mma or fma")
+    if c.vec not in VECS:
+        why.append(f"a lane loads 4 or 8 elements (8 or 16 bytes), not {c.vec}")
+    if c.bn % (8 * c.wn):
+        why.append(f"BN={c.bn} does not split into WN={c.wn} warps' columns of whole n8 "
+                   "blocks (the mma's 8)")
+    elif not c.b_col and c.vec in VECS and c.bnw % (4 * c.vec):
+        why.append(f"a row-major B is read {4 * c.vec} columns at a time (4 lanes x "
+                   f"VEC={c.vec}): a warp's BN/WN={c.bnw} is not a multiple of {4 * c.vec}")
+    why += threads_reasons(c.threads, a)
+    if not 1 <= c.stages <= 4:
+        why.append(f"stages={c.stages} is outside 1..4")
+    why += _split_reasons(c)
+    if why:
+        return why
+    if c.acc_regs > MAX_ACC_REGS:
+        why.append(f"a warp's {c.mt}x{c.bnw} tile holds {c.acc_regs} accumulator registers "
+                   f"per thread, over {MAX_ACC_REGS}")
+    if c.regs_estimate > c.register_cap(a):
+        why.append(f"{c.acc_regs} accumulators, {c.stages} stages of {c.stage_regs} "
+                   f"registers{' and the widened A rows' if c.math == 'fma' else ''} need "
+                   f"about {c.regs_estimate} registers per thread, over the "
+                   f"{c.register_cap(a)} a block of {c.threads} threads leaves each")
+    why += smem_reasons(c.smem_bytes, a)
+    return why
+
+
+def _split_reasons(c: DecodeConfig) -> list[str]:
+    why = []
+    if c.split not in SPLITS:
+        why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
+    if c.reduce not in REDUCES:
+        why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(REDUCES)}")
+    elif c.reduce == "last" and c.split == 1:
+        why.append("a last-block split-K needs a split of 2 or more, not 1")
+    return why
+
+
+def problem_reasons(c: DecodeConfig, shape: Shape, arch: ArchLimits) -> list[str]:
+    """The family's own reasons a config is pointless at `shape`: an M tile that a smaller
+    one of the same math covers in as few tiles, and FMA tiles that read B more than once
+    (fewer rows than M: the FMA path serves M <= 8, in one tile)."""
+    m = shape[0]
+    tiles = MMA_TILES if c.math == "mma" else FMA_ROWS
+    why = []
+    if c.math == "fma" and m > FMA_ROWS[-1]:
+        why.append(f"the FMA path serves M <= {FMA_ROWS[-1]}, not {m}: it would read B "
+                   f"{cdiv(m, c.mt)} times")
+    elif c.math == "fma" and c.mt < m:
+        once = next(t for t in FMA_ROWS if t >= m)
+        why.append(f"an FMA tile of {c.mt} rows reads B {cdiv(m, c.mt)} times for M={m}: "
+                   f"{once} rows read it once")
+    smaller = [t for t in tiles if t < c.mt and cdiv(m, t) == cdiv(m, c.mt)]
+    if smaller:
+        why.append(f"an M tile of {c.mt} rows is pointless for M={m}: {smaller[0]} rows take "
+                   f"it in as few tiles")
+    return why
+
+
+# ---- the search space -----------------------------------------------------------------
+#: Trial parameters decode_<name>. The math follows from the M tile (FMAs below 16 rows,
+#: mma from 16); split-K ("decode_split") is asked only where the tiles of C leave SMs
+#: idle, its reduction ("decode_reduce") only with a split. A lane's 8-byte loads (vec=4)
+#: and panels of 16 columns stay buildable and tested, not searched (a row-major B, the
+#: plain problem whose check the grid asks, reads 32 columns a warp).
+SPACE: dict[str, tuple[int, ...]] = {
+    "mt": FMA_ROWS + MMA_TILES,
+    "bn": (32, 64, 128),
+    "wk": (2, 4, 8),
+    "wn": (1, 2, 4),
+    "stages": (2, 3, 4),
+}
+SEARCH_SPLITS = (1, 2, 4, 8, 16)
+SEARCH_VEC = 8
+
+
+def from_params(params: dict, dtype: DType) -> DecodeConfig:
+    mt = int(params["mt"])
+    split = int(params.get("split", 1))
+    return DecodeConfig(math="mma" if mt >= 16 else "fma", mt=mt, bn=int(params["bn"]),
+                        wk=int(params["wk"]), wn=int(params["wn"]), vec=SEARCH_VEC,
+                        stages=int(params["stages"]), split=split,
+                        reduce=params.get("reduce", "pass") if split > 1 else "pass",
+                        dtype=dtype)
+
+
+def suggest(trial, dtype: DType, shape: Shape | None = None,
+            arch: ArchLimits | None = None) -> DecodeConfig:
+    """Ask a trial (anything with Optuna's suggest_categorical) for one point; split-K only
+    where it can help."""
+    params = {k: trial.suggest_categorical(f"decode_{k}", v) for k, v in SPACE.items()}
+    cfg = from_params(params, dtype)
+    if shape is not None and arch is not None and wants_split(cfg, shape, arch):
+        params["split"] = trial.suggest_categorical("decode_split", SEARCH_SPLITS)
+        if params["split"] > 1:
+            params["reduce"] = trial.suggest_categorical("decode_reduce", REDUCES)
+        cfg = from_params(params, dtype)
+    return cfg
+
+
+def params_of(config: DecodeConfig, shape: Shape, arch: ArchLimits) -> dict:
+    """The trial parameters that make `suggest` return `config`."""
+    p = {f"decode_{k}": getattr(config, k) for k in SPACE}
+    if wants_split(config, shape, arch):
+        p["decode_split"] = config.split
+        if config.split > 1:
+            p["decode_reduce"] = config.reduce
+    return p
+
+
+def valid_configs(arch: ArchLimits | str, dtype: DType,
+                  shape: Shape | None = None) -> Iterator[DecodeConfig]:
+    """Every point of SPACE that `check` accepts (and, given a shape, that the shape rules
+    keep, split-K variants included), in grid order."""
+    arch = parse_arch(arch)
+    for vals in itertools.product(*SPACE.values()):
+        c = from_params(dict(zip(SPACE, vals)), dtype)
+        if check(c, arch):
+            continue
+        splits = SEARCH_SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
+        for s, r in ((s, r) for s in splits for r in (REDUCES if s > 1 else ("pass",))):
+            cs = dataclasses.replace(c, split=s, reduce=r)
+            if shape is None or not (check(cs, arch) or split_reasons(cs, shape, arch)
+                                     or problem_reasons(cs, shape, arch)):
+                yield cs
+
+
+def issue_efficiency(c: DecodeConfig) -> float:
+    """1 for mma (the model's tensor-core peak, far above what the DRAM feeds: it sees the
+    kernel as memory-bound); FMA_RATE for the FMA path, whose math runs at the FP32 rate."""
+    return 1.0 if c.math == "mma" else FMA_RATE
+
+
+DECODE = register(FamilySpec(
+    name=Family.DECODE.value,
+    config=DecodeConfig,
+    template=TEMPLATE,
+    check=check,
+    dtypes={DType.F16: DType.F16, DType.BF16: DType.BF16},
+    # the gate of the input type (the FMA path is more accurate than that)
+    math=Math.TENSOR_CORE,
+    space={f"decode_{k}": v for k, v in SPACE.items()},
+    suggest=suggest,
+    params_of=params_of,
+    valid_configs=valid_configs,
+    default=lambda dtype: dataclasses.replace(DEFAULT_DECODE, dtype=dtype),
+    issue_efficiency=issue_efficiency,
+    shape_reasons=problem_reasons,
+    min_cc=80,
+    layouts=frozenset(Layout),
+    epilogue=True,
+    # built and tested on the CPU, not yet run on a GPU: no search takes it (module doc)
+    searched=False,
+))

@@ -1,0 +1,760 @@
+"""The decode family on the CPU: names, validation, the search space, the model's view,
+rendering (golden sources, static_asserts), compiling without spills, and the kernels run
+on the CPU by an emulation of their warps.
+
+The emulation: the rendered kernel is compiled for the host by g++ (AddressSanitizer and
+UBSan on: an out-of-bounds or misaligned access aborts), its inline PTX (the streaming
+load, movmatrix, mma.sync m16n8k16) replaced by C++ that follows the PTX ISA's fragment
+layouts, each CUDA thread a std::thread and each warp-level operation an exchange among
+the warp's 32 threads (a warp that does not arrive whole hangs, and the test times out).
+Blocks run one after another, in a shuffled order (which slice of a split-K finishes
+last varies). It checks every index, edge, layout, split-K sum and epilogue of the
+source; what it cannot check (timing, the memory model, the real instructions' rounding)
+is tests/test_gpu_decode.py's, on a GPU.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _golden import rendered_as_golden
+
+from codegen import DType, UsageError, check, compile_many, render
+from codegen.arch import parse_arch
+from codegen.compile import compile_source
+from codegen.families import FAMILIES, Math, config_from_name, families_for, family_of
+from codegen.families._common import Layout, Variant
+from codegen.families.decode import (
+    FMA_RATE, MAX_ACC_REGS, OVERHEAD_REGS, SPACE, DecodeConfig, params_of, problem_reasons,
+    suggest, valid_configs,
+)
+
+ARCH = parse_arch("sm_90")
+NT16 = Variant(Layout.NT, DType.F16, "out", "gelu")  # x @ W.t() + b, GELU, fp16 C
+
+
+# ---- names and the launch interface -------------------------------------------------------
+@pytest.mark.parametrize("cfg,name", [
+    (DecodeConfig(), "gemm_decode_f16_mma16x64_w4x2_v8_s3"),
+    (DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=32, wk=8, wn=1, stages=4),
+     "gemm_decode_bf16_fma1x32_w8x1_v8_s4"),
+    (DecodeConfig(mt=64, bn=32, split=8), "gemm_decode_f16_mma64x32_w4x2_v8_s3_k8"),
+    (DecodeConfig(vec=4, split=4, reduce="last", layout=Layout.NT, out=DType.F16, bias="out",
+                  act="gelu"), "gemm_decode_f16_mma16x64_w4x2_v4_s3_k4l_nt_of16_bias_gelu"),
+])
+def test_names_are_pinned_and_round_trip(cfg, name):
+    assert cfg.name == name
+    assert config_from_name(name) == cfg == DecodeConfig.from_dict(cfg.to_dict())
+
+
+@pytest.mark.parametrize("name", [
+    "gemm_decode_f16_mma16x64_w4x2_v8_s3_k1",      # split 1 is written as nothing
+    "gemm_decode_f16_mma16x64_w4x2_v8_s3_k4l_k4",  # parts once each
+    "gemm_decode_f16_mma16x64_w8_v8_s3",           # the warps as WK x WN
+    "gemm_decode_f16_xma16x64_w4x2_v8_s3",
+    "gemm_decode_f16_mma16x64_w4x2_v8_s3_nn",      # the default layout is not written
+])
+def test_other_strings_are_not_names(name):
+    with pytest.raises(UsageError):
+        DecodeConfig.from_name(name)
+
+
+def test_the_launch_interface():
+    c = DecodeConfig(mt=16, bn=64, wk=4, wn=2, vec=8, split=4, reduce="last")
+    assert (c.threads, c.block(), c.bm, c.bk, c.kc, c.bnw) == (256, (256, 1, 1), 16, 128, 32, 32)
+    assert c.grid(33, 4097) == (3 * 65, 1, 4)  # M tiles x N panels, the K slices along z
+    assert c.smem_bytes == 4 * 16 * (64 + 8) * 4  # [WK][MT][BN + 8] floats
+    assert c.last and c.has_workspace and not c.reduce_pass and not c.cluster
+    assert c.workspace_floats(33, 4097, batch=2) == 2 * 4 * 33 * 4097
+    assert c.ticket_count(33, 4097, batch=2) == 2 * 3 * 65
+    plain = DecodeConfig()
+    assert plain.workspace_floats(16, 4096) == plain.ticket_count(16, 4096) == 0
+    assert not plain.has_workspace and DecodeConfig(split=2).reduce_pass
+    # registers: 1 m16 tile x 4 n8 blocks of fragments; a stage is 4 loads of B, 2 of A
+    assert (c.acc_regs, c.stage_regs, c.b_in_flight) == (16, (4 + 2) * 4, 2 * 4 * 512)
+    fma = DecodeConfig(math="fma", mt=4, bn=64, wk=4, wn=2)
+    assert (fma.acc_regs, fma.a_loads, fma.stage_regs) == (4 * 4, 4, (4 + 4) * 4)
+
+
+# ---- validation --------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg,arch,reason", [
+    (DecodeConfig(dtype=DType.F32), "sm_90", "the decode family takes f16 or bf16 inputs"),
+    (DecodeConfig(), "sm_75", "mma.sync m16n8k16 and the streaming loads need sm_80"),
+    (DecodeConfig(mt=8), "sm_90", "an mma tile has 16, 32 or 64 rows, not 8"),
+    (DecodeConfig(math="fma", mt=16), "sm_90", "the FMA path takes 1, 2, 4 or 8 rows, not 16"),
+    (DecodeConfig(math="wmma"), "sm_90", "math 'wmma' is not mma or fma"),
+    (DecodeConfig(vec=2), "sm_90", "a lane loads 4 or 8 elements (8 or 16 bytes), not 2"),
+    (DecodeConfig(bn=40, wn=2), "sm_90",
+     "BN=40 does not split into WN=2 warps' columns of whole n8 blocks"),
+    (DecodeConfig(bn=64, wn=4, layout=Layout.NN), "sm_90",
+     "a row-major B is read 32 columns at a time (4 lanes x VEC=8): a warp's BN/WN=16 is not "
+     "a multiple of 32"),
+    (DecodeConfig(wk=8, wn=8), "sm_90", "2048 threads per block exceeds the limit of 1024"),
+    (DecodeConfig(stages=5), "sm_90", "stages=5 is outside 1..4"),
+    (DecodeConfig(split=3), "sm_90", "split-K 3 is not one of 1, 2, 4, 8, 16, 32"),
+    (DecodeConfig(reduce="cluster", split=2), "sm_90", "split-K reduce 'cluster' is not one of"),
+    (DecodeConfig(reduce="last"), "sm_90", "a last-block split-K needs a split of 2 or more"),
+    (DecodeConfig(mt=64, bn=64, wn=1), "sm_90",
+     "a warp's 64x64 tile holds 128 accumulator registers per thread, over 64"),
+    # 64 accumulators + 4 stages x (4 + 8 loads) x 4 + 2 x 4 + 8 (the loads) + 48
+    (DecodeConfig(mt=64, bn=32, wn=1, stages=4), "sm_90",
+     "64 accumulators, 4 stages of 48 registers need about 320 registers per thread, over "
+     "the 255 a block of 128 threads leaves each"),
+    # + a quarter of the 8 x 8 widened A rows
+    (DecodeConfig(math="fma", mt=8, bn=64, wn=1, stages=4), "sm_90",
+     "64 accumulators, 4 stages of 64 registers and the widened A rows need about 408 "
+     "registers per thread, over the 255 a block of 128 threads leaves each"),
+    # 16 + 3 x 24 + 10 + 48: fine for 256 threads, not for 512 (64K / 512)
+    (DecodeConfig(wk=8, wn=2), "sm_90", "need about 146 registers per thread, over the 128 a "
+                                        "block of 512 threads leaves each"),
+    (DecodeConfig(layout=Layout.NT, out=DType.TF32), "sm_90", "C cannot be tf32"),
+    (DecodeConfig(act="tanh"), "sm_90", "activation 'tanh' is not one of"),
+])
+def test_invalid_configs_say_why(cfg, arch, reason):
+    assert any(reason in r for r in check(cfg, arch)), check(cfg, arch)
+
+
+def test_every_layout_and_epilogue_is_buildable():
+    spec = family_of(DecodeConfig())
+    assert spec.layouts == frozenset(Layout) and spec.epilogue
+    for layout in Layout:
+        for out in (DType.F32, DType.F16, DType.BF16):
+            for bias in ("none", "out") + (("f32",) if out is not DType.F32 else ()):
+                for act in ("none", "relu", "gelu", "gelu_tanh", "silu"):
+                    cfg = DecodeConfig(layout=layout, out=out, bias=bias, act=act)
+                    assert check(cfg, "sm_90") == check(cfg, "sm_80") == [], cfg.name
+
+
+def test_the_register_estimate_and_cap():
+    """The estimate's terms (the compile test below checks it against ptxas); the cap of
+    __launch_bounds__(THREADS, 1)."""
+    c = DecodeConfig()  # NN: 16 accumulators, 3 stages of (4 + 2) x 4, 4 x 2 + 2 loads
+    assert (MAX_ACC_REGS, OVERHEAD_REGS) == (64, 48)
+    assert c.regs_estimate == 16 + 3 * 24 + 10 + 48 == 146
+    assert Variant(Layout.NT).apply(c).regs_estimate == 146 - 4  # no movmatrix copies
+    assert DecodeConfig(math="fma", mt=4, bn=32, wn=1).regs_estimate == \
+        4 * 4 + 3 * (4 + 4) * 4 + 4 * 8 // 4 + 4 * 2 + 4 + 48
+    assert [DecodeConfig(wk=wk, wn=1).register_cap(ARCH) for wk in (2, 8, 16, 32)] == \
+        [255, 255, 128, 64]
+
+
+# ---- the search space, the registry and the model ----------------------------------------
+def test_the_family_is_registered_but_not_searched():
+    spec = FAMILIES["decode"]
+    assert spec.template == "gemm_decode.cu.j2" and spec.math is Math.TENSOR_CORE
+    assert not spec.searched and spec.min_cc == 80
+    assert set(spec.dtypes) == {DType.F16, DType.BF16}
+    for dtype in (DType.F16, DType.BF16):
+        assert spec not in families_for(dtype) and not spec.serves(dtype)
+    assert spec.space == {f"decode_{k}": v for k, v in SPACE.items()}
+
+
+def test_the_math_follows_from_the_m_tile():
+    cs = list(valid_configs(ARCH, DType.BF16))
+    assert {c.math for c in cs if c.mt < 16} == {"fma"} and {c.math for c in cs
+                                                           if c.mt >= 16} == {"mma"}
+    assert {c.vec for c in cs} == {8} and {c.mt for c in cs} == set(SPACE["mt"])
+    assert all(c.dtype is DType.BF16 and c.split == 1 for c in cs)
+
+
+@pytest.mark.parametrize("shape,mts", [
+    ((1, 4096, 4096), {1, 16}),        # the smallest tile of each math
+    ((7, 4096, 4096), {8, 16}),
+    ((16, 4096, 4096), {16}),          # FMAs serve M <= 8
+    ((33, 4096, 14336), {16, 32, 64}),
+    ((64, 4096, 14336), {16, 32, 64}),
+])
+def test_the_shape_rules_keep_useful_m_tiles(shape, mts):
+    cs = list(valid_configs(ARCH, DType.F16, shape))
+    assert {c.mt for c in cs} == mts
+    assert all(not problem_reasons(c, shape, ARCH) for c in cs)
+
+
+def test_problem_reasons_say_why():
+    assert problem_reasons(DecodeConfig(mt=32), (16, 4096, 4096), ARCH) == [
+        "an M tile of 32 rows is pointless for M=16: 16 rows take it in as few tiles"]
+    assert problem_reasons(DecodeConfig(math="fma", mt=8), (9, 4096, 4096), ARCH) == [
+        "the FMA path serves M <= 8, not 9: it would read B 2 times"]
+
+
+def test_split_k_is_asked_only_where_the_panels_leave_sms_idle():
+    import optuna
+
+    small, wide = (16, 4096, 4096), (16, 28672, 4096)
+    cfg = DecodeConfig(split=4, reduce="last")  # 64 panels of 64 columns < 132 SMs
+    p = params_of(cfg, small, ARCH)
+    assert p == {"decode_mt": 16, "decode_bn": 64, "decode_wk": 4, "decode_wn": 2,
+                 "decode_stages": 3, "decode_split": 4, "decode_reduce": "last"}
+    assert suggest(optuna.trial.FixedTrial(p), DType.F16, small, ARCH) == cfg
+    assert "decode_split" not in params_of(DecodeConfig(), wide, ARCH)  # 448 panels
+    splits = {(c.split, c.reduce) for c in valid_configs(ARCH, DType.F16, small)}
+    assert splits == {(1, "pass")} | {(s, r) for s in (2, 4, 8, 16) for r in ("pass", "last")}
+    assert {c.split for c in valid_configs(ARCH, DType.F16, wide)} == {1}
+
+
+def test_the_model_sees_a_decode_kernel_memory_bound():
+    from tuner.model import bound_tflops, predict_before_compile
+
+    spec = family_of(DecodeConfig())
+    assert spec.issue_efficiency(DecodeConfig()) == 1.0
+    assert spec.issue_efficiency(DecodeConfig(math="fma", mt=1)) == FMA_RATE == 1 / 16
+    cfg = NT16.apply(DecodeConfig(split=4, reduce="last"))
+    pred = predict_before_compile(cfg, (16, 4096, 4096), ARCH)
+    assert pred.limiter == "dram", pred.terms
+    # B's 32 MiB at least, once; the bound stays far above what the DRAM allows
+    assert pred.traffic["dram_bytes"] >= 4096 * 4096 * 2
+    bound, _ = bound_tflops(cfg, (16, 4096, 4096), ARCH)
+    assert bound > 2 * 16 * 4096 * 4096 / pred.terms["dram"] / 1e12
+
+
+# ---- rendering ---------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", [
+    # x @ W.t() + bias, GELU, fp16 C: the linear layer of a decode step
+    NT16.apply(DecodeConfig()),
+    # FMAs on one row, a last-block split-K, bf16 C, row-major B (movmatrix)
+    Variant(Layout.NN, DType.BF16).apply(
+        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=64, wk=4, wn=2, split=4,
+                     reduce="last")),
+    # A column-major, 8-byte loads, two m16 tiles, a reduce pass
+    Variant(Layout.TN, DType.F32, "none", "silu").apply(
+        DecodeConfig(mt=32, bn=32, wk=4, wn=1, vec=4, stages=2, split=8)),
+])
+def test_golden_sources(cfg):
+    src = rendered_as_golden(cfg)
+    assert src.startswith("// Generated by gemm-tune from templates/gemm_decode.cu.j2")
+
+
+def test_the_header_states_the_launch_and_the_bytes_in_flight():
+    src = render(NT16.apply(DecodeConfig(split=4, reduce="last")))
+    assert "// In flight:  4096 bytes of B per warp (2 chunks x 4 loads x 512), 32768 per block" \
+        in src
+    assert "grid  = (ceil(M / 16) * ceil(N / 64), batch, 4)" in src
+    assert "const __half* bias, float* W, unsigned* tickets)" in src
+    assert "ld.global.nc.L1::no_allocate.L2::256B.v4.b32" in src
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert "movmatrix" not in src  # a column-major B is loaded in the column form
+    nn = render(Variant(Layout.NN).apply(DecodeConfig(dtype=DType.BF16, split=2)))
+    assert "movmatrix.sync.aligned.m8n8.trans.b16" in nn and ".f32.bf16.bf16.f32" in nn
+    assert "_reduce(int M, int N, float alpha, const float* __restrict__ W" in nn
+
+
+@pytest.mark.parametrize("edit,message", [
+    ("constexpr int MT = 16,", "constexpr int MT = 24,"),
+    ("constexpr int BNW = 32,", "constexpr int BNW = 24,"),
+    ("constexpr int WK = 4, WN = 2, WARPS = 8, THREADS = 256;",
+     "constexpr int WK = 4, WN = 2, WARPS = 8, THREADS = 320;"),
+])
+def test_a_hand_edited_source_fails_its_static_asserts(edit, message, tmp_path):
+    src = render(DecodeConfig())
+    assert edit in src
+    res = compile_source(src.replace(edit, message), "sm_90", "edited", cache_dir=tmp_path)
+    assert not res.ok and "static assertion failed" in res.log
+
+
+def _sample() -> list[DecodeConfig]:
+    """Configs covering every searched value of every parameter, both maths and every
+    layout, C type and epilogue, split-K both ways, 8-byte loads, 1 stage: valid on sm_80
+    and sm_90. The largest register estimates of the space are among them."""
+    by_estimate = sorted(valid_configs(ARCH, DType.F16), key=lambda c: -c.regs_estimate)
+    base = [by_estimate[0], by_estimate[1]]  # the heaviest of each kind
+    base += [next(c for c in by_estimate if c.math == m) for m in ("mma", "fma")]
+    for k, values in SPACE.items():
+        for v in values:
+            base.append(next(c for c in valid_configs(ARCH, DType.BF16)
+                             if getattr(c, k) == v))
+    base += [DecodeConfig(stages=1), DecodeConfig(vec=4, stages=4, split=2, reduce="last"),
+             DecodeConfig(math="fma", mt=2, split=32), DecodeConfig(mt=64, bn=16, wn=1)]
+    epilogues = [(DType.F32, "none", "none"), (DType.F16, "out", "gelu"),
+                 (DType.BF16, "f32", "silu"), (DType.F32, "out", "relu")]
+    variants = [Variant(layout, *epi) for epi in epilogues for layout in Layout]
+    out = []
+    for i, c in enumerate(base):
+        v = variants[i % len(variants)]
+        cv = v.apply(c)
+        if check(cv, "sm_80") or check(cv, "sm_90"):  # a row-major B wants 32 columns a warp
+            cv = Variant(Layout.NT, v.out, v.bias, v.act).apply(c)
+        out.append(cv)
+    out += [NT16.apply(c) for c in base[:4]]
+    return list(dict.fromkeys(out))
+
+
+SAMPLE = _sample()
+
+
+def test_the_sample_covers_the_space():
+    assert len(SAMPLE) >= 25
+    for k, values in SPACE.items():
+        assert {getattr(c, k) for c in SAMPLE} >= set(values), k
+    assert {c.layout for c in SAMPLE} == set(Layout) and {c.math for c in SAMPLE} == {
+        "mma", "fma"}
+    assert {c.reduce for c in SAMPLE if c.split > 1} == {"pass", "last"}
+    assert all(not check(c, "sm_80") and not check(c, "sm_90") for c in SAMPLE)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_the_sample_compiles_without_spills(arch, compile_cache):
+    """All of the sample for sm_90; a third of it (the heaviest first) for sm_80."""
+    configs = SAMPLE if arch == "sm_90" else SAMPLE[::3]
+    res = dict(compile_many(configs, arch, jobs=2, cache_dir=compile_cache))
+    bad = {c.name: r.error[:400] for c, r in res.items() if not r.ok}
+    assert not bad, bad
+    spills = {c.name: (r.resources.registers, r.resources.spill_bytes, r.resources.stack_frame)
+              for c, r in res.items() if r.resources.spill_bytes or r.resources.stack_frame}
+    assert not spills, spills
+    over = {c.name: (r.resources.registers, c.regs_estimate) for c, r in res.items()
+            if r.resources.registers > c.regs_estimate}
+    assert not over, over  # the estimate that check keeps within the cap is an upper bound
+    for c, r in res.items():
+        assert r.resources.smem_dynamic == c.smem_bytes
+        if c.reduce_pass:
+            assert f"{c.name}_reduce" in r.log
+
+
+# ---- the kernels, run on the CPU ------------------------------------------------------------
+_SHIM = r"""
+// Host emulation of the CUDA the decode kernels use (tests/test_decode_family.py).
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+struct EmuWarp { std::barrier<> bar{32}; unsigned u[32][8]; float f[32]; };
+struct EmuBlock {
+    std::barrier<> bar;
+    std::vector<EmuWarp> warps;
+    explicit EmuBlock(int threads) : bar(threads), warps(threads / 32) {}
+};
+thread_local EmuBlock* emu_block;
+thread_local dim3 emu_tid, emu_bid;
+dim3 emu_grid, emu_bdim;
+#define threadIdx emu_tid
+#define blockIdx emu_bid
+#define gridDim emu_grid
+#define blockDim emu_bdim
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+using std::min;
+using std::max;
+
+static inline EmuWarp& emu_warp() { return emu_block->warps[emu_tid.x / 32]; }
+static inline int emu_lane() { return static_cast<int>(emu_tid.x % 32); }
+static inline void __syncthreads() { emu_block->bar.arrive_and_wait(); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline float __ldcg(const float* p) { return *p; }
+static inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+static inline float __shfl_xor_sync(unsigned, float v, int x)
+{
+    EmuWarp& w = emu_warp();
+    const int l = emu_lane();
+    w.f[l] = v;
+    w.bar.arrive_and_wait();
+    const float r = w.f[l ^ x];
+    w.bar.arrive_and_wait();
+    return r;
+}
+"""
+
+#: the inline-PTX helpers, as the PTX ISA defines them
+_PTX = {
+    "ld_stream": r"""template <int V>
+inline void ld_stream(unsigned* r, const unsigned short* p)
+{
+    if (reinterpret_cast<std::uintptr_t>(p) % (2 * V)) {
+        std::fprintf(stderr, "ld_stream: %p is not %d-byte aligned\n", (const void*)p, 2 * V);
+        std::abort();
+    }
+    std::memcpy(r, p, 2 * V);
+}""",
+    "transpose_b16": r"""inline unsigned transpose_b16(unsigned x)
+{
+    // lane l holds row l/4, columns 2(l%4) and 2(l%4)+1 (low half first) of an 8x8 matrix
+    EmuWarp& w = emu_warp();
+    const int l = emu_lane();
+    w.u[l][0] = x;
+    w.bar.arrive_and_wait();
+    auto at = [&](int row, int col) {
+        return (w.u[4 * row + col / 2][0] >> (16 * (col % 2))) & 0xffffu;
+    };
+    const int g = l / 4, t = l % 4;
+    const unsigned y = at(2 * t, g) | (at(2 * t + 1, g) << 16);  // the transpose's row g
+    w.bar.arrive_and_wait();
+    return y;
+}""",
+    "mma_16816": r"""inline void mma_16816(float* d, unsigned a0, unsigned a1, unsigned a2,
+                      unsigned a3, unsigned b0, unsigned b1)
+{
+    EmuWarp& w = emu_warp();
+    const int l = emu_lane();
+    const unsigned in[6] = {a0, a1, a2, a3, b0, b1};
+    std::memcpy(w.u[l], in, sizeof in);
+    w.bar.arrive_and_wait();
+    auto el = [&](int lane, int reg, int half) {
+        const unsigned short bits = (w.u[lane][reg] >> (16 * half)) & 0xffffu;
+        T v;
+        std::memcpy(&v, &bits, 2);
+        return static_cast<double>(static_cast<float>(v));
+    };
+    // A (16x16): row r, column k in lane 4(r%8) + (k%8)/2, register (r>=8) + 2(k>=8);
+    // B (16x8): row k, column n in lane 4n + (k%8)/2, register 4 + (k>=8); half k%2
+    auto a = [&](int r, int k) { return el(4 * (r % 8) + (k % 8) / 2, (r >= 8) + 2 * (k >= 8), k % 2); };
+    auto b = [&](int k, int n) { return el(4 * n + (k % 8) / 2, 4 + (k >= 8), k % 2); };
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;  // d0, d1: row g; d2, d3: g+8
+        double s = 0.0;
+        for (int k = 0; k < 16; ++k)
+            s += a(row, k) * b(k, col);
+        d[e] = static_cast<float>(d[e] + s);
+    }
+    w.bar.arrive_and_wait();
+}""",
+}
+
+_HARNESS = r"""
+template <typename E>
+static std::vector<E> emu_read(const char* path)
+{
+    FILE* f = std::fopen(path, "rb");
+    if (!f) { std::perror(path); std::exit(2); }
+    std::fseek(f, 0, SEEK_END);
+    const long bytes = std::ftell(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::vector<E> v(bytes / sizeof(E));
+    if (std::fread(v.data(), 1, bytes, f) != static_cast<size_t>(bytes)) std::exit(2);
+    std::fclose(f);
+    return v;
+}
+
+template <typename F>
+static void emu_run_block(F&& body, dim3 bid, int threads)
+{
+    EmuBlock blk(threads);
+    std::vector<std::thread> ts;
+    ts.reserve(threads);
+    for (int i = 0; i < threads; ++i)
+        ts.emplace_back([&, i] { emu_block = &blk; emu_tid = dim3(i, 0, 0); emu_bid = bid; body(); });
+    for (auto& t : ts) t.join();
+}
+
+int main(int argc, char** argv)
+{
+    const int M = std::atoi(argv[1]), N = std::atoi(argv[2]), K = std::atoi(argv[3]);
+    const int batch = std::atoi(argv[4]), lda = std::atoi(argv[5]), ldb = std::atoi(argv[6]);
+    const int ldc = std::atoi(argv[7]);
+    const long long sA = std::atoll(argv[8]), sB = std::atoll(argv[9]), sC = std::atoll(argv[10]);
+    const float alpha = std::atof(argv[11]), beta = std::atof(argv[12]);
+    std::vector<T> A = emu_read<T>(argv[14]);
+    std::vector<T> B = emu_read<T>(argv[15]);
+    std::vector<OutT> C = emu_read<OutT>(argv[16]);
+    std::vector<BiasT> bias = emu_read<BiasT>(argv[17]);
+    const BiasT* const bp = bias.empty() ? nullptr : bias.data();
+    const int gx = ((M + MT - 1) / MT) * ((N + BN - 1) / BN);
+    std::vector<float> W(static_cast<size_t>(batch) * SPLIT_K * M * N, NAN);  // unwritten: NaN
+    std::vector<unsigned> tickets(static_cast<size_t>(gx) * batch, 0u);
+    std::vector<dim3> order;
+    for (int z = 0; z < SPLIT_K; ++z)
+        for (int y = 0; y < batch; ++y)
+            for (int x = 0; x < gx; ++x)
+                order.push_back(dim3(x, y, z));
+    std::shuffle(order.begin(), order.end(), std::mt19937(std::atoi(argv[13])));
+    emu_grid = dim3(gx, batch, SPLIT_K);
+    emu_bdim = dim3(THREADS, 1, 1);
+    for (const dim3& bid : order) {
+        std::fill(std::begin(emu_smem), std::end(emu_smem), NAN);  // shared memory: garbage
+        emu_run_block([&] { KERNEL(M, N, K, alpha, A.data(), lda, sA, B.data(), ldb, sB, beta,
+                                   C.data(), ldc, sC, bp EXTRA_ARGS); }, bid, THREADS);
+    }
+    REDUCE_PASS
+    for (unsigned x : tickets)
+        if (x) { std::fprintf(stderr, "a ticket was left at %u\n", x); return 3; }
+    FILE* f = std::fopen(argv[16], "wb");
+    std::fwrite(C.data(), sizeof(OutT), C.size(), f);
+    std::fclose(f);
+    return 0;
+}
+"""
+
+_REDUCE_PASS = r"""const int rx = (M * N + 255) / 256;
+    emu_grid = dim3(rx, batch, 1);
+    emu_bdim = dim3(256, 1, 1);
+    for (int y = 0; y < batch; ++y)
+        for (int x = 0; x < rx; ++x)
+            emu_run_block([&] { KERNEL_reduce(M, N, alpha, W.data(), beta, C.data(), ldc, sC,
+                                              bp); }, dim3(x, y, 0), 256);"""
+
+
+def _without(src: str, name: str) -> str:
+    """`src` with the definition of device function `name` replaced by its emulation."""
+    lines = src.split("\n")
+    start = next(i for i, line in enumerate(lines)
+                 if re.match(rf"__device__ __forceinline__ \w+ {name}\(", line))
+    if lines[start - 1].startswith("template"):
+        start -= 1
+    end = next(j for j in range(start, len(lines)) if lines[j] == "}")
+    return "\n".join(lines[:start] + _PTX[name].split("\n") + lines[end + 1:])
+
+
+def emulation_source(cfg: DecodeConfig) -> str:
+    """The rendered kernel as a host program (see the module doc)."""
+    src = render(cfg)
+    for name in _PTX:
+        if re.search(rf"__forceinline__ \w+ {name}\(", src):
+            src = _without(src, name)
+    smem = "    extern __shared__ __align__(16) float red[];"
+    assert smem in src
+    src = src.replace(smem, "    float* const red = emu_smem;")
+    assert not re.search(r"\basm\b", re.sub(r"//.*", "", src)), "inline PTX left"
+    extra = (", W.data()" if cfg.has_workspace else "") + (", tickets.data()" if cfg.last else "")
+    harness = (_HARNESS.replace("REDUCE_PASS", _REDUCE_PASS if cfg.reduce_pass else "")
+               .replace("KERNEL", cfg.name).replace(" EXTRA_ARGS", extra)
+               .replace("SPLIT_K", str(cfg.split)))
+    return (_SHIM + f"alignas(16) static float emu_smem[{cfg.smem_bytes // 4}];\n" + src
+            + harness)
+
+
+_CXX = ["g++", "-std=c++20", "-O1", "-pthread", "-w", "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all", "-I/usr/local/cuda/include"]
+
+
+def _build(cfg: DecodeConfig, where: Path) -> Path:
+    cpp, exe = where / f"{cfg.name}.cpp", where / cfg.name
+    cpp.write_text(emulation_source(cfg))
+    r = subprocess.run(_CXX + [str(cpp), "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return exe
+
+
+def _bits(x: np.ndarray, t: str) -> np.ndarray:
+    """Values exactly representable in `t` (f16, bf16), as their 16 bits."""
+    if t == "f16":
+        return np.asarray(x).astype(np.float16).view(np.uint16)
+    return (np.asarray(x).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _values(bits: np.ndarray, t: str) -> np.ndarray:
+    if t == "f16":
+        return bits.view(np.float16).astype(np.float64)
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _rounded(x: np.ndarray, t: str) -> np.ndarray:
+    """x rounded to C's type `t` (f32, f16; bf16 by truncation: any bf16 values do)."""
+    if t == "f32":
+        return x.astype(np.float32).astype(np.float64)
+    return _values(_bits(x, t), t)
+
+
+def _stored(x: np.ndarray, t: str) -> np.ndarray:
+    return x.astype(np.float32) if t == "f32" else _bits(x, t)
+
+
+def _operand(rng, batch, rows, cols, col_major, t, pad, broadcast=False):
+    """A batch x rows x cols operand stored row- or column-major with `pad` elements past
+    each stored row and 3 between problems: (its bits, float64 values, ld, stride)."""
+    srows, scols = (cols, rows) if col_major else (rows, cols)
+    ld, copies = scols + pad, 1 if broadcast else batch
+    stride = 0 if broadcast else srows * ld + 3
+    flat = np.zeros((copies - 1) * stride + srows * ld)
+    values = np.zeros((batch, rows, cols))
+    for i in range(copies):
+        v = _rounded(rng.standard_normal((srows, scols)), t)
+        for r in range(srows):
+            flat[i * stride + r * ld: i * stride + r * ld + scols] = v[r]
+        values[slice(None) if broadcast else i] = v.T if col_major else v
+    return _bits(flat, t), values, ld, stride
+
+
+def _activate(x: np.ndarray, act: str) -> np.ndarray:
+    if act == "relu":
+        return np.maximum(x, 0)
+    if act == "gelu":
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    if act == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    if act == "silu":
+        return x / (1 + np.exp(-x))
+    return x
+
+
+def emulate(exe: Path, cfg: DecodeConfig, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
+            pads=(0, 0, 2), broadcast_b=False, seed=0):
+    """Run `exe` on fresh operands of cfg's variant, C poisoned with NaN: (relative error
+    against the float64 reference, padding of C untouched?)."""
+    m, n, k = shape
+    rng = np.random.default_rng(seed)
+    t, out = cfg.dtype.short, cfg.out.short
+    a, av, lda, sa = _operand(rng, batch, m, k, cfg.layout in (Layout.TN, Layout.TT), t, pads[0])
+    b, bv, ldb, sb = _operand(rng, batch, k, n, cfg.b_col, t, pads[1], broadcast_b)
+    ldc = n + pads[2]
+    sc = m * ldc + 1
+    c0 = _rounded(rng.standard_normal((batch, m, n)), out)
+    cflat = np.full((batch - 1) * sc + m * ldc, np.nan)
+    for i in range(batch):
+        for r in range(m):
+            cflat[i * sc + r * ldc: i * sc + r * ldc + n] = c0[i, r] if beta else np.nan
+    bias_t = "f32" if cfg.bias == "f32" else out
+    bias = _rounded(rng.standard_normal(n if cfg.bias != "none" else 0), bias_t)
+    for name, x in (("a", a), ("b", b), ("c", _stored(cflat, out)), ("bias",
+                                                                       _stored(bias, bias_t))):
+        x.tofile(where / name)
+    args = (m, n, k, batch, lda, ldb, ldc, sa, sb, sc, alpha, beta, seed)
+    r = subprocess.run([str(exe), *map(str, args), *(str(where / x) for x in
+                                                     ("a", "b", "c", "bias"))],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = np.fromfile(where / "c", dtype=np.float32 if out == "f32" else np.uint16)
+    got = raw.astype(np.float64) if out == "f32" else _values(raw, out)
+    ref = alpha * np.matmul(av, bv) + (beta * c0 if beta else 0) + (bias if len(bias) else 0)
+    ref = _activate(ref, cfg.act)
+    rows = [got[i * sc + r * ldc: i * sc + (r + 1) * ldc] for i in range(batch)
+            for r in range(m)]
+    res = np.stack([row[:n] for row in rows]).reshape(batch, m, n)
+    untouched = all(np.isnan(row[n:]).all() for row in rows)
+    return float(np.linalg.norm(res - ref) / max(np.linalg.norm(ref), 1e-30)), untouched
+
+
+#: FP32 accumulation (the emulated mma sums 16 products exactly) and one rounding of C
+_GATE = {"f32": 1e-6, "f16": 1e-6 + 2.0 ** -11, "bf16": 1e-6 + 2.0 ** -8}
+
+EMULATED = [
+    NT16.apply(DecodeConfig(wk=2, wn=2)),
+    Variant(Layout.NN).apply(DecodeConfig(mt=16, bn=64, wk=2, wn=2, stages=2)),
+    Variant(Layout.TN, DType.BF16, "f32", "gelu").apply(
+        DecodeConfig(dtype=DType.BF16, bn=32, wk=2, wn=2, vec=4, stages=2)),
+    Variant(Layout.TT, DType.F16, "out", "silu").apply(
+        DecodeConfig(mt=32, bn=32, wk=2, wn=2, stages=1, split=4)),
+    Variant(Layout.NT, DType.F16, "f32", "gelu_tanh").apply(
+        DecodeConfig(mt=64, bn=16, wk=4, wn=1, stages=2, split=2, reduce="last")),
+    Variant(Layout.NT, DType.F32, "none", "relu").apply(
+        DecodeConfig(math="fma", mt=4, bn=32, wk=1, wn=2, split=2, reduce="last")),
+    Variant(Layout.NN, DType.BF16).apply(
+        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=64, wk=2, wn=2, stages=4)),
+    Variant(Layout.TT, DType.F32, "out", "gelu").apply(
+        DecodeConfig(math="fma", mt=8, bn=16, wk=2, wn=1, vec=4, split=4)),
+    Variant(Layout.NN, DType.F16, "out", "none").apply(
+        DecodeConfig(mt=16, bn=128, wk=1, wn=4, stages=3, split=2, reduce="last")),
+]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    if not shutil.which("g++") or not Path("/usr/local/cuda/include/cuda_fp16.h").is_file():
+        pytest.skip("the emulation needs g++ and the CUDA headers")
+    where = tmp_path_factory.mktemp("emulated")
+    with cf.ThreadPoolExecutor(2) as pool:
+        exes = dict(zip(EMULATED, pool.map(lambda c: _build(c, where), EMULATED)))
+    return where, exes
+
+
+def test_the_emulated_configs_are_valid_and_cover_the_family():
+    assert all(not check(c, "sm_90") for c in EMULATED)
+    assert {c.layout for c in EMULATED} == set(Layout)
+    assert {c.out for c in EMULATED} == {DType.F32, DType.F16, DType.BF16}
+    assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
+                                                           (True, "last")}
+    assert {c.math for c in EMULATED} == {"mma", "fma"} and {c.vec for c in EMULATED} == {4, 8}
+
+
+#: M across the tiles; N, K odd (element-wise edges) and even (whole vectors), one K deeper
+#: than a block's warps take in one step
+SHAPES = [(1, 40, 64), (7, 41, 301), (16, 64, 256), (33, 70, 1031), (64, 24, 96)]
+
+
+@pytest.mark.parametrize("cfg", EMULATED, ids=lambda c: c.name)
+def test_the_kernel_emulated_on_the_cpu(emulated, cfg):
+    where, exes = emulated
+    gate = _GATE[cfg.out.short]
+    for seed, shape in enumerate(SHAPES):
+        err, untouched = emulate(exes[cfg], cfg, shape, where, seed=seed)
+        assert err <= gate and untouched, (shape, err)
+    # a batch of 3, B shared (stride 0), alpha and beta, rows padded (no 16-byte vectors)
+    err, untouched = emulate(exes[cfg], cfg, (33, 45, 200), where, batch=3, alpha=0.5,
+                             beta=2.0, pads=(3, 5, 1), broadcast_b=True, seed=7)
+    assert err <= gate and untouched, err
+    err, untouched = emulate(exes[cfg], cfg, (7, 64, 512), where, batch=2, alpha=-1.5,
+                             beta=0.5, pads=(8, 8, 2), seed=8)
+    assert err <= gate and untouched, err
+
+
+def test_the_emulation_catches_a_wrong_fragment(emulated, tmp_path):
+    """The emulation is a test that can fail: A's rows g and g+8 swapped in the mma."""
+    cfg = EMULATED[0]
+    src = emulation_source(cfg)
+    good = "mma_16816(acc[i][j], as[2 * i][2 * u], as[2 * i + 1][2 * u],"
+    assert good in src
+    cpp = tmp_path / "bad.cpp"
+    cpp.write_text(src.replace(good, "mma_16816(acc[i][j], as[2 * i + 1][2 * u], "
+                                     "as[2 * i][2 * u],"))
+    r = subprocess.run(_CXX + [str(cpp), "-o", str(tmp_path / "bad")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    err, _ = emulate(tmp_path / "bad", cfg, (16, 64, 256), tmp_path)
+    assert err > 0.1
+
+
+# ---- the bench's candidates (bench/decode_roof.py; it times them on a GPU) -----------------
+def _bench():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "decode_roof.py"
+    spec = importlib.util.spec_from_file_location("decode_roof", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_bench_times_valid_candidates_of_each_shape():
+    bench = _bench()
+    assert bench.SHAPES == [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 14336),
+                            (16, 14336, 4096), (1, 8192, 28672)]
+    for shape in bench.SHAPES:
+        for epilogue in (False, True):
+            cs = bench.candidates(shape, DType.BF16, epilogue)
+            assert len(cs) >= 10, shape
+            assert all(not check(c, ARCH) and not problem_reasons(c, shape, ARCH) for c in cs)
+            assert {Variant.of(c) for c in cs} == {Variant(
+                Layout.NT, DType.BF16, *(("out", "gelu") if epilogue else ("none", "none")))}
+    # M = 1: the FMA path and the smallest mma tile; split-K by the last block where the
+    # panels leave SMs idle (4096 columns: 128 panels of 32), none where they do not
+    # (14336 columns: 448 panels of 32, 112 of 128)
+    one = bench.candidates((1, 4096, 4096), DType.F16)
+    assert {(c.math, c.mt) for c in one} == {("fma", 1), ("mma", 16)}
+    assert {c.reduce for c in one if c.split > 1} == {"last", "pass"}
+    wide = bench.candidates((16, 14336, 4096), DType.F16)
+    assert {c.split for c in wide if c.bn == 32} == {1}
+    assert {c.split for c in wide if c.bn == 128} == {1, 2, 4}
+
+
+def test_the_bench_lists_without_a_gpu_and_refuses_bad_arguments(capsys):
+    bench = _bench()
+    assert bench.main(["--list", "--shapes", "16x4096x4096", "--dtypes", "f16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("f16 16x4096x4096: ") and "gemm_decode_f16_mma16x" in out
+    for argv in (["--list", "--shapes", "16x4096"], ["--list", "--shapes", "0x1x1"],
+                 ["--list", "--dtypes", "f32"], ["--list", "--candidates", "gemm_nope"]):
+        assert bench.main(argv) == 2, argv
+        assert capsys.readouterr().err.startswith("decode_roof: ")

@@ -1,0 +1,207 @@
+"""GPU: the decode family computes every layout, C type and epilogue right at decode shapes
+(M = 1, 7, 16, 33, 64 against N, K = 4097: a partial panel, a partial K chunk), with rows
+16-byte aligned (the streaming vector loads) and padded (element by element), strided
+batches (B shared by a zero stride), alpha and beta, and both split-K sums; C poisoned with
+NaN first, float64 references on fresh random inputs (tests/test_gpu_variants.py's
+operands and reference), through the family's runner (tuner.runtime.runners.runner_for:
+what the tuner times and the library ships). Skipped without a GPU (conftest.py).
+
+Not yet run on a GPU when written (the session that wrote it had none): the kernels were
+checked on the CPU by tests/test_decode_family.py's emulation of their warps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from pathlib import Path
+
+import pytest
+from test_gpu_variants import ROUNDOFF, _TORCH, _operand, _reference
+
+from codegen import compile_many
+from codegen.check import check
+from codegen.families._common import DType, Layout, Variant
+from codegen.families.decode import DecodeConfig
+
+#: per input type: the default, a 64-row mma tile, FMAs on 4 rows, split-K by the last
+#: block and by a reduce pass, 8-byte loads with one stage
+BASES = [
+    DecodeConfig(),
+    DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=2),
+    DecodeConfig(math="fma", mt=4, bn=64, wk=4, wn=2),
+    DecodeConfig(mt=16, bn=64, wk=4, wn=2, stages=4, split=4, reduce="last"),
+    DecodeConfig(mt=32, bn=128, wk=2, wn=4, split=8),
+    DecodeConfig(mt=16, bn=32, wk=8, wn=1, vec=4, stages=1, split=2, reduce="last"),
+]
+MS = (1, 7, 16, 33, 64)
+
+
+def _variants(dtype: DType):
+    """Every layout x C of fp32 and of the input type x {no epilogue, bias + GELU}."""
+    for layout, out in itertools.product(Layout, (DType.F32, dtype)):
+        yield Variant(layout, out)
+        yield Variant(layout, out, "out", "gelu")
+
+
+def _configs() -> list[DecodeConfig]:
+    out = []
+    for dtype, base in itertools.product((DType.F16, DType.BF16), BASES):
+        for v in _variants(dtype):
+            c = v.apply(dataclasses.replace(base, dtype=dtype))
+            if not check(c, "sm_90"):
+                out.append(c)
+    return out
+
+
+CONFIGS = _configs()
+
+
+def test_every_base_builds_every_variant():
+    """(on the CPU too) each base config takes each of the 16 variants of both types"""
+    assert len(CONFIGS) == 2 * len(BASES) * 16
+
+
+@pytest.fixture(scope="module")
+def built(compile_cache):
+    from tuner.gpu import device
+
+    res = dict(compile_many(CONFIGS, device().sm, cache_dir=compile_cache))
+    bad = {c.name: r.error for c, r in res.items() if not r.ok}
+    assert not bad, bad
+    return res
+
+
+@functools.cache
+def _runner(cfg, cubin: Path):
+    from tuner.runtime.runners import runner_for
+
+    return runner_for(cfg, cubin.read_bytes())
+
+
+def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0, aligned=True,
+         c_out=None):
+    """Run cfg on fresh operands of its variant, rows 16-byte aligned (or padded by 3, 5
+    and 2 elements); (error, gate, C's padding untouched, C)."""
+    import torch
+
+    from tuner.bench import tolerance
+    from tuner.gpu import device
+
+    torch.manual_seed(torch.seed())
+    m, n, k = shape
+    v = Variant.of(cfg)
+    a, lda, sa = _operand(torch, batch, m, k, v.layout in (Layout.TN, Layout.TT), cfg.dtype,
+                          0 if aligned else 3, aligned)
+    b, ldb, sb = _operand(torch, batch, k, n, cfg.b_col, cfg.dtype, 0 if aligned else 5,
+                          aligned, broadcast_b)
+    out_t = getattr(torch, _TORCH[v.out])
+    ldc = n + 2 + (-(n + 2) % 8 if aligned else 0)
+    cstore = torch.full((batch, m, ldc), float("nan"), device="cuda", dtype=out_t)
+    c = cstore[..., :n]
+    c0 = None
+    if beta:
+        c0 = torch.randn(batch, m, n, device="cuda").to(out_t)
+        c.copy_(c0)
+    bias = None
+    if v.bias != "none":
+        bias = torch.randn(n, device="cuda").to(out_t if v.bias == "out" else torch.float32)
+    ref = _reference(torch, a, b, c0, bias, v, alpha, beta, cfg.dtype)
+    run = _runner(cfg, Path(res.cubin)).bind(device(), m, n, k, lda, ldb, ldc, batch=batch,
+                                              strides=(sa, sb, cstore.stride(0)))
+    run(a.data_ptr(), b.data_ptr(), c.data_ptr(), alpha, beta,
+        torch.cuda.current_stream().cuda_stream, bias=0 if bias is None else bias.data_ptr())
+    torch.cuda.synchronize()
+    err = float(torch.linalg.norm(c.double() - ref) / max(float(torch.linalg.norm(ref)), 1e-30))
+    gate = tolerance(cfg, k) + ROUNDOFF[v.out]
+    return err, gate, bool(torch.isnan(cstore[..., n:]).all()), c
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", MS)
+def test_every_variant_at_decode_shapes(built, m):
+    failures = {}
+    for cfg, res in built.items():
+        for shape, aligned in (((m, 4097, 4097), True), ((m, 4096, 4096), True),
+                               ((m, 1001, 999), False)):
+            err, gate, untouched, _ = _run(cfg, res, shape, aligned=aligned)
+            if not err <= gate or not untouched:
+                failures[(cfg.name, shape, aligned)] = (err, gate, untouched)
+    assert not failures, failures
+
+
+@pytest.mark.gpu
+def test_batches_with_a_broadcast_operand_alpha_and_beta(built):
+    failures = {}
+    for (cfg, res), broadcast, aligned in itertools.product(built.items(), (False, True),
+                                                            (False, True)):
+        err, gate, untouched, _ = _run(cfg, res, (33, 257, 1031), batch=3,
+                                       broadcast_b=broadcast, alpha=0.5, beta=2.0,
+                                       aligned=aligned)
+        if not err <= gate or not untouched:
+            failures[(cfg.name, broadcast, aligned)] = (err, gate, untouched)
+    assert not failures, failures
+
+
+@pytest.mark.gpu
+def test_split_k_is_deterministic_and_leaves_the_tickets_ready(built):
+    """A split-K sum runs in a fixed order: the same operands give the same bits, launch
+    after launch (the last-block tickets are reset by each launch)."""
+    import torch
+
+    from tuner.gpu import device
+
+    split = [(c, r) for c, r in built.items() if c.split > 1 and c.out is c.dtype]
+    assert {c.reduce for c, _ in split} == {"pass", "last"}
+    for cfg, res in split:
+        m, n, k = 16, 4096, 4096
+        a = torch.randn(m, k, device="cuda").to(getattr(torch, _TORCH[cfg.dtype]))
+        b = torch.randn(k, n, device="cuda").to(a.dtype)
+        if cfg.layout in (Layout.TN, Layout.TT):
+            a = a.t().contiguous().t()
+        if cfg.b_col:
+            b = b.t().contiguous().t()
+        bias = torch.randn(n, device="cuda").to(a.dtype)
+        lda = a.stride(1) if cfg.layout in (Layout.TN, Layout.TT) else a.stride(0)
+        ldb = b.stride(1) if cfg.b_col else b.stride(0)
+        run = _runner(cfg, Path(res.cubin)).bind(device(), m, n, k, lda, ldb, n)
+        outs = []
+        for _ in range(3):
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=a.dtype)
+            run(a.data_ptr(), b.data_ptr(), c.data_ptr(), 1.0, 0.0,
+                torch.cuda.current_stream().cuda_stream, bias=bias.data_ptr())
+            torch.cuda.synchronize()
+            outs.append(c)
+        assert not torch.isnan(outs[0]).any(), cfg.name
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), cfg.name
+
+
+@pytest.mark.gpu
+def test_a_linear_layer_as_a_model_calls_it(built):
+    """gelu(x @ W.t() + b) with W stored N x K (nn.Linear's weight) and C of x's type, at
+    the decode shapes of the bar (their K and N; M as given)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tuner.bench import tolerance
+    from tuner.gpu import device
+
+    linear = [(c, r) for c, r in built.items()
+              if Variant.of(c) == Variant(Layout.NT, c.dtype, "out", "gelu")]
+    assert len(linear) == 2 * len(BASES)
+    for (cfg, res), (m, n, k) in itertools.product(linear, [(1, 4096, 4096),
+                                                            (16, 14336, 4096),
+                                                            (64, 4096, 14336)]):
+        t = getattr(torch, _TORCH[cfg.dtype])
+        x = torch.randn(m, k, device="cuda").to(t)
+        w = torch.randn(n, k, device="cuda").to(t) / k ** 0.5
+        bias = torch.randn(n, device="cuda").to(t)
+        y = torch.full((m, n), float("nan"), device="cuda", dtype=t)
+        run = _runner(cfg, Path(res.cubin)).bind(device(), m, n, k, k, k, n)
+        run(x.data_ptr(), w.data_ptr(), y.data_ptr(), 1.0, 0.0,
+            torch.cuda.current_stream().cuda_stream, bias=bias.data_ptr())
+        torch.cuda.synchronize()
+        ref = F.gelu(F.linear(x.double(), w.double(), bias.double()))
+        err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+        assert err <= tolerance(cfg, k) + ROUNDOFF[cfg.out], (cfg.name, (m, n, k), err)
