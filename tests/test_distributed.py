@@ -428,6 +428,26 @@ def test_a_claim_and_a_result_are_one_commit_each_and_a_withdrawn_claim_none(rdb
     assert storage.get_all_trials(a.study_id)[0].value == 1.5
 
 
+def test_a_claim_against_a_silent_workers_claim_fails_that_claim_in_the_same_commit(rdb_url):
+    """A claim that stands only because another worker's claim on the name is stale (its
+    lease silent) fails that claim as it commits, so the silent worker's result, should it
+    come after all (a database outage, not a death), is dropped: one result per name."""
+    clock = Clock()
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], clock, interval=1.0, grace=5.0)
+    a.beat()
+    ta, _ = a.claim("k1", {"x": 1}, DIST, {}, budget=10)
+    b.read()  # b sees a's lease now ...
+    clock.t = 7.0  # ... and not renewed for 7 s > 5 s
+    commits = _commits(storage)
+    tb, why = b.claim("k1", {"x": 1}, DIST, {}, budget=10)
+    assert why is None and len(commits) == 1
+    assert not a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 2.0)  # too late
+    assert b.finish(tb, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+    census = _census(storage.get_all_trials(a.study_id))
+    _done_once(census, ["k1"])
+    assert "released: worker a stopped renewing its lease" in census["k1"][0][2]
+
+
 def test_one_transaction_writes_the_trials_optunas_own_calls_write(tmp_path, monkeypatch):
     """The same claims and ends through tuner._rdb_batch and through Optuna's storage calls
     give the same trials: numbers, states, values, parameters, attributes, and times in

@@ -4,11 +4,13 @@
 Optuna's RDBStorage commits every call on its own and checks as it goes: a claim through
 ``create_new_trial`` is about 45 statements (each parameter's distribution looked up
 against the study, the trial looked up again per parameter and attribute), and a result
-is one commit per attribute and one for the state. Here a claim is one transaction (the
-trial, its parameters and attributes, then the study's claims read back inside it, and
-rolled back when another holds the name or the budget is full), and a result is one
-transaction (the state changed only if the trial is still RUNNING, its value, its
-attributes).
+is one commit per attribute and one for the state. Here a claim is one transaction of
+five statements (the trial, its parameters, its attributes, then the study's claims read
+back inside it, and rolled back when another holds the name or the budget is full), and
+a result one of three (the state changed only if the trial is still RUNNING, its value,
+its attributes). The claims are read incrementally: a finished trial never changes, so
+each claim reads only the unfinished trials and those above the highest finished one
+seen, as Optuna's cached storage reads its trials.
 
 The rows are Optuna's own: written through its table definitions
 (``optuna.storages._rdb.models``, a private module), so this is used only where the
@@ -25,6 +27,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import sqlite3
 from typing import Callable
 
 __all__ = ["SCHEMA", "ClaimRow", "BatchedWrites", "batched"]
@@ -46,6 +49,30 @@ class ClaimRow:
     user_attrs: dict
 
 
+@dataclasses.dataclass
+class _Seen:
+    """One study's claim rows as read so far (trial id -> row): the unfinished ones are
+    read again, and the trials above `last`, the highest finished id seen."""
+
+    rows: dict = dataclasses.field(default_factory=dict)
+    unfinished: set = dataclasses.field(default_factory=set)
+    last: int = -1
+
+    def take(self, fresh: dict) -> None:
+        for tid, row in fresh.items():
+            self.rows[tid] = row
+            if row.state.is_finished():
+                self.unfinished.discard(tid)
+                self.last = max(self.last, tid)
+            else:
+                self.unfinished.add(tid)
+
+    def forget(self, tid: int) -> None:
+        """A trial of a transaction rolled back."""
+        self.rows.pop(tid, None)
+        self.unfinished.discard(tid)
+
+
 def batched(storage) -> "BatchedWrites | None":
     """One-transaction writes for `storage` (an Optuna RDBStorage, or the cached storage
     around one) if it is SQLite or PostgreSQL at schema :data:`SCHEMA`; else None."""
@@ -57,6 +84,8 @@ def batched(storage) -> "BatchedWrites | None":
     engine = getattr(backend, "engine", None)
     if engine is None or engine.dialect.name not in ("sqlite", "postgresql"):
         return None
+    if engine.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 24, 0):
+        return None  # no upsert (INSERT ... ON CONFLICT)
     try:
         from optuna.storages._rdb import models
 
@@ -86,13 +115,17 @@ class BatchedWrites:
         self.T = models.TrialModel.__table__
         self.locks = engine.dialect.name != "sqlite"  # SQLite: one writer at a time anyway
         self.dists: dict[int, dict] = {}  # study id -> parameter -> distribution, checked
+        self.seen: dict[int, _Seen] = {}  # study id -> its claim rows read so far
 
     def claim(self, study_id: int, params: dict, distributions: dict, attrs: dict,
-              verdict: Callable[[int, list[ClaimRow]], str | None]) -> tuple[int, str | None]:
+              verdict: Callable[[int, list[ClaimRow]], tuple[str | None, dict]]
+              ) -> tuple[int, str | None, dict]:
         """Write a RUNNING trial with `params` and the user attributes `attrs`, read the
-        study's claims (this one among them) and commit unless `verdict(trial id, rows)`
-        names a reason not to (then roll back: nothing is written). Returns (trial id,
-        reason)."""
+        study's claims (this one among them) and ask `verdict(trial id, rows)` for
+        (reason, released): a reason not to claim rolls everything back (nothing is
+        written); else the trials in `released` (id -> why: claims of workers gone silent
+        that stood in the way) are failed with their reasons and all is committed.
+        Returns (trial id, reason, the trials failed)."""
         from optuna.trial import TrialState
         from sqlalchemy import func, insert, select
 
@@ -109,43 +142,54 @@ class BatchedWrites:
                 study_id=study_id, number=number, state=TrialState.RUNNING,
                 datetime_start=_stored(self.m.TrialModel, "datetime_start",
                                        datetime.datetime.now()))).inserted_primary_key[0]
-            self.insert_params(c, tid, params, distributions)
-            self.insert_attrs(c, tid, attrs)
-            why = verdict(tid, self.claim_rows(c, study_id))
-            if why is None:
-                c.commit()
-                self.dists.setdefault(study_id, {}).update(distributions)
-            else:
-                c.rollback()
-        return tid, why
+            seen = self.seen.setdefault(study_id, _Seen())
+            try:
+                self.insert_params(c, tid, params, distributions)
+                self.upsert_attrs(c, tid, attrs)
+                why, released = verdict(tid, self.claim_rows(c, study_id))
+                if why is None:
+                    released = {old: reason for old, reason in released.items()
+                                if self.end_in(c, old, {"reason": reason}, TrialState.FAIL)}
+                    c.commit()
+                    self.dists.setdefault(study_id, {}).update(distributions)
+                    return tid, None, released
+            except BaseException:
+                seen.forget(tid)  # read inside a transaction that did not commit
+                raise
+            c.rollback()
+            seen.forget(tid)
+        return tid, why, {}
 
     def end(self, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:
         """Finish a RUNNING trial: its state, `value` and user attributes `attrs`; False
         (nothing written) if it is no longer RUNNING (another worker failed it)."""
-        from optuna.trial import TrialState
-        from sqlalchemy import delete, insert, update
-
-        T, m = self.T, self.m
         with self.engine.connect() as c:
-            done = c.execute(update(T).where(
-                T.c.trial_id == trial_id, T.c.state == TrialState.RUNNING).values(
-                state=state, datetime_complete=_stored(
-                    m.TrialModel, "datetime_complete", datetime.datetime.now())))
-            if done.rowcount != 1:
+            if not self.end_in(c, trial_id, attrs, state, value):
                 c.rollback()
                 return False
-            if value is not None:
-                stored, kind = m.TrialValueModel.value_to_stored_repr(value)
-                c.execute(insert(m.TrialValueModel.__table__).values(
-                    trial_id=trial_id, objective=0, value=stored, value_type=kind))
-            if attrs:  # new values for keys it had, the others added
-                A = self.m.TrialUserAttributeModel.__table__
-                c.execute(delete(A).where(A.c.trial_id == trial_id, A.c.key.in_(list(attrs))))
-            self.insert_attrs(c, trial_id, attrs)
             c.commit()
         return True
 
     # -- the statements --------------------------------------------------------------
+    def end_in(self, c, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:
+        """:meth:`end`'s statements on the connection `c` (not committed)."""
+        from optuna.trial import TrialState
+        from sqlalchemy import insert, update
+
+        T, m = self.T, self.m
+        done = c.execute(update(T).where(
+            T.c.trial_id == trial_id, T.c.state == TrialState.RUNNING).values(
+            state=state, datetime_complete=_stored(
+                m.TrialModel, "datetime_complete", datetime.datetime.now())))
+        if done.rowcount != 1:
+            return False
+        if value is not None:
+            stored, kind = m.TrialValueModel.value_to_stored_repr(value)
+            c.execute(insert(m.TrialValueModel.__table__).values(
+                trial_id=trial_id, objective=0, value=stored, value_type=kind))
+        self.upsert_attrs(c, trial_id, attrs)
+        return True
+
     def check(self, c, study_id: int, distributions: dict) -> None:
         """Each parameter's distribution against the study's (ValueError if they differ),
         as Optuna checks them; the study's are read once."""
@@ -173,23 +217,35 @@ class BatchedWrites:
                      distribution_json=distribution_to_json(distributions[k]))
                 for k, v in params.items()])
 
-    def insert_attrs(self, c, trial_id: int, attrs: dict) -> None:
-        from sqlalchemy import insert
-
-        if attrs:
-            c.execute(insert(self.m.TrialUserAttributeModel.__table__), [
-                dict(trial_id=trial_id, key=k, value_json=json.dumps(v))
-                for k, v in attrs.items()])
+    def upsert_attrs(self, c, trial_id: int, attrs: dict) -> None:
+        """The user attributes `attrs`, replacing those of the same keys (one statement)."""
+        if not attrs:
+            return
+        if self.engine.dialect.name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        A = self.m.TrialUserAttributeModel.__table__
+        stmt = insert(A).values([dict(trial_id=trial_id, key=k, value_json=json.dumps(v))
+                                 for k, v in attrs.items()])
+        c.execute(stmt.on_conflict_do_update(index_elements=[A.c.trial_id, A.c.key],
+                                             set_=dict(value_json=stmt.excluded.value_json)))
 
     def claim_rows(self, c, study_id: int) -> list[ClaimRow]:
-        """Every trial of the study with a claim, with the attributes claims are judged by."""
-        from sqlalchemy import select
+        """Every trial of the study with a claim, with the attributes claims are judged by:
+        those read before and finished since, and the rest read now."""
+        from sqlalchemy import or_, select
 
         T, A = self.T, self.m.TrialUserAttributeModel.__table__
-        rows: dict[int, ClaimRow] = {}
+        seen = self.seen[study_id]
+        which = T.c.trial_id > seen.last
+        if seen.unfinished:
+            which = or_(which, T.c.trial_id.in_(sorted(seen.unfinished)))
+        fresh: dict[int, ClaimRow] = {}
         for tid, state, key, value in c.execute(select(
                 T.c.trial_id, T.c.state, A.c.key, A.c.value_json).join(
                 A, A.c.trial_id == T.c.trial_id).where(
-                T.c.study_id == study_id, A.c.key.in_(CLAIM_KEYS))):
-            rows.setdefault(tid, ClaimRow(tid, state, {})).user_attrs[key] = json.loads(value)
-        return [r for r in rows.values() if "claim" in r.user_attrs]
+                T.c.study_id == study_id, A.c.key.in_(CLAIM_KEYS), which)):
+            fresh.setdefault(tid, ClaimRow(tid, state, {})).user_attrs[key] = json.loads(value)
+        seen.take(fresh)
+        return [r for r in seen.rows.values() if "claim" in r.user_attrs]
