@@ -448,6 +448,24 @@ def test_a_claim_against_a_silent_workers_claim_fails_that_claim_in_the_same_com
     assert "released: worker a stopped renewing its lease" in census["k1"][0][2]
 
 
+def test_a_claim_fails_every_claim_of_a_silent_worker_that_it_did_not_count(rdb_url):
+    """The budget is judged without a silent worker's claims, so the claim that stands on
+    that judgement fails them as it commits: should the silent worker come back and
+    finish them, the study still holds no more than its budget."""
+    clock = Clock()
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], clock, interval=1.0, grace=5.0)
+    a.beat()
+    ta, _ = a.claim("k1", {"x": 1}, DIST, {}, budget=1)
+    b.read()
+    clock.t = 7.0
+    tb, why = b.claim("k2", {"x": 2}, DIST, {}, budget=1)
+    assert why is None  # a's claim on k1 no longer counts ...
+    assert not a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 2.0)  # ... nor lands
+    assert b.finish(tb, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+    b.read()
+    assert b.held() == {"k2"} and [t.user_attrs["claim"] for t in b.released()] == ["k1"]
+
+
 def test_one_transaction_writes_the_trials_optunas_own_calls_write(tmp_path, monkeypatch):
     """The same claims and ends through tuner._rdb_batch and through Optuna's storage calls
     give the same trials: numbers, states, values, parameters, attributes, and times in

@@ -23,11 +23,13 @@ had written them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
 import sqlite3
+import threading
 from typing import Callable
 
 __all__ = ["SCHEMA", "ClaimRow", "BatchedWrites", "batched"]
@@ -116,6 +118,31 @@ class BatchedWrites:
         self.locks = engine.dialect.name != "sqlite"  # SQLite: one writer at a time anyway
         self.dists: dict[int, dict] = {}  # study id -> parameter -> distribution, checked
         self.seen: dict[int, _Seen] = {}  # study id -> its claim rows read so far
+        self.local = threading.local()  # each thread's connection, kept between transactions
+        self.kept: list = []
+
+    @contextlib.contextmanager
+    def connection(self):
+        """This thread's connection (kept: no pool check-out, ping and reset a
+        transaction), rolled back and dropped if anything fails inside."""
+        c = getattr(self.local, "c", None)
+        if c is None or c.closed or c.invalidated:
+            c = self.local.c = self.engine.connect()
+            self.kept.append(c)
+        try:
+            yield c
+        except BaseException:
+            self.local.c = None
+            with contextlib.suppress(Exception):
+                c.close()  # rolls back; a broken one is discarded
+            raise
+
+    def close(self) -> None:
+        """Return the kept connections to the pool."""
+        for c in self.kept:
+            with contextlib.suppress(Exception):
+                c.close()
+        self.kept.clear()
 
     def claim(self, study_id: int, params: dict, distributions: dict, attrs: dict,
               verdict: Callable[[int, list[ClaimRow]], tuple[str | None, dict]]
@@ -123,14 +150,15 @@ class BatchedWrites:
         """Write a RUNNING trial with `params` and the user attributes `attrs`, read the
         study's claims (this one among them) and ask `verdict(trial id, rows)` for
         (reason, released): a reason not to claim rolls everything back (nothing is
-        written); else the trials in `released` (id -> why: claims of workers gone silent
-        that stood in the way) are failed with their reasons and all is committed.
+        written); else the trials in `released` (id -> why: claims of workers gone silent,
+        which the verdict did not count) are failed with their reasons and all is
+        committed.
         Returns (trial id, reason, the trials failed)."""
         from optuna.trial import TrialState
         from sqlalchemy import func, insert, select
 
         T = self.T
-        with self.engine.connect() as c:
+        with self.connection() as c:
             if self.locks:  # trial numbers are counted: one claim at a time, as Optuna does
                 S = self.m.StudyModel.__table__
                 c.execute(select(S.c.study_id).where(S.c.study_id == study_id).with_for_update())
@@ -154,21 +182,26 @@ class BatchedWrites:
                     self.dists.setdefault(study_id, {}).update(distributions)
                     return tid, None, released
             except BaseException:
-                seen.forget(tid)  # read inside a transaction that did not commit
+                # did it commit? (a connection lost in COMMIT cannot say): read all again
+                self.seen.pop(study_id, None)
                 raise
             c.rollback()
-            seen.forget(tid)
+            seen.forget(tid)  # read inside a transaction that did not commit
         return tid, why, {}
 
     def end(self, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:
         """Finish a RUNNING trial: its state, `value` and user attributes `attrs`; False
         (nothing written) if it is no longer RUNNING (another worker failed it)."""
-        with self.engine.connect() as c:
-            if not self.end_in(c, trial_id, attrs, state, value):
-                c.rollback()
-                return False
+        return self.end_all([(trial_id, attrs, state, value)])[0]
+
+    def end_all(self, ends: list[tuple]) -> list[bool]:
+        """:meth:`end` for each (trial id, attrs, state, value) of `ends`, in one
+        transaction; for each, whether it was still RUNNING (if not, nothing of it is
+        written)."""
+        with self.connection() as c:
+            done = [self.end_in(c, *end) for end in ends]
             c.commit()
-        return True
+        return done
 
     # -- the statements --------------------------------------------------------------
     def end_in(self, c, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:

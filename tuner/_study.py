@@ -295,6 +295,8 @@ class SharedStudy:
             self._writes.put(None)
             self._writer.join(self.retry_s + 5)
             self._writer = None
+        if self.batch is not None:
+            self.batch.close()
         if self._thread is not None:
             self._thread.join(self.interval + 5)
             self._thread = None
@@ -438,27 +440,23 @@ class SharedStudy:
         tid, why, released = self._call("claiming a candidate", lambda: self.batch.claim(
             self.study_id, params, distributions, attrs,
             lambda tid, rows: (self._withdrawal(rows, tid, name, budget),
-                               self._in_the_way(rows, tid, name))))
-        for reason in released.values():
-            log.warning("%s: %s", name, reason)
+                               self._stale(rows, tid))))
+        for old, reason in released.items():
+            log.warning("claim %d: %s", old, reason)
         if why is not None:
             return None, why
         self._mine[name] = tid
         return tid, None
 
-    def _in_the_way(self, trials, trial_id: int, name: str) -> dict[int, str]:
-        """The RUNNING claims on `name` of workers gone silent (other than `trial_id`),
-        each with the reason it is failed: a claim standing against one of them fails it
-        in the same transaction, as :meth:`confirm`'s read reaps it first."""
+    def _stale(self, trials, trial_id: int) -> dict[int, str]:
+        """The RUNNING claims of workers gone silent (other than `trial_id`), each with the
+        reason it is failed: a claim judges the name and the budget without them, so it
+        fails them in the same commit, as :meth:`confirm`'s read reaps them first."""
         from optuna.trial import TrialState
 
-        out = {}
-        for t in trials:
-            w = t.user_attrs.get("worker")
-            if (t._trial_id != trial_id and _claim_of(t) == name
-                    and t.state == TrialState.RUNNING and not self.alive(w)):
-                out[t._trial_id] = self._silent(w)
-        return out
+        return {t._trial_id: self._silent(t.user_attrs.get("worker")) for t in trials
+                if t._trial_id != trial_id and t.state == TrialState.RUNNING
+                and _claim_of(t) is not None and not self.alive(t.user_attrs.get("worker"))}
 
     def _withdrawal(self, trials, trial_id: int, name: str, budget: int | None) -> str | None:
         """Why the claim `trial_id` on `name` gives way, judged on `trials` (the study,
@@ -523,17 +521,33 @@ class SharedStudy:
         self._writes.put((trial_id, attrs, state, value))
 
     def _write_loop(self) -> None:
+        """The writer thread: whatever has queued up since its last write, in one
+        transaction where the storage allows it (else one by one)."""
         while True:
-            job = self._writes.get()
+            jobs = [self._writes.get()]
+            while jobs[-1] is not None and not self._writes.empty():
+                jobs.append(self._writes.get())
             try:
-                if job is None:
-                    return
-                if self._write_error is None:
-                    self.finish(*job)
+                ends = [job for job in jobs if job is not None]
+                if ends and self._write_error is None:
+                    self._finish_all(ends)
             except BaseException as e:  # noqa: BLE001 - raised again by flush
                 self._write_error = e
             finally:
-                self._writes.task_done()
+                for _ in jobs:
+                    self._writes.task_done()
+            if jobs[-1] is None:
+                return
+
+    def _finish_all(self, ends: list[tuple]) -> None:
+        if self.batch is None:
+            for end in ends:
+                self.finish(*end)
+            return
+        done = self._call("recording results", lambda: self.batch.end_all(ends))
+        for (trial_id, *_), ok in zip(ends, done):
+            if not ok:
+                self._lost(trial_id)
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -546,10 +560,13 @@ class SharedStudy:
         """Record an own claim's end; False if another worker had failed it as stale."""
         if self._end(trial_id, attrs, state, value):
             return True
+        self._lost(trial_id)
+        return False
+
+    def _lost(self, trial_id: int) -> None:
         self.lost += 1
         log.warning("claim %d was released by another worker before it finished: its result "
                     "is dropped, the study keeps the retry's", trial_id)
-        return False
 
     def _end(self, trial_id: int, attrs: dict, state, value: float | None = None,
              what: str = "recording a result") -> bool:
