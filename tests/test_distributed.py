@@ -466,6 +466,27 @@ def test_a_claim_fails_every_claim_of_a_silent_worker_that_it_did_not_count(rdb_
     assert b.held() == {"k2"} and [t.user_attrs["claim"] for t in b.released()] == ["k1"]
 
 
+def test_results_queued_together_are_written_in_one_commit(rdb_url):
+    """What the writer thread found queued goes in one transaction; a claim that another
+    worker failed meanwhile is dropped from it (and counted lost), the others land."""
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], Clock())
+    ids = [a.claim(f"k{i}", {"x": i}, DIST, {}, budget=None)[0] for i in range(4)]
+    assert b._end(ids[0], {"reason": "released: a test"}, TrialState.FAIL)
+    commits = _commits(storage)
+    for i, tid in enumerate(ids):
+        a.finish_later(tid, {"outcome": "timed"}, TrialState.COMPLETE, float(i))
+    a.flush()
+    assert 1 <= len(commits) <= 2 and a.lost == 1  # one, unless the writer woke in between
+    more = [a.claim(f"m{i}", {"x": i}, DIST, {}, budget=None)[0] for i in range(3)]
+    commits.clear()
+    a._finish_all([(tid, {"outcome": "timed"}, TrialState.COMPLETE, 1.0) for tid in more])
+    assert len(commits) == 1  # what the writer takes at once: one commit
+    values = {t._trial_id: (t.state, t.value) for t in storage.get_all_trials(a.study_id)}
+    assert values[ids[0]] == (TrialState.FAIL, None)
+    assert [values[t] for t in ids[1:]] == [(TrialState.COMPLETE, float(i)) for i in (1, 2, 3)]
+    assert all(values[t] == (TrialState.COMPLETE, 1.0) for t in more)
+
+
 def test_one_transaction_writes_the_trials_optunas_own_calls_write(tmp_path, monkeypatch):
     """The same claims and ends through tuner._rdb_batch and through Optuna's storage calls
     give the same trials: numbers, states, values, parameters, attributes, and times in
