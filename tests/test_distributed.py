@@ -370,3 +370,206 @@ def test_a_storage_that_cannot_be_reached_is_reported_once_with_the_time_waited(
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("storage postgresql://db.example/x: opening failed")
     assert "waited 1 s" in msg and "OSError: connection refused" in msg
+
+
+# -- one transaction per claim and per result (tuner._rdb_batch) ---------------------------
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def rdb_url(request, tmp_path):
+    """An RDB storage URL: a fresh SQLite file, or the PostgreSQL server (unique studies)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'rdb.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def _commits(storage):
+    """A list that grows by one per transaction that writes and commits on `storage`."""
+    import sqlalchemy
+
+    engine, seen = storage._backend.engine, []
+
+    def statement(conn, cursor, sql, params, context, many):
+        if sql.lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE"):
+            conn.info["wrote"] = True
+
+    sqlalchemy.event.listen(engine, "before_cursor_execute", statement)
+    sqlalchemy.event.listen(engine, "commit", lambda conn: conn.info.pop("wrote", False)
+                            and seen.append(1))
+    sqlalchemy.event.listen(engine, "rollback", lambda conn: conn.info.pop("wrote", None))
+    return seen
+
+
+def _rdb_workers(url, names, clock, study=None, **kw):
+    storage = open_storage(url)
+    study = study or f"b-{uuid.uuid4().hex[:8]}"
+    sid = optuna.create_study(storage=storage, study_name=study, load_if_exists=True)._study_id
+    return storage, [SharedStudy(storage, sid, worker=w, clock=clock, retry_s=30, **kw)
+                     for w in names]
+
+
+def test_a_claim_and_a_result_are_one_commit_each_and_a_withdrawn_claim_none(rdb_url):
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], Clock())
+    assert a.batch is not None
+    commits = _commits(storage)
+    ta, why = a.claim("k1", {"x": 1}, DIST, {}, budget=10)
+    assert why is None and len(commits) == 1
+    assert a.held() == {"k1"}  # counted before the next read
+    assert b.claim("k1", {"x": 1}, DIST, {}, budget=10) == (None, "held")
+    assert len(commits) == 1  # rolled back: nothing of b's is in the study
+    assert a.finish(ta, {"outcome": "timed", "kernel": "k1", "figures": {"bound": 2.5}},
+                    TrialState.COMPLETE, 1.5)
+    assert len(commits) == 2
+    [t] = storage.get_all_trials(a.study_id)
+    assert (t._trial_id, t.number, t.state, t.value) == (ta, 0, TrialState.COMPLETE, 1.5)
+    assert t.params == {"x": 1} and t.distributions == DIST
+    assert t.user_attrs == dict(claim="k1", kernel="k1", worker="a", outcome="timed",
+                                figures={"bound": 2.5})
+    assert not b.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 9.0)  # ended: no change
+    assert storage.get_all_trials(a.study_id)[0].value == 1.5
+
+
+def test_a_claim_against_a_silent_workers_claim_fails_that_claim_in_the_same_commit(rdb_url):
+    """A claim that stands only because another worker's claim on the name is stale (its
+    lease silent) fails that claim as it commits, so the silent worker's result, should it
+    come after all (a database outage, not a death), is dropped: one result per name."""
+    clock = Clock()
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], clock, interval=1.0, grace=5.0)
+    a.beat()
+    ta, _ = a.claim("k1", {"x": 1}, DIST, {}, budget=10)
+    b.read()  # b sees a's lease now ...
+    clock.t = 7.0  # ... and not renewed for 7 s > 5 s
+    commits = _commits(storage)
+    tb, why = b.claim("k1", {"x": 1}, DIST, {}, budget=10)
+    assert why is None and len(commits) == 1
+    assert not a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 2.0)  # too late
+    assert b.finish(tb, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+    census = _census(storage.get_all_trials(a.study_id))
+    _done_once(census, ["k1"])
+    assert "released: worker a stopped renewing its lease" in census["k1"][0][2]
+
+
+def test_a_claim_fails_every_claim_of_a_silent_worker_that_it_did_not_count(rdb_url):
+    """The budget is judged without a silent worker's claims, so the claim that stands on
+    that judgement fails them as it commits: should the silent worker come back and
+    finish them, the study still holds no more than its budget."""
+    clock = Clock()
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], clock, interval=1.0, grace=5.0)
+    a.beat()
+    ta, _ = a.claim("k1", {"x": 1}, DIST, {}, budget=1)
+    b.read()
+    clock.t = 7.0
+    tb, why = b.claim("k2", {"x": 2}, DIST, {}, budget=1)
+    assert why is None  # a's claim on k1 no longer counts ...
+    assert not a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 2.0)  # ... nor lands
+    assert b.finish(tb, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+    b.read()
+    assert b.held() == {"k2"} and [t.user_attrs["claim"] for t in b.released()] == ["k1"]
+
+
+def test_results_queued_together_are_written_in_one_commit(rdb_url):
+    """What the writer thread found queued goes in one transaction; a claim that another
+    worker failed meanwhile is dropped from it (and counted lost), the others land."""
+    storage, (a, b) = _rdb_workers(rdb_url, ["a", "b"], Clock())
+    ids = [a.claim(f"k{i}", {"x": i}, DIST, {}, budget=None)[0] for i in range(4)]
+    assert b._end(ids[0], {"reason": "released: a test"}, TrialState.FAIL)
+    commits = _commits(storage)
+    for i, tid in enumerate(ids):
+        a.finish_later(tid, {"outcome": "timed"}, TrialState.COMPLETE, float(i))
+    a.flush()
+    assert 1 <= len(commits) <= 2 and a.lost == 1  # one, unless the writer woke in between
+    more = [a.claim(f"m{i}", {"x": i}, DIST, {}, budget=None)[0] for i in range(3)]
+    commits.clear()
+    a._finish_all([(tid, {"outcome": "timed"}, TrialState.COMPLETE, 1.0) for tid in more])
+    assert len(commits) == 1  # what the writer takes at once: one commit
+    values = {t._trial_id: (t.state, t.value) for t in storage.get_all_trials(a.study_id)}
+    assert values[ids[0]] == (TrialState.FAIL, None)
+    assert [values[t] for t in ids[1:]] == [(TrialState.COMPLETE, float(i)) for i in (1, 2, 3)]
+    assert all(values[t] == (TrialState.COMPLETE, 1.0) for t in more)
+
+
+def test_one_transaction_writes_the_trials_optunas_own_calls_write(tmp_path, monkeypatch):
+    """The same claims and ends through tuner._rdb_batch and through Optuna's storage calls
+    give the same trials: numbers, states, values, parameters, attributes, and times in
+    the local zone (Optuna 5 stores UTC) whatever the zone."""
+    import datetime
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+5:30: a time stored in the wrong zone shows
+    time.tzset()
+    try:
+        studies = []
+        for batch in (True, False):
+            url = f"sqlite:///{tmp_path / f'{batch}.db'}"
+            storage, (w,) = _rdb_workers(url, ["w"], Clock(), study="same")
+            if not batch:
+                w.batch = None
+            before = datetime.datetime.now()
+            ids = [w.claim(f"k{i}", {"x": i}, DIST, {"note": i}, budget=None)[0]
+                   for i in range(3)]
+            assert w.finish(ids[0], {"outcome": "timed", "kernel": "k0"}, TrialState.COMPLETE,
+                            2.0)
+            assert w.finish(ids[1], {"outcome": "pruned", "figures": {"f": [1, 2]}},
+                            TrialState.PRUNED)
+            assert w.finish(ids[2], {"outcome": "launch failed", "reason": "fault"},
+                            TrialState.FAIL)
+            trials = storage.get_all_trials(w.study_id)
+            for t in trials:
+                assert before - datetime.timedelta(seconds=1) <= t.datetime_start
+                assert t.datetime_start <= t.datetime_complete <= datetime.datetime.now()
+            studies.append([(t.number, t.state, t.value, t.params, t.distributions,
+                             t.user_attrs) for t in trials])
+        assert studies[0] == studies[1]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_racing_claims_stand_once_per_name_and_up_to_the_budget(rdb_url):
+    """Four workers, each with its own connections, claim the same twelve names in the same
+    order at once, with a budget of eight: each name stands for one of them, eight in all,
+    and no withdrawn claim is left in the study."""
+    import threading
+
+    storages = [open_storage(rdb_url) for _ in range(4)]
+    study = f"race-{uuid.uuid4().hex[:8]}"
+    sid = optuna.create_study(storage=storages[0], study_name=study)._study_id
+    workers = [SharedStudy(s, sid, worker=f"w{i}", retry_s=30) for i, s in enumerate(storages)]
+    start = threading.Barrier(len(workers))
+    won: dict[str, list] = {w.worker: [] for w in workers}
+
+    def claim_all(w):
+        start.wait()
+        for i in range(12):
+            tid, why = w.claim(f"k{i}", {"x": i}, DIST, {}, budget=8)
+            if why is None:
+                won[w.worker].append(f"k{i}")
+
+    threads = [threading.Thread(target=claim_all, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    names = [n for got in won.values() for n in got]
+    assert len(names) == len(set(names)) == 8, won
+    trials = storages[0].get_all_trials(sid)
+    assert len(trials) == 8 and {t.state for t in trials} == {TrialState.RUNNING}
+    assert sorted(t.number for t in trials) == list(range(8))
+    assert sorted(t.user_attrs["claim"] for t in trials) == sorted(names)
+
+
+def test_a_storage_of_another_schema_or_kind_goes_through_optunas_calls(tmp_path, monkeypatch):
+    from optuna.storages import RDBStorage
+
+    from tuner._rdb_batch import batched
+
+    assert batched(open_storage(f"journal:///{tmp_path / 'j.log'}")) is None
+    assert batched(optuna.storages.InMemoryStorage()) is None
+    assert batched(open_storage(f"sqlite:///{tmp_path / 'a.db'}")) is not None
+    monkeypatch.setattr(RDBStorage, "get_current_version", lambda self: "v9.9.9.z")
+    storage, (a, b) = _rdb_workers(f"sqlite:///{tmp_path / 'b.db'}", ["a", "b"], Clock())
+    assert a.batch is None  # then a claim is propose + confirm, and still works
+    ta, why = a.claim("k1", {"x": 1}, DIST, {}, budget=10)
+    assert why is None
+    assert b.claim("k1", {"x": 1}, DIST, {}, budget=10) == (None, "held")
+    assert a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
+    census = _census(storage.get_all_trials(a.study_id))
+    assert census == {"k1": [(TrialState.COMPLETE, "timed", None)]}

@@ -141,12 +141,15 @@ def test_the_cli_reports_a_bad_or_missing_file_in_one_line(tmp_path, capsys):
 
 
 class _FakeSession:
-    """tune._Session without a GPU: each problem 'tunes' for 10 clock seconds, unless the
-    cache (a set of shapes) answers it."""
+    """tune._Session without a GPU: each problem 'tunes' for 10 clock seconds (its winner
+    named `prefix`_M), unless the cache (a set of shapes) answers it."""
 
-    def __init__(self, clock, cached=()):
-        self.clock, self.cached, self.tuned = clock, set(cached), []
+    def __init__(self, clock, cached=(), prefix="k"):
+        self.clock, self.cached, self.tuned, self.prefix = clock, set(cached), [], prefix
         self.out = None
+
+    def key(self, task):
+        return f"fake|{task.label}"
 
     def result(self, task):
         if task in self.cached:
@@ -154,7 +157,7 @@ class _FakeSession:
         self.clock.t += 10.0
         self.tuned.append(task)
         self.cached.add(task)
-        return dict(winner=dict(name=f"k_{task.shape[0]}", tflops=2.0, ratio=1.1),
+        return dict(winner=dict(name=f"{self.prefix}_{task.shape[0]}", tflops=2.0, ratio=1.1),
                     from_cache=False)
 
 
@@ -165,11 +168,11 @@ class _Clock:
         return self.t
 
 
-def _run(monkeypatch, capsys, problems, session, budget):
+def _run(monkeypatch, capsys, problems, session, budget, **shared):
     import tuner.tune as tt
 
     monkeypatch.setattr(tt, "_Session", lambda args, artifacts: session)
-    args = SimpleNamespace(budget=budget, json=True)
+    args = SimpleNamespace(budget=budget, json=True, **shared)
     assert tt.run_problems(args, problems, None, clock=session.clock) == 0
     out = capsys.readouterr()
     return json.loads(out.out), out.err
@@ -196,6 +199,56 @@ def test_problems_are_tuned_costliest_first_within_the_budget_and_resume(monkeyp
     rows, _ = _run(monkeypatch, capsys, merge(lines), session, budget=15.0)
     assert [r.get("from_cache") for r in rows] == [True, True, None, False]
     assert session.tuned[-1] == Task(DType.F32, (1024, 1024, 1024))
+
+
+def test_a_shared_set_is_split_between_workers_who_show_each_others_winners(
+        monkeypatch, capsys, tmp_path, nn_only):
+    """With --storage, a second worker (another host: its own cache) tunes only what the
+    first left (it ran out of budget), and both show every problem that is done."""
+    lines = [_line(16, 4096, 4096, 100, 30.0), _line(4096, 4096, 4096, 3, 20.0),
+             _line(64, 64, 64, 9, 9.0, layout="nt"), _line(1024, 1024, 1024, 5, 5.0)]
+    shared = dict(storage=f"sqlite:///{tmp_path / 'p.db'}", study=None, lease=3.0)
+    first = _FakeSession(_Clock(), prefix="first")
+    rows, err = _run(monkeypatch, capsys, merge(lines), first, budget=15.0, **shared)
+    assert [r.get("kernel") for r in rows] == ["first_16", "first_4096", None, None]
+    assert "--budget of 15 s" in rows[3]["skipped"]
+    me = rows[0]["worker"]
+    second = _FakeSession(_Clock(), prefix="second")
+    rows, err = _run(monkeypatch, capsys, merge(lines), second, budget=None, **shared)
+    assert second.tuned == [Task(DType.F32, (1024, 1024, 1024))]  # only what was left
+    assert [r.get("kernel") for r in rows] == ["first_16", "first_4096", None, "second_1024"]
+    assert [r.get("worker") for r in rows] == [me, me, None, me]  # (one process here)
+    assert rows[0]["seconds"] == 10.0 and rows[1]["ratio"] == 1.1
+    assert "problem 1/4: 16x4096x4096 f32 nn C f32 (100 calls): tuned by " in err
+    assert rows[2]["skipped"].startswith("no family builds it")
+
+
+def test_a_problem_held_by_a_silent_worker_is_taken_over_once_its_lease_runs_out(
+        monkeypatch, capsys, tmp_path, nn_only):
+    """A problem claimed by a worker that never renews its lease (killed) is waited for,
+    then, after --lease seconds, failed, claimed and tuned by this one."""
+    import optuna
+
+    from tuner._shared_problems import DEFAULT_STUDY
+    from tuner._study import SharedStudy, open_storage
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    storage = open_storage(url)
+    sid = optuna.create_study(storage=storage, study_name=DEFAULT_STUDY)._study_id
+    ghost = SharedStudy(storage, sid, worker="ghost:1")
+    lines = [_line(16, 4096, 4096, 100, 30.0), _line(1024, 1024, 1024, 5, 5.0)]
+    held = merge(lines)[1].task
+    assert ghost.claim(f"fake|{held.label}", {}, {}, {}, None)[1] is None
+    session = _FakeSession(_Clock())
+    rows, err = _run(monkeypatch, capsys, merge(lines), session, budget=None, storage=url,
+                     study=None, lease=0.6)
+    assert "problem 2/2: 1024x1024x1024 f32 nn C f32 (5 calls): held by ghost:1, waiting" in err
+    assert session.tuned == [merge(lines)[0].task, held]
+    assert [r["kernel"] for r in rows] == ["k_16", "k_1024"]
+    trials = storage.get_all_trials(sid)
+    assert [(t.state.name, t.user_attrs.get("outcome")) for t in trials] == [
+        ("FAIL", None), ("COMPLETE", "tuned"), ("COMPLETE", "tuned")]
+    assert "released: worker ghost:1 stopped renewing its lease" in trials[0].user_attrs["reason"]
 
 
 def _tune_args(tmp_path, **kw):

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "command resumes a study kept there without repeating trials, and "
                         "processes on several hosts can share one study")
     p.add_argument("--study", default=None,
-                   help="study name in --storage (default: the cache key of the problem)")
+                   help="study name in --storage (default: the cache key of the problem; "
+                        "with --problems: the study of the set's claims, default 'problems')")
     p.add_argument("--devices", default=None,
                    help="GPUs to time on, e.g. 0,1: one timing worker process per GPU, all in "
                         "one study (default: $GEMM_TUNE_DEVICE or 0)")

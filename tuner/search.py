@@ -466,10 +466,8 @@ class _Search:
             return None
         if cfg.name in self.shared.held():  # the cached view says another worker holds it
             return "held"
-        tid = self.shared.propose(cfg.name, trial.params, trial.distributions, {})
-        why = self.shared.confirm(tid, cfg.name, self.trials)
-        self.synced_at = time.monotonic()
-        self.take_in()
+        tid, why = self.shared.claim(cfg.name, trial.params, trial.distributions, {},
+                                     self.trials)
         if why is None:
             self.own[trial.number] = tid
         return why

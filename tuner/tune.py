@@ -128,6 +128,9 @@ class _Session:
         self.devices = _devices(args.devices)
         self.out = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
+    def key(self, task: Task) -> CacheKey:
+        return cache_key(self.dev, task)
+
     def result(self, task: Task) -> dict:
         """The cached winner of `task`, or a tune of it (cached and added to the library);
         _Interrupted on Ctrl-C."""
@@ -136,7 +139,7 @@ class _Session:
         why = why_unsearched(task.dtype, task.variant, self.dev.arch)
         if why is not None:
             raise UsageError(f"{task.label}: {why}")
-        key = cache_key(self.dev, task)
+        key = self.key(task)
         entry = self.cache.get(key)
         if entry and not self.args.force:
             return dict(entry["result"], from_cache=True)
@@ -182,53 +185,155 @@ def run_problems(args, problems, artifacts: Path, clock=None) -> int:
     """Tune a program's recorded problems (tuner.problems), costliest first, each within
     --trials and --timeout, all within --budget seconds; a problem tuned before answers
     from the cache (so a killed run, run again, goes on where it stopped). Prints a
-    summary: each problem's winner, its ratio to cuBLAS and the time spent."""
+    summary: each problem's winner, its ratio to cuBLAS and the time spent.
+
+    With --storage the set is shared by every worker (process, GPU, host) run with the
+    same storage (tuner._shared_problems): each takes problems no one else holds, waits
+    for those others hold, and shows every problem's winner, whoever tuned it."""
+    import copy
     import time
 
-    clock = clock or time.monotonic
-    session = _Session(args, artifacts)
-    start, rows = clock(), []
-    for i, p in enumerate(problems, 1):
-        why = p.why_not(getattr(getattr(session, "dev", None), "arch", None))
-        if why is None and args.budget is not None and clock() - start >= args.budget:
-            why = f"the --budget of {args.budget:g} s was spent"
-        print(f"gemm-tune: problem {i}/{len(problems)}: {p.label} ({p.calls} calls)"
-              + (f": skipped, {why}" if why else ""), file=sys.stderr, flush=True)
-        if why:
-            rows.append(dict(problem=p.label, calls=p.calls, ms=p.ms, skipped=why,
-                             **p.task.fields()))
-            continue
-        began = clock()
-        try:
-            result = session.result(p.task)
-        except _Interrupted as stop:
-            return _interrupted(args, stop)
-        w = result["winner"]
-        rows.append(dict(problem=p.label, **p.task.fields(), calls=p.calls, ms=p.ms,
-                         kernel=w["name"],
-                         tflops=w["tflops"], ratio=w["ratio"], seconds=round(clock() - began, 1),
-                         from_cache=result["from_cache"]))
+    storage, study = getattr(args, "storage", None), getattr(args, "study", None)
+    if storage:  # --study names the set's claims; each problem's search has its own study
+        args = copy.copy(args)
+        args.study = None
+    run = _ProblemRun(_Session(args, artifacts), args, problems, clock or time.monotonic)
+    try:
+        rows = run.shared(storage, study) if storage else run.alone()
+    except _Interrupted as stop:
+        return _interrupted(args, stop)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        _print_problems(rows, session.out)
+        _print_problems(rows, run.session.out, run.me)
     return 0
 
 
-def _print_problems(rows: list[dict], console) -> None:
+class _ProblemRun:
+    """One `gemm-tune tune --problems` run: each problem in turn skipped (no family builds
+    it, or the budget is spent), answered from the cache, or tuned; alone, or sharing the
+    set with other workers through the storage."""
+
+    def __init__(self, session, args, problems, clock):
+        self.session, self.args, self.problems, self.clock = session, args, problems, clock
+        self.start = clock()
+        self.me = None  # this worker, when shared
+
+    def alone(self) -> list[dict]:
+        rows = []
+        for i, p in enumerate(self.problems, 1):
+            why = self.not_tunable(p) or self.over_budget()
+            self.say(i, p, f": skipped, {why}" if why else "")
+            rows.append(self.skipped(p, why) if why else self.tune(p))
+        return rows
+
+    def shared(self, storage: str, study: str | None) -> list[dict]:
+        """Until every problem has a row: take the free ones in turn (claimed first),
+        answer the done ones from the study, and wait for those others hold."""
+        from tuner._shared_problems import DEFAULT_STUDY, SharedProblems
+
+        lease = float(getattr(self.args, "lease", 60.0))
+        claims = SharedProblems(storage, study or DEFAULT_STUDY, (max(lease / 6, 0.1), lease))
+        self.me, rows, waiting = claims.worker, {}, set()
+        try:
+            claims.read()
+            while True:
+                for i, p in enumerate(self.problems, 1):
+                    row = None if i in rows else self.take(i, p, claims, waiting)
+                    if row is not None:
+                        rows[i] = row
+                if len(rows) == len(self.problems):
+                    return [rows[i] for i in sorted(rows)]
+                claims.wait()
+        finally:
+            claims.close()
+
+    def take(self, i: int, p, claims, waiting: set) -> dict | None:
+        """Problem `p`'s row: skipped, another worker's result, or tuned here after a claim;
+        None while another worker holds it."""
+        why = self.not_tunable(p)
+        if why:
+            self.say(i, p, f": skipped, {why}")
+            return self.skipped(p, why)
+        key = str(self.session.key(p.task))
+        state, got = claims.status(key)
+        if state == "done":
+            self.say(i, p, f": tuned by {got['worker']}")
+            return self.theirs(p, got)
+        if state == "free":
+            why = self.over_budget()
+            if why:
+                self.say(i, p, f": skipped, {why}")
+                return self.skipped(p, why)
+            if claims.claim(key, p.label):
+                self.say(i, p)
+                try:
+                    row = self.tune(p)
+                except BaseException:
+                    claims.release(key, "interrupted or failed before it finished")
+                    raise
+                claims.done(key, row)
+                return dict(row, worker=claims.worker)
+        if i not in waiting:  # held by another worker: its result is read when it is done
+            waiting.add(i)
+            self.say(i, p, f": held by {(got or {}).get('worker', 'another worker')}, waiting")
+        return None
+
+    def not_tunable(self, p) -> str | None:
+        return p.why_not(getattr(getattr(self.session, "dev", None), "arch", None))
+
+    def over_budget(self) -> str | None:
+        budget = self.args.budget
+        if budget is not None and self.clock() - self.start >= budget:
+            return f"the --budget of {budget:g} s was spent"
+        return None
+
+    def say(self, i: int, p, note: str = "") -> None:
+        print(f"gemm-tune: problem {i}/{len(self.problems)}: {p.label} ({p.calls} calls)"
+              + note, file=sys.stderr, flush=True)
+
+    @staticmethod
+    def skipped(p, why: str) -> dict:
+        return dict(problem=p.label, calls=p.calls, ms=p.ms, skipped=why, **p.task.fields())
+
+    def tune(self, p) -> dict:
+        """The problem's winner (tuned here, or from the cache) as a summary row."""
+        began = self.clock()
+        result = self.session.result(p.task)
+        w = result["winner"]
+        return dict(problem=p.label, **p.task.fields(), calls=p.calls, ms=p.ms,
+                    kernel=w["name"], tflops=w["tflops"], ratio=w["ratio"],
+                    seconds=round(self.clock() - began, 1), from_cache=result["from_cache"])
+
+    @staticmethod
+    def theirs(p, got: dict) -> dict:
+        """Another worker's result for `p`: its winner, with this run's record of `p`."""
+        return dict(problem=p.label, **p.task.fields(), calls=p.calls, ms=p.ms,
+                    **{k: got.get(k) for k in ("kernel", "tflops", "ratio", "seconds",
+                                               "from_cache", "worker")})
+
+
+def _print_problems(rows: list[dict], console, me: str | None = None) -> None:
+    """The summary table; shared (`me`: this worker), a column says who tuned each."""
     from rich.table import Table
 
     t = Table(title=f"gemm-tune: {len(rows)} recorded problems, costliest first (problem: "
                     "shape, input type, layout, C's type, epilogue, batch)")
-    for col in ("problem", "calls", "recorded ms", "winner", "x cuBLAS", "tune s"):
-        t.add_column(col, justify="left" if col in ("problem", "winner") else "right")
+    cols = ("problem", "calls", "recorded ms", "winner", "x cuBLAS", "tune s")
+    for col in cols + (("tuned by",) if me else ()):
+        t.add_column(col, justify="left" if col in ("problem", "winner", "tuned by")
+                     else "right")
     for r in rows:
         ms = "-" if r["ms"] is None else f"{r['ms']:.1f}"
         if "skipped" in r:
-            t.add_row(r["problem"], str(r["calls"]), ms, f"skipped: {r['skipped']}", "-", "-")
+            cells = [r["problem"], str(r["calls"]), ms, f"skipped: {r['skipped']}", "-", "-"]
         else:
-            t.add_row(r["problem"], str(r["calls"]), ms, r["kernel"], f"{r['ratio']:.2f}",
-                      "cached" if r["from_cache"] else f"{r['seconds']:.0f}")
+            cells = [r["problem"], str(r["calls"]), ms, r["kernel"], f"{r['ratio']:.2f}",
+                     "cached" if r["from_cache"] else f"{r['seconds']:.0f}"]
+        if me:
+            who = r.get("worker")
+            cells.append("-" if who is None else "this worker" if who == me else who)
+        t.add_row(*cells)
     console.print(t)
 
 
