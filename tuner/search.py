@@ -286,6 +286,7 @@ class _Search:
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
         self.retrying: set[str] = set()
         self.synced_at, self.synced_once = 0.0, False  # the last sync; the first one done
+        self.sync_every = 1.0  # seconds between reads of the shared study (see sync)
         # compiling, in a process pool ahead of the GPU
         self.cache_dir = Path(cache_dir or default_cache_dir())
         self.compiler = getattr(self.bench, "compile_task", None) or compile_task
@@ -639,19 +640,26 @@ class _Search:
         self.sync(force=True)
 
     def sync(self, force=False):
-        """Read the shared study (at most once a second unless forced) and take in what
+        """Read the shared study (unless forced, once a second while other workers are
+        busy in it, less often, up to the lease interval, while none is) and take in what
         the others finished."""
-        if self.shared is not None and (force or time.monotonic() - self.synced_at >= 1.0):
-            self.shared.read()
-            self.synced_at = time.monotonic()
-            self.take_in()
+        shared = self.shared
+        if shared is None or not (force or time.monotonic() - self.synced_at >= self.sync_every):
+            return
+        shared.read()
+        self.synced_at = time.monotonic()
+        if self.take_in() or shared.others_running():
+            self.sync_every = 1.0
+        else:  # alone so far: this worker's own trials are all a read would bring
+            self.sync_every = min(self.sync_every * 2, max(shared.interval, 1.0))
 
-    def take_in(self):
+    def take_in(self) -> int:
         """What the shared study finished that this process did not: into the local study
-        (the sampler learns from it) and the records; the first time, as resumed."""
+        (the sampler learns from it) and the records; the first time, as resumed. Returns
+        how many."""
         import optuna
 
-        first = not self.synced_once
+        first, n = not self.synced_once, 0
         for name, c in self.shared.claims().items():
             t = c.trial
             if c.status != "done" or name in self.seen:
@@ -667,7 +675,9 @@ class _Search:
             except ValueError:  # a parameter outside this run's space: the record still counts
                 pass
             self.count_taken_in(t, cfg, first)
+            n += 1
         self.synced_once = True
+        return n
 
     def count_taken_in(self, t, cfg, first: bool):
         """One trial taken in: at the first sync an earlier run's (resumed, counted as if
