@@ -544,14 +544,28 @@ def emulation_source(cfg: DecodeConfig) -> str:
             + harness)
 
 
+def _cuda_include() -> Path | None:
+    """The CUDA toolkit's headers (cuda_fp16.h, cuda_bf16.h: their host-side types): under
+    $CUDA_HOME, $CUDA_PATH, beside nvcc or in /usr/local/cuda; None where none is."""
+    import os
+
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.insert(2, str(Path(nvcc).resolve().parent.parent))
+    return next((Path(r) / "include" for r in roots
+                 if r and (Path(r) / "include" / "cuda_fp16.h").is_file()), None)
+
+
 _CXX = ["g++", "-std=c++20", "-O1", "-pthread", "-w", "-fsanitize=address,undefined",
-        "-fno-sanitize-recover=all", "-I/usr/local/cuda/include"]
+        "-fno-sanitize-recover=all"]
 
 
 def _build(cfg: DecodeConfig, where: Path) -> Path:
     cpp, exe = where / f"{cfg.name}.cpp", where / cfg.name
     cpp.write_text(emulation_source(cfg))
-    r = subprocess.run(_CXX + [str(cpp), "-o", str(exe)], capture_output=True, text=True)
+    r = subprocess.run(_CXX + [f"-I{_cuda_include()}", str(cpp), "-o", str(exe)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return exe
 
@@ -670,8 +684,8 @@ EMULATED = [
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    if not shutil.which("g++") or not Path("/usr/local/cuda/include/cuda_fp16.h").is_file():
-        pytest.skip("the emulation needs g++ and the CUDA headers")
+    if not shutil.which("g++") or _cuda_include() is None:
+        pytest.skip("the emulation needs g++ and the CUDA toolkit's headers")
     where = tmp_path_factory.mktemp("emulated")
     with cf.ThreadPoolExecutor(2) as pool:
         exes = dict(zip(EMULATED, pool.map(lambda c: _build(c, where), EMULATED)))
@@ -717,8 +731,8 @@ def test_the_emulation_catches_a_wrong_fragment(emulated, tmp_path):
     cpp = tmp_path / "bad.cpp"
     cpp.write_text(src.replace(good, "mma_16816(acc[i][j], as[2 * i + 1][2 * u], "
                                      "as[2 * i][2 * u],"))
-    r = subprocess.run(_CXX + [str(cpp), "-o", str(tmp_path / "bad")], capture_output=True,
-                       text=True)
+    r = subprocess.run(_CXX + [f"-I{_cuda_include()}", str(cpp), "-o", str(tmp_path / "bad")],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     err, _ = emulate(tmp_path / "bad", cfg, (16, 64, 256), tmp_path)
     assert err > 0.1
