@@ -66,10 +66,12 @@ BAR_RATIO, BAR_ROOF, TORCH_LOW = 1.0, 0.85, 0.60
 
 def m_tiles(m: int) -> list[tuple[str, int]]:
     """(math, MT) of the candidates for M rows: the FMA tile holding M (M <= 8) and the
-    mma tiles from the one holding M down to 16."""
+    mma tile of 16; or the mma tile holding M (64 at most) and the one of half its rows
+    (B then read twice, the second time from L2)."""
     if m <= 8:
         return [("fma", next(t for t in (1, 2, 4, 8) if t >= m)), ("mma", 16)]
-    return [("mma", t) for t in (64, 32, 16) if t >= m or t == 16][-2:]
+    hold = next((t for t in (16, 32, 64) if t >= m), 64)
+    return [("mma", hold)] + ([("mma", hold // 2)] if hold > 16 else [])
 
 
 def splits(c: DecodeConfig, shape) -> list[tuple[int, str]]:

@@ -52,13 +52,15 @@ SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last")
 #: the most registers a thread may give its accumulators
 MAX_ACC_REGS = 64
-#: registers besides the accumulators, the ring and the per-load terms of
-#: DecodeConfig.regs_estimate. The terms were fitted to ptxas (CUDA 13.0, sm_90) over 975
-#: configs of the space (NT with an fp16 C, bias and GELU; NN plain) and checked on 410
-#: more (TN, TT; sm_80's): with 40 here the estimate was at or above the registers of
-#: every one that compiled without spilling (by 20 on average, 0 at least) and above the
-#: cap of every one that spilled; 8 more are a margin for other compilers. check keeps the
-#: estimate within the cap, so every valid config compiles without spilling
+#: registers besides the accumulators, the rings and the per-load terms of
+#: DecodeConfig.regs_estimate. The terms were fitted to ptxas (CUDA 13.0, sm_90) over the
+#: 837 configs of the space with at most 64 accumulators (NT with an fp16 C, bias and GELU;
+#: NN plain): with 48 here the estimate is at or above the registers of every one that
+#: compiled without spilling (by 26 on average, 3 at least: 8 of it a margin for other
+#: compilers) and above the cap of every one that spilled. check keeps the estimate within
+#: the cap, so every valid config compiles without spilling: all 191 of the grid (each
+#: input type), as NT with fp16 C, bias and GELU, as NN and as TN with bf16 C, an fp32 bias
+#: and SiLU, did so for sm_90 and sm_80, at least 2 registers under the estimate
 #: (tests/test_decode_family.py compiles a sample and holds ptxas to the estimate)
 OVERHEAD_REGS = 48
 #: FP32 FMA FLOP per clock and SM over the fp16 tensor cores' (sm_80, sm_90: 256 / 4096):
@@ -83,8 +85,9 @@ class DecodeConfig(Serial, Named):
             the same chunk of A at once (L1 serves all but the first).
         vec: elements (2 bytes each) of a lane's load of A or B: 8 (16 bytes) or 4; a K
             chunk is 4 x VEC deep. Scalar loads where an edge or the alignment forbids it.
-        stages: the register ring of each warp: the loads of STAGES-1 chunks are in flight
-            while it computes one (1: load, then compute).
+        stages: B's register ring in each warp: the loads of STAGES-1 chunks of B are in
+            flight while it computes one (1: load, then compute); A's ring has 2 stages (A
+            comes from L2 or L1: one chunk ahead).
         split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
         reduce: how the slices are summed, in a fixed order: "pass" (a second kernel, the
             name's plain ``_k<split>``) or "last" (the last block of a tile, ``l``).
@@ -196,21 +199,26 @@ class DecodeConfig(Serial, Named):
 
     @property
     def stage_regs(self) -> int:
-        """Registers of one stage of the ring: a VEC-element load of B per n8 block of the
-        warp, of A per a_loads."""
-        return (self.bnw // 8 + self.a_loads) * (self.vec // 2)
+        """Registers of one stage of B's ring: a VEC-element load per n8 block of the warp."""
+        return (self.bnw // 8) * (self.vec // 2)
+
+    @property
+    def a_ring_regs(self) -> int:
+        """Registers of A's ring: 2 stages (A comes from L2: one chunk ahead) of a_loads
+        VEC-element loads."""
+        return 2 * self.a_loads * (self.vec // 2)
 
     @property
     def regs_estimate(self) -> int:
         """Registers per thread, estimated (an upper bound, fitted: see OVERHEAD_REGS): the
-        accumulators, the ring (a single stage counted as two: it measured as much), a
+        accumulators, B's ring (a single stage counted as two: it measured as much), A's, a
         quarter of the FMA path's widened A rows (MT x VEC), one per load of a stage (two
         per load of a row-major B: movmatrix's copies) and OVERHEAD_REGS."""
         nb = self.bnw // 8
         widened = self.mt * self.vec // 4 if self.math == "fma" else 0
         loads = nb * (1 if self.b_col else 2) + self.a_loads
-        return (self.acc_regs + max(self.stages, 2) * self.stage_regs + widened + loads
-                + OVERHEAD_REGS)
+        return (self.acc_regs + max(self.stages, 2) * self.stage_regs + self.a_ring_regs
+                + widened + loads + OVERHEAD_REGS)
 
     def register_cap(self, arch: ArchLimits) -> int:
         """The registers ptxas may give a thread of this block (__launch_bounds__(THREADS,
@@ -234,7 +242,8 @@ class DecodeConfig(Serial, Named):
             THREADS=self.threads, BNW=self.bnw, VEC=self.vec, KC=self.kc, STAGES=self.stages,
             NB=self.bnw // 8, MTILES=self.mt // 16,
             A_LOADS=self.a_loads, LDR=self.ldr, SMEM_BYTES=self.smem_bytes,
-            ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, B_FLIGHT=self.b_in_flight,
+            ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, A_RING_REGS=self.a_ring_regs,
+            B_FLIGHT=self.b_in_flight,
             SPLIT=self.split, LAST=self.last, REDUCE_PASS=self.reduce_pass,
             WORKSPACE=self.has_workspace,
         )
@@ -303,9 +312,10 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
                    f"per thread, over {MAX_ACC_REGS}")
     if c.regs_estimate > c.register_cap(a):
         why.append(f"{c.acc_regs} accumulators, {c.stages} stages of {c.stage_regs} "
-                   f"registers{' and the widened A rows' if c.math == 'fma' else ''} need "
-                   f"about {c.regs_estimate} registers per thread, over the "
-                   f"{c.register_cap(a)} a block of {c.threads} threads leaves each")
+                   f"registers of B, {c.a_ring_regs} of A"
+                   f"{' and the widened A rows' if c.math == 'fma' else ''} need about "
+                   f"{c.regs_estimate} registers per thread, over the {c.register_cap(a)} a "
+                   f"block of {c.threads} threads leaves each")
     why += smem_reasons(c.smem_bytes, a)
     return why
 

@@ -4,7 +4,7 @@
 //             fp16 inputs, mma.sync m16n8k16, fp32 accumulation, fp32 output; any M, N, K >= 1, any ld >= row length
 // Parameters: MT=32 BN=32 warps 4x1 (K x N) VEC=4 (K chunk 16) STAGES=2 SPLIT=8
 // In flight:  1024 bytes of B per warp (1 chunks x 4 loads x 256), 4096 per block
-// Registers:  32 accumulators, 2 x 16 in the ring
+// Registers:  32 accumulators, 2 x 8 in B's ring, 16 in A's
 // Launch:     grid  = (ceil(M / 32) * ceil(N / 32), batch, 8)
 //             block = (128, 1, 1)
 //             dynamic shared memory = 20480 bytes
@@ -23,6 +23,7 @@ constexpr int MT = 32, BN = 32;
 constexpr int WK = 4, WN = 1, WARPS = 4, THREADS = 128;
 constexpr int BNW = 32, NB = 4;  // a warp's columns and n8 blocks
 constexpr int VEC = 4, KC = 16, STAGES = 2;
+constexpr int A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // A's ring; a pass
 constexpr int A_LOADS = 4;  // loads of A per lane and chunk
 constexpr int LDR = 40, SV = 4;  // partial tiles' row; outputs per store
 constexpr int MTILES = 2;  // m16 tiles
@@ -279,11 +280,13 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
     const unsigned short* const Bb = reinterpret_cast<const unsigned short*>(B);
     const bool b_vec = vec_ok<VEC>(Bb, ldb);
 
-    // A stage: per n8 block, this lane's load of B (the raw bits: the column form for a
-    // column-major B, rows of 8x8 matrices to transpose for a row-major one), and its
-    // A_LOADS loads of A at the column form's k's.
+    // The rings: B's STAGES stages, each this lane's load per n8 block (the raw bits: the
+    // column form for a column-major B, rows of 8x8 matrices to transpose for a row-major
+    // one); A's A_STAGES = 2, each its A_LOADS loads at the column form's k's (A comes from
+    // L2 or L1, not DRAM: one chunk ahead hides that, and a deeper ring would cost as many
+    // registers again as B's for MT = 64).
     unsigned bq[STAGES][NB][VEC / 2];
-    unsigned aq[STAGES][A_LOADS][VEC / 2];
+    unsigned aq[A_STAGES][A_LOADS][VEC / 2];
 
     // The rows of A this lane loads: a_row0 + a_drow(i), i < A_LOADS: rows g, g+8 of each
     // m16 tile (mma), every row (fma).
@@ -298,7 +301,7 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
     const size_t b_row = static_cast<size_t>(2) * ldb, b_next = static_cast<size_t>(WK * KC) * ldb;
     const unsigned short* pa = Ab + static_cast<size_t>(first * KC + VEC * t) * lda + a_row0;
     const size_t a_next = static_cast<size_t>(WK * KC) * lda;
-    auto load_whole = [&](unsigned (&bs)[NB][VEC / 2], unsigned (&as)[A_LOADS][VEC / 2]) {
+    auto load_b = [&](unsigned (&bs)[NB][VEC / 2]) {
 #pragma unroll
         for (int grp = 0; grp < GROUPS; ++grp)
 #pragma unroll
@@ -309,6 +312,8 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
                     zero(bs[grp * (VEC / 2) + q]);
             }
         pb += b_next;
+    };
+    auto load_a = [&](unsigned (&as)[A_LOADS][VEC / 2]) {
 #pragma unroll
         for (int i = 0; i < A_LOADS; ++i) {
             if (a_row0 + a_drow(i) < M)
@@ -365,27 +370,31 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
         }
     };
 
-    // This warp's chunks are first + it * WK, it < count. The ring takes the first `whole`
+    // This warp's chunks are first + it * WK, it < count. The rings take the first `whole`
     // of them, those loaded whole (chunks below c_whole: inside K; none unless the operands
-    // allow vectors and each vector of B lies inside N or outside it): chunk it is loaded into stage
-    // it % STAGES, STAGES-1 steps before it is computed (a whole round of STAGES steps a
-    // pass, so that every stage index is a constant). The rest (the end of K; all of them
-    // with misaligned operands) go one at a time.
+    // allow vectors and each vector of B lies inside N or outside it): chunk it's B is loaded into stage
+    // it % STAGES, STAGES-1 steps before it is computed, its A into it % A_STAGES, one step
+    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant). The
+    // rest (the end of K; all of them with misaligned operands) go one at a time.
     const bool vectors = b_vec && (N % VEC == 0 || nw0 + BNW <= N);
     const int c_whole = vectors ? min(c_end, K / KC) : c_begin;
     const int whole = first < c_whole ? (c_whole - first + WK - 1) / WK : 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s)
         if (s < whole)
-            load_whole(bq[s], aq[s]);
-    for (int it0 = 0; it0 < whole; it0 += STAGES) {
+            load_b(bq[s]);
+    if (whole > 0)
+        load_a(aq[0]);
+    for (int it0 = 0; it0 < whole; it0 += ROUND) {
 #pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            const int ahead = it0 + s + STAGES - 1;
-            if (ahead < whole)
-                load_whole(bq[(s + STAGES - 1) % STAGES], aq[(s + STAGES - 1) % STAGES]);
-            if (it0 + s < whole)
-                compute(bq[s], aq[s]);
+        for (int s = 0; s < ROUND; ++s) {
+            const int it = it0 + s;
+            if (it + STAGES - 1 < whole)
+                load_b(bq[(s + STAGES - 1) % STAGES]);
+            if (it + 1 < whole)
+                load_a(aq[(s + 1) % A_STAGES]);
+            if (it < whole)
+                compute(bq[s % STAGES], aq[s % A_STAGES]);
         }
     }
     for (int it = whole; it < count; ++it) {
