@@ -9,6 +9,9 @@
 #           to within 2% of the best with and without the model
 #   probe   bench/wgmma_probe.py (correctness and speed of a few wgmma configs)
 #   wgmma   bench/wgmma_vs_cublas.py (the tensor-core benchmark against cuBLAS and Triton)
+#   pairs   the kernels of $PAIRS (a bench/pairs/ file) each timed next to cuBLAS
+#           (bench/default_vs_cublas.py)
+#   decode  bench/decode_roof.py (the decode family against torch at the DRAM roof)
 # Usage on the GPU machine: bash bench/session_check.sh tests host   (writes under $OUT)
 set -uo pipefail
 source .device-env/install.sh >/dev/null
@@ -42,6 +45,13 @@ for step in "$@"; do
       timeout ${PROBE_TIMEOUT:-240} python3 bench/wgmma_probe.py ${PROBE_ARGS:-} 2>&1 | tail -40 ;;
     wgmma)
       timeout ${WGMMA_TIMEOUT:-400} python3 bench/wgmma_vs_cublas.py --out "$OUT" ${WGMMA_ARGS:-} 2>&1 | tail -40 ;;
+    pairs)
+      args=(); while read -r shape kernel; do
+        [[ -z "$shape" || "$shape" == \#* ]] || args+=(--pair "$shape" "$kernel"); done < "$PAIRS"
+      timeout ${PAIRS_TIMEOUT:-300} python3 bench/default_vs_cublas.py --label "$(basename "$PAIRS" .txt)" \
+        --out "$OUT" "${args[@]}" 2>&1 | tail -30 ;;
+    decode)
+      timeout ${DECODE_TIMEOUT:-240} python3 bench/decode_roof.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done
