@@ -1577,16 +1577,16 @@ def test_presplit_golden_source(cfg):
 def test_presplit_source_says_what_it_does():
     src = render(PRESPLIT_GOLDEN)
     main, prep = src.split("\nconstexpr float FLT_MAX_")  # the pre-pass's code follows the GEMM's
-    # the main loop: four TMA tiles a stage, in-loop 3xTF32's order per k8 step, no conversion
+    # the main loop: four TMA tiles a stage, the small products first, no conversion
     assert "tma_load(a_dst + AS_OFF, &tmA, bar, kt * BK, M + m0, bt, a3);" in main
     assert "tma_load(a_dst + BTS_OFF, &tmB, bar, kt * BK, N + n0, bt, b3);" in main
     assert "mbar_arrive_expect_tx(bar, STAGE_BYTES);" in main
     body = main[main.index("void mma_split("):]
-    big, first, second = (body.index(s) for s in (
-        "wgmma_m64k8(part[i], da, db, kk > 0);", "wgmma_m64k8(part[i], da, dbs, 1);",
-        "wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);"))
-    assert big < first < second  # Abig*Bbig (scale-d 0 first), Abig*Bsmall, Asmall*Bbig
-    assert body.count("wgmma_m64k8(") == 3 and body.count("for (int kk") == 1
+    first, second, big = (body.index(s) for s in (
+        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, kk > 0);",
+        "wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);",
+        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);"))
+    assert first < second < big  # Abig*Bsmall (scale-d 0 first), Asmall*Bbig, then Abig*Bbig
     assert "acc[i][j] += part[i][j]" in main and "wgmma_wait<0>();\n                release(stage);" in main
     for absent in ("convert_stage", "split_tf32", "bar.red", "clear_nonfinite_big", "lds128"):
         assert absent not in src, absent

@@ -3,7 +3,7 @@
 // Computes:   C = alpha * A * B + beta * C; row-major A (M x K), row-major B (K x N), row-major C (M x N);
 //             f32 inputs on Hopper tensor cores (wgmma m64n128k8), fp32 accumulation, fp32 output
 //             fp32 data split into big and small tf32 parts and B transposed to K-major by gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3_prep, launched first;
-//             3xTF32 pre-split: per k8 step Abig*Bbig + Abig*Bsmall + Asmall*Bbig, from four TMA tiles a stage
+//             3xTF32 pre-split: per k-tile Abig*Bsmall + Asmall*Bbig, then Abig*Bbig, from four TMA tiles a stage
 // Parameters: BM=128 BN=128 BK=32 STAGES=3 CONSUMERS=2 CLUSTER=1 PERSISTENT=1 GROUP=8
 // Registers:  launch 168; producer setmaxnreg.dec 40; consumers setmaxnreg.inc 232 (128 accumulators)
 // Launch:     grid  = (min(tiles, SMs / 1) * 1, 1, 1), tiles = ceil(ceil(M / 128) / 1) * ceil(N / 128) * batch
@@ -284,11 +284,10 @@ __device__ __forceinline__ void wgmma_m64k8(float (&d)[ACC], uint64_t a, uint64_
 }
 
 // ---- 3xTF32 pre-split: the products of one k-tile ------------------------------------
-// part = sum over the k8 steps of Abig*Bbig (scale-d 0 on the first), then Abig*Bsmall and
-// Asmall*Bbig, from the stage's four K-major tiles (A rows of this consumer at a and as, Bt
-// and Bts whole): in-loop 3xTF32's order. Adding all small products first and the big ones
-// last (the earlier order) measured a larger error than SGEMM's on the H200 on
-// uniform [0, 1), log-spread and outlier data at 1024x1024x2048 (NOTES).
+// part = Abig*Bsmall + Asmall*Bbig, then + Abig*Bbig, from the stage's four K-major tiles (A
+// rows of this consumer at a and as, Bt and Bts whole): the small products first (scale-d 0
+// on the first wgmma), so the big ones, added last, are the only ones the tensor cores'
+// truncating accumulation rounds against the k-tile's whole sum.
 __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t a, uint32_t as,
                                           uint32_t bt, uint32_t bts)
 {
@@ -298,11 +297,16 @@ __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t
         const uint64_t dbs = smem_desc(bts + kk * 32, 16, 1024);
 #pragma unroll
         for (int i = 0; i < M_WGMMAS; ++i) {
-            const uint64_t da = smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024);
-            wgmma_m64k8(part[i], da, db, kk > 0);
-            wgmma_m64k8(part[i], da, dbs, 1);
+            wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, kk > 0);
             wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);
         }
+    }
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) {
+        const uint64_t db = smem_desc(bt + kk * 32, 16, 1024);
+#pragma unroll
+        for (int i = 0; i < M_WGMMAS; ++i)
+            wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);
     }
 }
 
