@@ -481,3 +481,40 @@ def test_3xtf32_requests_on_an_untuned_shape_from_every_caller(lib, kind):
     g.replay()
     torch.cuda.synchronize()
     assert _err(c2, a, b) <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["f32-gemv", "f16-nt-bias-gelu"])
+def test_a_torch_callers_cublas_is_measured_by_both_routes_and_runs_the_faster(lib, case):
+    """A torch caller's first use times cuBLAS through torch and through gemm-tune's
+    binding (a host-bound GEMV; an fp16 NT call with a bias and GELU, which no kernel of
+    this library serves); the call then runs what the decision names, C poisoned first,
+    against float64 with the bias and activation applied there."""
+    import torch
+    import torch.nn.functional as F
+
+    from tuner.runtime import call, measure
+
+    if case == "f32-gemv":
+        m, n, k, dtype, bias, act = 1000, 1, 1000, torch.float32, None, None
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    else:
+        m, n, k, dtype, act = 255, 257, 259, torch.float16, "gelu"
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t()  # nn.Linear's W.t()
+        bias = torch.randn(n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    lib.gemm(a, b, c, bias=bias, activation=act, measure=True)
+    torch.cuda.synchronize()
+    said = lib.explain(a, b, c, bias=bias, activation=act)
+    print("\n" + said)
+    assert "(measured, torch callers)" in said
+    assert f"{measure.CUBLAS_BINDING} " in said and f"{measure.CUBLAS} " in said
+    plan = lib.plans[call._torch_key(a, b, c, None, True, None, None, bias, act)[0]]
+    if plan.choice.kernel is None:
+        assert (plan.torch_run is None) == (plan.choice.blas == "gemm-tune")
+    ref = a.double() @ b.double()
+    if bias is not None:
+        ref = F.gelu(ref + bias.double())
+    ref = ref.to(dtype).double()
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    assert err <= (1e-5 if dtype == torch.float32 else 2e-3), err

@@ -642,15 +642,19 @@ class Problem:
                     rule=choice.rule, runs=choice.kernel or "cuBLAS")
 
     def build(self, lib, choice, capturing: bool = False) -> Plan:
-        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route); raises
-        Unsupported where the kernel cannot take these operands (a batch, say)."""
+        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route or the
+        route the choice names; a torch caller's, during capture before gemm-tune's cuBLAS
+        handle exists, by torch); raises Unsupported where the kernel cannot take these
+        operands (a batch, say)."""
+        from tuner.runtime.cublas import has_handle
+
         g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
         run = torch_run = None
         if choice.kernel is not None:
             run = lib.runner(choice.kernel, g.sm).bind(
                 g, m, n, k, self.lda, self.ldb, self.ldc, self.allocate, batch=self.batch,
                 strides=self.strides)
-        elif self.via_torch:
+        elif self.via_torch and (choice.blas != "gemm-tune" or capturing and not has_handle(g)):
             torch_run = _torch_fallback(self.batch, self.variant.act)
         else:
             run = self._blas(capturing)
@@ -707,8 +711,10 @@ class Problem:
         return time
 
     def _plans(self, lib, names) -> dict:
-        """name (or "cublas") -> the plan running it on this problem."""
+        """name (or CUBLAS, and for a torch caller CUBLAS_BINDING) -> the plan running it
+        on this problem."""
         from tuner.runtime.dispatch import Choice
+        from tuner.runtime.measure import CUBLAS, CUBLAS_BINDING
 
         out = {}
         for name in names:
@@ -716,7 +722,9 @@ class Problem:
                 out[name] = self.build(lib, Choice(name, "measured", ""))
             except Unsupported as e:
                 log.info("%s is not measured: %s", name, e)
-        out["cublas"] = self.build(lib, Choice(None, "measured", ""))
+        out[CUBLAS] = self.build(lib, Choice(None, "measured", ""))
+        if self.via_torch:
+            out[CUBLAS_BINDING] = self.build(lib, Choice(None, "measured", "", blas="gemm-tune"))
         return out
 
     def _time_torch(self, lib, names) -> dict:
