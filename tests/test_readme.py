@@ -135,3 +135,16 @@ def test_the_fp32_suite_exhaustive_and_pipeline_figures_are_those_of_the_files_c
     assert f"12288^3 fp32 {host[12288]['speedup_vs_sequential']:.2f}x faster than copy, " \
         f"compute, copy (16384^3: {host[16384]['speedup_vs_sequential']:.2f}x" in text
     assert f"(4096^3: {host[4096]['copy_ms'] / host[4096]['compute_ms']:.0f}x)" in text
+
+
+def test_the_main_loop_figures_are_those_of_the_file_cited():
+    cited = re.search(r"bench/results/(mainloop-4096-[\w-]+\.json)", README).group(1)
+    rows = {r["kernel"]: r for r in
+            json.loads((ROOT / "bench" / "results" / cited).read_text())["rows"]}
+    plain = rows["gemm_simt_f32_128x128x8_r8x8_w16x2_p0_v4_s2_g1_sw"]
+    paired = rows["gemm_simt_f32_128x128x8_r8x8_w16x2_p0_v4_s2_g1_sw_i2"]
+    wide = rows["gemm_simt_f32_128x128x8_r8x16_w8x4_p0_v4_s2_g1_sw_i2"]
+    text = " ".join(README.split())
+    assert f"ran {paired['tflops']:.1f} and {wide['tflops']:.1f} TFLOP/s at 4096^3 " \
+        f"({min(paired['ratio'], wide['ratio']):.2f}x cuBLAS) where the plain loop ran " \
+        f"{plain['tflops']:.1f} ({plain['ratio']:.2f}x)" in text

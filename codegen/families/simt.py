@@ -412,13 +412,6 @@ RN16: tuple[int, ...] = (0, 1)
 #: register-staged loop (stages 1-2); 2 (two K tiles a turn) builds with stages 2 only.
 SEARCH_INTERIORS: tuple[int, ...] = INTERIORS
 
-#: The interior path and the micro-tiles of 16 render, compile with no spills and raise the
-#: main loop's FFMA share (bench/NOTES.md, "main loop's instruction mix"), but no GPU has
-#: run them yet: the search rejects them at every shape (problem_reasons) until the GPU
-#: tests of tests/test_gpu_simt_mainloop.py pass; then set this True. Rejecting them there,
-#: not leaving them out of SPACE, keeps every trial parameter's values as they will be.
-UNPROVEN_SEARCHED = False
-
 
 #: fp16 / bf16 inputs on CUDA cores are widened on their way through registers, so that
 #: variant takes stages 1-2 only: a parameter of its own, so no ask is wasted on 3-4.
@@ -524,25 +517,8 @@ def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
         splits = SEARCH_SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
         for s, r in ((s, r) for s in splits for r in _reduces(s, arch)):
             cs = c if s == 1 else dataclasses.replace(c, split=s, reduce=r)
-            if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)
-                                     or problem_reasons(cs, shape, arch)):
+            if shape is None or not (check(cs, arch) or shape_reasons(cs, shape, arch)):
                 yield cs
-
-
-def problem_reasons(config: KernelConfig, shape: Shape, arch: ArchLimits | None = None
-                    ) -> list[str]:
-    """The family's own reasons the search does not take `config` at `shape`: the parts
-    no GPU has run yet (UNPROVEN_SEARCHED)."""
-    if UNPROVEN_SEARCHED:
-        return []
-    why = []
-    if config.interior:
-        why.append(f"the interior path (interior={config.interior}) is built and CPU-tested "
-                   "but no GPU has run it yet: not searched (UNPROVEN_SEARCHED)")
-    if 16 in (config.rm, config.rn):
-        why.append(f"the {config.rm}x{config.rn} micro-tile is built and CPU-tested but no "
-                   "GPU has run it yet: not searched (UNPROVEN_SEARCHED)")
-    return why
 
 
 def issue_efficiency(c: KernelConfig) -> float:
@@ -570,7 +546,6 @@ SIMT = register(FamilySpec(
     default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
     issue_efficiency=issue_efficiency,
     micro_tile=True,
-    shape_reasons=problem_reasons,
     layouts=frozenset(Layout),
     epilogue=True,
 ))
