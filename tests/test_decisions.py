@@ -11,8 +11,7 @@ from _fake_gpu import Cai, Dev, FakeGpu
 from _library import BIG, SMALL, build
 from codegen.config import DType
 from tuner.runtime import driver, measure
-from codegen.arch import ARCHS
-from tuner.runtime.dispatch import Case, DispatchTable, measured_choice
+from tuner.runtime.dispatch import Case, DispatchTable
 from tuner.runtime.library import load_library
 
 
@@ -199,77 +198,6 @@ def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
     # a kernel not measured at every M (it could not take the operands there) cannot run
     d = measure.decision({33: {"a": 0.1, "cublas": 1.0}, 64: {"cublas": 2.0}}, "torch")
     assert d["kernel"] is None and "measured_ms_low" in d
-
-
-def test_a_torch_callers_cublas_runs_by_the_route_that_measured_faster():
-    """Both routes to cuBLAS are timed for a torch caller: a kernel must beat the faster of
-    them, and the binding is chosen over torch's route only by MEASURE_MARGIN at every M."""
-    bind = measure.CUBLAS_BINDING
-    at = {33: {"a": 0.9, "cublas": 1.0, bind: 0.7}, 64: {"a": 1.8, "cublas": 2.0, bind: 1.5}}
-    d = measure.decision(at, "torch")
-    assert d["kernel"] is None and d["cublas_route"] == "gemm-tune"  # a beat torch, not both
-    assert measure.decision({33: {"a": 0.6, "cublas": 1.0, bind: 0.7},
-                             64: {"a": 1.2, "cublas": 2.0, bind: 1.5}}, "torch")["kernel"] == "a"
-    # the binding faster at one end only, or by less than the margin: torch's route
-    for low, high in ((0.7, 2.1), (0.99, 1.99)):
-        d = measure.decision({33: {"cublas": 1.0, bind: low}, 64: {"cublas": 2.0, bind: high}},
-                             "torch")
-        assert d["kernel"] is None and "cublas_route" not in d
-    c = measured_choice(dict(measure.decision(at, "torch"), date="2026-12-01"))
-    assert c.blas == "gemm-tune" and c.ms_at(64) == 1.5 and c.ms_at(33) == 0.7
-    assert c.reason.endswith("cuBLAS (through gemm-tune) runs")
-
-
-def test_a_torch_problem_builds_either_route_and_falls_back_to_torchs_in_capture(
-        lib, fake, monkeypatch):
-    """A torch caller's problem times three plans for cuBLAS's two routes and the kernels;
-    the binding's plan launches through gemm-tune's cuBLAS; during capture, before its
-    handle exists, a decision for the binding runs torch's route instead."""
-    import dataclasses
-
-    from tuner.runtime import call, cublas
-    from tuner.runtime.dispatch import Choice
-
-    p = call.problem_of(Cai(300, 200, 0x10000), Cai(200, 100, 0x20000), Cai(300, 100, 0x30000))
-    p = dataclasses.replace(p, via_torch=True)
-    plans = p._plans(lib, [SMALL.name])
-    assert sorted(plans) == sorted([SMALL.name, "cublas", measure.CUBLAS_BINDING])
-    assert plans["cublas"].torch_run is not None and plans["cublas"].run is None
-    binding = plans[measure.CUBLAS_BINDING]
-    assert binding.torch_run is None
-    binding.run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
-    assert fake.blas[-1][1:4] == (300, 100, 200)
-    chosen = Choice(None, "measured", "", blas="gemm-tune")
-    monkeypatch.setattr(cublas, "has_handle", lambda g: False)
-    assert p.build(lib, chosen, capturing=True).torch_run is not None
-    assert p.build(lib, chosen, capturing=False).torch_run is None
-    # a caller of any other route has one cuBLAS: gemm-tune's
-    plans = dataclasses.replace(p, via_torch=False)._plans(lib, [])
-    assert sorted(plans) == ["cublas"] and plans["cublas"].torch_run is None
-
-
-def test_where_no_kernel_serves_a_torch_caller_only_cublass_routes_are_measured(lib, fake):
-    """Rule 0 for a torch caller: the measurement gets no kernels (its two cuBLAS routes
-    only); for anyone else cuBLAS stands unmeasured."""
-    from codegen.config import Layout
-    from codegen.families._common import Variant
-    from tuner.runtime.dispatch import settled
-
-    g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
-                   total_mem=140 << 30, driver_version=13000, ctx=1)
-    asked = []
-
-    def timer(names, bucket):
-        asked.append((names, bucket))
-        return None  # as during capture: nothing timed
-
-    nt = Variant(layout=Layout.NT)  # nothing in the library serves NT
-    torch_case = Case(DType.F32, 300, 100, 200, nt, route="torch")
-    c = lib.dispatcher.decide(g, torch_case, timer)
-    assert c.kernel is None and c.rule == "cublas" and asked == [([], (257, 384))]
-    assert not settled(c, torch_case)
-    own = Case(DType.F32, 300, 100, 200, nt, route="gemm-tune")
-    assert lib.dispatcher.decide(g, own, timer).rule == "cublas" and len(asked) == 1
 
 
 @pytest.mark.parametrize("ratio,measured", [(1.05, True), (1.10, False), (2.0, False)])

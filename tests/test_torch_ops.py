@@ -173,5 +173,5 @@ def test_the_torch_fallback_computes_the_variant(shapes, bias, alpha, beta, act)
     ref = {"none": lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[act](ref)
     C = c0.clone() if beta else torch.full(out, float("nan"), dtype=torch.float64)
-    _torch_fallback(batch, act)(A, B, C, alpha, beta, vec)
+    _torch_fallback(batch, act, len(sa) == len(sb) == len(out) == 2)(A, B, C, alpha, beta, vec)
     assert torch.allclose(C, ref, rtol=1e-12, atol=1e-12)

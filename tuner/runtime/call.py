@@ -118,30 +118,35 @@ def torch_epilogue(C, bias, act: str) -> None:
         C.copy_(F.gelu(C, approximate="tanh" if act == "gelu_tanh" else "none"))
 
 
-def _torch_fallback(batch: int, act: str) -> Callable:
+def _torch_fallback(batch: int, act: str, matrices: bool) -> Callable:
     """cuBLAS through torch on its current stream: C = act(alpha A B + beta C + bias) (beta 0:
-    C unread), with the calls such a caller would have made: torch.matmul (alpha 1, beta
-    0), torch.addmm (the bias fused when it is of C's type and beta is 0), torch.bmm /
-    baddbmm for a batch (a 2-D operand expanded over it, no copy)."""
-    def run(A, B, C, alpha: float, beta: float, bias=None):
-        import torch
+    C unread), with the calls such a caller would have made: torch.mm (alpha 1, beta 0:
+    torch.matmul's own 2-D call, without its dispatch on rank), torch.addmm (the bias fused
+    when it is of C's type and beta is 0), torch.bmm / baddbmm for a batch (a 2-D operand
+    expanded over it, no copy). `matrices`: A, B and C are all 2-D (the plan's key fixes
+    every operand's rank)."""
+    import torch
 
-        if A.dim() == 3 or B.dim() == 3 or C.dim() == 3:
+    mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
+    fused = act != "none"
+
+    def run(A, B, C, alpha: float, beta: float, bias=None):
+        if matrices and alpha == 1.0 and beta == 0.0 and bias is None:
+            mm(A, B, out=C)  # the common call first: the host sets a small call's time
+        elif not matrices:
             A3 = (A if A.dim() == 3 else A.unsqueeze(0)).expand(batch, -1, -1)
             B3 = (B if B.dim() == 3 else B.unsqueeze(0)).expand(batch, -1, -1)
             C3 = C if C.dim() == 3 else C.unsqueeze(0)
             if alpha == 1.0 and beta == 0.0:
-                torch.bmm(A3, B3, out=C3)
+                bmm(A3, B3, out=C3)
             else:
-                torch.baddbmm(C3, A3, B3, beta=beta, alpha=alpha, out=C3)
+                baddbmm(C3, A3, B3, beta=beta, alpha=alpha, out=C3)
         elif bias is not None and beta == 0.0 and bias.dtype == C.dtype:
-            torch.addmm(bias, A, B, alpha=alpha, out=C)
+            addmm(bias, A, B, alpha=alpha, out=C)
             bias = None
-        elif alpha == 1.0 and beta == 0.0:
-            torch.matmul(A, B, out=C)
         else:
-            torch.addmm(C, A, B, beta=beta, alpha=alpha, out=C)
-        if bias is not None or act != "none":
+            addmm(C, A, B, beta=beta, alpha=alpha, out=C)
+        if bias is not None or fused:
             torch_epilogue(C, bias, act)
     return run
 
@@ -642,20 +647,17 @@ class Problem:
                     rule=choice.rule, runs=choice.kernel or "cuBLAS")
 
     def build(self, lib, choice, capturing: bool = False) -> Plan:
-        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route or the
-        route the choice names; a torch caller's, during capture before gemm-tune's cuBLAS
-        handle exists, by torch); raises Unsupported where the kernel cannot take these
-        operands (a batch, say)."""
-        from tuner.runtime.cublas import has_handle
-
+        """The plan that runs `choice` (a kernel, or cuBLAS by this problem's route); raises
+        Unsupported where the kernel cannot take these operands (a batch, say)."""
         g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
         run = torch_run = None
         if choice.kernel is not None:
             run = lib.runner(choice.kernel, g.sm).bind(
                 g, m, n, k, self.lda, self.ldb, self.ldc, self.allocate, batch=self.batch,
                 strides=self.strides)
-        elif self.via_torch and (choice.blas != "gemm-tune" or capturing and not has_handle(g)):
-            torch_run = _torch_fallback(self.batch, self.variant.act)
+        elif self.via_torch:
+            torch_run = _torch_fallback(self.batch, self.variant.act,
+                                        all(len(shape) == 2 for shape, _ in self.shapes[:3]))
         else:
             run = self._blas(capturing)
         return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self, self.variant.out)
@@ -711,10 +713,8 @@ class Problem:
         return time
 
     def _plans(self, lib, names) -> dict:
-        """name (or CUBLAS, and for a torch caller CUBLAS_BINDING) -> the plan running it
-        on this problem."""
+        """name (or "cublas") -> the plan running it on this problem."""
         from tuner.runtime.dispatch import Choice
-        from tuner.runtime.measure import CUBLAS, CUBLAS_BINDING
 
         out = {}
         for name in names:
@@ -722,9 +722,7 @@ class Problem:
                 out[name] = self.build(lib, Choice(name, "measured", ""))
             except Unsupported as e:
                 log.info("%s is not measured: %s", name, e)
-        out[CUBLAS] = self.build(lib, Choice(None, "measured", ""))
-        if self.via_torch:
-            out[CUBLAS_BINDING] = self.build(lib, Choice(None, "measured", "", blas="gemm-tune"))
+        out["cublas"] = self.build(lib, Choice(None, "measured", ""))
         return out
 
     def _time_torch(self, lib, names) -> dict:

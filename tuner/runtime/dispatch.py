@@ -6,8 +6,7 @@ variant is the layout of A and B, C's type, the bias and the activation, see
 codegen.families._common.Variant):
   0. only kernels built for exactly the problem's variant serve it (a kernel tuned for
      NN with fp32 C cannot serve NT or fp16 C); with none, cuBLAS runs (and the bias and
-     activation after it: tuner.runtime.call); for a torch caller, by whichever of its
-     two routes (below) a first call measures faster.
+     activation after it: tuner.runtime.call).
   1. exact: an entry tuned for exactly this GPU model, dtype, variant, batch and shape,
      called with fully aligned operands, runs its kernel if it beat cuBLAS by
      EXACT_TRUSTED (1.10x) where it was tuned; a closer one is measured as in rule 2 (the
@@ -16,12 +15,9 @@ codegen.families._common.Variant):
   2. measured: otherwise the first call of a case (below) times the library kernels with
      the best estimates (below) and cuBLAS as this caller's call runs them (its route to
      cuBLAS, on scratch operands of its layout, leading dimensions, alignment, batch
-     strides, C's type and epilogue: tuner.runtime.call; a torch caller's cuBLAS both
-     through torch and through gemm-tune's binding, whose host path is the cheaper where
-     the host sets a call's time), at the smallest and the largest M of its M-bucket; the
-     kernel whose worst ratio to the faster cuBLAS over the two beats it by
-     MEASURE_MARGIN runs from then on, else cuBLAS, by the binding where that beat the
-     caller's route by MEASURE_MARGIN at both ends. The decision is kept in the dispatch
+     strides, C's type and epilogue: tuner.runtime.call), at the smallest and the largest M
+     of its M-bucket; the kernel whose worst ratio to cuBLAS over the two beats cuBLAS by
+     MEASURE_MARGIN runs from then on, else cuBLAS. The decision is kept in the dispatch
      table (on disk, beside the library or in the user cache) so later calls of the
      bucket, and later processes, do not measure again.
   3. estimated: with measuring off (`measure=False`, GEMM_TUNE_MEASURE=0) a decision the
@@ -81,7 +77,6 @@ from codegen.families._common import Variant
 from codegen.occupancy import occupancy
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.manifest import as_variant, entry_batch
-from tuner.runtime.measure import CUBLAS, CUBLAS_BINDING
 
 __all__ = ["Choice", "Case", "MBuckets", "M_BUCKETS_ENV", "efficiency", "estimate_tflops",
            "reduce_ms", "cublas_estimate", "REDUCE_LAUNCH_MS", "DispatchTable", "table_path",
@@ -232,15 +227,12 @@ class Choice:
     #: (measured_ms holds those at the largest)
     measured_m: tuple | None = None
     measured_ms_low: dict | None = None
-    #: "gemm-tune" where a measurement chose cuBLAS through gemm-tune's binding for a torch
-    #: caller; None: cuBLAS by the case's own route
-    blas: str | None = None
     tuned_ratio: float | None = None  # an exact entry's ratio to cuBLAS where it was tuned
 
     def ms_at(self, m: int) -> float | None:
         """The measured ms per call of what runs, at `m` (linear between the bucket's ends),
         or None where nothing was measured."""
-        name = self.kernel or (CUBLAS_BINDING if self.blas == "gemm-tune" else CUBLAS)
+        name = self.kernel or "cublas"
         hi_ms = (self.measured_ms or {}).get(name)
         if hi_ms is None or not self.measured_m or not self.measured_ms_low:
             return hi_ms
@@ -423,15 +415,14 @@ def measured_choice(d: dict) -> Choice:
     """The Choice a decision of the table stands for."""
     ms, low = d["measured_ms"], d.get("measured_ms_low")
     lo, hi = d.get("measured_m") or (None, None)
-    blas = d.get("cublas_route")
-    who = d["kernel"] or f"cuBLAS (through {blas or d.get('route', 'gemm-tune')})"
+    who = d["kernel"] or f"cuBLAS (through {d.get('route', 'gemm-tune')})"
     if low:
         figures = f"at M={hi}: {_figures(ms)}; at M={lo}: {_figures(low)}"
     else:
         figures = (f"at M={hi}: " if hi else "") + _figures(ms)
     return Choice(d["kernel"], "measured",
                   f"measured on first use ({d['date'][:10]}), ms per call in a loop {figures}; "
-                  f"{who} runs", None, ms, (lo, hi) if hi else None, low, blas)
+                  f"{who} runs", None, ms, (lo, hi) if hi else None, low)
 
 
 #: an exact entry runs without a first-use measurement only if it beat cuBLAS by this much
@@ -440,13 +431,11 @@ def measured_choice(d: dict) -> Choice:
 EXACT_TRUSTED = 1.10
 
 
-def settled(choice: Choice, case: Case) -> bool:
-    """Does the rule's `choice` for `case` stand without the table or a measurement? An
-    exact entry's kernel that beat cuBLAS by EXACT_TRUSTED does, and cuBLAS where no kernel
-    serves the case, except for torch callers, whose two routes to cuBLAS are measured."""
-    if choice.rule == "cublas":
-        return case.route != "torch"
-    return choice.rule == "exact" and choice.kernel is not None \
+def settled(choice: Choice) -> bool:
+    """Does the rule's `choice` stand without the table or a measurement? cuBLAS where no
+    kernel serves the case does, and an exact entry's kernel that beat cuBLAS by
+    EXACT_TRUSTED where it was tuned."""
+    return choice.rule == "cublas" or choice.rule == "exact" and choice.kernel is not None \
         and (choice.tuned_ratio or 0.0) >= EXACT_TRUSTED
 
 
@@ -556,19 +545,18 @@ class Dispatcher:
         where it was tuned runs; else the table's decision for the case's key; else, with
         `measure` (a callable (kernel names ranked best first, (smallest M, largest M) of
         the bucket) -> a table decision, or None where nothing may be timed), one is
-        measured and kept; else the rule's own choice (the estimate, a closer exact entry,
-        or cuBLAS) decides."""
+        measured and kept; else the rule's own choice (the estimate, or a closer exact
+        entry) decides."""
         choice = self.select_case(case, g.cc, g.arch.sm_count, g.name)
-        if settled(choice, case):
+        if settled(choice):
             return choice
         key = self.key(g, case)
         d = self.table.get(key)
         if d is None and measure is not None:
             lo, hi = self.buckets.of(case.m)
-            names = [] if choice.rule == "cublas" else [
-                e["kernel"] for _, e in self.ranked(hi, case.n, case.k, case.dtype, g.cc,
-                                                    g.arch.sm_count, case.variant, case.align,
-                                                    case.batch)]
+            names = [e["kernel"] for _, e in self.ranked(
+                hi, case.n, case.k, case.dtype, g.cc, g.arch.sm_count, case.variant,
+                case.align, case.batch)]
             if choice.kernel is not None and choice.kernel not in names:
                 names.insert(0, choice.kernel)  # a close exact entry is measured too
             d = measure(names, (lo, hi))
@@ -593,7 +581,7 @@ class Dispatcher:
         for its M-bucket (for each route in `routes`, default the case's own), or the
         estimates."""
         c = self.select_case(case, g.cc, g.arch.sm_count, g.name)
-        if settled(c, case):
+        if settled(c):
             if c.rule == "cublas":
                 return f"cuBLAS (cublas): {c.reason}"
             return (f"{c.kernel} (exact): {c.reason} (the other Ms of its M-bucket, "
@@ -629,7 +617,7 @@ class Dispatcher:
         gpu = self.gpu_model(gpu)
         cc = max(e["cc"] for e in self.manifest.entries if e["gpu"] == gpu)
         c = self.select_case(case, cc, ARCHS[cc].sm_count if cc in ARCHS else None, gpu)
-        final = settled(c, case)
+        final = settled(c)
         note = "" if final else ("; with measuring off a decision the table holds, else "
                                    "this estimate, decides; on that GPU a first call measures")
         per = "" if not c.estimate_tflops else (

@@ -2,9 +2,8 @@
 
 The candidates run as the caller's call would run them: through the same route (a torch
 caller's through lib.gemm itself, so cuBLAS is torch.matmul / addmm / bmm on torch's
-current stream, and again through gemm-tune's binding, each paying the call's whole host
-path, as a kernel does; anyone else's through the plan's launcher, cuBLAS through
-gemm-tune's binding, tuner/runtime/cublas.py), on
+current stream and a kernel pays the call's whole host path; anyone else's through the
+plan's launcher, cuBLAS through gemm-tune's binding, tuner/runtime/cublas.py), on
 scratch operands of the problem's shape, layout, leading dimensions, batch strides,
 byte offsets (so the same alignment), C's type and bias (never the caller's data, nor
 its C), filled with random values (never zeros), on the call's own stream once it has
@@ -31,17 +30,12 @@ from codegen.config import DType
 from tuner.runtime import driver
 
 __all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates", "decision",
-           "MEASURE_TOP", "MEASURE_MARGIN", "CUBLAS", "CUBLAS_BINDING"]
+           "MEASURE_TOP", "MEASURE_MARGIN"]
 
 #: how many library kernels (best estimates first) a first-use measurement times beside cuBLAS
 MEASURE_TOP = 3
-#: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen (and
-#: gemm-tune's cuBLAS binding must beat torch's route to cuBLAS by as much)
+#: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen
 MEASURE_MARGIN = 1.02
-#: cuBLAS as the caller's route reaches it, and (for torch callers) through gemm-tune's own
-#: binding: a torch caller's cuBLAS is timed both ways, since on a host-bound call
-#: torch.matmul's host path, not cuBLAS's kernel, sets the time
-CUBLAS, CUBLAS_BINDING = "cublas", "cublas-binding"
 
 log = logging.getLogger(__name__)
 
@@ -63,31 +57,23 @@ def candidates(ranked: list[str]) -> list[str]:
 
 def decision(at: dict[int, dict[str, float]], route: str) -> dict:
     """The table's decision from ms per call measured at one or two Ms of a bucket (M ->
-    {kernel name, CUBLAS or CUBLAS_BINDING: ms}): the kernel whose worst ratio to the faster
-    cuBLAS over them is the best, if that beats it by MEASURE_MARGIN, else cuBLAS (kernel
-    None), through gemm-tune's binding ("cublas_route": "gemm-tune") where that was timed
-    and beat the caller's route by MEASURE_MARGIN at every M. A candidate not measured at
-    every M (it could not take the operands there) is no candidate."""
+    {kernel name or "cublas": ms}): the kernel whose worst ratio to cuBLAS over them is the
+    best, if that beats cuBLAS by MEASURE_MARGIN, else cuBLAS (kernel None). A kernel not
+    measured at every M (it could not take the operands there) is no candidate."""
     ms = [at[m] for m in sorted(at)]
 
-    def blas(x: dict) -> float:
-        return max(min(x[c] for c in (CUBLAS, CUBLAS_BINDING) if c in x), 1e-9)
-
-    def worst(name: str, against=blas) -> float:
+    def worst(name: str) -> float:
         if not all(name in x for x in ms):
             return math.inf
-        return max(x[name] / against(x) for x in ms)
+        return max(x[name] / max(x["cublas"], 1e-9) for x in ms)
 
-    names = [name for name in ms[-1] if name not in (CUBLAS, CUBLAS_BINDING)]
+    names = [name for name in ms[-1] if name != "cublas"]
     best = min(names, key=worst, default=None)
     kernel = best if best is not None and worst(best) * MEASURE_MARGIN < 1.0 else None
     log.info("dispatch measured (%s): %s", route, at)
     lo, hi = min(at), max(at)
     d = dict(kernel=kernel, route=route, measured_m=[lo, hi],
              measured_ms={name: round(t, 5) for name, t in at[hi].items()})
-    if kernel is None and worst(CUBLAS_BINDING, lambda x: max(x[CUBLAS], 1e-9)) \
-            * MEASURE_MARGIN < 1.0:
-        d["cublas_route"] = "gemm-tune"
     if lo != hi:
         d["measured_ms_low"] = {name: round(t, 5) for name, t in at[lo].items()}
     d["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
