@@ -12,6 +12,9 @@
 #   pairs   the kernels of $PAIRS (a bench/pairs/ file) each timed next to cuBLAS
 #           (bench/default_vs_cublas.py)
 #   decode  bench/decode_roof.py (the decode family against torch at the DRAM roof)
+#   tf32x3  bench/tf32x3_accuracy.py (3xTF32's two split modes beside SGEMM: error, speed)
+#   storage bench/storage_overhead.py (the search in memory, SQLite and a journal file)
+#   msweep  bench/library_vs_cublas.py --m-sweep (every M of the buckets up to 64 and more)
 # Usage on the GPU machine: bash bench/session_check.sh tests host   (writes under $OUT)
 set -uo pipefail
 source .device-env/install.sh >/dev/null
@@ -52,6 +55,13 @@ for step in "$@"; do
         --out "$OUT" "${args[@]}" 2>&1 | tail -30 ;;
     decode)
       timeout ${DECODE_TIMEOUT:-240} python3 bench/decode_roof.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tail -30 ;;
+    tf32x3)
+      timeout ${TF32X3_TIMEOUT:-300} python3 bench/tf32x3_accuracy.py ${TF32X3_ARGS:-} 2>&1 | tail -40 ;;
+    storage)
+      timeout ${STORAGE_TIMEOUT:-300} python3 bench/storage_overhead.py --out "$OUT" \
+        --repeat ${STORAGE_REPEAT:-2} 2>&1 | tail -15 ;;
+    msweep)
+      timeout ${MSWEEP_TIMEOUT:-300} python3 bench/library_vs_cublas.py --m-sweep --out "$OUT" 2>&1 | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done
