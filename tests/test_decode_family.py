@@ -155,13 +155,19 @@ def test_the_register_estimate_and_cap():
 
 
 # ---- the search space, the registry and the model ----------------------------------------
-def test_the_family_is_registered_but_not_searched():
+def test_the_family_is_registered_and_searched_for_fp16_and_bf16():
     spec = FAMILIES["decode"]
     assert spec.template == "gemm_decode.cu.j2" and spec.math is Math.TENSOR_CORE
-    assert not spec.searched and spec.min_cc == 80
+    assert spec.searched and spec.min_cc == 80 and spec.prune_margin == 2.0
     assert set(spec.dtypes) == {DType.F16, DType.BF16}
     for dtype in (DType.F16, DType.BF16):
+        assert spec in families_for(dtype) and spec.serves(dtype)
+    for dtype in (DType.F32, DType.TF32, DType.F32X3):
         assert spec not in families_for(dtype) and not spec.serves(dtype)
+    # M <= 64 only: past the largest M tile the GEMM families serve the problem
+    assert problem_reasons(DecodeConfig(mt=64), (65, 4096, 4096), ARCH) == [
+        "the decode family serves M <= 64 (B read once), not 65"]
+    assert not problem_reasons(DecodeConfig(mt=64), (64, 4096, 4096), ARCH)
     assert spec.space == {f"decode_{k}": v for k, v in SPACE.items()}
 
 

@@ -24,11 +24,12 @@ from codegen.families._common import Layout, Serial, positive_sizes
 ARCH = parse_arch("sm_90")
 SHAPE = (127, 129, 4097)  # few tiles, deep K: split-K variants are in the space
 ALIGNED = (127, 136, 4096)  # the same for a family that needs 16-byte rows (TMA: wgmma)
+SKINNY = (17, 129, 4097)  # a few rows, for a family of M <= 64 only (decode)
 
 
 def _shape(spec: FamilySpec, dtype: DType) -> tuple:
     d = spec.default(spec.dtypes[dtype])
-    return ALIGNED if spec.shape_reasons(d, SHAPE, ARCH) else SHAPE
+    return next(s for s in (SHAPE, ALIGNED, SKINNY) if not spec.shape_reasons(d, s, ARCH))
 
 
 # ---- every registered family ------------------------------------------------------------
@@ -78,8 +79,9 @@ def test_built_in_families_and_compatibility_names():
         "gemm_wmma.cu.j2"
     assert FAMILIES["simt"].math is Math.CUDA_CORE and FAMILIES["wmma"].math is Math.TENSOR_CORE
     assert [s.name for s in families_for(DType.F32)] == ["simt"]  # tf32 only by consent
-    assert [s.name for s in families_for(DType.BF16)] == ["simt", "wmma", "wgmma"]
-    assert [s.name for s in families_for(DType.F16, parse_arch("sm_80"))] == ["simt", "wmma"]
+    assert [s.name for s in families_for(DType.BF16)] == ["simt", "wmma", "wgmma", "decode"]
+    assert [s.name for s in families_for(DType.F16, parse_arch("sm_80"))] == [
+        "simt", "wmma", "decode"]
 
 
 def test_the_simt_space_holds_the_main_loop_parameters():
@@ -197,7 +199,7 @@ def test_a_registered_family_is_picked_up_everywhere(toy):
     # the search space of an fp32 request: simt, then the toy
     assert families(DType.F32) == {Family.SIMT: DType.F32, "toy": DType.F32}
     assert families(DType.F16) == {Family.SIMT: DType.F16, Family.WMMA: DType.F16,
-                                   Family.WGMMA: DType.F16}
+                                   Family.WGMMA: DType.F16, Family.DECODE: DType.F16}
     simt_only = FAMILIES["simt"].space_size()
     assert space_size(DType.F32) == simt_only + 3
     grid = list(valid_configs(ARCH, DType.F32, (4096, 4096, 4096)))

@@ -28,9 +28,9 @@ def test_families_per_request():
     # 3xTF32 only by consent (--allow-3xtf32): fp32 accuracy, its kernels' configs are f32
     assert families(DType.F32X3) == {Family.SIMT: DType.F32, Family.WGMMA: DType.F32}
     assert families(DType.F16) == {Family.SIMT: DType.F16, Family.WMMA: DType.F16,
-                                   Family.WGMMA: DType.F16}
+                                   Family.WGMMA: DType.F16, Family.DECODE: DType.F16}
     assert families(DType.BF16) == {Family.SIMT: DType.BF16, Family.WMMA: DType.BF16,
-                                    Family.WGMMA: DType.BF16}
+                                    Family.WGMMA: DType.BF16, Family.DECODE: DType.BF16}
     assert is_candidate(KernelConfig(), DType.TF32)
     assert not is_candidate(WmmaConfig(dtype=DType.TF32), DType.F32)  # never without consent
     from codegen.families.wgmma import _default

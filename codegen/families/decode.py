@@ -14,12 +14,12 @@ fixed order; then the epilogue or the split-K partial. See templates/gemm_decode
 the data flow and the figures of Little's law.
 
 Its config (:class:`DecodeConfig`), its check, its search space and its template values;
-registered as "decode" with templates/gemm_decode.cu.j2, with ``searched=False``: the
-kernels build, compile without spills and are tested on the CPU, but no search takes them
-until a GPU run has checked them (tests/test_gpu_decode.py) and timed them against
-torch.matmul (bench/decode_roof.py). To let the tuner search them, set ``searched=True``
-in the ``register`` call at the bottom of this module (and re-pin the family lists of
-tests/test_families.py and tests/test_precision.py).
+registered as "decode" with templates/gemm_decode.cu.j2 and searched for fp16 / bf16
+problems of M <= 64 (problem_reasons), since its GPU tests (tests/test_gpu_decode.py)
+passed and bench/decode_roof.py timed it at 0.95x-1.06x torch.matmul on four of the five
+decode shapes of issue 23 (B read from DRAM each call; 0.59x at 64x4096x14336) on the
+H200 (bench/results/decode-roof-h200-2026-12-01.json). Its pruning margin is a loose 2.0:
+no recorded study of it has calibrated one.
 """
 
 from __future__ import annotations
@@ -334,11 +334,14 @@ def _split_reasons(c: DecodeConfig) -> list[str]:
 def problem_reasons(c: DecodeConfig, shape: Shape, arch: ArchLimits) -> list[str]:
     """The family's own reasons a config is pointless at `shape`: an M tile that a smaller
     one of the same math covers in as few tiles, and FMA tiles that read B more than once
-    (fewer rows than M: the FMA path serves M <= 8, in one tile)."""
+    (fewer rows than M: the FMA path serves M <= 8, in one tile); and any config at an M
+    past the largest M tile, which would read B more than once: the GEMM families'."""
     m = shape[0]
     tiles = MMA_TILES if c.math == "mma" else FMA_ROWS
     why = []
-    if c.math == "fma" and m > FMA_ROWS[-1]:
+    if m > MMA_TILES[-1]:
+        why.append(f"the decode family serves M <= {MMA_TILES[-1]} (B read once), not {m}")
+    elif c.math == "fma" and m > FMA_ROWS[-1]:
         why.append(f"the FMA path serves M <= {FMA_ROWS[-1]}, not {m}: it would read B "
                    f"{cdiv(m, c.mt)} times")
     elif c.math == "fma" and c.mt < m:
@@ -444,6 +447,6 @@ DECODE = register(FamilySpec(
     min_cc=80,
     layouts=frozenset(Layout),
     epilogue=True,
-    # built and tested on the CPU, not yet run on a GPU: no search takes it (module doc)
-    searched=False,
+    # no recorded studies of this family to calibrate its pruning on yet: a loose margin
+    prune_margin=2.0,
 ))
