@@ -257,11 +257,21 @@ def test_first_batch_starts_with_each_familys_default():
     from codegen.families.wgmma import DEFAULT_WGMMA
     from tuner.dryrun import defaults
 
+    from codegen.families.decode import DEFAULT_DECODE
+    from tuner.model import shape_reasons
+
     arch = parse_arch("sm_90")
-    want = defaults(DType.F16, arch)
-    assert DEFAULT_WGMMA in want
+
+    def admitted(shape):
+        return [c for c in defaults(DType.F16, arch) if not shape_reasons(c, shape, arch)]
+
+    want = admitted((4096, 4096, 4096))
+    assert DEFAULT_WGMMA in want and DEFAULT_DECODE not in want  # decode: M <= 64 only
     top = model_first((4096, 4096, 4096), DType.F16, arch, 6)
     assert top[:len(want)] == want and len(top) == 6 and len(set(top)) == 6
+    skinny = admitted((16, 4096, 4096))
+    assert DEFAULT_DECODE in skinny
+    assert model_first((16, 4096, 4096), DType.F16, arch, 6)[:len(skinny)] == skinny
     # N = 4095 halves: rows of 8190 B, which TMA cannot take; the wgmma default is left out
     odd = model_first((4096, 4095, 4096), DType.F16, arch, 6)
     assert DEFAULT_WGMMA not in odd and all(c.family.value != "wgmma" for c in odd)

@@ -21,6 +21,7 @@ from codegen.families.wmma import WmmaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = (1024, 1024, 4096)  # few tiles on sm_90: split-K variants in the SIMT grid
+SKINNY = (16, 4096, 4096)
 
 
 def _committed_names() -> list[str]:
@@ -51,7 +52,8 @@ def test_a_sample_of_valid_configs_round_trips(family):
     seen: dict[str, object] = {}
     for arch in ("sm_80", "sm_90"):
         for dtype in spec.dtypes:
-            configs = list(spec.valid_configs(arch, spec.dtypes[dtype], SHAPE))
+            shape = SKINNY if spec.name == "decode" else SHAPE  # decode: M <= 64 only
+            configs = list(spec.valid_configs(arch, spec.dtypes[dtype], shape))
             for c in configs[::max(len(configs) // 150, 1)] + configs[-3:]:
                 assert spec.config.from_name(c.name) == c
                 assert config_from_name(c.name) == c

@@ -1481,28 +1481,11 @@ def test_presplit_takes_every_layout_and_any_leading_dimension():
     assert problem_reasons(T3_GOLDEN, (4096, 4095, 4097)) != []  # in-loop: TMA reads B as stored
 
 
-def test_presplit_is_not_searched_until_a_gpu_has_run_it():
-    """Rendered, compiled and CPU-tested, but no GPU has run it: the search rejects it at
-    every shape, saying why, and keeps the in-loop 3xTF32 kernels."""
-    from codegen.arch import parse_arch
-    from codegen.families import wgmma
-
-    assert wgmma.PRESPLIT_SEARCHED is False
-    assert any("no GPU has run it" in w
-               for w in problem_reasons(PRESPLIT_GOLDEN, (4096, 4096, 4096)))
-    grid = list(wgmma.valid_configs(parse_arch("sm_90"), DType.F32, (4096, 4096, 4096)))
-    assert grid and not any(c.prep for c in grid)
-
-
-def test_presplit_is_a_search_value_of_3xtf32_requests(monkeypatch):
-    """Once searched (PRESPLIT_SEARCHED), an f32x3 request searches the split mode (prep 0:
-    in-loop, 1: pre-split) beside the tiles; the trial parameters round-trip; the valid
-    pre-split tiles are the ones whose four tiles a stage and doubled accumulators fit."""
+def test_presplit_is_a_search_value_of_3xtf32_requests():
+    """An f32x3 request searches the split mode (prep 0: in-loop, 1: pre-split) beside the
+    tiles; the trial parameters round-trip; the valid pre-split tiles are the ones whose
+    four tiles a stage and doubled accumulators fit."""
     import optuna
-
-    from codegen.families import wgmma
-
-    monkeypatch.setattr(wgmma, "PRESPLIT_SEARCHED", True)
 
     from codegen.arch import parse_arch
     from codegen.families.wgmma import params_of, suggest, valid_configs

@@ -796,10 +796,6 @@ SEARCH_SPACE: dict[str, tuple] = {
 #: bench/results/wgmma-probe-prep-h200-2026-12-01.json), and 3xTF32's split mode (in-loop,
 #: or pre-split: the pre-pass writes big and small copies)
 TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1)}
-#: the 3xTF32 pre-split (prep=1 with fp32 data) renders, compiles with no spills and passes
-#: its CPU tests, but has not run on a GPU: the search rejects it at every shape until the
-#: GPU tests of tests/test_gpu_wgmma.py (-k presplit) pass; then set this True
-PRESPLIT_SEARCHED = False
 
 
 def _searched(dtype: DType) -> dict[str, tuple]:
@@ -845,9 +841,6 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
     if config.store:  # the tuner's C: ldc = N
         why += c_tma_reasons(n, 0, n, config.out)
     why = [f"TMA cannot describe the operands: {w}" for w in why]
-    if config.presplit and not PRESPLIT_SEARCHED:
-        why.append("the 3xTF32 pre-split is built and CPU-tested but no GPU has run it yet: "
-                   "not searched (PRESPLIT_SEARCHED)")
     return why
 
 
