@@ -295,12 +295,12 @@ def test_only_the_families_that_declare_a_variant_are_searched(tmp_path, monkeyp
     from tuner.space import families, valid_configs
 
     arch = parse_arch("sm_90")
-    assert set(families(DType.F16, arch, Variant())) == {"simt", "wmma", "wgmma"}
+    assert set(families(DType.F16, arch, Variant())) == {"simt", "wmma", "wgmma", "decode"}
     monkeypatch.setitem(registry.FAMILIES, "wgmma", dataclasses.replace(
         registry.FAMILIES["wgmma"], layouts=frozenset({Layout.NN}), epilogue=False))
     v = Variant(Layout.NT, DType.F16, "none", "relu")
-    assert set(families(DType.F16, arch, v)) == {"simt", "wmma"}
-    pool = list(valid_configs(arch, DType.F16, (512, 512, 512), v))
+    assert set(families(DType.F16, arch, v)) == {"simt", "wmma", "decode"}
+    pool = list(valid_configs(arch, DType.F16, (512, 512, 512), v))  # decode: M <= 64
     assert {family_of(c).name for c in pool} == {"simt", "wmma"}
     assert all(Variant.of(c) == v for c in pool)
     bench = VariantBenchmark((512, 512, 512), variant=v)

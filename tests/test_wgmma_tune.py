@@ -33,7 +33,7 @@ def test_wgmma_is_a_family_choice_for_16_bit_on_sm90_only():
 
     assert FAMILIES["wgmma"].searched
     for d in (DType.F16, DType.BF16):
-        assert families(d, ARCH) == {"simt": d, "wmma": d, "wgmma": d}
+        assert families(d, ARCH) == {"simt": d, "wmma": d, "wgmma": d, "decode": d}
         assert "wgmma" not in families(d, parse_arch("sm_80"))
     assert "wgmma" not in families(DType.F32, ARCH)
 

@@ -39,7 +39,13 @@ def test_a_worker_that_cannot_start_is_one_error():
         GpuWorker((8, 8, 8), factory=("no_such_module", "X"))
 
 
-def test_two_workers_share_one_search_and_survive_a_crash(compile_cache, tmp_path):
+def test_two_workers_share_one_search_and_survive_a_crash(compile_cache, tmp_path,
+                                                          monkeypatch):
+    from codegen.families import FAMILIES
+
+    # tiles of 16 rows (the planted crash) or 64: a sixteen-trial sample meets the crash
+    # whatever else the space holds
+    monkeypatch.setitem(FAMILIES["simt"].space, "bm", (16, 64))
     log = tmp_path / "timed.log"
     workers = [GpuWorker((512, 512, 512), device=i, factory=FAKE, timeout_s=5.0, log=str(log),
                          delay=0.05) for i in (0, 1)]
