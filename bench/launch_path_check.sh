@@ -65,9 +65,10 @@ PY
       timeout ${LAYOUTS_TIMEOUT:-420} python3 bench/layouts_epilogues.py --out "$OUT" \
         --library "${LAYOUTS_LIBRARY:-artifacts/library}" 2>&1 | tee "$OUT/layouts-epilogues.log" | tail -40 ;;
     tests)
-      timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -rs ${TESTS:-tests/} \
+      # -v: a line per test as it ends, so a log cut by the timeout still names each result
+      timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -v -rfs --durations=15 ${TESTS:-tests/} \
         > "$OUT/gpu-tests.log" 2>&1
-      tail -30 "$OUT/gpu-tests.log" ;;
+      grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -152,3 +152,15 @@ def test_the_main_loop_figures_are_those_of_the_file_cited():
     assert f"ran {paired['tflops']:.1f} and {wide['tflops']:.1f} TFLOP/s at 4096^3 " \
         f"({min(paired['ratio'], wide['ratio']):.2f}x cuBLAS) where the plain loop ran " \
         f"{plain['tflops']:.1f} ({plain['ratio']:.2f}x)" in text
+
+
+def test_the_m_sweep_figures_are_those_of_the_file_cited():
+    doc = _cited("library-vs-cublas-m-sweep-h200")
+    s, rows = doc["summary"], doc["rows"]
+    skinny = [r["ratio"] for r in rows if r["m"] <= 64]
+    text = " ".join(README.split())
+    assert f"a geometric mean of {s['geomean']:.2f}x torch.matmul, every M up to 64 at " \
+        f"{_span(skinny)}" in text
+    low = [r["ratio"] for r in rows if r["ratio"] < 0.95]
+    assert f"below 0.95x at M = {', '.join(map(str, s['below_095'][:-1]))} and " \
+        f"{s['below_095'][-1]} ({_span(low)})" in text
