@@ -275,8 +275,7 @@ def _simt_instructions(c) -> tuple[float, float, float, float]:
     """Per thread and K tile: instructions (compute, then global loads and shared stores),
     shared-memory wavefronts (a warp's 32-bit access is one, a 128-bit one four: 128 B a
     clock per SM); and the epilogue's instructions."""
-    tv = c.template_values()
-    va, vb = tv["VA"], tv["VB"]
+    va, vb = c.frag_vecs
     fma = c.bk * c.rm * c.rn
     lds = c.bk * (c.rm // va + c.rn // vb)
     lds_wf = c.bk * (c.rm + c.rn) * LDS_WAVEFRONT_SCALE

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -234,9 +235,10 @@ class Named:
 
     NAME: Name
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
-        """The procedural name, encoding every field: it names files, caches and logs."""
+        """The procedural name, encoding every field: it names files, caches and logs
+        (written once per config: configs are frozen, and the search names each often)."""
         return self.NAME.write(self)
 
     @classmethod

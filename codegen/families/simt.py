@@ -182,11 +182,21 @@ class KernelConfig(Serial, Named):
         main = self.stages * self.bk * (self.lda_s + self.ldb_s) * 4
         return max(main, self.bm * self.bn * 4) if self.cluster else main
 
+    @property
+    def frag_vecs(self) -> tuple[int, int]:
+        """Floats per shared read of the A and of the B fragment."""
+        return widest(self.rm, self.lda_s), widest(self.rn, self.ldb_s)
+
+    @property
+    def swizzled(self) -> tuple[bool, bool]:
+        """Whether the A and the B tile are XOR-swizzled (a transposed store: swz=1)."""
+        return (bool(self.swz) and self.layout in (Layout.NN, Layout.NT),
+                bool(self.swz) and self.layout in (Layout.NT, Layout.TT))
+
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""
         wm, wn = self.warp_tile
-        va = widest(self.rm, self.lda_s)  # floats per shared read of the A fragment
-        vb = widest(self.rn, self.ldb_s)
+        va, vb = self.frag_vecs
         store_vec = min(vb, self.vec)
         return dict(
             **epilogue_values(self),
@@ -204,8 +214,7 @@ class KernelConfig(Serial, Named):
             STORE_T=_VEC_TYPES[store_vec],
             B_STS_VEC=self.vec if self.ldb_s % self.vec == 0 else 1,
             A_STS_VEC=self.vec if self.lda_s % self.vec == 0 else 1,
-            SWZ_A=bool(self.swz) and self.layout in (Layout.NN, Layout.NT),
-            SWZ_B=bool(self.swz) and self.layout in (Layout.NT, Layout.TT),
+            SWZ_A=self.swizzled[0], SWZ_B=self.swizzled[1],
             A_LOADS=(self.bm * self.bk) // (self.vec * self.threads) if self.threads else 0,
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
@@ -361,8 +370,7 @@ def _swizzle_reasons(c: KernelConfig) -> list[str]:
     if c.vec not in (1, 2, 4) or (32 * c.vec) % c.bk:
         return why + [f"the swizzle needs BK={c.bk} to divide 32 x VEC={32 * c.vec}"]
     unit = 32 * c.vec // c.bk
-    tv = c.template_values()
-    for op, width, v, on in (("A", c.bm, tv["VA"], tv["SWZ_A"]), ("B", c.bn, tv["VB"], tv["SWZ_B"])):
+    for op, width, v, on in zip("AB", (c.bm, c.bn), c.frag_vecs, c.swizzled):
         if on and width % 32:
             why.append(f"a swizzled {op} tile needs its width ({width}) a multiple of 32")
         if on and unit % v:
@@ -524,9 +532,9 @@ def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
 def issue_efficiency(c: KernelConfig) -> float:
     """FFMA / (FFMA + LDS) in the inner loop: RM*RN FMAs per RM/VA + RN/VB shared loads,
     each taking an issue slot."""
-    tv = c.template_values()
+    va, vb = c.frag_vecs
     fma = c.rm * c.rn
-    return fma / (fma + c.rm // tv["VA"] + c.rn // tv["VB"])
+    return fma / (fma + c.rm // va + c.rn // vb)
 
 
 SIMT = register(FamilySpec(
