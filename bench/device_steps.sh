@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# GPU-machine work in one call, as steps named on the command line, run in that order;
+# logs, JSON and plots under $OUT. Each step has a time limit of its own (STEP_TIMEOUT
+# variables below) so that one call's steps fit the device's per-call limit.
+#
+#   tests     the GPU tests (pytest -m gpu) of $TESTS (default: all), a line per test as it
+#             ends (a log cut by TEST_TIMEOUT still names each result)
+#   torch     the CPU tests that need torch (tests/test_torch_ops.py)
+#   library   bench/library_vs_cublas.py over $LIBRARY (default artifacts/library)
+#   msweep    bench/library_vs_cublas.py --m-sweep over $LIBRARY
+#   tunes     fresh 4096^3 tunes of $TUNE_DTYPES (default fp32 fp16) at the default budget
+#             into a scratch library: winner, ratio and time as JSON lines in tunes.jsonl
+#   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
+#             tuned into a copy of the committed library (which comes back as $OUT/library,
+#             and serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
+#   layouts   bench/layouts_epilogues.py over $LIBRARY
+#   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
+#   pairs     the kernels of $PAIRS (a bench/pairs/ file), each timed beside cuBLAS
+#   suite     bench/suite.py: the shapes of $TUNE tuned at $TRIALS, then the 13-shape suite
+#   wgmma     bench/wgmma_vs_cublas.py (against cuBLAS and Triton)
+#   probe     bench/wgmma_probe.py $PROBE_ARGS (e.g. --fp32)
+#   decode    bench/decode_roof.py $DECODE_ARGS (the decode family at the DRAM roof)
+#   tf32x3    bench/tf32x3_accuracy.py $TF32X3_ARGS (3xTF32's split modes beside SGEMM)
+#   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file)
+#   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
+#   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
+#   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched)
+#   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
+#   multigpu  bench/multi_gpu.py (one search on one GPU and on all of them)
+# Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/device_steps.sh tests library
+set -uo pipefail
+source .device-env/install.sh >/dev/null
+export PYTHONUNBUFFERED=1 GEMM_TUNE_CACHE_DIR=/tmp/gemm-tune-cache OUT=${OUT:-out}
+mkdir -p "$OUT"
+LIBRARY=${LIBRARY:-artifacts/library}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+# the GPU machine's copy of the tree has a stale .git: name the commit from here
+echo "commit ${GEMM_TUNE_COMMIT:-unknown (set GEMM_TUNE_COMMIT)}"
+T0=$SECONDS
+for step in "$@"; do
+  echo "== $step at $((SECONDS - T0)) s ($(date +%T))"
+  case $step in
+    tests)
+      timeout ${TEST_TIMEOUT:-540} python3 -m pytest -m gpu -v -rfs --durations=15 \
+        ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
+      grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -30 ;;
+    torch)
+      timeout ${TORCH_TIMEOUT:-60} python3 -m pytest -q tests/test_torch_ops.py \
+        > "$OUT/torch-tests.log" 2>&1; tail -3 "$OUT/torch-tests.log" ;;
+    library)
+      timeout ${LIBRARY_TIMEOUT:-330} python3 bench/library_vs_cublas.py --library "$LIBRARY" \
+        --out "$OUT" 2>&1 | tee "$OUT/library-vs-cublas.log" | tail -45 ;;
+    msweep)
+      timeout ${MSWEEP_TIMEOUT:-300} python3 bench/library_vs_cublas.py --m-sweep \
+        --library "$LIBRARY" --out "$OUT" 2>&1 | tail -30 ;;
+    tunes)
+      for dtype in ${TUNE_DTYPES:-fp32 fp16}; do
+        start=$(date +%s.%N)
+        timeout ${TUNE_TIMEOUT:-240} python3 -m tuner --shape 4096x4096x4096 --dtype "$dtype" \
+          --artifacts /tmp/art --library /tmp/tune-library --force --json \
+          > "/tmp/tune-$dtype.json" 2> "/tmp/tune-$dtype.err"
+        echo "rc $? wall $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
+        python3 - "$dtype" "$start" <<'PY' | tee -a "$OUT/tunes.jsonl"
+import json, sys, time
+dtype, start = sys.argv[1], float(sys.argv[2])
+try:
+    r = json.load(open(f"/tmp/tune-{dtype}.json"))
+except Exception as e:  # noqa: BLE001
+    print(json.dumps({"dtype": dtype, "error": str(e),
+                      "stderr": open(f"/tmp/tune-{dtype}.err").read()[-2000:]}))
+    raise SystemExit
+r = r[0] if isinstance(r, list) else r
+w, s = r["winner"], r["stats"]
+print(json.dumps({"dtype": dtype, "wall_s": round(time.time() - start, 1), "kernel": w["name"],
+                  "tflops": w["tflops"], "cublas_tflops": w["cublas_tflops"],
+                  "ratio": w["ratio"], **{k: s[k] for k in ("compiled", "timed", "pruned",
+                                                            "seconds", "rank_rho")}}))
+PY
+      done ;;
+    variants)
+      rm -rf /tmp/var-library && cp -r artifacts/library /tmp/var-library
+      timeout ${VAR_WALL:-600} python3 -m tuner \
+        --problems "${PROBLEMS:-bench/problems/layouts_epilogues.jsonl}" \
+        --trials ${VAR_TRIALS:-40} --timeout ${VAR_TIMEOUT:-45} --budget ${VAR_BUDGET:-480} \
+        --artifacts /tmp/art-var --library /tmp/var-library --json \
+        > "$OUT/variant-tunes.json" 2> "$OUT/variant-tunes.err"
+      echo "rc $?"; tail -20 "$OUT/variant-tunes.err"
+      cp -r /tmp/var-library "$OUT/library"
+      LIBRARY=/tmp/var-library ;;
+    layouts)
+      timeout ${LAYOUTS_TIMEOUT:-420} python3 bench/layouts_epilogues.py --out "$OUT" \
+        --library "$LIBRARY" 2>&1 | tee "$OUT/layouts-epilogues.log" | tail -40 ;;
+    record)
+      timeout ${RECORD_TIMEOUT:-300} python3 bench/record_and_tune.py --out "$OUT" \
+        --budget ${RECORD_BUDGET:-150} 2>&1 | tail -25 ;;
+    pairs)
+      args=(); while read -r shape kernel; do
+        [[ -z "$shape" || "$shape" == \#* ]] || args+=(--pair "$shape" "$kernel"); done < "$PAIRS"
+      timeout ${PAIRS_TIMEOUT:-300} python3 bench/default_vs_cublas.py \
+        --label "$(basename "$PAIRS" .txt)" --out "$OUT" "${args[@]}" 2>&1 | tail -30 ;;
+    suite)
+      timeout ${SUITE_TIMEOUT:-580} python3 bench/suite.py --tune-shapes ${TUNE} --force \
+        --devices ${DEVICES:-0} --trials ${TRIALS:-150} ${SHAPES:+--shapes $SHAPES} \
+        --out "$OUT" 2>&1 | tee "$OUT/suite.log" | tail -30
+      tar czf "$OUT/library.tgz" artifacts/library ;;
+    wgmma)
+      timeout ${WGMMA_TIMEOUT:-400} python3 bench/wgmma_vs_cublas.py --out "$OUT" ${WGMMA_ARGS:-} \
+        2>&1 | grep -v Warning | tail -40 ;;
+    probe)
+      timeout ${PROBE_TIMEOUT:-240} python3 bench/wgmma_probe.py ${PROBE_ARGS:-} 2>&1 | tail -40 ;;
+    decode)
+      timeout ${DECODE_TIMEOUT:-240} python3 bench/decode_roof.py --out "$OUT" ${DECODE_ARGS:-} \
+        2>&1 | tail -30 ;;
+    tf32x3)
+      OUT="$OUT" timeout ${TF32X3_TIMEOUT:-300} python3 bench/tf32x3_accuracy.py ${TF32X3_ARGS:-} \
+        2>&1 | tail -40 ;;
+    storage)
+      timeout ${STORAGE_TIMEOUT:-300} python3 bench/storage_overhead.py --out "$OUT" \
+        --repeat ${STORAGE_REPEAT:-2} 2>&1 | tail -15 ;;
+    host)
+      timeout ${HOST_TIMEOUT:-240} python3 bench/host_overlap.py --out "$OUT" \
+        ${HOST_SHAPES:+--shapes $HOST_SHAPES} ;;
+    model)
+      timeout ${MODEL_TIMEOUT:-420} python3 bench/model_gpu.py --out "$OUT/model" ${MODEL_ARGS:-} \
+        2>&1 | tail -30
+      tar czf "$OUT/model.tar.gz" -C "$OUT" model && rm -rf "$OUT/model" ;;
+    models)
+      timeout ${MODELS_TIMEOUT:-580} python3 bench/model_gemms.py --out "$OUT" ${MODELS_ARGS:-} \
+        2>&1 | tail -40 ;;
+    sanitize)
+      timeout ${SANITIZE_TIMEOUT:-200} python3 bench/sanitize.py --out "$OUT" ${SANITIZE_ARGS:-} \
+        2>&1 | tail -25 ;;
+    multigpu)
+      nvidia-smi -L | tee "$OUT/gpus.txt"
+      timeout ${MULTIGPU_TIMEOUT:-400} python3 bench/multi_gpu.py --shape ${SHAPE:-2048x2048x2048} \
+        --trials ${TRIALS:-100} --out "$OUT" 2>&1 | tail -10 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo "== done at $((SECONDS - T0)) s"
+ls -la "$OUT"
