@@ -124,6 +124,57 @@ def test_a_bad_record_file_is_one_error_naming_the_line(tmp_path, text, msg):
         read_problems(path)
 
 
+def test_problems_differing_only_in_m_merge_by_m_bucket_at_its_largest_m():
+    """A serving loop's Ms (tokens) share one problem per M-bucket, tuned at the bucket's
+    largest M, with the calls and time of every M in it; another N, K, dtype or variant
+    stays apart; "exact" buckets keep each M; the label names the Ms recorded."""
+    from tuner.runtime.dispatch import MBuckets
+
+    lines = [_line(m, 4096, 4096, 10, 0.1 * m, dtype="f16", out="f16")
+             for m in (1, 3, 4, 5, 40, 48, 64, 65, 1000)]
+    lines += [_line(40, 4096, 1024, 1, 0.5, dtype="f16", out="f16"),
+              _line(40, 4096, 4096, 1, 0.5, dtype="f16", out="f16", layout="nt")]
+    plan = merge(lines, buckets=MBuckets())
+    got = {(p.shape, p.layout.value): (sorted(p.recorded_m), p.calls) for p in plan}
+    assert got == {
+        ((1, 4096, 4096), "nn"): ([1], 10), ((4, 4096, 4096), "nn"): ([3, 4], 20),
+        ((8, 4096, 4096), "nn"): ([5], 10), ((64, 4096, 4096), "nn"): ([40, 48, 64], 30),
+        ((128, 4096, 4096), "nn"): ([65], 10), ((1024, 4096, 4096), "nn"): ([1000], 10),
+        ((64, 4096, 1024), "nn"): ([40], 1), ((64, 4096, 4096), "nt"): ([40], 1)}
+    by = {p.shape: p for p in plan if p.layout is Layout.NN and p.shape[2] == 4096}
+    assert by[(64, 4096, 4096)].ms == pytest.approx(0.1 * (40 + 48 + 64))
+    assert by[(64, 4096, 4096)].label == "64x4096x4096 f16 nn C f16 (M 40, 48, 64 recorded)"
+    assert by[(1, 4096, 4096)].label == "1x4096x4096 f16 nn C f16"
+    assert by[(8, 4096, 4096)].label == "8x4096x4096 f16 nn C f16 (M 5 recorded)"
+    assert plan[0].shape == (1024, 4096, 4096)  # the costliest first: 100 ms
+    exact = merge(lines, buckets=MBuckets.parse("exact"))
+    assert len(exact) == len(merge(lines)) == 11
+    assert {p.shape[0] for p in exact if p.shape[2] == 4096 and p.layout is Layout.NN} == {
+        1, 3, 4, 5, 40, 48, 64, 65, 1000}
+
+
+def test_the_cli_tunes_by_the_buckets_asked_and_refuses_them_without_problems(
+        tmp_path, capsys, monkeypatch):
+    import tuner.tune as tt
+    from tuner.cli import main
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(_line(m, 64, 64, 1, 1.0) for m in (5, 6, 9)) + "\n")
+    seen = []
+    monkeypatch.setattr(tt, "run_problems",
+                        lambda args, problems, art: seen.append([p.shape[0] for p in problems]))
+    main(["tune", "--problems", str(f)])
+    main(["tune", "--problems", str(f), "--m-buckets", "exact"])
+    monkeypatch.setenv("GEMM_TUNE_M_BUCKETS", "16,+64")
+    main(["tune", "--problems", str(f)])
+    assert [sorted(x) for x in seen] == [[8, 16], [5, 6, 9], [16]]
+    assert main(["--shape", "64x64x64", "--m-buckets", "exact"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "gemm-tune: error: --m-buckets goes with --problems FILE"
+    assert main(["tune", "--problems", str(f), "--m-buckets", "9,3"]) == 2
+    assert "M-buckets '9,3': give increasing bounds" in capsys.readouterr().err
+
+
 def test_the_cli_reports_a_bad_or_missing_file_in_one_line(tmp_path, capsys):
     from tuner.cli import main
 

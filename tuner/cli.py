@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for all of --problems (problems left when it is spent are "
                         "listed as skipped; run again to go on)")
+    p.add_argument("--m-buckets", default=None,
+                   help="with --problems: problems differing only in M are tuned once per "
+                        "M-bucket, at its largest M (default: GEMM_TUNE_M_BUCKETS or the "
+                        "library's 1,2,4,8,16,32,64,+128; 'exact': each M)")
     p.add_argument("--dtype", default="fp32",
                    help="input type, always with FP32 accumulation (C's type: --out): fp32 "
                         "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
@@ -325,6 +329,9 @@ def _run(argv) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if args.problems is not None:
         return _run_problems(args)
+    for option, given in (("--budget", args.budget), ("--m-buckets", args.m_buckets)):
+        if given is not None:
+            raise UsageError(f"{option} goes with --problems FILE")
     shapes = [parse_shape(x) for x in args.shape] + shapes_file(args.shapes)
     if not shapes:
         raise UsageError("give a problem: --shape MxNxK (or --shapes FILE, or --problems FILE)")
@@ -376,7 +383,10 @@ def _run_problems(args) -> int:
         raise UsageError(f"--trials must be at least 1 (got {args.trials})")
     if args.devices is not None:
         args.devices = _device_list(args.devices)
-    problems = read_problems(args.problems)
+    from tuner.runtime.dispatch import MBuckets
+
+    buckets = MBuckets.parse(args.m_buckets) if args.m_buckets else MBuckets.from_env()
+    problems = read_problems(args.problems, buckets)
     from tuner import tune as _tune  # the GPU path
 
     return _tune.run_problems(args, problems, _artifacts_dir(args))

@@ -2,6 +2,12 @@
 lines of one problem merged (their calls and time summed, whatever process or run wrote
 them), the costliest first, and what cannot be tuned said so.
 
+Problems that differ only in M merge by M-bucket (tuner.runtime.dispatch.MBuckets: the
+library's buckets, GEMM_TUNE_M_BUCKETS or `gemm-tune --m-buckets`): one problem per
+bucket, tuned at the bucket's largest M. That is where the library's first use measures a
+bucket (with its smallest M), and a kernel takes every M of its bucket, so the entry
+competes for each M the program called; "exact" buckets tune each M apart.
+
 A line names its problem by dtype, layout, out (C's type), epilogue ("none", "relu",
 "bias", "bias+gelu", "biasf32+silu": tuner._shape.epilogue_text), batch (and, optionally,
 broadcast_b: one B shared by the batch), m, n, k; a line without layout, out, epilogue or
@@ -37,6 +43,7 @@ class Problem:
     ms: float | None = None  # time the program spent in it, where the decisions knew it
     gpus: set = dataclasses.field(default_factory=set)
     lines: int = 0
+    recorded_m: set = dataclasses.field(default_factory=set)  # the Ms the program called
 
     @property
     def dtype(self) -> DType:
@@ -56,7 +63,12 @@ class Problem:
 
     @property
     def label(self) -> str:
-        return self.task.label
+        """The task's label, and the Ms recorded where the bucket's M is not one of them
+        only: '64x4096x4096 f16 nn C f16 (M 40, 48 recorded)'."""
+        ms = sorted(self.recorded_m)
+        if ms == [self.shape[0]] or not ms:
+            return self.task.label
+        return f"{self.task.label} (M {', '.join(map(str, ms))} recorded)"
 
     def why_not(self, arch=None) -> str | None:
         """Why the tuner cannot take this problem (None: it can): no family that serves
@@ -87,17 +99,22 @@ def _parse(line: str, where: str) -> tuple[Task, dict]:
     return task, dict(calls=calls, ms=d.get("ms"), gpu=d.get("gpu"))
 
 
-def merge(lines, source: str = "problems") -> list[Problem]:
+def merge(lines, source: str = "problems", buckets=None) -> list[Problem]:
     """Problems of JSON lines (blank lines and # comments skipped), one per task (dtype,
     shape, variant, batch), costliest first: by recorded time where every line knew it,
-    else by the floating-point work of their calls."""
+    else by the floating-point work of their calls. With `buckets` (an MBuckets), a task's
+    M is its M-bucket's largest (module doc); without, each M is its own."""
     found: dict[Task, Problem] = {}
     for no, line in enumerate(lines, 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         task, d = _parse(text, f"{source}, line {no}")
+        m, n, k = task.shape
+        if buckets is not None:
+            task = dataclasses.replace(task, shape=(buckets.of(m)[1], n, k))
         p = found.setdefault(task, Problem(task, ms=0.0))
+        p.recorded_m.add(m)
         p.calls += d["calls"]
         p.ms = None if p.ms is None or d["ms"] is None else p.ms + float(d["ms"])
         p.lines += 1
@@ -109,14 +126,14 @@ def merge(lines, source: str = "problems") -> list[Problem]:
     return sorted(problems, key=lambda p: -p.flops)
 
 
-def read_problems(path: str | Path) -> list[Problem]:
-    """The problems of a record file (merged and ordered); UsageError naming the file and
-    line for anything unreadable."""
+def read_problems(path: str | Path, buckets=None) -> list[Problem]:
+    """The problems of a record file (merged, by M-bucket with `buckets`, and ordered);
+    UsageError naming the file and line for anything unreadable."""
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--problems {path}: cannot read it ({e})") from None
-    problems = merge(text.splitlines(), f"--problems {path}")
+    problems = merge(text.splitlines(), f"--problems {path}", buckets)
     if not problems:
         raise UsageError(f"--problems {path} names no problem")
     return problems
