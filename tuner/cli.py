@@ -49,100 +49,116 @@ def build_parser() -> argparse.ArgumentParser:
         "report --shape MxNxK | prewarm --shapes FILE | status --storage URL [--study NAME] "
         "(each with --help).",
     )
-    p.add_argument("--shape", action="append", default=[],
+    _problem_arguments(p.add_argument_group("the problem"))
+    _variant_arguments(p.add_argument_group("its variant and precision"))
+    _search_arguments(p.add_argument_group("the search"))
+    _sharing_arguments(p.add_argument_group("storage and GPUs"))
+    p.add_argument("--top", type=int, default=5, help="rows in the result table (default 5)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    return p
+
+
+def _problem_arguments(g) -> None:
+    g.add_argument("--shape", action="append", default=[],
                    help="problem size MxNxK, e.g. 4096x4096x4096 (repeat for several shapes)")
-    p.add_argument("--shapes", type=Path, default=None,
+    g.add_argument("--shapes", type=Path, default=None,
                    help="a file of shapes, one MxNxK per line (# comments), tuned in turn")
-    p.add_argument("--problems", type=Path, default=None,
+    g.add_argument("--problems", type=Path, default=None,
                    help="a program's recorded problems (GEMM_TUNE_RECORD=FILE or lib.record: "
                         "JSON lines), merged and tuned costliest first, each with --trials and "
                         "--timeout, all within --budget; their dtypes are the file's")
-    p.add_argument("--budget", type=float, default=None,
+    g.add_argument("--budget", type=float, default=None,
                    help="seconds for all of --problems (problems left when it is spent are "
                         "listed as skipped; run again to go on)")
-    p.add_argument("--m-buckets", default=None,
+    g.add_argument("--m-buckets", default=None,
                    help="with --problems: problems differing only in M are tuned once per "
                         "M-bucket, at its largest M (default: GEMM_TUNE_M_BUCKETS or the "
                         "library's 1,2,4,8,16,32,64,+128; 'exact': each M)")
-    p.add_argument("--dtype", default="fp32",
+    g.add_argument("--dtype", default="fp32",
                    help="input type, always with FP32 accumulation (C's type: --out): fp32 "
                         "(default; CUDA-core FP32 FMAs only), tf32 (fp32 data; TF32 tensor "
                         "cores are candidates too), 3xtf32 (fp32 data at fp32 accuracy; "
                         "3xTF32 tensor-core kernels are candidates too), fp16 or bf16 "
                         "(tensor cores, and CUDA "
                         "cores widening the inputs on load)")
-    p.add_argument("--layout", default="nn",
+
+
+def _variant_arguments(g) -> None:
+    g.add_argument("--layout", default="nn",
                    help="how A and B are stored, A's letter first: nn (default; both "
                         "row-major), nt (B column-major: x @ W.t() with W stored N x K, as "
                         "torch.nn.Linear keeps it), tn, tt (T: column-major)")
-    p.add_argument("--out", default=None,
+    g.add_argument("--out", default=None,
                    help="C's type: fp32, fp16 or bf16 (default: the input type for fp16 and "
                         "bf16, as torch; fp32 for fp32, tf32 and 3xtf32 data); accumulation "
                         "is FP32, rounded once to C's type")
-    p.add_argument("--bias", default="none",
+    g.add_argument("--bias", default="none",
                    help="a bias vector of N values added to every row of C: none (default), "
                         "out (in C's type) or f32 (fp32; with fp32 C the same as out)")
-    p.add_argument("--act", default="none",
+    g.add_argument("--act", default="none",
                    help="the activation applied last, in FP32: none (default), relu, gelu "
                         "(erf form), gelu_tanh (tanh approximation), silu")
-    p.add_argument("--batch", default="1",
+    g.add_argument("--batch", default="1",
                    help="a strided batch of this many problems, each with its own A, B and "
                         "C (default 1)")
-    p.add_argument("--broadcast-b", action="store_true",
+    g.add_argument("--broadcast-b", action="store_true",
                    help="with --batch: one B shared by the batch (stride 0), as x @ W for a "
                         "batch of x")
-    p.add_argument("--allow-tf32", action="store_true",
+    g.add_argument("--allow-tf32", action="store_true",
                    help="with fp32 data, let TF32 tensor cores compete (the tf32 error gate "
                         "then applies to them, and cuBLAS runs with TF32 too): --dtype tf32")
-    p.add_argument("--allow-3xtf32", action="store_true",
+    g.add_argument("--allow-3xtf32", action="store_true",
                    help="with fp32 data, let 3xTF32 tensor-core kernels compete: each input "
                         "split into two tf32 parts, three TF32 products, FP32 accumulation; "
                         "held to the fp32 gate (1e-5), timed against cuBLAS SGEMM: "
                         "--dtype 3xtf32")
-    p.add_argument("--arch", default=None,
+
+
+def _search_arguments(g) -> None:
+    g.add_argument("--arch", default=None,
                    help="target, e.g. sm_90 (default: the GPU's own; sm_90 for --dry-run)")
-    p.add_argument("--dry-run", action="store_true",
+    g.add_argument("--dry-run", action="store_true",
                    help="no GPU: sample the space, validate, compile, model occupancy")
-    p.add_argument("--trials", type=int, default=150,
+    g.add_argument("--trials", type=int, default=150,
                    help="candidates to compile and time (default 150)")
-    p.add_argument("--timeout", type=float, default=540.0,
+    g.add_argument("--timeout", type=float, default=540.0,
                    help="stop the search after this many seconds (default 540)")
-    p.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
+    g.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
                    help="Optuna sampler (default tpe; grid walks the whole valid space)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument("--no-model", action="store_true",
+    g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    g.add_argument("--no-model", action="store_true",
                    help="neither start from the model's best-predicted candidates nor prune "
                         "on its predicted time (the bound and the occupancy model still prune)")
-    p.add_argument("--force", action="store_true", help="re-tune even if the cache has a winner")
-    p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: all cores)")
-    p.add_argument("--artifacts", type=Path, default=None,
+    g.add_argument("--force", action="store_true", help="re-tune even if the cache has a winner")
+    g.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: all cores)")
+    g.add_argument("--artifacts", type=Path, default=None,
                    help="where .cu/.cubin/.json go (default ./artifacts or $GEMM_TUNE_ARTIFACTS)")
-    p.add_argument("--cache", type=Path, default=None,
+    g.add_argument("--cache", type=Path, default=None,
                    help="winners cache file (default <artifacts>/cache.json)")
-    p.add_argument("--library", type=Path, default=None,
+    g.add_argument("--library", type=Path, default=None,
                    help="tuned-kernel library the winner joins (default <artifacts>/library)")
-    p.add_argument("--storage", default=None,
+
+
+def _sharing_arguments(g) -> None:
+    g.add_argument("--storage", default=None,
                    help="Optuna storage: sqlite:///tune.db, postgresql://..., or "
                         "journal:///PATH for a journal file (default: in memory); the same "
                         "command resumes a study kept there without repeating trials, and "
                         "processes on several hosts can share one study")
-    p.add_argument("--study", default=None,
+    g.add_argument("--study", default=None,
                    help="study name in --storage (default: the cache key of the problem; "
                         "with --problems: the study of the set's claims, default 'problems')")
-    p.add_argument("--devices", default=None,
+    g.add_argument("--devices", default=None,
                    help="GPUs to time on, e.g. 0,1: one timing worker process per GPU, all in "
                         "one study (default: $GEMM_TUNE_DEVICE or 0)")
-    p.add_argument("--lease", type=float, default=60.0,
+    g.add_argument("--lease", type=float, default=60.0,
                    help="with --storage: seconds a process may go without renewing its lease "
                         "(every lease/6 s) before the others fail its claims and retry them "
                         "(default 60)")
-    p.add_argument("--kernel-timeout", type=float, default=60.0,
+    g.add_argument("--kernel-timeout", type=float, default=60.0,
                    help="seconds a candidate may take before its worker is killed and "
                         "restarted as hung (default 60)")
-    p.add_argument("--top", type=int, default=5, help="rows in the result table (default 5)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    return p
 
 
 def _artifacts_dir(args) -> Path:

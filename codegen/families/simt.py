@@ -293,25 +293,7 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
     if c.bn % wn:
         why.append(f"warp tile {wm}x{wn} ({c.wt_n} lanes x RN={c.rn}) does not divide BN={c.bn}")
 
-    if c.vec not in (1, 2, 4):
-        why.append(f"vector width {c.vec} is not 1, 2 or 4 floats")
-    else:
-        if c.bk % c.vec:
-            why.append(f"BK={c.bk} is not a multiple of the vector width {c.vec}")
-        if c.bn % c.vec:
-            why.append(f"BN={c.bn} is not a multiple of the vector width {c.vec}")
-        if c.bm % c.vec and c.layout in (Layout.TN, Layout.TT):
-            why.append(f"BM={c.bm} is not a multiple of the vector width {c.vec} (a "
-                       "column-major A is read along M)")
-        if t and not why:
-            for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
-                vecs = rows * cols // c.vec
-                if vecs % t:
-                    why.append(
-                        f"{t} threads cannot load the {rows}x{cols} {op} tile evenly "
-                        f"({vecs} vectors of {c.vec})"
-                    )
-
+    why += _load_reasons(c, t, not why)
     why += stages_reasons(c.stages, a, cp_async_from=3)
     if not 0 <= c.pad <= 32:
         why.append(f"padding {c.pad} words is outside 0..32")
@@ -320,6 +302,47 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
         why.append(f"swizzle flag {c.swz} must be 0 or 1")
     elif c.swz:
         why += _swizzle_reasons(c)
+    why += _loop_reasons(c)
+    if c.minb < 1 or c.minb * t > a.max_threads_per_sm:
+        why.append(f"__launch_bounds__ minimum of {c.minb} blocks of {t} threads does not fit "
+                   f"the {a.max_threads_per_sm} threads of an SM")
+    why += _split_reasons(c, a)
+    why += smem_reasons(c.smem_bytes, a)
+    regs = c.tile_regs
+    if regs > a.max_regs_per_thread:
+        why.append(
+            f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
+            f"the {a.max_regs_per_thread} per-thread limit"
+        )
+    return why
+
+
+def _load_reasons(c: KernelConfig, threads: int, even: bool) -> list[str]:
+    """Why `c`'s vector width cannot load its tiles (`even`: also whether `threads` share
+    them evenly, asked only of a config with no other reason so far)."""
+    if c.vec not in (1, 2, 4):
+        return [f"vector width {c.vec} is not 1, 2 or 4 floats"]
+    why = []
+    if c.bk % c.vec:
+        why.append(f"BK={c.bk} is not a multiple of the vector width {c.vec}")
+    if c.bn % c.vec:
+        why.append(f"BN={c.bn} is not a multiple of the vector width {c.vec}")
+    if c.bm % c.vec and c.layout in (Layout.TN, Layout.TT):
+        why.append(f"BM={c.bm} is not a multiple of the vector width {c.vec} (a "
+                   "column-major A is read along M)")
+    if threads and even and not why:
+        for op, rows, cols in (("A", c.bm, c.bk), ("B", c.bk, c.bn)):
+            vecs = rows * cols // c.vec
+            if vecs % threads:
+                why.append(f"{threads} threads cannot load the {rows}x{cols} {op} tile evenly "
+                           f"({vecs} vectors of {c.vec})")
+    return why
+
+
+def _loop_reasons(c: KernelConfig) -> list[str]:
+    """Why `c`'s main-loop switches (zigzag, interior path, fragment buffers) cannot be
+    built."""
+    why = []
     if c.zigzag not in (0, 1):
         why.append(f"zigzag flag {c.zigzag} must be 0 or 1")
     if c.interior not in INTERIORS:
@@ -333,9 +356,12 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
                    f"stages: stages 2, not {c.stages}")
     if c.frags not in (1, 2):
         why.append(f"fragment buffers {c.frags} must be 1 or 2")
-    if c.minb < 1 or c.minb * t > a.max_threads_per_sm:
-        why.append(f"__launch_bounds__ minimum of {c.minb} blocks of {t} threads does not fit "
-                   f"the {a.max_threads_per_sm} threads of an SM")
+    return why
+
+
+def _split_reasons(c: KernelConfig, a: ArchLimits) -> list[str]:
+    """Why `c`'s split-K (the slices and how they are summed) cannot be built for `a`."""
+    why = []
     if c.split not in SPLITS:
         why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
     if c.reduce not in REDUCES:
@@ -349,14 +375,6 @@ def check(c: KernelConfig, a: ArchLimits) -> list[str]:
                        f"{a.sm} has none")
     elif c.reduce == "last" and c.split == 1:
         why.append("a last-block split-K needs a split of 2 or more, not 1")
-
-    why += smem_reasons(c.smem_bytes, a)
-    regs = c.tile_regs
-    if regs > a.max_regs_per_thread:
-        why.append(
-            f"the {c.rm}x{c.rn} accumulators and fragments need {regs} registers, over "
-            f"the {a.max_regs_per_thread} per-thread limit"
-        )
     return why
 
 

@@ -522,6 +522,17 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         ['BN=200 is not a multiple of 64, the width of one 128-byte swizzled B box']
     """
     a = parse_arch(arch)
+    why = _type_reasons(c, a)
+    bad = {k: v for k, v in dict(BM=c.bm, BN=c.bn, BK=c.bk, stages=c.stages,
+                                 consumers=c.consumers, cluster=c.cluster).items() if v < 1}
+    if bad:
+        return why + [f"sizes must be positive ({', '.join(f'{k}={v}' for k, v in bad.items())})"]
+    why += _tile_reasons(c) + _switch_reasons(c)
+    return why or _resource_reasons(c, a)
+
+
+def _type_reasons(c: WgmmaConfig, a: ArchLimits) -> list[str]:
+    """check_wgmma's rules of the family, the input type, 3xTF32's terms and the GPU."""
     why: list[str] = []
     if c.family is not Family.WGMMA:
         why.append(f"a WgmmaConfig must be of the wgmma family, not {c.family.value}")
@@ -537,11 +548,12 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"terms=3 (3xTF32) splits fp32 data: dtype f32, not {c.dtype.short}")
     if a.cc < 90:
         why.append(f"wgmma, TMA and setmaxnreg need sm_90a; {a.sm} has none")
-    bad = {k: v for k, v in dict(BM=c.bm, BN=c.bn, BK=c.bk, stages=c.stages,
-                                 consumers=c.consumers, cluster=c.cluster).items() if v < 1}
-    if bad:
-        return why + [f"sizes must be positive ({', '.join(f'{k}={v}' for k, v in bad.items())})"]
+    return why
 
+
+def _tile_reasons(c: WgmmaConfig) -> list[str]:
+    """check_wgmma's rules of the tile: the consumers' rows, wgmma's N, the swizzled K row."""
+    why: list[str] = []
     if c.consumers not in (1, 2):
         why.append(f"consumers={c.consumers}: one or two wgmma warpgroups")
     elif c.pingpong == 1 and c.bm not in (64, 128):
@@ -560,6 +572,13 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
     if c.bk * c.elem != SWIZZLE_BYTES:
         why.append(f"BK={c.bk} x {c.elem} B = {c.bk * c.elem} B per row; the 128B swizzle needs "
                    f"{SWIZZLE_BYTES} (BK={SWIZZLE_BYTES // c.elem})")
+    return why
+
+
+def _switch_reasons(c: WgmmaConfig) -> list[str]:
+    """check_wgmma's rules of the switches: cluster, persistence, the pre-pass, TMA stores,
+    ping-pong, the raster group and the stages."""
+    why: list[str] = []
     if c.cluster not in (1, 2):
         why.append(f"cluster={c.cluster}: 1, or 2 blocks sharing B")
     elif c.cluster == 2 and (c.bk // 2) % 8:
@@ -597,9 +616,13 @@ def check_wgmma(c: WgmmaConfig, arch: str | int | ArchLimits) -> list[str]:
         why.append(f"stages={c.stages}: fp32 data needs 2 or more " + (
             "(with the pre-pass: one stage loads while the wgmmas read another)" if c.prep
             else "(the consumers convert one stage while the wgmmas read the previous one)"))
-    if why:
-        return why
+    return why
 
+
+def _resource_reasons(c: WgmmaConfig, a: ArchLimits) -> list[str]:
+    """check_wgmma's rules of resources (for a config that passed the others): shared
+    memory, the setmaxnreg budget, the consumers' accumulators."""
+    why: list[str] = []
     if c.smem_bytes > a.smem_per_block_optin:
         what = (f": the big and small tiles of A and of B, 2 x ({c.bm} + {c.bn}) x 128 B"
                 if c.presplit else "")
