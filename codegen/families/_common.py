@@ -14,7 +14,8 @@ from codegen.arch import ArchLimits
 from codegen.errors import UsageError
 
 __all__ = ["DType", "Layout", "Variant", "OUT_DTYPES", "BIASES", "ACTIVATIONS", "EPILOGUE_NAME",
-           "EPILOGUE_TEXTS", "epilogue_reasons", "epilogue_values", "Serial", "Name", "Named", "Text", "NUMBER", "FLAG", "choice",
+           "EPILOGUE_TEXTS", "epilogue_reasons", "epilogue_values", "Serial", "Name", "Named",
+           "SplitK", "Text", "NUMBER", "FLAG", "choice",
            "Shape", "MAX_STAGES", "cdiv", "widest",
            "wants_split", "shape_reasons", "positive_sizes", "threads_reasons",
            "stages_reasons", "swizzle_reasons", "smem_reasons"]
@@ -245,6 +246,29 @@ class Named:
     def from_name(cls, name: str):
         """Inverse of :attr:`name`; UsageError for a string that is not such a name."""
         return cls.NAME.read(cls, name)
+
+
+class SplitK:
+    """How a config with ``split`` K slices and a ``reduce`` mode ("pass", "last", ...)
+    sums them, as the runner (tuner.runtime.runners.Runner) asks."""
+
+    split: int
+    reduce: str
+
+    @property
+    def last(self) -> bool:
+        """Split-K summed by the last block of each tile (one launch, workspace + tickets)."""
+        return self.split > 1 and self.reduce == "last"
+
+    @property
+    def reduce_pass(self) -> bool:
+        """Does a launch end with the <name>_reduce kernel?"""
+        return self.split > 1 and self.reduce == "pass"
+
+    @property
+    def has_workspace(self) -> bool:
+        """Do the partial tiles go through a workspace in global memory (pass or last)?"""
+        return self.reduce_pass or self.last
 
 
 def cdiv(a: int, b: int) -> int:

@@ -31,7 +31,8 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, cdiv, choice,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, SplitK, cdiv,
+    choice,
     epilogue_values, positive_sizes, shape_reasons as split_reasons, smem_reasons,
     threads_reasons, wants_split,
 )
@@ -71,7 +72,7 @@ _CPP = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeConfig(Serial, Named):
+class DecodeConfig(SplitK, Serial, Named):
     """One point of the decode family.
 
     Attributes:
@@ -125,20 +126,6 @@ class DecodeConfig(Serial, Named):
 
     # ---- the launch interface (tuner.runtime.runners.Runner) ------------------------
     cluster = False
-
-    @property
-    def last(self) -> bool:
-        """Split-K summed by the last block of each tile (one launch, workspace + tickets)."""
-        return self.split > 1 and self.reduce == "last"
-
-    @property
-    def reduce_pass(self) -> bool:
-        """Does a launch end with the <name>_reduce kernel?"""
-        return self.split > 1 and self.reduce == "pass"
-
-    @property
-    def has_workspace(self) -> bool:
-        return self.reduce_pass or self.last
 
     @property
     def warps(self) -> int:

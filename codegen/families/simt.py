@@ -13,7 +13,8 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, Serial, Shape, choice,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, Serial, Shape, SplitK,
+    choice,
     epilogue_values, positive_sizes, shape_reasons,
     smem_reasons, stages_reasons, swizzle_reasons, threads_reasons, wants_split, widest,
 )
@@ -33,7 +34,7 @@ _SIMT_CPP = {DType.F32: "float", DType.TF32: "float", DType.F16: "__half",
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig(Serial, Named):
+class KernelConfig(SplitK, Serial, Named):
     """One point of the SIMT GEMM family.
 
     Attributes:
@@ -132,21 +133,6 @@ class KernelConfig(Serial, Named):
     def cluster(self) -> bool:
         """Split-K summed across a thread-block cluster (one launch, no workspace)."""
         return self.split > 1 and self.reduce == "cluster"
-
-    @property
-    def last(self) -> bool:
-        """Split-K summed by the last block of each tile (one launch, workspace + tickets)."""
-        return self.split > 1 and self.reduce == "last"
-
-    @property
-    def reduce_pass(self) -> bool:
-        """Does a launch end with the <name>_reduce kernel?"""
-        return self.split > 1 and self.reduce == "pass"
-
-    @property
-    def has_workspace(self) -> bool:
-        """Do the partial tiles go through a workspace in global memory (pass or last)?"""
-        return self.reduce_pass or self.last
 
     @property
     def wt_n(self) -> int:
