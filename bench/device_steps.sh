@@ -24,7 +24,8 @@
 #   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file)
 #   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
 #   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
-#   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched)
+#   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched; the
+#             tuned library comes back as model-gemms-library.tar.gz)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
 #   multigpu  bench/multi_gpu.py (one search on one GPU and on all of them)
 # Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/device_steps.sh tests library
@@ -126,7 +127,9 @@ PY
       tar czf "$OUT/model.tar.gz" -C "$OUT" model && rm -rf "$OUT/model" ;;
     models)
       timeout ${MODELS_TIMEOUT:-580} python3 bench/model_gemms.py --out "$OUT" ${MODELS_ARGS:-} \
-        2>&1 | tail -40 ;;
+        2>&1 | tee "$OUT/model-gemms.log" | tail -40
+      # the tuned library, whole (a folder that deep does not come back file by file)
+      [ -d artifacts/model-gemms ] && tar czf "$OUT/model-gemms-library.tar.gz" artifacts/model-gemms ;;
     sanitize)
       timeout ${SANITIZE_TIMEOUT:-200} python3 bench/sanitize.py --out "$OUT" ${SANITIZE_ARGS:-} \
         2>&1 | tail -25 ;;

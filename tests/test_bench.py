@@ -28,6 +28,26 @@ def test_the_gate_adds_one_rounding_of_c_to_the_accumulations():
     assert tolerance(WmmaConfig(), 8192) == pytest.approx(4e-5)
 
 
+def test_a_tiny_c_is_gated_against_the_smallest_normal_norm():
+    """A correctly rounded fp16 C below fp16's normal range (GELU of a negative product:
+    1e-10, 3e-6) is off by up to half an absolute step (2^-25), far more than 2^-11 of
+    itself; against error_floor's norm that is within one rounding. A C off by a whole
+    normal-range ulp of 2^-14 still fails."""
+    from tuner.bench import error_floor
+
+    gate = tolerance(KernelConfig(dtype=DType.F16, out=DType.F16), 1)
+    for ref in (np.array([1e-10]), np.array([3e-6, -2.5e-7, 4e-5])):
+        c = round_to(ref.astype(np.float32), DType.F16)[1].astype(np.float64)
+        raw = np.linalg.norm(c - ref) / np.linalg.norm(ref)
+        floored = np.linalg.norm(c - ref) / max(np.linalg.norm(ref),
+                                                error_floor(DType.F16, ref.size))
+        assert raw > gate >= floored
+        assert np.linalg.norm(c + 2.0**-14 - ref) / max(
+            np.linalg.norm(ref), error_floor(DType.F16, ref.size)) > gate
+    assert error_floor(DType.F16, 4) == 2.0**-13
+    assert error_floor(DType.F32, 1) == error_floor(DType.BF16, 1) == 2.0**-126
+
+
 @pytest.mark.parametrize("out", [DType.F16, DType.BF16])
 def test_the_gate_passes_one_rounding_and_fails_more(out):
     """An FP32 result within the accumulation gate, rounded once to C's type, meets the

@@ -86,7 +86,7 @@ def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0, align
     and 2 elements); (error, gate, C's padding untouched, C)."""
     import torch
 
-    from tuner.bench import tolerance
+    from tuner.bench import error_floor, tolerance
     from tuner.gpu import device
 
     torch.manual_seed(torch.seed())
@@ -113,7 +113,8 @@ def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0, align
     run(a.data_ptr(), b.data_ptr(), c.data_ptr(), alpha, beta,
         torch.cuda.current_stream().cuda_stream, bias=0 if bias is None else bias.data_ptr())
     torch.cuda.synchronize()
-    err = float(torch.linalg.norm(c.double() - ref) / max(float(torch.linalg.norm(ref)), 1e-30))
+    err = float(torch.linalg.norm(c.double() - ref)
+                / max(float(torch.linalg.norm(ref)), error_floor(v.out, ref.numel())))
     gate = tolerance(cfg, k) + ROUNDOFF[v.out]
     return err, gate, bool(torch.isnan(cstore[..., n:]).all()), c
 

@@ -195,6 +195,25 @@ def test_reduce_pass_is_modelled_apart():
                    / efficiency(c8, (256, 256, 16384), 132, 1)))
 
 
+def test_a_tiny_tuned_shape_keeps_its_own_rate():
+    """At the shape it was tuned at, a kernel's estimate is its measured rate, however small
+    the shape: 1x1x1 takes picoseconds' worth of FLOPs (an absolute floor on the measured
+    time once turned 900 TFLOP/s into 0.002 there); a split-K kernel whose modelled
+    reduction exceeds its measured time keeps a tenth of that time for its main loop."""
+    from codegen import KernelConfig
+    from tuner.runtime.dispatch import estimate_tflops
+
+    cfg = KernelConfig()
+    for shape in ((1, 1, 1), (7, 3, 5), (4096, 4096, 4096)):
+        e = dict(zip("mnk", shape), tflops=900.0)
+        assert estimate_tflops(cfg, e, shape, 132, 1, 3350) == pytest.approx(900.0)
+    split = KernelConfig(bm=128, bn=128, bk=16, rm=8, rn=4, wt=16, split=32)
+    e = dict(m=64, n=64, k=64, tflops=1e-3)  # 0.52 ms measured, a 0.002 ms reduction
+    assert estimate_tflops(split, e, (64, 64, 64), 132, 1, 3350) == pytest.approx(1e-3)
+    e = dict(m=64, n=64, k=64, tflops=1.0)  # 0.5 us measured: below the modelled reduction
+    assert estimate_tflops(split, e, (64, 64, 64), 132, 1, 3350) < 1.0
+
+
 def test_explain_without_a_gpu_answers_for_a_named_gpu_model_or_says_why_not(lib):
     from conftest import _gpu_reason
     from tuner.runtime.errors import NoGPUError

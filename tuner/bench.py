@@ -34,7 +34,7 @@ from tuner.runtime.errors import DriverError, Unsupported
 from tuner.runtime.runners import runner_for
 
 __all__ = ["L2Flush", "do_bench", "Problem", "DeviceArray", "GpuBenchmark", "TOLERANCE",
-           "tolerance", "output_rounding", "round_to", "blas_out", "baseline_label",
+           "tolerance", "output_rounding", "error_floor", "round_to", "blas_out", "baseline_label",
            "stored_shape", "logical"]
 
 log = logging.getLogger(__name__)
@@ -60,15 +60,34 @@ def output_rounding(out: DType) -> float:
     (TOLERANCE) already include.
 
     Each element rounded to nearest moves by at most that fraction of itself
-    (|round(x) - x| <= u |x|, fp16 subnormals aside: below 2^-14 the step is absolute and
-    smaller still against the norm), so ||round(C) - C|| <= u ||C||: a kernel whose FP32
-    result meets the accumulation gate meets gate + u after its one rounding to C's type.
+    (|round(x) - x| <= u |x|) inside the type's normal range, so ||round(C) - C|| <= u ||C||:
+    a kernel whose FP32 result meets the accumulation gate meets gate + u after its one
+    rounding to C's type. Below the normal range the step is absolute (fp16: 2^-24 under
+    2^-14), so errors are taken against a norm of at least :func:`error_floor`'s.
 
     Example:
         >>> output_rounding(DType.F16) == 2**-11, output_rounding(DType.BF16) == 2**-8
         (True, True)
     """
     return {DType.F16: 2.0**-11, DType.BF16: 2.0**-8}.get(out, 0.0)
+
+
+#: the smallest normal number of each C type: below it rounding steps are absolute
+_NORMAL_MIN = {DType.F16: 2.0**-14, DType.BF16: 2.0**-126, DType.F32: 2.0**-126}
+
+
+def error_floor(out: DType, elements: int) -> float:
+    """The least norm a relative error of C is taken against: that of `elements` values at
+    the smallest normal number of C's type. Below it a correctly rounded C is off by up to
+    half an absolute step (fp16: 2^-25), which relative to a C of that size is within
+    :func:`output_rounding`'s u; relative to a tinier C it is not (a 1x1x1 product whose GELU
+    is 1e-10 rounds to an fp16 zero: error 1.0, yet the right answer in fp16).
+
+    Example:
+        >>> error_floor(DType.F16, 4) == 2 * 2.0**-14
+        True
+    """
+    return _NORMAL_MIN.get(out, _NORMAL_MIN[DType.F32]) * math.sqrt(elements)
 
 
 def tolerance(config: Config, k: int) -> float:
@@ -488,7 +507,7 @@ class Problem:
     def error(self, rounding: DType | None = None, *, c: "DeviceArray | None" = None,
               out: DType | None = None, epilogue: bool = True) -> float:
         """||C - ref|| / ||ref|| over the problems' M x N blocks (NaN if any element is
-        unwritten), ref on the inputs rounded to `rounding` (default: as stored; F32: before
+        unwritten; ||ref|| at least :func:`error_floor`'s for C's type), ref on the inputs rounded to `rounding` (default: as stored; F32: before
         rounding); `c` of type `out` instead of C, `epilogue` False for a reference without
         the bias and the activation."""
         ref, norm = self.reference(self.dtype if rounding is None else rounding, epilogue)
@@ -499,6 +518,7 @@ class Problem:
         image.launch(f, (_blocks(rows * self.n), 1, 1), (256, 1, 1), 0, image.params(
             "PiPLiP").pack(c.ptr, self.ldc, ref.ptr, rows, self.n, self._sum.ptr))
         total = self._sum.download(np.empty(1, np.float64))[0]
+        norm = max(norm, error_floor(out, rows * self.n))
         return math.sqrt(total) / norm if total == total else float("nan")
 
     def args(self):

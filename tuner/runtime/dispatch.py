@@ -277,8 +277,10 @@ def estimate_tflops(config, entry: dict, shape, sms: int, blocks_per_sm: int,
     ratio = min(1.0, efficiency(config, shape, sms, blocks_per_sm, batch)
                 / efficiency(config, tuned, sms, blocks_per_sm, tb))
     flops_tuned, flops = 2.0 * math.prod(tuned) * tb, 2.0 * math.prod(shape) * batch
-    main_tuned = max(flops_tuned / (entry["tflops"] * 1e9)
-                     - reduce_ms(config, tuned[0], tuned[1], mem_gbs, tb), 1e-6)  # ms
+    # ms: the measured time less the modelled reduction, but never below a tenth of it
+    # (a floor in absolute ms would swamp a tiny tuned shape's own time)
+    whole = flops_tuned / (entry["tflops"] * 1e9)
+    main_tuned = max(whole - reduce_ms(config, tuned[0], tuned[1], mem_gbs, tb), 0.1 * whole)
     main = flops / (flops_tuned / main_tuned * ratio)
     return flops / ((main + reduce_ms(config, shape[0], shape[1], mem_gbs, batch)) * 1e9)
 
