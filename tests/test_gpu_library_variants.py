@@ -284,6 +284,31 @@ def test_linear_on_a_3d_input_eager_compiled_and_captured(kernel_lib, empty_lib)
             assert _err(out, 2.0 * want.view(3, m, n)) <= GATE["float16"]
 
 
+def test_a_layers_parameters_take_torchs_route_to_cublas(empty_lib):
+    """nn.Linear's weight and bias are nn.Parameters: a call with them is a torch caller's
+    (cuBLAS through torch's addmm, the bias fused), as with plain tensors, whether through
+    lib.gemm, torch_ops.linear or a patched layer; before, a Parameter bias sent the call
+    through gemm-tune's binding and a separate epilogue pass (decisions measured against
+    that slower cuBLAS)."""
+    import torch
+
+    from tuner.runtime import torch_ops
+
+    m, n, k = SHAPE
+    lin = torch.nn.Linear(k, n, device="cuda", dtype=torch.float16)
+    x = torch.randn(m, k, device="cuda").half()
+    ref = _reference(torch, x, lin.weight.t(), bias=lin.bias)
+    with torch.inference_mode():
+        for call in (lambda: empty_lib.gemm(x, lin.weight.t(), bias=lin.bias),
+                     lambda: torch_ops.linear(x, lin.weight, lin.bias, library=empty_lib),
+                     lambda: torch_ops.patch(lin, empty_lib)(x)):
+            empty_lib.plans.clear()
+            y = call()
+            assert y.dtype == torch.float16 and _err(y, ref) <= GATE["float16"]
+            assert _ran(empty_lib).problem.route == "torch"
+    torch_ops.unpatch(lin)
+
+
 def test_matmul_2d_and_batched(kernel_lib):
     import torch
 

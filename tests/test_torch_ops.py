@@ -175,3 +175,55 @@ def test_the_torch_fallback_computes_the_variant(shapes, bias, alpha, beta, act)
     C = c0.clone() if beta else torch.full(out, float("nan"), dtype=torch.float64)
     _torch_fallback(batch, act, len(sa) == len(sb) == len(out) == 2)(A, B, C, alpha, beta, vec)
     assert torch.allclose(C, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_eager_calls_skip_the_ops_dispatch_only_where_nothing_traces_or_records():
+    """Plain tensors and nn.Parameters in eager code with no gradient to record call the
+    library directly; torch.compile, a dispatch mode (make_fx, fake tensors) or autograd
+    recording keep the custom op."""
+    x, w = torch.ones(2, 3), torch.ones(4, 3)
+    p = nn.Parameter(torch.ones(4))  # requires_grad, as a layer's bias
+    assert torch_ops._eager(x, w, None)
+    assert not torch_ops._eager(x, w, p)  # autograd would record the call
+    with torch.no_grad():
+        assert torch_ops._eager(x, w, p)
+    with torch.inference_mode():
+        assert torch_ops._eager(x, w, p)
+    with FakeTensorMode():
+        assert not torch_ops._eager(torch.empty(2, 3))
+    with torch.no_grad():
+        traced = make_fx(lambda t: t + float(torch_ops._eager(t)))(x)  # real tensors, traced
+        assert torch.equal(traced(x), x)  # + 0.0: not eager while tracing
+        compiled = torch.compile(lambda t: t + float(torch_ops._eager(t)), backend="eager",
+                                 fullgraph=True)
+        assert torch.equal(compiled(x), x)
+
+
+class _Recorder:
+    """A library stand-in that records its gemm calls and returns a marked output."""
+
+    path = "/nonexistent/gemm-tune-recorder"
+
+    def __init__(self):
+        self.calls = []
+
+    def gemm(self, a, b, *args, **kw):
+        self.calls.append((a, b, kw))
+        return torch.full((a.shape[0], b.shape[1]), 7.0)
+
+
+def test_an_eager_linear_passes_the_layers_parameters_to_the_library_as_they_are():
+    """torch_ops.linear in inference: the library gets x's rows as one matrix, W.t() (a
+    view: the NT layout) and the bias Parameter itself, with no custom-op dispatch between
+    (the call works on CPU tensors with a stand-in library, which the op, registered for
+    CUDA only, would refuse)."""
+    rec = _Recorder()
+    lin = nn.Linear(3, 4)
+    x = torch.randn(2, 5, 3)
+    with torch.inference_mode():
+        y = torch_ops.linear(x, lin.weight, lin.bias, "gelu", library=rec)
+        assert y.shape == (2, 5, 4) and bool((y == 7.0).all())
+        a, b, kw = rec.calls[-1]
+        assert a.shape == (10, 3) and a.data_ptr() == x.data_ptr()
+        assert b.shape == (3, 4) and b.stride() == (1, 3) and b.data_ptr() == lin.weight.data_ptr()
+        assert kw["bias"] is lin.bias and kw["activation"] == "gelu"

@@ -151,7 +151,9 @@ def _torch_fallback(batch: int, act: str, matrices: bool) -> Callable:
     return run
 
 
-_TENSOR = None  # torch.Tensor, once a torch tensor has been seen
+#: torch.Tensor and nn.Parameter (a layer's weight or bias, as torch's ops take them), once
+#: a torch tensor has been seen
+_TENSORS: tuple = ()
 _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been seen
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 _TORCH_OUT = {}  # DType -> torch dtype, once torch has been seen
@@ -163,10 +165,12 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
-    if t is not _TENSOR and _TENSOR is None and t.__module__ == "torch" and t.__name__ == "Tensor":
+    if not _TENSORS and t.__module__.startswith("torch") \
+            and t.__name__ in ("Tensor", "Parameter"):
         _see_torch()
-    if t is _TENSOR and type(B) is t and (C is None or type(C) is t) \
-            and (bias is None or type(bias) is t):
+    tensors = _TENSORS
+    if t in tensors and type(B) in tensors and (C is None or type(C) in tensors) \
+            and (bias is None or type(bias) in tensors):
         return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act)
     return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out, bias,
                          act)
@@ -180,14 +184,14 @@ def fp32_request(dtype: DType, mode: DType | None) -> DType:
 
 def _see_torch() -> None:
     """Bind torch's cheap accessors, once torch tensors are seen."""
-    global _TENSOR, _TF32, _DEVICE
+    global _TENSORS, _TF32, _DEVICE
     import torch
 
     _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
     _DEVICE = torch._C._cuda_getDevice
     _TORCH_OUT.update({DType.F32: torch.float32, DType.F16: torch.float16,
                        DType.BF16: torch.bfloat16})
-    _TENSOR = torch.Tensor
+    _TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):

@@ -12,6 +12,9 @@ Importing this module (it needs torch) defines ``torch.ops.gemm_tune.linear``, `
 and ``.gemm``: functional (each returns a new tensor), with fake implementations for
 tracing, running Library.gemm on torch's current stream; so a function calling them
 compiles under ``torch.compile(fullgraph=True)`` and records into ``torch.cuda.graph``.
+In eager mode, on plain tensors (and nn.Parameters) with no gradient to record, the
+functions below call the library directly: the custom op's dispatch costs tens of
+microseconds a call, as much as a small GEMM (:func:`_eager`).
 Operands are used as they are stored (a transposed view is a column-major operand, served
 without a copy: ``linear`` multiplies by ``W.t()``, the NT layout); only one that is
 neither row- nor column-major is copied first. A custom op takes no Python objects, so the
@@ -79,6 +82,29 @@ def _served(x: Tensor) -> Tensor:
     return x.contiguous()
 
 
+#: the tensor types an eager call passes straight to the library (a layer's weight and bias
+#: are nn.Parameters); any other (a FakeTensor, a tracing proxy) goes through the custom op
+_PLAIN = (Tensor, torch.nn.Parameter)
+_compiling = torch.compiler.is_compiling
+#: how many dispatch modes are active (make_fx, FakeTensorMode...): 0 in plain eager code
+_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
+def _eager(*tensors) -> bool:
+    """May this call run the library directly, without the custom op's dispatch (tens of
+    microseconds a call, as much as a small GEMM)? Yes in eager mode on plain tensors with
+    no gradient to record; under torch.compile or any dispatch mode (tracing, fake
+    tensors), on tensors of another type, or where autograd records the call (the ops have
+    no backward: torch's dispatch raises then), the op runs."""
+    if _compiling() or _modes():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or grad and t.requires_grad):
+            return False
+    return True
+
+
 _OUT = {"": None, "float32": torch.float32, "float16": torch.float16,
         "bfloat16": torch.bfloat16}
 
@@ -95,9 +121,8 @@ def _out_name(dtype) -> str:
 
 
 # ---- gemm: alpha A B + beta C, fp32 C --------------------------------------------------------
-@torch.library.custom_op("gemm_tune::gemm", mutates_args=(), device_types="cuda")
-def _gemm_op(a: Tensor, b: Tensor, c: Tensor | None, alpha: float, beta: float, library: str,
-             allow_tf32: bool) -> Tensor:
+def _gemm(a: Tensor, b: Tensor, c: Tensor | None, alpha: float, beta: float, library: str,
+          allow_tf32: bool) -> Tensor:
     if c is None:
         out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
         beta = 0.0
@@ -106,6 +131,10 @@ def _gemm_op(a: Tensor, b: Tensor, c: Tensor | None, alpha: float, beta: float, 
     _library(library).gemm(_served(a), _served(b), out, alpha=alpha, beta=beta,
                            allow_tf32=allow_tf32)
     return out
+
+
+_gemm_op = torch.library.custom_op("gemm_tune::gemm", _gemm, mutates_args=(),
+                                   device_types="cuda")
 
 
 @_gemm_op.register_fake
@@ -117,8 +146,8 @@ def gemm(a: Tensor, b: Tensor, c: Tensor | None = None, alpha: float = 1.0,
          beta: float = 0.0, *, library, allow_tf32: bool = False) -> Tensor:
     """alpha * a @ b + beta * c (fp32, a new tensor) through torch.ops.gemm_tune.gemm;
     `library`: a Library, or the string of :func:`library_key` (inside torch.compile)."""
-    return torch.ops.gemm_tune.gemm(a, b, c, float(alpha), float(beta), _key(library),
-                                    bool(allow_tf32))
+    call = _gemm if _eager(a, b, c) else torch.ops.gemm_tune.gemm
+    return call(a, b, c, float(alpha), float(beta), _key(library), bool(allow_tf32))
 
 
 # ---- linear: act(x W^T + b), x of any leading dimensions -------------------------------------
@@ -137,10 +166,13 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, lib
     return lib.gemm(x.reshape(-1, k), w, bias=bias, activation=act).view(*x.shape[:-1], n)
 
 
-@torch.library.custom_op("gemm_tune::linear", mutates_args=(), device_types="cuda")
-def _linear_op(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
-               library: str) -> Tensor:
+def _linear_call(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
+                 library: str) -> Tensor:
     return _linear(x, weight, bias, activation, _library(library))
+
+
+_linear_op = torch.library.custom_op("gemm_tune::linear", _linear_call, mutates_args=(),
+                                     device_types="cuda")
 
 
 @_linear_op.register_fake
@@ -156,7 +188,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     (out) of x's type or float32; `activation` None, "relu", "gelu", "gelu_tanh" or
     "silu". Returns (*, out) in x's type. `library`: a Library, or the string of
     :func:`library_key` (pass the string inside torch.compile)."""
-    return torch.ops.gemm_tune.linear(x, weight, bias, activation or "none", _key(library))
+    call = _linear_call if _eager(x, weight, bias) else torch.ops.gemm_tune.linear
+    return call(x, weight, bias, activation or "none", _key(library))
 
 
 # ---- matmul: a @ b, 2-D or batched ------------------------------------------------------------
@@ -181,9 +214,12 @@ def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
     return (batch, m, n)
 
 
-@torch.library.custom_op("gemm_tune::matmul", mutates_args=(), device_types="cuda")
-def _matmul_op(a: Tensor, b: Tensor, out_dtype: str, library: str) -> Tensor:
+def _matmul_call(a: Tensor, b: Tensor, out_dtype: str, library: str) -> Tensor:
     return _matmul(a, b, out_dtype, _library(library))
+
+
+_matmul_op = torch.library.custom_op("gemm_tune::matmul", _matmul_call, mutates_args=(),
+                                     device_types="cuda")
 
 
 @_matmul_op.register_fake
@@ -197,7 +233,8 @@ def matmul(a: Tensor, b: Tensor, *, library, out_dtype=None) -> Tensor:
     batch. C is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16,
     bfloat16) asks for another. `library`: a Library, or the string of
     :func:`library_key`."""
-    return torch.ops.gemm_tune.matmul(a, b, _out_name(out_dtype), _key(library))
+    call = _matmul_call if _eager(a, b) else torch.ops.gemm_tune.matmul
+    return call(a, b, _out_name(out_dtype), _key(library))
 
 
 # ---- patch: a model's nn.Linear layers through a library --------------------------------------
@@ -278,7 +315,8 @@ def _patched_forward(key: str, activation: str):
         if not x.is_cuda or x.dtype != self.weight.dtype or _autocast() \
                 or _grad_recorded(x, self):  # torch's own layer (and activation)
             return torch_act(torch.nn.functional.linear(x, self.weight, self.bias))
-        return torch.ops.gemm_tune.linear(x, self.weight, self.bias, activation, key)
+        call = _linear_call if _eager(x) else torch.ops.gemm_tune.linear
+        return call(x, self.weight, self.bias, activation, key)
     return forward
 
 
