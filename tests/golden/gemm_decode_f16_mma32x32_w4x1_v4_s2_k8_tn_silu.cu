@@ -113,7 +113,7 @@ constexpr bool HAS_BIAS = false;
 
 __device__ __forceinline__ float activate(float x)
 {
-    return x / (1.0f + expf(-x));
+    return __fdividef(x, 1.0f + __expf(-x));  // as gelu_tanh's sigmoid
 }
 
 // alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
