@@ -8,7 +8,8 @@
 #   torch     the CPU tests that need torch (tests/test_torch_ops.py)
 #   library   bench/library_vs_cublas.py over $LIBRARY (default artifacts/library)
 #   msweep    bench/library_vs_cublas.py --m-sweep over $LIBRARY
-#   tunes     fresh 4096^3 tunes of $TUNE_DTYPES (default fp32 fp16) at the default budget
+#   tunes     fresh tunes of $TUNE_DTYPES (default fp32 fp16) at $TUNE_SHAPES (default
+#             4096x4096x4096), each at the default budget
 #             into a scratch library: winner, ratio and time as JSON lines in tunes.jsonl
 #   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
 #             tuned into a copy of the committed library (which comes back as $OUT/library,
@@ -55,28 +56,31 @@ for step in "$@"; do
       timeout ${MSWEEP_TIMEOUT:-300} python3 bench/library_vs_cublas.py --m-sweep \
         --library "$LIBRARY" --out "$OUT" 2>&1 | tail -30 ;;
     tunes)
+      for shape in ${TUNE_SHAPES:-4096x4096x4096}; do
       for dtype in ${TUNE_DTYPES:-fp32 fp16}; do
         start=$(date +%s.%N)
-        timeout ${TUNE_TIMEOUT:-240} python3 -m tuner --shape 4096x4096x4096 --dtype "$dtype" \
+        timeout ${TUNE_TIMEOUT:-240} python3 -m tuner --shape "$shape" --dtype "$dtype" \
           --artifacts /tmp/art --library /tmp/tune-library --force --json \
           > "/tmp/tune-$dtype.json" 2> "/tmp/tune-$dtype.err"
         echo "rc $? wall $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
-        python3 - "$dtype" "$start" <<'PY' | tee -a "$OUT/tunes.jsonl"
+        python3 - "$dtype" "$start" "$shape" <<'PY' | tee -a "$OUT/tunes.jsonl"
 import json, sys, time
-dtype, start = sys.argv[1], float(sys.argv[2])
+dtype, start, shape = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 try:
     r = json.load(open(f"/tmp/tune-{dtype}.json"))
 except Exception as e:  # noqa: BLE001
-    print(json.dumps({"dtype": dtype, "error": str(e),
+    print(json.dumps({"dtype": dtype, "shape": shape, "error": str(e),
                       "stderr": open(f"/tmp/tune-{dtype}.err").read()[-2000:]}))
     raise SystemExit
 r = r[0] if isinstance(r, list) else r
 w, s = r["winner"], r["stats"]
-print(json.dumps({"dtype": dtype, "wall_s": round(time.time() - start, 1), "kernel": w["name"],
+print(json.dumps({"dtype": dtype, "shape": shape, "wall_s": round(time.time() - start, 1),
+                  "kernel": w["name"],
                   "tflops": w["tflops"], "cublas_tflops": w["cublas_tflops"],
                   "ratio": w["ratio"], **{k: s[k] for k in ("compiled", "timed", "pruned",
                                                             "seconds", "rank_rho")}}))
 PY
+      done
       done ;;
     variants)
       rm -rf /tmp/var-library && cp -r artifacts/library /tmp/var-library
