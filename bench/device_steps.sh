@@ -25,6 +25,7 @@
 #   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file)
 #   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
 #   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
+#   linear    bench/linear_host_path.py (a small linear's time through torch and each entry point)
 #   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched; the
 #             tuned library comes back as model-gemms-library.tar.gz)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
@@ -129,6 +130,8 @@ PY
       timeout ${MODEL_TIMEOUT:-420} python3 bench/model_gpu.py --out "$OUT/model" ${MODEL_ARGS:-} \
         2>&1 | tail -30
       tar czf "$OUT/model.tar.gz" -C "$OUT" model && rm -rf "$OUT/model" ;;
+    linear)
+      timeout ${LINEAR_TIMEOUT:-120} python3 bench/linear_host_path.py --out "$OUT" 2>&1 | tail -45 ;;
     models)
       timeout ${MODELS_TIMEOUT:-580} python3 bench/model_gemms.py --out "$OUT" ${MODELS_ARGS:-} \
         2>&1 | tee "$OUT/model-gemms.log" | tail -40
