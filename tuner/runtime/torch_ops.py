@@ -144,7 +144,8 @@ def _(a, b, c, alpha, beta, library, allow_tf32):
 
 def gemm(a: Tensor, b: Tensor, c: Tensor | None = None, alpha: float = 1.0,
          beta: float = 0.0, *, library, allow_tf32: bool = False) -> Tensor:
-    """alpha * a @ b + beta * c (fp32, a new tensor) through torch.ops.gemm_tune.gemm;
+    """alpha * a @ b + beta * c (fp32, a new tensor): torch.ops.gemm_tune.gemm (directly
+    in eager code, :func:`_eager`);
     `library`: a Library, or the string of :func:`library_key` (inside torch.compile)."""
     call = _gemm if _eager(a, b, c) else torch.ops.gemm_tune.gemm
     return call(a, b, c, float(alpha), float(beta), _key(library), bool(allow_tf32))
