@@ -380,6 +380,9 @@ static inline unsigned atomicAdd(unsigned* p, unsigned v)
 }
 static inline float __ldcg(const float* p) { return *p; }
 static inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+// the SFU's approximations (a few ulp on the GPU), exactly here
+#define __expf(x) std::exp(x)  // a macro: glibc declares a __expf of its own
+static inline float __fdividef(float x, float y) { return x / y; }
 static inline float __shfl_xor_sync(unsigned, float v, int x)
 {
     EmuWarp& w = emu_warp();
