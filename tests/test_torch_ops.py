@@ -173,8 +173,12 @@ def test_the_torch_fallback_computes_the_variant(shapes, bias, alpha, beta, act)
     ref = {"none": lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[act](ref)
     C = c0.clone() if beta else torch.full(out, float("nan"), dtype=torch.float64)
-    _torch_fallback(batch, act, len(sa) == len(sb) == len(out) == 2)(A, B, C, alpha, beta, vec)
+    run = _torch_fallback(batch, act, len(sa) == len(sb) == len(out) == 2, out)
+    assert run(A, B, C, alpha, beta, vec) is C
     assert torch.allclose(C, ref, rtol=1e-12, atol=1e-12)
+    if not beta:  # C allocated by the call (by torch's own product where it can)
+        C = run(A, B, None, alpha, beta, vec)
+        assert C.shape == out and torch.allclose(C, ref, rtol=1e-12, atol=1e-12)
 
 
 def test_eager_calls_skip_the_ops_dispatch_only_where_nothing_traces_or_records():
@@ -227,3 +231,7 @@ def test_an_eager_linear_passes_the_layers_parameters_to_the_library_as_they_are
         assert a.shape == (10, 3) and a.data_ptr() == x.data_ptr()
         assert b.shape == (3, 4) and b.stride() == (1, 3) and b.data_ptr() == lin.weight.data_ptr()
         assert kw["bias"] is lin.bias and kw["activation"] == "gelu"
+        x2 = torch.randn(6, 3)  # a 2-D x goes as it is, and its result comes back as it is
+        y2 = torch_ops.linear(x2, lin.weight, None, library=rec)
+        assert rec.calls[-1][0] is x2 and y2.shape == (6, 4)
+

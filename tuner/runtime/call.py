@@ -118,19 +118,33 @@ def torch_epilogue(C, bias, act: str) -> None:
         torch.ops.aten.gelu_(C, approximate="tanh" if act == "gelu_tanh" else "none")
 
 
-def _torch_fallback(batch: int, act: str, matrices: bool) -> Callable:
+def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ()) -> Callable:
     """cuBLAS through torch on its current stream: C = act(alpha A B + beta C + bias) (beta 0:
     C unread), with the calls such a caller would have made: torch.mm (alpha 1, beta 0:
     torch.matmul's own 2-D call, without its dispatch on rank), torch.addmm (the bias fused
     when it is of C's type and beta is 0), torch.bmm / baddbmm for a batch (a 2-D operand
     expanded over it, no copy). `matrices`: A, B and C are all 2-D (the plan's key fixes
-    every operand's rank)."""
+    every operand's rank). Returns C; with C None (the call allocates it: beta is 0) the
+    matrix products allocate it themselves, as torch.matmul does (one dispatch less than
+    torch.empty and out=), others an `out_shape` tensor of A's type."""
     import torch
 
     mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
     fused = act != "none"
 
     def run(A, B, C, alpha: float, beta: float, bias=None):
+        if C is None:
+            if matrices and alpha == 1.0 and bias is None:
+                C = mm(A, B)
+            elif matrices and bias is not None and bias.dtype == A.dtype:
+                C = addmm(bias, A, B, alpha=alpha)
+                bias = None
+            else:
+                return run(A, B, torch.empty(out_shape, dtype=A.dtype, device=A.device),
+                           alpha, 0.0, bias)
+            if bias is not None or fused:
+                torch_epilogue(C, bias, act)
+            return C
         if matrices and alpha == 1.0 and beta == 0.0 and bias is None:
             mm(A, B, out=C)  # the common call first: the host sets a small call's time
         elif not matrices:
@@ -148,6 +162,7 @@ def _torch_fallback(batch: int, act: str, matrices: bool) -> Callable:
             addmm(C, A, B, beta=beta, alpha=alpha, out=C)
         if bias is not None or fused:
             torch_epilogue(C, bias, act)
+        return C
     return run
 
 
@@ -226,14 +241,13 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
             lib.plans[key] = plan
     if plan.tally is not None:
         plan.tally[0] += 1
+    if plan.torch_run is not None:
+        return plan.torch_run(A, B, C, alpha, beta, bias)
     if C is None:
         import torch
 
         C = torch.empty(plan.out_shape, dtype=_TORCH_OUT[plan.out], device=A.device)
         pc = C.data_ptr()
-    if plan.torch_run is not None:
-        plan.torch_run(A, B, C, alpha, beta, bias)
-        return C
     g = plan.gpu
     if s is None:
         import torch
@@ -661,7 +675,8 @@ class Problem:
                 strides=self.strides)
         elif self.via_torch:
             torch_run = _torch_fallback(self.batch, self.variant.act,
-                                        all(len(shape) == 2 for shape, _ in self.shapes[:3]))
+                                        all(len(shape) == 2 for shape, _ in self.shapes[:3]),
+                                        self.shapes[2][0])
         else:
             run = self._blas(capturing)
         return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self, self.variant.out)

@@ -153,9 +153,11 @@ def gemm(a: Tensor, b: Tensor, c: Tensor | None = None, alpha: float = 1.0,
 
 # ---- linear: act(x W^T + b), x of any leading dimensions -------------------------------------
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, lib) -> Tensor:
-    k, n = x.shape[-1], weight.shape[0]
     act = None if activation == "none" else activation
     w = _served(weight.t())  # (in, out): weight as nn.Linear keeps it, read by columns (NT)
+    if x.dim() == 2:  # no view in, none out
+        return lib.gemm(_served(x), w, bias=bias, activation=act)
+    k, n = x.shape[-1], weight.shape[0]
     try:
         x2 = x.view(-1, k)  # the leading dimensions flattened: a view, no copy
     except RuntimeError:  # not expressible as one matrix; a 3-D x runs as a batch
