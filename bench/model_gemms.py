@@ -30,13 +30,13 @@ Steps:
    at each T under lib.record(FILE) (the problems with no exact entry), then compares
    them with what the layer definitions give ("recorded_vs_expected").
 2. tune: gemm-tune tune --problems FILE --budget B, all token counts in one tune: B
-   defaults to 480 s in all; each problem gets --timeout max(10, B / problems) s and
-   --trials 40, costliest (recorded time) first, so the long token counts go first and
-   problems left when B is spent are skipped (cuBLAS serves them). A problem started
-   before B runs to its timeout, so the tune ends within about B + that timeout + 40 s
-   (the confirmation against cuBLAS): under 10 minutes at the default, within the
-   issue's 15 (the JSON's bar "tune_within_15_min" checks the time measured; keep B at
-   most about 800). It tunes into a fresh copy of the committed library,
+   defaults to 480 s in all; costliest (recorded time) first, each problem with --trials
+   40 and its share of what is left of B by its work (the tuner's own sharing, at least
+   tuner.tune.MIN_SHARE_S = 20 s), so the long token counts go first and problems left
+   when B is spent are skipped (cuBLAS serves them). A problem started before B runs to
+   its share, so the tune ends within about B + 20 s + 40 s (the confirmation against
+   cuBLAS): under 10 minutes at the default, within the issue's 15 (the JSON's bar
+   "tune_within_15_min" checks the time measured; keep B at most about 800). It tunes into a fresh copy of the committed library,
    artifacts/model-gemms/library (tune artifacts and winners cache beside it, kept: a
    repeated run answers from that cache), or into --library DIR in place.
 3. time: the library loaded afresh; per layer and T, every function below timed once
@@ -474,11 +474,6 @@ def _run(cmd: list[str], what: str) -> str:
     return done.stdout
 
 
-def per_problem_timeout(budget: float, count: int) -> float:
-    """Each problem's --timeout: the budget shared evenly, at least 10 s."""
-    return max(10.0, budget / max(count, 1))
-
-
 def record_and_tune(args, library: Path) -> dict:
     """Steps 1 and 2: the record file, what it holds against the layers, the tune."""
     from tuner.problems import merge
@@ -495,13 +490,12 @@ def record_and_tune(args, library: Path) -> dict:
                    lines, expected_lines(args.layers, args.tokens)))
     if not lines:
         return dict(doc, seconds=0.0, problems=[], note="nothing recorded: all exact entries")
-    timeout = per_problem_timeout(args.budget, len(merge(lines)))
     cmd = [sys.executable, "-m", "tuner", "tune", "--problems", str(record),
-           "--trials", str(TRIALS), "--timeout", f"{timeout:g}", "--budget", f"{args.budget:g}",
+           "--trials", str(TRIALS), "--budget", f"{args.budget:g}",
            "--library", str(library), "--artifacts", str(WORK / "tune-artifacts"), "--json"]
     t0 = time.monotonic()
     rows = json.loads(_run(cmd, "gemm-tune tune"))
-    return dict(doc, timeout_s=timeout, command=" ".join(cmd[1:]),
+    return dict(doc, problems_merged=len(merge(lines)), command=" ".join(cmd[1:]),
                 seconds=round(time.monotonic() - t0, 1), problems=rows)
 
 

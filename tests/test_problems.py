@@ -197,12 +197,14 @@ class _FakeSession:
 
     def __init__(self, clock, cached=(), prefix="k"):
         self.clock, self.cached, self.tuned, self.prefix = clock, set(cached), [], prefix
+        self.timeouts = []  # the search time each problem was given
         self.out = None
 
     def key(self, task):
         return f"fake|{task.label}"
 
-    def result(self, task):
+    def result(self, task, timeout=None):
+        self.timeouts.append(timeout)
         if task in self.cached:
             return dict(winner=dict(name="k_cached", tflops=1.0, ratio=1.5), from_cache=True)
         self.clock.t += 10.0
@@ -250,6 +252,37 @@ def test_problems_are_tuned_costliest_first_within_the_budget_and_resume(monkeyp
     rows, _ = _run(monkeypatch, capsys, merge(lines), session, budget=15.0)
     assert [r.get("from_cache") for r in rows] == [True, True, None, False]
     assert session.tuned[-1] == Task(DType.F32, (1024, 1024, 1024))
+
+
+def test_the_budget_is_shared_by_work_with_a_floor_and_a_cap(monkeypatch, capsys, nn_only):
+    """Each problem's search gets what is left of --budget in proportion to its work among
+    the problems from it on (recorded ms where every one has it, else FLOPs x calls), at
+    least MIN_SHARE_S and at most --timeout; without a budget, --timeout."""
+    from tuner.tune import MIN_SHARE_S
+
+    lines = [_line(16, 4096, 4096, 100, 60.0), _line(4096, 4096, 4096, 3, 30.0),
+             _line(1024, 1024, 1024, 5, 10.0)]
+    session = _FakeSession(_Clock())  # each tune takes 10 clock seconds
+    _run(monkeypatch, capsys, merge(lines), session, budget=200.0, timeout=540.0)
+    # 200 s for 60:30:10 ms; then 190 s for 30:10; then 180 s alone
+    assert session.timeouts == [pytest.approx(120.0), pytest.approx(142.5),
+                                pytest.approx(180.0)]
+    session = _FakeSession(_Clock())
+    _run(monkeypatch, capsys, merge(lines), session, budget=200.0, timeout=100.0)
+    assert session.timeouts == [100.0, 100.0, 100.0]  # --timeout caps each
+    session = _FakeSession(_Clock())
+    _run(monkeypatch, capsys, merge(lines), session, budget=30.0, timeout=540.0)
+    assert session.timeouts == [pytest.approx(MIN_SHARE_S)] * 3  # 18, 15, 10 s: the floor
+    # a problem recorded without its time: FLOPs x calls decide for all
+    lines[2] = _line(1024, 1024, 1024, 5, None)
+    session = _FakeSession(_Clock())
+    _run(monkeypatch, capsys, merge(lines), session, budget=1000.0, timeout=5000.0)
+    work = [3 * 4096 ** 3, 100 * 16 * 4096 * 4096, 5 * 1024 ** 3]  # the order they run in
+    assert session.timeouts[:2] == [pytest.approx(1000.0 * work[0] / sum(work)),
+                                    pytest.approx(990.0 * work[1] / sum(work[1:]))]
+    session = _FakeSession(_Clock())
+    _run(monkeypatch, capsys, merge(lines), session, budget=None)
+    assert session.timeouts == [None, None, None]  # the session's own --timeout
 
 
 def test_a_shared_set_is_split_between_workers_who_show_each_others_winners(

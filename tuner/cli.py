@@ -69,8 +69,10 @@ def _problem_arguments(g) -> None:
                         "JSON lines), merged and tuned costliest first, each with --trials and "
                         "--timeout, all within --budget; their dtypes are the file's")
     g.add_argument("--budget", type=float, default=None,
-                   help="seconds for all of --problems (problems left when it is spent are "
-                        "listed as skipped; run again to go on)")
+                   help="seconds for all of --problems, each problem's search getting its "
+                        "share of what is left by its work (at least 20 s, at most --timeout); "
+                        "problems left when it is spent are listed as skipped (run again to "
+                        "go on)")
     g.add_argument("--m-buckets", default=None,
                    help="with --problems: problems differing only in M are tuned once per "
                         "M-bucket, at its largest M (default: GEMM_TUNE_M_BUCKETS or the "

@@ -8,9 +8,11 @@ entry carry all of them."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import hashlib
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -131,9 +133,9 @@ class _Session:
     def key(self, task: Task) -> CacheKey:
         return cache_key(self.dev, task)
 
-    def result(self, task: Task) -> dict:
-        """The cached winner of `task`, or a tune of it (cached and added to the library);
-        _Interrupted on Ctrl-C."""
+    def result(self, task: Task, timeout: float | None = None) -> dict:
+        """The cached winner of `task`, or a tune of it (cached and added to the library),
+        its search stopped after `timeout` s (default --timeout); _Interrupted on Ctrl-C."""
         from tuner.space import why_unsearched
 
         why = why_unsearched(task.dtype, task.variant, self.dev.arch)
@@ -145,9 +147,13 @@ class _Session:
             return dict(entry["result"], from_cache=True)
         _check_fits(self.dev, task.shape, task.dtype, task)
         # stdout carries the result alone (--json): what libraries print goes to stderr
+        args = self.args
+        if timeout is not None:
+            args = copy.copy(args)
+            args.timeout = timeout
         with contextlib.redirect_stdout(sys.stderr):
-            result = dict(_tune(self.args, task, self.artifacts, self.dev, key,
-                                self.devices), from_cache=False)
+            result = dict(_tune(args, task, self.artifacts, self.dev, key, self.devices),
+                          from_cache=False)
         self.cache.put(key, dict(result=result, **result["winner"]))
         _add_to_library(self.args, self.artifacts, self.dev, key, result)
         return result
@@ -190,7 +196,6 @@ def run_problems(args, problems, artifacts: Path, clock=None) -> int:
     With --storage the set is shared by every worker (process, GPU, host) run with the
     same storage (tuner._shared_problems): each takes problems no one else holds, waits
     for those others hold, and shows every problem's winner, whoever tuned it."""
-    import copy
     import time
 
     storage, study = getattr(args, "storage", None), getattr(args, "study", None)
@@ -209,10 +214,18 @@ def run_problems(args, problems, artifacts: Path, clock=None) -> int:
     return 0
 
 
+#: the least search time a problem gets from a shared --budget: a cold start compiles its
+#: first candidates (a wgmma kernel about a second of ptxas each) before anything is timed;
+#: with 10 s the 8192x14336x4096 bf16 problems of bench/model_gemms.py timed only CUDA-core
+#: kernels, at 0.05x cuBLAS
+MIN_SHARE_S = 20.0
+
+
 class _ProblemRun:
     """One `gemm-tune tune --problems` run: each problem in turn skipped (no family builds
     it, or the budget is spent), answered from the cache, or tuned; alone, or sharing the
-    set with other workers through the storage."""
+    set with other workers through the storage. With --budget each problem's search gets
+    its share of what is left (:meth:`share`)."""
 
     def __init__(self, session, args, problems, clock):
         self.session, self.args, self.problems, self.clock = session, args, problems, clock
@@ -296,10 +309,24 @@ class _ProblemRun:
     def skipped(p, why: str) -> dict:
         return dict(problem=p.label, calls=p.calls, ms=p.ms, skipped=why, **p.task.fields())
 
+    def share(self, p) -> float | None:
+        """With --budget, `p`'s search time: what is left of the budget, shared by `p` and
+        the problems after it in proportion to their work (the time the program spent in
+        each where the record has it for all, else FLOPs x calls: the order they are
+        taken in), at least MIN_SHARE_S and at most --timeout. None without a budget."""
+        budget = self.args.budget
+        if budget is None:
+            return None
+        rest = self.problems[self.problems.index(p):]
+        work = ((lambda q: q.ms) if all(q.ms for q in rest) else (lambda q: q.flops))
+        left = budget - (self.clock() - self.start)
+        share = left * work(p) / max(sum(work(q) for q in rest), 1e-30)
+        return min(getattr(self.args, "timeout", None) or math.inf, max(MIN_SHARE_S, share))
+
     def tune(self, p) -> dict:
         """The problem's winner (tuned here, or from the cache) as a summary row."""
         began = self.clock()
-        result = self.session.result(p.task)
+        result = self.session.result(p.task, self.share(p))
         w = result["winner"]
         return dict(problem=p.label, **p.task.fields(), calls=p.calls, ms=p.ms,
                     kernel=w["name"], tflops=w["tflops"], ratio=w["ratio"],
