@@ -708,24 +708,38 @@ class _Search:
                 stats.pruned += 1
 
 
+#: a family's default leads the first batch only if the model predicts it within this
+#: factor of the best prediction: the model cannot order tiles within a family (hence the
+#: defaults), but it does tell the CUDA cores from the tensor cores (fp16 at 4096^3: the
+#: CUDA-core default measured 35 TFLOP/s, the wgmma kernels 600-700), and timing a default
+#: that far behind costs a search its first seconds (a large problem's whole share)
+FIRST_BATCH_MARGIN = 4.0
+
+
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
                 exclude: set[str] = frozenset(), variant: Variant | None = None,
                 batch: int = 1) -> list[Config]:
     """The first batch, `n` valid configurations not in `exclude`: each searched family's
     default for `dtype` (its best measured on the GPU, a known good start the model cannot
     yet tell from its neighbours: within the wgmma family it predicts nearly every tile at
-    the tensor-core peak), then the ones the model predicts fastest, before compiling
-    (registers estimated; those likely to spill left out), fastest first (ties by name).
-    Spreading the batch over distinct predicted times instead was tried on the 4096^3
-    replay and did worse (bench/NOTES.md). Every one is built as `variant` (default: the
-    plain problem) and predicted at a batch of `batch`."""
+    the tensor-core peak) predicted within FIRST_BATCH_MARGIN of the best prediction, then
+    the ones the model predicts fastest, before compiling (registers estimated; those
+    likely to spill left out), fastest first (ties by name). Spreading the batch over
+    distinct predicted times instead was tried on the 4096^3 replay and did worse
+    (bench/NOTES.md). Every one is built as `variant` (default: the plain problem) and
+    predicted at a batch of `batch`."""
     shape = tuple(shape)
     valid = [c for c in valid_configs(arch, dtype, shape, variant)
              if c.name not in exclude]
     names = {c.name for c in valid}
-    first = [c for c in defaults(dtype, arch, variant) if c.name in names]
+    known = [c for c in defaults(dtype, arch, variant) if c.name in names]
     ranked = sorted((predict_before_compile(c, shape, arch, batch).seconds, c.name, c)
-                    for c in valid if c not in first and not likely_spills(c, arch))
+                    for c in valid if c not in known and not likely_spills(c, arch))
+    seconds = {c.name: predict_before_compile(c, shape, arch, batch).seconds for c in known}
+    best = min([*seconds.values(), *(t for t, _, _ in ranked[:1])], default=0.0)
+    first = [c for c in known if seconds[c.name] <= FIRST_BATCH_MARGIN * best]
+    rest = [c for c in known if c not in first]  # far behind: ranked with the others
+    ranked = sorted(ranked + [(seconds[c.name], c.name, c) for c in rest])
     return (first + [c for _, _, c in ranked])[:n]
 
 
