@@ -23,6 +23,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
+import functools
+import heapq
 import logging
 import multiprocessing
 import os
@@ -716,6 +718,37 @@ class _Search:
 FIRST_BATCH_MARGIN = 4.0
 
 
+#: how much of the model's ranking of a space is kept between first batches (fastest
+#: first): a resumed or repeated search skips at most this many already-tried candidates
+#: without ranking the whole space again
+RANKING_KEPT = 2048
+
+
+@functools.lru_cache(maxsize=8)
+def _ranking(shape: tuple, dtype: DType, arch: ArchLimits, variant: Variant | None,
+             batch: int, keep: int | None = RANKING_KEPT) -> tuple[tuple, tuple, bool]:
+    """(the families' defaults that are valid points here, with their predicted seconds;
+    the `keep` others (None: all) the model predicts fastest, (seconds, config), fastest
+    first, ties in grid order; whether that is all of them). The whole space is enumerated
+    and predicted once per arguments (at a small shape with split-K variants some 90,000
+    points: seconds), and no configuration's name is made (a microsecond or two each)."""
+    known = defaults(dtype, arch, variant)
+    found = [False] * len(known)
+    preds = []
+    for i, c in enumerate(valid_configs(arch, dtype, shape, variant)):
+        hit = next((j for j, d in enumerate(known)
+                    if not found[j] and type(c) is type(d) and c == d), None)
+        if hit is not None:
+            found[hit] = True
+        elif not likely_spills(c, arch):
+            preds.append((predict_before_compile(c, shape, arch, batch).seconds, i, c))
+    kept = heapq.nsmallest(len(preds) if keep is None else keep, preds,
+                           key=lambda r: (r[0], r[1]))
+    first = tuple((predict_before_compile(d, shape, arch, batch).seconds, d)
+                  for d, ok in zip(known, found) if ok)
+    return first, tuple((t, c) for t, _, c in kept), len(kept) == len(preds)
+
+
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
                 exclude: set[str] = frozenset(), variant: Variant | None = None,
                 batch: int = 1) -> list[Config]:
@@ -727,20 +760,29 @@ def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
     likely to spill left out), fastest first (ties by name). Spreading the batch over
     distinct predicted times instead was tried on the 4096^3 replay and did worse
     (bench/NOTES.md). Every one is built as `variant` (default: the plain problem) and
-    predicted at a batch of `batch`."""
-    shape = tuple(shape)
-    valid = [c for c in valid_configs(arch, dtype, shape, variant)
-             if c.name not in exclude]
-    names = {c.name for c in valid}
-    known = [c for c in defaults(dtype, arch, variant) if c.name in names]
-    ranked = sorted((predict_before_compile(c, shape, arch, batch).seconds, c.name, c)
-                    for c in valid if c not in known and not likely_spills(c, arch))
-    seconds = {c.name: predict_before_compile(c, shape, arch, batch).seconds for c in known}
-    best = min([*seconds.values(), *(t for t, _, _ in ranked[:1])], default=0.0)
-    first = [c for c in known if seconds[c.name] <= FIRST_BATCH_MARGIN * best]
-    rest = [c for c in known if c not in first]  # far behind: ranked with the others
-    ranked = sorted(ranked + [(seconds[c.name], c.name, c) for c in rest])
-    return (first + [c for _, _, c in ranked])[:n]
+    predicted at a batch of `batch`. The ranking is kept between calls (_ranking)."""
+    return _first(tuple(shape), dtype, arch, n, exclude, variant, batch, RANKING_KEPT)
+
+
+def _first(shape, dtype, arch, n, exclude, variant, batch, keep) -> list[Config]:
+    known, ranked, whole = _ranking(shape, dtype, arch, variant, batch, keep)
+    best = min([t for t, _ in known] + [t for t, _ in ranked[:1]], default=0.0)
+    first = [c for t, c in known if t <= FIRST_BATCH_MARGIN * best]
+    # a default far behind takes its place in the ranking
+    ranked = sorted([*ranked, *((t, c) for t, c in known if c not in first)],
+                    key=lambda r: r[0])
+    out = [c for c in first if c.name not in exclude]
+    i = 0
+    while len(out) < n and i < len(ranked):
+        j = i  # the configurations predicted alike: by name
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        out += [c for c in sorted((c for _, c in ranked[i:j]), key=lambda c: c.name)
+                if c.name not in exclude][:n - len(out)]
+        i = j
+    if len(out) < n and not whole:  # more tried than the kept ranking holds: all of it
+        return _first(shape, dtype, arch, n, exclude, variant, batch, None)
+    return out
 
 
 def rank_correlation(records: list[TrialRecord]) -> float | None:
