@@ -3,6 +3,7 @@
 Used by the CPU compile test and the GPU correctness test alike.
 """
 
+import dataclasses
 import random
 
 from codegen import KernelConfig, check
@@ -69,3 +70,20 @@ def sample_configs(n: int = 56, extra: tuple = (("cluster", 8), ("last", 6)),
             if _valid(c) and c not in chosen:
                 chosen.append(c)
     return chosen
+
+
+def covering(configs: list) -> list:
+    """A subset of `configs` holding every value each field takes in them (greedy: the
+    configuration adding the most values not yet held first, ties in order): where one
+    architecture compiles the whole sample, another (sm_80: no GPU of it here) compiles
+    each parameter value at least once, in a fraction of the time."""
+    def values(c):
+        return {(f.name, getattr(c, f.name)) for f in dataclasses.fields(c)}
+
+    want = set().union(*map(values, configs)) if configs else set()
+    out = []
+    while want:
+        best = max(configs, key=lambda c: len(values(c) & want))
+        out.append(best)
+        want -= values(best)
+    return out
