@@ -18,7 +18,6 @@ decision for the problem is printed beside them. JSON under --out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
