@@ -67,7 +67,8 @@ def _problem_arguments(g) -> None:
     g.add_argument("--problems", type=Path, default=None,
                    help="a program's recorded problems (GEMM_TUNE_RECORD=FILE or lib.record: "
                         "JSON lines), merged and tuned costliest first, each with --trials and "
-                        "--timeout, all within --budget; their dtypes are the file's")
+                        "--timeout (with --budget, its share of that); their dtypes are the "
+                        "file's")
     g.add_argument("--budget", type=float, default=None,
                    help="seconds for all of --problems, each problem's search getting its "
                         "share of what is left by its work (at least 20 s, at most --timeout); "
