@@ -131,7 +131,7 @@ PY
         2>&1 | tail -30
       tar czf "$OUT/model.tar.gz" -C "$OUT" model && rm -rf "$OUT/model" ;;
     linear)
-      timeout ${LINEAR_TIMEOUT:-120} python3 bench/linear_host_path.py --out "$OUT" 2>&1 | tail -45 ;;
+      timeout ${LINEAR_TIMEOUT:-120} python3 bench/linear_host_path.py --out "$OUT" ${LINEAR_ARGS:-} 2>&1 | tail -${LINEAR_TAIL:-45} ;;
     models)
       timeout ${MODELS_TIMEOUT:-580} python3 bench/model_gemms.py --out "$OUT" ${MODELS_ARGS:-} \
         2>&1 | tee "$OUT/model-gemms.log" | tail -40

@@ -11,13 +11,19 @@ with a bias), per call, two ways:
     its host time here).
 Entry points: torch F.linear; torch.mm(x, W.t()) and torch.mm(..., out=C) (the library's
 route to cuBLAS for torch callers); lib.gemm(x, W.t(), bias=b); torch_ops.linear (eager:
-the direct call) and torch.ops.gemm_tune.linear (the custom op's dispatch). The library's
-decision for the problem is printed beside them. JSON under --out.
+the direct call), torch.ops.gemm_tune.linear (the custom op's dispatch) and a patched
+nn.Linear (torch_ops.patch) against the same layer unpatched. The library's decision for
+the problem is printed beside them. With --profile, cProfile's view of 2000 calls of
+lib.gemm and of the patched nn.Linear on the first problem (the functions with the most
+time of their own) goes into the JSON and the output. JSON under --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import sys
 from pathlib import Path
@@ -43,10 +49,24 @@ def loop_us(torch, fn, reps: int = 200) -> float:
     return e0.elapsed_time(e1) * 1e3 / reps
 
 
+def profile(fn, calls: int = 2000, top: int = 18) -> str:
+    """cProfile's table of `calls` calls of fn: the `top` functions by time of their own."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--library", type=Path, default=Path("artifacts/library"))
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile lib.gemm and the patched nn.Linear on the first problem")
     args = p.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -66,6 +86,9 @@ def main(argv=None) -> int:
             w = torch.randn(n, k, device="cuda", dtype=dt)
             b = torch.randn(n, device="cuda", dtype=dt) if with_bias else None
             c = torch.empty(m, n, device="cuda", dtype=dt)
+            plain = torch.nn.Linear(k, n, bias=with_bias, device="cuda", dtype=dt)
+            patched = torch_ops.patch(torch.nn.Linear(k, n, bias=with_bias, device="cuda",
+                                                      dtype=dt), lib)
             fns = {
                 "F.linear": lambda: F.linear(x, w, b),
                 "torch.mm": lambda: torch.mm(x, w.t()),
@@ -73,6 +96,8 @@ def main(argv=None) -> int:
                 "lib.gemm": lambda: lib.gemm(x, w.t(), bias=b),
                 "torch_ops.linear": lambda: torch_ops.linear(x, w, b, library=key),
                 "custom op": lambda: torch.ops.gemm_tune.linear(x, w, b, "none", key),
+                "nn.Linear": lambda: plain(x),
+                "nn.Linear patched": lambda: patched(x),
             }
             fns["lib.gemm"]()  # decides (and measures, on first use)
             plan = next(p for p in lib.plans.values() if (p.m, p.n, p.k) == (m, n, k))
@@ -81,6 +106,14 @@ def main(argv=None) -> int:
             for name, fn in fns.items():
                 row[name] = dict(flushed_us=round(statistics.median(timer(fn)) * 1e3, 2),
                                  loop_us=round(loop_us(torch, fn), 2))
+            if args.profile and not rows:
+                patched(x)
+                torch.cuda.synchronize()
+                row["profile"] = {name: profile(fns[name]) for name in ("lib.gemm",
+                                                                         "nn.Linear patched")}
+                torch.cuda.synchronize()
+                for name, text in row["profile"].items():
+                    print(f"-- cProfile, {name}, 2000 calls:\n{text}")
             rows.append(row)
             print(f"{dtype} {m}x{n}x{k}{' +bias' if with_bias else ''}: {row['runs']}")
             for name in fns:
