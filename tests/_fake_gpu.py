@@ -50,6 +50,8 @@ class FakeGpu:
         #: kernel name or "cublas" -> the ms a first-use measurement reports (or a function
         #: of the M it measures at)
         self.times = {}
+        #: the same, of the GPU's time alone (none given: not measured)
+        self.device_times = {}
         g = driver.Gpu(index=0, name="NVIDIA H200", cc=90, arch=ARCHS[90], l2_bytes=60 << 20,
                        total_mem=140 << 30, driver_version=13000, ctx=1)
         world = self
@@ -113,7 +115,9 @@ class FakeGpu:
                 run(stream)
             world.measuring = False
             m = world.scratch_problems[-1].m
-            return {name: _at(world.times.get(name, 1.0), m) for name in runners}
+            return ({name: _at(world.times.get(name, 1.0), m) for name in runners},
+                    {name: _at(world.device_times[name], m) for name in runners
+                     if name in world.device_times})
 
         monkeypatch.setattr(driver, "gpu", lambda i: g)
         monkeypatch.setattr(driver, "current_device", lambda: 0)

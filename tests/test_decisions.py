@@ -10,7 +10,7 @@ import pytest
 from _fake_gpu import Cai, Dev, FakeGpu
 from _library import BIG, SMALL, build
 from codegen.config import DType
-from tuner.runtime import driver, measure
+from tuner.runtime import dispatch, driver, measure
 from tuner.runtime.dispatch import Case, DispatchTable
 from tuner.runtime.library import load_library
 
@@ -145,17 +145,57 @@ def test_measure_off_takes_the_tables_decision_and_writes_nothing(lib, fake):
 class _Stream:
     """One stream on a simulated clock: the host issues a call every `host` ms; the GPU runs
     each after the one before it and not before it is issued; an event completes when the
-    stream reaches it."""
+    stream reaches it. While held (a gate), the GPU runs nothing: what is issued queues, and
+    runs back to back once the gate opens."""
 
     def __init__(self, host: float):
         self.host_ms, self.now, self.free = host, 0.0, 0.0
+        self.held = None  # while held: [GPU ms queued, the events recorded behind the gate]
 
     def run(self, gpu_ms: float) -> None:
         self.now += self.host_ms
-        self.free = max(self.free, self.now) + gpu_ms
+        if self.held is not None:
+            self.held[0] += gpu_ms
+        else:
+            self.free = max(self.free, self.now) + gpu_ms
 
     def reached(self) -> float:
         return max(self.free, self.now)
+
+    def event(self):
+        stream = self
+
+        class Event:
+            def record(self, st):
+                if stream.held is not None:
+                    stream.held[1].append((self, stream.held[0]))
+                else:
+                    self.t = stream.reached()
+
+            def synchronize(self):
+                stream.now = max(stream.now, self.t)
+
+            def since(self, start):
+                return self.t - start.t
+
+        return Event()
+
+    def gate(self, opened_by_host: bool = True):
+        stream = self
+
+        class Gate:
+            def hold(self, st):
+                stream.held = [0.0, []]
+
+            def open(self):
+                queued, events = stream.held
+                t0 = max(stream.free, stream.now)
+                for e, at in events:
+                    e.t = t0 + at
+                stream.free, stream.held = t0 + queued, None
+                return opened_by_host
+
+        return Gate()
 
 
 @pytest.mark.parametrize("gpu_ms,host_ms", [(0.020, 0.008), (0.005, 0.012), (0.8, 0.01)],
@@ -163,30 +203,32 @@ class _Stream:
 def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms, host_ms):
     """The per-call time a first use records is the loop's steady state, max(GPU, host) per
     call, even for cuBLAS, whose first call takes milliseconds (choosing its algorithm): the
-    loops are sized from a warm loop, and the clock starts with a call in flight."""
+    loops are sized from a warm loop, and the clock starts with a call in flight. Behind a
+    held stream the same calls give the GPU's time alone."""
     s = _Stream(host_ms)
-
-    class Event:
-        def record(self, stream):
-            self.t = s.reached()
-
-        def synchronize(self):
-            s.now = max(s.now, self.t)
-
-        def since(self, start):
-            return self.t - start.t
-
-    monkeypatch.setattr(driver, "Event", Event)
+    monkeypatch.setattr(driver, "Event", s.event)
     monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
     first = {"cublas": True}
 
     def blas(stream):
         s.run(3.0 if first.pop("cublas", False) else gpu_ms)
 
-    ms = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
-                                        "cublas": blas}, stream=7)
+    ms, device = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
+                                                "cublas": blas}, stream=7, gate=s.gate())
     assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
     assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
+    assert device == pytest.approx({"cublas": gpu_ms, "kernel": 1.5 * gpu_ms}, rel=1e-6)
+
+
+def test_no_gpu_alone_times_where_the_host_blocked_behind_the_gate(monkeypatch):
+    """Where the gate's watchdog had to open the stream (the host blocked while it was
+    held), the held figures hold host time: none are reported, the loop's stand."""
+    s = _Stream(0.012)
+    monkeypatch.setattr(driver, "Event", s.event)
+    monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
+    ms, device = measure.time_candidates(None, {"cublas": lambda st: s.run(0.005)}, stream=7,
+                                         gate=s.gate(opened_by_host=False))
+    assert ms["cublas"] == pytest.approx(0.012) and device == {}
 
 
 def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
@@ -198,6 +240,38 @@ def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
     # a kernel not measured at every M (it could not take the operands there) cannot run
     d = measure.decision({33: {"a": 0.1, "cublas": 1.0}, 64: {"cublas": 2.0}}, "torch")
     assert d["kernel"] is None and "measured_ms_low" in d
+
+
+@pytest.mark.parametrize("loop,device,runs", [
+    ((0.7, 1.0), (1.2, 1.0), True),    # a cheaper launch, a slower GPU: loses less than it wins
+    ((0.019, 0.019), (0.020, 0.008), False),  # a loop tie, 2.5x slower on the GPU alone
+    ((1.3, 1.0), (0.5, 1.0), True),    # the reverse: the GPU's time wins
+    ((0.7, 1.0), (1.5, 1.0), False),   # it would lose more (1.5x) than cuBLAS (1.43x)
+    ((0.97, 1.0), (0.97, 1.0), True),  # wins both by the margin
+    ((0.99, 1.0), (0.99, 1.0), False),  # wins both, within the margin
+    ((1.01, 1.0), (0.5, 1.0), True),   # a tie in the loop, 2x on the GPU alone
+], ids=["launch-wins", "gpu-loses", "gpu-wins", "loses-more", "both", "within-margin",
+        "loop-tie"])
+def test_the_decision_weighs_the_loop_against_the_gpu_alone(loop, device, runs):
+    """Where a kernel wins in the caller's loop and loses on the GPU alone (or the reverse),
+    it runs only if what it can lose, by the margin, is less than what cuBLAS can."""
+    at = {64: {"k": loop[0], "cublas": loop[1]}}
+    d = measure.decision(at, "torch", {64: {"k": device[0], "cublas": device[1]}})
+    assert (d["kernel"] == "k") is runs
+    assert d["device_ms"] == {"k": device[0], "cublas": device[1]}
+    choice = dispatch.measured_choice(d)
+    assert "on the GPU alone" in choice.reason and f"k {device[0]:.4f} ms" in choice.reason
+
+
+def test_a_kernel_that_trades_paces_must_still_hold_at_both_ends_of_its_bucket():
+    """The trade between the two paces is made at each M; losing both at one end loses the
+    bucket, and no GPU-alone figures leave the loop's rule as it was."""
+    at = {33: {"k": 1.1, "cublas": 1.0}, 64: {"k": 0.5, "cublas": 2.0}}
+    assert measure.decision(at, "torch", {33: {"k": 1.2, "cublas": 1.0},
+                                          64: {"k": 0.5, "cublas": 2.0}})["kernel"] is None
+    assert measure.decision(at, "torch", {33: {"k": 0.4, "cublas": 1.0},
+                                          64: {"k": 0.5, "cublas": 2.0}})["kernel"] == "k"
+    assert measure.decision(at, "torch", {})["kernel"] is None
 
 
 @pytest.mark.parametrize("ratio,measured", [(1.05, True), (1.10, False), (2.0, False)])

@@ -358,3 +358,40 @@ def test_patch_an_mlp_equals_the_unpatched_model(kernel_lib, empty_lib):
         with torch.inference_mode():
             again = mlp(x)
         assert torch.equal(again, want)
+
+
+def test_a_patched_layer_follows_its_weight_and_is_recorded(kernel_lib, empty_lib, tmp_path):
+    """A patched nn.Linear keeps its weight's view and its call keys between calls
+    (tuner.runtime.call.torch_linear): it still computes with a weight whose storage was
+    replaced (W.data = ...) or written in place, and a recording counts its calls."""
+    import torch
+
+    from tuner.runtime import torch_ops
+
+    m, n, k = SHAPE
+    for name, lib in (("kernels", kernel_lib), ("cublas", empty_lib)):
+        lin = torch_ops.patch(torch.nn.Linear(k, n, device="cuda", dtype=torch.float16), lib)
+
+        def check():
+            x = torch.randn(m, k, device="cuda").half()
+            want = _reference(torch, x, lin.weight.t(), bias=lin.bias)
+            assert _err(lin(x), want) <= GATE["float16"], name
+
+        with torch.inference_mode():
+            check()
+            check()
+            lin.weight.data = torch.randn(n, k, device="cuda").half()  # new storage
+            check()
+            lin.weight.copy_(torch.randn(n, k, device="cuda").half())  # the same, rewritten
+            check()
+            path = tmp_path / f"{name}.jsonl"
+            with lib.record(path):
+                x = torch.randn(3, m, k, device="cuda").half()  # leading dimensions flattened
+                for _ in range(4):
+                    y = lin(x)
+            assert y.shape == (3, m, n)
+            assert _err(y, _reference(torch, x, lin.weight.t(), bias=lin.bias)) <= GATE["float16"]
+        (line,) = [json.loads(t) for t in path.read_text().splitlines()]
+        assert (line["m"], line["n"], line["k"], line["calls"]) == (3 * m, n, k, 4), line
+        assert line["runs"] == ("cuBLAS" if lib is empty_lib else _kernels()["nt_f16_none"].name)
+        torch_ops.unpatch(lin)

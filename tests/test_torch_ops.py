@@ -235,3 +235,58 @@ def test_an_eager_linear_passes_the_layers_parameters_to_the_library_as_they_are
         y2 = torch_ops.linear(x2, lin.weight, None, library=rec)
         assert rec.calls[-1][0] is x2 and y2.shape == (6, 4)
 
+
+
+class _Plan:
+    """A plan stand-in whose torch route records its calls."""
+
+    memo, tally = True, None
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def torch_run(self, A, B, C, alpha, beta, bias):
+        self.calls.append((self, A, B, C, alpha, beta, bias))
+        return "C"
+
+
+def test_a_layers_calls_reuse_its_key_while_the_operands_geometry_stays(monkeypatch):
+    """call.torch_linear (a patched nn.Linear's path) reads the whole call key once per
+    geometry of x and storage of W: a repeated call finds it in the layer's memo, and still
+    looks the plan up in lib.plans (a recording makes plans afresh); a new x shape, a moved
+    W or another bias makes the key again."""
+    from types import SimpleNamespace
+
+    from tuner.runtime import call
+
+    call._see_torch()
+    keys = []
+    real = call._torch_key
+    monkeypatch.setattr(call, "_torch_key", lambda *a: keys.append(a) or real(*a))
+    lib, calls, memo = SimpleNamespace(plans={}, measure=True), [], {}
+    w, b = torch.randn(4, 3), torch.randn(4)
+
+    def plan_for(x, wt, bias):  # what lib.gemm would have made and kept for this call
+        key = real(x, wt, None, None, True, None, None, bias, "gelu")[0]
+        lib.plans[key] = _Plan(calls)
+        return lib.plans[key]
+
+    wt = w.t()
+    first = plan_for(torch.randn(2, 3), wt, b)
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        assert call.torch_linear(lib, memo, x, wt, b, "gelu") == "C"
+        assert calls[-1][1:] == (x, wt, None, 1.0, 0.0, b) and calls[-1][0] is first
+    assert len(keys) == 1 and len(memo) == 1
+    again = plan_for(torch.randn(2, 3), wt, b)  # the plans made afresh: the new one runs
+    call.torch_linear(lib, memo, torch.randn(2, 3), wt, b, "gelu")
+    assert calls[-1][0] is again and len(keys) == 1
+    plan_for(torch.randn(5, 3), wt, b)  # another number of rows
+    call.torch_linear(lib, memo, torch.randn(5, 3), wt, b, "gelu")
+    w2 = torch.randn(4, 3)  # the weight's storage moved (W.data = ...)
+    plan_for(torch.randn(5, 3), w2.t(), b)
+    call.torch_linear(lib, memo, torch.randn(5, 3), w2.t(), b, "gelu")
+    b16 = b.half()  # another bias
+    plan_for(torch.randn(5, 3), w2.t(), b16)
+    call.torch_linear(lib, memo, torch.randn(5, 3), w2.t(), b16, "gelu")
+    assert len(keys) == 4 and len(memo) == 4

@@ -38,7 +38,7 @@ from tuner.runtime.operands import (
 )
 
 __all__ = ["Plan", "Problem", "Request", "gemm", "gemm_batch", "fp32_request", "check_call",
-           "request"]
+           "request", "torch_linear"]
 
 log = logging.getLogger(__name__)
 
@@ -230,15 +230,27 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
     plan = lib.plans.get(key)
     s = None
     if plan is None:
-        ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
-               None if C is None else operand(C, "C", writable=True))
-        req = request(*ops, out, bias, act)
-        dev = same_device(*(o for o in ops + (req.bias,) if o is not None))
-        s = resolve_stream(stream, ops[:2], dev)
-        plan = _plan(lib, *ops, req, mode, measure, dev, s, allocate=_torch_allocator(A),
-                     torch_stream=stream is None, torch_tf32=key[15])
-        if plan.memo:
-            lib.plans[key] = plan
+        plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act)
+    return _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s)
+
+
+def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act):
+    """(the plan of a torch call of memo key `key`, memoised where it may be; its stream)."""
+    ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
+           None if C is None else operand(C, "C", writable=True))
+    req = request(*ops, out, bias, act)
+    dev = same_device(*(o for o in ops + (req.bias,) if o is not None))
+    s = resolve_stream(stream, ops[:2], dev)
+    plan = _plan(lib, *ops, req, mode, measure, dev, s, allocate=_torch_allocator(A),
+                 torch_stream=stream is None, torch_tf32=key[15])
+    if plan.memo:
+        lib.plans[key] = plan
+    return plan, s
+
+
+def _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s=None):
+    """Run a torch call's plan on its operands (pointers pa, pb, pc; `s` the stream, or None:
+    torch's current one, or `stream`'s)."""
     if plan.tally is not None:
         plan.tally[0] += 1
     if plan.torch_run is not None:
@@ -265,6 +277,37 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
     with driver.entered(g):
         plan.run(pa, pb, pc, alpha, beta, s, pbias)
     return C
+
+
+#: the most call keys one caller's memo (torch_linear) keeps before it starts again
+LINEAR_MEMO = 256
+
+
+def torch_linear(lib, memo: dict, A, B, bias, act):
+    """lib.gemm(A, B, bias=bias, activation=act) on torch's current stream for a caller
+    that passes the same B (a weight's view, of `B`'s object while its storage and shape
+    stay) and bias tensor on every call, as a patched nn.Linear does: the call's key is kept
+    in the caller's `memo` under A's geometry and B's and the bias's pointers, so a repeated
+    call reads A's shape, strides, type, device and pointer and two pointers, instead of
+    every attribute of every operand. The plan itself stays in lib.plans (a recording
+    there, which makes plans afresh, sees these calls too)."""
+    if not _TENSORS:
+        _see_torch()
+    pa, pb = A.data_ptr(), B.data_ptr()
+    mkey = (A.shape, A.stride(), A.dtype, A.get_device(), pa & 15, pb, B.shape,
+            None if bias is None else (bias.data_ptr(), bias.dtype), _TF32())
+    key = memo.get(mkey)
+    plan = None if key is None else lib.plans.get(key)
+    if plan is None:
+        key = _torch_key(A, B, None, None, lib.measure, None, None, bias, act)[0]
+        plan = lib.plans.get(key)
+        if plan is None:
+            plan = _torch_plan(lib, key, A, B, None, None, None, lib.measure, None, bias, act)[0]
+        if plan.memo:
+            if len(memo) >= LINEAR_MEMO:
+                memo.clear()
+            memo[mkey] = key
+    return _torch_run(plan, A, B, None, 1.0, 0.0, bias, pa, pb, 0, None)
 
 
 def _torch_allocator(A):
@@ -720,11 +763,12 @@ class Problem:
         return run
 
     def timer(self, lib) -> Callable:
-        """time(kernel names, m=None) -> {name or "cublas": ms per call}: each candidate
-        timed on scratch operands like the caller's (layout, leading dimensions, batch
-        strides, byte offsets, C's type, a bias), at M = `m` (default: this problem's; see
-        at_m), on the call's stream, in loops, as the call would run it (tuner.runtime.
-        measure). A kernel that cannot take the operands is left out."""
+        """time(kernel names, m=None) -> ({name or "cublas": ms per call in a loop}, {the
+        same, of the GPU's time alone}): each candidate timed on scratch operands like the
+        caller's (layout, leading dimensions, batch strides, byte offsets, C's type, a
+        bias), at M = `m` (default: this problem's; see at_m), on the call's stream, as the
+        call would run it (tuner.runtime.measure.time_candidates). A kernel that cannot
+        take the operands is left out."""
         def time(names, m=None):
             p = self if m is None else self.at_m(m)
             return p._time_torch(lib, names) if p.via_torch else p._time_pointers(lib, names)

@@ -16,8 +16,11 @@ codegen.families._common.Variant):
      the best estimates (below) and cuBLAS as this caller's call runs them (its route to
      cuBLAS, on scratch operands of its layout, leading dimensions, alignment, batch
      strides, C's type and epilogue: tuner.runtime.call), at the smallest and the largest M
-     of its M-bucket; the kernel whose worst ratio to cuBLAS over the two beats cuBLAS by
-     MEASURE_MARGIN runs from then on, else cuBLAS. The decision is kept in the dispatch
+     of its M-bucket, each in the caller's loop and on the GPU alone (the host ahead); a
+     kernel that beats cuBLAS at both Ms runs from then on, else cuBLAS; at one M it beats
+     cuBLAS if it wins both figures by MEASURE_MARGIN, or, winning one and losing the
+     other, loses less (by the margin) than cuBLAS would lose where it wins
+     (tuner.runtime.measure.decision). The decision is kept in the dispatch
      table (on disk, beside the library or in the user cache) so later calls of the
      bucket, and later processes, do not measure again.
   3. estimated: with measuring off (`measure=False`, GEMM_TUNE_MEASURE=0) a decision the
@@ -418,10 +421,14 @@ def measured_choice(d: dict) -> Choice:
     ms, low = d["measured_ms"], d.get("measured_ms_low")
     lo, hi = d.get("measured_m") or (None, None)
     who = d["kernel"] or f"cuBLAS (through {d.get('route', 'gemm-tune')})"
-    if low:
-        figures = f"at M={hi}: {_figures(ms)}; at M={lo}: {_figures(low)}"
-    else:
-        figures = (f"at M={hi}: " if hi else "") + _figures(ms)
+    def at(hi_ms, low_ms):
+        if low_ms:
+            return f"at M={hi}: {_figures(hi_ms)}; at M={lo}: {_figures(low_ms)}"
+        return (f"at M={hi}: " if hi else "") + _figures(hi_ms)
+
+    figures = at(ms, low)
+    if d.get("device_ms"):
+        figures += f"; on the GPU alone (the host ahead) {at(d['device_ms'], d.get('device_ms_low'))}"
     return Choice(d["kernel"], "measured",
                   f"measured on first use ({d['date'][:10]}), ms per call in a loop {figures}; "
                   f"{who} runs", None, ms, (lo, hi) if hi else None, low)

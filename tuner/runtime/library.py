@@ -227,9 +227,10 @@ class Library:
 
     def choose(self, problem, timer=None, watch_capture: bool = True) -> Choice:
         """The rule for one call's problem (tuner.runtime.call.Problem), measuring with
-        `timer` (kernel names, M -> {name or "cublas": ms per call}) at both ends of its
-        M-bucket where the rule asks to; nothing is measured while the problem's stream is
-        being captured into a CUDA graph (`watch_capture`; the estimate decides then)."""
+        `timer` (kernel names, M -> ({name or "cublas": ms per call in a loop}, {the same,
+        of the GPU's time alone}): measure.time_candidates) at both ends of its M-bucket
+        where the rule asks to; nothing is measured while the problem's stream is being
+        captured into a CUDA graph (`watch_capture`; the estimate decides then)."""
         g, case = problem.gpu, problem.case
         if timer is None:
             return self.dispatcher.decide(g, case)
@@ -238,8 +239,9 @@ class Library:
             if watch_capture and driver.is_capturing(problem.stream):
                 return None
             names = measure.candidates(ranked)
-            return measure.decision({m: timer(names, m) for m in sorted(set(bucket))},
-                                    case.route)
+            timed = {m: timer(names, m) for m in sorted(set(bucket))}
+            return measure.decision({m: loop for m, (loop, _) in timed.items()}, case.route,
+                                    {m: device for m, (_, device) in timed.items()})
 
         with self._measure_lock:
             return self.dispatcher.decide(g, case, measured)

@@ -11,9 +11,13 @@ drained (a private stream measured the same launches several microseconds slower
 H200, enough to flip the decision for the smallest problems). Each is timed as a
 caller's loop sees it: CUDA events around N back-to-back calls (so a split-K kernel's
 second launch and cuBLAS's own host work count), N sized to about `budget_ms`, after a
-warm-up loop, turn about for 5 rounds, median per call. A bucket of Ms is timed at its
-smallest and its largest M (tuner.runtime.dispatch), and `decision` takes the worst of
-the two.
+warm-up loop, turn about for 5 rounds, median per call. That is the call's cost where the
+host sets the pace (a small problem's loop); where the GPU does (a program whose host runs
+ahead), its cost is the GPU's time alone, so each candidate is also timed with the calls
+queued while the stream is held (driver.Gate) and then run back to back. A bucket of Ms
+is timed at its smallest and its largest M (tuner.runtime.dispatch), and `decision` weighs
+the four figures (two Ms, two paces): a kernel runs where it beats cuBLAS in all of them,
+or where the most it loses anywhere is less than the most cuBLAS loses anywhere.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import math
 import statistics
 
 import numpy as np
@@ -36,6 +39,8 @@ __all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates",
 MEASURE_TOP = 3
 #: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen
 MEASURE_MARGIN = 1.02
+#: the most calls queued behind a held stream (their launches wait in its queue)
+HELD_CALLS = 32
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +60,52 @@ def candidates(ranked: list[str]) -> list[str]:
     return names
 
 
-def decision(at: dict[int, dict[str, float]], route: str) -> dict:
-    """The table's decision from ms per call measured at one or two Ms of a bucket (M ->
-    {kernel name or "cublas": ms}): the kernel whose worst ratio to cuBLAS over them is the
-    best, if that beats cuBLAS by MEASURE_MARGIN, else cuBLAS (kernel None). A kernel not
-    measured at every M (it could not take the operands there) is no candidate."""
-    ms = [at[m] for m in sorted(at)]
+def decision(at: dict[int, dict[str, float]], route: str,
+             device: dict[int, dict[str, float]] | None = None) -> dict:
+    """The table's decision from ms per call measured at one or two Ms of a bucket: `at`,
+    M -> {kernel name or "cublas": ms} in the caller's loop, and `device`, M -> the same
+    of the GPU's time alone (empty or None where it was not measured).
 
-    def worst(name: str) -> float:
-        if not all(name in x for x in ms):
-            return math.inf
-        return max(x[name] / max(x["cublas"], 1e-9) for x in ms)
+    A kernel must hold at every M measured. At one M its ratios to cuBLAS (its ms over
+    cuBLAS's: in the loop, and on the GPU alone where measured) must all beat cuBLAS by
+    MEASURE_MARGIN; or, where it wins one and loses the other (a cheaper launch but a slower
+    GPU time, or the reverse: which one a call pays depends on whether its program's host
+    or its GPU sets the pace), what it loses, by the margin, must be less than what cuBLAS
+    would lose in the other. Of the kernels that hold, the one of the best worst ratio
+    runs; with none, cuBLAS (kernel None). A kernel not measured at every M (it could not
+    take the operands there) is no candidate."""
+    device = device or {}
 
-    names = [name for name in ms[-1] if name != "cublas"]
-    best = min(names, key=worst, default=None)
-    kernel = best if best is not None and worst(best) * MEASURE_MARGIN < 1.0 else None
-    log.info("dispatch measured (%s): %s", route, at)
+    def ratios(name: str, m: int) -> list[float] | None:
+        figures = [at[m]] + ([device[m]] if device.get(m) else [])
+        if not all(name in x for x in figures):
+            return None
+        return [x[name] / max(x["cublas"], 1e-9) for x in figures]
+
+    def holds(name: str) -> bool:
+        for m in at:
+            r = ratios(name, m)
+            if r is None:
+                return False
+            worst, best = max(r), min(r)
+            wins = worst * MEASURE_MARGIN < 1.0
+            trades = best < 1.0 <= worst and worst * MEASURE_MARGIN < 1.0 / best
+            if not (wins or trades):
+                return False
+        return True
+
+    names = [name for name in at[max(at)] if name != "cublas" and holds(name)]
+    kernel = min(names, key=lambda name: max(max(ratios(name, m)) for m in at), default=None)
+    log.info("dispatch measured (%s): %s, on the GPU alone %s", route, at, device)
     lo, hi = min(at), max(at)
     d = dict(kernel=kernel, route=route, measured_m=[lo, hi],
              measured_ms={name: round(t, 5) for name, t in at[hi].items()})
     if lo != hi:
         d["measured_ms_low"] = {name: round(t, 5) for name, t in at[lo].items()}
+    if device.get(hi):
+        d["device_ms"] = {name: round(t, 5) for name, t in device[hi].items()}
+    if lo != hi and device.get(lo):
+        d["device_ms_low"] = {name: round(t, 5) for name, t in device[lo].items()}
     d["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return d
 
@@ -144,9 +174,12 @@ def torch_operands(g, problem):
 
 
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
-                    rounds: int = 5) -> dict[str, float]:
-    """Median milliseconds per call of each runner (name -> callable(stream)) in loops on
-    `stream`, as a caller's loop runs in its steady state.
+                    rounds: int = 5, gate=None) -> tuple[dict[str, float], dict[str, float]]:
+    """(loop, device): median milliseconds per call of each runner (name -> callable(stream))
+    on `stream`: `loop` in loops as a caller's loop runs in its steady state; `device` the
+    GPU's time alone, the same calls queued behind a held stream (`gate`, a driver.Gate;
+    one is made here) and run back to back. `device` is empty where the stream could not
+    be held, or the host blocked while it was (the gate's watchdog opened it).
 
     Each loop starts its clock with a call already in flight, so the host's start-up (the
     first call's issue, which the GPU would wait for) is not counted: on a GPU-bound loop
@@ -166,6 +199,18 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
         end.synchronize()
         return end.since(start) / reps
 
+    def held(run, reps) -> float | None:
+        gate.hold(stream)
+        start.record(stream)
+        for _ in range(reps):
+            run(stream)
+        end.record(stream)
+        clean = gate.open()
+        end.synchronize()
+        if not clean:
+            log.info("the host blocked while the stream was held: no GPU-alone times")
+        return end.since(start) / reps if clean else None
+
     # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise), then a
     # short loop each (sizing the loops), then one whole loop each, discarded: on the H200
     # the first loop of a shape still ran up to 3x slower than the later ones
@@ -175,8 +220,31 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
     reps = {name: int(min(100, max(3, budget_ms / max(t, 1e-4)))) for name, t in warm.items()}
     for name, run in runners.items():
         loop(run, reps[name])
+    if gate is None:
+        gate = _gate()
     times: dict[str, list] = {name: [] for name in runners}
+    device: dict[str, list] | None = None if gate is None else {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
             times[name].append(loop(run, reps[name]))
-    return {name: statistics.median(t) for name, t in times.items()}
+            if device is not None:
+                try:
+                    t = held(run, min(reps[name], HELD_CALLS))
+                except driver.DriverError as e:  # the stream cannot be held
+                    log.info("no GPU-alone times: %s", e)
+                    t = None
+                if t is None:
+                    device = None
+                else:
+                    device[name].append(t)
+    return ({name: statistics.median(t) for name, t in times.items()},
+            {} if device is None else {name: statistics.median(t) for name, t in device.items()})
+
+
+def _gate():
+    """A driver.Gate, or None where the driver cannot hold a stream."""
+    try:
+        return driver.Gate()
+    except driver.DriverError as e:
+        log.info("no GPU-alone times: %s", e)
+        return None

@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tuner.runtime import call
+
 __all__ = ["gemm", "linear", "matmul", "library_key", "patch", "unpatch", "ACTIVATION_MODULES"]
 
 _LIBRARIES: dict[str, object] = {}
@@ -286,9 +288,9 @@ def _fusions(model) -> dict:
     return found
 
 
-def _grad_recorded(x: Tensor, lin) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or lin.weight.requires_grad or (
-        lin.bias is not None and lin.bias.requires_grad))
+def _grad_recorded(x: Tensor, w: Tensor, b: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (
+        b is not None and b.requires_grad))
 
 
 def _cuda_autocast() -> bool:
@@ -313,13 +315,31 @@ _TORCH_ACT = {
 
 def _patched_forward(key: str, activation: str):
     torch_act = _TORCH_ACT[activation]
+    act = None if activation == "none" else activation
+    memo: dict = {}  # this layer's call keys (tuner.runtime.call.torch_linear)
+    served = [None, None, None]  # the weight's pointer and shape, and its view as B
 
     def forward(self, x: Tensor) -> Tensor:
-        if not x.is_cuda or x.dtype != self.weight.dtype or _autocast() \
-                or _grad_recorded(x, self):  # torch's own layer (and activation)
-            return torch_act(torch.nn.functional.linear(x, self.weight, self.bias))
-        call = _linear_call if _eager(x) else torch.ops.gemm_tune.linear
-        return call(x, self.weight, self.bias, activation, key)
+        params = self._parameters
+        w, b = params["weight"], params["bias"]
+        if not x.is_cuda or x.dtype != w.dtype or _autocast() \
+                or _grad_recorded(x, w, b):  # torch's own layer (and activation)
+            return torch_act(torch.nn.functional.linear(x, w, b))
+        if _compiling() or _modes() or type(x) not in _PLAIN or type(w) not in _PLAIN \
+                or (b is not None and type(b) not in _PLAIN):
+            return torch.ops.gemm_tune.linear(x, w, b, activation, key)
+        ptr, shape = w.data_ptr(), w.shape
+        if served[0] != ptr or served[1] != shape:  # W.t() once, while W's storage stays
+            served[:] = ptr, shape, _served(w.t())
+        lib = _library(key)
+        if x.dim() == 2:
+            return call.torch_linear(lib, memo, x, served[2], b, act)
+        k, n = shape[1], shape[0]
+        try:
+            x2 = x.view(-1, k)
+        except RuntimeError:
+            return _linear(x, w, b, activation, lib)
+        return call.torch_linear(lib, memo, x2, served[2], b, act).view(*x.shape[:-1], n)
     return forward
 
 
