@@ -145,32 +145,30 @@ def test_measure_off_takes_the_tables_decision_and_writes_nothing(lib, fake):
 class _Stream:
     """One stream on a simulated clock: the host issues a call every `host` ms; the GPU runs
     each after the one before it and not before it is issued; an event completes when the
-    stream reaches it. While held (a gate), the GPU runs nothing: what is issued queues, and
-    runs back to back once the gate opens."""
+    stream reaches it. A hold keeps the GPU busy for its ms from when it is issued."""
 
     def __init__(self, host: float):
         self.host_ms, self.now, self.free = host, 0.0, 0.0
-        self.held = None  # while held: [GPU ms queued, the events recorded behind the gate]
 
     def run(self, gpu_ms: float) -> None:
         self.now += self.host_ms
-        if self.held is not None:
-            self.held[0] += gpu_ms
-        else:
-            self.free = max(self.free, self.now) + gpu_ms
+        self.free = max(self.free, self.now) + gpu_ms
 
     def reached(self) -> float:
         return max(self.free, self.now)
+
+    def hold(self, stream, ms: float) -> None:
+        self.free = max(self.free, self.now) + ms
+
+    def clock(self) -> float:
+        return self.now / 1e3
 
     def event(self):
         stream = self
 
         class Event:
             def record(self, st):
-                if stream.held is not None:
-                    stream.held[1].append((self, stream.held[0]))
-                else:
-                    self.t = stream.reached()
+                self.t = stream.reached()
 
             def synchronize(self):
                 stream.now = max(stream.now, self.t)
@@ -180,22 +178,10 @@ class _Stream:
 
         return Event()
 
-    def gate(self, opened_by_host: bool = True):
-        stream = self
 
-        class Gate:
-            def hold(self, st):
-                stream.held = [0.0, []]
-
-            def open(self):
-                queued, events = stream.held
-                t0 = max(stream.free, stream.now)
-                for e, at in events:
-                    e.t = t0 + at
-                stream.free, stream.held = t0 + queued, None
-                return opened_by_host
-
-        return Gate()
+def _simulated(monkeypatch, s: _Stream) -> None:
+    monkeypatch.setattr(driver, "Event", s.event)
+    monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
 
 
 @pytest.mark.parametrize("gpu_ms,host_ms", [(0.020, 0.008), (0.005, 0.012), (0.8, 0.01)],
@@ -204,31 +190,36 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     """The per-call time a first use records is the loop's steady state, max(GPU, host) per
     call, even for cuBLAS, whose first call takes milliseconds (choosing its algorithm): the
     loops are sized from a warm loop, and the clock starts with a call in flight. Behind a
-    held stream the same calls give the GPU's time alone."""
+    hold the same calls give the GPU's time alone."""
     s = _Stream(host_ms)
-    monkeypatch.setattr(driver, "Event", s.event)
-    monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
+    _simulated(monkeypatch, s)
     first = {"cublas": True}
 
     def blas(stream):
         s.run(3.0 if first.pop("cublas", False) else gpu_ms)
 
     ms, device = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
-                                                "cublas": blas}, stream=7, gate=s.gate())
+                                                "cublas": blas}, stream=7, hold=s.hold,
+                                         clock=s.clock)
     assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
     assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
     assert device == pytest.approx({"cublas": gpu_ms, "kernel": 1.5 * gpu_ms}, rel=1e-6)
 
 
-def test_no_gpu_alone_times_where_the_host_blocked_behind_the_gate(monkeypatch):
-    """Where the gate's watchdog had to open the stream (the host blocked while it was
-    held), the held figures hold host time: none are reported, the loop's stand."""
+def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):
+    """Where queueing the calls took the host longer than the hold lasted (here: a call
+    that waits for the GPU, as a synchronising one does), the GPU waited for the host
+    between them: no GPU-alone figures are reported, the loop's stand."""
     s = _Stream(0.012)
-    monkeypatch.setattr(driver, "Event", s.event)
-    monkeypatch.setattr(driver, "sync", lambda stream: setattr(s, "now", s.reached()))
-    ms, device = measure.time_candidates(None, {"cublas": lambda st: s.run(0.005)}, stream=7,
-                                         gate=s.gate(opened_by_host=False))
-    assert ms["cublas"] == pytest.approx(0.012) and device == {}
+    _simulated(monkeypatch, s)
+
+    def waits(stream):
+        s.run(0.005)
+        s.now = s.reached()
+
+    ms, device = measure.time_candidates(None, {"cublas": waits, "kernel": lambda st: s.run(0.001)},
+                                         stream=7, hold=s.hold, clock=s.clock)
+    assert ms["cublas"] == pytest.approx(0.017) and device == {}
 
 
 def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():

@@ -481,3 +481,22 @@ def test_3xtf32_requests_on_an_untuned_shape_from_every_caller(lib, kind):
     g.replay()
     torch.cuda.synchronize()
     assert _err(c2, a, b) <= 1e-5
+
+
+def test_the_spin_kernel_holds_a_stream_for_its_time():
+    """driver.spin (PTX, compiled by the driver) keeps a stream busy for the time asked, so
+    calls queued behind it run back to back (the first-use measurement's GPU-alone times)."""
+    import torch
+
+    from tuner.runtime import driver
+
+    g = driver.gpu(torch.cuda.current_device())
+    s = torch.cuda.current_stream().cuda_stream
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with driver.entered(g):
+        for ms in (0.5, 2.0, 10.0):
+            start.record()
+            driver.spin(g, s, int(ms * 1e6))
+            end.record()
+            end.synchronize()
+            assert ms <= start.elapsed_time(end) <= 1.1 * ms + 0.05, (ms, start.elapsed_time(end))

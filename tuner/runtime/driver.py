@@ -32,7 +32,7 @@ from tuner.runtime.errors import DriverError, NoGPUError
 __all__ = ["DriverError", "NoGPUError", "api", "call", "DeviceInfo", "Gpu", "gpu",
            "device_count", "current_device", "entered", "KernelImage", "load_cubin",
            "ParamBlock", "ClusterLaunch", "is_capturing", "Scratch", "scratch", "sync",
-           "synchronize", "Buffer", "Event", "Gate"]
+           "synchronize", "Buffer", "Event", "spin"]
 
 
 @functools.cache
@@ -474,47 +474,37 @@ class Event:
             pass
 
 
-_HOSTALLOC_PORTABLE, _HOSTALLOC_DEVICEMAP = 0x01, 0x02  # cuda.h's CU_MEMHOSTALLOC_*
-_WAIT_VALUE_GEQ = 0x0  # cuda.h's CU_STREAM_WAIT_VALUE_GEQ
+#: one thread reading the global timer until `ns` nanoseconds have passed (PTX: the driver
+#: compiles it for the GPU at hand, no nvcc needed)
+_SPIN_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry gemm_tune_spin(.param .u64 ns)
+{
+    .reg .u64 %t0, %t1, %n;
+    .reg .pred %p;
+    ld.param.u64 %n, [ns];
+    mov.u64 %t0, %globaltimer;
+SPIN:
+    mov.u64 %t1, %globaltimer;
+    sub.u64 %t1, %t1, %t0;
+    setp.lt.u64 %p, %t1, %n;
+    @%p bra SPIN;
+    ret;
+}
+\0"""
 
 
-class Gate:
-    """Holds a stream's work back while the host queues it, so that events around the
-    queued calls time the GPU alone (each call's host time hidden): the stream waits
-    (cuStreamWaitValue32) on a word of mapped, pinned host memory until :meth:`open` sets
-    it. Should the host block before it opens the gate (a queue full of launches, a
-    synchronising call), a watchdog thread opens it after `limit_s`, and :meth:`open`
-    says so: those figures include host time and are not the GPU's alone."""
+@functools.cache
+def _spin_image() -> KernelImage:
+    return KernelImage(load_cubin(_SPIN_PTX, "gemm-tune's spin kernel"), "gemm_tune_spin", 0)
 
-    def __init__(self, limit_s: float = 0.25):
-        self.limit_s, self.seq, self._timer = limit_s, 0, None
-        self._lock = threading.Lock()
-        self.host = int(call("cuMemHostAlloc", 4, _HOSTALLOC_PORTABLE | _HOSTALLOC_DEVICEMAP))
-        self.word = ctypes.c_uint32.from_address(self.host)
-        self.word.value = 0
-        self.dev = int(call("cuMemHostGetDevicePointer", self.host, 0))
 
-    def hold(self, stream: int) -> None:
-        """The work queued on `stream` from now on waits for :meth:`open`."""
-        self.seq += 1
-        call("cuStreamWaitValue32", stream, self.dev, self.seq, _WAIT_VALUE_GEQ)
-        self._timer = threading.Timer(self.limit_s, self._release, (self.seq,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _release(self, seq: int) -> bool:
-        with self._lock:
-            held = self.word.value < seq
-            self.word.value = max(self.word.value, seq)
-            return held
-
-    def open(self) -> bool:
-        """Let the held work run; False where the watchdog had opened the gate already."""
-        self._timer.cancel()
-        return self._release(self.seq)
-
-    def __del__(self):
-        try:
-            api().cuMemFreeHost(self.host)
-        except Exception:  # noqa: BLE001 - at exit the context may be gone
-            pass
+def spin(g: Gpu, stream: int, ns: int) -> None:
+    """Keep `stream` busy on GPU g for `ns` nanoseconds (one thread of one block spinning on
+    the global timer): work queued behind it meanwhile then runs back to back, as it would
+    behind a host that runs ahead. Bounded: a synchronising call made meanwhile waits `ns`
+    at most."""
+    img = _spin_image()
+    img.launch(img.prepare(g), (1, 1, 1), (1, 1, 1), stream, img.params("L").pack(int(ns)))

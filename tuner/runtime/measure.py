@@ -14,7 +14,8 @@ second launch and cuBLAS's own host work count), N sized to about `budget_ms`, a
 warm-up loop, turn about for 5 rounds, median per call. That is the call's cost where the
 host sets the pace (a small problem's loop); where the GPU does (a program whose host runs
 ahead), its cost is the GPU's time alone, so each candidate is also timed with the calls
-queued while the stream is held (driver.Gate) and then run back to back. A bucket of Ms
+queued behind a kernel that keeps the stream busy meanwhile (driver.spin) and then run
+back to back. A bucket of Ms
 is timed at its smallest and its largest M (tuner.runtime.dispatch), and `decision` weighs
 the four figures (two Ms, two paces): a kernel runs where it beats cuBLAS in all of them,
 or where the most it loses anywhere is less than the most cuBLAS loses anywhere.
@@ -26,6 +27,7 @@ import contextlib
 import datetime
 import logging
 import statistics
+import time
 
 import numpy as np
 
@@ -39,8 +41,10 @@ __all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates",
 MEASURE_TOP = 3
 #: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen
 MEASURE_MARGIN = 1.02
-#: the most calls queued behind a held stream (their launches wait in its queue)
+#: the most calls queued behind a held stream (their launches wait in its queue), and the
+#: longest it is held (ms)
 HELD_CALLS = 32
+HOLD_MS = 50.0
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +177,14 @@ def torch_operands(g, problem):
     torch.cuda.current_stream(g.index).synchronize()
 
 
-def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
-                    rounds: int = 5, gate=None) -> tuple[dict[str, float], dict[str, float]]:
+def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, rounds: int = 5,
+                    hold=None, clock=time.perf_counter) -> tuple[dict[str, float], dict[str, float]]:
     """(loop, device): median milliseconds per call of each runner (name -> callable(stream))
     on `stream`: `loop` in loops as a caller's loop runs in its steady state; `device` the
-    GPU's time alone, the same calls queued behind a held stream (`gate`, a driver.Gate;
-    one is made here) and run back to back. `device` is empty where the stream could not
-    be held, or the host blocked while it was (the gate's watchdog opened it).
+    GPU's time alone: the same calls queued behind a kernel that keeps the stream busy
+    meanwhile (`hold`(stream, ms), default driver.spin on GPU g), then run back to back.
+    `device` is empty where the host took longer to queue the calls than the hold lasted
+    (a call that waits for the GPU, say).
 
     Each loop starts its clock with a call already in flight, so the host's start-up (the
     first call's issue, which the GPU would wait for) is not counted: on a GPU-bound loop
@@ -187,6 +192,9 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
     what a caller's loop sees. The number of calls per loop is sized from a warm loop, not
     from a first call (which includes cuBLAS choosing its algorithm and a kernel's load:
     sized from it, a loop of cuBLAS ran 2-4 calls and counted the issue of the first)."""
+    if hold is None:
+        def hold(st, ms):
+            driver.spin(g, st, int(ms * 1e6))
     driver.sync(stream)
     start, end = driver.Event(), driver.Event()
 
@@ -199,17 +207,21 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
         end.synchronize()
         return end.since(start) / reps
 
-    def held(run, reps) -> float | None:
-        gate.hold(stream)
+    def held(run, reps, per_call_ms) -> float | None:
+        ms = min(HOLD_MS, 1.0 + 3.0 * reps * per_call_ms)  # ample time to queue the calls
+        hold(stream, ms)
+        t0 = clock()
         start.record(stream)
         for _ in range(reps):
             run(stream)
         end.record(stream)
-        clean = gate.open()
+        queued_ms = (clock() - t0) * 1e3
         end.synchronize()
-        if not clean:
-            log.info("the host blocked while the stream was held: no GPU-alone times")
-        return end.since(start) / reps if clean else None
+        if queued_ms >= ms:
+            log.info("queueing %d calls took %.2f ms, past the %.2f ms hold: no GPU-alone "
+                     "times", reps, queued_ms, ms)
+            return None
+        return end.since(start) / reps
 
     # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise), then a
     # short loop each (sizing the loops), then one whole loop each, discarded: on the H200
@@ -220,31 +232,16 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0,
     reps = {name: int(min(100, max(3, budget_ms / max(t, 1e-4)))) for name, t in warm.items()}
     for name, run in runners.items():
         loop(run, reps[name])
-    if gate is None:
-        gate = _gate()
     times: dict[str, list] = {name: [] for name in runners}
-    device: dict[str, list] | None = None if gate is None else {name: [] for name in runners}
+    device: dict[str, list] | None = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
             times[name].append(loop(run, reps[name]))
             if device is not None:
-                try:
-                    t = held(run, min(reps[name], HELD_CALLS))
-                except driver.DriverError as e:  # the stream cannot be held
-                    log.info("no GPU-alone times: %s", e)
-                    t = None
+                t = held(run, min(reps[name], HELD_CALLS), warm[name])
                 if t is None:
                     device = None
                 else:
                     device[name].append(t)
     return ({name: statistics.median(t) for name, t in times.items()},
             {} if device is None else {name: statistics.median(t) for name, t in device.items()})
-
-
-def _gate():
-    """A driver.Gate, or None where the driver cannot hold a stream."""
-    try:
-        return driver.Gate()
-    except driver.DriverError as e:
-        log.info("no GPU-alone times: %s", e)
-        return None
