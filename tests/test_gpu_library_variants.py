@@ -363,7 +363,8 @@ def test_patch_an_mlp_equals_the_unpatched_model(kernel_lib, empty_lib):
 def test_a_patched_layer_follows_its_weight_and_is_recorded(kernel_lib, empty_lib, tmp_path):
     """A patched nn.Linear keeps its weight's view and its call keys between calls
     (tuner.runtime.call.torch_linear): it still computes with a weight whose storage was
-    replaced (W.data = ...) or written in place, and a recording counts its calls."""
+    replaced (W.data = ...), written in place, or strided (copied each call, never kept),
+    on a 3-D x with no view of it, and a recording counts its calls."""
     import torch
 
     from tuner.runtime import torch_ops
@@ -384,6 +385,11 @@ def test_a_patched_layer_follows_its_weight_and_is_recorded(kernel_lib, empty_li
             check()
             lin.weight.copy_(torch.randn(n, k, device="cuda").half())  # the same, rewritten
             check()
+            lin.weight.data = torch.randn(n, 2 * k, device="cuda").half()[:, ::2]  # strided
+            check()
+            lin.weight.copy_(torch.randn(n, k, device="cuda").half())  # (no stale copy)
+            check()
+            lin.weight.data = torch.randn(n, k, device="cuda").half()
             path = tmp_path / f"{name}.jsonl"
             with lib.record(path):
                 x = torch.randn(3, m, k, device="cuda").half()  # leading dimensions flattened

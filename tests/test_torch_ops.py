@@ -238,23 +238,23 @@ def test_an_eager_linear_passes_the_layers_parameters_to_the_library_as_they_are
 
 
 class _Plan:
-    """A plan stand-in whose torch route records its calls."""
+    """A plan stand-in: cuBLAS through torch, counting its calls as a recording does."""
 
-    memo, tally = True, None
+    memo = True
 
-    def __init__(self, calls):
-        self.calls = calls
+    def __init__(self):
+        self.tally = [0]
 
     def torch_run(self, A, B, C, alpha, beta, bias):
-        self.calls.append((self, A, B, C, alpha, beta, bias))
-        return "C"
+        raise AssertionError("a layer's torch route is F.linear itself")
 
 
 def test_a_layers_calls_reuse_its_key_while_the_operands_geometry_stays(monkeypatch):
     """call.torch_linear (a patched nn.Linear's path) reads the whole call key once per
     geometry of x and storage of W: a repeated call finds it in the layer's memo, and still
     looks the plan up in lib.plans (a recording makes plans afresh); a new x shape, a moved
-    W or another bias makes the key again."""
+    W or another bias makes the key again. Where cuBLAS runs through torch the call is
+    F.linear on x as it is (any leading dimensions) and the activation in place."""
     from types import SimpleNamespace
 
     from tuner.runtime import call
@@ -263,30 +263,37 @@ def test_a_layers_calls_reuse_its_key_while_the_operands_geometry_stays(monkeypa
     keys = []
     real = call._torch_key
     monkeypatch.setattr(call, "_torch_key", lambda *a: keys.append(a) or real(*a))
-    lib, calls, memo = SimpleNamespace(plans={}, measure=True), [], {}
+    lib, memo = SimpleNamespace(plans={}, measure=True), {}
     w, b = torch.randn(4, 3), torch.randn(4)
 
-    def plan_for(x, wt, bias):  # what lib.gemm would have made and kept for this call
-        key = real(x, wt, None, None, True, None, None, bias, "gelu")[0]
-        lib.plans[key] = _Plan(calls)
+    def plan_for(x, w, bias):  # what lib.gemm would have made and kept for this call
+        key = real(x.view(-1, x.shape[-1]), w.t(), None, None, True, None, None, bias, "gelu")[0]
+        lib.plans[key] = _Plan()
         return lib.plans[key]
 
-    wt = w.t()
-    first = plan_for(torch.randn(2, 3), wt, b)
+    def linear(x, w, bias):
+        y = call.torch_linear(lib, memo, x, w, w.t(), bias, "gelu")
+        want = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias))
+        assert y.shape == want.shape and torch.allclose(y, want)
+
+    first = plan_for(torch.randn(2, 3), w, b)
     for _ in range(3):
-        x = torch.randn(2, 3)
-        assert call.torch_linear(lib, memo, x, wt, b, "gelu") == "C"
-        assert calls[-1][1:] == (x, wt, None, 1.0, 0.0, b) and calls[-1][0] is first
-    assert len(keys) == 1 and len(memo) == 1
-    again = plan_for(torch.randn(2, 3), wt, b)  # the plans made afresh: the new one runs
-    call.torch_linear(lib, memo, torch.randn(2, 3), wt, b, "gelu")
-    assert calls[-1][0] is again and len(keys) == 1
-    plan_for(torch.randn(5, 3), wt, b)  # another number of rows
-    call.torch_linear(lib, memo, torch.randn(5, 3), wt, b, "gelu")
+        linear(torch.randn(2, 3), w, b)
+    assert first.tally == [3] and len(keys) == 1 and len(memo) == 1
+    again = plan_for(torch.randn(2, 3), w, b)  # the plans made afresh: the new one runs
+    linear(torch.randn(2, 3), w, b)
+    assert again.tally == [1] and len(keys) == 1
+    x3 = torch.randn(2, 5, 3)  # leading dimensions: the rows of one problem, x as it is
+    rows = plan_for(x3, w, b)
+    linear(x3, w, b)
+    linear(torch.randn(2, 5, 3), w, b)
+    assert rows.tally == [2] and len(keys) == 2
     w2 = torch.randn(4, 3)  # the weight's storage moved (W.data = ...)
-    plan_for(torch.randn(5, 3), w2.t(), b)
-    call.torch_linear(lib, memo, torch.randn(5, 3), w2.t(), b, "gelu")
-    b16 = b.half()  # another bias
-    plan_for(torch.randn(5, 3), w2.t(), b16)
-    call.torch_linear(lib, memo, torch.randn(5, 3), w2.t(), b16, "gelu")
+    plan_for(x3, w2, b)
+    linear(x3, w2, b)
+    b2 = torch.randn(4)  # another bias
+    plan_for(x3, w2, b2)
+    linear(x3, w2, b2)
     assert len(keys) == 4 and len(memo) == 4
+    assert call.torch_linear(lib, memo, torch.randn(5, 2, 3).transpose(0, 1), w, w.t(), b,
+                             "gelu") is None  # rows that do not fold without a copy

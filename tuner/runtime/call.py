@@ -115,7 +115,15 @@ def torch_epilogue(C, bias, act: str) -> None:
     elif act == "silu":
         F.silu(C, inplace=True)
     elif act in ("gelu", "gelu_tanh"):  # in place: F.gelu and a copy back cost a pass more
-        torch.ops.aten.gelu_(C, approximate="tanh" if act == "gelu_tanh" else "none")
+        _gelu_(C, approximate="tanh" if act == "gelu_tanh" else "none")
+
+
+def _gelu_(C, approximate: str) -> None:
+    """GELU in place: torch's own binding (torch.ops.aten's dispatch costs a microsecond
+    more a call), where this torch has it."""
+    import torch
+
+    getattr(torch._C._nn, "gelu_", torch.ops.aten.gelu_)(C, approximate=approximate)
 
 
 def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ()) -> Callable:
@@ -137,7 +145,7 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
             if matrices and alpha == 1.0 and bias is None:
                 C = mm(A, B)
             elif matrices and bias is not None and bias.dtype == A.dtype:
-                C = addmm(bias, A, B, alpha=alpha)
+                C = addmm(bias, A, B) if alpha == 1.0 else addmm(bias, A, B, alpha=alpha)
                 bias = None
             else:
                 return run(A, B, torch.empty(out_shape, dtype=A.dtype, device=A.device),
@@ -172,6 +180,7 @@ _TENSORS: tuple = ()
 _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been seen
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 _TORCH_OUT = {}  # DType -> torch dtype, once torch has been seen
+_F_LINEAR = None  # torch.nn.functional.linear, once torch has been seen
 
 
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
@@ -199,7 +208,7 @@ def fp32_request(dtype: DType, mode: DType | None) -> DType:
 
 def _see_torch() -> None:
     """Bind torch's cheap accessors, once torch tensors are seen."""
-    global _TENSORS, _TF32, _DEVICE
+    global _TENSORS, _TF32, _DEVICE, _F_LINEAR
     import torch
 
     _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
@@ -207,6 +216,7 @@ def _see_torch() -> None:
     _TORCH_OUT.update({DType.F32: torch.float32, DType.F16: torch.float16,
                        DType.BF16: torch.bfloat16})
     _TENSORS = (torch.Tensor, torch.nn.Parameter)
+    _F_LINEAR = torch.nn.functional.linear
 
 
 def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
@@ -283,31 +293,57 @@ def _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s=None):
 LINEAR_MEMO = 256
 
 
-def torch_linear(lib, memo: dict, A, B, bias, act):
-    """lib.gemm(A, B, bias=bias, activation=act) on torch's current stream for a caller
-    that passes the same B (a weight's view, of `B`'s object while its storage and shape
-    stay) and bias tensor on every call, as a patched nn.Linear does: the call's key is kept
-    in the caller's `memo` under A's geometry and B's and the bias's pointers, so a repeated
-    call reads A's shape, strides, type, device and pointer and two pointers, instead of
-    every attribute of every operand. The plan itself stays in lib.plans (a recording
-    there, which makes plans afresh, sees these calls too)."""
+def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None):
+    """act(x @ W.t() + bias) through the library for a caller that passes the same weight W
+    (B: its view W.t(), the same object while W's storage and shape stay) and bias on
+    every call, as a patched nn.Linear does; x of any rank whose leading dimensions fold
+    into rows without a copy (else None: the caller folds it). On torch's current stream.
+
+    The call's key is kept in the caller's `memo` under x's geometry and W's and the
+    bias's pointers, so a repeated call reads x's shape, strides, type, device and pointer
+    and two pointers instead of every attribute of every operand. The plan stays in
+    lib.plans (a recording, which makes plans afresh, sees these calls too). Where cuBLAS
+    runs through torch and the bias is of x's type, the call is torch's own
+    F.linear(x, W, bias) (x as it is, no view), the activation in place after it.
+    `w_at`: (W.data_ptr(), W.shape), where the caller has read them already (B a view of
+    W: the same pointer)."""
     if not _TENSORS:
         _see_torch()
-    pa, pb = A.data_ptr(), B.data_ptr()
-    mkey = (A.shape, A.stride(), A.dtype, A.get_device(), pa & 15, pb, B.shape,
+    pb, wshape = w_at if w_at is not None else (B.data_ptr(), W.shape)
+    px = x.data_ptr()
+    mkey = (x.shape, x.stride(), x.dtype, x.get_device(), px & 15, pb, wshape,
             None if bias is None else (bias.data_ptr(), bias.dtype), _TF32())
-    key = memo.get(mkey)
-    plan = None if key is None else lib.plans.get(key)
+    hit = memo.get(mkey)
+    plan = None if hit is None else lib.plans.get(hit[0])
     if plan is None:
-        key = _torch_key(A, B, None, None, lib.measure, None, None, bias, act)[0]
+        try:
+            x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
+        except RuntimeError:  # not one matrix without a copy
+            return None
+        key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act)[0]
         plan = lib.plans.get(key)
         if plan is None:
-            plan = _torch_plan(lib, key, A, B, None, None, None, lib.measure, None, bias, act)[0]
+            plan = _torch_plan(lib, key, x2, B, None, None, None, lib.measure, None, bias,
+                               act)[0]
+        hit = (key, (*x.shape[:-1], B.shape[1]))
         if plan.memo:
             if len(memo) >= LINEAR_MEMO:
                 memo.clear()
-            memo[mkey] = key
-    return _torch_run(plan, A, B, None, 1.0, 0.0, bias, pa, pb, 0, None)
+            memo[mkey] = hit
+    if plan.torch_run is not None:
+        if bias is None or bias.dtype is x.dtype:
+            if plan.tally is not None:
+                plan.tally[0] += 1
+            y = _F_LINEAR(x, W, bias)
+            if act is not None and act != "none":
+                torch_epilogue(y, None, act)
+            return y
+        x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
+        return _torch_run(plan, x2, B, None, 1.0, 0.0, bias, px, pb, 0, None).view(hit[1])
+    import torch
+
+    C = torch.empty(hit[1], dtype=_TORCH_OUT[plan.out], device=x.device)
+    return _torch_run(plan, x, B, C, 1.0, 0.0, bias, px, pb, C.data_ptr(), None)
 
 
 def _torch_allocator(A):

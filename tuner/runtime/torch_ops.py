@@ -317,7 +317,7 @@ def _patched_forward(key: str, activation: str):
     torch_act = _TORCH_ACT[activation]
     act = None if activation == "none" else activation
     memo: dict = {}  # this layer's call keys (tuner.runtime.call.torch_linear)
-    served = [None, None, None]  # the weight's pointer and shape, and its view as B
+    served = [None, None, None, False]  # W's pointer and shape, W.t(), "a view of W"
 
     def forward(self, x: Tensor) -> Tensor:
         params = self._parameters
@@ -330,16 +330,14 @@ def _patched_forward(key: str, activation: str):
             return torch.ops.gemm_tune.linear(x, w, b, activation, key)
         ptr, shape = w.data_ptr(), w.shape
         if served[0] != ptr or served[1] != shape:  # W.t() once, while W's storage stays
-            served[:] = ptr, shape, _served(w.t())
+            wt = _served(w.t())
+            served[:] = ptr, shape, wt, wt.data_ptr() == ptr
         lib = _library(key)
-        if x.dim() == 2:
-            return call.torch_linear(lib, memo, x, served[2], b, act)
-        k, n = shape[1], shape[0]
-        try:
-            x2 = x.view(-1, k)
-        except RuntimeError:
-            return _linear(x, w, b, activation, lib)
-        return call.torch_linear(lib, memo, x2, served[2], b, act).view(*x.shape[:-1], n)
+        # (a W neither row- nor column-major is copied on every call: a kept copy would
+        # miss writes to W)
+        y = call.torch_linear(lib, memo, x, w, served[2], b, act, served[:2]) \
+            if served[3] else None
+        return _linear(x, w, b, activation, lib) if y is None else y
     return forward
 
 
