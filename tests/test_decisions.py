@@ -254,6 +254,19 @@ def test_the_decision_weighs_the_loop_against_the_gpu_alone(loop, device, runs):
     assert "on the GPU alone" in choice.reason and f"k {device[0]:.4f} ms" in choice.reason
 
 
+def test_the_time_a_trade_costs_is_weighed_against_the_time_it_saves():
+    """Trades are weighed in time, not ratios: on a tiny call (the host's 13.5 us against a
+    GPU time of 2 us) a kernel with a cheaper launch that is a microsecond slower on the
+    GPU is worth more than one that wins both by less; a small linear whose kernel saves
+    4 us of host time but costs 12 us of GPU time is not."""
+    tiny = measure.decision({8: {"one_launch": 0.0088, "split": 0.0123, "cublas": 0.0135}},
+                            "torch", {8: {"one_launch": 0.003, "split": 0.0016, "cublas": 0.002}})
+    assert tiny["kernel"] == "one_launch"
+    linear = measure.decision({16: {"k": 0.020, "cublas": 0.024}}, "torch",
+                              {16: {"k": 0.020, "cublas": 0.008}})
+    assert linear["kernel"] is None
+
+
 def test_a_kernel_that_trades_paces_must_still_hold_at_both_ends_of_its_bucket():
     """The trade between the two paces is made at each M; losing both at one end loses the
     bucket, and no GPU-alone figures leave the loop's rule as it was."""

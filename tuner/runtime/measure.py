@@ -17,8 +17,8 @@ ahead), its cost is the GPU's time alone, so each candidate is also timed with t
 queued behind a kernel that keeps the stream busy meanwhile (driver.spin) and then run
 back to back. A bucket of Ms
 is timed at its smallest and its largest M (tuner.runtime.dispatch), and `decision` weighs
-the four figures (two Ms, two paces): a kernel runs where it beats cuBLAS in all of them,
-or where the most it loses anywhere is less than the most cuBLAS loses anywhere.
+the four figures (two Ms, two paces): at each M a kernel must beat cuBLAS in both, or save
+more time in one than it costs in the other.
 """
 
 from __future__ import annotations
@@ -70,36 +70,44 @@ def decision(at: dict[int, dict[str, float]], route: str,
     M -> {kernel name or "cublas": ms} in the caller's loop, and `device`, M -> the same
     of the GPU's time alone (empty or None where it was not measured).
 
-    A kernel must hold at every M measured. At one M its ratios to cuBLAS (its ms over
-    cuBLAS's: in the loop, and on the GPU alone where measured) must all beat cuBLAS by
-    MEASURE_MARGIN; or, where it wins one and loses the other (a cheaper launch but a slower
-    GPU time, or the reverse: which one a call pays depends on whether its program's host
-    or its GPU sets the pace), what it loses, by the margin, must be less than what cuBLAS
-    would lose in the other. Of the kernels that hold, the one of the best worst ratio
-    runs; with none, cuBLAS (kernel None). A kernel not measured at every M (it could not
-    take the operands there) is no candidate."""
+    A kernel must hold against cuBLAS at every M measured: it wins every figure there by
+    MEASURE_MARGIN; or it wins one and loses the other (a cheaper launch but a slower GPU
+    time, or the reverse: which one a call pays depends on whether its program's host or
+    its GPU sets the pace), and the most time it can lose, by the margin, is less than
+    the most it can save. Of the kernels that hold, the one of the least regret runs: at
+    each M, the most it falls behind the best option (cuBLAS included) in any figure, over
+    the best loop time there; the most over the Ms. With none, cuBLAS (kernel None). A
+    kernel not measured at every M (it could not take the operands there) is no
+    candidate."""
     device = device or {}
 
-    def ratios(name: str, m: int) -> list[float] | None:
-        figures = [at[m]] + ([device[m]] if device.get(m) else [])
-        if not all(name in x for x in figures):
-            return None
-        return [x[name] / max(x["cublas"], 1e-9) for x in figures]
+    def figures(m: int) -> list[dict]:
+        return [at[m]] + ([device[m]] if device.get(m) else [])
+
+    def measured(name: str) -> bool:
+        return all(name in x for m in at for x in figures(m))
 
     def holds(name: str) -> bool:
         for m in at:
-            r = ratios(name, m)
-            if r is None:
-                return False
-            worst, best = max(r), min(r)
-            wins = worst * MEASURE_MARGIN < 1.0
-            trades = best < 1.0 <= worst and worst * MEASURE_MARGIN < 1.0 / best
-            if not (wins or trades):
+            xs = figures(m)
+            if max(x[name] / max(x["cublas"], 1e-9) for x in xs) * MEASURE_MARGIN < 1.0:
+                continue
+            loss = max(x[name] - x["cublas"] for x in xs)
+            gain = max(x["cublas"] - x[name] for x in xs)
+            if not (0.0 < loss and loss * MEASURE_MARGIN < gain):
                 return False
         return True
 
-    names = [name for name in at[max(at)] if name != "cublas" and holds(name)]
-    kernel = min(names, key=lambda name: max(max(ratios(name, m)) for m in at), default=None)
+    def regret(name: str) -> float:
+        worst = 0.0
+        for m in at:
+            xs = figures(m)
+            behind = max(x[name] - min(x.values()) for x in xs)
+            worst = max(worst, behind / max(min(at[m].values()), 1e-9))
+        return worst
+
+    names = [name for name in at[max(at)] if name != "cublas" and measured(name)]
+    kernel = min((name for name in names if holds(name)), key=regret, default=None)
     log.info("dispatch measured (%s): %s, on the GPU alone %s", route, at, device)
     lo, hi = min(at), max(at)
     d = dict(kernel=kernel, route=route, measured_m=[lo, hi],
