@@ -190,7 +190,7 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     """The per-call time a first use records is the loop's steady state, max(GPU, host) per
     call, even for cuBLAS, whose first call takes milliseconds (choosing its algorithm): the
     loops are sized from a warm loop, and the clock starts with a call in flight. Behind a
-    hold the same calls give the GPU's time alone."""
+    hold the same calls give the GPU's time alone; a loop the GPU paced gives it as it is."""
     s = _Stream(host_ms)
     _simulated(monkeypatch, s)
     first = {"cublas": True}
@@ -198,12 +198,16 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     def blas(stream):
         s.run(3.0 if first.pop("cublas", False) else gpu_ms)
 
+    holds = []
     ms, device = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
-                                                "cublas": blas}, stream=7, hold=s.hold,
+                                                "cublas": blas}, stream=7,
+                                         hold=lambda st, t: holds.append(t) or s.hold(st, t),
                                          clock=s.clock)
     assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
     assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
     assert device == pytest.approx({"cublas": gpu_ms, "kernel": 1.5 * gpu_ms}, rel=1e-6)
+    # held loops only where the host paced a loop (a GPU-paced loop's time is the GPU's)
+    assert bool(holds) == (host_ms > measure.GPU_BOUND * gpu_ms)
 
 
 def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):

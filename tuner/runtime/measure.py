@@ -45,6 +45,9 @@ MEASURE_MARGIN = 1.02
 #: longest it is held (ms)
 HELD_CALLS = 32
 HOLD_MS = 50.0
+#: a loop whose calls took the host less than this fraction of their time to issue was
+#: paced by the GPU: its time per call is the GPU's, and no held loop is run
+GPU_BOUND = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +195,9 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
     GPU's time alone: the same calls queued behind a kernel that keeps the stream busy
     meanwhile (`hold`(stream, ms), default driver.spin on GPU g), then run back to back.
     `device` is empty where the host took longer to queue the calls than the hold lasted
-    (a call that waits for the GPU, say).
+    (a call that waits for the GPU, say). Where the host issued a loop's calls in less than
+    GPU_BOUND of their time, the GPU set its pace: the loop's time is the GPU's, and no
+    held loop is run (a large problem's first use costs no more for it).
 
     Each loop starts its clock with a call already in flight, so the host's start-up (the
     first call's issue, which the GPU would wait for) is not counted: on a GPU-bound loop
@@ -205,18 +210,22 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
             driver.spin(g, st, int(ms * 1e6))
     driver.sync(stream)
     start, end = driver.Event(), driver.Event()
+    host: dict[str, float] = {}  # ms of host time a call takes to issue, from the last loop
 
-    def loop(run, reps) -> float:
+    def loop(run, reps, name=None) -> float:
         run(stream)  # in flight when the clock starts
+        t0 = clock()
         start.record(stream)
         for _ in range(reps):
             run(stream)
         end.record(stream)
+        if name is not None:
+            host[name] = (clock() - t0) * 1e3 / reps
         end.synchronize()
         return end.since(start) / reps
 
-    def held(run, reps, per_call_ms) -> float | None:
-        ms = min(HOLD_MS, 1.0 + 3.0 * reps * per_call_ms)  # ample time to queue the calls
+    def held(run, reps, host_ms) -> float | None:
+        ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
         hold(stream, ms)
         t0 = clock()
         start.record(stream)
@@ -239,17 +248,22 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
     warm = {name: loop(run, 3) for name, run in runners.items()}
     reps = {name: int(min(100, max(3, budget_ms / max(t, 1e-4)))) for name, t in warm.items()}
     for name, run in runners.items():
-        loop(run, reps[name])
+        loop(run, reps[name], name)
     times: dict[str, list] = {name: [] for name in runners}
     device: dict[str, list] | None = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
-            times[name].append(loop(run, reps[name]))
-            if device is not None:
-                t = held(run, min(reps[name], HELD_CALLS), warm[name])
-                if t is None:
-                    device = None
-                else:
-                    device[name].append(t)
+            t = loop(run, reps[name], name)
+            times[name].append(t)
+            if device is None:
+                continue
+            if host[name] < GPU_BOUND * t:  # the GPU paced the loop: its time is the GPU's
+                device[name].append(t)
+                continue
+            t = held(run, min(reps[name], HELD_CALLS), host[name])
+            if t is None:
+                device = None
+            else:
+                device[name].append(t)
     return ({name: statistics.median(t) for name, t in times.items()},
             {} if device is None else {name: statistics.median(t) for name, t in device.items()})
