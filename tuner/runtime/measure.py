@@ -15,10 +15,10 @@ warm-up loop, turn about for 5 rounds, median per call. That is the call's cost 
 host sets the pace (a small problem's loop); where the GPU does (a program whose host runs
 ahead), its cost is the GPU's time alone, so each candidate is also timed with the calls
 queued behind a kernel that keeps the stream busy meanwhile (driver.spin) and then run
-back to back. A bucket of Ms
-is timed at its smallest and its largest M (tuner.runtime.dispatch), and `decision` weighs
-the four figures (two Ms, two paces): at each M a kernel must beat cuBLAS in both, or save
-more time in one than it costs in the other.
+back to back. A bucket of Ms is timed at its smallest and its largest M
+(tuner.runtime.dispatch), and `decision` weighs the four figures (two Ms, two paces): at
+each M a kernel must beat cuBLAS in both, or save more time in one than it costs in the
+other.
 """
 
 from __future__ import annotations
