@@ -347,8 +347,10 @@ def _identity(self, x):
 
 def patch(model: torch.nn.Module, lib, fuse: bool = True) -> torch.nn.Module:
     """Route every nn.Linear of `model` (the module itself or any below it) through `lib`:
-    each one's forward is replaced, on the instance, by :func:`linear` (its parameters are
-    kept and used in place); :func:`unpatch` restores them. Returns `model`.
+    each one's forward is replaced, on the instance, by :func:`linear`'s computation (its
+    parameters are kept and used in place; the layer keeps W.t() and its call keys between
+    calls, tuner.runtime.call.torch_linear, and where cuBLAS runs it calls torch's own
+    F.linear); :func:`unpatch` restores them. Returns `model`.
 
     With `fuse`, a Linear that an activation immediately follows where the structure
     leaves no doubt absorbs it: inside an nn.Sequential (running Sequential's own
