@@ -4,7 +4,9 @@ through each of gemm-tune's entry points, on the GPU.
     python bench/linear_host_path.py [--library DIR] [--out DIR]
 
 For each problem (bf16 Llama-like rows of 1 and 16 tokens, no bias; fp16 GPT-2-like rows
-with a bias), per call, two ways:
+with a bias), per call, two ways, each entry point once a round, turn about, for --rounds
+rounds (the median of the rounds: the GPU machine's host drifts by tens of percent between
+minutes, so the entry points are compared within the same ones):
   - "flushed": CUDA events around one call after an L2 flush (bench/wgmma_vs_cublas.Timer,
     as bench/model_gemms.py times), the median;
   - "loop": 200 calls back to back between two events, per call (a host-bound call shows
@@ -24,13 +26,12 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import header, write  # noqa: E402
+from _common import header, interleaved, write  # noqa: E402
 
 PROBLEMS = [("bfloat16", 1, 4096, 4096, False), ("bfloat16", 16, 2048, 4096, False),
             ("bfloat16", 128, 4096, 4096, False), ("float16", 1, 3072, 1024, True),
@@ -65,6 +66,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--library", type=Path, default=Path("artifacts/library"))
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds, every entry point once a round, turn about (medians)")
     p.add_argument("--profile", action="store_true",
                    help="cProfile lib.gemm and the patched nn.Linear on the first problem")
     args = p.parse_args(argv)
@@ -103,9 +106,12 @@ def main(argv=None) -> int:
             plan = next(p for p in lib.plans.values() if (p.m, p.n, p.k) == (m, n, k))
             row = dict(dtype=dtype, m=m, n=n, k=k, bias=with_bias,
                        runs=plan.choice.kernel or "cuBLAS", reason=plan.choice.reason)
-            for name, fn in fns.items():
-                row[name] = dict(flushed_us=round(statistics.median(timer(fn)) * 1e3, 2),
-                                 loop_us=round(loop_us(torch, fn), 2))
+            flushed = interleaved(timer, fns, args.rounds)
+            loops = interleaved(lambda fn: [loop_us(torch, fn)], fns, args.rounds)
+            for name in fns:
+                row[name] = dict(flushed_us=round(flushed[name][0] * 1e3, 2),
+                                 loop_us=round(loops[name][0], 2),
+                                 loop_rounds_us=[round(t, 2) for t in loops[name][1]])
             if args.profile and not rows:
                 patched(x)
                 torch.cuda.synchronize()
