@@ -252,8 +252,8 @@ def test_first_use_times_cublas_as_the_callers_torch_matmul_runs(lib, spec):
     """The figures a first use records for cuBLAS (a torch caller's: torch.matmul through
     lib.gemm on scratch laid out as the caller's) are what torch.matmul takes on the
     caller's own tensors in a loop (the issue: 0.0334 ms recorded where it took 0.0145),
-    and on the GPU alone, the host ahead (driver.Gate's figure against calls queued behind
-    torch's sleeping kernel)."""
+    and on the GPU alone, the host ahead (the calls queued behind driver.spin, against
+    calls queued behind torch's sleeping kernel)."""
     import statistics
 
     import torch
@@ -266,29 +266,28 @@ def test_first_use_times_cublas_as_the_callers_torch_matmul_runs(lib, spec):
     d = lib.dispatcher.table.get(lib.dispatcher.key(problem.gpu, problem.case))
     assert d is not None and d["route"] == "torch", lib.explain(a, b, c)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rounds = []
-    for _ in range(5):
-        torch.matmul(a, b, out=c)
-        start.record()
-        for _ in range(100):
-            torch.matmul(a, b, out=c)
-        end.record()
-        end.synchronize()
-        rounds.append(start.elapsed_time(end) / 100)
-    theirs = statistics.median(rounds)
+
+    def per_call(calls, before):
+        """The median over 5 rounds of ms per call of `calls` torch.matmul calls in a loop,
+        `before()` issued first in each."""
+        rounds = []
+        for _ in range(5):
+            before()
+            start.record()
+            for _ in range(calls):
+                torch.matmul(a, b, out=c)
+            end.record()
+            end.synchronize()
+            rounds.append(start.elapsed_time(end) / calls)
+        return statistics.median(rounds)
+
+    theirs = per_call(100, lambda: torch.matmul(a, b, out=c))  # one in flight first
     ours = d["measured_ms"]["cublas"]
     assert ours <= 1.2 * theirs + 0.004, (spec, ours, theirs)
-    # and the GPU's time alone: the same calls queued behind a sleeping kernel
-    alone = []
-    for _ in range(5):
-        torch.cuda._sleep(20_000_000)  # ~10 ms: the host queues the calls meanwhile
-        start.record()
-        for _ in range(32):
-            torch.matmul(a, b, out=c)
-        end.record()
-        end.synchronize()
-        alone.append(start.elapsed_time(end) / 32)
-    gpu, recorded = statistics.median(alone), d["device_ms"]["cublas"]
+    # and the GPU's time alone: the same calls queued behind a sleeping kernel (~10 ms:
+    # the host queues the calls meanwhile)
+    gpu = per_call(32, lambda: torch.cuda._sleep(20_000_000))
+    recorded = d["device_ms"]["cublas"]
     assert gpu / 1.2 - 0.003 <= recorded <= 1.2 * gpu + 0.003, (spec, recorded, gpu)
     assert "on the GPU alone" in lib.explain(a, b, c)
 

@@ -338,11 +338,9 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
             if act is not None and act != "none":
                 torch_epilogue(y, None, act)
             return y
-        x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
-        return _torch_run(plan, x2, B, None, 1.0, 0.0, bias, px, pb, 0, None).view(hit[1])
-    import torch
-
-    C = torch.empty(hit[1], dtype=_TORCH_OUT[plan.out], device=x.device)
+        rows = x.view(-1, x.shape[-1])  # (a bias of another type than x: torch's route)
+        return _torch_run(plan, rows, B, None, 1.0, 0.0, bias, px, pb, 0, None).view(hit[1])
+    C = x.new_empty(hit[1], dtype=_TORCH_OUT[plan.out])
     return _torch_run(plan, x, B, C, 1.0, 0.0, bias, px, pb, C.data_ptr(), None)
 
 
