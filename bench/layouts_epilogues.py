@@ -5,7 +5,8 @@
 
 Four parts, each row "ours" against the torch call a user would otherwise make, with the
 same input and output types:
-  layouts   each family's 4096^3 kernel in NN, NT, TN and TT: the library's entry tuned
+  layouts   each family's 4096^3 kernel in NN, NT, TN and TT (the families that serve that
+            shape: not decode, M <= 64): the library's entry tuned
             for that layout (plain epilogue, the NN entry's C type) where it holds one
             ("tuned": true), else the family's NN entry (or default) re-targeted to the
             layout; the ratio of each layout's time to the family's NN (the bar: NT, TN,
@@ -108,6 +109,7 @@ class Candidates:
         """family -> {layout: (config, tuned for that layout?)}: the family's config tuned
         at `shape` for each layout in the library (the plain epilogue, of the NN entry's C
         type), else its NN config (or its default) re-targeted to the layout."""
+        from codegen.arch import parse_arch
         from codegen.config import config_from_name
         from codegen.families import FAMILIES, family_of
         from tuner.runtime.manifest import entry_batch, entry_variant
@@ -125,6 +127,8 @@ class Candidates:
                 continue
             mine = found.get(s.name, {})
             nn = mine.get(Layout.NN, s.default(dtype))
+            if s.shape_reasons(nn, tuple(shape), parse_arch("sm_90")):
+                continue  # a family that never serves this shape (decode: M <= 64)
             out[s.name] = {}
             for layout in Layout:
                 cfg = mine.get(layout)

@@ -132,18 +132,23 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
     torch.matmul's own 2-D call, without its dispatch on rank), torch.addmm (the bias fused
     when it is of C's type and beta is 0), torch.bmm / baddbmm for a batch (a 2-D operand
     expanded over it, no copy). `matrices`: A, B and C are all 2-D (the plan's key fixes
-    every operand's rank). Returns C; with C None (the call allocates it: beta is 0) the
-    matrix products allocate it themselves, as torch.matmul does (one dispatch less than
-    torch.empty and out=), others an `out_shape` tensor of A's type."""
+    every operand's rank). Returns C; with C None (the call allocates it: beta is 0)
+    torch.mm, torch.bmm and addmm allocate it themselves, as torch.matmul does (one
+    dispatch less than torch.empty and out=), others an `out_shape` tensor of A's type."""
     import torch
 
     mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
     fused = act != "none"
 
+    def batched(X):  # X over the whole batch: 3-D as it is, else expanded (no copy)
+        if X.dim() == 3 and X.shape[0] == batch:
+            return X
+        return (X if X.dim() == 3 else X.unsqueeze(0)).expand(batch, -1, -1)
+
     def run(A, B, C, alpha: float, beta: float, bias=None):
         if C is None:
-            if matrices and alpha == 1.0 and bias is None:
-                C = mm(A, B)
+            if alpha == 1.0 and bias is None:  # as torch.matmul: the product allocates C
+                C = mm(A, B) if matrices else bmm(batched(A), batched(B))
             elif matrices and bias is not None and bias.dtype == A.dtype:
                 C = addmm(bias, A, B) if alpha == 1.0 else addmm(bias, A, B, alpha=alpha)
                 bias = None
@@ -156,8 +161,7 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
         if matrices and alpha == 1.0 and beta == 0.0 and bias is None:
             mm(A, B, out=C)  # the common call first: the host sets a small call's time
         elif not matrices:
-            A3 = (A if A.dim() == 3 else A.unsqueeze(0)).expand(batch, -1, -1)
-            B3 = (B if B.dim() == 3 else B.unsqueeze(0)).expand(batch, -1, -1)
+            A3, B3 = batched(A), batched(B)
             C3 = C if C.dim() == 3 else C.unsqueeze(0)
             if alpha == 1.0 and beta == 0.0:
                 bmm(A3, B3, out=C3)
