@@ -181,6 +181,24 @@ def test_the_torch_fallback_computes_the_variant(shapes, bias, alpha, beta, act)
         assert C.shape == out and torch.allclose(C, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_the_torch_fallback_applies_the_activation_in_place_only_into_the_callers_c(monkeypatch):
+    """Into a C the caller gave, the activation runs in place (it must land there); into a C
+    the call allocated, out of place, as F.gelu(F.linear(...)) runs it (faster after a large
+    GEMM on the H200)."""
+    from tuner.runtime import call
+
+    inplace = []
+    real = torch._C._nn.gelu_
+    monkeypatch.setattr(torch._C._nn, "gelu_", lambda C, **kw: inplace.append(1) or real(C, **kw))
+    A, B = torch.randn(7, 5), torch.randn(5, 3)
+    want = torch.nn.functional.gelu(A @ B)
+    run = call._torch_fallback(1, "gelu", True, (7, 3))
+    got = run(A, B, None, 1.0, 0.0)
+    assert torch.allclose(got, want) and inplace == []
+    C = torch.full((7, 3), float("nan"))
+    assert run(A, B, C, 1.0, 0.0) is C and torch.allclose(C, want) and inplace == [1]
+
+
 def test_eager_calls_skip_the_ops_dispatch_only_where_nothing_traces_or_records():
     """Plain tensors and nn.Parameters in eager code with no gradient to record call the
     library directly; torch.compile, a dispatch mode (make_fx, fake tensors) or autograd
@@ -254,7 +272,7 @@ def test_a_layers_calls_reuse_its_key_while_the_operands_geometry_stays(monkeypa
     geometry of x and storage of W: a repeated call finds it in the layer's memo, and still
     looks the plan up in lib.plans (a recording makes plans afresh); a new x shape, a moved
     W or another bias makes the key again. Where cuBLAS runs through torch the call is
-    F.linear on x as it is (any leading dimensions) and the activation in place."""
+    F.linear on x as it is (any leading dimensions) and the activation after it."""
     from types import SimpleNamespace
 
     from tuner.runtime import call
