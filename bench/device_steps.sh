@@ -22,7 +22,8 @@
 #   probe     bench/wgmma_probe.py $PROBE_ARGS (e.g. --fp32)
 #   decode    bench/decode_roof.py $DECODE_ARGS (the decode family at the DRAM roof)
 #   tf32x3    bench/tf32x3_accuracy.py $TF32X3_ARGS (3xTF32's split modes beside SGEMM)
-#   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file)
+#   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file, and
+#             PostgreSQL where .pg-carry, from bench/postgres_carry.sh, was carried)
 #   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
 #   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
 #   linear    bench/linear_host_path.py (a small linear's time through torch and each entry point)
@@ -121,8 +122,11 @@ PY
       timeout ${TF32X3_TIMEOUT:-300} python3 bench/tf32x3_accuracy.py ${TF32X3_ARGS:-} \
         2>&1 | tail -40 ;;
     storage)
+      # PostgreSQL too where the package of bench/postgres_carry.sh was carried (.pg-carry)
+      pg=(); if [ -d .pg-carry ] && source bench/local_postgres.sh; then
+        pg=(--postgres "$GEMM_TUNE_PG_URL"); fi
       timeout ${STORAGE_TIMEOUT:-300} python3 bench/storage_overhead.py --out "$OUT" \
-        --repeat ${STORAGE_REPEAT:-2} 2>&1 | tail -15 ;;
+        --repeat ${STORAGE_REPEAT:-2} "${pg[@]}" 2>&1 | tail -15 ;;
     host)
       timeout ${HOST_TIMEOUT:-240} python3 bench/host_overlap.py --out "$OUT" \
         ${HOST_SHAPES:+--shapes $HOST_SHAPES} ;;
