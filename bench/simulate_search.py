@@ -141,7 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=300)
-    ap.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
+    ap.add_argument("--sampler", default="tpe", choices=("tpe", "tpe-independent", "random"))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     rows = trials_to_within(from_exhaustive(), args.seeds, args.budget, args.sampler)

@@ -127,8 +127,10 @@ def _search_arguments(g) -> None:
                    help="candidates to compile and time (default 150)")
     g.add_argument("--timeout", type=float, default=540.0,
                    help="stop the search after this many seconds (default 540)")
-    g.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
-                   help="Optuna sampler (default tpe; grid walks the whole valid space)")
+    g.add_argument("--sampler", choices=("tpe", "tpe-independent", "random", "grid"),
+                   default="tpe", help="Optuna sampler (default tpe: each family's parameters "
+                   "modelled jointly; tpe-independent: one by one; grid walks the whole valid "
+                   "space)")
     g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     g.add_argument("--no-model", action="store_true",
                    help="neither start from the model's best-predicted candidates nor prune "
