@@ -17,4 +17,4 @@ if __name__ == "__main__":
                  storage=storage, study_name="shared", cache_dir=cache)
     best = res.timed()[0]
     print(res.stats.compiled, res.stats.timed, res.stats.duplicates, best.tflops,
-          res.stats.resumed)
+          res.stats.resumed, len(bench.measured))

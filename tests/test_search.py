@@ -232,11 +232,13 @@ def test_processes_sharing_a_study_never_time_a_candidate_twice(tmp_path, compil
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     stats = [tuple(map(int, o[0].split()[:3])) for o in outs]
-    # a process whose first read of the study finds others' finished candidates counts
-    # them as resumed (and timed): what it timed itself is timed - resumed
-    resumed = [int(o[0].split()[4]) for o in outs]
+    # what each process timed itself (its benchmark's own count: a process whose first read
+    # of the study finds others' finished candidates counts them as resumed, timed or
+    # pruned alike, so its stats cannot say)
+    own = [int(o[0].split()[5]) for o in outs]
     names = log.read_text().split()
-    assert len(names) == len(set(names)) == sum(s[1] for s in stats) - sum(resumed)  # once
+    assert len(names) == len(set(names)) and names  # each candidate timed by one process
+    assert all(o <= s[1] for o, s in zip(own, stats))  # and counted as timed by it
     assert sum(s[2] for s in stats) > 0  # the workers did ask for each other's candidates
     from tuner.search import open_storage
 
