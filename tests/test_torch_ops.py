@@ -315,3 +315,43 @@ def test_a_layers_calls_reuse_its_key_while_the_operands_geometry_stays(monkeypa
     assert len(keys) == 4 and len(memo) == 4
     assert call.torch_linear(lib, memo, torch.randn(5, 2, 3).transpose(0, 1), w, w.t(), b,
                              "gelu") is None  # rows that do not fold without a copy
+
+
+@pytest.mark.parametrize("c_given", [True, False])
+def test_a_first_use_is_timed_with_the_callers_c_or_none(monkeypatch, c_given):
+    """A torch caller that passes no C has each call allocate one (a kernel's plan into
+    torch.empty of C's shape, cuBLAS through torch's allocating product): its first use
+    times that same call, C None, and the plans it times know the shape to allocate; a
+    caller's C is passed as given."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from codegen.families._common import DType
+    from tuner.runtime import call, measure
+    from tuner.runtime.dispatch import Choice
+
+    m, n, k, batch = 6, 5, 4, 3
+    geometry = (((batch, m, k), (m * k, k, 1)), ((k, n), (n, 1)),
+                ((batch, m, n), (m * n, n, 1)), None)
+    problem = call.Problem(SimpleNamespace(index=0), DType.F32, m, n, k, k, n, n, (0, 0, 0),
+                           True, None, True, 0, strides=(m * k, 0, m * n), batch=batch,
+                           geometry=geometry, c_given=c_given)
+    plan = problem.build(SimpleNamespace(), Choice(None, "measured", ""))
+    assert plan.out_shape == (batch, m, n) and plan.torch_run is not None
+
+    operands = tuple(torch.randn(shape).as_strided(shape, strides)
+                     for shape, strides in geometry[:3]) + (None,)
+    passed = []
+
+    @contextmanager
+    def torch_operands(g, p):
+        yield operands
+
+    monkeypatch.setattr(measure, "torch_operands", torch_operands)
+    monkeypatch.setattr(measure, "time_candidates",
+                        lambda g, runners, stream: [r(stream) for r in runners.values()])
+    monkeypatch.setattr(call.Problem, "_plans", lambda self, lib, names: {"cublas": plan})
+    monkeypatch.setattr(call, "gemm", lambda lib, A, B, C, *a, **kw: passed.append(C))
+    lib = SimpleNamespace(plans={})
+    problem._time_torch(lib, [])
+    assert passed == [operands[2] if c_given else None] and lib.plans == {}

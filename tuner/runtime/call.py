@@ -558,7 +558,7 @@ def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DTyp
                 None if req.bias is None else ((n,), (1,)))
     return Problem(g, dtype, m, n, k, a.ld, b.ld, ldc, offsets, via_torch, mode,
                    measure, stream, allocate, variant, batch, (a.bstride, b.bstride, sc),
-                   geometry, align)
+                   geometry, align, c is not None)
 
 
 def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
@@ -657,6 +657,8 @@ class Problem:
     #: are: the first-use measurement's scratch operands are made so
     geometry: tuple | None = None
     align: tuple = (16, 16, 16)  # the alignment class of A, B and C (operands.align_class)
+    #: the caller passes C (False: the call allocates it, and its first use is timed so)
+    c_given: bool = True
 
     @property
     def layout(self) -> Layout:
@@ -765,7 +767,8 @@ class Problem:
                                         self.shapes[2][0])
         else:
             run = self._blas(capturing)
-        return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self, self.variant.out)
+        return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self, self.variant.out,
+                    self.shapes[2][0])
 
     def _blas(self, capturing: bool) -> Callable:
         """cuBLAS through gemm-tune's binding, and the epilogue kernel after it where cuBLAS
@@ -834,11 +837,14 @@ class Problem:
     def _time_torch(self, lib, names) -> dict:
         """A torch caller's candidates, timed through lib.gemm itself (the call's whole host
         path, each plan swapped in under the call's key) on torch tensors laid out as the
-        caller's: cuBLAS as torch.matmul, addmm, bmm ... (_torch_fallback)."""
+        caller's: cuBLAS as torch.matmul, addmm, bmm ... (_torch_fallback); with no C where
+        the caller passes none (each call allocates its C then, a kernel's and torch's
+        alike, and torch's product is the allocating one, not out=)."""
         from tuner.runtime import measure
 
         _see_torch()
         with measure.torch_operands(self.gpu, self) as (A, B, C, bias):
+            C = C if self.c_given else None
             act = self.variant.act
             key = _torch_key(A, B, C, self.mode, self.measure, None, None, bias, act)[0]
             saved = lib.plans.get(key)
