@@ -151,9 +151,9 @@ def make_sampler(name: str, seed: int | None):
     family's parameters, asked only when the trial picked that family, are a group of
     their own), so a new point is drawn near one good point seen, not assembled value by
     value from several: in a space as constrained as 3xTF32's (7% of the wgmma family's
-    searched points valid) the independent TPE ("tpe-independent") asked 9500 points for
-    19 valid ones, or spent its budget on the other family (bench/NOTES.md, "Ninth
-    session"). The grid is not an Optuna GridSampler (it rescans every trial on each ask:
+    searched points valid) the independent TPE ("tpe-independent") asked 1201 points for 80
+    candidates, where the joint one asked 434, and slowed as the rejected asks piled up
+    (the model standing in for the GPU; bench/NOTES.md, "Ninth session"). The grid is not an Optuna GridSampler (it rescans every trial on each ask:
     3000 asks took 230 s) but :class:`_GridAsker` over the valid configurations."""
     import optuna
 
