@@ -893,6 +893,23 @@ def _default(dtype: DType) -> WgmmaConfig:
     return dataclasses.replace(DEFAULT_WGMMA, dtype=dtype)
 
 
+#: fp32 data converted in the main loop (prep=0: the consumers round A and transpose B in
+#: shared memory, and split both for 3xTF32, before each stage's wgmmas) against the same
+#: tile fed by the pre-pass, measured on the H200: tf32 0.61-0.70x (256x128,
+#: bench/results/wgmma-probe-prep-h200-2026-12-01.json), 3xTF32 0.43-0.44x (4096^3, 8192^3,
+#: 8192x8192x1024, bench/results/tf32x3-accuracy-h200-2026-12-01.json), by terms
+CONVERT_EFFICIENCY = {1: 0.65, 3: 0.44}
+
+
+def issue_efficiency(c: WgmmaConfig) -> float:
+    """The share of the tensor cores' rate the main loop keeps: 1 / terms (3xTF32 spends
+    three TF32 products on each multiply), times CONVERT_EFFICIENCY where fp32 data is
+    converted in the loop rather than by the pre-pass (which the model charges apart, as
+    DRAM traffic)."""
+    eff = 1.0 / c.terms
+    return eff * CONVERT_EFFICIENCY[c.terms] if c.fp32_data and not c.prep else eff
+
+
 WGMMA = register(FamilySpec(
     name=Family.WGMMA.value,
     config=WgmmaConfig,
@@ -915,12 +932,12 @@ WGMMA = register(FamilySpec(
     epilogue=True,
     # A and B row- or column-major (fp32 data without the pre-pass: A row-major; check says)
     layouts=frozenset(Layout),
-    # 1 / terms: a 3xTF32 kernel spends three TF32 products on each multiply
-    issue_efficiency=lambda c: 1.0 / c.terms,
+    issue_efficiency=issue_efficiency,
     # measured / predicted over an fp16 4096^3 study with the model off (33 wgmma kernels
     # timed, H200, bench/results/model-calibration-wgmma-h200-2026-12-01.json): 0.71-1.25:
     # the model underestimates some by 1.25x, where the CUDA-core family's margin would
-    # prune them (3xTF32 kernels measured 0.22-0.32 of their prediction: never pruned)
+    # prune them (3xTF32 kernels converted in the loop measured 0.22-0.32 of their
+    # prediction before CONVERT_EFFICIENCY, about 0.5-0.73 with it: never pruned)
     prune_margin=1.5,
     min_cc=90,
     max_cc=90,
