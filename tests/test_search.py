@@ -348,15 +348,15 @@ def test_a_3xtf32_search_spends_its_budget_on_valid_3xtf32_candidates():
     family's parameters jointly, so its asks land near valid points seen: the search
     compiles its budget in some ten asks per candidate (invalid points and repeats), and
     times mostly the 3xTF32 kernels the model ranks far above the CUDA-core ones. The
-    independent TPE asked 2514 points for these 80 candidates (and compiled 93 of 150 in
-    300 s)."""
+    independent TPE asked 943 points for these 50 candidates (2514 for 80; 93 of 150
+    compiled in 300 s)."""
     from _fakes import ModelledBenchmark
 
     from codegen.families._common import DType
 
     shape = (4096, 4096, 4096)
     bench = ModelledBenchmark(shape=shape)
-    res = search(shape, bench, dtype=DType.F32X3, trials=80, seed=0, jobs=1, timeout=300)
-    assert res.stats.compiled == 80 and res.stats.asked <= 16 * 80, res.stats
+    res = search(shape, bench, dtype=DType.F32X3, trials=50, seed=0, jobs=1, timeout=300)
+    assert res.stats.compiled == 50 and res.stats.asked <= 12 * 50, res.stats
     t3 = [c for c in bench.measured if c.name.endswith("_t3")]
     assert len(t3) >= 0.8 * len(bench.measured), [c.name for c in bench.measured]
