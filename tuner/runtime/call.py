@@ -59,7 +59,8 @@ class Plan:
     torch_run: Callable | None = None
     problem: "Problem | None" = None  # what it was built from
     out: DType = DType.F32  # C's type
-    out_shape: tuple = ()  # the shape of a C the call allocates: (M, N) or (batch, M, N)
+    #: the shape of a C the call allocates, (M, N) or (batch, M, N): its problem's C's
+    out_shape: tuple = ()
     #: rows -> the plan running the same choice on a chunk of that many packed rows
     chunks: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     #: the call counter of a recorded problem (tuner.runtime.record), or None
@@ -580,8 +581,6 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DT
             choice = Choice(None, choice.rule, f"{choice.reason}; but {choice.kernel} cannot "
                                                f"take these operands ({e}): cuBLAS runs")
             plan = problem.build(lib, choice, capturing)
-    out_shape = (req.batch, req.m, req.n) if req.batched else (req.m, req.n)
-    plan = dataclasses.replace(plan, out=req.out, out_shape=out_shape)
     if measure and choice.rule == "estimate" and capturing:
         plan = dataclasses.replace(plan, memo=False)
     if lib.recorder is not None and lib.dispatcher.select_case(
