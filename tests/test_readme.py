@@ -48,6 +48,7 @@ def test_the_4096_tune_figures_are_those_of_the_files_cited():
     assert f"took {t3['wall_s']:.0f} s on the H200 and won with the pre-split `{t3['kernel']}` " \
         f"at {t3['tflops']:.1f} TFLOP/s, {t3['ratio']:.2f}x cuBLAS SGEMM's " \
         f"{t3['cublas_tflops']:.1f} in the same run ({t3['timed']} of its {t3['compiled']}" in text
+    assert f"had a Spearman correlation of {t3['rank_rho']:.2f} with their" in text
 
 
 def test_the_layouts_and_epilogue_figures_are_those_of_the_files_cited():
@@ -196,3 +197,11 @@ def test_the_gpu_suite_figures_are_those_of_the_log_cited():
         passed, failed = (sum(1 for x in lines if x.startswith("tests/") and f" {w} " in x)
                           for w in ("PASSED", "FAILED"))
         assert f"{passed} passed and {failed} failed in the" in " ".join(README.split())
+
+
+def test_the_storage_figures_are_those_of_the_file_cited():
+    rows = {r["storage"]: r for r in _cited("storage-overhead-gpu-")["rows"]}
+    text = " ".join(README.split())
+    assert f"took {rows['sqlite']['ratio_to_memory']:.2f}x its in-memory time on SQLite, " \
+        f"{rows['journal']['ratio_to_memory']:.2f}x on a journal file and " \
+        f"{rows['postgresql']['ratio_to_memory']:.2f}x on a local PostgreSQL" in text
