@@ -573,3 +573,53 @@ def test_a_storage_of_another_schema_or_kind_goes_through_optunas_calls(tmp_path
     assert a.finish(ta, {"outcome": "timed"}, TrialState.COMPLETE, 1.0)
     census = _census(storage.get_all_trials(a.study_id))
     assert census == {"k1": [(TrialState.COMPLETE, "timed", None)]}
+
+
+@pytest.mark.parametrize("schema", ["ours", "another"])
+def test_a_saved_study_is_what_optunas_copy_study_writes(tmp_path, monkeypatch, schema):
+    """search.save_study (one transaction for the trials where the schema is known, else
+    optuna.copy_study) against optuna.copy_study of the same study: every trial's number,
+    state, values, parameters, attributes, intermediate values and times (in a zone away
+    from UTC), the study's directions and attributes; and saving again replaces it."""
+    import types
+
+    from optuna.storages import RDBStorage
+
+    from tuner.search import save_study
+
+    if schema == "another":
+        monkeypatch.setattr(RDBStorage, "get_current_version", lambda self: "v9.9.9.z")
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        study = optuna.create_study(direction="maximize")
+        study.set_user_attr("shape", [64, 64, 64])
+        dist = {**DIST, "f": optuna.distributions.FloatDistribution(0.5, 2.0, log=True)}
+        states = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING]
+        for i in range(9):
+            state = states[i % 4]
+            study.add_trial(optuna.trial.create_trial(
+                params={"x": i % 4, "f": 0.5 + i / 10}, distributions=dist, state=state,
+                value=10.0 + i if state is TrialState.COMPLETE else None,
+                user_attrs={"outcome": state.name, "figures": {"f": [i, 1.5]}},
+                system_attrs={"seed": i}, intermediate_values={0: 1.0, 2: float(i)}
+                if i % 3 == 0 else {}))
+        result = types.SimpleNamespace(study=study, storage=study._storage)
+        db = tmp_path / "studies.db"
+        save_study(result, db, "ours")
+        save_study(result, db, "ours")  # replaced, not added to
+        optuna.copy_study(from_study_name=study.study_name, from_storage=study._storage,
+                          to_storage=f"sqlite:///{db}", to_study_name="optuna")
+
+        def read(name):
+            s = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+            return s.directions, s.user_attrs, [
+                (t.number, t.state, t.values, t.params, t.distributions, t.user_attrs,
+                 t.system_attrs, t.intermediate_values, t.datetime_start, t.datetime_complete)
+                for t in s.get_trials()]
+
+        ours, theirs = read("ours"), read("optuna")
+        assert len(ours[2]) == 9 and ours == theirs
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -109,6 +109,12 @@ def _stored(model, column: str, value):
     return getattr(model(**{column: value}), prop.key)
 
 
+def _json_of(distribution) -> str:
+    from optuna.distributions import distribution_to_json
+
+    return distribution_to_json(distribution)
+
+
 class BatchedWrites:
     """Claims and results of one storage's studies, one transaction each."""
 
@@ -203,6 +209,48 @@ class BatchedWrites:
             c.commit()
         return done
 
+    def copy_trials(self, study_id: int, trials: list) -> None:
+        """Write `trials` (Optuna FrozenTrials, finished or not) into the study `study_id`
+        as its trials numbered from 0, in one transaction: a statement per trial (its id)
+        and one for each table of its rows. optuna.copy_study takes about 40 statements and
+        a commit per trial (10 s for 600 trials on a CI core)."""
+        from sqlalchemy import insert
+
+        m = self.m
+        rows: dict = {m.TrialParamModel: [], m.TrialValueModel: [],
+                      m.TrialUserAttributeModel: [], m.TrialSystemAttributeModel: [],
+                      m.TrialIntermediateValueModel: []}
+        with self.connection() as c:
+            for number, t in enumerate(trials):
+                tid = c.execute(insert(self.T).values(
+                    study_id=study_id, number=number, state=t.state,
+                    datetime_start=_stored(m.TrialModel, "datetime_start", t.datetime_start),
+                    datetime_complete=_stored(m.TrialModel, "datetime_complete",
+                                              t.datetime_complete))).inserted_primary_key[0]
+                rows[m.TrialParamModel] += [
+                    dict(trial_id=tid, param_name=k,
+                         param_value=t.distributions[k].to_internal_repr(v),
+                         distribution_json=_json_of(t.distributions[k]))
+                    for k, v in t.params.items()]
+                for i, v in enumerate(t.values or ()):
+                    stored, kind = m.TrialValueModel.value_to_stored_repr(v)
+                    rows[m.TrialValueModel].append(
+                        dict(trial_id=tid, objective=i, value=stored, value_type=kind))
+                for model, attrs in ((m.TrialUserAttributeModel, t.user_attrs),
+                                     (m.TrialSystemAttributeModel, t.system_attrs)):
+                    rows[model] += [dict(trial_id=tid, key=k, value_json=json.dumps(v))
+                                    for k, v in attrs.items()]
+                for step, v in t.intermediate_values.items():
+                    stored, kind = m.TrialIntermediateValueModel.\
+                        intermediate_value_to_stored_repr(v)
+                    rows[m.TrialIntermediateValueModel].append(
+                        dict(trial_id=tid, step=step, intermediate_value=stored,
+                             intermediate_value_type=kind))
+            for model, values in rows.items():
+                if values:
+                    c.execute(insert(model.__table__), values)
+            c.commit()
+
     # -- the statements --------------------------------------------------------------
     def end_in(self, c, trial_id: int, attrs: dict, state, value: float | None = None) -> bool:
         """:meth:`end`'s statements on the connection `c` (not committed)."""
@@ -240,14 +288,13 @@ class BatchedWrites:
                 check_distribution_compatibility(known[name], dist)
 
     def insert_params(self, c, trial_id: int, params: dict, distributions: dict) -> None:
-        from optuna.distributions import distribution_to_json
         from sqlalchemy import insert
 
         if params:
             c.execute(insert(self.m.TrialParamModel.__table__), [
                 dict(trial_id=trial_id, param_name=k,
                      param_value=distributions[k].to_internal_repr(v),
-                     distribution_json=distribution_to_json(distributions[k]))
+                     distribution_json=_json_of(distributions[k]))
                 for k, v in params.items()])
 
     def upsert_attrs(self, c, trial_id: int, attrs: dict) -> None:

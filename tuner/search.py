@@ -816,14 +816,31 @@ def save_study(result: SearchResult, db: Path, name: str) -> None:
     for `gemm-tune report` and Optuna's own tools (optuna-dashboard sqlite:///...)."""
     import optuna
 
+    from tuner._rdb_batch import batched
+
     url = f"sqlite:///{Path(db).resolve()}"
     Path(db).parent.mkdir(parents=True, exist_ok=True)
     try:
         optuna.delete_study(study_name=name, storage=url)
     except KeyError:
         pass
-    optuna.copy_study(from_study_name=result.study.study_name, from_storage=result.storage,
-                      to_storage=url, to_study_name=name)
+    src = result.study
+    storage = optuna.storages.RDBStorage(url)
+    writes = batched(storage)
+    if writes is None:  # a schema these statements were not written for: Optuna's copy
+        optuna.copy_study(from_study_name=src.study_name, from_storage=result.storage,
+                          to_storage=storage, to_study_name=name)
+        return
+    sid = storage.create_new_study(src.directions, name)
+    for k, v in src.user_attrs.items():
+        storage.set_study_user_attr(sid, k, v)
+    for k, v in result.storage.get_study_system_attrs(src._study_id).items():
+        storage.set_study_system_attr(sid, k, v)
+    try:
+        writes.copy_trials(sid, src.get_trials(deepcopy=False))
+    finally:
+        writes.close()
+        storage.engine.dispose()
 
 
 def confirm(result: SearchResult, bench: Benchmark, top: int = 5, rounds: int = 3,
