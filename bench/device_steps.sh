@@ -79,8 +79,9 @@ w, s = r["winner"], r["stats"]
 print(json.dumps({"dtype": dtype, "shape": shape, "wall_s": round(time.time() - start, 1),
                   "kernel": w["name"],
                   "tflops": w["tflops"], "cublas_tflops": w["cublas_tflops"],
-                  "ratio": w["ratio"], **{k: s[k] for k in ("compiled", "timed", "pruned",
-                                                            "seconds", "rank_rho")}}))
+                  "ratio": w["ratio"], **{k: s.get(k) for k in ("compiled", "timed", "pruned",
+                                                                "seconds", "rank_rho",
+                                                                "steps_s")}}))
 PY
       done
       done ;;

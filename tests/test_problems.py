@@ -393,8 +393,14 @@ def test_recorded_variants_are_tuned_through_a_fake_gpu_into_the_cache_and_libra
         assert all(family_of(c).epilogue for c in bench.measured)
     assert benches[0].batch == 4 and benches[1].broadcast_b
     # the cache: keyed by the variant and batch
-    keys = list(json.loads((art / "cache.json").read_text())["entries"])
+    cached = json.loads((art / "cache.json").read_text())["entries"]
+    keys = list(cached)
     assert len(keys) == 2
+    for entry in cached.values():  # each step's time
+        stats = entry["result"]["stats"]
+        assert set(stats["steps_s"]) == {"workers", "search", "save study", "confirm"}
+        assert min(stats["steps_s"].values()) >= 0
+        assert stats["steps_s"]["search"] >= stats["seconds"] - 0.1
     assert keys[0].endswith("|f16|nt|64x128x64|f16|out|gelu|batch 4")
     assert keys[1].endswith("|f32|tn|32x64x48|f32|none|relu|batch 3 B shared")
     # the library: the entries carry the variant and the batch

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import sys
+import time
 from pathlib import Path
 
 from codegen.compile import nvcc_version, target_arch
@@ -404,15 +405,17 @@ def _tune(args, task: Task, artifacts, dev, key, devices) -> dict:
     from tuner.worker import GpuWorker
 
     # one timing worker process per GPU: a kernel that faults or hangs costs only its worker
+    began = time.monotonic()
     with contextlib.ExitStack() as stack:
         workers = [stack.enter_context(GpuWorker(
             task.shape, task.dtype, seed=args.seed, device=i, timeout_s=args.kernel_timeout,
             variant=task.variant, batch=task.batch, broadcast_b=task.broadcast_b))
             for i in devices]
-        return _tune_with(args, task, artifacts, dev, key, workers)
+        return _tune_with(args, task, artifacts, dev, key, workers, began)
 
 
-def _tune_with(args, task: Task, artifacts, dev, key, workers) -> dict:
+def _tune_with(args, task: Task, artifacts, dev, key, workers, began: float | None = None
+               ) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from tuner._progress import progress
@@ -438,6 +441,8 @@ def _tune_with(args, task: Task, artifacts, dev, key, workers) -> dict:
             bar.update(bar_task, completed=s.done, pruned=s.pruned, failed=s.failed, best=best,
                        pct=pct)
 
+        marks = [("workers", began if began is not None else time.monotonic()),
+                 ("search", time.monotonic())]
         res = search(shape, workers, dtype=dtype, trials=args.trials, timeout=args.timeout,
                      sampler=args.sampler, seed=args.seed, jobs=args.jobs, artifacts=artifacts,
                      storage=args.storage, study_name=args.study or (str(key) if args.storage
@@ -446,12 +451,15 @@ def _tune_with(args, task: Task, artifacts, dev, key, workers) -> dict:
                      model=not getattr(args, "no_model", False), variant=task.variant,
                      batch=task.batch)
         bar.update(bar_task, description="confirming")
+        marks.append(("save study", time.monotonic()))
         save_study(res, artifacts / "studies.db", str(key))
         if not res.timed():
             raise UsageError("no candidate passed verification; see the artifacts' .json files")
         if res.stats.interrupted:
             raise _Interrupted(res)
+        marks.append(("confirm", time.monotonic()))
         rows = confirm(res, bench, top=args.top, artifacts=artifacts)
+        marks.append(("end", time.monotonic()))
     cublas_ms = rows[0][2].median_ms
     top = [_row(i + 1, rec, t, cublas_ms, bench.flops, dev.arch)
            for i, (rec, t, _) in enumerate(rows)]
@@ -481,5 +489,9 @@ def _tune_with(args, task: Task, artifacts, dev, key, workers) -> dict:
                    failed=s.failed, resumed=s.resumed, from_others=s.from_others,
                    seconds=round(s.seconds, 1), sampler=args.sampler,
                    rank_rho=s.rank_rho, model_first=s.model_first,
-                   trials=args.trials, seed=args.seed),
+                   trials=args.trials, seed=args.seed,
+                   # seconds of each step: the timing workers' start, the search, the
+                   # study's copy to studies.db, the best re-timed beside cuBLAS
+                   steps_s={name: round(end - start, 2) for (name, start), (_, end)
+                            in zip(marks, marks[1:])}),
     )
