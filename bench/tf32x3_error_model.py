@@ -14,7 +14,8 @@ of bench/tf32x3_accuracy.py):
     ones, into part; then acc += part in FP32, rounded to nearest;
   - SGEMM: a chain of FP32 FMAs (exact product, one rounding to nearest), over the whole of
     K or over S slices summed at the end (split-K).
-Variants of the pre-split sum: a compensated (Kahan) acc += part; two running totals for
+Variants of the pre-split sum: a compensated (Kahan) acc += part; the same compensation
+carried in part itself (where the next k-tile's products start; no register more); two running totals for
 alternate k-tiles; k-tiles of 64; split-K over 4 slices, their totals added in FP32.
 
 Prints ||C - ref|| / ||ref|| per distribution and variant, ref the float64 dot product.
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 DISTRIBUTIONS = ("normal", "uniform01", "spread", "outliers")
-VARIANTS = ("pre-split", "kahan", "two totals", "k-tile 64", "split 4", "sgemm",
+VARIANTS = ("pre-split", "kahan", "carried", "two totals", "k-tile 64", "split 4", "sgemm",
             "sgemm split 4")
 
 
@@ -60,11 +61,13 @@ def draw(rng, name: str, shape) -> np.ndarray:
 
 
 def presplit(products: dict, k: int, tile: int, total: str) -> np.ndarray:
-    """The pre-split kernel's result: `total` "plain", "kahan" or "two" (alternate k-tiles)."""
+    """The pre-split kernel's result: `total` "plain", "kahan", "carried" (acc += part's
+    rounding error, (acc - new acc) + part, is where the next k-tile's part starts; the
+    last one is added at the end) or "two" (alternate k-tiles)."""
     n = products["bb"].shape[0]
     acc, comp, acc2 = (np.zeros(n, np.float32) for _ in range(3))
     for t, k0 in enumerate(range(0, k, tile)):
-        part = None
+        part = comp.astype(np.float64) if total == "carried" else None
         for keys in (("bs", "sb"), ("bb",)):  # the small products first, then the big ones
             for kk in range(k0, k0 + tile, 8):
                 for key in keys:
@@ -75,10 +78,16 @@ def presplit(products: dict, k: int, tile: int, total: str) -> np.ndarray:
             s = acc + y
             comp = (s - acc) - y
             acc = s
+        elif total == "carried":
+            s = acc + part
+            comp = (acc - s) + part
+            acc = s
         elif total == "two" and t % 2:
             acc2 = acc2 + part
         else:
             acc = acc + part
+    if total == "carried":
+        acc = acc + comp
     return (acc + acc2).astype(np.float64) if total == "two" else acc.astype(np.float64)
 
 
@@ -104,6 +113,7 @@ def errors(name: str, elements: int, k: int, seed: int = 3) -> dict:
                 "sb": asm.astype(np.float64) * bb}
     got = {"pre-split": presplit(products, k, 32, "plain"),
            "kahan": presplit(products, k, 32, "kahan"),
+           "carried": presplit(products, k, 32, "carried"),
            "two totals": presplit(products, k, 32, "two"),
            "k-tile 64": presplit(products, k, 64, "plain"),
            "split 4": sum(presplit({x: p[:, s * k // 4:(s + 1) * k // 4]

@@ -88,6 +88,10 @@ FP32_DATA = (DType.TF32, DType.F32)
 #: registers a consumer thread of the fp32-data variants needs besides its accumulators: the
 #: stage conversion holds a 4x4 block of B and its tf32 parts on top of the f16 overhead
 TF32_OVERHEAD_REGS = 72
+#: ... and of the pre-split 3xTF32 kernel: its compensated acc += part holds a sum and its
+#: error per element beside acc and part (64x192 with one consumer, 192 + 48, spilled 752
+#: bytes at 255 registers)
+PRESPLIT_OVERHEAD_REGS = 72
 
 #: the searchable values of each parameter (check_wgmma prunes the combinations)
 WGMMA_SPACE: dict[str, tuple] = {
@@ -633,8 +637,10 @@ def _resource_reasons(c: WgmmaConfig, a: ArchLimits) -> list[str]:
     if budget > a.regs_per_sm:
         why.append(f"setmaxnreg budget 128 x {PRODUCER_REGS} + {128 * c.consumers} x "
                    f"{c.consumer_regs} = {budget} registers exceeds the {a.regs_per_sm} of an SM")
-    # the stage conversion's registers; pre-split 3xTF32 converts nothing in the loop
-    overhead = TF32_OVERHEAD_REGS if c.fp32_data and not c.presplit else CONSUMER_OVERHEAD_REGS
+    # the stage conversion's registers (pre-split 3xTF32 converts nothing in the loop, but
+    # sums compensated)
+    overhead = PRESPLIT_OVERHEAD_REGS if c.presplit else TF32_OVERHEAD_REGS if c.fp32_data \
+        else CONSUMER_OVERHEAD_REGS
     if c.acc_regs + overhead > c.consumer_regs:
         why.append(f"the {c.wm}x{c.bn} consumer tile holds {c.acc_regs} accumulators per thread"
                    f"{' (partial sums and totals: 3xTF32)' if c.terms == 3 else ''}; "

@@ -284,10 +284,10 @@ __device__ __forceinline__ void wgmma_m64k8(float (&d)[ACC], uint64_t a, uint64_
 }
 
 // ---- 3xTF32 pre-split: the products of one k-tile ------------------------------------
-// part = Abig*Bsmall + Asmall*Bbig, then + Abig*Bbig, from the stage's four K-major tiles (A
-// rows of this consumer at a and as, Bt and Bts whole): the small products first (scale-d 0
-// on the first wgmma), so the big ones, added last, are the only ones the tensor cores'
-// truncating accumulation rounds against the k-tile's whole sum.
+// part += Abig*Bsmall + Asmall*Bbig, then + Abig*Bbig, from the stage's four K-major tiles (A
+// rows of this consumer at a and as, Bt and Bts whole; part holds the error carried from the
+// previous k-tile's acc += part): the small products first, so the big ones, added last, are
+// the only ones the tensor cores' truncating accumulation rounds against the k-tile's sum.
 __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t a, uint32_t as,
                                           uint32_t bt, uint32_t bts)
 {
@@ -297,7 +297,7 @@ __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t
         const uint64_t dbs = smem_desc(bts + kk * 32, 16, 1024);
 #pragma unroll
         for (int i = 0; i < M_WGMMAS; ++i) {
-            wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, kk > 0);
+            wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, 1);
             wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);
         }
     }
@@ -397,13 +397,7 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
         const bool leader = tid % 128 == 0;  // releases stages for its warpgroup
         const bool c_vec2 = ldc % 2 == 0 && sC % 2 == 0 && reinterpret_cast<uintptr_t>(C) % (2 * sizeof(OutT)) == 0;
         float acc[M_WGMMAS][ACC];
-        float part[M_WGMMAS][ACC];  // one k-tile's three products, added into acc in FP32
-#pragma unroll
-        for (int i = 0; i < M_WGMMAS; ++i) {
-#pragma unroll
-            for (int j = 0; j < ACC; ++j)
-                part[i][j] = 0.0f;
-        }
+        float part[M_WGMMAS][ACC];  // the error carried, then one k-tile's three products
         int stage = 0;
         uint32_t phase = 0;
 
@@ -425,6 +419,10 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
                 for (int j = 0; j < ACC; ++j)
                     acc[i][j] = 0.0f;
                 fence_acc(acc[i]);
+#pragma unroll
+                for (int j = 0; j < ACC; ++j)
+                    part[i][j] = 0.0f;  // no error carried into the tile's first k-tile
+                fence_acc(part[i]);
             }
             // 3xTF32 pre-split: the four tiles of a stage go straight to the wgmmas. Each
             // k-tile's products are whole in part (wait_group 0) before acc += part; the stage
@@ -445,9 +443,19 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
                 for (int i = 0; i < M_WGMMAS; ++i) {
                     fence_acc(part[i]);
 #pragma unroll
-                    for (int j = 0; j < ACC; ++j)
-                        acc[i][j] += part[i][j];  // FP32 FADD, rounded to nearest
+                    for (int j = 0; j < ACC; ++j) {
+                        const float t = acc[i][j] + part[i][j];  // rounded to nearest
+                        const float e = (acc[i][j] - t) + part[i][j];  // what that rounding lost
+                        acc[i][j] = t;
+                        part[i][j] = fabsf(t) < __int_as_float(0x7f800000) ? e : 0.0f;  // next start
+                    }
                 }
+            }
+#pragma unroll
+            for (int i = 0; i < M_WGMMAS; ++i) {
+#pragma unroll
+                for (int j = 0; j < ACC; ++j)
+                    acc[i][j] += part[i][j];  // the last k-tile's error
             }
 
             // Epilogue: C = act(alpha * acc + beta * C + bias), rounded to C's type; rows >= M
