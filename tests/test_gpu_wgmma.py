@@ -351,7 +351,8 @@ PRESPLIT_VARIANTS = [
     WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tn_bias_relu"),
     WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu"),
     WgmmaConfig.from_name("gemm_wgmma_f32_128x64x32_c1_s4_x1_p0_g1_pre_t3_tt"),  # one consumer, 128 rows
-    WgmmaConfig.from_name("gemm_wgmma_f32_64x192x32_c1_s3_x1_p1_g8_pre_t3_tn"),  # N = 192
+    # one consumer, 64 rows (64x192, 192 + 192 accumulators, spills with the compensated sum)
+    WgmmaConfig.from_name("gemm_wgmma_f32_64x128x32_c1_s3_x1_p1_g8_pre_t3_tn"),
 ]
 #: fp32 data in every layout it takes: the pre-pass (any), tf32 / 3xTF32 in shared memory (NN, NT)
 FP32_VARIANTS = PRESPLIT_VARIANTS + [
