@@ -109,10 +109,14 @@ def _stored(model, column: str, value):
     return getattr(model(**{column: value}), prop.key)
 
 
-def _json_of(distribution) -> str:
+def _param_rows(trial_id: int, params: dict, distributions: dict) -> list[dict]:
+    """The trial_params rows of one trial's `params`, as Optuna stores them."""
     from optuna.distributions import distribution_to_json
 
-    return distribution_to_json(distribution)
+    return [dict(trial_id=trial_id, param_name=k,
+                 param_value=distributions[k].to_internal_repr(v),
+                 distribution_json=distribution_to_json(distributions[k]))
+            for k, v in params.items()]
 
 
 class BatchedWrites:
@@ -227,11 +231,7 @@ class BatchedWrites:
                     datetime_start=_stored(m.TrialModel, "datetime_start", t.datetime_start),
                     datetime_complete=_stored(m.TrialModel, "datetime_complete",
                                               t.datetime_complete))).inserted_primary_key[0]
-                rows[m.TrialParamModel] += [
-                    dict(trial_id=tid, param_name=k,
-                         param_value=t.distributions[k].to_internal_repr(v),
-                         distribution_json=_json_of(t.distributions[k]))
-                    for k, v in t.params.items()]
+                rows[m.TrialParamModel] += _param_rows(tid, t.params, t.distributions)
                 for i, v in enumerate(t.values or ()):
                     stored, kind = m.TrialValueModel.value_to_stored_repr(v)
                     rows[m.TrialValueModel].append(
@@ -291,11 +291,8 @@ class BatchedWrites:
         from sqlalchemy import insert
 
         if params:
-            c.execute(insert(self.m.TrialParamModel.__table__), [
-                dict(trial_id=trial_id, param_name=k,
-                     param_value=distributions[k].to_internal_repr(v),
-                     distribution_json=_json_of(distributions[k]))
-                for k, v in params.items()])
+            c.execute(insert(self.m.TrialParamModel.__table__),
+                      _param_rows(trial_id, params, distributions))
 
     def upsert_attrs(self, c, trial_id: int, attrs: dict) -> None:
         """The user attributes `attrs`, replacing those of the same keys (one statement)."""
