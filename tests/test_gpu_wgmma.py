@@ -497,8 +497,9 @@ def _masks(x: np.ndarray) -> dict:
 @pytest.mark.parametrize("layout", list(Layout), ids=lambda l: l.value)
 def test_presplit_nan_and_inf_propagate_as_in_sgemm(layout, compiled_presplit):
     """NaN and +-Inf in A and B, an Inf against a zero, infinities of both signs meeting in one
-    element: C's NaN / +Inf / -Inf elements are exactly the float64 product's (SGEMM's, checked
-    too on the row-major inputs), the finite ones within fp32's gate."""
+    element, finite products whose sum passes FLT_MAX: C's NaN / +Inf / -Inf elements are
+    exactly those of the float64 product rounded to fp32 (SGEMM's, checked too on the
+    row-major inputs), the finite ones within fp32's gate."""
     from tuner.bench import tolerance
 
     cfg = dataclasses.replace(PRESPLIT, layout=layout)
@@ -512,8 +513,12 @@ def test_presplit_nan_and_inf_propagate_as_in_sgemm(layout, compiled_presplit):
     b[30, 40], b[40, 50], b[100, 10] = np.inf, np.nan, -np.inf
     b[3, 128] = np.inf                                       # C[20, 128] = -Inf * Inf = -Inf
     a[20, 30], b[3, 40] = 2.0, 1.0                           # C[20, 40] = -Inf + 2 * Inf = NaN
+    a[70, 100:104], b[100:104, 90] = 1.0e19, 1.0e19          # C[70, 90]: 4e38 of 1e38s = +Inf
+    a[71, 100:104], b[100:104, 91] = -1.0e19, 1.0e19         # C[71, 91]: -Inf
     with np.errstate(all="ignore"):
         ref = (a.astype(np.float64)[:, :, None] * b.astype(np.float64)[None, :, :]).sum(axis=1)
+        ref = ref.astype(np.float32).astype(np.float64)  # past FLT_MAX: +-Inf, as SGEMM's sum
+    assert np.isposinf(ref[70, 90]) and np.isneginf(ref[71, 91])
     got = _run_fp32(cfg, compiled_presplit[cfg], _as_stored(a, cfg.a_col), _as_stored(b, cfg.b_col),
                     m, n, k)
     want = _masks(ref)

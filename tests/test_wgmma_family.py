@@ -913,7 +913,8 @@ def test_epilogue_source_says_what_it_does():
     assert "fp32 accumulation, fp16 output, a __half bias of N" in src
     assert "#include <cuda_fp16.h>" in src and "cuda_bf16.h" not in src
     assert "using OutT = __half;" in src and "using BiasT = __half;" in src
-    assert "constexpr bool HAS_BIAS = true;" in src and "erff(" in src
+    assert "constexpr bool HAS_BIAS = true;" in src
+    assert "return 0.5f * x * erfcf(-0.70710678118654752f * x);" in src  # no 1 + erf
     assert "__floats2half2_rn" in src and "v0 = finish1(v0, bias, col < N ? col : 0);" in src
     ts = render(EPI_TS_GOLDEN)
     assert "#include <cuda_bf16.h>" in ts and "cuda_fp16.h" not in ts
@@ -1575,15 +1576,23 @@ def test_presplit_source_says_what_it_does():
         "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);"))
     assert first < second < big  # Abig*Bsmall, Asmall*Bbig, then Abig*Bbig, all onto part
     assert "wgmma_wait<0>();\n                release(stage);" in main
-    # acc += part compensated: its rounding error starts the next k-tile's part (none from an
-    # infinite sum), part cleared for each tile, and the last error added before the epilogue
+    # acc += part compensated: its rounding error starts the next k-tile's part, with no test
+    # in the loop; part cleared for each tile, the last error added before the epilogue, and
+    # an element whose total is not finite summed again as SGEMM does, from the copies
     loop = main[main.index("mma_split(part,"):]
-    update = ("const float t = acc[i][j] + part[i][j];", "const float e = (acc[i][j] - t) + part[i][j];",
-              "acc[i][j] = t;", "part[i][j] = fabsf(t) < __int_as_float(0x7f800000) ? e : 0.0f;",
-              "acc[i][j] += part[i][j];  // the last k-tile's error")
+    update = ("const float t = acc[i][j] + part[i][j];",
+              "part[i][j] = (acc[i][j] - t) + part[i][j];", "acc[i][j] = t;",
+              "acc[i][j] += part[i][j];  // the last k-tile's error",
+              "nonfinite |= !(fabsf(acc[i][j]) < __int_as_float(0x7f800000));",
+              "if (nonfinite) {", "acc[i][j] = split_dot(Wa + static_cast<size_t>(row) * ldw,")
     at = [loop.index(x) for x in update]
     assert at == sorted(at)
+    assert loop[:at[3]].count("0x7f800000") == 0  # the k-loop itself tests nothing
     assert main.index("part[i][j] = 0.0f;  // no error carried") < main.index("mma_split(part,")
+    dot = main[main.index("float split_dot("):]
+    assert "s = fmaf(a[k], bs[k], s);\n        s = fmaf(as[k], b[k], s);\n        s = fmaf(a[k], b[k], s);" in dot
+    assert "long long sC,\n    const float* __restrict__ W, int ldw, long long sW)" in main
+    assert "const float* __restrict__ W" not in render(T3_GOLDEN)  # the in-loop split has none
     for absent in ("convert_stage", "split_tf32", "bar.red", "clear_nonfinite_big", "lds128"):
         assert absent not in src, absent
     assert main.count("tf32_rna(") == 1  # its definition: the main loop rounds nothing
@@ -1605,7 +1614,7 @@ def test_the_runner_of_a_presplit_kernel_maps_four_copies(monkeypatch):
     from tuner.runtime import driver, tma
     from tuner.runtime.runners import TmaRunner
 
-    launched, encoded, prep_args = [], [], []
+    launched, encoded, prep_args, main_args = [], [], [], []
 
     class Image(_Image):
         def params(self, signature):
@@ -1616,6 +1625,13 @@ def test_the_runner_of_a_presplit_kernel_maps_four_copies(monkeypatch):
             launched.append((self.name, grid))
             if self.name.endswith("_prep"):
                 prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
+            else:  # the scalars after the two maps, as the kernel reads them
+                sig = TmaRunner.SPLIT_SIGNATURE
+                ptrs = (ctypes.c_void_p * (2 + len(sig))).from_address(address)
+                kinds = {"i": ctypes.c_int32, "f": ctypes.c_float, "P": ctypes.c_uint64,
+                         "L": ctypes.c_int64}
+                main_args.append(tuple(kinds[x].from_address(p).value
+                                       for x, p in zip(sig, ptrs[2:])))
 
     class Map:
         def getPtr(self):
@@ -1641,6 +1657,9 @@ def test_the_runner_of_a_presplit_kernel_maps_four_copies(monkeypatch):
                         (cfg.name, cfg.grid(m, n, 132))]
     assert prep_args == [(0x10004, 71, 0x20004, 131, m, n, k, w, w + 2 * m * ldw * 4, ldw,
                           a_blocks)]
+    # the GEMM's scalars end with the copies' address, ldw and a problem's stride (0: one set)
+    assert TmaRunner.SPLIT_SIGNATURE == TmaRunner.SIGNATURE + "PiL"
+    assert main_args[-1][-3:] == (w, ldw, 0) and main_args[-1][:3] == (m, n, k)
     assert [(e["globalAddress"], e["globalDim"], e["globalStrides"], e["boxDim"])
             for e in encoded] == [(w, [k, 2 * m], [ldw * 4], [32, 128]),
                                   (w + 2 * m * ldw * 4, [k, 2 * n], [ldw * 4], [32, 128])]
@@ -1652,6 +1671,7 @@ def test_the_runner_of_a_presplit_kernel_maps_four_copies(monkeypatch):
                              strides=(m * 71, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
     assert launched[0] == ("3xTF32 pre-split", batch * per * 4)
     assert [a[7] for a in prep_args] == [w + i * per * 4 for i in range(batch)]
+    assert main_args[-1][-3:] == (w, ldw, per)  # a set of copies per problem, per floats apart
     assert [a[8] - a[7] for a in prep_args] == [2 * m * ldw * 4] * batch
     assert [(e["tensorRank"], e["globalDim"]) for e in encoded] == [
         (3, [k, 2 * m, batch]), (3, [k, 2 * n, batch])]

@@ -12,9 +12,10 @@
 //             tensor maps (SWIZZLE_128B, zero fill; of the matrices as stored): A box 128 x 32, B box 128 x 32 (rows x cols), C (bf16, SWIZZLE_64B) box 64 x 32
 // Signature:  gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu(CUtensorMap tmA, CUtensorMap tmB, CUtensorMap tmC, int M, int N, int K,
 //                 float alpha, float beta, __nv_bfloat16* C, int ldc, const float* bias, int batch,
-//                 int maps3, long long sC): `batch` problems, the b-th at batch coordinate b of
+//                 int maps3, long long sC, const float* W, int ldw, long long sW): `batch` problems, the b-th at batch coordinate b of
 //                 each map of rank 3 (maps3: bit 0 A, bit 1 B, bit 2 C; a map of rank 2 is
-//                 shared by every problem) and at C + b * sC for beta's reads
+//                 shared by every problem) and at C + b * sC for beta's reads; W: the pre-pass's
+//                 copies (the b-th set at W + b * sW), read again for an element whose sum is not finite
 //             gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu_prep(const float* A, int lda, const float* B, int ldb, int M, int N,
 //                 int K, float* At, float* Bt, int ldw, int a_blocks): grid (a_blocks +
 //                 ceil(K/32) * ceil(N/32), 1, 1), a_blocks = ceil(M/32) * ceil(K/32), block (256, 1, 1);
@@ -289,6 +290,23 @@ __device__ __forceinline__ void wgmma_m64k8(float (&d)[ACC], uint64_t a, uint64_
 }
 
 // ---- 3xTF32 pre-split: the products of one k-tile ------------------------------------
+// One element of C as SGEMM sums it, from the pre-pass's copies of its row of A and column of
+// B (big and small parts, K-major): the slow path of an element whose compensated sum is not
+// finite. The three products are those of the main loop, so NaN, +-Inf and overflow come
+// out as SGEMM's (see the pre-pass's encoding of infinities).
+__device__ __forceinline__ float split_dot(const float* a, const float* as, const float* b,
+                                           const float* bs, int K)
+{
+    float s = 0.0f;
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) {
+        s = fmaf(a[k], bs[k], s);
+        s = fmaf(as[k], b[k], s);
+        s = fmaf(a[k], b[k], s);
+    }
+    return s;
+}
+
 // part += Abig*Bsmall + Asmall*Bbig, then + Abig*Bbig, from the stage's four K-major tiles (A
 // rows of this consumer at a and as, Bt and Bts whole; part holds the error carried from the
 // previous k-tile's acc += part): the small products first, so the big ones, added last, are
@@ -394,7 +412,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
     const __grid_constant__ CUtensorMap tmC,
     int M, int N, int K, float alpha, float beta, OutT* __restrict__ C, int ldc,
-    const BiasT* __restrict__ bias, int batch, int maps3, long long sC)
+    const BiasT* __restrict__ bias, int batch, int maps3, long long sC,
+    const float* __restrict__ W, int ldw, long long sW)
 {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 128B swizzle atoms repeat every 1024 bytes: the ring starts on such a boundary.
@@ -508,17 +527,36 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu(const _
 #pragma unroll
                     for (int j = 0; j < ACC; ++j) {
                         const float t = acc[i][j] + part[i][j];  // rounded to nearest
-                        const float e = (acc[i][j] - t) + part[i][j];  // what that rounding lost
+                        part[i][j] = (acc[i][j] - t) + part[i][j];  // what it lost: the next start
                         acc[i][j] = t;
-                        part[i][j] = fabsf(t) < __int_as_float(0x7f800000) ? e : 0.0f;  // next start
                     }
                 }
             }
+            bool nonfinite = false;
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
-                for (int j = 0; j < ACC; ++j)
+                for (int j = 0; j < ACC; ++j) {
                     acc[i][j] += part[i][j];  // the last k-tile's error
+                    nonfinite |= !(fabsf(acc[i][j]) < __int_as_float(0x7f800000));
+                }
+            }
+            if (nonfinite) {  // rare: SGEMM's sum of those elements, from the pre-split copies
+                const float* const Wa = W + static_cast<long long>(bt) * sW;  // [Abig; Asmall]
+                const float* const Wb = Wa + 2 * static_cast<size_t>(M) * ldw;  // [Bbig; Bsmall]
+#pragma unroll
+                for (int i = 0; i < M_WGMMAS; ++i) {
+#pragma unroll
+                    for (int j = 0; j < ACC; ++j) {
+                        const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + (j % 4 / 2) * 8;
+                        const int col = n0 + j / 4 * 8 + (lane % 4) * 2 + j % 2;
+                        if (!(fabsf(acc[i][j]) < __int_as_float(0x7f800000)) && row < M && col < N)
+                            acc[i][j] = split_dot(Wa + static_cast<size_t>(row) * ldw,
+                                                  Wa + static_cast<size_t>(M + row) * ldw,
+                                                  Wb + static_cast<size_t>(col) * ldw,
+                                                  Wb + static_cast<size_t>(N + col) * ldw, K);
+                    }
+                }
             }
 
             // Epilogue through shared memory: for each 32-column slice of this consumer's

@@ -149,12 +149,13 @@ class TmaRunner(Runner):
     #: after the tensor maps: M N K alpha beta C ldc bias batch maps3 sC (the first seven as
     #: they were before the epilogue and the batch)
     SIGNATURE = "iiiffPiPiiL"
+    SPLIT_SIGNATURE = SIGNATURE + "PiL"  # pre-split 3xTF32: then W ldw sW (its copies)
     PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
     MAPS_PER_PLAN = 16  # pointer sets whose tensor maps a plan keeps
 
     def __init__(self, config, cubin: bytes):
         super().__init__(config, cubin)
-        self.signature = self.SIGNATURE
+        self.signature = self.SPLIT_SIGNATURE if config.presplit else self.SIGNATURE
         self.prep = (driver.KernelImage(self.library, f"{config.name}_prep", 0)
                      if config.prep else None)
 
@@ -204,11 +205,11 @@ class TmaRunner(Runner):
             def launch(stream, address):
                 main.launch(f, grid, block, stream, address)
 
-        def packed(mps, alpha, beta, c, bias, maps3) -> int:
+        def packed(mps, alpha, beta, c, bias, maps3, *split) -> int:
             blk = getattr(tls, "blk", None)
             if blk is None:
-                blk = tls.blk = _MapParams(self.SIGNATURE, n_maps)
-            return blk.pack(mps, m, n, k, alpha, beta, c, ldc, bias, batch, maps3, sc)
+                blk = tls.blk = _MapParams(self.signature, n_maps)
+            return blk.pack(mps, m, n, k, alpha, beta, c, ldc, bias, batch, maps3, sc, *split)
 
         # C's strides and N, now
         why = c_tma_reasons(ldc, 0, n, cfg.out, sc) if cfg.store else []
@@ -250,7 +251,8 @@ class TmaRunner(Runner):
         layout stores them), which writes At (M x K) and Bt (N x K) into this stream's
         workspace; the maps describe those. Pre-split 3xTF32 (config.presplit) writes four
         copies, At = [Abig; Asmall] (2M x K) and Bt = [Bbig; Bsmall] (2N x K), one map over
-        each pair. A batch gets a set of copies per problem (one pre-pass launch each, at
+        each pair; the GEMM also gets their address, ldw and a problem's stride (its slow
+        path for sums that are not finite reads them). A batch gets a set of copies per problem (one pre-pass launch each, at
         the problem's A and B), the maps rank 3 over them; one set when A and B are both
         shared."""
         cfg, prep = self.config, self.prep
@@ -285,7 +287,8 @@ class TmaRunner(Runner):
                             prep.params(self.PREP_SIGNATURE).pack(
                                 a + da, lda, b + db, ldb, m, n, k, w + dw, w + dw + bt_off,
                                 ldw, a_blocks))
-            launch(stream, packed(mps, alpha, beta, c, bias, maps3))
+            split = (w, ldw, per if copies > 1 else 0) if cfg.presplit else ()
+            launch(stream, packed(mps, alpha, beta, c, bias, maps3, *split))
         return run
 
 
