@@ -1593,6 +1593,17 @@ def test_presplit_source_says_what_it_does():
     assert "s = fmaf(a[k], bs[k], s);\n        s = fmaf(as[k], b[k], s);\n        s = fmaf(a[k], b[k], s);" in dot
     assert "long long sC,\n    const float* __restrict__ W, int ldw, long long sW)" in main
     assert "const float* __restrict__ W" not in render(T3_GOLDEN)  # the in-loop split has none
+    # two consumers issue their k-tiles' wgmmas in turn (named barriers 4 and 5), the last
+    # turn of the last tile handed to no one; one consumer has no turns
+    turns = loop[:loop.index("wgmma_wait<0>();")]
+    assert main.index("turn_wait(consumer, issued);") < main.index("mma_split(part,") < \
+        main.index("turn_pass(consumer, t + clusters < num_tiles || kt + 1 < k_tiles);")
+    assert "turn_pass(" in turns
+    for x in ('asm volatile("bar.sync 4, 256;\\n"', 'asm volatile("bar.arrive 4, 256;\\n"',
+              'asm volatile("bar.sync 5, 256;\\n"', 'asm volatile("bar.arrive 5, 256;\\n"'):
+        assert x in main, x
+    one = render(dataclasses.replace(PRESPLIT_GOLDEN, bm=64, consumers=1))
+    assert "turn_wait" not in one and "bar.sync 4" not in one
     for absent in ("convert_stage", "split_tf32", "bar.red", "clear_nonfinite_big", "lds128"):
         assert absent not in src, absent
     assert main.count("tf32_rna(") == 1  # its definition: the main loop rounds nothing

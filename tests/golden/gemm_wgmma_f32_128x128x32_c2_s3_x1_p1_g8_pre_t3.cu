@@ -328,6 +328,26 @@ __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t
     }
 }
 
+// Turns (pre-split, two consumers): the consumers issue their k-tiles' wgmmas in turn, 0 then
+// 1 (named barrier 4: 0 has issued; 5: 1 has). The tensor cores run each batch whole, so one
+// consumer's wait and compensated sum run under the other's wgmmas; without turns both
+// batches interleave, end together, and the tensor cores idle through both sums.
+__device__ __forceinline__ void turn_wait(int consumer, bool issued)
+{
+    if (consumer == 1)
+        asm volatile("bar.sync 4, 256;\n" ::: "memory");
+    else if (issued)
+        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void turn_pass(int consumer, bool more)
+{
+    if (consumer == 0)
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+    else if (more)
+        asm volatile("bar.arrive 5, 256;\n" ::: "memory");
+}
+
 // Tile t (in clusters) -> (problem of the batch, cluster-tile row, tile column): the
 // problems one after another, each's tiles GROUP cluster rows at a time, walked column by
 // column, so neighbouring clusters share panels of A and B in L2.
@@ -417,6 +437,7 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
         const bool c_vec2 = ldc % 2 == 0 && sC % 2 == 0 && reinterpret_cast<uintptr_t>(C) % (2 * sizeof(OutT)) == 0;
         float acc[M_WGMMAS][ACC];
         float part[M_WGMMAS][ACC];  // the error carried, then one k-tile's three products
+        bool issued = false;  // has this consumer issued a k-tile's wgmmas yet (turns)
         int stage = 0;
         uint32_t phase = 0;
 
@@ -449,9 +470,13 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
             for (int kt = 0; kt < k_tiles; ++kt) {
                 mbar_wait(full(stage), phase);
                 const uint32_t st = base + stage * STAGE_BYTES;
+                turn_wait(consumer, issued);
                 wgmma_fence();  // part was read by the FADDs of the previous k-tile
                 mma_split(part, st + row0 * 128, st + AS_OFF + row0 * 128, st + BT_OFF, st + BTS_OFF);
                 wgmma_commit();
+                // consumer 1's last k-tile of its last tile hands no turn on: none would take it
+                turn_pass(consumer, t + clusters < num_tiles || kt + 1 < k_tiles);
+                issued = true;
                 wgmma_wait<0>();
                 release(stage);
                 if (++stage == STAGES) {

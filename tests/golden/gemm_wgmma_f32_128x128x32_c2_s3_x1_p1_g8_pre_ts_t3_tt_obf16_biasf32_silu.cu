@@ -333,6 +333,26 @@ __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t
     }
 }
 
+// Turns (pre-split, two consumers): the consumers issue their k-tiles' wgmmas in turn, 0 then
+// 1 (named barrier 4: 0 has issued; 5: 1 has). The tensor cores run each batch whole, so one
+// consumer's wait and compensated sum run under the other's wgmmas; without turns both
+// batches interleave, end together, and the tensor cores idle through both sums.
+__device__ __forceinline__ void turn_wait(int consumer, bool issued)
+{
+    if (consumer == 1)
+        asm volatile("bar.sync 4, 256;\n" ::: "memory");
+    else if (issued)
+        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void turn_pass(int consumer, bool more)
+{
+    if (consumer == 0)
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+    else if (more)
+        asm volatile("bar.arrive 5, 256;\n" ::: "memory");
+}
+
 // ---- the TMA-store epilogue ----------------------------------------------------------
 // The box at (c0 = column, c1 = row[, c2 = problem of a batch: `batched`, a map of rank 3])
 // of C's tensor map, from shared memory at src; the parts outside C are not written. One
@@ -371,6 +391,7 @@ __device__ __forceinline__ void fence_proxy_async()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+
 
 // Named barrier 2 + c over the 128 threads of consumer warpgroup c (immediate ids: a
 // register id would make ptxas reserve all 16 barriers).
@@ -480,6 +501,7 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu(const _
         const bool c3 = maps3 & 4;  // C's map has rank 3 (a batch)
         float acc[M_WGMMAS][ACC];
         float part[M_WGMMAS][ACC];  // the error carried, then one k-tile's three products
+        bool issued = false;  // has this consumer issued a k-tile's wgmmas yet (turns)
         int stage = 0;
         uint32_t phase = 0;
 
@@ -512,9 +534,13 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_ts_t3_tt_obf16_biasf32_silu(const _
             for (int kt = 0; kt < k_tiles; ++kt) {
                 mbar_wait(full(stage), phase);
                 const uint32_t st = base + stage * STAGE_BYTES;
+                turn_wait(consumer, issued);
                 wgmma_fence();  // part was read by the FADDs of the previous k-tile
                 mma_split(part, st + row0 * 128, st + AS_OFF + row0 * 128, st + BT_OFF, st + BTS_OFF);
                 wgmma_commit();
+                // consumer 1's last k-tile of its last tile hands no turn on: none would take it
+                turn_pass(consumer, t + clusters < num_tiles || kt + 1 < k_tiles);
+                issued = true;
                 wgmma_wait<0>();
                 release(stage);
                 if (++stage == STAGES) {
