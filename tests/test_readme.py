@@ -202,6 +202,9 @@ def test_the_gpu_suite_figures_are_those_of_the_log_cited():
 def test_the_storage_figures_are_those_of_the_file_cited():
     rows = {r["storage"]: r for r in _cited("storage-overhead-gpu-")["rows"]}
     text = " ".join(README.split())
+    cpu = {r["storage"]: r["ratio_to_memory"] for r in _cited("storage-overhead-cpu-")["rows"]}
+    assert f"took {cpu['sqlite']:.2f}x on SQLite, {cpu['journal']:.2f}x on a journal file and " \
+        f"{cpu['postgresql']:.2f}x on PostgreSQL 15" in text
     assert f"took {rows['sqlite']['ratio_to_memory']:.2f}x its in-memory time on SQLite, " \
         f"{rows['journal']['ratio_to_memory']:.2f}x on a journal file and " \
         f"{rows['postgresql']['ratio_to_memory']:.2f}x on a local PostgreSQL" in text
