@@ -392,7 +392,6 @@ __device__ __forceinline__ void fence_proxy_async()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-
 // Named barrier 2 + c over the 128 threads of consumer warpgroup c (immediate ids: a
 // register id would make ptxas reserve all 16 barriers).
 __device__ __forceinline__ void warpgroup_sync(int consumer)
