@@ -45,10 +45,15 @@ def test_the_4096_tune_figures_are_those_of_the_files_cited():
     assert f"took {fp16['wall_s']:.0f} s and won at {fp16['ratio']:.2f}x cuBLAS with " \
         f"`{fp16['kernel']}` ({fp16['tflops']:.1f} against {fp16['cublas_tflops']:.1f}" in text
     t3 = _tunes("tune-3xtf32-default-")["3xtf32"]
-    assert f"took {t3['wall_s']:.0f} s on the H200 and won with the pre-split `{t3['kernel']}` " \
+    assert f"won on the H200 with the pre-split `{t3['kernel']}` " \
         f"at {t3['tflops']:.1f} TFLOP/s, {t3['ratio']:.2f}x cuBLAS SGEMM's " \
         f"{t3['cublas_tflops']:.1f} in the same run ({t3['timed']} of its {t3['compiled']}" in text
     assert f"had a Spearman correlation of {t3['rank_rho']:.2f} with their" in text
+    steps = t3["steps_s"]
+    assert f"Its steps took {sum(steps.values()):.0f} s ({steps['workers']:.1f} s for the " \
+        f"timing worker, {steps['search']:.0f} s of search" in text
+    if t3["wall_s"] is None:  # the run kept no wall time: the README must not give one
+        assert "the command's own wall time was not kept from that run" in text
 
 
 def test_the_layouts_and_epilogue_figures_are_those_of_the_files_cited():
@@ -186,17 +191,28 @@ def test_the_decoder_layer_figures_are_those_of_the_file_cited():
     assert doc["commit"] in text and doc["bars"]["outputs_within_gate"]["met"]
 
 
-def test_the_gpu_suite_figures_are_those_of_the_log_cited():
-    cited = re.search(r"bench/results/(gpu-tests-[0-9a-f]{7}-h200-[\w-]+\.log)", README).group(1)
-    lines = (ROOT / "bench" / "results" / cited).read_text().strip().splitlines()
-    if re.search(r"\d+ passed", lines[-1]):  # pytest's summary
-        passed, failed = (re.search(rf"(\d+) {w}", lines[-1]).group(1)
-                          for w in ("passed", "failed"))
-        assert f"{passed} passed, {failed} failed" in " ".join(README.split())
-    else:  # a run its time limit cut: a line per test as it ended (-v)
-        passed, failed = (sum(1 for x in lines if x.startswith("tests/") and f" {w} " in x)
-                          for w in ("PASSED", "FAILED"))
-        assert f"{passed} passed and {failed} failed in the" in " ".join(README.split())
+def test_the_gpu_suite_figures_are_those_of_the_logs_cited():
+    """The whole suite's paragraph: the logs it cites (one run may span calls of the GPU
+    machine), each log's own count and their sum, at the commit it names."""
+    text = " ".join(README.split())
+    para = text[text.index("The latest whole GPU suite, at "):]
+    para = para[:para.index("## ")]
+    commit = re.match(r"The latest whole GPU suite, at ([0-9a-f]{7}) ", para).group(1)
+    logs = re.findall(r"bench/results/(gpu-tests-[\w-]*?" + commit + r"-h200-[\w-]+\.log)", para)
+    assert logs
+    total = {"passed": 0, "failed": 0}
+    for name in dict.fromkeys(logs):
+        last = (ROOT / "bench" / "results" / name).read_text().strip().splitlines()[-1]
+        assert re.search(r"\d+ passed", last), name  # complete: pytest's summary
+        for w in total:
+            found = re.search(rf"(\d+) {w}", last)
+            total[w] += int(found.group(1)) if found else 0
+        seconds = float(re.search(r" in ([\d.]+)s", last).group(1))
+        assert f"{name}`, " in para
+        passed = re.search(r"(\d+) passed", last).group(1)
+        assert f"{passed} passed in {seconds:.0f} s" in para
+    said = "none failed" if not total["failed"] else f"{total['failed']} failed"
+    assert f"{total['passed']} passed, {said}" in para
 
 
 def test_the_storage_figures_are_those_of_the_file_cited():
