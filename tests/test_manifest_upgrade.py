@@ -2,6 +2,7 @@
 upgrade recompiles its kernels from their names (their sources then carry the argument
 list the runners pass) and keeps its entries. nvcc is needed, for real."""
 
+import hashlib
 import json
 
 import pytest
@@ -49,3 +50,15 @@ def test_the_upgrade_command(tmp_path, compile_cache, capsys):
     assert main(["upgrade", "--library", str(lib.path)]) == 0
     assert "already current" in capsys.readouterr().out
     assert main(["list", "--library", str(lib.path)]) == 0
+    # --force: a current library's kernels recompiled from the templates, entries kept
+    data = json.loads(mpath.read_text())
+    for k in data["kernels"].values():
+        (lib.path / k["source"]).write_text("// a kernel of an older template\n")
+        k["source_sha256"] = hashlib.sha256(b"// a kernel of an older template\n").hexdigest()
+    mpath.write_text(json.dumps(data))
+    assert main(["upgrade", "--library", str(lib.path), "--force", "--jobs", "1"]) == 0
+    assert "2 kernels recompiled" in capsys.readouterr().out
+    m = Manifest.load(lib.path)
+    assert m.entries == data["entries"]
+    for k in m.data["kernels"].values():
+        assert "older template" not in (lib.path / k["source"]).read_text()

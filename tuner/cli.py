@@ -296,6 +296,9 @@ def build_subparsers() -> argparse.ArgumentParser:
         "upgrade", help="recompile an older library's kernels for this gemm-tune's argument "
                         "list (nvcc needed; its entries are kept)"))
     q.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPUs)")
+    q.add_argument("--force", action="store_true",
+                   help="recompile a current library's kernels too, from this gemm-tune's "
+                        "templates (after a change to a kernel's code)")
     q = common(sub.add_parser("report", help="HTML + PNG report of one tuned shape (its "
                                              "newest entry of the variant asked)"))
     q.add_argument("--shape", required=True)

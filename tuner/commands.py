@@ -225,7 +225,7 @@ def cmd_export(args, console) -> int:
 def cmd_upgrade(args, console) -> int:
     from tuner.runtime.manifest import upgrade
 
-    n = upgrade(args.library, jobs=args.jobs)
+    n = upgrade(args.library, jobs=args.jobs, force=args.force)
     console.print(f"{args.library}: " + (f"{n} kernels recompiled; the library is current"
                                          if n else "already current, nothing to do"))
     return 0
