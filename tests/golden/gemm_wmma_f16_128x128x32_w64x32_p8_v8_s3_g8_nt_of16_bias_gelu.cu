@@ -103,7 +103,7 @@ __device__ __forceinline__ float activate(float x)
     // x * Phi(x) = x/2 * erfc(-x/sqrt 2). torch writes x/2 * (1 + erf(x/sqrt 2)), whose
     // 1 + erf cancels where x is negative: erff's last bit against 1 + erf(-2.1) = 0.0027
     // is 2e-5 of GELU(-3), and x = -5 keeps one bit in ten. erfcf has no cancellation
-    // (a few ulp everywhere) for some 16 instructions more than erff an element
+    // (a few ulp everywhere), for 19 instructions more than erff an element (SASS: 50, 31)
     return 0.5f * x * erfcf(-0.70710678118654752f * x);
 }
 

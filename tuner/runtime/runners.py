@@ -252,9 +252,9 @@ class TmaRunner(Runner):
         workspace; the maps describe those. Pre-split 3xTF32 (config.presplit) writes four
         copies, At = [Abig; Asmall] (2M x K) and Bt = [Bbig; Bsmall] (2N x K), one map over
         each pair; the GEMM also gets their address, ldw and a problem's stride (its slow
-        path for sums that are not finite reads them). A batch gets a set of copies per problem (one pre-pass launch each, at
-        the problem's A and B), the maps rank 3 over them; one set when A and B are both
-        shared."""
+        path for sums that are not finite reads them). A batch gets a set of copies per
+        problem (one pre-pass launch each, at the problem's A and B), the maps rank 3 over
+        them; one set when A and B are both shared."""
         cfg, prep = self.config, self.prep
         fp = prep.prepare(g)
         boxes, ldw, rows = cfg.tma_boxes(), cfg.prep_ld(k), cfg.prep_copies
