@@ -154,3 +154,9 @@ PY
 done
 echo "== done at $((SECONDS - T0)) s"
 ls -la "$OUT"
+# The small results last, where the call's output tail keeps them even when a call's files
+# are more than come back (a call returns at most eight: a ninth is left out)
+[ -f "$OUT/tunes.jsonl" ] && { echo "== tunes.jsonl"; cat "$OUT/tunes.jsonl"; }
+n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+[ "$n" -gt 8 ] && echo "note: $n files under \$OUT; a call brings back eight"
+exit 0
