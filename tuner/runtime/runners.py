@@ -267,6 +267,8 @@ class TmaRunner(Runner):
         maps3 = (3 if copies > 1 else 0) | c3 << 2
         steps = [(i * sa * 4, i * sb * 4, i * per * 4) for i in range(copies)]  # bytes
         purpose = "3xTF32 pre-split" if cfg.presplit else "tf32 pre-pass"
+        # the pre-split GEMM's last scalars: the copies, ldw, a problem's stride (0: one set)
+        split = (ldw, per if copies > 1 else 0) if cfg.presplit else None
 
         def make_maps(w: int, c: int) -> tuple:
             return (tma.encode(tma.tensor_map_args(DType.F32, w, rows * m, k, ldw,
@@ -287,8 +289,8 @@ class TmaRunner(Runner):
                             prep.params(self.PREP_SIGNATURE).pack(
                                 a + da, lda, b + db, ldb, m, n, k, w + dw, w + dw + bt_off,
                                 ldw, a_blocks))
-            split = (w, ldw, per if copies > 1 else 0) if cfg.presplit else ()
-            launch(stream, packed(mps, alpha, beta, c, bias, maps3, *split))
+            launch(stream, packed(mps, alpha, beta, c, bias, maps3,
+                                  *(() if split is None else (w, *split))))
         return run
 
 
