@@ -33,6 +33,7 @@ class Study:
     exhaustive: bool = False
     valid: int | None = None  # the grid's size, for an exhaustive record
     untimed: list[Point] = dataclasses.field(default_factory=list)  # pruned, with resources
+    families: frozenset[str] | None = None  # the families a grid covered (None: all)
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -80,8 +81,9 @@ def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
                        int(res["smem_static"] + res["smem_dynamic"]),
                        int(res["spill_stores"] + res["spill_loads"]))
             (pts if r["outcome"] == "timed" else untimed).append(pt)
+        fam = ex.get("families")
         out.append(Study(f"{Path(p).name}", _shape(d["shape"]), d["dtype"], pts, True,
-                         ex["valid"], untimed))
+                         ex["valid"], untimed, frozenset(fam) if fam else None))
     return out
 
 

@@ -25,6 +25,9 @@
 #   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file, and
 #             PostgreSQL where .pg-carry, from bench/postgres_carry.sh, was carried)
 #   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
+#   grids     bench/search_quality.py --exhaustive over one family ($GRIDS: dtype:family
+#             pairs, default "fp16:wgmma 3xtf32:wgmma") at $GRID_SHAPE (default 4096^3): the
+#             records bench/simulate_search.py replays
 #   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
 #   linear    bench/linear_host_path.py (a small linear's time through torch and each entry point)
 #   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched; the
@@ -131,6 +134,12 @@ PY
     host)
       timeout ${HOST_TIMEOUT:-240} python3 bench/host_overlap.py --out "$OUT" \
         ${HOST_SHAPES:+--shapes $HOST_SHAPES} ;;
+    grids)
+      for pair in ${GRIDS:-fp16:wgmma 3xtf32:wgmma}; do
+        timeout ${GRID_TIMEOUT:-400} python3 bench/search_quality.py --exhaustive --skip-default \
+          --shape ${GRID_SHAPE:-4096x4096x4096} --dtype "${pair%%:*}" --family "${pair#*:}" \
+          --timeout ${GRID_SEARCH_TIMEOUT:-380} --out "$OUT" 2>&1 | grep -v Warning | tail -4
+      done ;;
     model)
       timeout ${MODEL_TIMEOUT:-420} python3 bench/model_gpu.py --out "$OUT/model" ${MODEL_ARGS:-} \
         2>&1 | tail -30

@@ -1,8 +1,11 @@
 """How good is the default budget? Run `gemm-tune` as a user would (a fresh process, the
 default budget) and, with --exhaustive, the grid over the whole valid space; record
-every candidate, the pruning savings and the distance between the two bests.
+every candidate, the pruning savings and the distance between the two bests. With
+--family, the grid covers those families only (a study of one family: its record is what
+bench/simulate_search.py replays).
 
     python bench/search_quality.py --shape 4096x4096x4096 [--exhaustive] [--out DIR]
+    python bench/search_quality.py --exhaustive --skip-default --dtype fp16 --family wgmma
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ sys.path.insert(0, str(HERE))
 from _common import header, write  # noqa: E402
 
 
-def default_budget(shape: str, work: Path) -> dict:
+def default_budget(shape: str, dtype: str, work: Path) -> dict:
     """The CLI in a fresh process, twice: the tune, then the answer from the cache."""
-    cmd = [sys.executable, "-m", "tuner", "--shape", shape, "--json", "--artifacts", str(work)]
+    cmd = [sys.executable, "-m", "tuner", "--shape", shape, "--dtype", dtype, "--json",
+           "--artifacts", str(work)]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
     tune_s = time.monotonic() - t0
@@ -38,19 +42,20 @@ def default_budget(shape: str, work: Path) -> dict:
                 cached_answer_s=round(cached_s, 2))
 
 
-def exhaustive(shape: tuple[int, int, int], timeout: float, work: Path) -> dict:
+def exhaustive(shape: tuple[int, int, int], dtype, families, timeout: float,
+               work: Path) -> dict:
     from tuner.bench import GpuBenchmark
     from tuner.search import search
     from tuner.space import valid_configs
 
-    bench = GpuBenchmark(shape, seed=0, target_ms=20)
-    n_valid = sum(1 for _ in valid_configs(bench.arch, shape=shape))
-    # model=False: an exhaustive record times every candidate the bound does not prune
-    res = search(shape, bench, trials=n_valid, timeout=timeout, sampler="grid", seed=0,
-                 artifacts=work, model=False)
+    bench = GpuBenchmark(shape, dtype, seed=0, target_ms=20)
+    n_valid = sum(1 for _ in valid_configs(bench.arch, dtype, shape, only=families))
+    # model=False: an exhaustive record times every candidate
+    res = search(shape, bench, dtype=dtype, trials=n_valid, timeout=timeout, sampler="grid",
+                 seed=0, artifacts=work, model=False, only=families)
     s = res.stats
     timed = res.timed()
-    return dict(valid=n_valid, complete=s.compiled == n_valid, seconds=round(s.seconds, 1),
+    return dict(families=sorted(families) if families else None, valid=n_valid, complete=s.compiled == n_valid, seconds=round(s.seconds, 1),
                 stats=dict(compiled=s.compiled, timed=s.timed, pruned=s.pruned,
                            failed=s.failed, rejected=s.rejected),
                 cublas_tflops=round(bench.flops / (res.cublas_ms * 1e-3) / 1e12, 2),
@@ -62,26 +67,34 @@ def exhaustive(shape: tuple[int, int, int], timeout: float, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="4096x4096x4096")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--family", action="append", default=None,
+                    help="search only this family (repeatable; default: all the dtype's)")
     ap.add_argument("--exhaustive", action="store_true")
     ap.add_argument("--skip-default", action="store_true")
     ap.add_argument("--timeout", type=float, default=420)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
+    from codegen.config import DType
     from tuner._shape import parse_shape
     from tuner.gpu import device
 
-    data = dict(header(device()), benchmark="search_quality", shape=args.shape, dtype="fp32")
+    dtype = DType.parse(args.dtype)
+    data = dict(header(device()), benchmark="search_quality", shape=args.shape,
+                dtype=dtype.short)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_default:
-            d = default_budget(args.shape, Path(tmp) / "default")
+            d = default_budget(args.shape, args.dtype, Path(tmp) / "default")
             data["default_budget"] = d
             r, w = d["result"], d["result"]["winner"]
             print(f"default budget: {w['name']} {w['tflops']} TFLOP/s vs cuBLAS "
                   f"{w['cublas_tflops']} (ratio {w['ratio']}) in {d['wall_s']} s; "
                   f"from cache in {d['cached_answer_s']} s; stats {r['stats']}")
         if args.exhaustive:
-            e = exhaustive(parse_shape(args.shape), args.timeout, Path(tmp) / "grid")
+            e = exhaustive(parse_shape(args.shape), dtype,
+                           frozenset(args.family) if args.family else None, args.timeout,
+                           Path(tmp) / "grid")
             data["exhaustive"] = e
             print(f"exhaustive: {e['stats']} of {e['valid']} valid in {e['seconds']} s, "
                   f"complete={e['complete']}; best {e['best']}; cuBLAS {e['cublas_tflops']}")
@@ -89,7 +102,9 @@ def main() -> None:
                 got = data["default_budget"]["result"]["winner"]["tflops"]
                 print(f"default budget reaches {100 * got / e['best']['tflops']:.1f}% of the "
                       "exhaustive best")
-    name = "search-quality" + ("-exhaustive" if args.exhaustive else "")
+    name = ("search-quality" + ("-exhaustive" if args.exhaustive else "")
+            + (f"-{dtype.short}" if dtype is not DType.F32 else "")
+            + "".join(f"-{f}" for f in sorted(args.family or ())))
     print("wrote", write(name, data, args.out))
 
 

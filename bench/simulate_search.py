@@ -74,6 +74,7 @@ def trials_to(study: Study, cublas_tflops: float, *, model: bool, seed: int, bud
     within `within` of the grid's best (None: not within the budget)."""
     import optuna
 
+    from codegen.config import DType
     from tuner.search import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -93,9 +94,10 @@ def trials_to(study: Study, cublas_tflops: float, *, model: bool, seed: int, bud
         cubin.write_bytes(b"\x7fELF replayed")
         bench = ReplayBenchmark(study, cublas_tflops, cubin)
         t0 = time.monotonic()
-        res = search(study.shape, bench, trials=budget, sampler=sampler, seed=seed, jobs=1,
-                     artifacts=Path(tmp), cache_dir=Path(tmp), model=model,
-                     on_event=on_event, timeout=3600)
+        res = search(study.shape, bench, dtype=DType.parse(study.dtype), trials=budget,
+                     sampler=sampler, seed=seed, jobs=1, artifacts=Path(tmp),
+                     cache_dir=Path(tmp), model=model, on_event=on_event, timeout=3600,
+                     only=study.families)
     s = res.stats
     return dict(model=model, seed=seed, sampler=sampler, compiled_to_2pct=hit.get("compiled"),
                 timed_to_2pct=hit.get("timed"), compiled_to_5pct=loose.get("compiled"),
@@ -103,6 +105,12 @@ def trials_to(study: Study, cublas_tflops: float, *, model: bool, seed: int, bud
                 grid_best=round(best, 2), compiled=s.compiled, timed=s.timed, pruned=s.pruned,
                 model_first=s.model_first, rank_rho=s.rank_rho,
                 seconds=round(time.monotonic() - t0, 1))
+
+
+def label(st: Study) -> str:
+    """A record's shape, type and families, as a table names it."""
+    return (f"{'x'.join(map(str, st.shape))} {st.dtype}"
+            + (f" ({'+'.join(sorted(st.families))})" if st.families else ""))
 
 
 def trials_to_within(studies: list[Study], seeds: int = 5, budget: int = 300,
@@ -116,7 +124,7 @@ def trials_to_within(studies: list[Study], seeds: int = 5, budget: int = 300,
             for seed in range(seeds):
                 r = trials_to(st, cublas, model=model, seed=seed, budget=budget, sampler=sampler)
                 runs.append(r)
-                print(f"{'x'.join(map(str, st.shape))} model={model} seed={seed}: compiled "
+                print(f"{label(st)} model={model} seed={seed}: compiled "
                       f"{r['compiled_to_2pct']} timed {r['timed_to_2pct']} to 2% "
                       f"(5%: {r['compiled_to_5pct']}; best {r['best_found']} of {r['grid_best']}; pruned {r['pruned']}, "
                       f"rho {r['rank_rho']}, {r['seconds']} s)", flush=True)
@@ -131,7 +139,9 @@ def trials_to_within(studies: list[Study], seeds: int = 5, budget: int = 300,
                         each=xs, median_compiled_to_5pct=statistics.median(five),
                         each_5pct=five)
 
-        out.append(dict(shape="x".join(map(str, st.shape)), record=st.name, budget=budget,
+        out.append(dict(shape="x".join(map(str, st.shape)), dtype=st.dtype,
+                        families=sorted(st.families) if st.families else None,
+                        label=label(st), record=st.name, budget=budget,
                         sampler=sampler, with_model=summary(True), without_model=summary(False),
                         runs=runs))
     return out
@@ -142,18 +152,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=300)
     ap.add_argument("--sampler", default="tpe", choices=("tpe", "tpe-independent", "random"))
+    ap.add_argument("--record", default="",
+                    help="only the records whose file name contains this (default: all)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    rows = trials_to_within(from_exhaustive(), args.seeds, args.budget, args.sampler)
+    studies = [s for s in from_exhaustive() if args.record in s.name]
+    rows = trials_to_within(studies, args.seeds, args.budget, args.sampler)
     data = dict(benchmark="simulate_search", date=time.strftime("%Y-%m-%d"),
                 note="replayed on recorded H200 timings (no GPU); budget counts compiled "
                      "candidates; a run that never came within 2% counts as budget + 1 in "
                      "the median", shapes=rows)
     for r in rows:
-        print(f"{r['shape']}: with the model {r['with_model']['reached']} reached, median "
+        print(f"{r['label']}: with the model {r['with_model']['reached']} reached, median "
               f"{r['with_model']['median_compiled']}; without {r['without_model']['reached']}"
               f", median {r['without_model']['median_compiled']}")
-    path = args.out / f"simulate-search-{args.sampler}-cpu-recorded-h200-{data['date']}.json"
+    tag = f"-{args.record}" if args.record else ""
+    path = args.out / f"simulate-search-{args.sampler}{tag}-cpu-recorded-h200-{data['date']}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")
 

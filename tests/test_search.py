@@ -360,3 +360,29 @@ def test_a_3xtf32_search_spends_its_budget_on_valid_3xtf32_candidates():
     assert res.stats.compiled == 50 and res.stats.asked <= 12 * 50, res.stats
     t3 = [c for c in bench.measured if c.name.endswith("_t3")]
     assert len(t3) >= 0.8 * len(bench.measured), [c.name for c in bench.measured]
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_a_search_of_named_families_asks_compiles_and_times_only_them(sampler):
+    """`only` (a study of one family, bench/search_quality.py --family): the grid walks that
+    family's valid points alone, TPE (with the model's first batch) asks only them, and a
+    trial's parameters name no family when one is left."""
+    from _fakes import ModelledBenchmark
+
+    from codegen.config import DType
+    from codegen.families import family_of
+    from tuner.space import params_of
+
+    arch, shape, only = parse_arch("sm_90"), (2048, 2048, 2048), frozenset({"wgmma"})
+    pool = list(valid_configs(arch, DType.F16, shape, only=only))
+    every = list(valid_configs(arch, DType.F16, shape))
+    assert pool == [c for c in every if family_of(c).name == "wgmma"] and len(pool) < len(every)
+    assert "family" not in params_of(pool[0], DType.F16, shape, arch, only)
+    assert "family" in params_of(pool[0], DType.F16, shape, arch)
+    bench = ModelledBenchmark(shape=shape)
+    res = search(shape, bench, dtype=DType.F16, trials=20, seed=4, jobs=1, sampler=sampler,
+                 only=["wgmma"], model=sampler == "tpe")
+    assert res.stats.compiled == 20, res.stats
+    assert {family_of(r.config).name for r in res.records} == {"wgmma"}
+    assert bench.measured and all(family_of(c).name == "wgmma" for c in bench.measured)
+    assert sampler == "grid" or res.stats.model_first > 0

@@ -16,7 +16,7 @@ from codegen.families import Config
 from codegen.families._common import Variant
 from tuner._shape import epilogue_text
 from tuner.model import judge
-from tuner.space import searched, space_size, valid_configs
+from tuner.space import Only, searched, space_size, valid_configs
 
 __all__ = ["DryRunRow", "DryRunReport", "dry_run"]
 
@@ -70,12 +70,14 @@ class DryRunReport:
                     candidates=[r.to_dict() for r in self.rows])
 
 
-def defaults(dtype: DType, arch: ArchLimits, variant: Variant | None = None) -> list[Config]:
+def defaults(dtype: DType, arch: ArchLimits, variant: Variant | None = None,
+             only: Only = None) -> list[Config]:
     """The recommended configuration of each family a request in `dtype` for `variant`
-    (default: the plain one) searches, built as that variant."""
+    (default: the plain one) searches (of those in `only`, if given), built as that
+    variant."""
     variant = variant or Variant()
     out = [variant.apply(spec.default(spec.dtypes[dtype]))
-           for spec in searched(dtype, arch, variant)]
+           for spec in searched(dtype, arch, variant, only)]
     return [c for c in out if not check(c, arch)]
 
 

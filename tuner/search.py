@@ -50,7 +50,7 @@ from tuner.model import (
     judge, likely_spills, predict_before_compile, shape_reasons, spearman,
 )
 from tuner.outcome import Measurement, Outcome, Timing
-from tuner.space import is_candidate, params_of, suggest, valid_configs
+from tuner.space import Only, is_candidate, params_of, suggest, valid_configs
 
 __all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", "make_sampler",
            "open_storage", "model_first", "rank_correlation"]
@@ -173,12 +173,12 @@ class _GridAsker:
     Optuna through a PartialFixedSampler, so a trial's parameters are the configuration's."""
 
     def __init__(self, study, arch: ArchLimits, dtype: DType, shape, seed: int | None,
-                 variant: Variant | None = None):
+                 variant: Variant | None = None, only: Only = None):
         import random
 
         self.study, self.base = study, study.sampler
-        self.shape, self.arch, self.dtype = tuple(shape), arch, dtype
-        self.todo = list(valid_configs(arch, dtype, shape, variant))
+        self.shape, self.arch, self.dtype, self.only = tuple(shape), arch, dtype, only
+        self.todo = list(valid_configs(arch, dtype, shape, variant, only))
         self.last = None
         random.Random(seed).shuffle(self.todo)
 
@@ -188,7 +188,7 @@ class _GridAsker:
         if not self.todo:
             return None
         cfg = self.last = self.todo.pop()
-        params = params_of(cfg, self.dtype, self.shape, self.arch)
+        params = params_of(cfg, self.dtype, self.shape, self.arch, self.only)
         with warnings.catch_warnings():  # PartialFixedSampler is "experimental" since 2.4
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.sampler = optuna.samplers.PartialFixedSampler(params, self.base)
@@ -227,6 +227,7 @@ def search(
     margin: float | None | str = "family",
     variant: Variant | None = None,
     batch: int = 1,
+    only: Only = None,
 ) -> SearchResult:
     """Search the space for `shape`; `trials` counts the study's candidates (valid, new
     ones, compiled by this process, an earlier run of the study, or another process).
@@ -249,12 +250,17 @@ def search(
     `variant` (default: the plain problem, NN with fp32 C and no epilogue) and `batch`:
     the problem `bench` times; only the families that build that variant (and run a
     batch) are searched, each candidate built as it, and the model counts the batch.
+
+    `only`: the names of the families to search (default: every one the request
+    searches), for a study of one family (bench/search_quality.py). The result is the best
+    of those families, not the problem's: the tuner's cache never holds it.
     """
     return _Search(shape, bench, dtype=dtype, trials=trials, timeout=timeout, sampler=sampler,
                    seed=seed, jobs=jobs, artifacts=artifacts, cache_dir=cache_dir,
                    storage=storage, study_name=study_name, baseline_every=baseline_every,
                    lease=lease, storage_retry=storage_retry, on_event=on_event, model=model,
-                   first_batch=first_batch, margin=margin, variant=variant, batch=batch).run()
+                   first_batch=first_batch, margin=margin, variant=variant, batch=batch,
+                   only=frozenset(only) if only is not None else None).run()
 
 
 class _Search:
@@ -268,7 +274,7 @@ class _Search:
 
     def __init__(self, shape, bench, *, dtype, trials, timeout, sampler, seed, jobs, artifacts,
                  cache_dir, storage, study_name, baseline_every, lease, storage_retry,
-                 on_event, model, first_batch, margin, variant=None, batch=1):
+                 on_event, model, first_batch, margin, variant=None, batch=1, only=None):
         import optuna
         from optuna.trial import TrialState
 
@@ -278,7 +284,7 @@ class _Search:
         self.bench = self.benches[0]
         self.arch = self.bench.arch
         self.shape, self.dtype, self.trials = tuple(shape), dtype, trials
-        self.variant, self.batch = variant or Variant(), batch
+        self.variant, self.batch, self.only = variant or Variant(), batch, only
         self.artifacts, self.baseline_every, self.on_event = artifacts, baseline_every, on_event
         self.model, self.first_batch = model, first_batch
         self.stats = SearchStats()
@@ -292,7 +298,7 @@ class _Search:
         self.storage = storage
         if storage is not None:
             self.join(storage, study_name, lease, storage_retry)
-        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed, self.variant)
+        self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed, self.variant, only)
                      if sampler == "grid" else None)
         self.max_asks = trials * 50 + 2000
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
@@ -359,8 +365,9 @@ class _Search:
             self.grid.todo = [c for c in self.grid.todo if c.name not in self.seen]
         elif self.model and self.first_batch > 0:
             for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
-                                   set(self.seen), self.variant, self.batch):
-                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch),
+                                   set(self.seen), self.variant, self.batch, self.only):
+                self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch,
+                                                   self.only),
                                          skip_if_exists=False)
                 self.stats.model_first += 1
         self.time_baseline()
@@ -438,7 +445,7 @@ class _Search:
         if trial is None:
             return None
         self.stats.asked += 1
-        cfg = suggest(trial, self.dtype, self.shape, self.arch, self.variant)
+        cfg = suggest(trial, self.dtype, self.shape, self.arch, self.variant, self.only)
         if grid and grid.last is not None and cfg.name != grid.last.name:
             grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
         return trial, cfg
@@ -677,7 +684,8 @@ class _Search:
             if c.status != "done" or name in self.seen:
                 continue
             cfg = config_from_name(name)
-            if not is_candidate(cfg, self.dtype, self.variant):
+            if not is_candidate(cfg, self.dtype, self.variant) or \
+                    (self.only is not None and family_of(cfg).name not in self.only):
                 continue
             self.seen[name] = (t.state, t.value)
             try:
@@ -736,16 +744,17 @@ RANKING_KEPT = 2048
 
 @functools.lru_cache(maxsize=8)
 def _ranking(shape: tuple, dtype: DType, arch: ArchLimits, variant: Variant | None,
-             batch: int, keep: int | None = RANKING_KEPT) -> tuple[tuple, tuple, bool]:
+             batch: int, keep: int | None = RANKING_KEPT,
+             only: Only = None) -> tuple[tuple, tuple, bool]:
     """(the families' defaults that are valid points here, with their predicted seconds;
     the `keep` others (None: all) the model predicts fastest, (seconds, config), fastest
     first, ties in grid order; whether that is all of them). The whole space is enumerated
     and predicted once per arguments (at a small shape with split-K variants some 90,000
     points: seconds), and no configuration's name is made (a microsecond or two each)."""
-    known = defaults(dtype, arch, variant)
+    known = defaults(dtype, arch, variant, only)
     found = [False] * len(known)
     preds = []
-    for i, c in enumerate(valid_configs(arch, dtype, shape, variant)):
+    for i, c in enumerate(valid_configs(arch, dtype, shape, variant, only)):
         hit = next((j for j, d in enumerate(known)
                     if not found[j] and type(c) is type(d) and c == d), None)
         if hit is not None:
@@ -761,7 +770,7 @@ def _ranking(shape: tuple, dtype: DType, arch: ArchLimits, variant: Variant | No
 
 def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
                 exclude: set[str] = frozenset(), variant: Variant | None = None,
-                batch: int = 1) -> list[Config]:
+                batch: int = 1, only: Only = None) -> list[Config]:
     """The first batch, `n` valid configurations not in `exclude`: each searched family's
     default for `dtype` (its best measured on the GPU, a known good start the model cannot
     yet tell from its neighbours: within the wgmma family it predicts nearly every tile at
@@ -770,12 +779,13 @@ def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
     likely to spill left out), fastest first (ties by name). Spreading the batch over
     distinct predicted times instead was tried on the 4096^3 replay and did worse
     (bench/NOTES.md). Every one is built as `variant` (default: the plain problem) and
-    predicted at a batch of `batch`. The ranking is kept between calls (_ranking)."""
-    return _first(tuple(shape), dtype, arch, n, exclude, variant, batch, RANKING_KEPT)
+    predicted at a batch of `batch`; of the families in `only`, if given. The ranking is
+    kept between calls (_ranking)."""
+    return _first(tuple(shape), dtype, arch, n, exclude, variant, batch, RANKING_KEPT, only)
 
 
-def _first(shape, dtype, arch, n, exclude, variant, batch, keep) -> list[Config]:
-    known, ranked, whole = _ranking(shape, dtype, arch, variant, batch, keep)
+def _first(shape, dtype, arch, n, exclude, variant, batch, keep, only=None) -> list[Config]:
+    known, ranked, whole = _ranking(shape, dtype, arch, variant, batch, keep, only)
     best = min([t for t, _ in known] + [t for t, _ in ranked[:1]], default=0.0)
     first = [c for t, c in known if t <= FIRST_BATCH_MARGIN * best]
     # a default far behind takes its place in the ranking
@@ -791,7 +801,7 @@ def _first(shape, dtype, arch, n, exclude, variant, batch, keep) -> list[Config]
                 if c.name not in exclude][:n - len(out)]
         i = j
     if len(out) < n and not whole:  # more tried than the kept ranking holds: all of it
-        return _first(shape, dtype, arch, n, exclude, variant, batch, None)
+        return _first(shape, dtype, arch, n, exclude, variant, batch, None, only)
     return out
 
 

@@ -25,9 +25,12 @@ from tuner.model import shape_reasons
 
 __all__ = ["valid_wmma_configs", "families", "is_candidate", "params_of", "suggest",
            "space_size", "valid_configs", "Shape", "supports",
-           "searched", "why_unsearched"]
+           "searched", "why_unsearched", "Only"]
 
 PLAIN = Variant()
+
+#: a restriction to some families by name (None: every family the request searches)
+Only = frozenset[str] | None
 
 
 def supports(spec: FamilySpec, variant: Variant) -> bool:
@@ -36,11 +39,13 @@ def supports(spec: FamilySpec, variant: Variant) -> bool:
 
 
 def searched(dtype: DType, arch: ArchLimits | None = None,
-             variant: Variant | None = None) -> list[FamilySpec]:
+             variant: Variant | None = None, only: Only = None) -> list[FamilySpec]:
     """The specs a request in `dtype` for `variant` (default: the plain one) searches (on
-    `arch`, if given), in registration order."""
+    `arch`, if given; of the families named in `only`, if given: a study of one family),
+    in registration order."""
     variant = variant or PLAIN
-    return [s for s in families_for(dtype, arch) if supports(s, variant)]
+    return [s for s in families_for(dtype, arch)
+            if supports(s, variant) and (only is None or s.name in only)]
 
 
 def why_unsearched(dtype: DType, variant: Variant | None = None,
@@ -76,7 +81,8 @@ def is_candidate(config: Config, dtype: DType, variant: Variant | None = None) -
 
 
 def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
-            arch: ArchLimits | None = None, variant: Variant | None = None) -> Config:
+            arch: ArchLimits | None = None, variant: Variant | None = None,
+            only: Only = None) -> Config:
     """Ask an Optuna trial for one point of the space (split-K only where it can help),
     built as `variant` (default: the plain one).
 
@@ -84,7 +90,7 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     own parameters (the WMMA ones wmma_<name>), so each name keeps one distribution.
     """
     variant = variant or PLAIN
-    specs = searched(dtype, arch, variant)
+    specs = searched(dtype, arch, variant, only)
     if not specs:
         raise ValueError(f"no family builds {variant.key} for {dtype.short}")
     spec = specs[0]
@@ -93,12 +99,13 @@ def suggest(trial, dtype: DType = DType.F32, shape: Shape | None = None,
     return variant.apply(spec.suggest(trial, spec.dtypes[dtype], shape, arch))
 
 
-def params_of(config: Config, dtype: DType, shape: Shape, arch: ArchLimits) -> dict:
-    """The trial parameters that make `suggest` return `config` (the grid's inverse; the
-    variant is the config's own)."""
+def params_of(config: Config, dtype: DType, shape: Shape, arch: ArchLimits,
+              only: Only = None) -> dict:
+    """The trial parameters that make `suggest` (with the same `only`) return `config` (the
+    grid's inverse; the variant is the config's own)."""
     spec = family_of(config)
     p = spec.params_of(config, shape, arch)
-    many = len(searched(dtype, arch, Variant.of(config))) > 1
+    many = len(searched(dtype, arch, Variant.of(config), only)) > 1
     return {"family": spec.name, **p} if many else p
 
 
@@ -110,13 +117,14 @@ def space_size(dtype: DType = DType.F32, variant: Variant | None = None) -> int:
 
 def valid_configs(arch: ArchLimits | str, dtype: DType = DType.F32,
                   shape: Shape | None = None,
-                  variant: Variant | None = None) -> Iterator[Config]:
+                  variant: Variant | None = None, only: Only = None) -> Iterator[Config]:
     """Every point of the space that codegen.check accepts for `arch` (and, given a shape,
-    that the shape rules keep, split-K variants included), built as `variant`, in grid
-    order: family by family in registration order (the CUDA-core family first)."""
+    that the shape rules keep, split-K variants included), built as `variant`, of the
+    families in `only` (default: all searched), in grid order: family by family in
+    registration order (the CUDA-core family first)."""
     arch = parse_arch(arch)
     variant = variant or PLAIN
-    for spec in searched(dtype, arch, variant):
+    for spec in searched(dtype, arch, variant, only):
         for c in spec.valid_configs(arch, spec.dtypes[dtype], shape):
             if variant.plain:
                 yield c
