@@ -67,6 +67,14 @@ def test_model_prunes_against_the_best_so_far(run):
             assert r.figures["bound_tflops"] < res.stats.best_tflops
     best = res.timed()[0]
     assert best.tflops == res.stats.best_tflops == max(r.tflops for r in res.timed())
+    # prune=False (an exhaustive record): the same candidates, each timed unless it
+    # spills or fits no SM
+    bench = FakeBenchmark()
+    every = run(bench, trials=24, seed=11, sampler="random", prune=False)
+    assert {r.config.name for r in every.records} == {r.config.name for r in res.records}
+    assert all(r.reason.startswith(("spills", "no block"))
+               for r in every.records if r.outcome is Outcome.PRUNED)
+    assert every.stats.timed > res.stats.timed
 
 
 def test_timeout_stops_the_search(run):

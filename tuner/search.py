@@ -228,6 +228,7 @@ def search(
     variant: Variant | None = None,
     batch: int = 1,
     only: Only = None,
+    prune: bool = True,
 ) -> SearchResult:
     """Search the space for `shape`; `trials` counts the study's candidates (valid, new
     ones, compiled by this process, an earlier run of the study, or another process).
@@ -254,13 +255,17 @@ def search(
     `only`: the names of the families to search (default: every one the request
     searches), for a study of one family (bench/search_quality.py). The result is the best
     of those families, not the problem's: the tuner's cache never holds it.
+
+    `prune=False`: time every candidate that runs (those that spill or fit no SM aside),
+    the bound and the model's margin notwithstanding: an exhaustive record, whose every
+    point a replayed search may ask for (bench/simulate_search.py).
     """
     return _Search(shape, bench, dtype=dtype, trials=trials, timeout=timeout, sampler=sampler,
                    seed=seed, jobs=jobs, artifacts=artifacts, cache_dir=cache_dir,
                    storage=storage, study_name=study_name, baseline_every=baseline_every,
                    lease=lease, storage_retry=storage_retry, on_event=on_event, model=model,
                    first_batch=first_batch, margin=margin, variant=variant, batch=batch,
-                   only=frozenset(only) if only is not None else None).run()
+                   only=frozenset(only) if only is not None else None, prune=prune).run()
 
 
 class _Search:
@@ -274,7 +279,8 @@ class _Search:
 
     def __init__(self, shape, bench, *, dtype, trials, timeout, sampler, seed, jobs, artifacts,
                  cache_dir, storage, study_name, baseline_every, lease, storage_retry,
-                 on_event, model, first_batch, margin, variant=None, batch=1, only=None):
+                 on_event, model, first_batch, margin, variant=None, batch=1, only=None,
+                 prune=True):
         import optuna
         from optuna.trial import TrialState
 
@@ -285,6 +291,7 @@ class _Search:
         self.arch = self.bench.arch
         self.shape, self.dtype, self.trials = tuple(shape), dtype, trials
         self.variant, self.batch, self.only = variant or Variant(), batch, only
+        self.prune = prune
         self.artifacts, self.baseline_every, self.on_event = artifacts, baseline_every, on_event
         self.model, self.first_batch = model, first_batch
         self.stats = SearchStats()
@@ -520,8 +527,9 @@ class _Search:
             self.conclude(trial, TrialRecord(trial.number, cfg, Outcome.COMPILE_FAILED, why),
                           TrialState.FAIL)
             return
-        verdict = judge(cfg, res.resources, self.shape, self.arch, self.stats.best_tflops,
-                        self.margin_for(cfg), batch=self.batch)
+        verdict = judge(cfg, res.resources, self.shape, self.arch,
+                        self.stats.best_tflops if self.prune else None,
+                        self.margin_for(cfg) if self.prune else None, batch=self.batch)
         rec = TrialRecord(trial.number, cfg, Outcome.PRUNED, verdict.reason,
                           resources=res.resources, figures=verdict.figures, cubin=res.cubin)
         if verdict.hopeless:
