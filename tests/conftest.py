@@ -56,5 +56,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def compile_cache(tmp_path_factory):
-    """One compile cache for the whole session (shared by the parallel compiles)."""
+    """One compile cache for the whole run, shared by the parallel compiles and, under
+    pytest-xdist, by every worker (its entries are written atomically)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.getbasetemp().parent / "compile-cache"
+        path.mkdir(exist_ok=True)
+        return path
     return tmp_path_factory.mktemp("compile-cache")
