@@ -139,7 +139,7 @@ def test_the_fp32_suite_exhaustive_and_pipeline_figures_are_those_of_the_files_c
         assert f"{words} {r['tflops']:.1f} TFLOP/s against cuBLAS's {r['cublas_tflops']:.1f} " \
             f"({r['ratio']:.1f}x)" in text or f"{words} {r['tflops']:.1f} against " \
             f"{r['cublas_tflops']:.1f} ({r['ratio']:.2f}x)" in text, shape
-    ex = _cited("search-quality-exhaustive")["exhaustive"]
+    ex = _cited("search-quality-exhaustive-h200")["exhaustive"]
     assert f"over the {ex['valid']} valid configurations of the space before the swizzle " \
         f"({ex['seconds']:.0f} s, 2026-11-30) found {ex['best']['tflops']:.1f} TFLOP/s at best " \
         f"(`{ex['best']['kernel']}`" in text
@@ -222,3 +222,21 @@ def test_the_storage_figures_are_those_of_the_file_cited():
     assert f"took {rows['sqlite']['ratio_to_memory']:.2f}x its in-memory time on SQLite, " \
         f"{rows['journal']['ratio_to_memory']:.2f}x on a journal file and " \
         f"{rows['postgresql']['ratio_to_memory']:.2f}x on a local PostgreSQL" in text
+
+
+def test_the_search_replay_figures_are_those_of_the_files_cited():
+    """The trials to within 2% of each wgmma grid's best, with and without the model."""
+    text = " ".join(README.split())
+    for dtype, runs in (("f16", "10"), ("f32x3", "5")):
+        rec = _cited(f"simulate-search-tpe-{dtype}-wgmma-cpu")["shapes"][0]
+        with_, without = rec["with_model"], rec["without_model"]
+        assert with_["reached"] == f"{runs}/{runs}" and set(with_["each"]) == {3}
+        assert "was the 3rd compiled in all 10 fp16 runs" in text
+        got = sorted(x for x in without["each"] if x is not None)
+        assert f"a median of {without['median_compiled']:g} compiled ({got[0]} to {got[-1]}" \
+            in text or f"a median of {without['median_compiled']:g} ({got[0]} to {got[-1]};" \
+            in text
+    rank = {r["study"].split("-exhaustive-")[1].split("-")[0]: r
+            for r in _cited("model-rank-f16-f32x3-cpu")["rho"] if "exhaustive" in r["study"]}
+    assert f"Spearman correlation of {rank['f16']['rho']:.2f} (fp16) and " \
+        f"{rank['f32x3']['rho']:.2f} (3xTF32)" in text
