@@ -38,6 +38,12 @@ FAST = {"test_floors.py", "test_config.py", "test_names.py", "test_check.py",
         "test_readme.py", "test_torch_ops.py", "test_decisions.py"}
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (README): a worker per core on a CPU-only machine, one in all where a GPU
+    is usable (its tests time kernels and must not share it)."""
+    return 1 if _gpu_reason() is None else None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in FAST:
