@@ -236,7 +236,7 @@ def test_the_search_replay_figures_are_those_of_the_files_cited():
         assert f"a median of {without['median_compiled']:g} compiled ({got[0]} to {got[-1]}" \
             in text or f"a median of {without['median_compiled']:g} ({got[0]} to {got[-1]};" \
             in text
-    rank = {r["study"].split("-exhaustive-")[1].split("-")[0]: r
+    rank = {r["study"].split("-exhaustive-")[1].split("-h200")[0]: r
             for r in _cited("model-rank-f16-f32x3-cpu")["rho"] if "exhaustive" in r["study"]}
-    assert f"Spearman correlation of {rank['f16']['rho']:.2f} (fp16) and " \
-        f"{rank['f32x3']['rho']:.2f} (3xTF32)" in text
+    assert f"Spearman correlation of {rank['f16-wgmma']['rho']:.2f} (fp16) and " \
+        f"{rank['f32x3-wgmma']['rho']:.2f} (3xTF32)" in text
