@@ -29,8 +29,8 @@ def _gpu_reason() -> str | None:
 
 
 #: the test files of `pytest -m fast` (README): pure logic, the CLI, the run path through a
-#: fake driver, the family rules and names; none compiles a grid of kernels (about 90 s on
-#: two cores, where the whole suite takes about 10 minutes)
+#: fake driver, the family rules and names; none compiles a grid of kernels (README gives
+#: the latest times of both)
 FAST = {"test_floors.py", "test_config.py", "test_names.py", "test_check.py",
         "test_occupancy.py", "test_model.py", "test_runtime.py", "test_cache.py",
         "test_families.py", "test_properties.py", "test_distributed.py", "test_cli.py",
