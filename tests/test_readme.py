@@ -29,21 +29,28 @@ def test_the_library_figures_are_those_of_the_file_cited():
     assert f"torch.matmul's {steps['torch.matmul(a, b, out=c), whole call']:.1f}" in README
 
 
-def _tunes(name: str) -> dict:
+def _tunes(name: str, shape: str = "4096x4096x4096") -> dict:
+    """The tunes of the file cited whose name starts with `name`, by dtype, at `shape` (a
+    line that names no shape is 4096^3's)."""
     cited = re.search(rf"bench/results/({name}[\w-]*\.jsonl)", README).group(1)
-    return {json.loads(x)["dtype"]: json.loads(x)
-            for x in (ROOT / "bench" / "results" / cited).read_text().splitlines()}
+    rows = [json.loads(x) for x in (ROOT / "bench" / "results" / cited).read_text().splitlines()]
+    return {r["dtype"]: r for r in rows if r.get("shape", "4096x4096x4096") == shape}
 
 
 def test_the_4096_tune_figures_are_those_of_the_files_cited():
     fp32 = _tunes("tunes-4096-fp32-")["fp32"]
-    fp16 = _tunes("tunes-4096-fp16-")["fp16"]
+    fp16 = _tunes("tunes-fp16-three-shapes-")["fp16"]
     text = " ".join(README.split())
     assert f"took {fp32['wall_s']:.0f} s and found `{fp32['kernel']}` at {fp32['tflops']:.1f}" \
         f" TFLOP/s against cuBLAS's {fp32['cublas_tflops']:.1f}" in text
     assert f"({fp32['ratio']:.2f}x)" in text
     assert f"took {fp16['wall_s']:.0f} s and won at {fp16['ratio']:.2f}x cuBLAS with " \
         f"`{fp16['kernel']}` ({fp16['tflops']:.1f} against {fp16['cublas_tflops']:.1f}" in text
+    assert f"{fp16['timed']} candidates timed, rank correlation {fp16['rank_rho']:.2f}" in text
+    for shape in ("8192x8192x1024", "4096x14336x4096"):
+        r = _tunes("tunes-fp16-three-shapes-", shape)["fp16"]
+        assert f"{shape} took {r['wall_s']:.0f} s ({r['ratio']:.2f}x, rank correlation " \
+            f"{r['rank_rho']:.2f})" in text
     t3 = _tunes("tune-3xtf32-default-")["3xtf32"]
     assert f"took {t3['wall_s']:.0f} s and won on the H200 with the pre-split `{t3['kernel']}` " \
         f"at {t3['tflops']:.1f} TFLOP/s, {t3['ratio']:.2f}x cuBLAS SGEMM's " \
@@ -240,3 +247,7 @@ def test_the_search_replay_figures_are_those_of_the_files_cited():
             for r in _cited("model-rank-f16-f32x3-cpu")["rho"] if "exhaustive" in r["study"]}
     assert f"Spearman correlation of {rank['f16-wgmma']['rho']:.2f} (fp16) and " \
         f"{rank['f32x3-wgmma']['rho']:.2f} (3xTF32)" in text
+    dec = _cited("simulate-search-tpe-f16-decode-cpu")["shapes"][0]
+    assert f"its rank correlation is {rank['f16-decode']['rho']:.2f}, and the replayed search " \
+        f"came within 2% after a median of {dec['with_model']['median_compiled']:g} compiled " \
+        f"candidates with it and {dec['without_model']['median_compiled']:g} without" in text
