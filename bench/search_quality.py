@@ -55,7 +55,8 @@ def exhaustive(shape: tuple[int, int, int], dtype, families, timeout: float,
                  seed=0, artifacts=work, model=False, only=families, prune=False)
     s = res.stats
     timed = res.timed()
-    return dict(families=sorted(families) if families else None, valid=n_valid, complete=s.compiled == n_valid, seconds=round(s.seconds, 1),
+    return dict(families=sorted(families) if families else None, valid=n_valid,
+                complete=s.compiled == n_valid, seconds=round(s.seconds, 1),
                 stats=dict(compiled=s.compiled, timed=s.timed, pruned=s.pruned,
                            failed=s.failed, rejected=s.rejected),
                 cublas_tflops=round(bench.flops / (res.cublas_ms * 1e-3) / 1e12, 2),
