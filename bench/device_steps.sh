@@ -17,7 +17,8 @@
 #   layouts   bench/layouts_epilogues.py over $LIBRARY
 #   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
 #   pairs     the kernels of $PAIRS (a bench/pairs/ file), each timed beside cuBLAS
-#   suite     bench/suite.py: the shapes of $TUNE tuned at $TRIALS, then the 13-shape suite
+#   suite     bench/suite.py: the shapes of $TUNE (if any) tuned at $TRIALS, then the 13-shape
+#             suite timed from the library
 #   wgmma     bench/wgmma_vs_cublas.py (against cuBLAS and Triton)
 #   probe     bench/wgmma_probe.py $PROBE_ARGS (e.g. --fp32)
 #   decode    bench/decode_roof.py $DECODE_ARGS (the decode family at the DRAM roof)
@@ -110,7 +111,7 @@ PY
       timeout ${PAIRS_TIMEOUT:-300} python3 bench/default_vs_cublas.py \
         --label "$(basename "$PAIRS" .txt)" --out "$OUT" "${args[@]}" 2>&1 | tail -30 ;;
     suite)
-      timeout ${SUITE_TIMEOUT:-580} python3 bench/suite.py --tune-shapes ${TUNE} --force \
+      timeout ${SUITE_TIMEOUT:-580} python3 bench/suite.py ${TUNE:+--tune-shapes $TUNE --force} \
         --devices ${DEVICES:-0} --trials ${TRIALS:-150} ${SHAPES:+--shapes $SHAPES} \
         --out "$OUT" 2>&1 | tee "$OUT/suite.log" | tail -30
       tar czf "$OUT/library.tgz" artifacts/library ;;

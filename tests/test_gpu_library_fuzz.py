@@ -1,0 +1,216 @@
+"""GPU: the committed library (artifacts/library, copied) called as users call it, on
+problems drawn at random each run: any input type (fp32 strict, tf32, 3xTF32, fp16, bf16),
+any layout, padded and misaligned rows, C of any type (given and poisoned, or allocated),
+alpha and beta, a bias of C's type or fp32, each activation, 2-D or strided batches with a
+shared operand, torch and cupy callers, first-use measuring on and off. No problem is one
+the library was tuned for, so each call goes through the dispatch rule for shapes nobody
+listed: M-buckets, neighbouring entries, the estimate, cuBLAS and the epilogue after it.
+
+Each result is checked against a float64 product of the inputs as given, within the
+request's gate (tuner.bench: the accumulation's, growing with K on tensor cores, plus two
+roundings of a 16-bit C: cuBLAS through torch rounds the product, then its activation's
+result), taken against a norm of at least tuner.bench.error_floor. The draw's seed is in
+every failure message: GEMM_TUNE_FUZZ_SEED=<seed> replays it; GEMM_TUNE_FUZZ_N sets the
+number of problems (default 96).
+"""
+
+import dataclasses
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEMS = int(os.environ.get("GEMM_TUNE_FUZZ_N", "96"))
+#: fp32 data by request: (torch dtype name, allow_tf32, allow_3xtf32)
+REQUESTS = {"fp32": ("float32", False, False), "tf32": ("float32", True, False),
+            "3xtf32": ("float32", False, True), "fp16": ("float16", False, False),
+            "bf16": ("bfloat16", False, False)}
+ACTIVATIONS = (None, None, "relu", "gelu", "gelu_tanh", "silu")
+#: what lib.gemm promises for allow_tf32, route-independent (README; test_gpu_runtime)
+TF32_PROMISE = 1e-3
+
+
+@dataclasses.dataclass
+class Problem:
+    request: str
+    m: int
+    n: int
+    k: int
+    batch: int  # 0: 2-D operands
+    shared: str  # "", "a" or "b": that operand is one matrix (2-D) for the whole batch
+    a_cols: bool  # A stored by columns (a transposed view)
+    b_cols: bool
+    pad: int  # elements added to every leading dimension
+    offset: int  # elements of storage before A's first (misaligns A's pointer)
+    out: str | None  # out_dtype asked (None: the default)
+    given_c: bool
+    alpha: float
+    beta: float
+    bias: str | None  # None, "out" (C's type) or "f32"
+    act: str | None
+    caller: str  # "torch" or "cupy"
+    measure: bool
+
+
+def _size(rng: random.Random) -> int:
+    kind = rng.random()
+    if kind < 0.2:
+        return rng.randint(1, 8)
+    if kind < 0.55:
+        return rng.choice((17, 31, 61, 97, 127, 131, 211, 257, 383, 509, 769))
+    if kind < 0.85:
+        return rng.choice((64, 128, 192, 256, 320, 512, 768, 1024)) + rng.choice((0, 0, 1, -1, 8))
+    return rng.choice((1536, 2048, 3000, 4096))
+
+
+def draw(rng: random.Random) -> Problem:
+    request = rng.choice(list(REQUESTS))
+    m, n, k = _size(rng), _size(rng), _size(rng)
+    if rng.random() < 0.25:  # decode-like: a few rows through a wide weight
+        m, n, k = rng.randint(1, 64), rng.choice((1024, 2048, 4096)), rng.choice((1024, 4096))
+    while m * n * k > 2**31:  # the float64 reference and the buffers stay small
+        k = max(1, k // 2)
+    batch = rng.choice((0, 0, 0, 2, 3))
+    shared = rng.choice(("", "", "a", "b")) if batch else ""
+    two_byte = request in ("fp16", "bf16")
+    outs = [None, "float32", "float16", "bfloat16"] if two_byte else [None, "float16", "bfloat16"]
+    out = rng.choice(outs) if rng.random() < 0.5 else None
+    given_c = rng.random() < 0.6
+    beta = rng.choice((0.0, 0.0, 0.5)) if given_c else 0.0
+    return Problem(request, m, n, k, batch, shared, rng.random() < 0.3, rng.random() < 0.4,
+                   rng.choice((0, 0, 0, 1, 3, 8)), rng.choice((0, 0, 0, 0, 1)), out, given_c,
+                   rng.choice((1.0, 1.0, 0.75)), beta, rng.choice((None, None, "out", "f32")),
+                   rng.choice(ACTIVATIONS), rng.choice(("torch", "torch", "cupy")),
+                   rng.random() < 0.6)
+
+
+def c_type(p: Problem) -> str:
+    if p.out is not None:
+        return p.out
+    return REQUESTS[p.request][0]  # fp32 data writes fp32 C, 16-bit data its own type
+
+
+def gate(p: Problem) -> float:
+    from codegen.config import DType
+    from tuner.bench import TOLERANCE, output_rounding
+
+    out = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}[c_type(p)]
+    grow = max(1.0, p.k / 4096)
+    acc = {"fp32": TOLERANCE[DType.F32], "3xtf32": TOLERANCE[DType.F32],
+           "tf32": TF32_PROMISE * grow, "fp16": TOLERANCE[DType.F16] * grow,
+           "bf16": TOLERANCE[DType.BF16] * grow}[p.request]
+    return acc + 2 * output_rounding(out)
+
+
+def _matrix(torch, p: Problem, rows: int, cols: int, by_columns: bool, dtype, batched: bool,
+            offset: int = 0):
+    """rows x cols (x batch) of fresh values, stored by rows or columns with `p.pad` more
+    elements per leading dimension, `offset` elements into its storage: a view, no copy."""
+    lead, inner = (cols, rows) if by_columns else (rows, cols)
+    nb = p.batch if batched else 1
+    flat = torch.randn(offset + nb * lead * (inner + p.pad), device="cuda").to(dtype)
+    x = flat[offset:].view(nb, lead, inner + p.pad)[:, :, :inner]
+    if by_columns:
+        x = x.transpose(1, 2)
+    return x if batched else x[0]
+
+
+def operands(torch, p: Problem):
+    dtype = getattr(torch, REQUESTS[p.request][0])
+    ctype = getattr(torch, c_type(p))
+    a = _matrix(torch, p, p.m, p.k, p.a_cols, dtype, p.batch > 0 and p.shared != "a", p.offset)
+    b = _matrix(torch, p, p.k, p.n, p.b_cols, dtype, p.batch > 0 and p.shared != "b")
+    shape = (p.batch, p.m, p.n) if p.batch else (p.m, p.n)
+    c0 = torch.randn(shape, device="cuda").to(ctype)
+    bias = None
+    if p.bias is not None:
+        bias = torch.randn(p.n, device="cuda").to(ctype if p.bias == "out" else torch.float32)
+    return a, b, c0, bias
+
+
+def reference(torch, p: Problem, a, b, c0, bias):
+    F = torch.nn.functional
+    ref = p.alpha * torch.matmul(a.double(), b.double())
+    if p.beta:
+        ref = ref + p.beta * c0.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    return {None: lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[p.act](ref)
+
+
+def run(torch, lib, p: Problem):
+    """C as lib.gemm computed it for `p` (and whether a given C came back as itself)."""
+    _, tf32, x3 = REQUESTS[p.request]
+    a, b, c0, bias = operands(torch, p)
+    c = None
+    if p.given_c:
+        c = c0.clone() if p.beta else torch.full_like(c0, float("nan"))
+    kw = dict(alpha=p.alpha, beta=p.beta, allow_tf32=tf32, allow_3xtf32=x3,
+              out_dtype=p.out, activation=p.act, measure=p.measure)
+    if p.caller == "cupy":
+        import cupy
+
+        cp = [None if x is None else cupy.asarray(x) for x in (a, b, c, bias)]
+        got = lib.gemm(cp[0], cp[1], cp[2], bias=cp[3], **kw)
+        same = c is None or got is cp[2]
+        got = torch.as_tensor(got, device="cuda")
+    else:
+        got = lib.gemm(a, b, c, bias=bias, **kw)
+        same = c is None or got is c
+    torch.cuda.synchronize()
+    return got, same, reference(torch, p, a, b, c0, bias)
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory):
+    """A copy of the committed library: first-use decisions write its dispatch table."""
+    from tuner.runtime.library import load_library
+
+    d = tmp_path_factory.mktemp("fuzz") / "library"
+    shutil.copytree(ROOT / "artifacts" / "library", d)
+    return load_library(d)
+
+
+def test_random_problems_through_the_committed_library(committed):
+    import torch
+
+    from codegen.config import DType
+    from tuner.bench import error_floor
+
+    seed = int(os.environ.get("GEMM_TUNE_FUZZ_SEED", "0")) or random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    failures, ran = [], {}
+    for i in range(PROBLEMS):
+        p = draw(rng)
+        committed.plans.clear()  # so that the one plan made below says what ran
+        try:
+            got, same, ref = run(torch, committed, p)
+        except Exception as e:  # noqa: BLE001: every drawn request is one the API serves
+            failures.append(f"#{i} {p}: {type(e).__name__}: {e}")
+            continue
+        plans = list(committed.plans.values())
+        ran[i] = (plans[0].choice.kernel or "cuBLAS") if len(plans) == 1 else "unmemoised"
+        out = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}[c_type(p)]
+        norm = max(ref.norm().item(), error_floor(out, ref.numel()))
+        err = (got.double() - ref).norm().item() / norm
+        wrong = []
+        if tuple(got.shape) != tuple(ref.shape) or got.dtype != getattr(torch, c_type(p)):
+            wrong.append(f"C is {tuple(got.shape)} {got.dtype}")
+        if got.isnan().any() and not ref.isnan().any():
+            wrong.append("C not fully written")
+        if not err <= gate(p):
+            wrong.append(f"error {err:.3g} > gate {gate(p):.3g}")
+        if not same:
+            wrong.append("the C passed in was not returned")
+        if wrong:
+            failures.append(f"#{i} {p} ran {ran[i]}: {'; '.join(wrong)}")
+    kernels = sum(1 for name in ran.values() if name.startswith("gemm_"))
+    print(f"seed {seed}: {PROBLEMS} problems, {len(failures)} failed, {kernels} ran a "
+          f"gemm-tune kernel")
+    assert not failures, f"seed {seed}:\n" + "\n".join(failures)
