@@ -165,6 +165,8 @@ def test_errors_before_any_launch(lib, fake):
         ((Cai(64, 32, 0x10000, typestr="<f8"), b), "A is float64"),
         ((a, Cai(32, 48, 0x20000, typestr="<f2")), "they must be of one type"),
         ((a, b, Cai(64, 48, 0x30000, typestr="<f8")), "C must be float32, float16 or bfloat16"),
+        ((Cai(64, 32, 0x10000, typestr="|V2"), b),  # cupy's view of a torch bfloat16 tensor
+         "A is a 2-byte type cupy cannot name .*pass bfloat16 data as torch tensors"),
         ((a, Cai(32, 48, 0x20000, ld=40)),
          r"B is 32x48 with strides \(160, 4\) bytes: it must be row-major or column-major"),
         ((a, b, Cai(64, 48, 0x30000, column_major=True)),

@@ -80,8 +80,11 @@ def _elem(name: str, kind, inputs: bool) -> DType:
     accumulation always, rounded once to C's type)."""
     dt = _TORCH.get(str(kind)) or _NUMPY.get(_np_dtype(kind))
     if dt is None:
-        raise _error(f"{name} is {str(kind).replace('torch.', '')}; {name} must be float32, "
-                     "float16 or bfloat16")
+        got = str(kind).replace("torch.", "")
+        if got == "|V2":  # what cupy makes of a torch bfloat16 tensor: it has no bfloat16
+            raise _error(f"{name} is a 2-byte type cupy cannot name (|V2: bfloat16 through "
+                         "__cuda_array_interface__?); pass bfloat16 data as torch tensors")
+        raise _error(f"{name} is {got}; {name} must be float32, float16 or bfloat16")
     return dt
 
 
