@@ -4,7 +4,8 @@
 # variables below) so that one call's steps fit the device's per-call limit.
 #
 #   tests     the GPU tests (pytest -m gpu) of $TESTS (default: all), a line per test as it
-#             ends (a log cut by TEST_TIMEOUT still names each result)
+#             ends (a log cut by TEST_TIMEOUT still names each result); PYTEST_REPORT=-rfsP
+#             keeps what passing tests printed (the fuzz's seed and what ran)
 #   torch     the CPU tests that need torch (tests/test_torch_ops.py)
 #   library   bench/library_vs_cublas.py over $LIBRARY (default artifacts/library)
 #   msweep    bench/library_vs_cublas.py --m-sweep over $LIBRARY
@@ -49,7 +50,7 @@ for step in "$@"; do
   echo "== $step at $((SECONDS - T0)) s ($(date +%T))"
   case $step in
     tests)
-      timeout ${TEST_TIMEOUT:-540} python3 -m pytest -m gpu -v -rfs --durations=15 \
+      timeout ${TEST_TIMEOUT:-540} python3 -m pytest -m gpu -v ${PYTEST_REPORT:--rfs} --durations=15 \
         ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
       grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -30 ;;
     torch)

@@ -27,7 +27,9 @@ if __name__ == "__main__":
     from tuner.search import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    bench = FakeBenchmark(log=a.log, delay=a.delay)
+    # compiles take a second, as nvcc's would, without its CPU (the tests' timing: others
+    # are up before the first result, and survive a killed worker's lease)
+    bench = FakeBenchmark(log=a.log, delay=a.delay, nvcc=False, compile_s=1.0)
     try:
         res = search(bench.shape, bench, trials=a.trials, jobs=1, seed=a.seed,
                      sampler="random", model=False, storage=a.storage, study_name=a.study,

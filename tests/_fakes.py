@@ -10,11 +10,48 @@ from tuner.outcome import Measurement, Outcome, Timing
 SHAPE = (512, 512, 512)
 
 
+def modelled_compile(args, cubin: str, seconds: float = 0.0):
+    """What a compile of `args` (tuner.search's compile_task arguments) would give, without
+    nvcc: the model's estimated registers (tuner.model.estimate_registers; what they exceed
+    of the cap, spilled), the config's shared memory, a stand-in cubin; after `seconds` of
+    sleep (a compile's time, without its CPU, where a test's timing depends on it)."""
+    import time
+    from pathlib import Path
+
+    time.sleep(seconds)
+
+    from codegen.compile import CompileResult, Resources
+    from tuner.model import estimate_registers, register_cap
+
+    cfg, arch, *_ = args
+    regs = estimate_registers(cfg)
+    cap = register_cap(cfg, parse_arch(arch))
+    res = Resources(min(regs, cap), 0, max(regs - cap, 0) * 4, 0, 0, 1, cfg.smem_bytes)
+    return CompileResult(cfg.name, arch, True, "", 0.0, Path(cubin), res)
+
+
+def _stand_in_cubin() -> str:
+    import tempfile
+    from pathlib import Path
+
+    cubin = Path(tempfile.mkdtemp()) / "fake.cubin"
+    cubin.write_bytes(b"\x7fELF fake")
+    return str(cubin)
+
+
 class FakeBenchmark:
-    """Times are a fixed fraction of the model's bound; some configs launch-fail or are wrong."""
+    """Times are a fixed fraction of the model's bound; some configs launch-fail or are wrong.
+    Candidates compile with nvcc, or with `nvcc=False` through :func:`modelled_compile`
+    (for tests of the loop's mechanics, which need no real kernel), each taking
+    `compile_s` seconds."""
 
     def __init__(self, shape=SHAPE, wrong=lambda c: False, launch_fails=lambda c: False,
-                 interrupt_at=None, delay=0.0, log=None):
+                 interrupt_at=None, delay=0.0, log=None, nvcc=True, compile_s=0.0):
+        import functools
+
+        if not nvcc:
+            self.compile_task = functools.partial(modelled_compile, cubin=_stand_in_cubin(),
+                                                  seconds=compile_s)
         self.arch = parse_arch("sm_90")
         self.shape = shape
         self.flops = 2.0 * math.prod(shape)
@@ -70,7 +107,6 @@ class ModelledBenchmark:
     predicted time times `slow(config)`; what tuner.search needs of a replay."""
 
     def __init__(self, shape=SHAPE, slow=lambda c: 1.0):
-        import tempfile
         from pathlib import Path
 
         self.arch = parse_arch("sm_90")
@@ -78,19 +114,10 @@ class ModelledBenchmark:
         self.flops = 2.0 * math.prod(shape)
         self.slow = slow
         self.measured = []
-        self.cubin = Path(tempfile.mkdtemp()) / "fake.cubin"
-        self.cubin.write_bytes(b"\x7fELF fake")
+        self.cubin = Path(_stand_in_cubin())
 
     def compile_task(self, args):
-        from codegen.compile import CompileResult, Resources
-        from tuner.model import estimate_registers, register_cap
-
-        cfg, arch, *_ = args
-        regs = estimate_registers(cfg)
-        spill = max(regs - register_cap(cfg, self.arch), 0) * 4
-        res = Resources(min(regs, register_cap(cfg, self.arch)), 0, spill, 0, 0, 1,
-                        cfg.smem_bytes)
-        return CompileResult(cfg.name, arch, True, "", 0.0, self.cubin, res)
+        return modelled_compile(args, str(self.cubin))
 
     def measure(self, config, cubin):
         from tuner.model import predict_before_compile

@@ -11,7 +11,7 @@ if __name__ == "__main__":
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage, log, cache = sys.argv[1], sys.argv[2], sys.argv[3]
-    bench = FakeBenchmark(log=log, delay=0.05)
+    bench = FakeBenchmark(log=log, delay=0.05, nvcc=False)
     trials = int(sys.argv[5]) if len(sys.argv) > 5 else 12
     res = search(bench.shape, bench, trials=trials, jobs=1, seed=4, sampler="random", model=False,
                  storage=storage, study_name="shared", cache_dir=cache)

@@ -34,7 +34,7 @@ def test_readme_recipe_runs_as_written(tmp_path, compile_cache, capsys):
     # "hosts" with the fake benchmark share its budget (a small one here)
     url = f"journal:///{tmp_path / 'study.log'}"
     for seed in (1, 2, 3):
-        b = FakeBenchmark()
+        b = FakeBenchmark(nvcc=False)
         search(b.shape, b, trials=6, seed=seed, jobs=1, storage=url, study_name=args.study,
                cache_dir=compile_cache, lease=(0.2, 2.0))
     line = [x if x != args.storage else url for x in status[1:]]

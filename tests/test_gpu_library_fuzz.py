@@ -14,6 +14,7 @@ every failure message: GEMM_TUNE_FUZZ_SEED=<seed> replays it; GEMM_TUNE_FUZZ_N s
 number of problems (default 160).
 """
 
+import collections
 import dataclasses
 import os
 import random
@@ -220,7 +221,8 @@ def test_random_problems_through_the_committed_library(committed):
             wrong.append("the C passed in was not returned")
         if wrong:
             failures.append(f"#{i} {p} ran {ran[i]}: {'; '.join(wrong)}")
-    kernels = sum(1 for name in ran.values() if name.startswith("gemm_"))
-    print(f"seed {seed}: {PROBLEMS} problems, {len(failures)} failed, {kernels} ran a "
-          f"gemm-tune kernel")
+    what = collections.Counter(name.split("_")[1] if name.startswith("gemm_") else name
+                               for name in ran.values())
+    print(f"seed {seed}: {PROBLEMS} problems, {len(failures)} failed; ran: "
+          + ", ".join(f"{n} {k}" for k, n in what.most_common()))
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)

@@ -106,7 +106,7 @@ def test_configs_round_trip_through_names_and_dicts():
 
 
 def test_mixed_search_tries_both_families(compile_cache, tmp_path):
-    bench = FakeBenchmark(shape=(1024, 1024, 1024))
+    bench = FakeBenchmark(shape=(1024, 1024, 1024), nvcc=False)
     res = search(bench.shape, bench, dtype=DType.F16, trials=12, jobs=2, seed=5,
                  model=False, cache_dir=compile_cache, artifacts=tmp_path)
     fams = {r.config.family for r in res.records}

@@ -92,7 +92,7 @@ def test_the_search_never_compiles_wgmma_for_a_misaligned_shape(tmp_path, compil
     from _fakes import FakeBenchmark
     from tuner.search import search
 
-    bench = FakeBenchmark(shape=(256, 255, 256))
+    bench = FakeBenchmark(shape=(256, 255, 256), nvcc=False)
     # the sampler's own asks (no model-first batch, which only queues valid configs)
     res = search(bench.shape, bench, dtype=DType.F16, trials=6, sampler="random", seed=3,
                  jobs=1, cache_dir=compile_cache, artifacts=tmp_path, model=False)
