@@ -18,11 +18,10 @@ def modelled_compile(args, cubin: str, seconds: float = 0.0):
     import time
     from pathlib import Path
 
-    time.sleep(seconds)
-
     from codegen.compile import CompileResult, Resources
     from tuner.model import estimate_registers, register_cap
 
+    time.sleep(seconds)
     cfg, arch, *_ = args
     regs = estimate_registers(cfg)
     cap = register_cap(cfg, parse_arch(arch))

@@ -211,15 +211,39 @@ def test_arch_target():
     assert arch_target(80) == ("sm_80", ["-arch=sm_80"])
 
 
+def _probe_set() -> list[WgmmaConfig]:
+    """The sample and the probe's configs."""
+    return list(dict.fromkeys(sample_wgmma(8) + [WgmmaConfig.from_name(n)
+                                                 for n in wgmma_probe.CONFIGS]))
+
+
+def _compiled(configs, compile_cache, whole: bool) -> dict:
+    """`configs` compiled in parallel for sm_90a: all of them (`whole`: the GPU machine's
+    sixteen cores), else the subset holding every value of every field they have
+    (tests/_sample.covering; CI's two cores compile a wgmma kernel in seconds each)."""
+    import os
+
+    from _sample import covering
+
+    return dict(compile_many(configs if whole else covering(configs), "sm_90",
+                             jobs=os.cpu_count(), cache_dir=compile_cache))
+
+
 @pytest.fixture(scope="module")
 def compiled(compile_cache):
-    """The sample and the probe's configs, compiled in parallel for sm_90a."""
-    cfgs = list(dict.fromkeys(sample_wgmma(8) + [WgmmaConfig.from_name(n)
-                                                 for n in wgmma_probe.CONFIGS]))
-    return dict(compile_many(cfgs, "sm_90", jobs=2, cache_dir=compile_cache))
+    return _compiled(_probe_set(), compile_cache, whole=False)
+
+
+@pytest.mark.gpu
+def test_the_whole_probe_set_compiles_without_spills_or_c7508(compile_cache):
+    _compile_checks(_compiled(_probe_set(), compile_cache, whole=True))
 
 
 def test_every_config_compiles_without_spills_or_c7508(compiled):
+    _compile_checks(compiled)
+
+
+def _compile_checks(compiled) -> None:
     failed = {c.name: r.error for c, r in compiled.items() if not r.ok}
     assert not failed, failed
     for c, r in compiled.items():
@@ -742,14 +766,26 @@ def test_fp32_conversion_covers_b_once_without_bank_conflicts(bn, nc):
         assert len(set(banks)) == len(banks), banks
 
 
+def _fp32_set() -> list[WgmmaConfig]:
+    return list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN] +
+                              [WgmmaConfig.from_name(n) for n in wgmma_probe.FP32_CONFIGS]))
+
+
 @pytest.fixture(scope="module")
 def compiled_fp32(compile_cache):
-    cfgs = list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN] +
-                              [WgmmaConfig.from_name(n) for n in wgmma_probe.FP32_CONFIGS]))
-    return dict(compile_many(cfgs, "sm_90", jobs=2, cache_dir=compile_cache))
+    return _compiled(_fp32_set(), compile_cache, whole=False)
+
+
+@pytest.mark.gpu
+def test_the_whole_fp32_set_compiles_without_spills_or_serialisation(compile_cache):
+    _fp32_compile_checks(_compiled(_fp32_set(), compile_cache, whole=True))
 
 
 def test_fp32_configs_compile_without_spills_or_serialisation(compiled_fp32):
+    _fp32_compile_checks(compiled_fp32)
+
+
+def _fp32_compile_checks(compiled_fp32) -> None:
     failed = {c.name: r.error for c, r in compiled_fp32.items() if not r.ok}
     assert not failed, failed
     for c, r in compiled_fp32.items():
