@@ -408,7 +408,7 @@ def test_export_builds_fp16_and_bf16_entries_and_dispatches_like_python(wgmma_li
     assert "&& a16(C, ldc, sC, 4) && N % 4 == 0;" in store
     assert "tmC" not in launcher
     assert "-gencode=arch=compute_90a,code=sm_90a" in (out / "Makefile").read_text()
-    p = subprocess.run(["make", "-C", str(out), "libgemm_tuned.so"], capture_output=True,
+    p = subprocess.run(["make", "-j2", "-C", str(out), "libgemm_tuned.so"], capture_output=True,
                        text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     nm = subprocess.run(["nm", "-D", str(out / "libgemm_tuned.so")], capture_output=True,
