@@ -77,6 +77,13 @@ def variant_library(path: Path, cache_dir: Path, artifacts: Path, gpu: str = "NV
     from tuner.runtime.library import load_library
 
     lib = build(path, cache_dir, artifacts)
+    import os
+
+    from codegen import compile_many
+
+    # compiled in parallel first; the loop below then reads each from the cache
+    list(compile_many([cfg for cfg, _ in kernels().values()], "sm_90", jobs=os.cpu_count(),
+                      cache_dir=cache_dir, artifacts_dir=artifacts))
     for cfg, rows in kernels().values():
         res = compile_config(cfg, "sm_90", cache_dir, artifacts)
         assert res.ok, res.error
