@@ -58,11 +58,12 @@ def _kernel(lib, dev, m: int, n: int, k: int) -> tuple[str | None, str]:
     choice = lib.select(m, n, k, cc=dev.cc, sms=dev.arch.sm_count)
     if choice.kernel is not None:
         return choice.kernel, choice.rule
-    ranked = [e for _, e in lib.ranked(m, n, k, DType.F32, dev.cc, dev.arch.sm_count)]
-    exact = [e for e in ranked if (e["m"], e["n"], e["k"]) == (m, n, k)]
+    ranked = [e["kernel"] for _, e in lib.ranked(m, n, k, DType.F32, dev.cc, dev.arch.sm_count)]
+    exact = [e["kernel"] for e in lib.manifest["entries"]  # ranked: one entry per kernel
+             if (e["m"], e["n"], e["k"]) == (m, n, k) and e["kernel"] in ranked]
     if exact:
-        return exact[0]["kernel"], "cuBLAS runs; the exact entry's kernel"
-    return (ranked[0]["kernel"], "cuBLAS runs; the best estimate") if ranked else (None, "")
+        return exact[0], "cuBLAS runs; the exact entry's kernel"
+    return (ranked[0], "cuBLAS runs; the best estimate") if ranked else (None, "")
 
 
 def main() -> None:

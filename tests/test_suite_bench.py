@@ -1,0 +1,38 @@
+"""bench/suite.py on the CPU: the kernel it times beside cuBLAS for each shape of the suite,
+from the committed library, and the rule it names."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import suite  # noqa: E402
+
+
+def test_every_shape_gets_a_kernel_and_says_where_cublas_runs():
+    from codegen import parse_arch
+    from tuner import load_library
+    from tuner._shape import parse_shape
+
+    lib = load_library(ROOT / "artifacts" / "library")
+    dev = SimpleNamespace(cc=90, arch=parse_arch("sm_90"))
+    exact = {(e["m"], e["n"], e["k"]): e["kernel"] for e in lib.manifest["entries"]
+             if e["dtype"] == "f32" and e.get("layout", "nn") == "nn" and "out" not in e
+             and not e.get("batch")}
+    ran_cublas = 0
+    for s in suite.SHAPES:
+        m, n, k = parse_shape(s)
+        kernel, rule = suite._kernel(lib, dev, m, n, k)
+        choice = lib.select(m, n, k, cc=90, sms=dev.arch.sm_count)
+        assert kernel is not None and kernel.startswith("gemm_"), s
+        if choice.kernel is not None:  # what the library runs, as it says
+            assert (kernel, rule) == (choice.kernel, choice.rule), s
+        elif (m, n, k) in exact:  # cuBLAS runs: the kernel tuned at this shape
+            ran_cublas += 1
+            assert (kernel, rule) == (exact[m, n, k], "cuBLAS runs; the exact entry's kernel"), s
+        else:
+            ran_cublas += 1
+            assert rule == "cuBLAS runs; the best estimate", s
+    assert ran_cublas  # the committed library loses some of the suite to cuBLAS
