@@ -19,7 +19,7 @@ import dataclasses
 from pathlib import Path
 
 from _library import SMALL, build, entry
-from codegen import KernelConfig, compile_config
+from codegen import KernelConfig, compile_many
 from codegen.config import DEFAULT_WMMA, DType, Layout
 from codegen.families.wgmma import WgmmaConfig
 
@@ -77,15 +77,10 @@ def variant_library(path: Path, cache_dir: Path, artifacts: Path, gpu: str = "NV
     from tuner.runtime.library import load_library
 
     lib = build(path, cache_dir, artifacts)
-    import os
-
-    from codegen import compile_many
-
-    # compiled in parallel first; the loop below then reads each from the cache
-    list(compile_many([cfg for cfg, _ in kernels().values()], "sm_90", jobs=os.cpu_count(),
-                      cache_dir=cache_dir, artifacts_dir=artifacts))
+    built = dict(compile_many([cfg for cfg, _ in kernels().values()], "sm_90",
+                              cache_dir=cache_dir, artifacts_dir=artifacts))  # in parallel
     for cfg, rows in kernels().values():
-        res = compile_config(cfg, "sm_90", cache_dir, artifacts)
+        res = built[cfg]
         assert res.ok, res.error
         cu = next(artifacts.glob(f"*/{cfg.name}.cu"))
         for shape, batch, tflops in rows:

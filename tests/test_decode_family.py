@@ -315,7 +315,7 @@ def test_the_sample_covers_the_space():
 
 
 def _compiles_without_spills(configs, arch, compile_cache) -> None:
-    res = dict(compile_many(configs, arch, jobs=os.cpu_count(), cache_dir=compile_cache))
+    res = dict(compile_many(configs, arch, cache_dir=compile_cache))
     bad = {c.name: r.error[:400] for c, r in res.items() if not r.ok}
     assert not bad, bad
     spills = {c.name: (r.resources.registers, r.resources.spill_bytes, r.resources.stack_frame)

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_gpu_library_variants import _reference  # float64, the bias and activation
 
 pytestmark = pytest.mark.gpu
 
@@ -109,8 +110,9 @@ def c_type(p: Problem) -> str:
 def gate(p: Problem) -> float:
     from codegen.config import DType
     from tuner.bench import TOLERANCE, output_rounding
+    from tuner.runtime.operands import out_dtype
 
-    out = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}[c_type(p)]
+    out = out_dtype(c_type(p))
     grow = max(1.0, p.k / 4096)
     acc = {"fp32": TOLERANCE[DType.F32], "3xtf32": TOLERANCE[DType.F32],
            "tf32": TF32_PROMISE * grow, "fp16": TOLERANCE[DType.F16] * grow,
@@ -144,17 +146,6 @@ def operands(torch, p: Problem):
     return a, b, c0, bias
 
 
-def reference(torch, p: Problem, a, b, c0, bias):
-    F = torch.nn.functional
-    ref = p.alpha * torch.matmul(a.double(), b.double())
-    if p.beta:
-        ref = ref + p.beta * c0.double()
-    if bias is not None:
-        ref = ref + bias.double()
-    return {None: lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
-            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[p.act](ref)
-
-
 def run(torch, lib, p: Problem):
     """C as lib.gemm computed it for `p` (and whether a given C came back as itself)."""
     _, tf32, x3 = REQUESTS[p.request]
@@ -175,7 +166,7 @@ def run(torch, lib, p: Problem):
         got = lib.gemm(a, b, c, bias=bias, **kw)
         same = c is None or got is c
     torch.cuda.synchronize()
-    return got, same, reference(torch, p, a, b, c0, bias)
+    return got, same, _reference(torch, a, b, p.alpha, p.beta, c0, bias, p.act)
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +182,8 @@ def committed(tmp_path_factory):
 def test_random_problems_through_the_committed_library(committed):
     import torch
 
-    from codegen.config import DType
     from tuner.bench import error_floor
+    from tuner.runtime.operands import out_dtype
 
     seed = int(os.environ.get("GEMM_TUNE_FUZZ_SEED", "0")) or random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
@@ -207,8 +198,7 @@ def test_random_problems_through_the_committed_library(committed):
             continue
         plans = list(committed.plans.values())
         ran[i] = (plans[0].choice.kernel or "cuBLAS") if len(plans) == 1 else "unmemoised"
-        out = {"float32": DType.F32, "float16": DType.F16, "bfloat16": DType.BF16}[c_type(p)]
-        norm = max(ref.norm().item(), error_floor(out, ref.numel()))
+        norm = max(ref.norm().item(), error_floor(out_dtype(c_type(p)), ref.numel()))
         err = (got.double() - ref).norm().item() / norm
         wrong = []
         if tuple(got.shape) != tuple(ref.shape) or got.dtype != getattr(torch, c_type(p)):

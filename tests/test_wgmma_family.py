@@ -218,15 +218,13 @@ def _probe_set() -> list[WgmmaConfig]:
 
 
 def _compiled(configs, compile_cache, whole: bool) -> dict:
-    """`configs` compiled in parallel for sm_90a: all of them (`whole`: the GPU machine's
-    sixteen cores), else the subset holding every value of every field they have
-    (tests/_sample.covering; CI's two cores compile a wgmma kernel in seconds each)."""
-    import os
-
+    """`configs` compiled in parallel (on every core) for sm_90a: all of them (`whole`: the
+    GPU machine's sixteen cores), else the subset holding every value of every field they
+    have (tests/_sample.covering; CI's two cores compile a wgmma kernel in seconds each)."""
     from _sample import covering
 
     return dict(compile_many(configs if whole else covering(configs), "sm_90",
-                             jobs=os.cpu_count(), cache_dir=compile_cache))
+                             cache_dir=compile_cache))
 
 
 @pytest.fixture(scope="module")
