@@ -195,8 +195,9 @@ _F_LINEAR = None  # torch.nn.functional.linear, once torch has been seen
 
 
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
-         bias=None, act=None):
-    """Library.gemm (see its doc)."""
+         bias=None, act=None, fast: bool = False):
+    """Library.gemm (see its doc). `fast`: a call the C++ path (tuner.runtime.fast) may
+    serve next time, with context word `measure`: its plan is offered to it."""
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
@@ -206,7 +207,8 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
     tensors = _TENSORS
     if t in tensors and type(B) in tensors and (C is None or type(C) in tensors) \
             and (bias is None or type(bias) in tensors):
-        return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act)
+        return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
+                           fast)
     return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out, bias,
                          act)
 
@@ -246,24 +248,51 @@ def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
     return key, pa, pb, pc
 
 
-def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act):
+def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
+                fast=False):
     key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream, out, bias, act)
     plan = lib.plans.get(key)
     s = None
     if plan is None:
-        plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act)
-    return _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s)
+        plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast)
+    R = _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s)
+    if fast:
+        _offer(lib, key, plan, A, B, C, bias, int(measure))
+    return R
 
 
-def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act):
-    """(the plan of a torch call of memo key `key`, memoised where it may be; its stream)."""
+def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
+    """Offer a torch call's plan to the C++ path, once per key and stream (its key has the
+    stream; tuner.runtime.fast)."""
+    from tuner.runtime import fast
+
+    import torch
+
+    s = torch._C._cuda_getCurrentRawStream(plan.gpu.index)
+    if (key, s) in lib.fast_keys:
+        return
+    t = fast.table(lib)
+    if t is None:  # not loaded yet: offered on a later call
+        return
+    lib.fast_keys.add((key, s))
+    try:
+        with driver.entered(plan.gpu):
+            fast.offer(t, lib, plan, A, B, C, bias, ctx, s)
+    except Exception as e:  # noqa: BLE001 - the Python path goes on serving the key
+        log.warning("gemm-tune: the C++ path does not take %s: %s",
+                    plan.choice.kernel or "cuBLAS", e)
+
+
+def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=False):
+    """(the plan of a torch call of memo key `key`, memoised where it may be; its stream).
+    `fast`: later calls of the key may take the C++ path (its candidates are timed so)."""
     ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
            None if C is None else operand(C, "C", writable=True))
     req = request(*ops, out, bias, act)
     dev = same_device(*(o for o in ops + (req.bias,) if o is not None))
     s = resolve_stream(stream, ops[:2], dev)
     plan = _plan(lib, *ops, req, mode, measure, dev, s, allocate=_torch_allocator(A),
-                 torch_stream=stream is None, torch_tf32=key[15])
+                 torch_stream=stream is None, torch_tf32=key[15], fast=fast)
     if plan.memo:
         lib.plans[key] = plan
     return plan, s
@@ -564,10 +593,12 @@ def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DTyp
 
 def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
           measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
-          torch_tf32: bool = False) -> Plan:
+          torch_tf32: bool = False, fast: bool = False) -> Plan:
     """Decide a checked call (dispatch.py's rule; the arguments as _problem's)."""
     problem = _problem(a, b, c, req, mode, measure, driver.gpu(dev), stream, allocate,
                        torch_stream, torch_tf32)
+    if fast:
+        problem = dataclasses.replace(problem, fast=True)
     g = problem.gpu
     with driver.entered(g):
         choice = lib.choose(problem, problem.timer(lib) if measure else None)
@@ -658,6 +689,9 @@ class Problem:
     align: tuple = (16, 16, 16)  # the alignment class of A, B and C (operands.align_class)
     #: the caller passes C (False: the call allocates it, and its first use is timed so)
     c_given: bool = True
+    #: a torch call the C++ path serves once planned (tuner.runtime.fast): its candidates
+    #: are timed through it
+    fast: bool = False
 
     @property
     def layout(self) -> Layout:
@@ -849,6 +883,10 @@ class Problem:
             saved = lib.plans.get(key)
 
             def runner(plan):
+                t = self._fast_table(lib, plan, A, B, C, bias)
+                if t is not None:
+                    return lambda stream: t.call(A, B, C, bias, 1.0, 0.0, self.measure)
+
                 def run(stream):
                     lib.plans[key] = plan
                     gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
@@ -864,6 +902,22 @@ class Problem:
                     lib.plans.pop(key, None)
                 else:
                     lib.plans[key] = saved
+
+    def _fast_table(self, lib, plan, A, B, C, bias):
+        """A C++ table serving this call's key with `plan` alone (the C++ path as the call
+        will take it), or None where the call takes the Python path."""
+        if not self.fast:
+            return None
+        from tuner.runtime import fast
+
+        t = fast.new_table()
+        try:
+            if t is not None and fast.offer(t, lib, plan, A, B, C, bias, int(self.measure),
+                                            self.stream):
+                return t
+        except Exception as e:  # noqa: BLE001 - timed through the Python path instead
+            log.info("%s is timed through the Python path: %s", plan.choice.kernel, e)
+        return None
 
     def _time_pointers(self, lib, names) -> dict:
         """Anyone else's candidates, through each plan's launcher on scratch device memory:

@@ -19,11 +19,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
 import struct
 import threading
+import weakref
 
 from codegen.arch import ARCHS, ArchLimits
 from codegen.errors import UsageError
@@ -31,7 +33,8 @@ from tuner.runtime.errors import DriverError, NoGPUError
 
 __all__ = ["DriverError", "NoGPUError", "api", "call", "DeviceInfo", "Gpu", "gpu",
            "device_count", "current_device", "entered", "KernelImage", "load_cubin",
-           "ParamBlock", "ClusterLaunch", "is_capturing", "Scratch", "scratch", "sync",
+           "ParamBlock", "ClusterLaunch", "is_capturing", "recording", "recorder",
+           "launch_function", "Scratch", "scratch", "sync",
            "synchronize", "Buffer", "Event", "spin"]
 
 
@@ -219,19 +222,121 @@ class ParamBlock:
     long), packed into one buffer whose pointer array is built once; :meth:`pack` fills it
     in one call."""
 
-    __slots__ = ("fmt", "buf", "ptrs", "address")
+    __slots__ = ("signature", "fmt", "buf", "ptrs", "address", "__weakref__")
 
     def __init__(self, signature: str):
+        self.signature = signature
         self.fmt = struct.Struct("<" + "".join(_PARAM_SLOT[c] for c in signature))
         self.buf = ctypes.create_string_buffer(8 * len(signature))
         base = ctypes.addressof(self.buf)
         self.ptrs = (ctypes.c_void_p * len(signature))(*(base + 8 * i
                                                          for i in range(len(signature))))
         self.address = ctypes.addressof(self.ptrs)
+        register_block(self)
 
     def pack(self, *values) -> int:
         self.fmt.pack_into(self.buf, 0, *values)
         return self.address
+
+
+#: the parameter blocks alive, by the address a launch is given (what a recording reads)
+_BLOCKS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+
+def register_block(blk) -> None:
+    """Make a parameter block (ParamBlock, or one with tensor maps in front: `n_maps`, its
+    ParamBlock `blk`) readable by a recording of a launch given its `address`."""
+    _BLOCKS[blk.address] = blk
+
+
+# ---- recording launches (tuner.runtime.fast replays them from C++) ----------------------
+@dataclasses.dataclass
+class RecordedLaunch:
+    """One launch as a runner made it: its parameter block's bytes (8-byte slots, after
+    `maps`: the tensor maps' cuTensorMapEncodeTiled arguments, tma.tensor_map_args')."""
+
+    function: int
+    name: str
+    grid: tuple
+    block: tuple
+    cluster: tuple
+    smem: int
+    signature: str
+    params: bytes
+    maps: list
+
+
+class Recording:
+    """The launches and tensor maps of the runs made on this thread inside
+    :func:`recording`: recorded, not made."""
+
+    def __init__(self):
+        self.launches: list[RecordedLaunch] = []
+        self._maps: dict[int, dict] = {}  # a stand-in map's address -> its arguments
+
+    def tensor_map(self, args: dict) -> "_RecordedMap":
+        m = _RecordedMap(args)
+        self._maps[m.getPtr()] = args
+        return m
+
+    def launch(self, f, name: str, grid, block, smem: int, params_address: int,
+               cluster=(1, 1, 1)) -> None:
+        blk = _BLOCKS.get(int(params_address))
+        if blk is None:
+            raise DriverError(f"recording {name}: a launch of parameters not packed by a "
+                              "ParamBlock")
+        maps = [self._maps[int(blk.ptrs[i])] for i in range(getattr(blk, "n_maps", 0))]
+        inner = getattr(blk, "blk", blk)
+        self.launches.append(RecordedLaunch(int(f), name, tuple(grid), tuple(block),
+                                            tuple(cluster), int(smem), inner.signature,
+                                            bytes(inner.buf), maps))
+
+    def cu_launch_kernel(self, name: str):
+        """A stand-in for cuLaunchKernel (a runner's inlined launch of kernel `name`)."""
+        def launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            self.launch(f, name, (gx, gy, gz), (bx, by, bz), smem, params)
+            return (0,)
+        return launch
+
+
+class _RecordedMap:
+    """A tensor map under recording: its arguments, and a distinct stand-in address."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args: dict):
+        self.args = args
+
+    def getPtr(self) -> int:  # noqa: N802 - CUtensorMap's method
+        return id(self)
+
+
+_RECORDING = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Within the block, on this thread, launches (cuLaunchKernel, KernelImage.launch,
+    ClusterLaunch.launch) and tensor maps (tma.encode) of runners bound inside it are
+    recorded instead of made: the Recording's launches."""
+    rec = Recording()
+    before, _RECORDING.rec = getattr(_RECORDING, "rec", None), rec
+    try:
+        yield rec
+    finally:
+        _RECORDING.rec = before
+
+
+def recorder() -> Recording | None:
+    """This thread's Recording, inside :func:`recording`; else None."""
+    return getattr(_RECORDING, "rec", None)
+
+
+def launch_function(name: str):
+    """cuLaunchKernel, or the recording's stand-in when bound inside :func:`recording` (for
+    kernel `name`)."""
+    rec = recorder()
+    return api().cuLaunchKernel if rec is None else rec.cu_launch_kernel(name)
 
 
 def load_cubin(cubin: bytes, what: str):
@@ -280,6 +385,9 @@ class KernelImage:
 
     def launch(self, f, grid, block, stream: int, params_address: int) -> None:
         """Launch g's CUfunction `f` (from :meth:`prepare`)."""
+        rec = recorder()
+        if rec is not None:
+            return rec.launch(f, self.name, grid, block, self.smem, params_address)
         err, = api().cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1],
                                     block[2], self.smem, stream, params_address, 0)
         if err != 0:
@@ -376,7 +484,7 @@ class ClusterLaunch:
     with a cluster dimension), built once per (thread, plan); :meth:`launch` only sets the
     stream and launches."""
 
-    __slots__ = ("config", "image")
+    __slots__ = ("config", "image", "dims")
 
     def __init__(self, image: KernelImage, grid, block, cluster):
         cu = api()
@@ -389,9 +497,15 @@ class ClusterLaunch:
         attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
         lc.attrs = [attr]
         lc.numAttrs = 1
-        self.config, self.image = lc, image
+        self.config, self.image, self.dims = lc, image, (tuple(grid), tuple(block),
+                                                         tuple(cluster))
 
     def launch(self, f, stream: int, params_address: int) -> None:
+        rec = recorder()
+        if rec is not None:
+            grid, block, cluster = self.dims
+            return rec.launch(f, self.image.name, grid, block, self.image.smem, params_address,
+                              cluster)
         cu = api()
         self.config.hStream = cu.CUstream(stream)
         err, = cu.cuLaunchKernelEx(self.config, f, params_address, 0)

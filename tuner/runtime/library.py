@@ -66,6 +66,10 @@ class Library:
         self.dispatcher = Dispatcher(store, m_buckets)
         #: call key -> call.Plan (see tuner.runtime.call)
         self.plans: dict = {}
+        #: the C++ call path's table for torch callers (tuner.runtime.fast), once loaded,
+        #: and the call keys whose plans were offered to it
+        self.fast = None
+        self.fast_keys: set = set()
         self._runners: dict[str, Runner] = {}
         self._load_lock = threading.Lock()
         self._measure_lock = threading.Lock()
@@ -256,13 +260,21 @@ class Library:
             ...     model(x)
         """
         before, self.recorder = self.recorder, Recorder(path)
-        self.plans.clear()  # plans made before count nothing: make them again
+        self.forget_plans()  # plans made before count nothing: make them again
         try:
             yield self.recorder
         finally:
             self.recorder.flush()
             self.recorder = before
-            self.plans.clear()
+            self.forget_plans()
+
+    def forget_plans(self) -> None:
+        """Drop every call's plan (the Python path's and the C++ path's): the next call of
+        each key plans again."""
+        if self.fast is not None:
+            self.fast.clear()
+        self.fast_keys.clear()
+        self.plans.clear()
 
     # ---- running ---------------------------------------------------------------------------
     def runner(self, name: str, arch: str) -> Runner:
@@ -325,9 +337,15 @@ class Library:
         Example:
             >>> y = lib.gemm(x, W.t(), bias=b, activation="gelu")  # doctest: +SKIP
         """
+        fast = stream is None and measure is None and out_dtype is None \
+            and activation is None and not allow_tf32 and not allow_3xtf32
+        if fast and self.fast is not None:  # the C++ path (tuner.runtime.fast)
+            R = self.fast.call(A, B, C, bias, alpha, beta, self.measure)
+            if R is not None:
+                return R
         return call.gemm(self, A, B, C, alpha, beta, _mode(allow_tf32, allow_3xtf32),
                          stream, self.measure if measure is None else measure, pipeline,
-                         out_dtype, bias, activation)
+                         out_dtype, bias, activation, fast)
 
     def gemm_batch(self, pairs, alpha: float = 1.0, beta: float = 0.0, out=None,
                    allow_tf32: bool = False, measure: bool | None = None,

@@ -75,7 +75,7 @@ class Runner:
         grid, block = (gx, batch, gz), cfg.block()
         sa, sb, sc = strides
         if not cfg.has_workspace:  # the hot path of a library call: one driver call, inline
-            launch, smem = driver.api().cuLaunchKernel, main.smem
+            launch, smem = driver.launch_function(main.name), main.smem
 
             def run(a, b, c, alpha, beta, stream, bias=0):
                 err, = launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
@@ -108,14 +108,15 @@ class _MapParams:
     """One thread's parameter block of a TMA kernel: the tensor maps (128-byte structs,
     passed by value: their addresses) in front of the scalars."""
 
-    __slots__ = ("blk", "ptrs", "maps", "address")
+    __slots__ = ("blk", "ptrs", "maps", "address", "n_maps", "__weakref__")
 
     def __init__(self, signature: str, n_maps: int):
         self.blk = driver.ParamBlock(signature)
         self.ptrs = (ctypes.c_void_p * (n_maps + len(signature)))(*([0] * n_maps),
                                                                    *self.blk.ptrs)
         self.address = ctypes.addressof(self.ptrs)
-        self.maps = ()
+        self.maps, self.n_maps = (), n_maps
+        driver.register_block(self)
 
     def pack(self, maps: tuple, *scalars) -> int:
         for i, tm in enumerate(maps):

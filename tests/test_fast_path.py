@@ -1,0 +1,92 @@
+"""CPU: how the C++ call path learns a plan (tuner.runtime.fast): launches recorded from a
+runner's own packing (driver.recording) and translated into the slots fast.cpp patches per
+call, the tensor maps' arguments, stand-ins that would be replayed wrongly refused, and the
+switch. The replay itself runs on the GPU (tests/test_gpu_fast_path.py)."""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import pytest
+
+from codegen.config import DType
+from tuner.runtime import driver, fast, tma
+from tuner.runtime.runners import Runner, TmaRunner, _MapParams
+
+S = fast.SENTINELS
+
+
+def _recorded(signature: str, values, maps=(), name="k"):
+    with driver.recording() as rec:
+        if maps:
+            blk = _MapParams(signature, len(maps))
+            address = blk.pack(tuple(tma.encode(m) for m in maps), *values)
+        else:
+            blk = driver.ParamBlock(signature)
+            address = blk.pack(*values)
+        launch = driver.launch_function(name)
+        assert launch(0xF00, 3, 2, 1, 256, 1, 1, 4096, 7, address, 0) == (0,)
+    (rec_launch,) = rec.launches
+    return rec_launch
+
+
+def test_a_plain_launch_becomes_patches_of_its_pointer_and_scalar_slots():
+    values = (520, 392, 264, fast.ALPHA_STANDIN, S[fast.A], 264, 0, S[fast.B] + 64, 392, 0,
+              fast.BETA_STANDIN, S[fast.C], 392, 0, S[fast.BIAS])
+    rec = _recorded(Runner.SIGNATURE, values, name="gemm_x")
+    assert (rec.function, rec.name, rec.grid, rec.block, rec.cluster, rec.smem) == \
+        (0xF00, "gemm_x", (3, 2, 1), (256, 1, 1), (1, 1, 1), 4096)
+    f, name, grid, block, cluster, smem, params, patches, maps = fast.translate(rec)
+    # slots (8 bytes each): m n k alpha A lda sA B ldb sB beta C ldc sC bias
+    assert patches == [(24, fast.ALPHA, 0), (32, fast.A, 0), (56, fast.B, 64),
+                       (80, fast.BETA, 0), (88, fast.C, 0), (112, fast.BIAS, 0)]
+    assert maps == [] and len(params) == 8 * len(Runner.SIGNATURE)
+    assert int.from_bytes(params[0:4], "little") == 520  # the fixed slots as packed
+    assert int.from_bytes(params[40:44], "little") == 264
+
+
+def test_tensor_maps_keep_their_arguments_and_their_operand():
+    a_map = tma.tensor_map_args(DType.F16, S[fast.A] + 128, 520, 264, 264, 128, 64)
+    w_map = tma.tensor_map_args(DType.F32, 0x7000_0000, 392, 264, 272, 256, 32)
+    values = (520, 392, 264, fast.ALPHA_STANDIN, fast.BETA_STANDIN, S[fast.C], 392, 0, 1, 0, 0)
+    rec = _recorded(TmaRunner.SIGNATURE, values, maps=(a_map, w_map))
+    *_, params, patches, maps = fast.translate(rec)
+    assert patches == [(24, fast.ALPHA, 0), (32, fast.BETA, 0), (40, fast.C, 0)]
+    from cuda.bindings import driver as cu
+
+    (src, add, dt, rank, dims, strides, box, estr, il, sw, l2, oob), w = maps
+    assert (src, add, rank, dims, strides, box, estr) == \
+        (fast.A, 128, 2, [264, 520], [528], [64, 128], [1, 1])
+    assert dt == int(cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16)
+    assert sw == int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B)
+    assert w[:2] == (fast.FIXED, 0x7000_0000)  # a workspace: its own address, fixed
+
+
+def test_a_stand_in_that_is_not_a_whole_slot_is_refused():
+    """alpha's bits in a pointer slot: C++ would patch nothing there, so the plan is kept
+    off the C++ path rather than replayed with the stand-in."""
+    bits = int.from_bytes(struct.pack("<f", fast.ALPHA_STANDIN), "little")
+    values = (1, 1, 1, 1.0, S[fast.A], 1, 0, S[fast.B], 1, 0, 0.0, S[fast.C], 1, 0, bits)
+    with pytest.raises(ValueError, match="parameter 14"):
+        fast.translate(_recorded(Runner.SIGNATURE, values))
+
+
+def test_recording_is_this_threads_alone():
+    seen = []
+    with driver.recording() as rec:
+        t = threading.Thread(target=lambda: seen.append(driver.recorder()))
+        t.start()
+        t.join()
+        assert driver.recorder() is rec
+    assert seen == [None] and driver.recorder() is None
+
+
+def test_the_switch_and_the_status(monkeypatch):
+    monkeypatch.setenv("GEMM_TUNE_FAST", "0")
+    monkeypatch.setitem(fast._STATE, "thread", None)
+    fast.start()
+    assert fast._STATE["thread"] is None and fast.status() == "off (GEMM_TUNE_FAST=0)"
+    monkeypatch.setenv("GEMM_TUNE_FAST", "1")
+    monkeypatch.setitem(fast._STATE, "error", "ninja is required")
+    assert fast.status() == "off: it could not be built (ninja is required)"

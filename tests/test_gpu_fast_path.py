@@ -1,0 +1,160 @@
+"""GPU: the C++ call path (tuner.runtime.fast) serves repeated torch calls as the Python path
+would. A library holds one exact entry of a kernel of each runner form: a plain launch,
+split-K with a reduce pass, split-K summed by the last block (tile tickets), WMMA, wgmma
+with TMA maps, a cluster, the TMA-store epilogue, a bias epilogue, the decode family; and
+an empty library (cuBLAS through ATen). The first call of a key takes the Python path and
+offers its plan; the later ones, with fresh operands at new addresses, other alpha and
+beta and C poisoned, must be served by C++ (the table's hit count) and match a float64
+product within the request's gate. Then a side stream, and a CUDA graph of C++ calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_gpu_library_variants import _reference  # float64, the bias and activation
+
+from codegen import compile_config
+from codegen.config import DType, Layout, config_from_name
+from codegen.families._common import Variant
+from codegen.families.simt import KernelConfig
+from codegen.families.wgmma import DEFAULT_WGMMA
+from codegen.families.wmma import DEFAULT_WMMA
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = (520, 392, 264)  # no tile divides it; rows of 16-byte multiples (TMA's rule)
+CASES = [
+    (KernelConfig(), SHAPE),
+    (config_from_name("gemm_simt_f32_128x128x16_r4x8_w16x2_p4_v4_s2_g1_k4"), SHAPE),
+    (config_from_name("gemm_simt_f32_16x128x16_r8x4_w2x16_p0_v4_s3_g1_k16"), (16, 1024, 2048)),
+    (Variant(Layout.NN, DType.F32, "out", "none").apply(KernelConfig()), SHAPE),
+    (DEFAULT_WMMA, SHAPE),
+    (DEFAULT_WGMMA, SHAPE),
+    (config_from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p1_g8"), SHAPE),
+    (config_from_name("gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts"), SHAPE),
+    (Variant(Layout.NT, DType.F16, "out", "none").apply(DEFAULT_WGMMA), SHAPE),
+    (config_from_name("gemm_decode_f16_mma16x32_w8x1_v8_s2_k2l_of16"), (16, 392, 1024)),
+]
+
+
+@pytest.fixture(scope="module")
+def fast_on():
+    from tuner.runtime import fast
+
+    assert fast.wait(600), fast.status()
+    return fast
+
+
+def _library(tmp_path: Path, cfg, shape, compile_cache):
+    from tuner.runtime import driver
+    from tuner.runtime.library import Library
+
+    res = compile_config(cfg, "sm_90", compile_cache)
+    assert res.ok, res.error
+    g = driver.gpu(0)
+    v = Variant.of(cfg)
+    lib = Library.create_or_open(tmp_path / "library")
+    source = tmp_path / f"{cfg.name}.cu"
+    source.write_text(res.source)
+    m, n, k = shape
+    lib.add(dict(gpu=g.name, cc=g.cc, arch=g.sm, dtype=cfg.dtype.short, layout=v.layout.value,
+                 out=v.out.short, bias=v.bias, act=v.act, m=m, n=n, k=k, kernel=cfg.name,
+                 tflops=1.0, cublas_tflops=0.5, ratio=2.0,
+                 resources=res.resources.to_dict()), source, res.cubin)
+    return Library.load(tmp_path / "library")
+
+
+def _stored(torch, rows, cols, by_columns, dtype):
+    if by_columns:
+        return torch.randn(cols, rows, device="cuda").to(dtype).t()
+    return torch.randn(rows, cols, device="cuda").to(dtype)
+
+
+def _gate(dtype: DType, out: DType, k: int) -> float:
+    from tuner.bench import TOLERANCE, output_rounding
+
+    grow = 1.0 if dtype is DType.F32 else max(1.0, k / 4096)
+    return TOLERANCE[dtype] * grow + 2 * output_rounding(out)
+
+
+def _calls(torch, lib, shape, dtype, out, layout=Layout.NN, bias_kind="none", given=True,
+           times=3):
+    """`times` calls of one key, each on fresh operands (C poisoned, or None), alpha and
+    beta changing from call to call; each checked against float64. Returns the table's
+    hits over the calls."""
+    m, n, k = shape
+    tdt = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
+    scalars = [(1.0, 0.0), (0.5, 0.25), (1.5, 0.0)] if given else [(1.0, 0.0)] * times
+    before = lib.fast.stats()["hits"] if lib.fast is not None else 0
+    for i in range(times):
+        alpha, beta = scalars[i % len(scalars)]
+        a = _stored(torch, m, k, layout.value[0] == "t", tdt[dtype])
+        b = _stored(torch, k, n, layout.value[1] == "t", tdt[dtype])
+        c0 = torch.randn(m, n, device="cuda").to(tdt[out])
+        c = (c0.clone() if beta else torch.full_like(c0, float("nan"))) if given else None
+        bias = None if bias_kind == "none" else torch.randn(n, device="cuda").to(
+            tdt[out] if bias_kind == "out" else torch.float32)
+        got = lib.gemm(a, b, c, alpha=alpha, beta=beta, bias=bias)
+        torch.cuda.synchronize()
+        ref = _reference(torch, a, b, alpha, beta, c0, bias)
+        assert got.dtype == tdt[out] and tuple(got.shape) == (m, n)
+        assert given is False or got is c
+        assert not got.isnan().any(), f"call {i}: C not fully written"
+        err = ((got.double() - ref).norm() / ref.norm()).item()
+        assert err <= _gate(dtype, out, k), f"call {i}: error {err:.3g}"
+    return lib.fast.stats()["hits"] - before
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0].name)
+def test_the_cpp_path_replays_each_runner_form(case, fast_on, tmp_path, compile_cache):
+    torch = pytest.importorskip("torch")
+    cfg, shape = case
+    lib = _library(tmp_path, cfg, shape, compile_cache)
+    v = Variant.of(cfg)
+    dtype = cfg.dtype
+    hits = _calls(torch, lib, shape, dtype, v.out, v.layout, v.bias)
+    (plan,) = lib.plans.values()
+    assert plan.choice.kernel == cfg.name and plan.choice.rule == "exact"
+    assert hits == 2, f"the C++ path served {hits} of the 2 repeated calls ({fast_on.status()})"
+    if v.out is dtype:  # C allocated by the call: the C++ path allocates it too
+        assert _calls(torch, lib, shape, dtype, v.out, v.layout, v.bias, given=False) == 2
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16], ids=lambda d: d.short)
+def test_the_cpp_path_calls_cublas_through_aten(dtype, fast_on, tmp_path):
+    """An empty library: cuBLAS through torch for every call, in each form the Python path
+    has (mm into C, addmm with alpha and beta, mm allocating C, addmm with the bias)."""
+    torch = pytest.importorskip("torch")
+    from tuner.runtime.library import Library
+
+    lib = Library.create_or_open(tmp_path / "empty")
+    shape = (257, 129, 96)
+    assert _calls(torch, lib, shape, dtype, dtype) == 2
+    assert _calls(torch, lib, shape, dtype, dtype, given=False) == 2
+    assert _calls(torch, lib, shape, dtype, dtype, bias_kind="out", given=False) == 2
+    assert _calls(torch, lib, shape, dtype, dtype, Layout.NT) == 2
+
+
+def test_a_side_stream_and_a_graph_of_cpp_calls(fast_on, tmp_path, compile_cache):
+    torch = pytest.importorskip("torch")
+    cfg = KernelConfig()
+    lib = _library(tmp_path, cfg, SHAPE, compile_cache)
+    m, n, k = SHAPE
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # a key of its own: the Python path once, then C++
+        assert _calls(torch, lib, SHAPE, DType.F32, DType.F32) == 2
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = torch.full((m, n), float("nan"), device="cuda")
+    lib.gemm(a, b, c)
+    lib.gemm(a, b, c)  # served by C++ on the default stream
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        lib.gemm(a, b, c)
+    for _ in range(2):
+        a.copy_(torch.randn(m, k, device="cuda"))
+        c.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        err = ((c.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm())
+        assert err.item() <= 1e-5

@@ -1,0 +1,374 @@
+// gemm-tune's call path in C++ for torch callers (tuner/runtime/fast.py builds and loads it).
+//
+// A Table maps a call's key -- what lib.gemm reads off its torch tensors (type, shape,
+// strides, 16-byte alignment, device of A, B, C and the bias), the current stream, torch's
+// TF32 flag and the caller's context word -- to the plan the Python path made for that
+// key, in one of two forms:
+//   - torch: cuBLAS through ATen, as the Python path calls it (at::mm, at::addmm);
+//   - launches: the kernel launches the plan's runner made, recorded once with stand-in
+//     pointers and scalars (tuner/runtime/fast.py) and replayed here with the call's own:
+//     each launch's parameter block with the slots to patch (A, B, C and the bias's
+//     pointers plus an offset, alpha and beta), and its TMA tensor maps, encoded per call
+//     from the recorded arguments with the call's pointers.
+// A call whose key is not in the table returns None, and the Python path serves it (and
+// adds its plan here when the plan may be replayed). Nothing in a hit path calls Python.
+
+#include <torch/extension.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+enum Source : int { kA = 0, kB = 1, kC = 2, kBias = 3, kAlpha = 4, kBeta = 5, kFixed = -1 };
+
+struct Patch {
+  uint32_t offset;  // bytes into the parameter block
+  int source;       // kA..kBias: a pointer (8 bytes) plus `add`; kAlpha, kBeta: a float
+  int64_t add;
+};
+
+struct MapSpec {  // cuTensorMapEncodeTiled's arguments; the address from `source` + `add`
+  int source;
+  int64_t add;
+  CUtensorMapDataType dtype;
+  cuuint32_t rank;
+  std::array<cuuint64_t, 5> dims{};
+  std::array<cuuint64_t, 5> strides{};
+  std::array<cuuint32_t, 5> box{};
+  std::array<cuuint32_t, 5> element_strides{};
+  CUtensorMapInterleave interleave;
+  CUtensorMapSwizzle swizzle;
+  CUtensorMapL2promotion l2;
+  CUtensorMapFloatOOBfill oob;
+};
+
+struct Launch {
+  CUfunction f;
+  std::array<unsigned, 3> grid, block, cluster;
+  unsigned smem;
+  std::string name;
+  std::vector<uint8_t> params;  // 8-byte slots, after the tensor maps
+  std::vector<Patch> patches;
+  std::vector<MapSpec> maps;
+};
+
+struct Entry {
+  bool torch = false;  // cuBLAS through ATen
+  std::vector<Launch> launches;
+  at::ScalarType out = at::kFloat;
+  std::vector<int64_t> out_shape;
+  int device = 0;
+  CUcontext ctx = nullptr;
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& v) const noexcept {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t x : v) {
+      h ^= static_cast<uint64_t>(x);
+      h *= 1099511628211ULL;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+constexpr int kMaxMaps = 4;
+
+void features(std::vector<int64_t>& key, const at::Tensor& t) {
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  const int64_t d = t.dim();
+  key.push_back(d);
+  for (int64_t i = 0; i < d; ++i) {
+    key.push_back(t.size(i));
+    key.push_back(t.stride(i));
+  }
+  key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
+  key.push_back(t.get_device());
+}
+
+std::string error_name(CUresult r) {
+  const char* s = nullptr;
+  cuGetErrorName(r, &s);
+  return s ? s : std::to_string(static_cast<int>(r));
+}
+
+class Table {
+ public:
+  // `types`: the Python types served (torch.Tensor and nn.Parameter: a subclass, such as
+  // a fake or distributed tensor, takes the Python path)
+  explicit Table(py::tuple types) {
+    for (auto t : types) types_.push_back(t.ptr());
+  }
+
+  bool plain(py::handle h) const {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(h.ptr()));
+    for (PyObject* t : types_)
+      if (t == type) return true;
+    return false;
+  }
+
+  // The key of a call on these tensors; false where the call is not one the table serves.
+  bool key_of(std::vector<int64_t>& key, const at::Tensor& a, const at::Tensor& b,
+              const at::Tensor* c, const at::Tensor* bias, int64_t ctx) const {
+    if (!a.is_cuda()) return false;
+    const int dev = a.get_device();
+    key.clear();
+    key.push_back(ctx);
+    key.push_back(at::globalContext().allowTF32CuBLAS());
+    key.push_back(reinterpret_cast<int64_t>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream()));
+    features(key, a);
+    features(key, b);
+    if (c) features(key, *c); else key.push_back(-1);
+    if (bias) features(key, *bias); else key.push_back(-1);
+    return true;
+  }
+
+  // C = act(alpha A B + beta C + bias) for a known key, or None.
+  py::object call(py::handle A, py::handle B, py::handle C, py::handle bias, double alpha,
+                  double beta, int64_t ctx) {
+    if (!plain(A) || !plain(B) || (!C.is_none() && !plain(C)) ||
+        (!bias.is_none() && !plain(bias)))
+      return py::none();
+    const at::Tensor& a = THPVariable_Unpack(A.ptr());
+    const at::Tensor& b = THPVariable_Unpack(B.ptr());
+    const at::Tensor* c = C.is_none() ? nullptr : &THPVariable_Unpack(C.ptr());
+    const at::Tensor* bs = bias.is_none() ? nullptr : &THPVariable_Unpack(bias.ptr());
+    if (!c && beta != 0.0) return py::none();  // the Python path says why
+    thread_local std::vector<int64_t> key;
+    if (!key_of(key, a, b, c, bs, ctx)) return py::none();
+    std::shared_ptr<const Entry> e = find(key);
+    if (!e) return py::none();
+    at::Tensor out;
+    if (e->torch) {
+      if (!torch_call(a, b, c, bs, alpha, beta, out)) {
+        misses_.fetch_add(1, std::memory_order_relaxed);
+        return py::none();
+      }
+    } else {
+      if (c10::cuda::current_device() != e->device) return py::none();
+      out = c ? *c : at::empty(e->out_shape, a.options().dtype(e->out));
+      uint64_t ptrs[4] = {reinterpret_cast<uint64_t>(a.data_ptr()),
+                          reinterpret_cast<uint64_t>(b.data_ptr()),
+                          reinterpret_cast<uint64_t>(out.data_ptr()),
+                          bs ? reinterpret_cast<uint64_t>(bs->data_ptr()) : 0};
+      if (!replay(*e, ptrs, static_cast<float>(alpha), static_cast<float>(beta),
+                  c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(e->device)).stream())) {
+        misses_.fetch_add(1, std::memory_order_relaxed);
+        return py::none();
+      }
+    }
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    if (c) return py::reinterpret_borrow<py::object>(C);
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
+  }
+
+  // Add the plan of the call on these tensors (the Python path's): cuBLAS through ATen
+  // (`launches` empty), or its recorded launches. out_type: 0 float32, 1 float16,
+  // 2 bfloat16 (a C the call allocates, of `out_shape`).
+  void add(py::handle A, py::handle B, py::handle C, py::handle bias, int64_t ctx,
+           bool torch, int out_type, std::vector<int64_t> out_shape, py::list launches) {
+    const at::Tensor& a = THPVariable_Unpack(A.ptr());
+    const at::Tensor& b = THPVariable_Unpack(B.ptr());
+    const at::Tensor* c = C.is_none() ? nullptr : &THPVariable_Unpack(C.ptr());
+    const at::Tensor* bs = bias.is_none() ? nullptr : &THPVariable_Unpack(bias.ptr());
+    std::vector<int64_t> key;
+    if (!key_of(key, a, b, c, bs, ctx)) throw std::invalid_argument("not a CUDA tensor");
+    auto e = std::make_shared<Entry>();
+    e->torch = torch;
+    e->out = out_type == 1 ? at::kHalf : out_type == 2 ? at::kBFloat16 : at::kFloat;
+    e->out_shape = std::move(out_shape);
+    e->device = a.get_device();
+    if (!torch) {
+      CUdevice dev;
+      CUresult r = cuDeviceGet(&dev, e->device);
+      if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&e->ctx, dev);
+      if (r != CUDA_SUCCESS)
+        throw std::runtime_error("cuDevicePrimaryCtxRetain failed: " + error_name(r));
+      for (auto item : launches) e->launches.push_back(launch_of(item.cast<py::tuple>()));
+      if (e->launches.empty()) throw std::invalid_argument("a plan of no launches");
+    }
+    std::unique_lock lock(mu_);
+    table_[std::move(key)] = std::move(e);
+  }
+
+  void clear() {
+    std::unique_lock lock(mu_);
+    table_.clear();
+  }
+
+  py::dict stats() const {
+    std::shared_lock lock(mu_);
+    py::dict d;
+    d["entries"] = table_.size();
+    d["hits"] = hits_.load();
+    d["misses"] = misses_.load();
+    return d;
+  }
+
+ private:
+  std::shared_ptr<const Entry> find(const std::vector<int64_t>& key) const {
+    std::shared_lock lock(mu_);
+    auto it = table_.find(key);
+    return it == table_.end() ? nullptr : it->second;
+  }
+
+  // cuBLAS through ATen, as tuner.runtime.call._torch_fallback calls it for 2-D operands
+  // with no activation; false where this call needs another form (the Python path).
+  static bool torch_call(const at::Tensor& a, const at::Tensor& b,
+                         const at::Tensor* c, const at::Tensor* bias, double alpha,
+                         double beta, at::Tensor& out) {
+    if (a.dim() != 2 || b.dim() != 2) return false;
+    if (!c) {
+      if (alpha == 1.0 && !bias) out = at::mm(a, b);
+      else if (bias && bias->scalar_type() == a.scalar_type())
+        out = at::addmm(*bias, a, b, 1.0, alpha);
+      else return false;
+      return true;
+    }
+    if (c->dim() != 2) return false;
+    at::Tensor& cc = const_cast<at::Tensor&>(*c);
+    if (alpha == 1.0 && beta == 0.0 && !bias) at::mm_out(cc, a, b);
+    else if (bias && beta == 0.0 && bias->scalar_type() == c->scalar_type())
+      at::addmm_out(cc, *bias, a, b, 1.0, alpha);
+    else if (!bias) at::addmm_out(cc, cc, a, b, beta, alpha);
+    else return false;
+    return true;
+  }
+
+  // The recorded launches with this call's pointers and scalars; false (nothing launched)
+  // where the context cannot be made current.
+  static bool replay(const Entry& e, const uint64_t ptrs[4], float alpha, float beta,
+                     cudaStream_t stream) {
+    CUcontext cur = nullptr;
+    if (cuCtxGetCurrent(&cur) != CUDA_SUCCESS) return false;
+    if (cur != e.ctx && cuCtxSetCurrent(e.ctx) != CUDA_SUCCESS) return false;
+    thread_local std::vector<uint8_t> buf;
+    thread_local std::vector<void*> args;
+    thread_local std::array<CUtensorMap, kMaxMaps> maps;
+    for (const Launch& l : e.launches) {
+      buf.assign(l.params.begin(), l.params.end());
+      for (const Patch& p : l.patches) {
+        if (p.source <= kBias) {
+          const uint64_t v = ptrs[p.source] + static_cast<uint64_t>(p.add);
+          std::memcpy(buf.data() + p.offset, &v, 8);
+        } else {
+          const float v = p.source == kAlpha ? alpha : beta;
+          std::memcpy(buf.data() + p.offset, &v, 4);
+        }
+      }
+      args.clear();
+      for (size_t i = 0; i < l.maps.size(); ++i) {
+        const MapSpec& m = l.maps[i];
+        void* base = reinterpret_cast<void*>(
+            (m.source == kFixed ? 0 : ptrs[m.source]) + static_cast<uint64_t>(m.add));
+        CUresult r = cuTensorMapEncodeTiled(
+            &maps[i], m.dtype, m.rank, base, m.dims.data(), m.strides.data(), m.box.data(),
+            m.element_strides.data(), m.interleave, m.swizzle, m.l2, m.oob);
+        if (r != CUDA_SUCCESS)
+          throw std::runtime_error("cuTensorMapEncodeTiled(" + l.name + ") failed: " +
+                                   error_name(r));
+        args.push_back(&maps[i]);
+      }
+      for (size_t off = 0; off < buf.size(); off += 8) args.push_back(buf.data() + off);
+      CUresult r;
+      if (l.cluster[0] * l.cluster[1] * l.cluster[2] > 1) {
+        CUlaunchAttribute attr{};
+        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = l.cluster[0];
+        attr.value.clusterDim.y = l.cluster[1];
+        attr.value.clusterDim.z = l.cluster[2];
+        CUlaunchConfig cfg{};
+        cfg.gridDimX = l.grid[0]; cfg.gridDimY = l.grid[1]; cfg.gridDimZ = l.grid[2];
+        cfg.blockDimX = l.block[0]; cfg.blockDimY = l.block[1]; cfg.blockDimZ = l.block[2];
+        cfg.sharedMemBytes = l.smem;
+        cfg.hStream = reinterpret_cast<CUstream>(stream);
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        r = cuLaunchKernelEx(&cfg, l.f, args.data(), nullptr);
+      } else {
+        r = cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1],
+                           l.block[2], l.smem, reinterpret_cast<CUstream>(stream),
+                           args.data(), nullptr);
+      }
+      if (r != CUDA_SUCCESS)
+        throw std::runtime_error("cuLaunchKernel(" + l.name + ") failed: " + error_name(r));
+    }
+    return true;
+  }
+
+  // (f, name, grid, block, cluster, smem, params, patches, maps) from tuner.runtime.fast
+  static Launch launch_of(py::tuple t) {
+    Launch l;
+    l.f = reinterpret_cast<CUfunction>(t[0].cast<uintptr_t>());
+    l.name = t[1].cast<std::string>();
+    l.grid = t[2].cast<std::array<unsigned, 3>>();
+    l.block = t[3].cast<std::array<unsigned, 3>>();
+    l.cluster = t[4].cast<std::array<unsigned, 3>>();
+    l.smem = t[5].cast<unsigned>();
+    std::string params = t[6].cast<std::string>();
+    if (params.size() % 8) throw std::invalid_argument("parameters of 8-byte slots");
+    l.params.assign(params.begin(), params.end());
+    for (auto p : t[7].cast<py::list>()) {
+      auto q = p.cast<std::tuple<uint32_t, int, int64_t>>();
+      Patch patch{std::get<0>(q), std::get<1>(q), std::get<2>(q)};
+      const uint32_t width = patch.source <= kBias ? 8 : 4;
+      if (patch.source < kA || patch.source > kBeta || patch.offset + width > l.params.size())
+        throw std::invalid_argument("a patch outside the parameter block");
+      l.patches.push_back(patch);
+    }
+    for (auto m : t[8].cast<py::list>()) {
+      py::tuple a = m.cast<py::tuple>();
+      MapSpec s{};
+      s.source = a[0].cast<int>();
+      s.add = a[1].cast<int64_t>();
+      s.dtype = static_cast<CUtensorMapDataType>(a[2].cast<int>());
+      s.rank = a[3].cast<cuuint32_t>();
+      auto fill = [](auto& dst, py::handle src) {
+        size_t i = 0;
+        for (auto v : src) dst.at(i++) = v.cast<typename std::decay_t<decltype(dst)>::value_type>();
+      };
+      fill(s.dims, a[4]);
+      fill(s.strides, a[5]);
+      fill(s.box, a[6]);
+      fill(s.element_strides, a[7]);
+      s.interleave = static_cast<CUtensorMapInterleave>(a[8].cast<int>());
+      s.swizzle = static_cast<CUtensorMapSwizzle>(a[9].cast<int>());
+      s.l2 = static_cast<CUtensorMapL2promotion>(a[10].cast<int>());
+      s.oob = static_cast<CUtensorMapFloatOOBfill>(a[11].cast<int>());
+      l.maps.push_back(s);
+    }
+    if (l.maps.size() > kMaxMaps) throw std::invalid_argument("too many tensor maps");
+    return l;
+  }
+
+  std::vector<PyObject*> types_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Entry>, KeyHash> table_;
+  std::atomic<uint64_t> hits_{0}, misses_{0};
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Table>(m, "Table")
+      .def(py::init<py::tuple>())
+      .def("call", &Table::call)
+      .def("add", &Table::add)
+      .def("clear", &Table::clear)
+      .def("stats", &Table::stats);
+}

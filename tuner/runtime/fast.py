@@ -1,0 +1,227 @@
+"""The library's call path in C++ for torch callers (fast.cpp, a torch extension).
+
+A small call's time is the host's: through Python, reading the operands and building the
+memo key alone costs 2-3 us on the H200's host, where torch.matmul's whole call costs
+10-16 us (bench/NOTES.md). So `lib.gemm` on torch tensors first asks a C++ table, keyed by
+what the call reads off its tensors (type, shape, strides, 16-byte alignment and device of
+A, B, C and the bias), the current stream and torch's TF32 flag. A key it holds runs with
+no Python frame in between:
+  - cuBLAS through ATen (at::mm, at::addmm), as the Python path calls it for torch
+    callers;
+  - or the plan's kernel launches, recorded once: the plan's runner (the same one the tuner
+    times: tuner.runtime.runners) is bound afresh and run inside driver.recording() with
+    stand-in pointers and scalars (SENTINELS), which marks the parameter-block slots and
+    tensor-map addresses that come from A, B, C, the bias, alpha and beta; C++ replays the
+    launches with the call's own, encoding the tensor maps per call.
+Everything else (a first call, which decides and measures; a recording of problems;
+batches; streams passed by hand; fp32 requests for TF32 or 3xTF32; another output type or
+an activation) takes the Python path (tuner.runtime.call), which adds the plan of an
+eligible key here once.
+
+The extension is compiled on first use in a background thread (torch.utils.cpp_extension,
+which needs ninja and a host C++ compiler; about 20 s) into the cache directory, keyed by
+the source and torch's version, and loaded from there by later processes. Until it is
+ready, or where it cannot be built (:func:`status` says why), calls take the Python path.
+GEMM_TUNE_FAST=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import threading
+from pathlib import Path
+
+from tuner.runtime import driver
+
+__all__ = ["SENTINELS", "status", "start", "wait", "new_table", "table", "offer", "record",
+           "translate"]
+
+log = logging.getLogger(__name__)
+
+#: the sources a launch slot may come from (fast.cpp's Source)
+A, B, C, BIAS, ALPHA, BETA, FIXED = 0, 1, 2, 3, 4, 5, -1
+#: stand-in pointers for A, B, C and the bias while a plan's launches are recorded: far
+#: above any device address, each with 2^48 bytes of room for offsets into its operand
+SENTINELS = {A: 0x7A << 52, B: 0x7B << 52, C: 0x7C << 52, BIAS: 0x7D << 52}
+_SPAN = 1 << 48
+#: stand-in alpha and beta: large finite floats no kernel parameter takes otherwise
+_ALPHA_BITS, _BETA_BITS = 0x7F7EA1F1, 0x7F7EBE7A
+ALPHA_STANDIN = struct.unpack("<f", struct.pack("<I", _ALPHA_BITS))[0]
+BETA_STANDIN = struct.unpack("<f", struct.pack("<I", _BETA_BITS))[0]
+_OUT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # C's type, by DType.short
+
+_LOCK = threading.Lock()
+_STATE: dict = {"module": None, "error": None, "thread": None}
+
+
+def status() -> str:
+    """Whether the C++ call path serves torch callers here, and if not, why."""
+    if os.environ.get("GEMM_TUNE_FAST", "1") == "0":
+        return "off (GEMM_TUNE_FAST=0)"
+    if _STATE["module"] is not None:
+        return "on"
+    if _STATE["error"] is not None:
+        return f"off: it could not be built ({_STATE['error']})"
+    if _STATE["thread"] is not None:
+        return "building (the Python path serves calls until it is ready)"
+    return "not built yet (it builds on the first call with torch tensors)"
+
+
+def start() -> None:
+    """Build or load the extension in a background thread, once per process."""
+    if _STATE["thread"] is not None or os.environ.get("GEMM_TUNE_FAST", "1") == "0":
+        return
+    with _LOCK:
+        if _STATE["thread"] is None:
+            _STATE["thread"] = threading.Thread(target=_load, name="gemm-tune-fast",
+                                                daemon=True)
+            _STATE["thread"].start()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Start the build if needed and wait for it (`timeout` seconds); is the path on?"""
+    start()
+    t = _STATE["thread"]
+    if t is not None:
+        t.join(timeout)
+    return _STATE["module"] is not None
+
+
+def _load() -> None:
+    try:
+        _STATE["module"] = _build()
+    except Exception as e:  # noqa: BLE001 - any failure leaves the Python path serving
+        msg = str(e).strip().splitlines()
+        _STATE["error"] = (msg[-1] if msg else type(e).__name__)[:300]
+        log.info("gemm-tune: the C++ call path is off: %s", _STATE["error"])
+
+
+def _build():
+    import torch
+    from torch.utils import cpp_extension
+
+    from tuner.runtime.dispatch import _cache_root
+
+    src = Path(__file__).with_name("fast.cpp")
+    tag = hashlib.sha256(src.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    where = _cache_root() / "fast" / tag
+    where.mkdir(parents=True, exist_ok=True)
+    home = Path(cpp_extension.CUDA_HOME or "/usr/local/cuda")
+    if not (home / "include" / "cuda.h").exists():
+        raise RuntimeError(f"cuda.h is not under {home}/include: set CUDA_HOME to the "
+                           "CUDA toolkit")
+    return cpp_extension.load(
+        name=f"gemm_tune_fast_{tag}", sources=[str(src)], build_directory=str(where),
+        extra_include_paths=[str(home / "include")], extra_cflags=["-O2"],
+        extra_ldflags=[f"-L{home / 'lib64'}", f"-L{home / 'lib64' / 'stubs'}", "-lcuda"],
+        verbose=False)
+
+
+def new_table():
+    """An empty C++ table, or None while the extension is not loaded (its build started)."""
+    m = _STATE["module"]
+    if m is None:
+        start()
+        return None
+    import torch
+
+    return m.Table((torch.Tensor, torch.nn.Parameter))
+
+
+def table(lib):
+    """`lib`'s C++ table (made on first use), or None while the extension is not loaded."""
+    t = lib.fast
+    if t is None:
+        t = new_table()
+        if t is not None:
+            with _LOCK:
+                t = lib.fast = lib.fast or t
+    return t
+
+
+def offer(t, lib, plan, A, B, C, bias, ctx: int, stream: int) -> bool:
+    """Add the plan of a torch call on these operands (made on `stream`) to C++ table `t`,
+    where it may be replayed; is it there now?"""
+    if plan.tally is not None or not plan.memo:
+        return False
+    if plan.torch_run is not None:
+        if plan.problem.variant.act != "none" or A.dim() != 2 or B.dim() != 2 \
+                or (C is not None and C.dim() != 2):
+            return False
+        t.add(A, B, C, bias, ctx, True, 0, [], [])
+        return True
+    if plan.choice.kernel is None or driver.is_capturing(stream):
+        return False  # cuBLAS through gemm-tune's binding: not a kernel launch
+    launches = record(lib, plan, stream, bias is not None)
+    t.add(A, B, C, bias, ctx, False, _OUT_CODE[plan.out.short], list(plan.out_shape),
+          launches)
+    return True
+
+
+def record(lib, plan, stream: int, bias: bool) -> list:
+    """The launches of `plan`'s kernel on stand-in operands, for fast.cpp (translate)."""
+    with driver.recording() as rec, driver.entered(plan.gpu):
+        run = plan.problem.build(lib, plan.choice).run
+        run(SENTINELS[A], SENTINELS[B], SENTINELS[C], ALPHA_STANDIN, BETA_STANDIN, stream,
+            SENTINELS[BIAS] if bias else 0)
+    return [translate(launch) for launch in rec.launches]
+
+
+def _source(value: int) -> tuple[int, int] | None:
+    for src, base in SENTINELS.items():
+        if base <= value < base + _SPAN:
+            return src, value - base
+    return None
+
+
+def translate(launch: driver.RecordedLaunch) -> tuple:
+    """A recorded launch as fast.cpp's Table.add takes it: (function, name, grid, block,
+    cluster, smem, parameter bytes, patches (offset, source, offset into it), tensor maps
+    (source, offset or address, then cuTensorMapEncodeTiled's arguments as integers)).
+    Raises ValueError where a stand-in shows up anywhere but whole in a slot."""
+    params, patches = launch.params, []
+    for i, kind in enumerate(launch.signature):
+        off = 8 * i
+        slot = params[off:off + 8]
+        if kind in "PL":
+            hit = _source(int.from_bytes(slot, "little"))
+            if hit is not None:
+                patches.append((off, *hit))
+                continue
+        elif kind == "f":
+            bits = int.from_bytes(slot[:4], "little")
+            if bits in (_ALPHA_BITS, _BETA_BITS):
+                patches.append((off, ALPHA if bits == _ALPHA_BITS else BETA, 0))
+                continue
+        if _stand_in(slot):
+            raise ValueError(f"{launch.name}: parameter {i} ({kind}) holds a stand-in value "
+                             "that is not a whole pointer or scalar")
+    return (launch.function, launch.name, launch.grid, launch.block, launch.cluster,
+            launch.smem, params, patches, [_map(m) for m in launch.maps])
+
+
+def _stand_in(slot: bytes) -> bool:
+    """Does an 8-byte slot hold any part of a stand-in (a pointer's top bits, a scalar)?"""
+    v = int.from_bytes(slot, "little")
+    return (v >> 52) in _TOPS or (v & 0xFFFFFFFF) in _SCALARS or (v >> 32) in _SCALARS
+
+
+_TOPS = {base >> 52 for base in SENTINELS.values()}
+_SCALARS = (_ALPHA_BITS, _BETA_BITS)
+
+
+def _map(args: dict) -> tuple:
+    from cuda.bindings import driver as cu  # the enums' values (no GPU needed)
+
+    address = int(args["globalAddress"])
+    src, add = _source(address) or (FIXED, address)
+    return (src, add, int(getattr(cu.CUtensorMapDataType, args["tensorDataType"])),
+            int(args["tensorRank"]), list(args["globalDim"]), list(args["globalStrides"]),
+            list(args["boxDim"]), list(args["elementStrides"]),
+            int(getattr(cu.CUtensorMapInterleave, args["interleave"])),
+            int(getattr(cu.CUtensorMapSwizzle, args["swizzle"])),
+            int(getattr(cu.CUtensorMapL2promotion, args["l2Promotion"])),
+            int(getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"])))
