@@ -457,13 +457,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from _common import commit
+    from _common import commit, cpp_path
     from tuner.runtime import driver
     from wgmma_vs_cublas import Timer
 
     torch.zeros(1, device="cuda")
     gpu = torch.cuda.get_device_name(0)
-    doc = dict(benchmark="layouts-epilogues", gpu=gpu, torch=torch.__version__,
+    doc = dict(benchmark="layouts-epilogues", gpu=gpu, torch=torch.__version__, call_path=cpp_path(),
                commit=commit(), rounds=ROUNDS, method=__doc__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                rows=[])

@@ -49,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import RESULTS, commit, write  # noqa: E402
+from _common import RESULTS, commit, cpp_path, write  # noqa: E402
 
 #: (spec, family): "MxNxK", "+p" every row padded by p elements, "@e" A starting e elements
 #: past its allocation, "/nt" B a transposed view (x @ W.t()), ":f16" / ":bf16" the type
@@ -396,7 +396,7 @@ def main(argv=None) -> int:
     import datetime
 
     head = dict(gpu=g.name, cc=g.cc, driver=g.driver_version, cublas=cublas_version(),
-                torch=torch.__version__, commit=commit(),
+                torch=torch.__version__, commit=commit(), call_path=cpp_path(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 library=str(args.library), table=str(lib.table_path))
     if args.m_sweep:

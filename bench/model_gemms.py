@@ -98,7 +98,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import RESULTS, commit, geomean, interleaved, write  # noqa: E402
+from _common import RESULTS, commit, cpp_path, geomean, interleaved, write  # noqa: E402
 from codegen.config import DType, Layout  # noqa: E402
 from codegen.families._common import Variant  # noqa: E402
 from tuner._shape import epilogue_text  # noqa: E402
@@ -698,7 +698,7 @@ def measure(args, library: Path, tune: dict | None) -> Path:
 
     lib = load_library(library)
     doc = dict(benchmark="model-gemms", gpu=torch.cuda.get_device_name(),
-               torch=torch.__version__, commit=commit(),
+               torch=torch.__version__, commit=commit(), call_path=cpp_path(),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                method=__doc__, library=str(library),
                settings=dict(tokens=args.tokens, layers=[s.name for s in args.layers],
