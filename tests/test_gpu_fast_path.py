@@ -158,3 +158,37 @@ def test_a_side_stream_and_a_graph_of_cpp_calls(fast_on, tmp_path, compile_cache
         torch.cuda.synchronize()
         err = ((c.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm())
         assert err.item() <= 1e-5
+
+
+def test_patched_layers_and_linear_take_the_cpp_path(fast_on, tmp_path, compile_cache):
+    """A patched MLP: its first Linear and GELU fused in an exact entry's wgmma kernel, its
+    second on cuBLAS through ATen with the bias; then torch_ops.linear on a 3-D x with
+    SiLU. From the second call of each on, C++ serves them, each output as torch's."""
+    torch = pytest.importorskip("torch")
+    from tuner.runtime import torch_ops
+
+    m, n, k = SHAPE
+    cfg = Variant(Layout.NT, DType.F16, "out", "gelu").apply(DEFAULT_WGMMA)
+    lib = _library(tmp_path, cfg, (m, n, k), compile_cache)
+    mlp = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.GELU(),
+                              torch.nn.Linear(n, k)).cuda().half()
+    patched = torch_ops.patch(__import__("copy").deepcopy(mlp), lib)
+    with torch.inference_mode():
+        for i in range(3):
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+            got, want = patched(x), mlp(x)
+            err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+            assert err <= 4e-3, f"forward {i}: {err:.3g} from the unpatched MLP"
+            if i:
+                assert lib.fast.stats()["hits"] - hits == 2, f"forward {i}"
+        assert any(p.choice.kernel == cfg.name for p in lib.plans.values())
+        W, b = mlp[2].weight, mlp[2].bias
+        for i in range(3):
+            x = torch.randn(4, 33, n, device="cuda", dtype=torch.float16)
+            hits = lib.fast.stats()["hits"]
+            got = torch_ops.linear(x, W, b, "silu", library=lib)
+            want = torch.nn.functional.silu(torch.nn.functional.linear(x, W, b))
+            assert got.shape == want.shape and torch.equal(got, want), f"call {i}"
+            if i:
+                assert lib.fast.stats()["hits"] - hits == 1, f"call {i}"

@@ -195,9 +195,9 @@ _F_LINEAR = None  # torch.nn.functional.linear, once torch has been seen
 
 
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
-         bias=None, act=None, fast: bool = False):
-    """Library.gemm (see its doc). `fast`: a call the C++ path (tuner.runtime.fast) may
-    serve next time, with context word `measure`: its plan is offered to it."""
+         bias=None, act=None, fast: int | None = None):
+    """Library.gemm (see its doc). `fast`: the context word of a call the C++ path
+    (tuner.runtime.fast) may serve next time: its plan is offered to it."""
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
@@ -249,15 +249,15 @@ def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
 
 
 def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
-                fast=False):
+                fast=None):
     key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream, out, bias, act)
     plan = lib.plans.get(key)
     s = None
     if plan is None:
         plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast)
     R = _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s)
-    if fast:
-        _offer(lib, key, plan, A, B, C, bias, int(measure))
+    if fast is not None:
+        _offer(lib, key, plan, A, B, C, bias, fast)
     return R
 
 
@@ -269,12 +269,12 @@ def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
     import torch
 
     s = torch._C._cuda_getCurrentRawStream(plan.gpu.index)
-    if (key, s) in lib.fast_keys:
+    if (key, s, ctx) in lib.fast_keys:
         return
     t = fast.table(lib)
     if t is None:  # not loaded yet: offered on a later call
         return
-    lib.fast_keys.add((key, s))
+    lib.fast_keys.add((key, s, ctx))
     try:
         with driver.entered(plan.gpu):
             fast.offer(t, lib, plan, A, B, C, bias, ctx, s)
@@ -283,9 +283,10 @@ def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
                     plan.choice.kernel or "cuBLAS", e)
 
 
-def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=False):
+def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=None):
     """(the plan of a torch call of memo key `key`, memoised where it may be; its stream).
-    `fast`: later calls of the key may take the C++ path (its candidates are timed so)."""
+    `fast`: the context word under which later calls of the key may take the C++ path
+    (its candidates are timed so)."""
     ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
            None if C is None else operand(C, "C", writable=True))
     req = request(*ops, out, bias, act)
@@ -371,6 +372,9 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
             if len(memo) >= LINEAR_MEMO:
                 memo.clear()
             memo[mkey] = hit
+    from tuner.runtime import fast  # later calls through the C++ path
+
+    _offer(lib, hit[0], plan, x, W, None, bias, fast.context(lib.measure, act, True))
     if plan.torch_run is not None:
         if bias is None or bias.dtype is x.dtype:
             if plan.tally is not None:
@@ -593,12 +597,12 @@ def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DTyp
 
 def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
           measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
-          torch_tf32: bool = False, fast: bool = False) -> Plan:
+          torch_tf32: bool = False, fast: int | None = None) -> Plan:
     """Decide a checked call (dispatch.py's rule; the arguments as _problem's)."""
     problem = _problem(a, b, c, req, mode, measure, driver.gpu(dev), stream, allocate,
                        torch_stream, torch_tf32)
-    if fast:
-        problem = dataclasses.replace(problem, fast=True)
+    if fast is not None:
+        problem = dataclasses.replace(problem, fast=fast)
     g = problem.gpu
     with driver.entered(g):
         choice = lib.choose(problem, problem.timer(lib) if measure else None)
@@ -689,9 +693,9 @@ class Problem:
     align: tuple = (16, 16, 16)  # the alignment class of A, B and C (operands.align_class)
     #: the caller passes C (False: the call allocates it, and its first use is timed so)
     c_given: bool = True
-    #: a torch call the C++ path serves once planned (tuner.runtime.fast): its candidates
-    #: are timed through it
-    fast: bool = False
+    #: the context word of a torch call the C++ path serves once planned
+    #: (tuner.runtime.fast), or None: its candidates are timed through it
+    fast: int | None = None
 
     @property
     def layout(self) -> Layout:
@@ -885,7 +889,7 @@ class Problem:
             def runner(plan):
                 t = self._fast_table(lib, plan, A, B, C, bias)
                 if t is not None:
-                    return lambda stream: t.call(A, B, C, bias, 1.0, 0.0, self.measure)
+                    return lambda stream: t.call(A, B, C, bias, 1.0, 0.0, self.fast)
 
                 def run(stream):
                     lib.plans[key] = plan
@@ -906,13 +910,13 @@ class Problem:
     def _fast_table(self, lib, plan, A, B, C, bias):
         """A C++ table serving this call's key with `plan` alone (the C++ path as the call
         will take it), or None where the call takes the Python path."""
-        if not self.fast:
+        if self.fast is None:
             return None
         from tuner.runtime import fast
 
         t = fast.new_table()
         try:
-            if t is not None and fast.offer(t, lib, plan, A, B, C, bias, int(self.measure),
+            if t is not None and fast.offer(t, lib, plan, A, B, C, bias, self.fast,
                                             self.stream):
                 return t
         except Exception as e:  # noqa: BLE001 - timed through the Python path instead

@@ -10,6 +10,9 @@
 //     each launch's parameter block with the slots to patch (A, B, C and the bias's
 //     pointers plus an offset, alpha and beta), and its TMA tensor maps, encoded per call
 //     from the recorded arguments with the call's pointers.
+// Two entry points: call (lib.gemm: A, B, C, the bias, alpha, beta) and linear
+// (act(x W^T + b) for x of any leading dimensions that fold into rows, W as nn.Linear
+// keeps it: a patched layer's forward and torch_ops.linear), each with keys of its own.
 // A call whose key is not in the table returns None, and the Python path serves it (and
 // adds its plan here when the plan may be replayed). Nothing in a hit path calls Python.
 
@@ -17,6 +20,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <ATen/autocast_mode.h>
 #include <cuda.h>
 
 #include <array>
@@ -69,6 +74,7 @@ struct Launch {
 
 struct Entry {
   bool torch = false;  // cuBLAS through ATen
+  int act = 0;         // through ATen, after it: 0 none, 1 relu, 2 gelu, 3 gelu_tanh, 4 silu
   std::vector<Launch> launches;
   at::ScalarType out = at::kFloat;
   std::vector<int64_t> out_shape;
@@ -138,6 +144,46 @@ class Table {
     return true;
   }
 
+  // The key of a linear call, false where the table cannot serve it: autograd would record
+  // it, autocast or a dispatch mode is on, x and W differ in type, or x's leading
+  // dimensions do not fold into rows without a copy.
+  bool linear_key(std::vector<int64_t>& key, const at::Tensor& x, const at::Tensor& w,
+                  const at::Tensor* bias, int64_t ctx) const {
+    if (!x.is_cuda() || x.dim() < 2 || w.dim() != 2 || x.scalar_type() != w.scalar_type())
+      return false;
+    if (at::GradMode::is_enabled() &&
+        (x.requires_grad() || w.requires_grad() || (bias && bias->requires_grad())))
+      return false;
+    if (at::autocast::is_autocast_enabled(at::kCUDA) ||
+        c10::impl::TorchDispatchModeTLS::stack_len() > 0)
+      return false;
+    for (int64_t i = x.dim() - 2; i > 0; --i)  // x.view(-1, K) is possible
+      if (x.size(i - 1) != 1 && x.stride(i - 1) != x.stride(i) * x.size(i)) return false;
+    return key_of(key, x, w, nullptr, bias, ctx);
+  }
+
+  // act(x W^T + bias) for a known key, or None.
+  py::object linear(py::handle X, py::handle W, py::handle bias, int64_t ctx) {
+    if (!plain(X) || !plain(W) || (!bias.is_none() && !plain(bias))) return py::none();
+    const at::Tensor& x = THPVariable_Unpack(X.ptr());
+    const at::Tensor& w = THPVariable_Unpack(W.ptr());
+    const at::Tensor* bs = bias.is_none() ? nullptr : &THPVariable_Unpack(bias.ptr());
+    thread_local std::vector<int64_t> key;
+    if (!linear_key(key, x, w, bs, ctx)) return py::none();
+    std::shared_ptr<const Entry> e = find(key);
+    if (!e) return py::none();
+    at::Tensor out;
+    if (e->torch) {
+      out = at::linear(x, w, bs ? c10::optional<at::Tensor>(*bs) : c10::nullopt);
+      out = activation(out, e->act);
+    } else if (!launch(*e, x, w, nullptr, bs, 1.0, 0.0, out)) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      return py::none();
+    }
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(out)));
+  }
+
   // C = act(alpha A B + beta C + bias) for a known key, or None.
   py::object call(py::handle A, py::handle B, py::handle C, py::handle bias, double alpha,
                   double beta, int64_t ctx) {
@@ -159,18 +205,9 @@ class Table {
         misses_.fetch_add(1, std::memory_order_relaxed);
         return py::none();
       }
-    } else {
-      if (c10::cuda::current_device() != e->device) return py::none();
-      out = c ? *c : at::empty(e->out_shape, a.options().dtype(e->out));
-      uint64_t ptrs[4] = {reinterpret_cast<uint64_t>(a.data_ptr()),
-                          reinterpret_cast<uint64_t>(b.data_ptr()),
-                          reinterpret_cast<uint64_t>(out.data_ptr()),
-                          bs ? reinterpret_cast<uint64_t>(bs->data_ptr()) : 0};
-      if (!replay(*e, ptrs, static_cast<float>(alpha), static_cast<float>(beta),
-                  c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(e->device)).stream())) {
-        misses_.fetch_add(1, std::memory_order_relaxed);
-        return py::none();
-      }
+    } else if (!launch(*e, a, b, c, bs, alpha, beta, out)) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      return py::none();
     }
     hits_.fetch_add(1, std::memory_order_relaxed);
     if (c) return py::reinterpret_borrow<py::object>(C);
@@ -178,18 +215,22 @@ class Table {
   }
 
   // Add the plan of the call on these tensors (the Python path's): cuBLAS through ATen
-  // (`launches` empty), or its recorded launches. out_type: 0 float32, 1 float16,
-  // 2 bfloat16 (a C the call allocates, of `out_shape`).
+  // (`launches` empty; then `act`), or its recorded launches. out_type: 0 float32,
+  // 1 float16, 2 bfloat16 (a C the call allocates, of `out_shape`). `linear`: the key is
+  // linear's, of (x, W, bias) in A, B and the bias (C None).
   void add(py::handle A, py::handle B, py::handle C, py::handle bias, int64_t ctx,
-           bool torch, int out_type, std::vector<int64_t> out_shape, py::list launches) {
+           bool torch, int out_type, std::vector<int64_t> out_shape, py::list launches,
+           int act, bool linear) {
     const at::Tensor& a = THPVariable_Unpack(A.ptr());
     const at::Tensor& b = THPVariable_Unpack(B.ptr());
     const at::Tensor* c = C.is_none() ? nullptr : &THPVariable_Unpack(C.ptr());
     const at::Tensor* bs = bias.is_none() ? nullptr : &THPVariable_Unpack(bias.ptr());
     std::vector<int64_t> key;
-    if (!key_of(key, a, b, c, bs, ctx)) throw std::invalid_argument("not a CUDA tensor");
+    if (linear ? !linear_key(key, a, b, bs, ctx) : !key_of(key, a, b, c, bs, ctx))
+      throw std::invalid_argument("not a call this table serves");
     auto e = std::make_shared<Entry>();
     e->torch = torch;
+    e->act = act;
     e->out = out_type == 1 ? at::kHalf : out_type == 2 ? at::kBFloat16 : at::kFloat;
     e->out_shape = std::move(out_shape);
     e->device = a.get_device();
@@ -225,6 +266,32 @@ class Table {
     std::shared_lock lock(mu_);
     auto it = table_.find(key);
     return it == table_.end() ? nullptr : it->second;
+  }
+
+  static at::Tensor activation(const at::Tensor& y, int act) {
+    switch (act) {
+      case 1: return at::relu(y);
+      case 2: return at::gelu(y, "none");
+      case 3: return at::gelu(y, "tanh");
+      case 4: return at::silu(y);
+      default: return y;
+    }
+  }
+
+  // Entry e's launches on these operands (C allocated where none is given); false where
+  // they cannot run here (another device current, no context).
+  static bool launch(const Entry& e, const at::Tensor& a, const at::Tensor& b,
+                     const at::Tensor* c, const at::Tensor* bias, double alpha, double beta,
+                     at::Tensor& out) {
+    if (c10::cuda::current_device() != e.device) return false;
+    out = c ? *c : at::empty(e.out_shape, a.options().dtype(e.out));
+    uint64_t ptrs[4] = {reinterpret_cast<uint64_t>(a.data_ptr()),
+                        reinterpret_cast<uint64_t>(b.data_ptr()),
+                        reinterpret_cast<uint64_t>(out.data_ptr()),
+                        bias ? reinterpret_cast<uint64_t>(bias->data_ptr()) : 0};
+    return replay(e, ptrs, static_cast<float>(alpha), static_cast<float>(beta),
+                  c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(e.device))
+                      .stream());
   }
 
   // cuBLAS through ATen, as tuner.runtime.call._torch_fallback calls it for 2-D operands
@@ -368,6 +435,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Table>(m, "Table")
       .def(py::init<py::tuple>())
       .def("call", &Table::call)
+      .def("linear", &Table::linear)
       .def("add", &Table::add)
       .def("clear", &Table::clear)
       .def("stats", &Table::stats);

@@ -36,8 +36,8 @@ from pathlib import Path
 
 from tuner.runtime import driver
 
-__all__ = ["SENTINELS", "status", "start", "wait", "new_table", "table", "offer", "record",
-           "translate"]
+__all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "new_table",
+           "table", "offer", "record", "translate"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,14 @@ _ALPHA_BITS, _BETA_BITS = 0x7F7EA1F1, 0x7F7EBE7A
 ALPHA_STANDIN = struct.unpack("<f", struct.pack("<I", _ALPHA_BITS))[0]
 BETA_STANDIN = struct.unpack("<f", struct.pack("<I", _BETA_BITS))[0]
 _OUT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # C's type, by DType.short
+#: an activation's code in the context word (fast.cpp's Entry::act)
+ACT_CODES = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+_LINEAR = 2  # the context word's bit of a linear call's key
+
+
+def context(measure: bool, act: str | None = None, linear: bool = False) -> int:
+    """The context word of a call's key: measuring on or off, the activation, linear."""
+    return int(measure) | _LINEAR * linear | ACT_CODES[act] << 2
 
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "error": None, "thread": None}
@@ -144,20 +152,24 @@ def table(lib):
 
 def offer(t, lib, plan, A, B, C, bias, ctx: int, stream: int) -> bool:
     """Add the plan of a torch call on these operands (made on `stream`) to C++ table `t`,
-    where it may be replayed; is it there now?"""
+    where it may be replayed; is it there now? A linear call's (`ctx` says so) are x, its
+    weight W (not W.t()) and the bias, C None."""
     if plan.tally is not None or not plan.memo:
         return False
-    if plan.torch_run is not None:
-        if plan.problem.variant.act != "none" or A.dim() != 2 or B.dim() != 2 \
-                or (C is not None and C.dim() != 2):
+    act, linear = plan.problem.variant.act, bool(ctx & _LINEAR)
+    if plan.torch_run is not None:  # torch's ops, as the Python path calls them
+        if linear:
+            if bias is not None and bias.dtype != A.dtype:
+                return False
+        elif act != "none" or A.dim() != 2 or B.dim() != 2 or (C is not None and C.dim() != 2):
             return False
-        t.add(A, B, C, bias, ctx, True, 0, [], [])
+        t.add(A, B, C, bias, ctx, True, 0, [], [], ACT_CODES[act], linear)
         return True
     if plan.choice.kernel is None or driver.is_capturing(stream):
         return False  # cuBLAS through gemm-tune's binding: not a kernel launch
     launches = record(lib, plan, stream, bias is not None)
-    t.add(A, B, C, bias, ctx, False, _OUT_CODE[plan.out.short], list(plan.out_shape),
-          launches)
+    shape = list(A.shape[:-1]) + [plan.n] if linear else list(plan.out_shape)
+    t.add(A, B, C, bias, ctx, False, _OUT_CODE[plan.out.short], shape, launches, 0, linear)
     return True
 
 

@@ -39,6 +39,7 @@ from tuner.runtime.dispatch import (
     FULL_ALIGN, Case, Choice, Dispatcher, MBuckets, ld_class, packed_ld,
 )
 from tuner.runtime.errors import LibraryError, NoGPUError
+from tuner.runtime.fast import ACT_CODES as _ACT_CODES
 from tuner.runtime.manifest import SCHEMA, Manifest, as_variant
 from tuner.runtime.operands import align_class
 from tuner.runtime.operands import out_dtype as _out_dtype
@@ -337,12 +338,14 @@ class Library:
         Example:
             >>> y = lib.gemm(x, W.t(), bias=b, activation="gelu")  # doctest: +SKIP
         """
-        fast = stream is None and measure is None and out_dtype is None \
-            and activation is None and not allow_tf32 and not allow_3xtf32
-        if fast and self.fast is not None:  # the C++ path (tuner.runtime.fast)
-            R = self.fast.call(A, B, C, bias, alpha, beta, self.measure)
-            if R is not None:
-                return R
+        fast = None  # the context word of a call the C++ path may serve (tuner.runtime.fast)
+        if stream is None and measure is None and out_dtype is None and not allow_tf32 \
+                and not allow_3xtf32 and activation in _ACT_CODES:
+            fast = self.measure | _ACT_CODES[activation] << 2
+            if self.fast is not None:
+                R = self.fast.call(A, B, C, bias, alpha, beta, fast)
+                if R is not None:
+                    return R
         return call.gemm(self, A, B, C, alpha, beta, _mode(allow_tf32, allow_3xtf32),
                          stream, self.measure if measure is None else measure, pipeline,
                          out_dtype, bias, activation, fast)

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import threading
 import types
+import weakref
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from tuner.runtime import call
+from tuner.runtime import call, fast
 
 __all__ = ["gemm", "linear", "matmul", "library_key", "patch", "unpatch", "ACTIVATION_MODULES"]
 
@@ -193,8 +194,27 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     (out) of x's type or float32; `activation` None, "relu", "gelu", "gelu_tanh" or
     "silu". Returns (*, out) in x's type. `library`: a Library, or the string of
     :func:`library_key` (pass the string inside torch.compile)."""
-    call = _linear_call if _eager(x, weight, bias) else torch.ops.gemm_tune.linear
-    return call(x, weight, bias, activation or "none", _key(library))
+    act = None if activation == "none" else activation
+    if not _eager(x, weight, bias):
+        return torch.ops.gemm_tune.linear(x, weight, bias, activation or "none",
+                                          _key(library))
+    lib = _library(library) if isinstance(library, str) else library
+    if lib.fast is not None:  # the C++ path: a key it has seen
+        y = lib.fast.linear(x, weight, bias, fast.context(lib.measure, act, True))
+        if y is not None:
+            return y
+    w = _served(weight.t())
+    y = None
+    if w.data_ptr() == weight.data_ptr():  # as a patched layer calls it (its keys offered)
+        memo = _MEMOS.get(lib)
+        if memo is None:
+            memo = _MEMOS[lib] = {}
+        y = call.torch_linear(lib, memo, x, weight, w, bias, act)
+    return _linear(x, weight, bias, activation or "none", lib) if y is None else y
+
+
+#: each library's linear call keys (call.torch_linear's memo) for torch_ops.linear
+_MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ---- matmul: a @ b, 2-D or batched ------------------------------------------------------------
@@ -318,10 +338,16 @@ def _patched_forward(key: str, activation: str):
     act = None if activation == "none" else activation
     memo: dict = {}  # this layer's call keys (tuner.runtime.call.torch_linear)
     served = [None, None, None, False]  # W's pointer and shape, W.t(), "a view of W"
+    ctx = fast.context(False, act, True)  # the C++ path's context word, measuring off
 
     def forward(self, x: Tensor) -> Tensor:
         params = self._parameters
         w, b = params["weight"], params["bias"]
+        t = _library(key).fast
+        if t is not None and not _compiling():  # the C++ path: a key it has seen
+            y = t.linear(x, w, b, ctx | _library(key).measure)
+            if y is not None:
+                return y
         if not x.is_cuda or x.dtype != w.dtype or _autocast() \
                 or _grad_recorded(x, w, b):  # torch's own layer (and activation)
             return torch_act(torch.nn.functional.linear(x, w, b))
