@@ -264,17 +264,20 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
 def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
     """Offer a torch call's plan to the C++ path, once per key and stream (its key has the
     stream; tuner.runtime.fast)."""
+    keys = getattr(lib, "fast_keys", None)
+    if keys is None:  # (a stand-in for a Library)
+        return
     from tuner.runtime import fast
 
     import torch
 
     s = torch._C._cuda_getCurrentRawStream(plan.gpu.index)
-    if (key, s, ctx) in lib.fast_keys:
+    if (key, s, ctx) in keys:
         return
     t = fast.table(lib)
     if t is None:  # not loaded yet: offered on a later call
         return
-    lib.fast_keys.add((key, s, ctx))
+    keys.add((key, s, ctx))
     try:
         with driver.entered(plan.gpu):
             fast.offer(t, lib, plan, A, B, C, bias, ctx, s)
@@ -385,6 +388,24 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
         return _torch_run(plan, rows, B, None, 1.0, 0.0, bias, px, pb, 0, None).view(hit[1])
     C = x.new_empty(hit[1], dtype=_TORCH_OUT[plan.out])
     return _torch_run(plan, x, B, C, 1.0, 0.0, bias, px, pb, C.data_ptr(), None)
+
+
+def offer_linear(lib, x, W, bias, act) -> None:
+    """After a linear call the Python path served through lib.gemm(x's rows, W.t(), bias,
+    act) (torch_ops.linear), offer its plan to the C++ path under the linear call's key."""
+    if getattr(lib, "fast_keys", None) is None or x.dim() < 2:
+        return
+    B = W.t()
+    try:
+        x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
+    except RuntimeError:  # not one matrix without a copy: no linear key
+        return
+    key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act)[0]
+    plan = lib.plans.get(key)
+    if plan is not None:
+        from tuner.runtime import fast
+
+        _offer(lib, key, plan, x, W, None, bias, fast.context(lib.measure, act, True))
 
 
 def _torch_allocator(A):

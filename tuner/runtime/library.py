@@ -30,6 +30,7 @@ import logging
 import numbers
 import os
 import threading
+import weakref
 from pathlib import Path
 
 from codegen.config import DType, Layout, config_from_name
@@ -65,8 +66,9 @@ class Library:
         if isinstance(m_buckets, str):
             m_buckets = MBuckets.parse(m_buckets)
         self.dispatcher = Dispatcher(store, m_buckets)
-        #: call key -> call.Plan (see tuner.runtime.call)
-        self.plans: dict = {}
+        #: call key -> call.Plan (see tuner.runtime.call); clearing it clears the C++
+        #: path's table too
+        self.plans: dict = _Plans(self)
         #: the C++ call path's table for torch callers (tuner.runtime.fast), once loaded,
         #: and the call keys whose plans were offered to it
         self.fast = None
@@ -261,21 +263,13 @@ class Library:
             ...     model(x)
         """
         before, self.recorder = self.recorder, Recorder(path)
-        self.forget_plans()  # plans made before count nothing: make them again
+        self.plans.clear()  # plans made before count nothing: make them again
         try:
             yield self.recorder
         finally:
             self.recorder.flush()
             self.recorder = before
-            self.forget_plans()
-
-    def forget_plans(self) -> None:
-        """Drop every call's plan (the Python path's and the C++ path's): the next call of
-        each key plans again."""
-        if self.fast is not None:
-            self.fast.clear()
-        self.fast_keys.clear()
-        self.plans.clear()
+            self.plans.clear()
 
     # ---- running ---------------------------------------------------------------------------
     def runner(self, name: str, arch: str) -> Runner:
@@ -340,7 +334,8 @@ class Library:
         """
         fast = None  # the context word of a call the C++ path may serve (tuner.runtime.fast)
         if stream is None and measure is None and out_dtype is None and not allow_tf32 \
-                and not allow_3xtf32 and activation in _ACT_CODES:
+                and not allow_3xtf32 and (activation is None or type(activation) is str) \
+                and activation in _ACT_CODES:
             fast = self.measure | _ACT_CODES[activation] << 2
             if self.fast is not None:
                 R = self.fast.call(A, B, C, bias, alpha, beta, fast)
@@ -360,6 +355,25 @@ class Library:
         would. Returns the C_i."""
         return call.gemm_batch(self, pairs, alpha, beta, out, _mode(allow_tf32, allow_3xtf32),
                                  self.measure if measure is None else measure)
+
+
+class _Plans(dict):
+    """A library's plans by call key; clear() also empties the C++ path's table (its
+    entries are those plans)."""
+
+    __slots__ = ("_lib",)
+
+    def __init__(self, lib: "Library"):
+        super().__init__()
+        self._lib = weakref.ref(lib)
+
+    def clear(self) -> None:
+        super().clear()
+        lib = self._lib()
+        if lib is not None:
+            if lib.fast is not None:
+                lib.fast.clear()
+            lib.fast_keys.clear()
 
 
 def _mode(allow_tf32: bool, allow_3xtf32: bool) -> DType | None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 import types
-import weakref
 from pathlib import Path
 
 import torch
@@ -199,22 +198,17 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         return torch.ops.gemm_tune.linear(x, weight, bias, activation or "none",
                                           _key(library))
     lib = _library(library) if isinstance(library, str) else library
-    if lib.fast is not None:  # the C++ path: a key it has seen
-        y = lib.fast.linear(x, weight, bias, fast.context(lib.measure, act, True))
+    t = getattr(lib, "fast", None)
+    if t is not None:  # the C++ path: a key it has seen
+        y = t.linear(x, weight, bias, fast.context(lib.measure, act, True))
         if y is not None:
             return y
-    w = _served(weight.t())
-    y = None
-    if w.data_ptr() == weight.data_ptr():  # as a patched layer calls it (its keys offered)
-        memo = _MEMOS.get(lib)
-        if memo is None:
-            memo = _MEMOS[lib] = {}
-        y = call.torch_linear(lib, memo, x, weight, w, bias, act)
-    return _linear(x, weight, bias, activation or "none", lib) if y is None else y
+    y = _linear(x, weight, bias, activation or "none", lib)
+    call.offer_linear(lib, x, weight, bias, act)
+    return y
 
 
-#: each library's linear call keys (call.torch_linear's memo) for torch_ops.linear
-_MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
 
 
 # ---- matmul: a @ b, 2-D or batched ------------------------------------------------------------
@@ -343,9 +337,10 @@ def _patched_forward(key: str, activation: str):
     def forward(self, x: Tensor) -> Tensor:
         params = self._parameters
         w, b = params["weight"], params["bias"]
-        t = _library(key).fast
+        lib = _library(key)
+        t = getattr(lib, "fast", None)
         if t is not None and not _compiling():  # the C++ path: a key it has seen
-            y = t.linear(x, w, b, ctx | _library(key).measure)
+            y = t.linear(x, w, b, ctx | lib.measure)
             if y is not None:
                 return y
         if not x.is_cuda or x.dtype != w.dtype or _autocast() \
