@@ -329,6 +329,10 @@ class Library:
         is passed).
         Raises LibraryError, before any launch, for what it cannot serve.
 
+        On torch tensors, a call with no `stream`, `out_dtype`, `measure` or TF32 flags is
+        served from the second call of its key on by the C++ call path (tuner.runtime.fast;
+        `self.fast`, once built), the same plan with no Python frame in between.
+
         Example:
             >>> y = lib.gemm(x, W.t(), bias=b, activation="gelu")  # doctest: +SKIP
         """

@@ -199,15 +199,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                                           _key(library))
     lib = _library(library) if isinstance(library, str) else library
     t = getattr(lib, "fast", None)
-    if t is not None:  # the C++ path: a key it has seen
+    if t is not None and act in fast.ACT_CODES:  # the C++ path: a key it has seen
         y = t.linear(x, weight, bias, fast.context(lib.measure, act, True))
         if y is not None:
             return y
     y = _linear(x, weight, bias, activation or "none", lib)
     call.offer_linear(lib, x, weight, bias, act)
     return y
-
-
 
 
 
