@@ -90,3 +90,54 @@ def test_the_switch_and_the_status(monkeypatch):
     monkeypatch.setenv("GEMM_TUNE_FAST", "1")
     monkeypatch.setitem(fast._STATE, "error", "ninja is required")
     assert fast.status() == "off: it could not be built (ninja is required)"
+
+
+class _Table:
+    """A stand-in for fast.cpp's Table: records what lib.gemm asks it, serves `answer`."""
+
+    def __init__(self, answer):
+        self.asked, self.answer, self.cleared = [], answer, 0
+
+    def call(self, *args):
+        self.asked.append(args)
+        return self.answer
+
+    def clear(self):
+        self.cleared += 1
+
+
+def test_lib_gemm_asks_the_cpp_path_only_for_calls_it_may_serve(tmp_path):
+    """What lib.gemm hands the C++ table: the operands, alpha, beta and the context word
+    (measuring, the activation); a call with a stream, an out_dtype, measure= or a TF32
+    flag, or an activation the library does not know, never reaches it."""
+    from tuner.runtime.library import Library
+
+    lib = Library.create_or_open(tmp_path / "lib")
+    served = object()
+    lib.fast = _Table(served)
+    a, b, c, bias = object(), object(), object(), object()
+    assert lib.gemm(a, b, c, alpha=0.5, beta=0.25, bias=bias) is served
+    assert lib.gemm(a, b, activation="silu") is served
+    assert lib.fast.asked == [(a, b, c, bias, 0.5, 0.25, fast.context(lib.measure)),
+                              (a, b, None, None, 1.0, 0.0, fast.context(lib.measure, "silu"))]
+    assert fast.context(True, "silu") == 1 | 4 << 2 and fast.context(False, None, True) == 2
+    lib.fast = _Table(None)  # a key it has not seen: the Python path, which checks the call
+    for kw in (dict(stream=0), dict(out_dtype="float32"), dict(measure=False),
+               dict(allow_tf32=True), dict(allow_3xtf32=True), dict(activation="tanh"),
+               dict(activation=["gelu"])):
+        with pytest.raises(Exception) as e:
+            lib.gemm(a, b, **kw)
+        assert type(e.value).__name__ in ("LibraryError", "NoGPUError"), (kw, e.value)
+    assert lib.fast.asked == []
+
+
+def test_clearing_the_plans_clears_the_cpp_table(tmp_path):
+    """A recording, and anyone else, makes plans afresh by clearing lib.plans: the C++
+    table's entries are those plans, so they go too."""
+    from tuner.runtime.library import Library
+
+    lib = Library.create_or_open(tmp_path / "lib")
+    lib.fast, lib.plans["k"] = _Table(None), "plan"
+    lib.fast_keys.add(("k", 0, 0))
+    lib.plans.clear()
+    assert lib.fast.cleared == 1 and not lib.fast_keys and not lib.plans
