@@ -30,7 +30,7 @@ from typing import Callable
 
 from codegen.config import DType, Layout
 from codegen.families._common import ACTIVATIONS, Variant
-from tuner.runtime import driver
+from tuner.runtime import driver, fast
 from tuner.runtime.errors import LibraryError, Unsupported
 from tuner.runtime.operands import (
     Operand, align_class, bias_operand, empty_like, operand, out_dtype, resolve_stream,
@@ -267,15 +267,13 @@ def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
     keys = getattr(lib, "fast_keys", None)
     if keys is None:  # (a stand-in for a Library)
         return
-    from tuner.runtime import fast
-
+    t = fast.table(lib)
+    if t is None:  # not loaded (yet: offered on a later call), or off
+        return
     import torch
 
     s = torch._C._cuda_getCurrentRawStream(plan.gpu.index)
     if (key, s, ctx) in keys:
-        return
-    t = fast.table(lib)
-    if t is None:  # not loaded yet: offered on a later call
         return
     keys.add((key, s, ctx))
     try:
@@ -375,8 +373,6 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
             if len(memo) >= LINEAR_MEMO:
                 memo.clear()
             memo[mkey] = hit
-    from tuner.runtime import fast  # later calls through the C++ path
-
     _offer(lib, hit[0], plan, x, W, None, bias, fast.context(lib.measure, act, True))
     if plan.torch_run is not None:
         if bias is None or bias.dtype is x.dtype:
@@ -403,8 +399,6 @@ def offer_linear(lib, x, W, bias, act) -> None:
     key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act)[0]
     plan = lib.plans.get(key)
     if plan is not None:
-        from tuner.runtime import fast
-
         _offer(lib, key, plan, x, W, None, bias, fast.context(lib.measure, act, True))
 
 
@@ -933,8 +927,6 @@ class Problem:
         will take it), or None where the call takes the Python path."""
         if self.fast is None:
             return None
-        from tuner.runtime import fast
-
         t = fast.new_table()
         try:
             if t is not None and fast.offer(t, lib, plan, A, B, C, bias, self.fast,

@@ -335,23 +335,24 @@ def _patched_forward(key: str, activation: str):
     def forward(self, x: Tensor) -> Tensor:
         params = self._parameters
         w, b = params["weight"], params["bias"]
-        lib = _library(key)
-        t = getattr(lib, "fast", None)
-        if t is not None and not _compiling():  # the C++ path: a key it has seen
-            y = t.linear(x, w, b, ctx | lib.measure)
-            if y is not None:
-                return y
+        compiling = _compiling()
+        if not compiling:  # (the library is looked up in eager code only)
+            lib = _library(key)
+            t = getattr(lib, "fast", None)
+            if t is not None:  # the C++ path: a key it has seen
+                y = t.linear(x, w, b, ctx | lib.measure)
+                if y is not None:
+                    return y
         if not x.is_cuda or x.dtype != w.dtype or _autocast() \
                 or _grad_recorded(x, w, b):  # torch's own layer (and activation)
             return torch_act(torch.nn.functional.linear(x, w, b))
-        if _compiling() or _modes() or type(x) not in _PLAIN or type(w) not in _PLAIN \
+        if compiling or _modes() or type(x) not in _PLAIN or type(w) not in _PLAIN \
                 or (b is not None and type(b) not in _PLAIN):
             return torch.ops.gemm_tune.linear(x, w, b, activation, key)
         ptr, shape = w.data_ptr(), w.shape
         if served[0] != ptr or served[1] != shape:  # W.t() once, while W's storage stays
             wt = _served(w.t())
             served[:] = ptr, shape, wt, wt.data_ptr() == ptr
-        lib = _library(key)
         # (a W neither row- nor column-major is copied on every call: a kept copy would
         # miss writes to W)
         y = call.torch_linear(lib, memo, x, w, served[2], b, act, served[:2]) \
