@@ -5,7 +5,9 @@ For each shape (numpy fp32 A, B and C in host memory), one row:
   - sequential: lib.gemm(..., pipeline=False) (copy in, compute, copy out);
   - copy: the pipeline with the GEMM left out (staging, H2D and D2H only);
   - compute: the GEMM alone on device-resident operands (the same plan);
-  - ideal: max(copy, compute);
+  - ideal: max(copy, compute); the copy rate: A, B and C's bytes over the copy time;
+  - the first block (rows summed over K-slices as B goes up, where B is large) and the
+    chunks after it;
   - pageable: the same pipeline with the copies straight from pageable memory (the
     pitfall: the driver makes them synchronous, so nothing overlaps);
   - the batch API over 8 pairs of a quarter of the rows, against the same pairs one by one.
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--library", default=str(HERE.parent / "artifacts" / "library"))
     p.add_argument("--shapes", nargs="*", default=["4096x4096x4096", "8192x8192x8192",
-                                                   "12288x12288x12288"])
+                                                   "12288x12288x12288", "16384x16384x16384"])
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     import datetime
@@ -81,7 +83,8 @@ def main(argv=None) -> int:
 
         def copy_only():
             with driver.entered(g):
-                host.run_pipelined(g, lambda rows: NoGemm(), A, B, C, 1.0, 0.0)
+                host.run_pipelined(g, lambda rows, k=None: NoGemm(), A, B, C, 1.0, 0.0,
+                                   k_slices=True)
 
         def compute_only():
             with driver.entered(g):
@@ -91,11 +94,13 @@ def main(argv=None) -> int:
         row = dict(shape=spec, m=m, n=n, k=k, kernel=plan.choice.kernel or "cuBLAS",
                    error=err, pipelined_equals_sequential=exact,
                    chunks=len(host.plan_chunks(m, n, k, 4)),
+                   first_block=_block(host.plan_block(m, n, k, 4)),
                    pipelined_ms=wall(lambda: lib.gemm(A, B, C)),
                    sequential_ms=wall(lambda: lib.gemm(A, B, C, pipeline=False)),
                    copy_ms=wall(copy_only), compute_ms=wall(compute_only),
                    pageable_ms=wall(lambda: lib.gemm(A, B, C, pipeline="pageable")))
         row["ideal_ms"] = max(row["copy_ms"], row["compute_ms"])
+        row["copy_gb_per_s"] = (A.nbytes + B.nbytes + C.nbytes) / row["copy_ms"] / 1e6
         row["speedup_vs_sequential"] = row["sequential_ms"] / row["pipelined_ms"]
         row["over_ideal"] = row["pipelined_ms"] / row["ideal_ms"]
         q = max(1, m // 4)
@@ -106,7 +111,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"{spec:>18} {row['kernel'][:40]:>40} pipelined {row['pipelined_ms']:8.1f} ms "
               f"sequential {row['sequential_ms']:8.1f} (x{row['speedup_vs_sequential']:.2f}) "
-              f"copy {row['copy_ms']:7.1f} compute {row['compute_ms']:7.1f} "
+              f"copy {row['copy_ms']:7.1f} ({row['copy_gb_per_s']:.1f} GB/s) "
+              f"compute {row['compute_ms']:7.1f} "
               f"ideal x{row['over_ideal']:.2f} pageable {row['pageable_ms']:8.1f} "
               f"batch {row['batch8_ms']:.1f} vs {row['one_by_one8_ms']:.1f} err {err:.1e} "
               f"exact {exact}", flush=True)
@@ -121,6 +127,14 @@ def main(argv=None) -> int:
     plot(rows, path.with_suffix(".png"), g.name)
     print(path)
     return 0
+
+
+def _block(block) -> dict | None:
+    """The first block's rows and K-slices (host.plan_block), or None."""
+    if block is None:
+        return None
+    rows, slices = block
+    return dict(rows=rows, k_slices=len(slices), slice_width=slices[0][1] - slices[0][0])
 
 
 def plot(rows, path: Path, gpu: str) -> None:

@@ -35,7 +35,8 @@ FAST = {"test_floors.py", "test_config.py", "test_names.py", "test_check.py",
         "test_occupancy.py", "test_model.py", "test_runtime.py", "test_cache.py",
         "test_families.py", "test_properties.py", "test_distributed.py", "test_cli.py",
         "test_render.py", "test_profile.py", "test_cli_status.py", "test_problems.py",
-        "test_readme.py", "test_torch_ops.py", "test_decisions.py", "test_fast_path.py"}
+        "test_readme.py", "test_torch_ops.py", "test_decisions.py", "test_fast_path.py",
+        "test_host_pipeline.py"}
 #: ... less these tests of them, each seconds to tens of seconds on two cores: processes
 #: sharing a PostgreSQL study (killed, restarted), whole-space enumerations, searches and
 #: dry runs through the CLI beyond the first (the full suite runs them all)

@@ -279,6 +279,30 @@ def test_host_pipeline_is_exact_to_the_plain_path(lib, shape, monkeypatch):
         assert np.array_equal(piped, plain)
 
 
+@pytest.mark.parametrize("shape", [KERNEL_SHAPE, (1000, 333, 257), (4097, 129, 1000),
+                                   SPLIT_SHAPE], ids=lambda s: "x".join(map(str, s)))
+def test_host_pipeline_first_block_is_summed_over_k_slices(lib, shape, monkeypatch):
+    """numpy in and out with a B over the block's threshold (lowered here): the first half
+    of the rows is summed over K-slices as B goes up (beta 0 on the first slice, C
+    poisoned with NaN first), the rest in row chunks; within the fp32 gate of float64."""
+    from tuner.runtime import host
+
+    monkeypatch.setattr(host, "BLOCK_MIN_B_BYTES", 1 << 14)
+    monkeypatch.setattr(host, "BLOCK_STEP_BYTES", 1 << 18)
+    monkeypatch.setattr(host, "ROW_GRAIN", 64)
+    m, n, k = shape
+    block = host.plan_block(m, n, k, 4)
+    assert block is not None and len(block[1]) >= 2
+    rng = np.random.default_rng()
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    for _ in range(2):  # the second time on the buffers the first left
+        c = np.full((m, n), np.nan, np.float32)
+        lib.gemm(a, b, c, alpha=0.5)
+        ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64))
+        assert np.linalg.norm(c - ref) / np.linalg.norm(ref) <= 1e-5
+
+
 def test_pinned_buffers_are_reused(lib):
     from tuner.runtime import host
 

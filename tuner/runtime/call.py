@@ -66,13 +66,15 @@ class Plan:
     #: the call counter of a recorded problem (tuner.runtime.record), or None
     tally: list | None = dataclasses.field(default=None, compare=False, repr=False)
 
-    def chunk(self, lib, rows: int) -> "Plan":
-        """This plan's choice (the same kernel) on `rows` packed rows of A and C."""
-        p = self.chunks.get(rows)
+    def chunk(self, lib, rows: int, k: int | None = None) -> "Plan":
+        """This plan's choice (the same kernel) on `rows` packed rows of A and C, over a
+        K-slice `k` columns wide of A (packed too) and as many rows of B where given."""
+        k = self.k if k is None else k
+        p = self.chunks.get((rows, k))
         if p is None:
-            problem = dataclasses.replace(self.problem, m=rows, lda=self.k, ldb=self.n,
+            problem = dataclasses.replace(self.problem, m=rows, k=k, lda=k, ldb=self.n,
                                           ldc=self.n, offsets=(0, 0, 0))
-            p = self.chunks[rows] = problem.build(lib, self.choice)
+            p = self.chunks[rows, k] = problem.build(lib, self.choice)
         return p
 
 
@@ -458,9 +460,10 @@ def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=Tru
         if all(o.host is not None for o in (a, b, c)):
             from tuner.runtime.host import run_pipelined
 
-            run_pipelined(g, lambda rows: plan.chunk(lib, rows), a.host, b.host, c.host,
-                          alpha, beta, chunks=None if pipeline else [(0, plan.m)],
-                          pinned_staging=pipeline != "pageable", bias=pbias)
+            run_pipelined(g, lambda rows, k=None: plan.chunk(lib, rows, k), a.host, b.host,
+                          c.host, alpha, beta, chunks=None if pipeline else [(0, plan.m)],
+                          pinned_staging=pipeline != "pageable", bias=pbias,
+                          k_slices=plan.out is DType.F32 and plan.problem.epilogue == "none")
         elif a.host is not None or b.host is not None or c.host is not None:
             _staged(plan, a, b, c, alpha, beta, s, pbias)
         else:

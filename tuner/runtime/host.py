@@ -11,8 +11,19 @@ Page-locked (pinned) staging buffers and device buffers are kept per GPU and reu
 event after each chunk's D2H says when its buffers may be filled again. Every chunk runs
 the kernel the whole problem was decided for (its rows are independent: the same kernel
 sums each element of C in the same order whatever M is), so the result equals the
-non-pipelined path's bit for bit where a tuned kernel runs. cuBLAS, where it runs, is
-bound to the chunk's stream.
+non-pipelined path's bit for bit where a tuned kernel runs (but see the first block
+below). cuBLAS, where it runs, is bound to the chunk's stream.
+
+Every chunk's GEMM needs all of B, so a large B's upload would be a prefix that nothing
+hides (at 16384^3 fp32 on the H200: B's 1 GiB took 53 ms of a 225 ms pipeline). Where B is
+large (plan_block) and the product may be summed in parts (fp32 C, beta 0, no bias or
+activation), a first block of rows, half of M, goes first and K-outer: B and the block's
+A go up slice of K by slice of K, and the block's GEMM over each slice runs as soon as that
+slice is up (C += A[:, slice] B[slice], C kept on the GPU), so the GPU starts on B's first
+slice instead of after all of it. The chunks of the other half follow, and the block's C
+comes down between them. The block's rows are then summed in a different order from the
+plain path (each slice's sum rounded to fp32 before the next is added, as a split-K
+kernel does): within the precision gate, not bit for bit; the chunks after it are exact.
 
 `gemm_batch` does the same over a list of (A, B) pairs, one GEMM per slot.
 
@@ -29,6 +40,7 @@ import concurrent.futures as cf
 import ctypes
 import dataclasses
 import functools
+import itertools
 import os
 import threading
 
@@ -36,8 +48,8 @@ import numpy as np
 
 from tuner.runtime import driver
 
-__all__ = ["plan_chunks", "Pinned", "pinned", "run_pipelined", "run_batch", "STREAMS",
-           "B_SLICE_BYTES"]
+__all__ = ["plan_chunks", "plan_block", "Pinned", "pinned", "run_pipelined", "run_batch",
+           "STREAMS", "B_SLICE_BYTES"]
 
 #: streams (and buffer slots) of the pipeline: chunk t runs on stream t % STREAMS
 STREAMS = 3
@@ -64,6 +76,15 @@ def plan_chunks(m: int, n: int, k: int, elem: int, target_bytes: int = 64 << 20,
 
 #: B's slices when pipelined: each is copied up while the CPU stages the next
 B_SLICE_BYTES = 32 << 20
+#: a B of at least this many bytes goes up K-slice by K-slice behind a first block of rows
+#: (plan_block)
+BLOCK_MIN_B_BYTES = 256 << 20
+#: at most this many bytes of fp32 C in that block (it stays on the GPU until the block ends)
+BLOCK_C_BYTES = 1 << 30
+#: bytes of A and B staged per K-slice of the block
+BLOCK_STEP_BYTES = 64 << 20
+#: K-slices are a multiple of this many columns wide (alignment kept, whole k-tiles)
+K_GRAIN = 64
 #: threads that copy between pageable arrays and pinned buffers
 COPY_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
 
@@ -140,67 +161,102 @@ class _Slot:
             self.pending = None
 
 
+def plan_block(m: int, n: int, k: int, elem: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """(rows R, K-slices [k0, k1)) of the first block of a pipelined product whose B is
+    large (BLOCK_MIN_B_BYTES or more), or None: rows [0, R) are summed slice by slice as B's
+    slices arrive. R is half of M (at most BLOCK_C_BYTES of fp32 C), a multiple of
+    ROW_GRAIN; a slice stages about BLOCK_STEP_BYTES of A's and B's columns and rows, and
+    is a multiple of K_GRAIN wide (the last one excepted), so that every slice of A and B
+    keeps the operands' alignment. At least two slices, or None."""
+    if k * n * elem < BLOCK_MIN_B_BYTES:
+        return None
+    rows = min(m // 2, BLOCK_C_BYTES // (4 * n)) // ROW_GRAIN * ROW_GRAIN
+    if rows < ROW_GRAIN:
+        return None
+    want = max(K_GRAIN, BLOCK_STEP_BYTES // ((n + rows) * elem) // K_GRAIN * K_GRAIN)
+    steps = -(-k // want)
+    if steps < 2:
+        return None
+    width = -(-(-(-k // steps)) // K_GRAIN) * K_GRAIN
+    return rows, [(k0, min(k, k0 + width)) for k0 in range(0, k, width)]
+
+
 def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, alpha: float,
                   beta: float, chunks: list[tuple[int, int]] | None = None,
-                  pinned_staging: bool = True, bias: int = 0) -> None:
+                  pinned_staging: bool = True, bias: int = 0, k_slices: bool = False) -> None:
     """C = alpha A B + beta C for host arrays, pipelined over row chunks (module doc).
-    `chunk_plan(rows)` returns the plan (same kernel) for a chunk of that many rows;
-    without `pinned_staging` the copies go straight from pageable memory (the pitfall the
-    benchmark shows). `bias`: the device pointer of a bias vector (the plan's epilogue
-    applies it with its activation), or 0."""
+    `chunk_plan(rows, k=None)` returns the plan (same kernel) for a chunk of that many
+    packed rows of A (of `k` columns, a K-slice, where given); without `pinned_staging` the
+    copies go straight from pageable memory (the pitfall the benchmark shows). `bias`: the
+    device pointer of a bias vector (the plan's epilogue applies it with its activation),
+    or 0. `k_slices`: the product may be summed over K-slices (fp32 C, no bias or
+    activation), which lets a large B's upload overlap a first block's compute (module
+    doc)."""
     m, k = A.shape
     n = B.shape[1]
     chunks = chunks or plan_chunks(m, n, k, A.itemsize)
-    rows_max = max(r1 - r0 for r0, r1 in chunks)
+    block = None
+    if k_slices and beta == 0 and pinned_staging and len(chunks) > 1:
+        block = plan_block(m, n, k, A.itemsize)
     streams = _streams(g)
     scratch = driver.scratch()
-    # B once, on the first stream; the others wait for it. Pipelined, B is staged in
-    # slices, each copied up while the CPU stages the next (every chunk's GEMM needs all of
-    # B, so this prefix is not hidden behind compute otherwise); the one-chunk path, the
-    # sequential baseline, stages it whole.
     dB = scratch.get(g, streams[0], "host B", B.nbytes)
-    if pinned_staging:
-        pB = _view(_PINNED.get(g, "B", B.nbytes), k, n, B.dtype)
-        step = max(1, B_SLICE_BYTES // max(1, n * B.itemsize)) if len(chunks) > 1 else k
+    pB = _view(_PINNED.get(g, "B", B.nbytes), k, n, B.dtype) if pinned_staging else None
+    if block is None:
+        items = [(r0, r1, True) for r0, r1 in chunks]
+        _stage_b(streams[0], B, dB, pB, len(chunks) > 1)
     else:
-        pB, step = np.ascontiguousarray(B), k
-    row_bytes = n * B.itemsize
-    for r0 in range(0, k, step):
-        r1 = min(k, r0 + step)
-        if pinned_staging:
-            copy_rows(pB[r0:r1], B[r0:r1])
-        driver.call("cuMemcpyHtoDAsync", dB + r0 * row_bytes, pB[r0:r1].ctypes.data,
-                    (r1 - r0) * row_bytes, streams[0])
+        # the other half's chunks (GEMMs), each followed by a piece of the block's C
+        # coming down (no GEMM)
+        top, slices = block
+        rest = [(top + r0, top + r1, True) for r0, r1 in plan_chunks(m - top, n, k, A.itemsize)]
+        size = rest[0][1] - rest[0][0]
+        out = [(r0, min(top, r0 + size), False) for r0 in range(0, top, size)]
+        items = [x for pair in itertools.zip_longest(rest, out) for x in pair if x]
+        dBlock = scratch.get(g, streams[0], "host C block", top * n * C.itemsize)
+        block_done = _run_block(g, chunk_plan, A, B, dB, pB, dBlock, top, slices, alpha,
+                                streams[1], streams[2])
+    # B is up once the stream that copied it gets here: every other stream waits for that
     b_ready = driver.call("cuEventCreate", 2)  # disable timing
-    driver.call("cuEventRecord", b_ready, streams[0])
+    up = streams[0] if block is None else streams[1]
+    driver.call("cuEventRecord", b_ready, up)
+    rows_max = max(r1 - r0 for r0, r1, _ in items)
     slots = []
-    for i, s in enumerate(streams):
-        if i:
+    for s in streams:
+        if s != up:
             driver.call("cuStreamWaitEvent", s, b_ready, 0)
         slots.append(_Slot(s, driver.call("cuEventCreate", 2)))
 
     try:
-        for t, (r0, r1) in enumerate(chunks):
+        for t, (r0, r1, gemm) in enumerate(items):
             slot = slots[t % STREAMS]
             slot.drain()  # its buffers are free again once its last chunk is out
             rows, s = r1 - r0, slot.stream
-            dA = scratch.get(g, s, "host A", rows_max * k * A.itemsize)
             dC = scratch.get(g, s, "host C", rows_max * n * C.itemsize)
             if pinned_staging:
-                pa = _view(_PINNED.get(g, f"A{t % STREAMS}", rows_max * k * A.itemsize),
-                           rows, k, A.dtype)
                 pc = _view(_PINNED.get(g, f"C{t % STREAMS}", rows_max * n * C.itemsize),
                            rows, n, C.dtype)
-                copy_rows(pa, A[r0:r1])
-                if beta != 0:
-                    copy_rows(pc, C[r0:r1])
             else:
-                pa, pc = np.ascontiguousarray(A[r0:r1]), C[r0:r1]
-            driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
-            if beta != 0:
-                driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
-            chunk_plan(rows).run(dA, dB, dC, alpha, beta, s, bias)
-            driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
+                pc = C[r0:r1]
+            if not gemm:  # rows of the first block: its C comes down once it is summed
+                driver.call("cuStreamWaitEvent", s, block_done, 0)
+                driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dBlock + r0 * n * C.itemsize,
+                            pc.nbytes, s)
+            else:
+                dA = scratch.get(g, s, "host A", rows_max * k * A.itemsize)
+                if pinned_staging:
+                    pa = _view(_PINNED.get(g, f"A{t % STREAMS}", rows_max * k * A.itemsize),
+                               rows, k, A.dtype)
+                    copy_rows(pa, A[r0:r1])
+                    if beta != 0:
+                        copy_rows(pc, C[r0:r1])
+                else:
+                    pa = np.ascontiguousarray(A[r0:r1])
+                driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
+                if beta != 0:
+                    driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
+                chunk_plan(rows).run(dA, dB, dC, alpha, beta, s, bias)
+                driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
             driver.call("cuEventRecord", slot.event, s)
             slot.pending = (C[r0:r1], pc) if pinned_staging else None
         for slot in slots:
@@ -210,6 +266,64 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             driver.sync(slot.stream)
             driver.call("cuEventDestroy", slot.event)
         driver.call("cuEventDestroy", b_ready)
+        if block is not None:
+            driver.call("cuEventDestroy", block_done)
+
+
+def _stage_b(stream: int, B: np.ndarray, dB: int, pB: np.ndarray | None, sliced: bool) -> None:
+    """B up once, on `stream`. Pipelined (`sliced`), B is staged in slices, each copied up
+    while the CPU stages the next; the one-chunk path, the sequential baseline, stages it
+    whole; without pinned staging (`pB` None) it goes straight from pageable memory."""
+    k, n = B.shape
+    row_bytes = n * B.itemsize
+    step = max(1, B_SLICE_BYTES // max(1, row_bytes)) if sliced and pB is not None else k
+    src = np.ascontiguousarray(B) if pB is None else pB
+    for r0 in range(0, k, step):
+        r1 = min(k, r0 + step)
+        if pB is not None:
+            copy_rows(pB[r0:r1], B[r0:r1])
+        driver.call("cuMemcpyHtoDAsync", dB + r0 * row_bytes, src[r0:r1].ctypes.data,
+                    (r1 - r0) * row_bytes, stream)
+
+
+def _run_block(g, chunk_plan, A, B, dB, pB, dBlock, rows, slices, alpha, copy: int,
+               compute: int) -> int:
+    """The first block, rows [0, `rows`), summed over K-slices as B comes up: slice i of B
+    and the same columns of the block's A are staged (pinned) and copied up on stream
+    `copy`, and the block's GEMM over that slice runs on stream `compute` once they are up
+    (beta 1 after the first slice) while the CPU stages slice i + 1. C stays on the GPU
+    (`dBlock`); B ends on the GPU whole (the row chunks after the block need it). Three
+    slots of A's columns rotate: a slot's pinned buffer is refilled once its last copy up
+    is done, its device buffer once the GEMM that read it is. Returns an event recorded
+    after the block's last GEMM (the caller destroys it)."""
+    scratch, elem, n = driver.scratch(), A.itemsize, B.shape[1]
+    width = slices[0][1] - slices[0][0]
+    copied = [driver.call("cuEventCreate", 2) for _ in range(STREAMS)]
+    used = [driver.call("cuEventCreate", 2) for _ in range(STREAMS)]
+    try:
+        for i, (k0, k1) in enumerate(slices):
+            j, w = i % STREAMS, k1 - k0
+            pa = _view(_PINNED.get(g, f"A slice {j}", rows * width * elem), rows, w, A.dtype)
+            dA = scratch.get(g, copy, f"host A slice {j}", rows * width * elem)
+            if i >= STREAMS:
+                driver.call("cuEventSynchronize", copied[j])
+                driver.call("cuStreamWaitEvent", copy, used[j], 0)
+            copy_rows(pB[k0:k1], B[k0:k1])
+            copy_rows(pa, A[:rows, k0:k1])
+            driver.call("cuMemcpyHtoDAsync", dB + k0 * n * elem, pB[k0:k1].ctypes.data,
+                        pB[k0:k1].nbytes, copy)
+            driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, copy)
+            driver.call("cuEventRecord", copied[j], copy)
+            driver.call("cuStreamWaitEvent", compute, copied[j], 0)
+            chunk_plan(rows, w).run(dA, dB + k0 * n * elem, dBlock, alpha, 1.0 if i else 0.0,
+                                    compute, 0)
+            driver.call("cuEventRecord", used[j], compute)
+        done = driver.call("cuEventCreate", 2)
+        driver.call("cuEventRecord", done, compute)
+        return done
+    finally:
+        for e in copied + used:
+            driver.call("cuEventDestroy", e)
 
 
 def run_batch(g, items: list, alpha: float, beta: float) -> None:
