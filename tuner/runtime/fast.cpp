@@ -429,14 +429,90 @@ class Table {
   std::atomic<uint64_t> hits_{0}, misses_{0};
 };
 
+// The hot entry points as METH_FASTCALL builtins bound to a table: a pybind11 method's
+// argument dispatch costs more than everything else a served call does on the host but
+// the launch. Each holds the table by a shared_ptr in a capsule.
+constexpr const char* kCapsule = "gemm_tune_fast.Table";
+
+Table& table_of(PyObject* capsule) {
+  return **static_cast<std::shared_ptr<Table>*>(PyCapsule_GetPointer(capsule, kCapsule));
+}
+
+template <typename F>
+PyObject* guarded(F&& f) {
+  try {
+    return f().release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// call(A, B, C, bias, alpha, beta, ctx)
+PyObject* fast_call(PyObject* capsule, PyObject* const* args, Py_ssize_t n) {
+  if (n != 7) {
+    PyErr_SetString(PyExc_TypeError, "call(A, B, C, bias, alpha, beta, ctx)");
+    return nullptr;
+  }
+  const double alpha = PyFloat_AsDouble(args[4]), beta = PyFloat_AsDouble(args[5]);
+  const long long ctx = PyLong_AsLongLong(args[6]);
+  if (PyErr_Occurred()) return nullptr;
+  return guarded([&] {
+    return table_of(capsule).call(args[0], args[1], args[2], args[3], alpha, beta, ctx);
+  });
+}
+
+// linear(x, W, bias, ctx)
+PyObject* fast_linear(PyObject* capsule, PyObject* const* args, Py_ssize_t n) {
+  if (n != 4) {
+    PyErr_SetString(PyExc_TypeError, "linear(x, W, bias, ctx)");
+    return nullptr;
+  }
+  const long long ctx = PyLong_AsLongLong(args[3]);
+  if (PyErr_Occurred()) return nullptr;
+  return guarded([&] { return table_of(capsule).linear(args[0], args[1], args[2], ctx); });
+}
+
+PyMethodDef kCall = {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_call)),
+                     METH_FASTCALL, "C = act(alpha A B + beta C + bias) for a known key, or None"};
+PyMethodDef kLinear = {"linear",
+                       reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_linear)),
+                       METH_FASTCALL, "act(x W^T + bias) for a known key, or None"};
+
+py::object bound(const std::shared_ptr<Table>& t, PyMethodDef* def) {
+  auto* holder = new std::shared_ptr<Table>(t);
+  PyObject* capsule = PyCapsule_New(holder, kCapsule, [](PyObject* c) {
+    delete static_cast<std::shared_ptr<Table>*>(PyCapsule_GetPointer(c, kCapsule));
+  });
+  if (!capsule) {
+    delete holder;
+    throw py::error_already_set();
+  }
+  PyObject* f = PyCFunction_New(def, capsule);
+  Py_DECREF(capsule);
+  if (!f) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(f);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Table>(m, "Table")
+  py::class_<Table, std::shared_ptr<Table>>(m, "Table", py::dynamic_attr())
       .def(py::init<py::tuple>())
       .def("call", &Table::call)
       .def("linear", &Table::linear)
       .def("add", &Table::add)
       .def("clear", &Table::clear)
       .def("stats", &Table::stats);
+  // A table whose call and linear are the METH_FASTCALL builtins above (instance
+  // attributes, ahead of the class's pybind11 methods of the same names).
+  m.def("new_table", [](py::tuple types) {
+    auto t = std::make_shared<Table>(types);
+    py::object obj = py::cast(t);
+    obj.attr("call") = bound(t, &kCall);
+    obj.attr("linear") = bound(t, &kLinear);
+    return obj;
+  });
 }

@@ -136,7 +136,7 @@ def new_table():
         return None
     import torch
 
-    return m.Table((torch.Tensor, torch.nn.Parameter))
+    return m.new_table((torch.Tensor, torch.nn.Parameter))
 
 
 def table(lib):
