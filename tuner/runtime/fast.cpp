@@ -4,7 +4,11 @@
 // strides, 16-byte alignment, device of A, B, C and the bias), the current stream, torch's
 // TF32 flag and the caller's context word -- to the plan the Python path made for that
 // key, in one of two forms:
-//   - torch: cuBLAS through ATen, as the Python path calls it (at::mm, at::addmm);
+//   - torch: cuBLAS as torch calls it: for a plain product (no bias, no activation, C of
+//     the inputs' type) cuBLAS itself on torch's handle (cublasSgemm / cublasGemmEx, the
+//     calls at::cuda::blas::gemm makes, with the handle's stream, workspace and math
+//     mode as torch sets them), else through ATen (at::mm, at::addmm) as the Python path
+//     calls it;
 //   - launches: the kernel launches the plan's runner made, recorded once with stand-in
 //     pointers and scalars (tuner/runtime/fast.py) and replayed here with the call's own:
 //     each launch's parameter block with the slots to patch (A, B, C and the bias's
@@ -23,8 +27,11 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/autocast_mode.h>
 #include <cuda.h>
+#include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
+#include <limits>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -94,6 +101,85 @@ struct KeyHash {
 };
 
 constexpr int kMaxMaps = 4;
+
+// cuBLAS, called as at::cuda::blas::gemm calls it, found at run time among the libraries
+// torch has loaded (no cuBLAS headers or link-time dependency: where a symbol is missing,
+// or torch prefers cuBLASLt or a reduced-precision setting other than its default is on,
+// the product goes through ATen instead).
+struct Blas {
+  using Handle = void*;
+  using GetHandle = Handle (*)();
+  using SetMath = int (*)(Handle, int);
+  using Sgemm = int (*)(Handle, int, int, int, int, int, const float*, const float*, int,
+                        const float*, int, const float*, float*, int);
+  using GemmEx = int (*)(Handle, int, int, int, int, int, const void*, const void*, int,
+                         int, const void*, int, int, const void*, void*, int, int, int, int);
+  using GetTuning = const void* (*)();
+  using TuningOn = bool (*)(const void*);  // TuningContext::IsTunableOpEnabled() const
+  GetHandle handle = nullptr;
+  SetMath set_math = nullptr;
+  Sgemm sgemm = nullptr;
+  GemmEx gemm_ex = nullptr;
+  GetTuning tuning = nullptr;
+  TuningOn tuning_on = nullptr;
+
+  static void* find(const char* name, std::initializer_list<const char*> libs) {
+    if (void* f = dlsym(RTLD_DEFAULT, name)) return f;
+    for (const char* lib : libs)
+      if (void* h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD))
+        if (void* f = dlsym(h, name)) return f;
+    return nullptr;
+  }
+
+  static const Blas& get() {
+    static const Blas blas = [] {
+      Blas b;
+      const auto cublas = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+      b.handle = reinterpret_cast<GetHandle>(
+          find("_ZN2at4cuda25getCurrentCUDABlasHandleEv", {"libtorch_cuda.so"}));
+      b.set_math = reinterpret_cast<SetMath>(find("cublasSetMathMode", cublas));
+      b.sgemm = reinterpret_cast<Sgemm>(find("cublasSgemm_v2", cublas));
+      b.gemm_ex = reinterpret_cast<GemmEx>(find("cublasGemmEx", cublas));
+      b.tuning = reinterpret_cast<GetTuning>(
+          find("_ZN2at4cuda7tunable16getTuningContextEv", {"libtorch_cuda.so"}));
+      b.tuning_on = reinterpret_cast<TuningOn>(find(
+          "_ZNK2at4cuda7tunable13TuningContext18IsTunableOpEnabledEv", {"libtorch_cuda.so"}));
+      return b;
+    }();
+    return blas;
+  }
+
+  // torch would call cuBLAS itself now: every symbol found, cuBLAS (not cuBLASLt)
+  // preferred, TunableOp off, no deterministic-algorithms check to make
+  bool as_torch() const {
+    if (!handle || !set_math || !sgemm || !gemm_ex || !tuning || !tuning_on) return false;
+    at::Context& ctx = at::globalContext();
+    return ctx.blasPreferredBackend() == at::BlasBackend::Cublas &&
+           !ctx.deterministicAlgorithms() && !tuning_on(tuning());
+  }
+};
+
+// cuBLAS's enums (cublas_api.h, library_types.h)
+constexpr int kOpN = 0, kOpT = 1, kDefaultMath = 0, kGemmDefaultTensorOp = 99;
+constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;  // kR32F is also torch's compute type
+
+// A 2-D operand as cuBLAS sees it: (op, leading dimension) of its column-major transpose,
+// the way torch reads strides (a dimension of one takes any stride); false where it is
+// neither row- nor column-major with a unit stride.
+bool blas_view(const at::Tensor& t, int& op, int64_t& ld) {
+  const int64_t r = t.size(0), c = t.size(1), s0 = t.stride(0), s1 = t.stride(1);
+  if (s1 == 1 && (r == 1 || s0 >= std::max<int64_t>(c, 1))) {
+    op = kOpN;
+    ld = r == 1 ? std::max<int64_t>(c, 1) : s0;
+    return true;
+  }
+  if (s0 == 1 && (c == 1 || s1 >= std::max<int64_t>(r, 1))) {
+    op = kOpT;
+    ld = c == 1 ? std::max<int64_t>(r, 1) : s1;
+    return true;
+  }
+  return false;
+}
 
 void features(std::vector<int64_t>& key, const at::Tensor& t) {
   key.push_back(static_cast<int64_t>(t.scalar_type()));
@@ -294,12 +380,62 @@ class Table {
                       .stream());
   }
 
-  // cuBLAS through ATen, as tuner.runtime.call._torch_fallback calls it for 2-D operands
-  // with no activation; false where this call needs another form (the Python path).
+  // C = alpha A B + beta C by cuBLAS itself on torch's handle, as at::mm / at::addmm
+  // would run it (module doc): 2-D, no bias, C of the inputs' type; false where it cannot
+  // (the caller goes through ATen then).
+  static bool blas_call(const at::Tensor& a, const at::Tensor& b, const at::Tensor* c,
+                        double alpha, double beta, at::Tensor& out) {
+    const Blas& blas = Blas::get();
+    const at::ScalarType dt = a.scalar_type();
+    if (b.scalar_type() != dt || (c && c->scalar_type() != dt) || !blas.as_torch()) return false;
+    at::Context& ctx = at::globalContext();
+    if ((dt == at::kHalf && ctx.allowFP16ReductionCuBLAS() !=
+                                at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK) ||
+        (dt == at::kBFloat16 && ctx.allowBF16ReductionCuBLAS() !=
+                                    at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK) ||
+        (dt != at::kFloat && dt != at::kHalf && dt != at::kBFloat16))
+      return false;
+    const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+    if (m < 1 || n < 1 || k < 1) return false;
+    int opa, opb;
+    int64_t lda, ldb;
+    if (!blas_view(a, opa, lda) || !blas_view(b, opb, ldb)) return false;
+    if (c && (c->dim() != 2 || c->stride(1) != 1 || (m > 1 && c->stride(0) < n))) return false;
+    const int64_t ldc = c && m > 1 ? c->stride(0) : n;
+    constexpr int64_t kInt = std::numeric_limits<int>::max();
+    if (std::max({m, n, k, lda, ldb, ldc}) > kInt) return false;
+    out = c ? *c : at::empty({m, n}, a.options());
+    void* h = blas.handle();  // torch's handle on the current stream, its math mode set
+    // C^T = B^T A^T in cuBLAS's column-major terms
+    int status;
+    if (dt == at::kFloat) {
+      const float fa = static_cast<float>(alpha), fb = c ? static_cast<float>(beta) : 0.0f;
+      status = blas.sgemm(h, opb, opa, n, m, k, &fa, b.const_data_ptr<float>(), ldb,
+                          a.const_data_ptr<float>(), lda, &fb, out.mutable_data_ptr<float>(),
+                          ldc);
+    } else {
+      const float fa = static_cast<float>(alpha), fb = c ? static_cast<float>(beta) : 0.0f;
+      const int type = dt == at::kHalf ? kR16F : kR16BF;
+      blas.set_math(h, kDefaultMath);
+      status = blas.gemm_ex(h, opb, opa, n, m, k, &fa, b.const_data_ptr(), type, ldb,
+                            a.const_data_ptr(), type, lda, &fb, out.mutable_data_ptr(), type,
+                            ldc, kR32F, kGemmDefaultTensorOp);
+      blas.set_math(h, kDefaultMath);
+    }
+    if (status != 0)
+      throw std::runtime_error("cuBLAS failed with status " + std::to_string(status));
+    return true;
+  }
+
+  // cuBLAS as tuner.runtime.call._torch_fallback calls it for 2-D operands with no
+  // activation; false where this call needs another form (the Python path).
   static bool torch_call(const at::Tensor& a, const at::Tensor& b,
                          const at::Tensor* c, const at::Tensor* bias, double alpha,
                          double beta, at::Tensor& out) {
     if (a.dim() != 2 || b.dim() != 2) return false;
+    if (!bias && (c || alpha == 1.0) && a.get_device() == c10::cuda::current_device() &&
+        blas_call(a, b, c, alpha, beta, out))
+      return true;
     if (!c) {
       if (alpha == 1.0 && !bias) out = at::mm(a, b);
       else if (bias && bias->scalar_type() == a.scalar_type())

@@ -6,8 +6,13 @@ memo key alone costs 2-3 us on the H200's host, where torch.matmul's whole call 
 what the call reads off its tensors (type, shape, strides, 16-byte alignment and device of
 A, B, C and the bias), the current stream and torch's TF32 flag. A key it holds runs with
 no Python frame in between:
-  - cuBLAS through ATen (at::mm, at::addmm), as the Python path calls it for torch
-    callers;
+  - cuBLAS as torch runs it: a plain product (2-D, no bias or activation, C of the inputs'
+    type) calls cuBLAS itself on torch's handle (cublasSgemm / cublasGemmEx as
+    at::cuda::blas::gemm calls them, on the handle's stream, workspace and math mode as
+    torch sets them, wherever torch would call cuBLAS itself: cuBLAS preferred over
+    cuBLASLt, TunableOp off, default reduced-precision settings, no deterministic mode),
+    which skips ATen's dispatch and checks (about a microsecond); anything else goes
+    through ATen (at::mm, at::addmm, at::linear) as the Python path calls it;
   - or the plan's kernel launches, recorded once: the plan's runner (the same one the tuner
     times: tuner.runtime.runners) is bound afresh and run inside driver.recording() with
     stand-in pointers and scalars (SENTINELS), which marks the parameter-block slots and
