@@ -136,6 +136,33 @@ def test_the_cpp_path_calls_cublas_through_aten(dtype, fast_on, tmp_path):
     assert _calls(torch, lib, shape, dtype, dtype, Layout.NT) == 2
 
 
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16], ids=lambda d: d.short)
+@pytest.mark.parametrize("shape", [(257, 129, 96), (1000, 1, 1000), (1, 1000, 1000),
+                                   (5, 3, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_a_plain_product_on_cublas_has_torchs_bits(dtype, shape, fast_on, tmp_path):
+    """The C++ path calls cuBLAS itself for a plain product on the torch route: in every
+    layout, C given (alpha and beta) or allocated, GEMV shapes and K = 1 included, C is
+    what torch.mm / torch.addmm write on the same operands, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from tuner.runtime.library import Library
+
+    lib = Library.create_or_open(tmp_path / "empty")
+    tdt = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
+    m, n, k = shape
+    for layout in Layout:
+        for alpha, beta, given in ((1.0, 0.0, True), (0.5, 0.25, True), (1.0, 0.0, False)):
+            hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+            for _ in range(2):  # the first call of a key plans, the second is served
+                a = _stored(torch, m, k, layout.value[0] == "t", tdt[dtype])
+                b = _stored(torch, k, n, layout.value[1] == "t", tdt[dtype])
+                c0 = torch.randn(m, n, device="cuda").to(tdt[dtype])
+                c = c0.clone() if given else None
+                got = lib.gemm(a, b, c, alpha=alpha, beta=beta)
+                want = torch.addmm(c0, a, b, beta=beta, alpha=alpha) if given else a @ b
+                assert torch.equal(got, want), (layout, alpha, beta, given)
+            assert lib.fast.stats()["hits"] == hits + 1, (layout, alpha, beta, given)
+
+
 def test_a_side_stream_and_a_graph_of_cpp_calls(fast_on, tmp_path, compile_cache):
     torch = pytest.importorskip("torch")
     cfg = KernelConfig()
