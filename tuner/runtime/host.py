@@ -206,13 +206,8 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
         items = [(r0, r1, True) for r0, r1 in chunks]
         _stage_b(streams[0], B, dB, pB, len(chunks) > 1)
     else:
-        # the other half's chunks (GEMMs), each followed by a piece of the block's C
-        # coming down (no GEMM)
         top, slices = block
-        rest = [(top + r0, top + r1, True) for r0, r1 in plan_chunks(m - top, n, k, A.itemsize)]
-        size = rest[0][1] - rest[0][0]
-        out = [(r0, min(top, r0 + size), False) for r0 in range(0, top, size)]
-        items = [x for pair in itertools.zip_longest(rest, out) for x in pair if x]
+        items = _after_block(m, n, k, A.itemsize, top)
         dBlock = scratch.get(g, streams[0], "host C block", top * n * C.itemsize)
         block_done = _run_block(g, chunk_plan, A, B, dB, pB, dBlock, top, slices, alpha,
                                 streams[1], streams[2])
@@ -243,18 +238,8 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
                 driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dBlock + r0 * n * C.itemsize,
                             pc.nbytes, s)
             else:
-                dA = scratch.get(g, s, "host A", rows_max * k * A.itemsize)
-                if pinned_staging:
-                    pa = _view(_PINNED.get(g, f"A{t % STREAMS}", rows_max * k * A.itemsize),
-                               rows, k, A.dtype)
-                    copy_rows(pa, A[r0:r1])
-                    if beta != 0:
-                        copy_rows(pc, C[r0:r1])
-                else:
-                    pa = np.ascontiguousarray(A[r0:r1])
-                driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
-                if beta != 0:
-                    driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
+                dA = _chunk_up(g, s, t % STREAMS, A[r0:r1], C[r0:r1] if beta else None,
+                               rows_max, pc, dC, pinned_staging)
                 chunk_plan(rows).run(dA, dB, dC, alpha, beta, s, bias)
                 driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
             driver.call("cuEventRecord", slot.event, s)
@@ -268,6 +253,36 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
         driver.call("cuEventDestroy", b_ready)
         if block is not None:
             driver.call("cuEventDestroy", block_done)
+
+
+def _after_block(m: int, n: int, k: int, elem: int, top: int) -> list[tuple[int, int, bool]]:
+    """The pipeline's items after a first block of `top` rows: (r0, r1, GEMM?) of the other
+    rows' chunks, each followed by a piece of the block's rows whose C comes down (no
+    GEMM), as long as there are pieces."""
+    rest = [(top + r0, top + r1, True) for r0, r1 in plan_chunks(m - top, n, k, elem)]
+    size = rest[0][1] - rest[0][0]
+    out = [(r0, min(top, r0 + size), False) for r0 in range(0, top, size)]
+    return [x for pair in itertools.zip_longest(rest, out) for x in pair if x]
+
+
+def _chunk_up(g, s: int, slot: int, A: np.ndarray, C: np.ndarray | None, rows_max: int,
+              pc: np.ndarray, dC: int, pinned_staging: bool) -> int:
+    """A chunk's rows of A (and of C, where given: beta != 0) copied up on stream `s`,
+    through slot `slot`'s pinned buffers (C through `pc`) unless `pinned_staging` is off;
+    returns A's device buffer."""
+    rows, k = A.shape
+    dA = driver.scratch().get(g, s, "host A", rows_max * k * A.itemsize)
+    if pinned_staging:
+        pa = _view(_PINNED.get(g, f"A{slot}", rows_max * k * A.itemsize), rows, k, A.dtype)
+        copy_rows(pa, A)
+        if C is not None:
+            copy_rows(pc, C)
+    else:
+        pa = np.ascontiguousarray(A)
+    driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
+    if C is not None:
+        driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
+    return dA
 
 
 def _stage_b(stream: int, B: np.ndarray, dB: int, pB: np.ndarray | None, sliced: bool) -> None:
