@@ -2,7 +2,9 @@
 problems drawn at random each run: any input type (fp32 strict, tf32, 3xTF32, fp16, bf16),
 any layout, padded and misaligned rows, C of any type (given and poisoned, or allocated),
 alpha and beta, a bias of C's type or fp32, each activation, 2-D or strided batches with a
-shared operand, torch and cupy callers, first-use measuring on and off. No problem is one
+shared operand, torch and cupy callers, first-use measuring on, off or the library's
+default; each problem called twice, on fresh operands (the second call of a torch caller's
+key with no flags is served by the C++ path, tuner.runtime.fast). No problem is one
 the library was tuned for, so each call goes through the dispatch rule for shapes nobody
 listed: M-buckets, neighbouring entries, the estimate, cuBLAS and the epilogue after it.
 
@@ -56,7 +58,7 @@ class Problem:
     bias: str | None  # None, "out" (C's type) or "f32"
     act: str | None
     caller: str  # "torch" or "cupy"
-    measure: bool
+    measure: bool | None  # None: the library's default (the C++ path may serve the call)
 
 
 def _size(rng: random.Random) -> int:
@@ -89,7 +91,7 @@ def draw(rng: random.Random) -> Problem:
     beta = rng.choice((0.0, 0.0, 0.5)) if given_c else 0.0
     p = Problem(request, m, n, k, batch, shared, False, False, rng.choice((0, 0, 0, 1, 3, 8)),
                 rng.choice((0, 0, 0, 0, 1)), None, given_c, rng.choice((1.0, 1.0, 0.75)), beta,
-                None, None, caller, rng.random() < 0.6)
+                None, None, caller, rng.choice((True, True, False, None, None)))
     if rng.random() < 0.5:
         return p
     two_byte = request in ("fp16", "bf16")
@@ -188,31 +190,43 @@ def test_random_problems_through_the_committed_library(committed):
     seed = int(os.environ.get("GEMM_TUNE_FUZZ_SEED", "0")) or random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     failures, ran = [], {}
+    served = committed.fast.stats()["hits"] if committed.fast is not None else 0
     for i in range(PROBLEMS):
         p = draw(rng)
         committed.plans.clear()  # so that the one plan made below says what ran
-        try:
-            got, same, ref = run(torch, committed, p)
-        except Exception as e:  # noqa: BLE001: every drawn request is one the API serves
-            failures.append(f"#{i} {p}: {type(e).__name__}: {e}")
-            continue
-        plans = list(committed.plans.values())
-        ran[i] = (plans[0].choice.kernel or "cuBLAS") if len(plans) == 1 else "unmemoised"
-        norm = max(ref.norm().item(), error_floor(out_dtype(c_type(p)), ref.numel()))
-        err = (got.double() - ref).norm().item() / norm
-        wrong = []
-        if tuple(got.shape) != tuple(ref.shape) or got.dtype != getattr(torch, c_type(p)):
-            wrong.append(f"C is {tuple(got.shape)} {got.dtype}")
-        if got.isnan().any() and not ref.isnan().any():
-            wrong.append("C not fully written")
-        if not err <= gate(p):
-            wrong.append(f"error {err:.3g} > gate {gate(p):.3g}")
-        if not same:
-            wrong.append("the C passed in was not returned")
-        if wrong:
-            failures.append(f"#{i} {p} ran {ran[i]}: {'; '.join(wrong)}")
+        # twice, on fresh operands: the second call of a torch caller's key with no flags
+        # is the C++ path's (tuner.runtime.fast) where it serves the call
+        for call in (1, 2):
+            try:
+                got, same, ref = run(torch, committed, p)
+            except Exception as e:  # noqa: BLE001: every drawn request is one the API serves
+                failures.append(f"#{i} call {call} {p}: {type(e).__name__}: {e}")
+                break
+            plans = list(committed.plans.values())
+            ran[i] = (plans[0].choice.kernel or "cuBLAS") if len(plans) == 1 else "unmemoised"
+            wrong = _wrong(torch, p, got, same, ref, error_floor, out_dtype)
+            if wrong:
+                failures.append(f"#{i} call {call} {p} ran {ran[i]}: {'; '.join(wrong)}")
     what = collections.Counter(name.split("_")[1] if name.startswith("gemm_") else name
                                for name in ran.values())
-    print(f"seed {seed}: {PROBLEMS} problems, {len(failures)} failed; ran: "
+    served = (committed.fast.stats()["hits"] if committed.fast is not None else 0) - served
+    print(f"seed {seed}: {PROBLEMS} problems, each called twice, {len(failures)} failed; "
+          f"{served} calls served by the C++ path; ran: "
           + ", ".join(f"{n} {k}" for k, n in what.most_common()))
     assert not failures, f"seed {seed}:\n" + "\n".join(failures)
+
+
+def _wrong(torch, p: Problem, got, same: bool, ref, error_floor, out_dtype) -> list[str]:
+    """What is wrong with C as lib.gemm returned it for `p` (empty: nothing)."""
+    norm = max(ref.norm().item(), error_floor(out_dtype(c_type(p)), ref.numel()))
+    err = (got.double() - ref).norm().item() / norm
+    wrong = []
+    if tuple(got.shape) != tuple(ref.shape) or got.dtype != getattr(torch, c_type(p)):
+        wrong.append(f"C is {tuple(got.shape)} {got.dtype}")
+    if got.isnan().any() and not ref.isnan().any():
+        wrong.append("C not fully written")
+    if not err <= gate(p):
+        wrong.append(f"error {err:.3g} > gate {gate(p):.3g}")
+    if not same:
+        wrong.append("the C passed in was not returned")
+    return wrong
