@@ -11,8 +11,9 @@ no Python frame in between:
     at::cuda::blas::gemm calls them, on the handle's stream, workspace and math mode as
     torch sets them, wherever torch would call cuBLAS itself: cuBLAS preferred over
     cuBLASLt, TunableOp off, default reduced-precision settings, no deterministic mode),
-    which skips ATen's dispatch and checks (about a microsecond); anything else goes
-    through ATen (at::mm, at::addmm, at::linear) as the Python path calls it;
+    torch.mm's bits, ATen's dispatch and checks skipped (measured: no cheaper than
+    torch.mm's own call, cuBLAS's host work being most of it; bench/NOTES.md); anything
+    else goes through ATen (at::mm, at::addmm, at::linear) as the Python path calls it;
   - or the plan's kernel launches, recorded once: the plan's runner (the same one the tuner
     times: tuner.runtime.runners) is bound afresh and run inside driver.recording() with
     stand-in pointers and scalars (SENTINELS), which marks the parameter-block slots and
