@@ -27,6 +27,7 @@
 #   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file, and
 #             PostgreSQL where .pg-carry, from bench/postgres_carry.sh, was carried)
 #   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
+#   timeline  bench/host_timeline.py $TIMELINE_ARGS (the host pipeline's spans, a Gantt chart)
 #   grids     bench/search_quality.py --exhaustive over one family ($GRIDS: dtype:family
 #             pairs, default "fp16:wgmma 3xtf32:wgmma") at $GRID_SHAPE (default 4096^3): the
 #             records bench/simulate_search.py replays
@@ -133,6 +134,9 @@ PY
         pg=(--postgres "$GEMM_TUNE_PG_URL"); fi
       timeout ${STORAGE_TIMEOUT:-300} python3 bench/storage_overhead.py --out "$OUT" \
         --repeat ${STORAGE_REPEAT:-2} "${pg[@]}" 2>&1 | tail -15 ;;
+    timeline)
+      timeout ${TIMELINE_TIMEOUT:-180} python3 bench/host_timeline.py --out "$OUT" \
+        ${TIMELINE_ARGS:-} 2>&1 | tail -20 ;;
     host)
       timeout ${HOST_TIMEOUT:-240} python3 bench/host_overlap.py --out "$OUT" \
         ${HOST_SHAPES:+--shapes $HOST_SHAPES} ;;

@@ -27,6 +27,7 @@ class LateStreams:
         #: ranked: of the streams that may go on, the one of highest rank (drawn when the
         #: stream is made) always goes first, which drives one stream far ahead of others
         self.ranked, self.rank = ranked, {}
+        self.now, self.when = 0.0, {}  # a clock that each op run moves by 1 ms; event times
         self.keep = []  # every allocation, alive until the test ends
         self.queues: dict[int, deque] = {}
         self.events: dict[int, list[int]] = {}  # id -> [records queued, records run]
@@ -76,7 +77,14 @@ class LateStreams:
     def cuEventRecord(self, e, s):
         self.events[e][0] += 1
         gen = self.events[e][0]
-        self.queues[s].append(lambda: self.events[e].__setitem__(1, max(self.events[e][1], gen)))
+        def record():
+            self.events[e][1] = max(self.events[e][1], gen)
+            self.when[e] = self.now
+
+        self.queues[s].append(record)
+
+    def cuEventElapsedTime(self, start, end):
+        return self.when[end] - self.when[start]
 
     def cuStreamWaitEvent(self, s, e, flags):
         self.queues[s].append(("wait", e, self.events[e][0]))
@@ -100,6 +108,7 @@ class LateStreams:
         head = self.queues[pick].popleft()
         if not isinstance(head, tuple):
             head()
+            self.now += 1.0
 
 
 def _floats(ptr, count):
@@ -230,3 +239,61 @@ def test_block_rows_and_slices(m, n, k, elem):
     assert all(w % host.K_GRAIN == 0 for w in widths[:-1]) and 0 < widths[-1] <= widths[0]
     # at most BLOCK_STEP_BYTES of A and B staged a slice, unless one grain is more
     assert widths[0] == host.K_GRAIN or widths[0] * (n + top) * elem <= host.BLOCK_STEP_BYTES
+
+
+def test_the_timeline_bench_traces_every_copy_gemm_and_staging(late):
+    """bench/host_timeline.py on the late streams: a span for every copy up and down, every
+    GEMM and every staging copy, each on its lane, and C still right."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import host_timeline
+
+    m, n, k = 193, 48, 50
+    top, slices = host.plan_block(m, n, k, 4)
+    rest = host.plan_chunks(m - top, n, k, 4)
+    rng = np.random.default_rng()
+    A = rng.standard_normal((m, k), dtype=np.float32)
+    B = rng.standard_normal((k, n), dtype=np.float32)
+    C = np.full((m, n), np.nan, np.float32)
+    origin_stream = driver.call("cuStreamCreate", 1)
+    origin = driver.call("cuEventCreate", 0)
+    driver.call("cuEventRecord", origin, origin_stream)
+    driver.call("cuEventSynchronize", origin)
+    copy_rows = host.copy_rows
+    with host_timeline.instrumented(driver, host) as (spans, traced):
+        host.run_pipelined(types.SimpleNamespace(index=0),
+                           lambda rows, kk=None: traced(_Plan(late, rows, kk or k, n)),
+                           A, B, C, 1.0, 0.0, k_slices=True)
+    assert driver.call == late.call and host.copy_rows is copy_rows  # put back
+    spans = host_timeline.resolve(driver, spans, origin, 0.0)
+    ref = A.astype(np.float64) @ B
+    assert np.linalg.norm(C - ref) / np.linalg.norm(ref) <= 1e-6
+    count = lambda what: sum(s[1] == what for s in spans)  # noqa: E731
+    pieces = -(-top // (rest[0][1] - rest[0][0]))
+    assert count("GEMM") == len(slices) + len(rest)
+    assert count("H2D") == 2 * len(slices) + len(rest)
+    assert count("D2H") == len(rest) + pieces
+    assert count("staging") >= 2 * len(slices) + len(rest)
+    assert {s[0] for s in spans} <= {"CPU", "stream 0", "stream 1", "stream 2"}
+    assert all(0 <= s[2] <= s[3] for s in spans if s[0] != "CPU")
+    assert 0 < host_timeline.summary(spans)["gemm_share"] <= 1
+
+
+def test_the_timeline_summary_counts_overlaps_once_and_lists_gaps():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import host_timeline
+
+    spans = [("CPU", "staging", 0.0, 3.0, 1), ("stream 0", "H2D", 1.0, 2.0, 1),
+             ("stream 0", "GEMM", 2.0, 4.0, 0), ("stream 1", "GEMM", 3.0, 5.0, 0),
+             ("CPU", "staging", 5.5, 6.0, 1), ("stream 1", "GEMM", 7.0, 8.0, 0)]
+    s = host_timeline.summary(spans)
+    assert s["total_ms"] == 8.0
+    assert s["busy_ms"]["stream 0 GEMM"] == 2.0 and s["busy_ms"]["stream 1 GEMM"] == 3.0
+    assert s["gemm_share"] == 4.0 / 8.0  # [2, 5] and [7, 8]
+    assert s["gaps"] == [dict(start_ms=0.0, ms=2.0, cpu_busy_ms=2.0),
+                         dict(start_ms=5.0, ms=2.0, cpu_busy_ms=0.5)]
