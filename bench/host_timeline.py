@@ -34,8 +34,8 @@ GAP_MS = 0.5
 
 @contextlib.contextmanager
 def instrumented(driver, host):
-    """Within: the pipeline's copies and staging record spans. Yields (spans, gemm) where
-    `gemm(plan)` wraps a plan so that its run records a span too; `spans` is filled as
+    """Within: the pipeline's copies and staging record spans. Yields (spans, Traced):
+    `Traced(plan)` wraps a plan so that its run records a span too; `spans` is filled as
     (lane, what, start event or host time, end, bytes) and resolved by `resolve`."""
     spans = []
     call, copy_rows = driver.call, host.copy_rows

@@ -241,14 +241,22 @@ def test_block_rows_and_slices(m, n, k, elem):
     assert widths[0] == host.K_GRAIN or widths[0] * (n + top) * elem <= host.BLOCK_STEP_BYTES
 
 
-def test_the_timeline_bench_traces_every_copy_gemm_and_staging(late):
-    """bench/host_timeline.py on the late streams: a span for every copy up and down, every
-    GEMM and every staging copy, each on its lane, and C still right."""
+def _host_timeline():
+    """bench/host_timeline.py, imported from the bench folder."""
+    import importlib
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import host_timeline
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("host_timeline")
+
+
+def test_the_timeline_bench_traces_every_copy_gemm_and_staging(late):
+    """bench/host_timeline.py on the late streams: a span for every copy up and down, every
+    GEMM and every staging copy, each on its lane, and C still right."""
+    host_timeline = _host_timeline()
 
     m, n, k = 193, 48, 50
     top, slices = host.plan_block(m, n, k, 4)
@@ -282,11 +290,7 @@ def test_the_timeline_bench_traces_every_copy_gemm_and_staging(late):
 
 
 def test_the_timeline_summary_counts_overlaps_once_and_lists_gaps():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import host_timeline
+    host_timeline = _host_timeline()
 
     spans = [("CPU", "staging", 0.0, 3.0, 1), ("stream 0", "H2D", 1.0, 2.0, 1),
              ("stream 0", "GEMM", 2.0, 4.0, 0), ("stream 1", "GEMM", 3.0, 5.0, 0),
