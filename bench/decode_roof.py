@@ -51,6 +51,8 @@ from codegen.check import check  # noqa: E402
 from codegen.errors import UsageError  # noqa: E402
 from codegen.families._common import DType, Layout, Variant, cdiv  # noqa: E402
 from codegen.families.decode import DecodeConfig, problem_reasons  # noqa: E402
+from codegen.families.wgmma import SPLITS as WGMMA_SPLITS, WgmmaConfig, check_wgmma  # noqa: E402
+from codegen.families.wgmma import problem_reasons as wgmma_reasons  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 14336), (16, 14336, 4096),
           (1, 8192, 28672)]
@@ -99,7 +101,27 @@ def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90")
             if not check(c, arch) and not problem_reasons(c, shape, arch) and \
                     c.split <= cdiv(shape[2], c.bk):
                 out.append(c)
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out + wgmma_candidates(shape, dtype, variant, arch)))
+
+
+def wgmma_candidates(shape, dtype: DType, variant: Variant, arch: str = "sm_90") -> list:
+    """The wgmma family's split-K kernels for a skinny M: a 64-row tile (TMA zero-fills the
+    rows past M, which cost no DRAM traffic), one consumer, BN of 64-256, as many stages as
+    fit, persistent or a block per slice, and the splits that bring the work items to
+    between half and twice the SMs."""
+    m, n, k = shape
+    out = []
+    for bn, stages, persistent in ((bn, st, p) for bn in (64, 128, 256) for st in (4, 6, 8)
+                                   for p in (0, 1)):
+        tiles = cdiv(m, 64) * cdiv(n, bn)
+        for split in (s for s in WGMMA_SPLITS if SMS // 2 <= tiles * s <= 2 * SMS
+                      and s <= cdiv(k, 64)):
+            c = variant.apply(WgmmaConfig(bm=64, bn=bn, consumers=1, stages=stages,
+                                          persistent=persistent, group=1, split=split,
+                                          dtype=dtype))
+            if not check_wgmma(c, arch) and not wgmma_reasons(c, shape):
+                out.append(c)
+    return out
 
 
 def _tdt(torch, dtype: DType):

@@ -12,7 +12,8 @@ Beside the plain fp32 entries of _library.build (BIG, SMALL), it holds:
   - bf16 NT, bf16 C, bias + GELU (WMMA);
   - bf16 NN, bf16 C, SiLU through the TMA-store epilogue (C's map in bf16, swizzled 64B;
     N a multiple of 8), and fp16 TT, fp16 C, fp32 bias through it with a cluster of 2;
-  - fp16 TN (plain epilogue) with a cluster of 2: column-major A as TMA boxes of M.
+  - fp16 TN (plain epilogue) with a cluster of 2: column-major A as TMA boxes of M;
+  - fp16 NT, fp16 C, wgmma split-K summed by the last slice (batch 1 and 3).
 """
 
 import dataclasses
@@ -69,6 +70,10 @@ def kernels() -> dict:
             [((1024, 1024, 1024), 2, 450.0)]),
         "wgmma_tn_f16": (dataclasses.replace(_W128, layout=Layout.TN),
                          [((2048, 2048, 2048), 1, 590.0)]),
+        # split-K by the last slice: a workspace and tile tickets per problem
+        "wgmma_nt_f16_split": (
+            WgmmaConfig.from_name("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16"),
+            [((16, 4096, 4096), 1, 40.0), ((64, 1024, 4096), 3, 30.0)]),
     }
 
 

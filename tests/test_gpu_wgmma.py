@@ -372,6 +372,15 @@ BATCH_VARIANTS = [
     FP32_VARIANTS[len(PRESPLIT_VARIANTS)],  # the tf32 pre-pass, TN
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
 ]
+#: split-K (the last slice of a tile sums them): each layout, C type, one and two consumers,
+#: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones)
+SPLITK_VARIANTS = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16",
+    "gemm_wgmma_bf16_64x64x64_c1_s4_x1_p0_g1_k16l_obf16_bias_silu",
+    "gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_k2l_tn_biasf32_gelu",
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_k8l_tt",
+    "gemm_wgmma_f16_64x256x64_c1_s4_x1_p0_g8_k4l_nt_of16_bias_gelut",
+)]
 #: odd shapes TMA takes (leading dimensions padded): M = 1, M and N below a tile, prime K
 REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
 #: the TMA store: N a whole number of 16 bytes of C
@@ -384,7 +393,8 @@ def compiled_variants(compile_cache):
 
     from codegen import compile_many
 
-    cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + FP32_VARIANTS + BATCH_VARIANTS))
+    cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + FP32_VARIANTS + BATCH_VARIANTS
+                              + SPLITK_VARIANTS))
     out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
     failed = {c.name: r.error for c, r in out.items() if not r.ok}
     assert not failed, failed
@@ -407,6 +417,18 @@ def test_each_layout_c_type_and_epilogue_through_tma_stores(cfg, compiled_varian
 def test_fp32_data_in_its_layouts(cfg, compiled_variants):
     for i, shape in enumerate(TS_SHAPES if cfg.store else REG_SHAPES):
         _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", SPLITK_VARIANTS, ids=lambda c: c.name)
+def test_split_k_slices_summed_by_the_last(cfg, compiled_variants):
+    """Odd shapes and a deep K (slices of unequal k-tiles, and empty ones where K has fewer
+    k-tiles than slices), beta on and off, then a batch of 3 with B shared; launched twice,
+    so the tile tickets must have been left at zero; the same bits from both launches."""
+    for i, shape in enumerate(REG_SHAPES + [(16, 4096, 4160)]):
+        errs = {_check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2],
+                               seed=i) for _ in range(2)}
+        assert len(errs) == 1, (cfg.name, shape, errs)
+    _check_variant(cfg, compiled_variants[cfg], (33, 200, 1000), batch=3, shared="b", seed=9)
 
 
 @pytest.mark.parametrize("cfg", BATCH_VARIANTS, ids=lambda c: c.name)

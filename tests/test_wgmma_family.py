@@ -1819,3 +1819,107 @@ def test_presplit_sass_multiplies_tma_tiles_without_converting(compiled_presplit
         for op in ("LDS", "STL", "LDL", "BAR.RED") + (() if c.store else ("STS",)):
             assert not re.search(rf"\b{op}\b", main), (c.name, op)
         assert "HGMMA" not in prep and "STG" in prep, c.name
+
+
+# ---- split-K (split > 1): slices of a tile's k-tiles, summed by the last --------------------
+SPLIT_GOLDEN = WgmmaConfig.from_name("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16")
+
+
+def test_split_k_name_geometry_and_reasons():
+    """A split config names its slices (``_k<split>l``), launches a block per slice (or the
+    SMs' worth, persistent), and asks a workspace of split x M x N floats and a counter per
+    tile of each problem; it needs fp16 / bf16, the register epilogue, no cluster and no
+    ping-pong, and the search rejects splits a shape does not need or cannot fill."""
+    from codegen.arch import parse_arch
+    from codegen.families._common import shape_reasons
+
+    c = SPLIT_GOLDEN
+    assert (c.split, c.last, c.has_workspace, c.reduce_pass) == (4, True, True, False)
+    assert WgmmaConfig.from_name(c.name) == c and DEFAULT_WGMMA.split == 1
+    assert "_k" not in DEFAULT_WGMMA.name and not DEFAULT_WGMMA.has_workspace
+    assert c.tiles(16, 4096) == 32 and c.grid(16, 4096, 132) == (128, 1, 1)
+    assert c.grid(16, 8192, 132) == (132, 1, 1)  # persistent: at most the SMs
+    assert dataclasses.replace(c, persistent=0).grid(16, 8192, 132) == (256, 1, 1)
+    assert c.workspace_floats(16, 4096, batch=3) == 3 * 4 * 16 * 4096
+    assert c.ticket_count(16, 4096, batch=3) == 3 * 32
+    assert (DEFAULT_WGMMA.workspace_floats(16, 4096), DEFAULT_WGMMA.ticket_count(16, 4096)) == (0, 0)
+    assert check_wgmma(dataclasses.replace(c, split=3), "sm_90") == [
+        "split-K 3 is not one of 1, 2, 4, 8, 16"]
+    why = check_wgmma(WgmmaConfig(split=2, store=1, cluster=2), "sm_90")
+    assert why == ["split-K 2 needs the register epilogue (it has store=1), no cluster "
+                   "(it has cluster=2)"], why
+    assert check_wgmma(WgmmaConfig(bm=128, bn=128, split=2, pingpong=1), "sm_90") == [
+        "split-K 2 needs no ping-pong (it has pingpong=1)"]
+    tf32 = WgmmaConfig(dtype=DType.TF32, bk=32, bm=128, bn=128, stages=3, split=2, prep=1)
+    assert check_wgmma(tf32, "sm_90") == ["split-K 2 needs fp16 or bf16 data (it has tf32)"]
+    a = parse_arch("sm_90")
+    assert shape_reasons(c, (4096, 4096, 4096), a) == [
+        "split-K 4 is not needed: 2048 tiles already cover the 132 SMs"]
+    assert shape_reasons(c, (16, 4096, 192), a) == ["split-K 4 exceeds the 3 K tiles"]
+
+
+def test_split_k_is_searched_only_where_tiles_leave_sms_idle():
+    """The trial asks ``wgmma_split`` only where the point's tiles of C are fewer than the
+    SMs (fp16 / bf16); params_of gives back what suggest made; the grid has split variants
+    at a decode shape and none at 4096^3."""
+    import optuna
+
+    from codegen.arch import parse_arch
+    from codegen.families.wgmma import params_of, suggest, valid_configs
+
+    a = parse_arch("sm_90")
+    fixed = {f"wgmma_{k}": v for k, v in dict(bm=64, bn=128, stages=6, consumers=1, cluster=1,
+                                               persistent=1, group=1, store=0).items()}
+    for shape, asked in (((16, 4096, 4096), True), ((4096, 4096, 4096), False)):
+        trial = optuna.trial.FixedTrial({**fixed, "wgmma_split": 4})
+        c = suggest(trial, DType.F16, shape, a)
+        assert c.split == (4 if asked else 1), shape
+        assert ("wgmma_split" in params_of(c, shape, a)) is asked
+        assert suggest(optuna.trial.FixedTrial(params_of(c, shape, a)), DType.F16, shape, a) == c
+    decode = {c.split for c in valid_configs(a, DType.F16, (16, 4096, 4096))}
+    assert decode == {1, 2, 4, 8, 16}
+    assert all(c.split == 1 for c in valid_configs(a, DType.TF32, (16, 4096, 4096)))
+
+
+def test_split_k_golden_source():
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    rendered_as_golden(SPLIT_GOLDEN)
+
+
+def test_split_k_source_and_runner_arguments(monkeypatch):
+    """The kernel takes the workspace and the tickets after the scalars; the runner passes a
+    per-stream workspace of split x M x N floats and zeroed tickets, a counter per tile."""
+    import types
+
+    from tuner.runtime import driver, runners, tma
+    from tuner.runtime.runners import TmaRunner
+
+    src = render(SPLIT_GOLDEN)
+    assert ("int batch, int maps3, long long sC,\n    float* __restrict__ Wk, unsigned* "
+            "__restrict__ tickets)") in src
+    assert "constexpr int KSPLIT = 4;" in src and "atomicAdd(&tickets[tile], 1u)" in src
+    assert "KSPLIT" not in render(DEFAULT_WGMMA) and "Wk" not in render(DEFAULT_WGMMA)
+    asked = []
+
+    class _Scratch:
+        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+            asked.append((purpose, nbytes, zero))
+            return 0x100000 * len(asked)
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", _Image)
+    monkeypatch.setattr(driver, "scratch", lambda: _Scratch())
+    monkeypatch.setattr(tma, "encode", lambda args: object())
+    packed = []
+    r = TmaRunner(SPLIT_GOLDEN, b"")
+    assert r.signature == TmaRunner.SIGNATURE + "PP"
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    run = r.bind(g, 16, 4096, 4096, 4096, 4096, 4096)
+    monkeypatch.setattr(runners._MapParams, "pack",
+                        lambda self, maps, *scalars: packed.append(scalars) or 0)
+    run(0x1000, 0x2000, 0x3000, 1.0, 0.0, 7)
+    assert asked == [("split-K workspace", 4 * 16 * 4096 * 4, False),
+                     ("split-K tickets", 32 * 4, True)]
+    assert packed[-1][-2:] == (0x100000, 0x200000)
+    assert r.main.launches == [("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16",
+                                (128, 1, 1), (256, 1, 1))]

@@ -62,6 +62,7 @@ from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
     EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, epilogue_values,
+    shape_reasons as split_reasons, wants_split,
 )
 from codegen.families._common import Serial as _Serial
 
@@ -123,6 +124,10 @@ TF32_SPACE: dict[str, tuple] = {
 }
 
 
+#: split-K's slices (1: none); the search asks them only where the tiles leave SMs idle
+SPLITS = (1, 2, 4, 8, 16)
+
+
 def _up(x: int, to: int) -> int:
     return -(-x // to) * to
 
@@ -159,6 +164,13 @@ class WgmmaConfig(_Serial, Named):
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
             runs on while the next slice is written and the next tile's wgmmas run (C must
             then meet TMA's 16-byte rules: :func:`c_tma_reasons`).
+        split: split-K: the K tiles of each tile of C are cut into `split` slices
+            (whole k-tiles, as even as they divide), each a work item of its own; a slice's
+            partial tile goes to a workspace W[split][M][N] (fp32) and the last of the
+            tile's slices to finish (a ticket per tile) sums them in order z = 0..split-1
+            and runs the epilogue (fp16 / bf16, register epilogue, no cluster, no
+            ping-pong). For shapes whose tiles of C alone leave SMs idle: decode-like M
+            (a 64-row tile, B streamed once by TMA) and short, wide K.
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
@@ -172,7 +184,8 @@ class WgmmaConfig(_Serial, Named):
     plus ``_pp`` for ping-pong consumers, ``_pre`` for the pre-pass, ``_ts`` for the TMA-store
     epilogue and ``_t3`` for 3xTF32
     (``gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp``, ``gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3``;
-    pre-split 3xTF32: ``gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3``).
+    pre-split 3xTF32: ``gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3``), and ``_k<split>l`` for
+    split-K summed by the last slice (``gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l``).
 
     Example:
         >>> WgmmaConfig().name
@@ -192,6 +205,7 @@ class WgmmaConfig(_Serial, Named):
     pingpong: int = 0
     prep: int = 0
     store: int = 0
+    split: int = 1
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
     out: DType = DType.F32
@@ -202,7 +216,7 @@ class WgmmaConfig(_Serial, Named):
     #: the procedural name, encoding every field (``Named`` writes and reads it); the
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
-                "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}]"
+                "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}][_k{split}l]"
                 + EPILOGUE_NAME, pingpong=FLAG, prep=FLAG, store=FLAG, **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
@@ -413,7 +427,7 @@ class WgmmaConfig(_Serial, Named):
             BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
             NC=128 * self.consumers, STORE=self.store, C_SLICE=C_SLICE,
             C_OFF=self.stages * self.stage_bytes, C_BUF_BYTES=self.c_buf_bytes,
-            C_BYTES=self.c_bytes,
+            C_BYTES=self.c_bytes, KSPLIT=self.split,
         )
 
     # ---- launch geometry ------------------------------------------------------
@@ -424,9 +438,10 @@ class WgmmaConfig(_Serial, Named):
         return -(-tiles_m // self.cluster) * -(-n // self.bn) * batch
 
     def grid(self, m: int, n: int, sms: int = 132, batch: int = 1) -> tuple[int, int, int]:
-        """Blocks along x: a cluster per tile of the whole batch, or (persistent) at most
-        sms // cluster clusters, which stride over the batch's tiles."""
-        clusters = self.tiles(m, n, batch)
+        """Blocks along x: a cluster per work item (a tile of the whole batch, or with
+        split-K a slice of one), or (persistent) at most sms // cluster clusters, which
+        stride over the work items."""
+        clusters = self.tiles(m, n, batch) * self.split
         if self.persistent:
             clusters = max(1, min(clusters, sms // self.cluster))
         return clusters * self.cluster, 1, 1
@@ -504,15 +519,27 @@ class WgmmaConfig(_Serial, Named):
         a_blocks = -(-m // 32) * tk
         return a_blocks + tk * -(-n // 32), a_blocks
 
-    # The launch interface shared with the other families.
-    split = 1
-    last = reduce_pass = has_workspace = False
+    # ---- split-K: the launch interface shared with the other families ------------------
+    #: the slices of a tile are summed by the last one to finish (one launch; no reduce pass)
+    reduce = "last"
+    reduce_pass = False
 
-    def workspace_floats(self, m: int, n: int) -> int:
-        return 0
+    @property
+    def last(self) -> bool:
+        """Split-K summed by the last slice of each tile (workspace + tickets)."""
+        return self.split > 1
 
-    def ticket_count(self, m: int, n: int) -> int:
-        return 0
+    @property
+    def has_workspace(self) -> bool:
+        return self.split > 1
+
+    def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
+        """The partial tiles: W[batch][split][M][N] floats (0 without split-K)."""
+        return batch * self.split * m * n if self.split > 1 else 0
+
+    def ticket_count(self, m: int, n: int, batch: int = 1) -> int:
+        """A counter per tile of C of each problem (0 without split-K)."""
+        return self.tiles(m, n, batch) if self.split > 1 else 0
 
 
 DEFAULT_WGMMA = WgmmaConfig()
@@ -612,6 +639,16 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
             ("fp16 or bf16 data", not c.fp32_data, c.dtype.short)) if not ok]
         if need:
             why.append("pingpong=1 needs " + ", ".join(need))
+    if c.split not in SPLITS:
+        why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
+    elif c.split > 1:
+        need = [f"{what} (it has {have})" for what, ok, have in (
+            ("fp16 or bf16 data", not c.fp32_data, c.dtype.short),
+            ("the register epilogue", not c.store, "store=1"),
+            ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
+            ("no ping-pong", not c.pingpong, "pingpong=1")) if not ok]
+        if need:
+            why.append(f"split-K {c.split} needs " + ", ".join(need))
     if c.group < 1:
         why.append(f"raster group {c.group} must be at least 1")
     if not 1 <= c.stages <= 8:
@@ -839,15 +876,29 @@ def _point(dtype: DType, **params) -> WgmmaConfig:
                        **params)
 
 
+def _splits_wanted(c: WgmmaConfig, shape, arch: ArchLimits | None) -> bool:
+    """Is split-K searched for this point? fp16 / bf16, and only where its tiles of C leave
+    SMs idle (the rule every family's split-K follows)."""
+    return (shape is not None and arch is not None and not c.fp32_data
+            and wants_split(c, shape, arch))
+
+
 def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
-    """Ask a trial (anything with Optuna's suggest_categorical) for one point."""
-    return _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", values)
-                            for k, values in _searched(dtype).items()})
+    """Ask a trial (anything with Optuna's suggest_categorical) for one point; split-K
+    ("wgmma_split") only where it can help."""
+    c = _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", values)
+                         for k, values in _searched(dtype).items()})
+    if _splits_wanted(c, shape, arch):
+        c = dataclasses.replace(c, split=trial.suggest_categorical("wgmma_split", SPLITS))
+    return c
 
 
 def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config`."""
-    return {f"wgmma_{k}": getattr(config, k) for k in _searched(config.dtype)}
+    p = {f"wgmma_{k}": getattr(config, k) for k in _searched(config.dtype)}
+    if _splits_wanted(config, shape, arch):
+        p["wgmma_split"] = config.split
+    return p
 
 
 def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) -> list[str]:
@@ -874,16 +925,20 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
 
 
 def valid_configs(arch, dtype: DType, shape=None):
-    """Every searched point that `check_wgmma` (and, given a shape, `problem_reasons`)
-    accepts for `arch`, in grid order."""
+    """Every searched point that `check_wgmma` (and, given a shape, `problem_reasons` and
+    the split-K rules) accepts for `arch`, in grid order; split-K variants where the shape's
+    tiles leave SMs idle."""
     import itertools
 
     arch = parse_arch(arch)
     space = _searched(dtype)
     for vals in itertools.product(*space.values()):
-        c = _point(dtype, **dict(zip(space, vals)))
-        if not check_wgmma(c, arch) and (shape is None or not problem_reasons(c, shape, arch)):
-            yield c
+        base = _point(dtype, **dict(zip(space, vals)))
+        for split in SPLITS if _splits_wanted(base, shape, arch) else (1,):
+            c = dataclasses.replace(base, split=split)
+            if not check_wgmma(c, arch) and (shape is None or not (
+                    problem_reasons(c, shape, arch) or split_reasons(c, shape, arch))):
+                yield c
 
 
 def _default(dtype: DType) -> WgmmaConfig:

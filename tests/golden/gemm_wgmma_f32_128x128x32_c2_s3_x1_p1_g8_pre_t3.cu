@@ -386,6 +386,12 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
     const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
+    const int num_items = num_tiles;
+    auto item = [&](int t, int& tile, int& kt0, int& kt1) {
+        tile = t;
+        kt0 = 0;
+        kt1 = k_tiles;
+    };
     const uint32_t rank = 0;
     const int cluster_id = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
 
@@ -406,11 +412,12 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
         if (tid == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int t = cluster_id; t < num_tiles; t += clusters) {
-                int bt, ctm, tn;
-                tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            for (int t = cluster_id; t < num_items; t += clusters) {
+                int tile, kt0, kt1, bt, ctm, tn;
+                item(t, tile, kt0, kt1);
+                tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
                 const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = kt0; kt < kt1; ++kt) {
                     mbar_wait(empty(stage), phase ^ 1);  // consumers of every block are done with it
                     const uint32_t bar = full(stage);
                     mbar_arrive_expect_tx(bar, STAGE_BYTES);
@@ -447,10 +454,11 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
             }
         };
 
-        for (int t = cluster_id; t < num_tiles; t += clusters) {
+        for (int t = cluster_id; t < num_items; t += clusters) {
             const int row0 = consumer * WM;  // this consumer's rows of the tile
-            int bt, ctm, tn;
-            tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            int tile, kt0, kt1, bt, ctm, tn;
+            item(t, tile, kt0, kt1);
+            tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
             OutT* const Cb = C + static_cast<long long>(bt) * sC;  // this problem's C
 #pragma unroll

@@ -331,6 +331,12 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
     const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
+    const int num_items = num_tiles;
+    auto item = [&](int t, int& tile, int& kt0, int& kt1) {
+        tile = t;
+        kt0 = 0;
+        kt1 = k_tiles;
+    };
     const uint32_t rank = 0;
     const int cluster_id = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
 
@@ -351,11 +357,12 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
         if (tid == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int t = cluster_id; t < num_tiles; t += clusters) {
-                int bt, ctm, tn;
-                tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            for (int t = cluster_id; t < num_items; t += clusters) {
+                int tile, kt0, kt1, bt, ctm, tn;
+                item(t, tile, kt0, kt1);
+                tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
                 const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = kt0; kt < kt1; ++kt) {
                     mbar_wait(empty(stage), phase ^ 1);  // consumers of every block are done with it
                     const uint32_t bar = full(stage);
                     mbar_arrive_expect_tx(bar, STAGE_BYTES);
@@ -387,10 +394,11 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
             }
         };
 
-        for (int t = cluster_id; t < num_tiles; t += clusters) {
+        for (int t = cluster_id; t < num_items; t += clusters) {
             const int row0 = consumer * WM;  // this consumer's rows of the tile
-            int bt, ctm, tn;
-            tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            int tile, kt0, kt1, bt, ctm, tn;
+            item(t, tile, kt0, kt1);
+            tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
             OutT* const Cb = C + static_cast<long long>(bt) * sC;  // this problem's C
 #pragma unroll
@@ -401,7 +409,7 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
                 fence_acc(acc[i]);
             }
             int previous = -1;
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            for (int kt = kt0; kt < kt1; ++kt) {
                 mbar_wait(full(stage), phase);
                 const uint32_t a_tile = base + stage * STAGE_BYTES + row0 * 128;
                 const uint32_t b_tile = base + stage * STAGE_BYTES + A_STAGE_BYTES;
@@ -427,7 +435,8 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i)
                 fence_acc(acc[i]);
-            release(previous);
+            if (previous >= 0)  // (a split-K slice of no k-tiles had none)
+                release(previous);
 
             // Epilogue: C = act(alpha * acc + beta * C + bias), rounded to C's type; rows >= M
             // and columns >= N never touched, C not read when beta == 0. Accumulator j of

@@ -151,12 +151,14 @@ class TmaRunner(Runner):
     #: they were before the epilogue and the batch)
     SIGNATURE = "iiiffPiPiiL"
     SPLIT_SIGNATURE = SIGNATURE + "PiL"  # pre-split 3xTF32: then W ldw sW (its copies)
+    SPLIT_K_SIGNATURE = SIGNATURE + "PP"  # split-K: then the workspace and the tile tickets
     PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
     MAPS_PER_PLAN = 16  # pointer sets whose tensor maps a plan keeps
 
     def __init__(self, config, cubin: bytes):
         super().__init__(config, cubin)
-        self.signature = self.SPLIT_SIGNATURE if config.presplit else self.SIGNATURE
+        self.signature = (self.SPLIT_SIGNATURE if config.presplit else
+                          self.SPLIT_K_SIGNATURE if config.has_workspace else self.SIGNATURE)
         self.prep = (driver.KernelImage(self.library, f"{config.name}_prep", 0)
                      if config.prep else None)
 
@@ -239,6 +241,19 @@ class TmaRunner(Runner):
                     tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, *b_dims, ldb, *boxes["B"],
                                                    batch=b_batch, batch_stride=sb)),
                     *c_map(c))
+
+        if cfg.has_workspace:  # split-K: the partial tiles and a counter per tile, per stream
+            scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n, batch) * 4
+            tbytes = cfg.ticket_count(m, n, batch) * 4
+
+            def run(a, b, c, alpha, beta, stream, bias=0):
+                mps = maps.get((a, b)) or remember((a, b), make_maps(a, b, c))
+                w = scratch.get(g, stream, "split-K workspace", wbytes,
+                                allocate_captured=allocate_captured)
+                tickets = scratch.get(g, stream, "split-K tickets", tbytes, zero=True,
+                                      allocate_captured=allocate_captured)
+                launch(stream, packed(mps, alpha, beta, c, bias, maps3, w, tickets))
+            return run
 
         def run(a, b, c, alpha, beta, stream, bias=0):
             key = (a, b, c) if cfg.store else (a, b)
