@@ -1,6 +1,7 @@
 """GPU: the C++ call path (tuner.runtime.fast) serves repeated torch calls as the Python path
 would. A library holds one exact entry of a kernel of each runner form: a plain launch,
-split-K with a reduce pass, split-K summed by the last block (tile tickets), WMMA, wgmma
+split-K with a reduce pass, split-K summed by the last block (tile tickets; the decode and
+wgmma families), WMMA, wgmma
 with TMA maps, a cluster, the TMA-store epilogue, a bias epilogue, the decode family; and
 an empty library (cuBLAS through ATen). The first call of a key takes the Python path and
 offers its plan; the later ones, with fresh operands at new addresses, other alpha and
@@ -35,6 +36,7 @@ CASES = [
     (config_from_name("gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts"), SHAPE),
     (Variant(Layout.NT, DType.F16, "out", "none").apply(DEFAULT_WGMMA), SHAPE),
     (config_from_name("gemm_decode_f16_mma16x32_w8x1_v8_s2_k2l_of16"), (16, 392, 1024)),
+    (config_from_name("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16"), (16, 392, 1024)),
 ]
 
 
