@@ -785,20 +785,30 @@ def test_the_bench_times_valid_candidates_of_each_shape():
     bench = _bench()
     assert bench.SHAPES == [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 14336),
                             (16, 14336, 4096), (1, 8192, 28672)]
+    from codegen.families import wgmma
+
     for shape in bench.SHAPES:
         for epilogue in (False, True):
-            cs = bench.candidates(shape, DType.BF16, epilogue)
-            assert len(cs) >= 10, shape
+            every = bench.candidates(shape, DType.BF16, epilogue)
+            cs = [c for c in every if isinstance(c, DecodeConfig)]
+            tc = [c for c in every if isinstance(c, wgmma.WgmmaConfig)]
+            assert len(cs) >= 10 and len(tc) >= 10 and len(cs) + len(tc) == len(every), shape
             assert all(not check(c, ARCH) and not problem_reasons(c, shape, ARCH) for c in cs)
-            assert {Variant.of(c) for c in cs} == {Variant(
+            # the wgmma family's: a 64-row tile, split-K (where the tiles alone leave SMs
+            # idle) bringing the work items to 66-264
+            assert all(not wgmma.check_wgmma(c, ARCH) and not wgmma.problem_reasons(c, shape)
+                       and c.bm == 64 and (c.split == 1 or c.tiles(*shape[:2]) < 132)
+                       and 66 <= c.tiles(*shape[:2]) * c.split <= 264 for c in tc)
+            assert {Variant.of(c) for c in every} == {Variant(
                 Layout.NT, DType.BF16, *(("out", "gelu") if epilogue else ("none", "none")))}
     # M = 1: the FMA path and the smallest mma tile; split-K by the last block where the
     # panels leave SMs idle (4096 columns: 128 panels of 32), none where they do not
     # (14336 columns: 448 panels of 32, 112 of 128)
-    one = bench.candidates((1, 4096, 4096), DType.F16)
+    one = [c for c in bench.candidates((1, 4096, 4096), DType.F16) if isinstance(c, DecodeConfig)]
     assert {(c.math, c.mt) for c in one} == {("fma", 1), ("mma", 16)}
     assert {c.reduce for c in one if c.split > 1} == {"last", "pass"}
-    wide = bench.candidates((16, 14336, 4096), DType.F16)
+    wide = [c for c in bench.candidates((16, 14336, 4096), DType.F16)
+            if isinstance(c, DecodeConfig)]
     assert {c.split for c in wide if c.bn == 32} == {1}
     assert {c.split for c in wide if c.bn == 128} == {1, 2, 4}
 
