@@ -1858,16 +1858,23 @@ def test_split_k_name_geometry_and_reasons():
     assert shape_reasons(c, (16, 4096, 192), a) == ["split-K 4 exceeds the 3 K tiles"]
 
 
-def test_split_k_is_searched_only_where_tiles_leave_sms_idle():
-    """The trial asks ``wgmma_split`` only where the point's tiles of C are fewer than the
-    SMs (fp16 / bf16); params_of gives back what suggest made; the grid has split variants
-    at a decode shape and none at 4096^3."""
+def test_split_k_is_searched_only_where_tiles_leave_sms_idle(monkeypatch):
+    """With splits to search, the trial asks ``wgmma_split`` only where the point's tiles of
+    C are fewer than the SMs (fp16 / bf16); params_of gives back what suggest made; the grid
+    has split variants at a decode shape and none at 4096^3. Without (SEARCH_SPLITS = (1,),
+    until the GPU has run split-K), nothing asks it."""
     import optuna
 
     from codegen.arch import parse_arch
-    from codegen.families.wgmma import params_of, suggest, valid_configs
+    from codegen.families import wgmma
+    from codegen.families.wgmma import SPLITS, params_of, suggest, valid_configs
 
     a = parse_arch("sm_90")
+    if wgmma.SEARCH_SPLITS == (1,):
+        assert all(c.split == 1 for c in valid_configs(a, DType.F16, (16, 4096, 4096)))
+        assert "wgmma_split" not in params_of(SPLIT_GOLDEN, (16, 4096, 4096), a)
+    monkeypatch.setattr(wgmma, "SEARCH_SPLITS", SPLITS)
+
     fixed = {f"wgmma_{k}": v for k, v in dict(bm=64, bn=128, stages=6, consumers=1, cluster=1,
                                                persistent=1, group=1, store=0).items()}
     for shape, asked in (((16, 4096, 4096), True), ((4096, 4096, 4096), False)):

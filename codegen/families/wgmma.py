@@ -124,8 +124,11 @@ TF32_SPACE: dict[str, tuple] = {
 }
 
 
-#: split-K's slices (1: none); the search asks them only where the tiles leave SMs idle
+#: split-K's slices (1: none), all buildable and CPU-tested
 SPLITS = (1, 2, 4, 8, 16)
+#: the splits the search asks for, only where a point's tiles leave SMs idle: none more than
+#: 1 until split-K has run on a GPU (bench/NOTES.md, sixteenth session)
+SEARCH_SPLITS: tuple[int, ...] = (1,)
 
 
 def _up(x: int, to: int) -> int:
@@ -877,10 +880,11 @@ def _point(dtype: DType, **params) -> WgmmaConfig:
 
 
 def _splits_wanted(c: WgmmaConfig, shape, arch: ArchLimits | None) -> bool:
-    """Is split-K searched for this point? fp16 / bf16, and only where its tiles of C leave
-    SMs idle (the rule every family's split-K follows)."""
-    return (shape is not None and arch is not None and not c.fp32_data
-            and wants_split(c, shape, arch))
+    """Is split-K searched for this point? Where SEARCH_SPLITS has more than one value, for
+    fp16 / bf16, and only where its tiles of C leave SMs idle (the rule every family's
+    split-K follows)."""
+    return (len(SEARCH_SPLITS) > 1 and shape is not None and arch is not None
+            and not c.fp32_data and wants_split(c, shape, arch))
 
 
 def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
@@ -889,7 +893,8 @@ def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> 
     c = _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", values)
                          for k, values in _searched(dtype).items()})
     if _splits_wanted(c, shape, arch):
-        c = dataclasses.replace(c, split=trial.suggest_categorical("wgmma_split", SPLITS))
+        c = dataclasses.replace(c, split=trial.suggest_categorical("wgmma_split",
+                                                                   SEARCH_SPLITS))
     return c
 
 
@@ -934,7 +939,7 @@ def valid_configs(arch, dtype: DType, shape=None):
     space = _searched(dtype)
     for vals in itertools.product(*space.values()):
         base = _point(dtype, **dict(zip(space, vals)))
-        for split in SPLITS if _splits_wanted(base, shape, arch) else (1,):
+        for split in SEARCH_SPLITS if _splits_wanted(base, shape, arch) else (1,):
             c = dataclasses.replace(base, split=split)
             if not check_wgmma(c, arch) and (shape is None or not (
                     problem_reasons(c, shape, arch) or split_reasons(c, shape, arch))):
