@@ -1861,8 +1861,8 @@ def test_split_k_name_geometry_and_reasons():
 def test_split_k_is_searched_only_where_tiles_leave_sms_idle(monkeypatch):
     """With splits to search, the trial asks ``wgmma_split`` only where the point's tiles of
     C are fewer than the SMs (fp16 / bf16); params_of gives back what suggest made; the grid
-    has split variants at a decode shape and none at 4096^3. Without (SEARCH_SPLITS = (1,),
-    until the GPU has run split-K), nothing asks it."""
+    has split variants at a decode shape and none at 4096^3. With SEARCH_SPLITS = (1,),
+    nothing asks it."""
     import optuna
 
     from codegen.arch import parse_arch
@@ -1870,9 +1870,10 @@ def test_split_k_is_searched_only_where_tiles_leave_sms_idle(monkeypatch):
     from codegen.families.wgmma import SPLITS, params_of, suggest, valid_configs
 
     a = parse_arch("sm_90")
-    if wgmma.SEARCH_SPLITS == (1,):
-        assert all(c.split == 1 for c in valid_configs(a, DType.F16, (16, 4096, 4096)))
-        assert "wgmma_split" not in params_of(SPLIT_GOLDEN, (16, 4096, 4096), a)
+    assert wgmma.SEARCH_SPLITS == SPLITS  # searched: split-K has passed on the GPU
+    monkeypatch.setattr(wgmma, "SEARCH_SPLITS", (1,))
+    assert all(c.split == 1 for c in valid_configs(a, DType.F16, (16, 4096, 4096)))
+    assert "wgmma_split" not in params_of(SPLIT_GOLDEN, (16, 4096, 4096), a)
     monkeypatch.setattr(wgmma, "SEARCH_SPLITS", SPLITS)
 
     fixed = {f"wgmma_{k}": v for k, v in dict(bm=64, bn=128, stages=6, consumers=1, cluster=1,

@@ -62,7 +62,7 @@ from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
     EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, epilogue_values,
-    shape_reasons as split_reasons, wants_split,
+    SplitK, shape_reasons as split_reasons, wants_split,
 )
 from codegen.families._common import Serial as _Serial
 
@@ -126,9 +126,9 @@ TF32_SPACE: dict[str, tuple] = {
 
 #: split-K's slices (1: none), all buildable and CPU-tested
 SPLITS = (1, 2, 4, 8, 16)
-#: the splits the search asks for, only where a point's tiles leave SMs idle: none more than
-#: 1 until split-K has run on a GPU (bench/NOTES.md, sixteenth session)
-SEARCH_SPLITS: tuple[int, ...] = (1,)
+#: the splits the search asks for, only where a point's tiles leave SMs idle (split-K passed
+#: its GPU tests on the H200: bench/NOTES.md, sixteenth session)
+SEARCH_SPLITS: tuple[int, ...] = SPLITS
 
 
 def _up(x: int, to: int) -> int:
@@ -136,7 +136,7 @@ def _up(x: int, to: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class WgmmaConfig(_Serial, Named):
+class WgmmaConfig(_Serial, SplitK, Named):
     """One point of the wgmma family: fp16, bf16 or fp32 (tf32, 3xTF32) inputs, FP32
     accumulation, C in fp32, fp16 or bf16 with a fused bias and activation.
 
@@ -523,18 +523,9 @@ class WgmmaConfig(_Serial, Named):
         return a_blocks + tk * -(-n // 32), a_blocks
 
     # ---- split-K: the launch interface shared with the other families ------------------
-    #: the slices of a tile are summed by the last one to finish (one launch; no reduce pass)
+    #: the slices of a tile are summed by the last one to finish (one launch; no reduce
+    #: pass): SplitK's last, reduce_pass and has_workspace follow
     reduce = "last"
-    reduce_pass = False
-
-    @property
-    def last(self) -> bool:
-        """Split-K summed by the last slice of each tile (workspace + tickets)."""
-        return self.split > 1
-
-    @property
-    def has_workspace(self) -> bool:
-        return self.split > 1
 
     def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
         """The partial tiles: W[batch][split][M][N] floats (0 without split-K)."""
