@@ -5,8 +5,14 @@ switch. The replay itself runs on the GPU (tests/test_gpu_fast_path.py)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +96,48 @@ def test_the_switch_and_the_status(monkeypatch):
     monkeypatch.setenv("GEMM_TUNE_FAST", "1")
     monkeypatch.setitem(fast._STATE, "error", "ninja is required")
     assert fast.status() == "off: it could not be built (ninja is required)"
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from tuner.runtime import fast
+where = Path(sys.argv[1])
+with fast.builder_lock(where):
+    (where / "lock").touch()  # what torch's FileBaton makes while it builds
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_builder_killed_mid_build_does_not_stop_the_next(tmp_path):
+    """A process that dies while it builds the extension (killed, or a short program whose
+    daemon build thread dies with it) leaves torch's lock file, on which torch's own
+    cpp_extension.load would wait for ever: the next builder waits only while the first
+    lives, then removes the stale lock and builds."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        entered = threading.Event()
+
+        def build():
+            with fast.builder_lock(tmp_path):
+                entered.set()
+                assert not (tmp_path / "lock").exists()
+
+        t = threading.Thread(target=build)
+        t.start()
+        time.sleep(0.5)
+        assert not entered.is_set() and (tmp_path / "lock").exists()  # the builder lives
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        t.join(10)
+        assert entered.is_set() and not (tmp_path / "lock").exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 class _Table:

@@ -26,13 +26,17 @@ eligible key here once.
 
 The extension is compiled on first use in a background thread (torch.utils.cpp_extension,
 which needs ninja and a host C++ compiler; about 20 s) into the cache directory, keyed by
-the source and torch's version, and loaded from there by later processes. Until it is
+the source and torch's version, and loaded from there by later processes. One process
+builds at a time (:func:`builder_lock`); a process that ends mid-build (a short program, a
+kill) leaves nothing that stops the next one from building. Until it is
 ready, or where it cannot be built (:func:`status` says why), calls take the Python path.
 GEMM_TUNE_FAST=0 turns it off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -42,7 +46,7 @@ from pathlib import Path
 
 from tuner.runtime import driver
 
-__all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "new_table",
+__all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "builder_lock", "new_table",
            "table", "offer", "record", "translate"]
 
 log = logging.getLogger(__name__)
@@ -127,11 +131,32 @@ def _build():
     if not (home / "include" / "cuda.h").exists():
         raise RuntimeError(f"cuda.h is not under {home}/include: set CUDA_HOME to the "
                            "CUDA toolkit")
-    return cpp_extension.load(
-        name=f"gemm_tune_fast_{tag}", sources=[str(src)], build_directory=str(where),
-        extra_include_paths=[str(home / "include")], extra_cflags=["-O2"],
-        extra_ldflags=[f"-L{home / 'lib64'}", f"-L{home / 'lib64' / 'stubs'}", "-lcuda"],
-        verbose=False)
+    with builder_lock(where):
+        return cpp_extension.load(
+            name=f"gemm_tune_fast_{tag}", sources=[str(src)], build_directory=str(where),
+            extra_include_paths=[str(home / "include")], extra_cflags=["-O2"],
+            extra_ldflags=[f"-L{home / 'lib64'}", f"-L{home / 'lib64' / 'stubs'}", "-lcuda"],
+            verbose=False)
+
+
+@contextlib.contextmanager
+def builder_lock(where: Path):
+    """Hold the build directory `where` for one builder: an flock, which the kernel drops
+    when its process ends, however it ends. torch's own lock there (cpp_extension's
+    FileBaton, the file `lock`) is a file that a builder killed mid-build leaves behind,
+    and every later build would wait on it for ever (a program that exits within the
+    build's 20 s does so: its build thread is a daemon). Under the flock no other builder
+    can hold it, so one found there is stale and is removed."""
+    with open(where / "build.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = where / "lock"
+            if stale.exists():
+                log.info("gemm-tune: removing %s, left by a build that did not finish", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def new_table():
