@@ -636,14 +636,11 @@ py::object bound(const std::shared_ptr<Table>& t, PyMethodDef* def) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Table, std::shared_ptr<Table>>(m, "Table", py::dynamic_attr())
-      .def(py::init<py::tuple>())
-      .def("call", &Table::call)
-      .def("linear", &Table::linear)
       .def("add", &Table::add)
       .def("clear", &Table::clear)
       .def("stats", &Table::stats);
   // A table whose call and linear are the METH_FASTCALL builtins above (instance
-  // attributes, ahead of the class's pybind11 methods of the same names).
+  // attributes: the class has no methods of those names).
   m.def("new_table", [](py::tuple types) {
     auto t = std::make_shared<Table>(types);
     py::object obj = py::cast(t);
