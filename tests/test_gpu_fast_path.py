@@ -167,6 +167,41 @@ def test_a_plain_product_on_cublas_has_torchs_bits(dtype, shape, fast_on, tmp_pa
         assert lib.fast.stats()["hits"] == hits + 4, layout
 
 
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16], ids=lambda d: d.short)
+def test_a_batch_on_cublas_takes_the_cpp_path_with_torchs_bits(dtype, fast_on, tmp_path):
+    """An empty library: batched products (both operands 3-D, or a 2-D one shared by the
+    other's batch), C given (alpha and beta, C poisoned where beta is 0) or allocated (alpha
+    1 or not). From each key's second call on C++ serves them (torch.bmm / baddbmm through
+    ATen), and C is what those write on the same operands, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from tuner.runtime.library import Library
+
+    lib = Library.create_or_open(tmp_path / "empty")
+    tdt = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dtype]
+    batch, m, n, k = 3, 37, 29, 40
+    forms = {"both 3-D": ((batch, m, k), (batch, k, n)), "A shared": ((m, k), (batch, k, n)),
+             "B shared": ((batch, m, k), (k, n))}
+    for form, (sa, sb) in forms.items():
+        hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+        for alpha, beta, given in ((1.0, 0.0, True), (0.5, 0.25, True), (1.0, 0.0, False),
+                                   (2.0, 0.0, False)):
+            for _ in range(2):
+                a = torch.randn(sa, device="cuda").to(tdt)
+                b = torch.randn(sb, device="cuda").to(tdt)
+                c0 = torch.randn(batch, m, n, device="cuda").to(tdt)
+                c = (c0.clone() if beta else torch.full_like(c0, float("nan"))) if given \
+                    else None
+                got = lib.gemm(a, b, c, alpha=alpha, beta=beta)
+                a3, b3 = (x if x.dim() == 3 else x.expand(batch, -1, -1) for x in (a, b))
+                want = torch.bmm(a3, b3) if alpha == 1.0 and beta == 0.0 else \
+                    torch.baddbmm(c0, a3, b3, beta=beta, alpha=alpha)
+                assert got.shape == (batch, m, n) and torch.equal(got, want), \
+                    (form, alpha, beta, given)
+        # two keys a form (C given, whatever alpha and beta; C allocated): the first call of
+        # each plans, the other six calls are served
+        assert lib.fast.stats()["hits"] == hits + 6, form
+
+
 def test_a_side_stream_and_a_graph_of_cpp_calls(fast_on, tmp_path, compile_cache):
     torch = pytest.importorskip("torch")
     cfg = KernelConfig()

@@ -287,7 +287,7 @@ class Table {
     if (!e) return py::none();
     at::Tensor out;
     if (e->torch) {
-      if (!torch_call(a, b, c, bs, alpha, beta, out)) {
+      if (!torch_call(*e, a, b, c, bs, alpha, beta, out)) {
         misses_.fetch_add(1, std::memory_order_relaxed);
         return py::none();
       }
@@ -427,12 +427,41 @@ class Table {
     return true;
   }
 
-  // cuBLAS as tuner.runtime.call._torch_fallback calls it for 2-D operands with no
-  // activation; false where this call needs another form (the Python path).
-  static bool torch_call(const at::Tensor& a, const at::Tensor& b,
+  // A 2-D operand (or a batch of 1) over the whole batch, as torch.bmm takes it: no copy.
+  static at::Tensor batched(const at::Tensor& x, int64_t batch) {
+    if (x.dim() == 3 && x.size(0) == batch) return x;
+    return (x.dim() == 3 ? x : x.unsqueeze(0)).expand({batch, -1, -1});
+  }
+
+  // A batch (an operand 3-D) by torch.bmm / torch.baddbmm as _torch_fallback calls them,
+  // with no bias (offer() leaves a batch with one to the Python path); a C the call
+  // allocates is of the plan's shape (e.out_shape).
+  static void torch_batch(const Entry& e, const at::Tensor& a, const at::Tensor& b,
+                          const at::Tensor* c, double alpha, double beta, at::Tensor& out) {
+    int64_t batch = 1;
+    for (const at::Tensor* t : {&a, &b, c})
+      if (t && t->dim() == 3) batch = std::max(batch, t->size(0));
+    const at::Tensor a3 = batched(a, batch), b3 = batched(b, batch);
+    if (!c && alpha == 1.0) {  // as torch.matmul: the product allocates C
+      out = at::bmm(a3, b3);
+      return;
+    }
+    out = c ? *c : at::empty(e.out_shape, a.options());
+    at::Tensor c3 = out.dim() == 3 ? out : out.unsqueeze(0);
+    if (alpha == 1.0 && beta == 0.0) at::bmm_out(c3, a3, b3);
+    else at::baddbmm_out(c3, c3, a3, b3, c ? beta : 0.0, alpha);
+  }
+
+  // cuBLAS as tuner.runtime.call._torch_fallback calls it, with no activation; false
+  // where this call needs another form (the Python path).
+  static bool torch_call(const Entry& e, const at::Tensor& a, const at::Tensor& b,
                          const at::Tensor* c, const at::Tensor* bias, double alpha,
                          double beta, at::Tensor& out) {
-    if (a.dim() != 2 || b.dim() != 2) return false;
+    if (a.dim() != 2 || b.dim() != 2 || (c && c->dim() != 2)) {
+      if (bias) return false;
+      torch_batch(e, a, b, c, alpha, beta, out);
+      return true;
+    }
     if (!bias && (c || alpha == 1.0) && a.get_device() == c10::cuda::current_device() &&
         blas_call(a, b, c, alpha, beta, out))
       return true;
@@ -443,7 +472,6 @@ class Table {
       else return false;
       return true;
     }
-    if (c->dim() != 2) return false;
     at::Tensor& cc = const_cast<at::Tensor&>(*c);
     if (alpha == 1.0 && beta == 0.0 && !bias) at::mm_out(cc, a, b);
     else if (bias && beta == 0.0 && bias->scalar_type() == c->scalar_type())

@@ -13,15 +13,16 @@ no Python frame in between:
     cuBLASLt, TunableOp off, default reduced-precision settings, no deterministic mode),
     torch.mm's bits, ATen's dispatch and checks skipped (measured: no cheaper than
     torch.mm's own call, cuBLAS's host work being most of it; bench/NOTES.md); anything
-    else goes through ATen (at::mm, at::addmm, at::linear) as the Python path calls it;
+    else goes through ATen (at::mm, at::addmm, at::linear; at::bmm and at::baddbmm for a
+    batch, a 2-D operand expanded over it) as the Python path calls it;
   - or the plan's kernel launches, recorded once: the plan's runner (the same one the tuner
     times: tuner.runtime.runners) is bound afresh and run inside driver.recording() with
     stand-in pointers and scalars (SENTINELS), which marks the parameter-block slots and
     tensor-map addresses that come from A, B, C, the bias, alpha and beta; C++ replays the
     launches with the call's own, encoding the tensor maps per call.
-Everything else (a first call, which decides and measures; a recording of problems;
-batches; streams passed by hand; fp32 requests for TF32 or 3xTF32; another output type or
-an activation) takes the Python path (tuner.runtime.call), which adds the plan of an
+Everything else (a first call, which decides and measures; a recording of problems; a
+batch with a bias on cuBLAS; streams passed by hand; fp32 requests for TF32 or 3xTF32;
+another output type or an activation) takes the Python path (tuner.runtime.call), which adds the plan of an
 eligible key here once.
 
 The extension is compiled on first use in a background thread (torch.utils.cpp_extension,
@@ -192,9 +193,13 @@ def offer(t, lib, plan, A, B, C, bias, ctx: int, stream: int) -> bool:
         if linear:
             if bias is not None and bias.dtype != A.dtype:
                 return False
-        elif act != "none" or A.dim() != 2 or B.dim() != 2 or (C is not None and C.dim() != 2):
-            return False
-        t.add(A, B, C, bias, ctx, True, 0, [], [], ACT_CODES[act], linear)
+        else:  # fast.cpp's torch_call: matrices by mm/addmm, a batch (no bias) by bmm/baddbmm
+            matrices = A.dim() == 2 and B.dim() == 2 and len(plan.out_shape) == 2
+            as_cpp = A.dim() == 2 and B.dim() == 2 and (C is None or C.dim() == 2)
+            if act != "none" or matrices != as_cpp or (bias is not None and not matrices):
+                return False
+        t.add(A, B, C, bias, ctx, True, 0, [] if linear else list(plan.out_shape), [],
+              ACT_CODES[act], linear)
         return True
     if plan.choice.kernel is None or driver.is_capturing(stream):
         return False  # cuBLAS through gemm-tune's binding: not a kernel launch
