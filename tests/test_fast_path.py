@@ -189,3 +189,51 @@ def test_clearing_the_plans_clears_the_cpp_table(tmp_path):
     lib.fast_keys.add(("k", 0, 0))
     lib.plans.clear()
     assert lib.fast.cleared == 1 and not lib.fast_keys and not lib.plans
+
+
+class _Operand:
+    """A stand-in for a torch tensor: what the offer reads of one."""
+
+    def __init__(self, shape, strides, ptr):
+        self.shape, self._strides, self._ptr = shape, strides, ptr
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self):
+        return self._ptr
+
+    def dim(self):
+        return len(self.shape)
+
+
+def test_every_cpp_key_of_a_plan_is_offered(tmp_path, monkeypatch):
+    """A linear's x of (T, K), (1, T, K) or (2, T/2, K) is one plan of the library, but
+    fast.cpp keys each geometry (and x's address modulo 16) apart: each is offered once,
+    whichever came first. (Offered once per plan, a patched layer whose linears had first
+    been called on 2-D x took the Python path on every 3-D call: 0.70x-0.87x of the
+    unpatched layer's forward, where the C++ path serves it at 1.0x; bench/NOTES.md.)"""
+    import contextlib
+    import types
+
+    from tuner.runtime import call
+    from tuner.runtime.library import Library
+
+    fake_torch = types.SimpleNamespace(_C=types.SimpleNamespace(
+        _cuda_getCurrentRawStream=lambda index: 7))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(call.driver, "entered", lambda g: contextlib.nullcontext())
+    offered = []
+    monkeypatch.setattr(fast, "offer", lambda t, lib, plan, A, B, C, bias, ctx, s: offered.append(
+        (A.shape, A.data_ptr() & 15, s)))
+    lib = Library.create_or_open(tmp_path / "lib")
+    lib.fast = _Table(None)
+    plan = types.SimpleNamespace(gpu=types.SimpleNamespace(index=0))
+    W = _Operand((64, 32), (32, 1), 0x1000)
+    ctx = fast.context(True, None, True)
+    for shape, strides, ptr in [((16, 32), (32, 1), 0x2000), ((1, 16, 32), (512, 32, 1), 0x2000),
+                                ((16, 32), (32, 1), 0x3000), ((2, 8, 32), (256, 32, 1), 0x2000),
+                                ((16, 32), (32, 1), 0x2008), ((1, 16, 32), (512, 32, 1), 0x4000)]:
+        call._offer(lib, "one plan", plan, _Operand(shape, strides, ptr), W, None, None, ctx)
+    assert offered == [((16, 32), 0, 7), ((1, 16, 32), 0, 7), ((2, 8, 32), 0, 7),
+                       ((16, 32), 8, 7)]

@@ -264,8 +264,10 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
 
 
 def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
-    """Offer a torch call's plan to the C++ path, once per key and stream (its key has the
-    stream; tuner.runtime.fast)."""
+    """Offer a torch call's plan to the C++ path, once per C++ key: the plan's key, the
+    stream, the context word and what fast.cpp's key reads of the operands that the plan's
+    key may not (:func:`_operand_features`: a linear's x of (1, T, K) and one of (T, K) share a
+    plan, but not a C++ key)."""
     keys = getattr(lib, "fast_keys", None)
     if keys is None:  # (a stand-in for a Library)
         return
@@ -275,15 +277,23 @@ def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
     import torch
 
     s = torch._C._cuda_getCurrentRawStream(plan.gpu.index)
-    if (key, s, ctx) in keys:
+    seen = (key, s, ctx, _operand_features(A, B, C, bias))
+    if seen in keys:
         return
-    keys.add((key, s, ctx))
+    keys.add(seen)
     try:
         with driver.entered(plan.gpu):
             fast.offer(t, lib, plan, A, B, C, bias, ctx, s)
     except Exception as e:  # noqa: BLE001 - the Python path goes on serving the key
         log.warning("gemm-tune: the C++ path does not take %s: %s",
                     plan.choice.kernel or "cuBLAS", e)
+
+
+def _operand_features(*tensors) -> tuple:
+    """Each operand's shape, strides and address modulo 16, as fast.cpp's key reads them
+    (features()), None for one not given."""
+    return tuple(None if t is None else (tuple(t.shape), t.stride(), t.data_ptr() & 15)
+                 for t in tensors)
 
 
 def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=None):
