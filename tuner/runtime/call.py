@@ -266,8 +266,8 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
 def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
     """Offer a torch call's plan to the C++ path, once per C++ key: the plan's key, the
     stream, the context word and what fast.cpp's key reads of the operands that the plan's
-    key may not (:func:`_operand_features`: a linear's x of (1, T, K) and one of (T, K) share a
-    plan, but not a C++ key)."""
+    key may not (:func:`_operand_features`: a linear's x of (1, T, K) and one of (T, K)
+    share a plan, but not a C++ key)."""
     keys = getattr(lib, "fast_keys", None)
     if keys is None:  # (a stand-in for a Library)
         return

@@ -22,15 +22,15 @@ no Python frame in between:
     launches with the call's own, encoding the tensor maps per call.
 Everything else (a first call, which decides and measures; a recording of problems; a
 batch with a bias on cuBLAS; streams passed by hand; fp32 requests for TF32 or 3xTF32;
-another output type or an activation) takes the Python path (tuner.runtime.call), which adds the plan of an
-eligible key here once.
+another output type or an activation) takes the Python path (tuner.runtime.call), which
+adds the plan of an eligible key here once.
 
 The extension is compiled on first use in a background thread (torch.utils.cpp_extension,
 which needs ninja and a host C++ compiler; about 20 s) into the cache directory, keyed by
 the source and torch's version, and loaded from there by later processes. One process
 builds at a time (:func:`builder_lock`); a process that ends mid-build (a short program, a
-kill) leaves nothing that stops the next one from building. Until it is
-ready, or where it cannot be built (:func:`status` says why), calls take the Python path.
+kill) leaves nothing that stops the next one from building. Until it is ready, or where it
+cannot be built (:func:`status` says why), calls take the Python path.
 GEMM_TUNE_FAST=0 turns it off.
 """
 
@@ -47,8 +47,8 @@ from pathlib import Path
 
 from tuner.runtime import driver
 
-__all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "builder_lock", "new_table",
-           "table", "offer", "record", "translate"]
+__all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "builder_lock",
+           "new_table", "table", "offer", "record", "translate"]
 
 log = logging.getLogger(__name__)
 
