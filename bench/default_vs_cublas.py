@@ -1,6 +1,9 @@
-"""Named kernels against cuBLAS SGEMM (FP32, no TF32), timed in the same process,
-interleaved (A B A B ...): the recommended default on the shapes given, or any kernel on
-any shape (--pair, repeatable), e.g. a technique's variants side by side.
+"""Named kernels against cuBLAS, timed in the same process, interleaved (A B A B ...): the
+recommended default on the shapes given, or any kernel of any family on any shape (--pair,
+repeatable), e.g. a technique's variants side by side. Each kernel's problem is the one its
+name builds (input type, layout, C's type, bias, activation); cuBLAS runs the same GEMM in
+the same types, without the bias and the activation (tuner.bench.baseline_label says
+what it ran: "baseline" in each row).
 
     python bench/default_vs_cublas.py [--shapes 4096x4096x4096 ...] [--out DIR]
     python bench/default_vs_cublas.py --label splitk --pair 127x129x4097 gemm_simt_..._k8c ...
@@ -17,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import header, side_by_side, write  # noqa: E402
 
-from codegen import DEFAULT_CONFIG, KernelConfig, compile_config  # noqa: E402
+from codegen import DEFAULT_CONFIG, compile_many  # noqa: E402
+from codegen.config import config_from_name  # noqa: E402
+from codegen.families._common import Variant  # noqa: E402
 from tuner._shape import parse_shape  # noqa: E402
 
 
@@ -36,22 +41,27 @@ def main() -> None:
     from tuner.gpu import device
 
     dev = device()
-    pairs = args.pair or [(s, args.kernel) for s in args.shapes]
+    pairs = [(text, config_from_name(name)) for text, name in
+             (args.pair or [(s, args.kernel) for s in args.shapes])]
+    # every kernel compiled first, in parallel (a wgmma kernel takes seconds of nvcc)
+    built = {c.name: r for c, r in compile_many({c.name: c for _, c in pairs}.values(), dev.sm)}
     rows, benches = [], {}
-    for text, name in pairs:
-        cfg = KernelConfig.from_name(name)
-        res = compile_config(cfg, dev.sm)
+    for text, cfg in pairs:
+        res = built[cfg.name]
         assert res.ok, res.error
-        if text not in benches:  # one problem (and its GPU buffers) per shape
-            benches[text] = GpuBenchmark(parse_shape(text), seed=None)
-        bench = benches[text]
-        row = dict(shape=text, registers=res.resources.registers, smem=res.resources.smem,
-                   **side_by_side(bench, cfg, res.cubin, args.rounds))
+        key = (text, cfg.dtype, Variant.of(cfg))
+        if key not in benches:  # one problem (and its GPU buffers) per shape and variant
+            benches[key] = GpuBenchmark(parse_shape(text), cfg.dtype, seed=None,
+                                        variant=Variant.of(cfg))
+        bench = benches[key]
+        row = dict(shape=text, dtype=cfg.dtype.short, variant=Variant.of(cfg).key,
+                   baseline=bench.baseline_label(), registers=res.resources.registers,
+                   smem=res.resources.smem, **side_by_side(bench, cfg, res.cubin, args.rounds))
         rows.append(row)
-        print(f"{text:>16}  {cfg.name:<56} {row['tflops']:6.2f} TFLOP/s   cuBLAS "
-              f"{row['cublas_tflops']:6.2f}   ratio {row['ratio']:.3f}   err {row['error']:.2e}",
+        print(f"{text:>16}  {cfg.name:<64} {row['tflops']:6.1f} TFLOP/s   cuBLAS "
+              f"{row['cublas_tflops']:6.1f}   ratio {row['ratio']:.3f}   err {row['error']:.2e}",
               flush=True)
-    data = dict(header(dev), benchmark="kernels_vs_cublas", dtype="fp32", rows=rows)
+    data = dict(header(dev), benchmark="kernels_vs_cublas", rows=rows)
     print("wrote", write(args.label, data, args.out))
 
 

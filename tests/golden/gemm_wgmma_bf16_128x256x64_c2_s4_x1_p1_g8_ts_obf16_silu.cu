@@ -82,11 +82,35 @@ __device__ __forceinline__ float activate(float x)
     return __fdividef(x, 1.0f + __expf(-x));  // as gelu_tanh's sigmoid
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 
@@ -498,6 +522,10 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_obf16_silu(const __grid_constant__ 
 #pragma unroll
             for (int sb = 0; sb < BN / C_SLICE; ++sb) {
                 const uint32_t cbuf = cbuf0 + (sb % 2) * C_BUF_BYTES;
+                float2 bq[C_SLICE / 8];  // the bias of this thread's columns in the slice
+#pragma unroll
+                for (int q = 0; q < C_SLICE / 8; ++q)
+                    bq[q] = bias_pair(bias, n0 + sb * C_SLICE + q * 8 + (lane % 4) * 2, N);
                 if (leader)
                     bulk_wait_read<1>();
                 warpgroup_sync(consumer);  // this buffer's last store has read it
@@ -525,10 +553,8 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_obf16_silu(const __grid_constant__ 
                                     v0 = fmaf(beta, static_cast<float>(p[0]), v0);
                                 }
                             }
-                            if (col < N)  // bias has N entries; columns past N are not stored
-                                v0 = finish1(v0, bias, col);
-                            if (col + 1 < N)
-                                v1 = finish1(v1, bias, col + 1);
+                            v0 = finish_with(v0, bq[q].x);  // columns past N: TMA clips them
+                            v1 = finish_with(v1, bq[q].y);
                             // 2-byte C, rows of 64 B, SWIZZLE_64B: 16-byte chunk cc/8 of row r
                             // lands at chunk (cc/8) ^ ((r/2) % 4). A warp's 32 4-byte stores
                             // (8 rows, 4 chunks of 4 lanes each) fall on 32 distinct banks.

@@ -82,11 +82,35 @@ __device__ __forceinline__ float activate(float x)
     return x;
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 
@@ -441,22 +465,23 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
             // Epilogue: C = act(alpha * acc + beta * C + bias), rounded to C's type; rows >= M
             // and columns >= N never touched, C not read when beta == 0. Accumulator j of
             // slice i holds row 16 warp + lane/4 (+8 for j%4 >= 2), column 8 (j/4) + 2 (lane%4)
-            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow).
+            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow),
+            // column pair by column pair, so that each pair's bias is read once for its rows.
 #pragma unroll
-            for (int i = 0; i < M_WGMMAS; ++i) {
+            for (int nb = 0; nb < BN / 8; ++nb) {
+                const int col = n0 + nb * 8 + (lane % 4) * 2;
+                const bool pair = c_vec2 && col + 1 < N;
+                const float2 b = bias_pair(bias, col, N);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
-                    if (row >= M)
-                        continue;
-                    OutT* const c_row = Cb + static_cast<size_t>(row) * ldc;
+                for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
-                    for (int nb = 0; nb < BN / 8; ++nb) {
-                        const int col = n0 + nb * 8 + (lane % 4) * 2;
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
+                        if (row >= M)
+                            continue;
+                        OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
                         float v0 = alpha * acc[i][nb * 4 + h * 2];
                         float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
-                        OutT* const p = c_row + col;
-                        const bool pair = c_vec2 && col + 1 < N;
                         if (beta != 0.0f) {
                             if (pair) {
                                 const float2 old = ld_pair(p);
@@ -471,8 +496,8 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn(const __grid_constant__ CUtenso
                         }
                         // the bias and the activation once per element (one copy of the
                         // activation's code per element: the unrolled epilogue stays small)
-                        v0 = finish1(v0, bias, col < N ? col : 0);
-                        v1 = finish1(v1, bias, col + 1 < N ? col + 1 : 0);
+                        v0 = finish_with(v0, b.x);
+                        v1 = finish_with(v1, b.y);
                         if (pair) {
                             st_pair(p, v0, v1);
                         } else {

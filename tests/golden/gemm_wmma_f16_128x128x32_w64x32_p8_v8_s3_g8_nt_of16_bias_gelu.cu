@@ -100,18 +100,60 @@ constexpr bool HAS_BIAS = true;
 
 __device__ __forceinline__ float activate(float x)
 {
-    // x * Phi(x) = x/2 * erfc(-x/sqrt 2). torch writes x/2 * (1 + erf(x/sqrt 2)), whose
-    // 1 + erf cancels where x is negative: erff's last bit against 1 + erf(-2.1) = 0.0027
-    // is 2e-5 of GELU(-3), and x = -5 keeps one bit in ten. erfcf has no cancellation
-    // (a few ulp everywhere), for 19 instructions more than erff an element (SASS: 50, 31)
-    return 0.5f * x * erfcf(-0.70710678118654752f * x);
+    // x * Phi(x). torch writes x/2 * (1 + erf(x/sqrt 2)), whose 1 + erf cancels where x is
+    // negative (erff's last bit against 1 + erf(-2.1) = 0.0027 is 2e-5 of GELU(-3); x = -5
+    // keeps one bit in ten). Here the tail Q = erfc(a)/2 beyond a = |x|/sqrt 2 is computed
+    // directly, as t exp(-a^2 + P(t))/2 with t = 1/(1 + a/2) and P of degree 9 (the Chebyshev
+    // fit of Numerical Recipes' erfcc: relative error below 1.2e-7 for every a >= 0), and
+    // Phi = Q for x < 0, 1 - Q otherwise: no cancellation on either side. Two SFU operations
+    // (the reciprocal, the exponential) and 17 FMA-pipe ones an element where erfcf took 50
+    // instructions (SASS); relative error a few 1e-7 where |GELU| > 1e-6, 2e-5 at most far
+    // out in the tail (the exponential's rounded argument), far inside every gate.
+    const float a = 0.70710678118654752f * fabsf(x);
+    const float t = __fdividef(1.0f, fmaf(0.5f, a, 1.0f));
+    float p = 0.17087277f;
+    p = fmaf(p, t, -0.82215223f);
+    p = fmaf(p, t, 1.48851587f);
+    p = fmaf(p, t, -1.13520398f);
+    p = fmaf(p, t, 0.27886807f);
+    p = fmaf(p, t, -0.18628806f);
+    p = fmaf(p, t, 0.09678418f);
+    p = fmaf(p, t, 0.37409196f);
+    p = fmaf(p, t, 1.00002368f);
+    p = fmaf(p, t, -1.26551223f);
+    const float q = 0.5f * t * __expf(fmaf(-a, a, p));
+    return x * (x < 0.0f ? q : 1.0f - q);  // NaN stays NaN
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 
