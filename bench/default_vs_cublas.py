@@ -55,7 +55,7 @@ def main() -> None:
                                         variant=Variant.of(cfg))
         bench = benches[key]
         row = dict(shape=text, dtype=cfg.dtype.short, variant=Variant.of(cfg).key,
-                   baseline=bench.baseline_label(), registers=res.resources.registers,
+                   baseline=bench.baseline_label, registers=res.resources.registers,
                    smem=res.resources.smem, **side_by_side(bench, cfg, res.cubin, args.rounds))
         rows.append(row)
         print(f"{text:>16}  {cfg.name:<64} {row['tflops']:6.1f} TFLOP/s   cuBLAS "

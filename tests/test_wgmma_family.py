@@ -952,14 +952,14 @@ def test_epilogue_source_says_what_it_does():
     assert "return x * (x < 0.0f ? q : 1.0f - q);" in src
     assert "erff(" not in src and "erfcf(" not in src
     # each thread reads the bias of a column pair once for all its rows in those columns
-    assert "const float2 b = bias_pair(bias, col, N);" in src
+    assert "const float2 b = b_next;" in src and "b_next = bias_pair(bias, col + 8, N);" in src
     assert "__floats2half2_rn" in src and "v0 = finish_with(v0, b.x);" in src
     ts = render(EPI_TS_GOLDEN)
     assert "#include <cuda_bf16.h>" in ts and "cuda_fp16.h" not in ts
     assert "C (bf16, SWIZZLE_64B) box 64 x 32" in ts and "C_ES = 2;" in ts
     assert "sts_pair(cbuf + r * 64 + (((cc / 8) ^ ((r / 2) % 4)) * 16) + (cc % 8) * 2, v0, v1);" in ts
     assert "sts64" not in ts and "expf(-x)" in ts
-    assert "bq[q] = bias_pair(bias, n0 + sb * C_SLICE + q * 8 + (lane % 4) * 2, N);" in ts
+    assert "bq_next[q] = bias_pair(bias, n0 + (sb + 1) * C_SLICE + q * 8 + (lane % 4) * 2, N);" in ts
     plain = render(DEFAULT_WGMMA)  # fp32 C: no fp16 / bf16 header, the 8-byte pair stores
     assert "cuda_fp16.h" not in plain and "cuda_bf16.h" not in plain
     assert "return *reinterpret_cast<const float2*>(p);" in plain

@@ -466,12 +466,16 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre(const __grid_constant__ CUtensorMa
             // and columns >= N never touched, C not read when beta == 0. Accumulator j of
             // slice i holds row 16 warp + lane/4 (+8 for j%4 >= 2), column 8 (j/4) + 2 (lane%4)
             // + j%2: each thread stores pairs (one 2-element access where C and ldc allow),
-            // column pair by column pair, so that each pair's bias is read once for its rows.
+            // column pair by column pair, so that each pair's bias is read once for its rows,
+            // and a pair ahead (its latency under this pair's rows).
+            float2 b_next = bias_pair(bias, n0 + (lane % 4) * 2, N);
 #pragma unroll
             for (int nb = 0; nb < BN / 8; ++nb) {
                 const int col = n0 + nb * 8 + (lane % 4) * 2;
                 const bool pair = c_vec2 && col + 1 < N;
-                const float2 b = bias_pair(bias, col, N);
+                const float2 b = b_next;
+                if (nb + 1 < BN / 8)
+                    b_next = bias_pair(bias, col + 8, N);
 #pragma unroll
                 for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
