@@ -114,11 +114,35 @@ __device__ __forceinline__ float activate(float x)
     return x;
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 

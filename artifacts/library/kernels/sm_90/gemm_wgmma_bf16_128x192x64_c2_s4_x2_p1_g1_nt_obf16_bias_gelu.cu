@@ -75,16 +75,60 @@ constexpr bool HAS_BIAS = true;
 
 __device__ __forceinline__ float activate(float x)
 {
-    // x * Phi(x) = x/2 * (1 + erf(x/sqrt 2)) = x/2 * erfc(-x/sqrt 2): no cancellation of
-    // 1 + erf at negative x (there the FP32 sum loses the relative accuracy an fp32 C keeps)
-    return 0.5f * x * erfcf(-0.70710678118654752f * x);
+    // x * Phi(x). torch writes x/2 * (1 + erf(x/sqrt 2)), whose 1 + erf cancels where x is
+    // negative (erff's last bit against 1 + erf(-2.1) = 0.0027 is 2e-5 of GELU(-3); x = -5
+    // keeps one bit in ten). Here the tail Q = erfc(a)/2 beyond a = |x|/sqrt 2 is computed
+    // directly, as t exp(-a^2 + P(t))/2 with t = 1/(1 + a/2) and P of degree 9 (the Chebyshev
+    // fit of Numerical Recipes' erfcc: relative error below 1.2e-7 for every a >= 0), and
+    // Phi = Q for x < 0, 1 - Q otherwise: no cancellation on either side. Two SFU operations
+    // (the reciprocal, the exponential) and 17 FMA-pipe ones an element where erfcf took 50
+    // instructions (SASS); relative error a few 1e-7 where |GELU| > 1e-6, 2e-5 at most far
+    // out in the tail (the exponential's rounded argument), far inside every gate.
+    const float a = 0.70710678118654752f * fabsf(x);
+    const float t = __fdividef(1.0f, fmaf(0.5f, a, 1.0f));
+    float p = 0.17087277f;
+    p = fmaf(p, t, -0.82215223f);
+    p = fmaf(p, t, 1.48851587f);
+    p = fmaf(p, t, -1.13520398f);
+    p = fmaf(p, t, 0.27886807f);
+    p = fmaf(p, t, -0.18628806f);
+    p = fmaf(p, t, 0.09678418f);
+    p = fmaf(p, t, 0.37409196f);
+    p = fmaf(p, t, 1.00002368f);
+    p = fmaf(p, t, -1.26551223f);
+    const float q = 0.5f * t * __expf(fmaf(-a, a, p));
+    return x * (x < 0.0f ? q : 1.0f - q);  // NaN stays NaN
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 
@@ -365,6 +409,12 @@ gemm_wgmma_bf16_128x192x64_c2_s4_x2_p1_g1_nt_obf16_bias_gelu(const __grid_consta
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
     const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
+    const int num_items = num_tiles;
+    auto item = [&](int t, int& tile, int& kt0, int& kt1) {
+        tile = t;
+        kt0 = 0;
+        kt1 = k_tiles;
+    };
     const uint32_t rank = cluster_ctarank();  // this block's place along M in its cluster
     if (cluster_nctarank() != CLUSTER)
         __trap();  // launched without the cluster attribute: multicast would go astray
@@ -387,11 +437,12 @@ gemm_wgmma_bf16_128x192x64_c2_s4_x2_p1_g1_nt_obf16_bias_gelu(const __grid_consta
         if (tid == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int t = cluster_id; t < num_tiles; t += clusters) {
-                int bt, ctm, tn;
-                tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            for (int t = cluster_id; t < num_items; t += clusters) {
+                int tile, kt0, kt1, bt, ctm, tn;
+                item(t, tile, kt0, kt1);
+                tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
                 const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = kt0; kt < kt1; ++kt) {
                     mbar_wait(empty(stage), phase ^ 1);  // consumers of every block are done with it
                     const uint32_t bar = full(stage);
                     mbar_arrive_expect_tx(bar, STAGE_BYTES);
@@ -427,10 +478,11 @@ gemm_wgmma_bf16_128x192x64_c2_s4_x2_p1_g1_nt_obf16_bias_gelu(const __grid_consta
             }
         };
 
-        for (int t = cluster_id; t < num_tiles; t += clusters) {
+        for (int t = cluster_id; t < num_items; t += clusters) {
             const int row0 = consumer * WM;  // this consumer's rows of the tile
-            int bt, ctm, tn;
-            tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            int tile, kt0, kt1, bt, ctm, tn;
+            item(t, tile, kt0, kt1);
+            tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
             OutT* const Cb = C + static_cast<long long>(bt) * sC;  // this problem's C
 #pragma unroll
@@ -441,7 +493,7 @@ gemm_wgmma_bf16_128x192x64_c2_s4_x2_p1_g1_nt_obf16_bias_gelu(const __grid_consta
                 fence_acc(acc[i]);
             }
             int previous = -1;
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            for (int kt = kt0; kt < kt1; ++kt) {
                 mbar_wait(full(stage), phase);
                 const uint32_t a_tile = base + stage * STAGE_BYTES + row0 * 128;
                 const uint32_t b_tile = base + stage * STAGE_BYTES + A_STAGE_BYTES;
@@ -468,27 +520,33 @@ gemm_wgmma_bf16_128x192x64_c2_s4_x2_p1_g1_nt_obf16_bias_gelu(const __grid_consta
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i)
                 fence_acc(acc[i]);
-            release(previous);
+            if (previous >= 0)  // (a split-K slice of no k-tiles had none)
+                release(previous);
 
             // Epilogue: C = act(alpha * acc + beta * C + bias), rounded to C's type; rows >= M
             // and columns >= N never touched, C not read when beta == 0. Accumulator j of
             // slice i holds row 16 warp + lane/4 (+8 for j%4 >= 2), column 8 (j/4) + 2 (lane%4)
-            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow).
+            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow),
+            // column pair by column pair, so that each pair's bias is read once for its rows,
+            // and a pair ahead (its latency under this pair's rows).
+            float2 b_next = bias_pair(bias, n0 + (lane % 4) * 2, N);
 #pragma unroll
-            for (int i = 0; i < M_WGMMAS; ++i) {
+            for (int nb = 0; nb < BN / 8; ++nb) {
+                const int col = n0 + nb * 8 + (lane % 4) * 2;
+                const bool pair = c_vec2 && col + 1 < N;
+                const float2 b = b_next;
+                if (nb + 1 < BN / 8)
+                    b_next = bias_pair(bias, col + 8, N);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
-                    if (row >= M)
-                        continue;
-                    OutT* const c_row = Cb + static_cast<size_t>(row) * ldc;
+                for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
-                    for (int nb = 0; nb < BN / 8; ++nb) {
-                        const int col = n0 + nb * 8 + (lane % 4) * 2;
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
+                        if (row >= M)
+                            continue;
+                        OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
                         float v0 = alpha * acc[i][nb * 4 + h * 2];
                         float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
-                        OutT* const p = c_row + col;
-                        const bool pair = c_vec2 && col + 1 < N;
                         if (beta != 0.0f) {
                             if (pair) {
                                 const float2 old = ld_pair(p);
@@ -503,8 +561,8 @@ gemm_wgmma_bf16_128x192x64_c2_s4_x2_p1_g1_nt_obf16_bias_gelu(const __grid_consta
                         }
                         // the bias and the activation once per element (one copy of the
                         // activation's code per element: the unrolled epilogue stays small)
-                        v0 = finish1(v0, bias, col < N ? col : 0);
-                        v1 = finish1(v1, bias, col + 1 < N ? col + 1 : 0);
+                        v0 = finish_with(v0, b.x);
+                        v1 = finish_with(v1, b.y);
                         if (pair) {
                             st_pair(p, v0, v1);
                         } else {

@@ -77,11 +77,35 @@ __device__ __forceinline__ float activate(float x)
     return x;
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 
@@ -315,6 +339,12 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
     const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
+    const int num_items = num_tiles;
+    auto item = [&](int t, int& tile, int& kt0, int& kt1) {
+        tile = t;
+        kt0 = 0;
+        kt1 = k_tiles;
+    };
     const uint32_t rank = 0;
     const int cluster_id = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
 
@@ -335,11 +365,12 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
         if (tid == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int t = cluster_id; t < num_tiles; t += clusters) {
-                int bt, ctm, tn;
-                tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            for (int t = cluster_id; t < num_items; t += clusters) {
+                int tile, kt0, kt1, bt, ctm, tn;
+                item(t, tile, kt0, kt1);
+                tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
                 const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = kt0; kt < kt1; ++kt) {
                     mbar_wait(empty(stage), phase ^ 1);  // consumers of every block are done with it
                     const uint32_t bar = full(stage);
                     mbar_arrive_expect_tx(bar, STAGE_BYTES);
@@ -373,10 +404,11 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
             }
         };
 
-        for (int t = cluster_id; t < num_tiles; t += clusters) {
+        for (int t = cluster_id; t < num_items; t += clusters) {
             const int row0 = consumer * WM;  // this consumer's rows of the tile
-            int bt, ctm, tn;
-            tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            int tile, kt0, kt1, bt, ctm, tn;
+            item(t, tile, kt0, kt1);
+            tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
             OutT* const Cb = C + static_cast<long long>(bt) * sC;  // this problem's C
 #pragma unroll
@@ -387,7 +419,7 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
                 fence_acc(acc[i]);
             }
             int previous = -1;
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            for (int kt = kt0; kt < kt1; ++kt) {
                 mbar_wait(full(stage), phase);
                 const uint32_t a_tile = base + stage * STAGE_BYTES + row0 * 128;
                 const uint32_t b_tile = base + stage * STAGE_BYTES + A_STAGE_BYTES;
@@ -413,27 +445,33 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i)
                 fence_acc(acc[i]);
-            release(previous);
+            if (previous >= 0)  // (a split-K slice of no k-tiles had none)
+                release(previous);
 
             // Epilogue: C = act(alpha * acc + beta * C + bias), rounded to C's type; rows >= M
             // and columns >= N never touched, C not read when beta == 0. Accumulator j of
             // slice i holds row 16 warp + lane/4 (+8 for j%4 >= 2), column 8 (j/4) + 2 (lane%4)
-            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow).
+            // + j%2: each thread stores pairs (one 2-element access where C and ldc allow),
+            // column pair by column pair, so that each pair's bias is read once for its rows,
+            // and a pair ahead (its latency under this pair's rows).
+            float2 b_next = bias_pair(bias, n0 + (lane % 4) * 2, N);
 #pragma unroll
-            for (int i = 0; i < M_WGMMAS; ++i) {
+            for (int nb = 0; nb < BN / 8; ++nb) {
+                const int col = n0 + nb * 8 + (lane % 4) * 2;
+                const bool pair = c_vec2 && col + 1 < N;
+                const float2 b = b_next;
+                if (nb + 1 < BN / 8)
+                    b_next = bias_pair(bias, col + 8, N);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
-                    if (row >= M)
-                        continue;
-                    OutT* const c_row = Cb + static_cast<size_t>(row) * ldc;
+                for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
-                    for (int nb = 0; nb < BN / 8; ++nb) {
-                        const int col = n0 + nb * 8 + (lane % 4) * 2;
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m0 + row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
+                        if (row >= M)
+                            continue;
+                        OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
                         float v0 = alpha * acc[i][nb * 4 + h * 2];
                         float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
-                        OutT* const p = c_row + col;
-                        const bool pair = c_vec2 && col + 1 < N;
                         if (beta != 0.0f) {
                             if (pair) {
                                 const float2 old = ld_pair(p);
@@ -448,8 +486,8 @@ gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
                         }
                         // the bias and the activation once per element (one copy of the
                         // activation's code per element: the unrolled epilogue stays small)
-                        v0 = finish1(v0, bias, col < N ? col : 0);
-                        v1 = finish1(v1, bias, col + 1 < N ? col + 1 : 0);
+                        v0 = finish_with(v0, b.x);
+                        v1 = finish_with(v1, b.y);
                         if (pair) {
                             st_pair(p, v0, v1);
                         } else {

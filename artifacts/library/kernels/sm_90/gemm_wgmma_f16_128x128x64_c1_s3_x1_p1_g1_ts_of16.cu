@@ -82,11 +82,35 @@ __device__ __forceinline__ float activate(float x)
     return x;
 }
 
-// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation.
-__device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
+// alpha * acc (+ beta * old), given as v, finished: + bias[col], then the activation. (Each
+// family uses some of these helpers: [[maybe_unused]] keeps nvcc quiet about the others.)
+[[maybe_unused]] __device__ __forceinline__ float finish1(float v, const BiasT* bias, int col)
 {
     if constexpr (HAS_BIAS)
         v += static_cast<float>(bias[col]);
+    return activate(v);
+}
+
+// bias[col] and bias[col + 1] in FP32 (0 past N; unread without a bias), for a thread that
+// stores many rows of the same two columns: read once, not once per output (stores to C
+// between the reads would otherwise make the compiler read them again)
+[[maybe_unused]] __device__ __forceinline__ float2 bias_pair(const BiasT* bias, int col, int N)
+{
+    float2 b = make_float2(0.0f, 0.0f);
+    if constexpr (HAS_BIAS) {
+        if (col < N)
+            b.x = static_cast<float>(bias[col]);
+        if (col + 1 < N)
+            b.y = static_cast<float>(bias[col + 1]);
+    }
+    return b;
+}
+
+// finish1 with the bias value already read (b: from bias_pair)
+[[maybe_unused]] __device__ __forceinline__ float finish_with(float v, float b)
+{
+    if constexpr (HAS_BIAS)
+        v += b;
     return activate(v);
 }
 
@@ -361,6 +385,12 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
     const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
+    const int num_items = num_tiles;
+    auto item = [&](int t, int& tile, int& kt0, int& kt1) {
+        tile = t;
+        kt0 = 0;
+        kt1 = k_tiles;
+    };
     const uint32_t rank = 0;
     const int cluster_id = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
 
@@ -382,11 +412,12 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
         if (tid == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int t = cluster_id; t < num_tiles; t += clusters) {
-                int bt, ctm, tn;
-                tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            for (int t = cluster_id; t < num_items; t += clusters) {
+                int tile, kt0, kt1, bt, ctm, tn;
+                item(t, tile, kt0, kt1);
+                tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
                 const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
-                for (int kt = 0; kt < k_tiles; ++kt) {
+                for (int kt = kt0; kt < kt1; ++kt) {
                     mbar_wait(empty(stage), phase ^ 1);  // consumers of every block are done with it
                     const uint32_t bar = full(stage);
                     mbar_arrive_expect_tx(bar, STAGE_BYTES);
@@ -419,10 +450,11 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
             }
         };
 
-        for (int t = cluster_id; t < num_tiles; t += clusters) {
+        for (int t = cluster_id; t < num_items; t += clusters) {
             const int row0 = consumer * WM;  // this consumer's rows of the tile
-            int bt, ctm, tn;
-            tile_coords(t, ctiles_m, tiles_n, bt, ctm, tn);
+            int tile, kt0, kt1, bt, ctm, tn;
+            item(t, tile, kt0, kt1);
+            tile_coords(tile, ctiles_m, tiles_n, bt, ctm, tn);
             const int m0 = (ctm * CLUSTER + static_cast<int>(rank)) * BM, n0 = tn * BN;
             OutT* const Cb = C + static_cast<long long>(bt) * sC;  // this problem's C
 #pragma unroll
@@ -433,7 +465,7 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
                 fence_acc(acc[i]);
             }
             int previous = -1;
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            for (int kt = kt0; kt < kt1; ++kt) {
                 mbar_wait(full(stage), phase);
                 const uint32_t a_tile = base + stage * STAGE_BYTES + row0 * 128;
                 const uint32_t b_tile = base + stage * STAGE_BYTES + A_STAGE_BYTES;
@@ -459,7 +491,8 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
 #pragma unroll
             for (int i = 0; i < M_WGMMAS; ++i)
                 fence_acc(acc[i]);
-            release(previous);
+            if (previous >= 0)  // (a split-K slice of no k-tiles had none)
+                release(previous);
 
             // Epilogue through shared memory: for each 32-column slice of this consumer's
             // WM x BN tile, its threads write act(alpha * acc + beta * C + bias) (beta * C read
@@ -469,9 +502,21 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
             // buffer is written again only once the store before last has read it: the stores
             // run on under the next slice and the next tile's wgmmas.
             const uint32_t cbuf0 = base + C_OFF + consumer * 2 * C_BUF_BYTES;
+            // the bias of this thread's columns in a slice, read a slice ahead of its use
+            float2 bq_next[C_SLICE / 8];
+#pragma unroll
+            for (int q = 0; q < C_SLICE / 8; ++q)
+                bq_next[q] = bias_pair(bias, n0 + q * 8 + (lane % 4) * 2, N);
 #pragma unroll
             for (int sb = 0; sb < BN / C_SLICE; ++sb) {
                 const uint32_t cbuf = cbuf0 + (sb % 2) * C_BUF_BYTES;
+                float2 bq[C_SLICE / 8];
+#pragma unroll
+                for (int q = 0; q < C_SLICE / 8; ++q) {
+                    bq[q] = bq_next[q];
+                    if (sb + 1 < BN / C_SLICE)
+                        bq_next[q] = bias_pair(bias, n0 + (sb + 1) * C_SLICE + q * 8 + (lane % 4) * 2, N);
+                }
                 if (leader)
                     bulk_wait_read<1>();
                 warpgroup_sync(consumer);  // this buffer's last store has read it
@@ -499,10 +544,8 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
                                     v0 = fmaf(beta, static_cast<float>(p[0]), v0);
                                 }
                             }
-                            if (col < N)  // bias has N entries; columns past N are not stored
-                                v0 = finish1(v0, bias, col);
-                            if (col + 1 < N)
-                                v1 = finish1(v1, bias, col + 1);
+                            v0 = finish_with(v0, bq[q].x);  // columns past N: TMA clips them
+                            v1 = finish_with(v1, bq[q].y);
                             // 2-byte C, rows of 64 B, SWIZZLE_64B: 16-byte chunk cc/8 of row r
                             // lands at chunk (cc/8) ^ ((r/2) % 4). A warp's 32 4-byte stores
                             // (8 rows, 4 chunks of 4 lanes each) fall on 32 distinct banks.
