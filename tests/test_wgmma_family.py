@@ -959,7 +959,7 @@ def test_epilogue_source_says_what_it_does():
     assert "C (bf16, SWIZZLE_64B) box 64 x 32" in ts and "C_ES = 2;" in ts
     assert "sts_pair(cbuf + r * 64 + (((cc / 8) ^ ((r / 2) % 4)) * 16) + (cc % 8) * 2, v0, v1);" in ts
     assert "sts64" not in ts and "expf(-x)" in ts
-    assert "bq_next[q] = bias_pair(bias, n0 + (sb + 1) * C_SLICE + q * 8 + (lane % 4) * 2, N);" in ts
+    assert "bq[q] = bias_pair(bias, n0 + sb * C_SLICE + q * 8 + (lane % 4) * 2, N);" in ts
     plain = render(DEFAULT_WGMMA)  # fp32 C: no fp16 / bf16 header, the 8-byte pair stores
     assert "cuda_fp16.h" not in plain and "cuda_bf16.h" not in plain
     assert "return *reinterpret_cast<const float2*>(p);" in plain

@@ -532,21 +532,15 @@ gemm_wgmma_bf16_128x192x64_c2_s3_x1_p1_g16_ts_nt_obf16_bias_gelu(const __grid_co
             // buffer is written again only once the store before last has read it: the stores
             // run on under the next slice and the next tile's wgmmas.
             const uint32_t cbuf0 = base + C_OFF + consumer * 2 * C_BUF_BYTES;
-            // the bias of this thread's columns in a slice, read a slice ahead of its use
-            float2 bq_next[C_SLICE / 8];
-#pragma unroll
-            for (int q = 0; q < C_SLICE / 8; ++q)
-                bq_next[q] = bias_pair(bias, n0 + q * 8 + (lane % 4) * 2, N);
 #pragma unroll
             for (int sb = 0; sb < BN / C_SLICE; ++sb) {
                 const uint32_t cbuf = cbuf0 + (sb % 2) * C_BUF_BYTES;
+                // the bias of this thread's columns in the slice, read under the wait below
+                // (a slice ahead instead measured 2-7% slower: bench/NOTES.md)
                 float2 bq[C_SLICE / 8];
 #pragma unroll
-                for (int q = 0; q < C_SLICE / 8; ++q) {
-                    bq[q] = bq_next[q];
-                    if (sb + 1 < BN / C_SLICE)
-                        bq_next[q] = bias_pair(bias, n0 + (sb + 1) * C_SLICE + q * 8 + (lane % 4) * 2, N);
-                }
+                for (int q = 0; q < C_SLICE / 8; ++q)
+                    bq[q] = bias_pair(bias, n0 + sb * C_SLICE + q * 8 + (lane % 4) * 2, N);
                 if (leader)
                     bulk_wait_read<1>();
                 warpgroup_sync(consumer);  // this buffer's last store has read it
