@@ -149,6 +149,54 @@ def test_cublas_and_torch_compute_every_variant(empty_lib, layout, out, with_bia
     assert plan.choice.kernel is None and plan.torch_run is not None
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_relu_and_tanh_gelu_with_a_bias_on_cublas_are_one_cublaslt_call(empty_lib, dtype, act):
+    """No kernel: ReLU and GELU(tanh) with a bias of C's type run in cuBLASLt's epilogue
+    (torch._addmm_activation), with no elementwise kernel of torch's after the GEMM, through
+    lib.gemm (C allocated), torch_ops.linear on 2-D and 3-D x and a patched Linear + the
+    activation module, on the Python path (first call) and the C++ path (the calls after);
+    against float64. At one row torch itself runs addmm and the activation (cuBLASLt takes no
+    single-row problem): still right."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from tuner.runtime import torch_ops
+
+    dt = getattr(torch, dtype)
+    torch_act = torch.nn.ReLU() if act == "relu" else torch.nn.GELU(approximate="tanh")
+    n, k = 77, 259
+    lin = torch.nn.Linear(k, n).cuda().to(dt)
+    W, b = lin.weight.detach(), lin.bias.detach()
+    patched = torch_ops.patch(torch.nn.Sequential(lin, torch_act), empty_lib)
+
+    def torch_kernels(fn):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            y = fn()
+            torch.cuda.synchronize()
+        return y, [e.name for e in prof.events()
+                   if e.device_type.name == "CUDA" and "at::native" in e.name]
+
+    with torch.inference_mode():
+        for rows in ((131,), (1,), (2, 33)):
+            x = torch.randn(*rows, k, device="cuda", dtype=dt)
+            ref = _reference(torch, x.reshape(-1, k), W.t(), bias=b, act=act).view(*rows, n)
+            calls = {"linear": lambda: torch_ops.linear(x, W, b, act, library=empty_lib),
+                     "patched": lambda: patched(x)}
+            if len(rows) == 1:
+                calls["gemm"] = lambda: empty_lib.gemm(x, W.t(), bias=b, activation=act)
+            for name, fn in calls.items():
+                for i in range(3):  # the Python path, then C++ (lib.gemm: Python)
+                    torch.full((*rows, n), float("nan"), device="cuda", dtype=dt)
+                    y, extra = torch_kernels(fn)
+                    assert y.shape == ref.shape and y.dtype == dt, (name, rows)
+                    assert _err(y, ref) <= GATE[dtype], (name, rows, i, _err(y, ref))
+                    if rows[0] > 1 or len(rows) > 1:
+                        assert extra == [], (name, rows, i, extra)
+    assert all(p.torch_run is not None for p in empty_lib.plans.values())
+    assert empty_lib.fast is None or empty_lib.fast.stats()["hits"] > 0
+
+
 @pytest.mark.parametrize("with_bias,act", EPILOGUES, ids=lambda x: str(x))
 @pytest.mark.parametrize("out", ["float32", "float16"])
 @pytest.mark.parametrize("layout", ["nn", "nt", "tt"])

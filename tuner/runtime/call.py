@@ -126,6 +126,12 @@ def torch_epilogue(C, bias, act: str, inplace: bool = True):
     return C
 
 
+#: the activations cuBLASLt applies in its epilogue together with the bias, through
+#: torch._addmm_activation(bias, A, B, use_gelu=...): one kernel where torch's F.linear and
+#: the activation are two, and C written once (its GELU is the tanh form)
+LT_ACTIVATIONS = {"relu": False, "gelu_tanh": True}
+
+
 def _gelu(C, approximate: str, inplace: bool):
     """GELU through torch's own binding (torch.ops.aten's dispatch costs a microsecond more
     a call), where this torch has it."""
@@ -140,7 +146,8 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
     """cuBLAS through torch on its current stream: C = act(alpha A B + beta C + bias) (beta 0:
     C unread), with the calls such a caller would have made: torch.mm (alpha 1, beta 0:
     torch.matmul's own 2-D call, without its dispatch on rank), torch.addmm (the bias fused
-    when it is of C's type and beta is 0), torch.bmm / baddbmm for a batch (a 2-D operand
+    when it is of C's type and beta is 0; ReLU or GELU(tanh) as well where the call
+    allocates C, by torch._addmm_activation: LT_ACTIVATIONS), torch.bmm / baddbmm for a batch (a 2-D operand
     expanded over it, no copy). `matrices`: A, B and C are all 2-D (the plan's key fixes
     every operand's rank). Returns C; with C None (the call allocates it: beta is 0)
     torch.mm, torch.bmm and addmm allocate it themselves, as torch.matmul does (one
@@ -149,6 +156,7 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
 
     mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
     fused = act != "none"
+    use_gelu = LT_ACTIVATIONS.get(act)  # None: the activation is torch's own op after
 
     def batched(X):  # X over the whole batch: 3-D as it is, else expanded (no copy)
         if X.dim() == 3 and X.shape[0] == batch:
@@ -160,6 +168,8 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
             if alpha == 1.0 and bias is None:  # as torch.matmul: the product allocates C
                 C = mm(A, B) if matrices else bmm(batched(A), batched(B))
             elif matrices and bias is not None and bias.dtype == A.dtype:
+                if alpha == 1.0 and use_gelu is not None:  # bias and activation in cuBLASLt
+                    return torch._addmm_activation(bias, A, B, use_gelu=use_gelu)
                 C = addmm(bias, A, B) if alpha == 1.0 else addmm(bias, A, B, alpha=alpha)
                 bias = None
             else:
@@ -194,6 +204,7 @@ _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 _TORCH_OUT = {}  # DType -> torch dtype, once torch has been seen
 _F_LINEAR = None  # torch.nn.functional.linear, once torch has been seen
+_ADDMM_ACT = None  # torch._addmm_activation (LT_ACTIVATIONS), once torch has been seen
 
 
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
@@ -223,7 +234,7 @@ def fp32_request(dtype: DType, mode: DType | None) -> DType:
 
 def _see_torch() -> None:
     """Bind torch's cheap accessors, once torch tensors are seen."""
-    global _TENSORS, _TF32, _DEVICE, _F_LINEAR
+    global _TENSORS, _TF32, _DEVICE, _F_LINEAR, _ADDMM_ACT
     import torch
 
     _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
@@ -232,6 +243,7 @@ def _see_torch() -> None:
                        DType.BF16: torch.bfloat16})
     _TENSORS = (torch.Tensor, torch.nn.Parameter)
     _F_LINEAR = torch.nn.functional.linear
+    _ADDMM_ACT = torch._addmm_activation
 
 
 def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
@@ -359,7 +371,8 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
     lib.plans (a recording, which makes plans afresh, sees these calls too). Where cuBLAS
     runs through torch and the bias is of x's type, the call is torch's own
     F.linear(x, W, bias) (x as it is, no view), the activation after it as torch's
-    F.gelu(F.linear(...)) (out of place: see torch_epilogue).
+    F.gelu(F.linear(...)) (out of place: see torch_epilogue), except ReLU and GELU(tanh)
+    with a bias: one cuBLASLt call with both in its epilogue (LT_ACTIVATIONS).
     `w_at`: (W.data_ptr(), W.shape), where the caller has read them already (B a view of
     W: the same pointer)."""
     if not _TENSORS:
@@ -390,6 +403,9 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
         if bias is None or bias.dtype is x.dtype:
             if plan.tally is not None:
                 plan.tally[0] += 1
+            if bias is not None and act in LT_ACTIVATIONS:  # one cuBLASLt call (_torch_fallback)
+                return _ADDMM_ACT(bias, x if x.dim() == 2 else x.view(-1, x.shape[-1]), B,
+                                  use_gelu=LT_ACTIVATIONS[act]).view(hit[1])
             y = _F_LINEAR(x, W, bias)
             return y if act is None or act == "none" else torch_epilogue(y, None, act, False)
         rows = x.view(-1, x.shape[-1])  # (a bias of another type than x: torch's route)

@@ -260,8 +260,20 @@ class Table {
     if (!e) return py::none();
     at::Tensor out;
     if (e->torch) {
-      out = at::linear(x, w, bs ? c10::optional<at::Tensor>(*bs) : c10::nullopt);
-      out = activation(out, e->act);
+      if (bs && (e->act == 1 || e->act == 3)) {
+        // ReLU or GELU(tanh) with the bias in cuBLASLt's epilogue: one call, as
+        // tuner.runtime.call.torch_linear makes it (LT_ACTIVATIONS)
+        const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+        out = at::_addmm_activation(*bs, x2, w.t(), 1, 1, e->act == 3);
+        if (x.dim() != 2) {
+          std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+          shape.back() = w.size(0);
+          out = out.view(shape);
+        }
+      } else {
+        out = at::linear(x, w, bs ? c10::optional<at::Tensor>(*bs) : c10::nullopt);
+        out = activation(out, e->act);
+      }
     } else if (!launch(*e, x, w, nullptr, bs, 1.0, 0.0, out)) {
       misses_.fetch_add(1, std::memory_order_relaxed);
       return py::none();
