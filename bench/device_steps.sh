@@ -35,6 +35,10 @@
 #   linear    bench/linear_host_path.py (a small linear's time through torch and each entry point)
 #   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched; the
 #             tuned library comes back as model-gemms-library.tar.gz)
+#   forwards  bench/forward_profile.py $FORWARDS_ARGS (a patched layer's forward against the
+#             unpatched one, kernel by kernel)
+#   ab        bench/template_ab.py --templates $AB_TEMPLATES templates (a template change
+#             measured: each kernel of $AB_PAIRS from each template directory, turn about)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
 #   multigpu  bench/multi_gpu.py (one search on one GPU and on all of them)
 # Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/device_steps.sh tests library
@@ -157,6 +161,13 @@ PY
         2>&1 | tee "$OUT/model-gemms.log" | tail -40
       # the tuned library, whole (a folder that deep does not come back file by file)
       [ -d artifacts/model-gemms ] && tar czf "$OUT/model-gemms-library.tar.gz" artifacts/model-gemms ;;
+    forwards)
+      timeout ${FORWARDS_TIMEOUT:-200} python3 bench/forward_profile.py --out "$OUT" \
+        ${FORWARDS_ARGS:-} 2>&1 | grep -v Warning | tail -60 ;;
+    ab)
+      timeout ${AB_TIMEOUT:-300} python3 bench/template_ab.py --out "$OUT" \
+        --templates ${AB_TEMPLATES:?AB_TEMPLATES: older template directories} templates \
+        ${AB_PAIRS:+--pairs $AB_PAIRS} 2>&1 | grep -v Warning | tail -30 ;;
     sanitize)
       timeout ${SANITIZE_TIMEOUT:-200} python3 bench/sanitize.py --out "$OUT" ${SANITIZE_ARGS:-} \
         2>&1 | tail -25 ;;

@@ -127,8 +127,10 @@ def torch_epilogue(C, bias, act: str, inplace: bool = True):
 
 
 #: the activations cuBLASLt applies in its epilogue together with the bias, through
-#: torch._addmm_activation(bias, A, B, use_gelu=...): one kernel where torch's F.linear and
-#: the activation are two, and C written once (its GELU is the tanh form)
+#: torch._addmm_activation(bias, A, B, use_gelu=...) on CUDA tensors: one kernel where
+#: torch's F.linear and the activation are two, and C written once. Its GELU is the tanh
+#: form on CUDA (cuBLASLt's, and torch's own where it runs addmm and the activation
+#: instead: a single row), but the erf form on the CPU: CUDA tensors only.
 LT_ACTIVATIONS = {"relu": False, "gelu_tanh": True}
 
 
@@ -168,7 +170,7 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
             if alpha == 1.0 and bias is None:  # as torch.matmul: the product allocates C
                 C = mm(A, B) if matrices else bmm(batched(A), batched(B))
             elif matrices and bias is not None and bias.dtype == A.dtype:
-                if alpha == 1.0 and use_gelu is not None:  # bias and activation in cuBLASLt
+                if alpha == 1.0 and use_gelu is not None and A.is_cuda:  # in cuBLASLt
                     return torch._addmm_activation(bias, A, B, use_gelu=use_gelu)
                 C = addmm(bias, A, B) if alpha == 1.0 else addmm(bias, A, B, alpha=alpha)
                 bias = None

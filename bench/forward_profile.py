@@ -1,0 +1,117 @@
+"""Kernel by kernel: a patched decoder layer's forward against the unpatched one.
+
+bench/model_gemms.py times whole forwards; where a patched forward lags although each of
+its GEMMs keeps up, this says where the time goes. For each layer and token count it
+builds the layer as model_gemms does (random weights, seed 0), patches a copy through the
+library (torch_ops.patch), runs both a few times (first-use decisions made), then:
+  - torch.profiler over 5 forwards of each: the GPU time per forward and the kernels that
+    take it (per forward: calls and microseconds, largest first);
+  - both forwards timed turn about (bench/wgmma_vs_cublas.Timer: CUDA events, the L2
+    flushed before each repetition), 5 rounds, each round's median;
+  - the library's plans at that token count: what each problem ran and why.
+
+    python bench/forward_profile.py [--library DIR] [--cases llama:2048,gpt2:128] [--out DIR]
+
+Writes forward-profile-<gpu>-<date>.json under --out (default bench/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from _common import commit, cpp_path, write  # noqa: E402
+
+#: kernels listed per forward
+TOP = 14
+
+
+def profile_forward(torch, fn, reps: int = 5) -> dict:
+    """GPU time per forward, and its kernels, largest first (per forward)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us()
+    rows = sorted(((n, c / reps, us / reps) for n, (c, us) in kernels.items()),
+                  key=lambda r: -r[2])
+    return dict(gpu_us=sum(r[2] for r in rows),
+                kernels=[dict(name=n, calls=c, us=us) for n, c, us in rows[:TOP]])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--library", default="artifacts/library")
+    ap.add_argument("--cases", default="llama:2048,gpt2:128,llama:16",
+                    help="layer:tokens pairs, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    import datetime
+
+    import torch
+
+    import model_gemms as mg
+    from tuner.runtime import load_library, torch_ops
+    from wgmma_vs_cublas import Timer
+
+    call_path = cpp_path()
+    lib = load_library(args.library)
+    timer = Timer(torch)
+    cases = []
+    for case in args.cases.split(","):
+        name, tokens = case.split(":")
+        spec, tokens = mg.LAYERS[name], int(tokens)
+        torch.manual_seed(0)
+        plain = mg.build_layer(spec, "cuda")
+        patched = copy.deepcopy(plain, memo={id(p): p for p in plain.parameters()})
+        torch_ops.patch(patched, lib)
+        x = torch.randn(1, tokens, spec.hidden, device="cuda", dtype=mg._tdt(spec.dtype))
+        row = dict(layer=name, tokens=tokens)
+        with torch.inference_mode():
+            for _ in range(3):
+                plain(x), patched(x)
+            torch.cuda.synchronize()
+            for label, f in (("unpatched", plain), ("patched", patched)):
+                row[label] = profile_forward(torch, lambda: f(x))
+                row[label]["rounds_ms"] = []
+            for _ in range(args.rounds):
+                for label, f in (("unpatched", plain), ("patched", patched)):
+                    row[label]["rounds_ms"].append(statistics.median(timer(lambda: f(x))))
+        row["plans"] = [dict(mnk=[p.m, p.n, p.k], variant=p.problem.variant.key,
+                             runs=p.choice.kernel or "cuBLAS", rule=p.choice.rule)
+                        for p in lib.plans.values() if p.m == tokens and p.problem]
+        cases.append(row)
+        for label in ("unpatched", "patched"):
+            r = row[label]
+            print(f"== {name} T={tokens} {label}: GPU {r['gpu_us']:.1f} us a forward, "
+                  f"timed {statistics.median(r['rounds_ms']):.4f} ms "
+                  f"{[round(t, 4) for t in r['rounds_ms']]}")
+            for k in r["kernels"]:
+                print(f"   {k['calls']:4.1f}x {k['us']:9.1f} us  {k['name'][:100]}")
+        for p in row["plans"]:
+            print(f"   plan {p['mnk']} {p['variant']}: {p['runs']} ({p['rule']})")
+    doc = dict(benchmark="forward-profile", gpu=torch.cuda.get_device_name(),
+               torch=torch.__version__, commit=commit(), call_path=call_path,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               library=str(args.library), cases=cases)
+    print("wrote", write("forward-profile", doc, args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""A template change, measured: each kernel of a pairs file rendered from each of several
+template directories (the working tree's templates/ and older ones), compiled, and timed
+turn about in one process (every version, then cuBLAS, in each round), so that the
+versions meet the same GPU clocks. cuBLAS runs the same GEMM in the same types (without
+the bias and the activation: tuner.bench.baseline_label).
+
+    mkdir -p /tmp/t-old && git archive REV templates | tar x -C /tmp/t-old
+    python bench/template_ab.py --templates /tmp/t-old/templates templates \
+        [--pairs bench/pairs/fused-epilogue.txt] [--rounds 5] [--out DIR]
+
+Writes template-ab-<gpu>-<date>.json under --out (default bench/results): per kernel, each
+version's TFLOP/s (median of the rounds, and every round) and cuBLAS's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import jinja2  # noqa: E402
+
+from _common import commit, write  # noqa: E402
+from codegen.compile import compile_source, target_arch  # noqa: E402
+from codegen.config import config_from_name  # noqa: E402
+from codegen.families import family_of  # noqa: E402
+from codegen.families._common import Variant  # noqa: E402
+from codegen.rendering import _env  # noqa: E402
+from tuner._shape import parse_shape  # noqa: E402
+
+
+def environment(directory: str) -> jinja2.Environment:
+    """codegen.rendering's Jinja2 environment, over another template directory."""
+    e = _env().overlay(loader=jinja2.FileSystemLoader(directory))
+    return e
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default=str(HERE / "pairs" / "fused-epilogue.txt"))
+    ap.add_argument("--templates", nargs="+", required=True, help="template directories")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    from tuner.bench import GpuBenchmark
+    from tuner.gpu import device
+
+    pairs = [line.split() for line in open(args.pairs) if line.strip() and not line.startswith("#")]
+    envs = {d: environment(d) for d in args.templates}
+    dev = device()
+
+    def build(item):
+        (shape, name), d = item
+        cfg = config_from_name(name)
+        src = envs[d].get_template(family_of(cfg).template).render(**cfg.template_values())
+        r = compile_source(src, target_arch(cfg, dev.sm), name)
+        assert r.ok, r.log[-2000:]
+        return (shape, name, d), r
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # nvcc runs in its own processes
+        built = dict(pool.map(build, [((s, n), d) for s, n in pairs for d in args.templates]))
+    rows, benches = [], {}
+    for shape, name in pairs:
+        cfg = config_from_name(name)
+        key = (shape, cfg.dtype, Variant.of(cfg))
+        if key not in benches:  # one problem (and its GPU buffers) per shape and variant
+            benches[key] = GpuBenchmark(parse_shape(shape), cfg.dtype, seed=None,
+                                        variant=Variant.of(cfg))
+        bench = benches[key]
+        t: dict = {d: [] for d in args.templates}
+        t["cublas"] = []
+        for _ in range(args.rounds):
+            for d in args.templates:
+                m = bench.measure(cfg, built[(shape, name, d)].cubin)
+                if m.outcome.value != "timed":
+                    raise RuntimeError(f"{name} from {d}: {m.outcome.value} {m.message}")
+                t[d].append(m.timing.tflops(bench.flops))
+            t["cublas"].append(bench.baseline().timing.tflops(bench.flops))
+        med = {k: statistics.median(v) for k, v in t.items()}
+        rows.append(dict(shape=shape, kernel=name, baseline=bench.baseline_label,
+                         tflops=med, rounds=t))
+        print(f"{shape:>16} {name:<62} " + "  ".join(
+            f"{Path(d).name} {med[d]:6.1f} ({med[d] / med['cublas']:.3f})"
+            for d in args.templates) + f"  cuBLAS {med['cublas']:6.1f}", flush=True)
+    doc = dict(benchmark="template-ab", gpu=dev.name, commit=commit(), templates=args.templates,
+               rounds=args.rounds,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               rows=rows)
+    print("wrote", write("template-ab", doc, args.out))
+
+
+if __name__ == "__main__":
+    main()
