@@ -149,11 +149,12 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
     C unread), with the calls such a caller would have made: torch.mm (alpha 1, beta 0:
     torch.matmul's own 2-D call, without its dispatch on rank), torch.addmm (the bias fused
     when it is of C's type and beta is 0; ReLU or GELU(tanh) as well where the call
-    allocates C, by torch._addmm_activation: LT_ACTIVATIONS), torch.bmm / baddbmm for a batch (a 2-D operand
-    expanded over it, no copy). `matrices`: A, B and C are all 2-D (the plan's key fixes
-    every operand's rank). Returns C; with C None (the call allocates it: beta is 0)
-    torch.mm, torch.bmm and addmm allocate it themselves, as torch.matmul does (one
-    dispatch less than torch.empty and out=), others an `out_shape` tensor of A's type."""
+    allocates C, by torch._addmm_activation: LT_ACTIVATIONS), torch.bmm / baddbmm for a
+    batch (a 2-D operand expanded over it, no copy). `matrices`: A, B and C are all 2-D
+    (the plan's key fixes every operand's rank). Returns C; with C None (the call allocates
+    it: beta is 0) torch.mm, torch.bmm and addmm allocate it themselves, as torch.matmul
+    does (one dispatch less than torch.empty and out=), others an `out_shape` tensor of A's
+    type."""
     import torch
 
     mm, addmm, bmm, baddbmm = torch.mm, torch.addmm, torch.bmm, torch.baddbmm
