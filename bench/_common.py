@@ -97,15 +97,26 @@ def geomean(values) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def interleaved(timer, fns: dict, rounds: int) -> dict:
+def interleaved(timer, fns: dict, rounds: int, paired=()) -> dict:
     """Time each of `fns` (name -> no-argument callable) once per round, turn about, for
     `rounds` rounds, so that every figure comes from the same minutes. `timer(fn)` returns
-    a list of times (wgmma_vs_cublas.Timer: CUDA events, L2 flushed). Returns name ->
+    a list of times (wgmma_vs_cublas.Timer: CUDA events, L2 flushed). `paired`: (name,
+    name) pairs of `fns` timed together, repetition by repetition (`timer.pair(fa, fb)`:
+    a, b, a, b ...), for host-paced functions compared with each other. Returns name ->
     (median of the rounds' medians, [each round's median])."""
     import statistics
 
+    partner = dict(paired)
     per: dict = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            per[name].append(statistics.median(timer(fn)))
+            if name in partner.values():
+                continue  # timed with its partner
+            if name in partner:
+                other = partner[name]
+                ta, tb = timer.pair(fn, fns[other])
+                per[name].append(statistics.median(ta))
+                per[other].append(statistics.median(tb))
+            else:
+                per[name].append(statistics.median(timer(fn)))
     return {name: (statistics.median(ms), ms) for name, ms in per.items()}

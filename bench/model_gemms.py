@@ -48,7 +48,9 @@ Steps:
      "max-autotune", dynamic=False) of that same module (with its CUDA graphs; x is
      marked a static address, so the graph runs on it in place instead of copying it);
    - the layer's forward, patched (torch_ops.patch) against unpatched (the same
-     parameters), under torch.inference_mode().
+     parameters), under torch.inference_mode(): the two timed repetition by repetition
+     in turn (Timer.pair), since the host paces a forward of a few tokens and its speed
+     drifts within a round.
    Each output is checked before anything is timed, against float64 on fresh random
    inputs: a GEMM's (its second call's, the caching allocator first handed a NaN-filled
    block of the output's size, so an output never written reads as NaN) against
@@ -586,7 +588,10 @@ class Session:
                 fns.update(f)
             fwd, f = self.forward(spec, tokens, plain, patched, ref)
             fns.update(f)
-            times = interleaved(self.timer, fns, self.args.rounds)
+            # the two forwards repetition by repetition: at a few tokens the host paces
+            # them, and its speed drifts within a round (bench/NOTES.md, "Eighteenth session")
+            times = interleaved(self.timer, fns, self.args.rounds,
+                                paired=[("forward/patched", "forward/unpatched")])
         for row in rows:
             self._times(row, times, row["name"])
             row["ratio"] = row["torch_ms"] / row["ms"]

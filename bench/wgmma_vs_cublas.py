@@ -103,6 +103,30 @@ class Timer:
         ends[-1].synchronize()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
+    def pair(self, fa, fb) -> tuple[list[float], list[float]]:
+        """Two functions timed as __call__ times one, repetition by repetition in turn (a,
+        b, a, b ...): where the host paces them (a short forward), its speed drifts over
+        seconds, and both then see the same drift."""
+        torch = self.torch
+        for _ in range(3):
+            fa(), fb()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fa(), fb()
+        e1.record()
+        e1.synchronize()
+        reps = int(min(200, max(10, 2 * TARGET_MS / max(e0.elapsed_time(e1), 1e-3))))
+        events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
+        for ev in events:
+            for (s, e), fn in zip((ev[:2], ev[2:]), (fa, fb)):
+                self.flush_buf.zero_()
+                s.record()
+                fn()
+                e.record()
+        events[-1][-1].synchronize()
+        return ([ev[0].elapsed_time(ev[1]) for ev in events],
+                [ev[2].elapsed_time(ev[3]) for ev in events])
+
 
 def cublas_runner(torch, a, b, c, dtype):
     """(callable running cuBLAS with an FP32 C, how); c receives its result once."""

@@ -206,6 +206,16 @@ def test_interleaved_times_each_function_once_a_round_in_turn():
     out = _common.interleaved(timer, {"a": lambda: "a", "b": lambda: "b"}, 3)
     assert calls == ["a", "b"] * 3
     assert out == {"a": (2.0, [3.0, 1.0, 2.0]), "b": (5.0, [5.0, 5.0, 4.0])}
+    # a pair timed together (timer.pair), the others alone, in the same rounds
+    pairs = []
+    ms = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 5.0, 4.0]), "c": iter([7.0] * 3)}
+    timer.pair = lambda fa, fb: pairs.append((fa(), fb())) or (timer(fa), timer(fb))
+    calls.clear()
+    out = _common.interleaved(timer, {"c": lambda: "c", "a": lambda: "a", "b": lambda: "b"},
+                              3, paired=[("a", "b")])
+    assert pairs == [("a", "b")] * 3 and calls == ["c", "a", "b"] * 3
+    assert out == {"a": (2.0, [3.0, 1.0, 2.0]), "b": (5.0, [5.0, 5.0, 4.0]),
+                   "c": (7.0, [7.0] * 3)}
     assert _common.geomean([2.0, 8.0, None]) == pytest.approx(4.0)
     assert _common.geomean([]) is None
 
@@ -278,6 +288,7 @@ def _cpu_session(tmp_path, linear, tokens="1,5"):
         fn()
         timer["n"] += 1
         return [1.0]
+    fake_timer.pair = lambda fa, fb: (fake_timer(fa), fake_timer(fb))
     lib = types.SimpleNamespace(path=tmp_path / "lib", plans={})
     return mg.Session(lib, args, ops=ops, timer=fake_timer, device="cpu"), timer
 
