@@ -885,3 +885,20 @@ def test_record_lines_name_the_variant_and_the_batch(vlib, fake, tmp_path, monke
                                ("nt", "f32", "bias+silu", "out", "silu", 2, 1)]
     assert rows[0]["rule"] == "measured" and rows[0]["runs"] == VARIANT.name
     assert rows[1]["rule"] == "cublas"
+
+
+def test_decide_takes_the_torch_route_only_where_torch_sees_a_gpu(monkeypatch):
+    """A CPU-only torch (or one whose driver finds no GPU) cannot make a torch caller's
+    tensors: decide() then measures through gemm-tune's own route; no torch at all, the
+    same."""
+    import sys
+    import types
+
+    from tuner.runtime.library import _torch_sees_a_gpu
+
+    for available in (False, True):
+        fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda a=available: a))
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        assert _torch_sees_a_gpu() is available
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert _torch_sees_a_gpu() is False

@@ -157,14 +157,15 @@ class Library:
         """The kernel that runs this problem (packed operands on 256-byte boundaries) on
         this GPU, measuring now if the rule asks to and no decision is kept for its M-bucket
         (`gemm-tune prewarm`). `route`: how cuBLAS is reached, "torch" (torch tensors; the
-        default where torch is installed) or "gemm-tune" (cupy, pycuda, numpy, pointers).
+        default where torch is installed and sees a GPU) or "gemm-tune" (cupy, pycuda,
+        numpy, pointers).
         `variant`: layout, C's type, bias and activation (default: NN, fp32 C, none);
         `batch`: packed problems one after another."""
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
         variant = as_variant(variant)
         if route is None:
             fp32 = dtype in (DType.F32, DType.TF32, DType.F32X3)
-            route = "torch" if _torch_importable() and (
+            route = "torch" if _torch_sees_a_gpu() and (
                 variant.out is DType.F32 if fp32 else variant.out is dtype) else "gemm-tune"
         g = driver.gpu(driver.current_device() if device is None else device)
         problem = _packed(g, dtype, m, n, k, variant, batch, route == "torch")
@@ -387,10 +388,15 @@ def _mode(allow_tf32: bool, allow_3xtf32: bool) -> DType | None:
     return DType.TF32 if allow_tf32 else DType.F32X3 if allow_3xtf32 else None
 
 
-def _torch_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
+def _torch_sees_a_gpu() -> bool:
+    """Is torch installed, with a CUDA device it can use? Only then can a call take the
+    torch route: a CPU-only torch, or one whose driver finds no GPU, cannot make a torch
+    caller's tensors (where gemm-tune's own driver binding may still reach the GPU)."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - not installed, or installed without its libraries
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _case(dtype: DType, m: int, n: int, k: int, layout, out_dtype, bias: str, activation,
