@@ -53,6 +53,21 @@ def write(name: str, data: dict, out_dir: Path | None = None) -> Path:
     return path
 
 
+def problem_for(benches: dict, shape: str, config):
+    """The GpuBenchmark of the problem `config` builds at `shape` ("MxNxK": its input type,
+    layout, C's type, bias and activation), one per problem in `benches` (its GPU buffers
+    made once)."""
+    from codegen.families._common import Variant
+    from tuner._shape import parse_shape
+    from tuner.bench import GpuBenchmark
+
+    key = (shape, config.dtype, Variant.of(config))
+    if key not in benches:
+        benches[key] = GpuBenchmark(parse_shape(shape), config.dtype, seed=None,
+                                    variant=Variant.of(config))
+    return benches[key]
+
+
 def side_by_side(bench, config, cubin, rounds: int = 3) -> dict:
     """Time a kernel and cuBLAS turn about (A B A B ...) on one problem; medians of rounds."""
     import statistics

@@ -18,12 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import header, side_by_side, write  # noqa: E402
+from _common import header, problem_for, side_by_side, write  # noqa: E402
 
 from codegen import DEFAULT_CONFIG, compile_many  # noqa: E402
 from codegen.config import config_from_name  # noqa: E402
 from codegen.families._common import Variant  # noqa: E402
-from tuner._shape import parse_shape  # noqa: E402
 
 
 def main() -> None:
@@ -37,7 +36,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
-    from tuner.bench import GpuBenchmark
     from tuner.gpu import device
 
     dev = device()
@@ -49,11 +47,7 @@ def main() -> None:
     for text, cfg in pairs:
         res = built[cfg.name]
         assert res.ok, res.error
-        key = (text, cfg.dtype, Variant.of(cfg))
-        if key not in benches:  # one problem (and its GPU buffers) per shape and variant
-            benches[key] = GpuBenchmark(parse_shape(text), cfg.dtype, seed=None,
-                                        variant=Variant.of(cfg))
-        bench = benches[key]
+        bench = problem_for(benches, text, cfg)
         row = dict(shape=text, dtype=cfg.dtype.short, variant=Variant.of(cfg).key,
                    baseline=bench.baseline_label, registers=res.resources.registers,
                    smem=res.resources.smem, **side_by_side(bench, cfg, res.cubin, args.rounds))

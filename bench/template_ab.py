@@ -28,19 +28,16 @@ sys.path.insert(0, str(HERE))
 
 import jinja2  # noqa: E402
 
-from _common import commit, write  # noqa: E402
+from _common import commit, problem_for, write  # noqa: E402
 from codegen.compile import compile_source, target_arch  # noqa: E402
 from codegen.config import config_from_name  # noqa: E402
 from codegen.families import family_of  # noqa: E402
-from codegen.families._common import Variant  # noqa: E402
 from codegen.rendering import _env  # noqa: E402
-from tuner._shape import parse_shape  # noqa: E402
 
 
 def environment(directory: str) -> jinja2.Environment:
     """codegen.rendering's Jinja2 environment, over another template directory."""
-    e = _env().overlay(loader=jinja2.FileSystemLoader(directory))
-    return e
+    return _env().overlay(loader=jinja2.FileSystemLoader(directory))
 
 
 def main() -> None:
@@ -51,7 +48,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
-    from tuner.bench import GpuBenchmark
     from tuner.gpu import device
 
     pairs = [line.split() for line in open(args.pairs) if line.strip() and not line.startswith("#")]
@@ -71,11 +67,7 @@ def main() -> None:
     rows, benches = [], {}
     for shape, name in pairs:
         cfg = config_from_name(name)
-        key = (shape, cfg.dtype, Variant.of(cfg))
-        if key not in benches:  # one problem (and its GPU buffers) per shape and variant
-            benches[key] = GpuBenchmark(parse_shape(shape), cfg.dtype, seed=None,
-                                        variant=Variant.of(cfg))
-        bench = benches[key]
+        bench = problem_for(benches, shape, cfg)
         t: dict = {d: [] for d in args.templates}
         t["cublas"] = []
         for _ in range(args.rounds):
