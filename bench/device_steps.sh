@@ -39,6 +39,8 @@
 #             unpatched one, kernel by kernel)
 #   ab        bench/template_ab.py --templates $AB_TEMPLATES templates (a template change
 #             measured: each kernel of $AB_PAIRS from each template directory, turn about)
+#   kprofile  bench/kernel_profile.py $KPROFILE_ARGS (kernels beside cuBLAS and torch under
+#             sustained load, SM clock and power sampled; --ncu: Nsight Compute's sections)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
 #   multigpu  bench/multi_gpu.py (one search on one GPU and on all of them)
 # Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/device_steps.sh tests library
@@ -168,6 +170,9 @@ PY
       timeout ${AB_TIMEOUT:-300} python3 bench/template_ab.py --out "$OUT" \
         --templates ${AB_TEMPLATES:?AB_TEMPLATES: older template directories} templates \
         ${AB_PAIRS:+--pairs $AB_PAIRS} 2>&1 | grep -v Warning | tail -30 ;;
+    kprofile)
+      timeout ${KPROFILE_TIMEOUT:-400} python3 bench/kernel_profile.py --out "$OUT" \
+        ${KPROFILE_ARGS:?KPROFILE_ARGS: --pair SHAPE KERNEL ...} 2>&1 | grep -v Warning | tail -40 ;;
     sanitize)
       timeout ${SANITIZE_TIMEOUT:-200} python3 bench/sanitize.py --out "$OUT" ${SANITIZE_ARGS:-} \
         2>&1 | tail -25 ;;

@@ -599,10 +599,9 @@ class GpuBenchmark:
         p = self.problem
         return baseline_label(self.dtype, p.variant, p.batch, p.broadcast_b)
 
-    def baseline(self) -> Measurement:
-        """cuBLAS on the same GEMM (layout, batch, C's type where it has it: blas_out),
-        checked the same way against the reference without the bias and the activation
-        (which it does not do: baseline_label), timed the same way."""
+    def baseline_call(self) -> tuple[Callable[[], None], "DeviceArray", DType]:
+        """(run, C, C's type): cuBLAS's launch of the same GEMM (layout, batch, C's type
+        where it has it: blas_out) on the legacy default stream, and the C it writes."""
         p, blas = self.problem, cublas()
         out = blas_out(self.dtype, p.out)
         if out is p.out:
@@ -617,7 +616,14 @@ class GpuBenchmark:
             _blas_gemm(blas, self.dtype, out, p.variant.layout, p.m, p.n, p.k, p.alpha,
                        p.a.ptr, p.lda, sa, p.b.ptr, p.ldb, sb, p.beta, c.ptr, p.ldc, sc,
                        p.batch)
+        return run, c, out
 
+    def baseline(self) -> Measurement:
+        """cuBLAS on the same GEMM (baseline_call), checked the same way against the
+        reference without the bias and the activation (which it does not do:
+        baseline_label), timed the same way."""
+        p = self.problem
+        run, c, out = self.baseline_call()
         p.reset_c(c, out)
         run()
         driver.synchronize()
