@@ -119,6 +119,7 @@ def calls_for(benches, text, config, cubin):
     from tuner.runtime.runners import runner_for
 
     bench = problem_for(benches, text, config)
+    cubin = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
     p = bench.problem
     bound = p.bind(runner_for(config, cubin), bench.dev)
     calls = {"ours": lambda: p.run(bound), "cublas": bench.baseline_call()[0]}
@@ -194,10 +195,7 @@ def main() -> None:
                       f"{r['watts'] or 0:6.0f} W  {r['tflops_per_ghz'] or 0:6.1f} TFLOP/s per GHz",
                       flush=True)
         if args.ncu:
-            cubin_path = args.out / f"{cfg.name}.cubin"
-            cubin_path.write_bytes(res.cubin)
-            ncu(text, cfg.name, cubin_path, args.out)
-            cubin_path.unlink()
+            ncu(text, cfg.name, Path(res.cubin), args.out)
     data = dict(header(dev), benchmark="kernel_profile", seconds=args.seconds, rows=rows)
     print("wrote", write(args.label, data, args.out))
 
