@@ -1178,10 +1178,12 @@ def test_layout_source():
     tn = render(_at("tn"))
     assert "tma_load(a_dst + j * A_CHUNK_BYTES, &tmA, bar, m0 + j * 64, kt * BK, bt, a3);" in tn
     assert "(row0 / 64) * A_CHUNK_BYTES" in tn and "A box 64 x 64 (2 per stage)" in tn
-    assert "smem_desc(a_tile + i * A_CHUNK_BYTES + kk * 16 * 128, A_CHUNK_BYTES, 1024)" in tn
+    assert "(row0 / 64) * A_CHUNK_BYTES,\n                                               A_CHUNK_BYTES, 1024);" in tn
+    assert "desc_at(da0, i * A_CHUNK_BYTES + kk * 16 * 128)" in tn
     nt = render(_at("nt", cluster=2))
     assert "tma_load_multicast(b_dst, &tmB, bar, kt * BK, n0 + static_cast<int>(rank) * B_BOX_ROWS," in nt
-    assert "const uint64_t db = smem_desc(b_tile + kk * 32, 16, 1024);" in nt
+    assert "const uint64_t db0 = smem_desc(base + stage * STAGE_BYTES + A_STAGE_BYTES, 16, 1024);" in nt
+    assert "const uint64_t db = desc_at(db0, kk * 32);" in nt
     tf = render(dataclasses.replace(TF32_GOLDEN, layout=Layout.NT))
     assert "B^T (column-major B): K-major as TMA brings it, so rounded in place" in tf
     assert "k block kb" not in tf and "BT_OFF = 16384" in tf
@@ -1610,9 +1612,9 @@ def test_presplit_source_says_what_it_does():
     assert "mbar_arrive_expect_tx(bar, STAGE_BYTES);" in main
     body = main[main.index("void mma_split("):]
     first, second, big = (body.index(s) for s in (
-        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, 1);",
-        "wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);",
-        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);"))
+        "wgmma_m64k8(part[i], desc_at(da0, i * 64 * 128 + kk * 32), dbs, 1);",
+        "wgmma_m64k8(part[i], desc_at(das0, i * 64 * 128 + kk * 32), db, 1);",
+        "wgmma_m64k8(part[i], desc_at(da0, i * 64 * 128 + kk * 32), db, 1);"))
     assert first < second < big  # Abig*Bsmall, Asmall*Bbig, then Abig*Bbig, all onto part
     assert "wgmma_wait<0>();\n                release(stage);" in main
     # acc += part compensated: its rounding error starts the next k-tile's part, with no test
