@@ -154,23 +154,24 @@ def functions(text: str) -> dict[str, list[Instr]]:
 
 
 # ---- the main loop ---------------------------------------------------------------------
-def _ffmas(code: list[Instr]) -> int:
-    return sum(i.base == "FFMA" for i in code)
+def _count(code: list[Instr], base: str = "FFMA") -> int:
+    return sum(i.base == base for i in code)
 
 
-def main_loop(code: list[Instr]) -> tuple[int, int]:
+def main_loop(code: list[Instr], base: str = "FFMA") -> tuple[int, int]:
     """(first, last) indices of the main loop: from the target of the backward branch
-    whose body holds the most FFMAs to that branch.
+    whose body holds the most `base` instructions (FFMA: the CUDA-core family's; HGMMA: a
+    wgmma consumer's) to that branch.
 
     Raises:
-        ValueError: no loop holds an FFMA.
+        ValueError: no loop holds one.
     """
     at = {i.addr: n for n, i in enumerate(code)}
     loops = [(at[i.target], n) for n, i in enumerate(code)
              if i.target is not None and i.target <= i.addr and i.target in at]
-    best = max(loops, key=lambda lo_hi: _ffmas(code[lo_hi[0]:lo_hi[1] + 1]), default=None)
-    if best is None or not _ffmas(code[best[0]:best[1] + 1]):
-        raise ValueError("no loop of FFMAs in this function (the mix reads the CUDA-core "
+    best = max(loops, key=lambda lo_hi: _count(code[lo_hi[0]:lo_hi[1] + 1], base), default=None)
+    if best is None or not _count(code[best[0]:best[1] + 1], base):
+        raise ValueError(f"no loop of {base}s in this function (the mix reads the CUDA-core "
                          "family's main loop)")
     return best
 
@@ -308,7 +309,7 @@ def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
                    ("@!PT " if i.pred == "@!PT" else "") + i.opcode for i in path).most_common()),
                lds_widths={b: widths[b] for b in (128, 64, 32)},
                static=last - first + 1,
-               complete=len(ffmas) == _ffmas(code[first:last + 1]),
+               complete=len(ffmas) == _count(code[first:last + 1]),
                ffma_reuse=sum(i.reuse > 0 for i in ffmas),
                reuse_flags=sum(i.reuse for i in ffmas))
 

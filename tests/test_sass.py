@@ -257,3 +257,29 @@ def test_the_sigmoid_activations_call_no_slow_path(name, tool, compile_cache):
     ops = collections.Counter(i.opcode.split(".")[0] for i in code)
     assert ops["CALL"] == 0, ops["CALL"]
     assert ops["MUFU"] >= 2 * 64  # an exp and a reciprocal per output of a thread's tile
+
+
+def test_the_wgmma_consumer_loop_builds_no_descriptor_per_wgmma(tool, compile_cache):
+    """The tuned fp16 4096^3 kernel's consumer main loop (the back edge around its HGMMAs):
+    a k-tile's 8 HGMMAs (2 per k-step of 16, BK = 64), their descriptors in uniform registers
+    with no R2UR moving one from a vector register, and at most 64 instructions a k-tile
+    (121 when every wgmma built both its descriptors from the shared address: bench/NOTES.md,
+    "Nineteenth session"). The 3xTF32 pre-split's loop keeps its vector descriptors (its
+    wgmmas from uniform registers ran 10% slower)."""
+    cfg = config_from_name("gemm_wgmma_f16_256x128x64_c2_s4_x1_p1_g16_ts_of16")
+    r = compile_config(cfg, "sm_90a", compile_cache)
+    assert r.ok, r.error
+    code = functions(disassemble(r.cubin))[cfg.name]
+    first, last = main_loop(code, "HGMMA")
+    loop = code[first:last + 1]
+    assert sum(i.base == "HGMMA" for i in loop) == 8
+    assert all("gdesc[UR" in i.operands for i in loop if i.base == "HGMMA")
+    assert not [i for i in loop if i.base == "R2UR"]
+    assert len(loop) <= 64, len(loop)
+
+    split = config_from_name("gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3")
+    r = compile_config(split, "sm_90a", compile_cache)
+    assert r.ok, r.error
+    first, last = main_loop(functions(disassemble(r.cubin))[split.name], "HGMMA")
+    assert [i for i in functions(disassemble(r.cubin))[split.name][first:last + 1]
+            if i.base == "R2UR"]

@@ -1612,9 +1612,9 @@ def test_presplit_source_says_what_it_does():
     assert "mbar_arrive_expect_tx(bar, STAGE_BYTES);" in main
     body = main[main.index("void mma_split("):]
     first, second, big = (body.index(s) for s in (
-        "wgmma_m64k8(part[i], desc_at(da0, i * 64 * 128 + kk * 32), dbs, 1);",
-        "wgmma_m64k8(part[i], desc_at(das0, i * 64 * 128 + kk * 32), db, 1);",
-        "wgmma_m64k8(part[i], desc_at(da0, i * 64 * 128 + kk * 32), db, 1);"))
+        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, 1);",
+        "wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);",
+        "wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);"))
     assert first < second < big  # Abig*Bsmall, Asmall*Bbig, then Abig*Bbig, all onto part
     assert "wgmma_wait<0>();\n                release(stage);" in main
     # acc += part compensated: its rounding error starts the next k-tile's part, with no test

@@ -236,8 +236,9 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 // (SMEM_BYTES), so the field never carries into the leading byte offset. A k-tile's wgmmas
 // take their descriptors from one per operand this way (nvcc then keeps them in uniform
 // registers); smem_desc's masks and shifts per wgmma, moved to uniform registers one by one,
-// were some 100 instructions a k-tile in each consumer warp.
-__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
+// were some 100 instructions a k-tile in each consumer warp. (fp16 / bf16 data and the tf32
+// pre-pass's main loop; the fp32-data loops keep smem_desc per wgmma.)
+[[maybe_unused]] __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
 {
     return desc + (bytes >> 4);
 }

@@ -248,8 +248,9 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 // (SMEM_BYTES), so the field never carries into the leading byte offset. A k-tile's wgmmas
 // take their descriptors from one per operand this way (nvcc then keeps them in uniform
 // registers); smem_desc's masks and shifts per wgmma, moved to uniform registers one by one,
-// were some 100 instructions a k-tile in each consumer warp.
-__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
+// were some 100 instructions a k-tile in each consumer warp. (fp16 / bf16 data and the tf32
+// pre-pass's main loop; the fp32-data loops keep smem_desc per wgmma.)
+[[maybe_unused]] __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
 {
     return desc + (bytes >> 4);
 }
@@ -344,23 +345,22 @@ __device__ __forceinline__ float split_dot(const float* a, const float* as, cons
 __device__ __forceinline__ void mma_split(float (&part)[M_WGMMAS][ACC], uint32_t a, uint32_t as,
                                           uint32_t bt, uint32_t bts)
 {
-    const uint64_t da0 = smem_desc(a, 16, 1024), das0 = smem_desc(as, 16, 1024);
-    const uint64_t db0 = smem_desc(bt, 16, 1024), dbs0 = smem_desc(bts, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk) {
-        const uint64_t db = desc_at(db0, kk * 32), dbs = desc_at(dbs0, kk * 32);
+        const uint64_t db = smem_desc(bt + kk * 32, 16, 1024);
+        const uint64_t dbs = smem_desc(bts + kk * 32, 16, 1024);
 #pragma unroll
         for (int i = 0; i < M_WGMMAS; ++i) {
-            wgmma_m64k8(part[i], desc_at(da0, i * 64 * 128 + kk * 32), dbs, 1);
-            wgmma_m64k8(part[i], desc_at(das0, i * 64 * 128 + kk * 32), db, 1);
+            wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), dbs, 1);
+            wgmma_m64k8(part[i], smem_desc(as + i * 64 * 128 + kk * 32, 16, 1024), db, 1);
         }
     }
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk) {
-        const uint64_t db = desc_at(db0, kk * 32);
+        const uint64_t db = smem_desc(bt + kk * 32, 16, 1024);
 #pragma unroll
         for (int i = 0; i < M_WGMMAS; ++i)
-            wgmma_m64k8(part[i], desc_at(da0, i * 64 * 128 + kk * 32), db, 1);
+            wgmma_m64k8(part[i], smem_desc(a + i * 64 * 128 + kk * 32, 16, 1024), db, 1);
     }
 }
 
@@ -417,9 +417,10 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
     const int tid = threadIdx.x;
-    // (3xTF32 pre-split: with the warpgroup broadcast as below, its twelve wgmmas a k-tile
-    // went out in one burst from uniform registers, and the kernel ran 96 TFLOP/s against
-    // 106 at 4096^3, template-ab-mainloop-e5bbf88; the warpgroup stays a vector value)
+    // (fp32 data: with the warpgroup broadcast as below, the 3xTF32 pre-split's twelve
+    // wgmmas a k-tile went out in one burst from uniform registers, and the kernel ran 96
+    // TFLOP/s against 106 at 4096^3, template-ab-mainloop-e5bbf88; the in-loop conversions
+    // were not measured either way: their main loops stay as they were)
     const int warpgroup = tid / 128;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int ctiles_m = (tiles_m + CLUSTER - 1) / CLUSTER;

@@ -248,8 +248,9 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 // (SMEM_BYTES), so the field never carries into the leading byte offset. A k-tile's wgmmas
 // take their descriptors from one per operand this way (nvcc then keeps them in uniform
 // registers); smem_desc's masks and shifts per wgmma, moved to uniform registers one by one,
-// were some 100 instructions a k-tile in each consumer warp.
-__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
+// were some 100 instructions a k-tile in each consumer warp. (fp16 / bf16 data and the tf32
+// pre-pass's main loop; the fp32-data loops keep smem_desc per wgmma.)
+[[maybe_unused]] __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
 {
     return desc + (bytes >> 4);
 }
@@ -426,9 +427,11 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
     const int tid = threadIdx.x;
-    // lane 0's warpgroup, broadcast: nvcc then knows it is the same across the warp, and what
-    // derives from it (a consumer's rows, its descriptors) lives in uniform registers
-    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
+    // (fp32 data: with the warpgroup broadcast as below, the 3xTF32 pre-split's twelve
+    // wgmmas a k-tile went out in one burst from uniform registers, and the kernel ran 96
+    // TFLOP/s against 106 at 4096^3, template-ab-mainloop-e5bbf88; the in-loop conversions
+    // were not measured either way: their main loops stay as they were)
+    const int warpgroup = tid / 128;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int ctiles_m = (tiles_m + CLUSTER - 1) / CLUSTER;
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
@@ -521,15 +524,14 @@ gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tm
             int previous = -1;
             for (int kt = 0; kt < k_tiles; ++kt) {
                 const uint32_t st = base + stage * STAGE_BYTES;
-                const uint64_t da0 = smem_desc(st + row0 * 128, 16, 1024);
-                const uint64_t db0 = smem_desc(st + BT_OFF, 16, 1024);
+                const uint32_t a_tile = st + row0 * 128, bt_tile = st + BT_OFF;
                 wgmma_fence();  // accumulators written by other instructions before this wgmma
 #pragma unroll
                 for (int kk = 0; kk < K_STEPS; ++kk) {
-                    const uint64_t db = desc_at(db0, kk * 32);
+                    const uint64_t db = smem_desc(bt_tile + kk * 32, 16, 1024);
 #pragma unroll
                     for (int i = 0; i < M_WGMMAS; ++i)
-                        wgmma_m64k8(acc[i], desc_at(da0, i * 64 * 128 + kk * 32), db, 1);
+                        wgmma_m64k8(acc[i], smem_desc(a_tile + i * 64 * 128 + kk * 32, 16, 1024), db, 1);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the previous k-tile's wgmmas are done reading their stage
