@@ -231,6 +231,18 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          | 1ull << 62;
 }
 
+// The descriptor of the shared address `bytes` past `desc`'s: its start-address field (bits
+// 0-13: address >> 4) plus bytes >> 4, one add. Shared addresses stay below 2^18
+// (SMEM_BYTES), so the field never carries into the leading byte offset. A k-tile's wgmmas
+// take their descriptors from one per operand this way (nvcc then keeps them in uniform
+// registers); smem_desc's masks and shifts per wgmma, moved to uniform registers one by one,
+// were some 100 instructions a k-tile in each consumer warp. (fp16 / bf16 data and the tf32
+// pre-pass's main loop; the fp32-data loops keep smem_desc per wgmma.)
+[[maybe_unused]] __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
+{
+    return desc + (bytes >> 4);
+}
+
 __device__ __forceinline__ void wgmma_fence()
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -333,7 +345,10 @@ gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tmA
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
-    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int tid = threadIdx.x;
+    // lane 0's warpgroup, broadcast: nvcc then knows it is the same across the warp, and what
+    // derives from it (a consumer's rows, its descriptors) lives in uniform registers
+    const int warpgroup = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     const int ctiles_m = (tiles_m + CLUSTER - 1) / CLUSTER;
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
@@ -421,15 +436,16 @@ gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8(const __grid_constant__ CUtensorMap tmA
             int previous = -1;
             for (int kt = kt0; kt < kt1; ++kt) {
                 mbar_wait(full(stage), phase);
-                const uint32_t a_tile = base + stage * STAGE_BYTES + row0 * 128;
-                const uint32_t b_tile = base + stage * STAGE_BYTES + A_STAGE_BYTES;
+                // this k-tile's descriptors, one per operand (desc_at adds the offsets)
+                const uint64_t da0 = smem_desc(base + stage * STAGE_BYTES + row0 * 128, 16, 1024);
+                const uint64_t db0 = smem_desc(base + stage * STAGE_BYTES + A_STAGE_BYTES, B_CHUNK_BYTES, 1024);
                 wgmma_fence();  // accumulators written by other instructions before this wgmma
 #pragma unroll
                 for (int kk = 0; kk < K_STEPS; ++kk) {
-                    const uint64_t db = smem_desc(b_tile + kk * 16 * 128, B_CHUNK_BYTES, 1024);
+                    const uint64_t db = desc_at(db0, kk * 16 * 128);  // 16 rows of K a k-step
 #pragma unroll
                     for (int i = 0; i < M_WGMMAS; ++i)
-                        wgmma_m64k16(acc[i], smem_desc(a_tile + i * 64 * 128 + kk * 32, 16, 1024), db);
+                        wgmma_m64k16(acc[i], desc_at(da0, i * 64 * 128 + kk * 32), db);
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the previous k-tile's wgmmas are done reading their stage
