@@ -38,7 +38,8 @@
 #   forwards  bench/forward_profile.py $FORWARDS_ARGS (a patched layer's forward against the
 #             unpatched one, kernel by kernel)
 #   ab        bench/template_ab.py --templates $AB_TEMPLATES templates (a template change
-#             measured: each kernel of $AB_PAIRS from each template directory, turn about)
+#             measured: each kernel of $AB_PAIRS from each template directory, turn about;
+#             $AB_ARGS, e.g. --sustained 2: back to back at the power cap)
 #   kprofile  bench/kernel_profile.py $KPROFILE_ARGS (kernels beside cuBLAS and torch under
 #             sustained load, SM clock and power sampled; --ncu: Nsight Compute's sections)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
@@ -169,7 +170,7 @@ PY
     ab)
       timeout ${AB_TIMEOUT:-300} python3 bench/template_ab.py --out "$OUT" \
         --templates ${AB_TEMPLATES:?AB_TEMPLATES: older template directories} templates \
-        ${AB_PAIRS:+--pairs $AB_PAIRS} 2>&1 | grep -v Warning | tail -30 ;;
+        ${AB_PAIRS:+--pairs $AB_PAIRS} ${AB_ARGS:-} 2>&1 | grep -v Warning | tail -30 ;;
     kprofile)
       timeout ${KPROFILE_TIMEOUT:-400} python3 bench/kernel_profile.py --out "$OUT" \
         ${KPROFILE_ARGS:?KPROFILE_ARGS: --pair SHAPE KERNEL ...} 2>&1 | grep -v Warning | tail -40 ;;

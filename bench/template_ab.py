@@ -10,6 +10,11 @@ the bias and the activation: tuner.bench.baseline_label).
 
 Writes template-ab-<gpu>-<date>.json under --out (default bench/results): per kernel, each
 version's TFLOP/s (median of the rounds, and every round) and cuBLAS's.
+
+--sustained S: each timing runs the calls back to back for S seconds without flushing the
+L2 (bench/kernel_profile.py's `sustained`: a program's steady state, at the board's power
+cap), and each round also records the median SM clock and power; every version is first
+checked against the reference as in the flushed timing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ sys.path.insert(0, str(HERE))
 import jinja2  # noqa: E402
 
 from _common import commit, problem_for, write  # noqa: E402
+from kernel_profile import sustained  # noqa: E402
 from codegen.compile import compile_source, target_arch  # noqa: E402
 from codegen.config import config_from_name  # noqa: E402
 from codegen.families import family_of  # noqa: E402
@@ -40,11 +46,27 @@ def environment(directory: str) -> jinja2.Environment:
     return _env().overlay(loader=jinja2.FileSystemLoader(directory))
 
 
+def sustained_call(bench, cfg, cubin):
+    """A version's launch on the bench's problem, checked against the reference first
+    (bench.measure); RuntimeError where it is not right."""
+    from tuner.runtime.runners import runner_for
+
+    m = bench.measure(cfg, cubin)
+    if m.outcome.value != "timed":
+        raise RuntimeError(f"{cfg.name}: {m.outcome.value} {m.message}")
+    p = bench.problem
+    bound = p.bind(runner_for(cfg, Path(cubin).read_bytes() if not isinstance(cubin, bytes)
+                              else cubin), bench.dev)
+    return lambda: p.run(bound)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default=str(HERE / "pairs" / "fused-epilogue.txt"))
     ap.add_argument("--templates", nargs="+", required=True, help="template directories")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="time each call back to back for S seconds (the power cap) instead")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -70,22 +92,37 @@ def main() -> None:
         bench = problem_for(benches, shape, cfg)
         t: dict = {d: [] for d in args.templates}
         t["cublas"] = []
+        clocks: dict = {k: [] for k in t}  # (MHz, W) of each sustained timing
+        if args.sustained:
+            calls = {d: sustained_call(bench, cfg, built[(shape, name, d)].cubin)
+                     for d in args.templates}
+            calls["cublas"] = bench.baseline_call()[0]
         for r in range(args.rounds):
             # each round starts with another version: the first after cuBLAS runs cooler
             for d in args.templates[r % len(args.templates):] + args.templates[:r % len(args.templates)]:
+                if args.sustained:
+                    s = sustained(calls[d], args.sustained, bench.flops)
+                    t[d].append(s["tflops"])
+                    clocks[d].append((s["sm_mhz"], s["watts"]))
+                    continue
                 m = bench.measure(cfg, built[(shape, name, d)].cubin)
                 if m.outcome.value != "timed":
                     raise RuntimeError(f"{name} from {d}: {m.outcome.value} {m.message}")
                 t[d].append(m.timing.tflops(bench.flops))
-            t["cublas"].append(bench.baseline().timing.tflops(bench.flops))
+            if args.sustained:
+                s = sustained(calls["cublas"], args.sustained, bench.flops)
+                t["cublas"].append(s["tflops"])
+                clocks["cublas"].append((s["sm_mhz"], s["watts"]))
+            else:
+                t["cublas"].append(bench.baseline().timing.tflops(bench.flops))
         med = {k: statistics.median(v) for k, v in t.items()}
         rows.append(dict(shape=shape, kernel=name, baseline=bench.baseline_label,
-                         tflops=med, rounds=t))
+                         tflops=med, rounds=t, **({"mhz_watts": clocks} if args.sustained else {})))
         print(f"{shape:>16} {name:<62} " + "  ".join(
             f"{d} {med[d]:6.1f} ({med[d] / med['cublas']:.3f})"
             for d in args.templates) + f"  cuBLAS {med['cublas']:6.1f}", flush=True)
     doc = dict(benchmark="template-ab", gpu=dev.name, commit=commit(), templates=args.templates,
-               rounds=args.rounds,
+               rounds=args.rounds, sustained_s=args.sustained or None,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                rows=rows)
     print("wrote", write("template-ab", doc, args.out))
