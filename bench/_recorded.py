@@ -87,5 +87,8 @@ def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
     return out
 
 
-def all_studies() -> list[Study]:
-    return from_exhaustive() + from_studies_db()
+def all_studies(extra_dbs=()) -> list[Study]:
+    """The exhaustive grids, artifacts/studies.db's studies, and those of `extra_dbs` (a
+    tune's studies.db brought back from a GPU machine: bench/device_steps.sh tunes)."""
+    return from_exhaustive() + from_studies_db() + [
+        s for db in extra_dbs for s in from_studies_db(Path(db))]

@@ -11,7 +11,8 @@
 #   msweep    bench/library_vs_cublas.py --m-sweep over $LIBRARY
 #   tunes     fresh tunes of $TUNE_DTYPES (default fp32 fp16) at $TUNE_SHAPES (default
 #             4096x4096x4096), each at the default budget
-#             into a scratch library: winner, ratio and time as JSON lines in tunes.jsonl
+#             into a scratch library: winner, ratio and time as JSON lines in tunes.jsonl,
+#             their studies as tunes-studies.db (bench/model_rank.py --studies-db)
 #   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
 #             tuned into a copy of the committed library (which comes back as $OUT/library,
 #             and serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
@@ -97,7 +98,10 @@ print(json.dumps({"dtype": dtype, "shape": shape, "wall_s": round(time.time() - 
                                                                 "steps_s")}}))
 PY
       done
-      done ;;
+      done
+      # the tunes' studies (every candidate's time and figures), for bench/model_rank.py
+      # --studies-db: the model's ranking on fresh tunes
+      [ -f /tmp/art/studies.db ] && cp /tmp/art/studies.db "$OUT/tunes-studies.db" ;;
     variants)
       rm -rf /tmp/var-library && cp -r artifacts/library /tmp/var-library
       timeout ${VAR_WALL:-600} python3 -m tuner \

@@ -150,13 +150,19 @@ def main() -> None:
     ap.add_argument("--dtype", action="append", default=None,
                     help="the studies of this input type (repeatable; default f32: the ones "
                          "the calibration fits)")
+    ap.add_argument("--studies-db", action="append", default=[], type=Path, metavar="DB",
+                    help="also the studies of this studies.db (repeatable), e.g. fresh tunes'")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
 
     dtypes = {"fp32" if d == "f32" else d for d in (args.dtype or ["f32"])}
     if args.calibrate and dtypes != {"fp32"}:
         ap.error("--calibrate fits the CUDA-core constants: fp32 studies only")
-    studies = [s for s in all_studies() if ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
+    missing = [str(db) for db in args.studies_db if not db.is_file()]
+    if missing:
+        ap.error(f"no such studies.db: {', '.join(missing)}")
+    studies = [s for s in all_studies(args.studies_db)
+               if ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
     prepared = _prepared(studies)
     data = dict(benchmark="model_rank", gpu="NVIDIA H200 (recorded)", arch=ARCH.sm,
                 date=time.strftime("%Y-%m-%d"),
