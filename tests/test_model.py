@@ -129,6 +129,30 @@ def test_predicted_time_by_hand():
     assert 59 < p.tflops < 60.5
 
 
+def test_a_shape_of_many_waves_is_modelled_by_counting_them():
+    """The busiest SM's waves are counted, not listed: the largest shape parse_shape takes
+    (2^31-1 a side: some 10^14 waves of 2 blocks) is modelled at once, and a shape of an
+    uneven last wave gets the hand-computed time (7 full waves of 2 blocks, then one)."""
+    import time
+
+    c = KernelConfig()
+    occ = occupancy(c.threads, 128, c.smem_bytes, H200)
+    t0 = time.perf_counter()
+    huge = predict(c, (2**31 - 1,) * 3, H200, occ)
+    assert time.perf_counter() - t0 < 1.0
+    assert huge.waves == math.ceil(math.ceil((2**31 - 1) / 128) ** 2 / 132 / 2)
+    assert math.isfinite(huge.seconds) and 0 < huge.tflops < 70
+    assert judge(c, Resources(128, 0, 0, 0, 0, 0, 0), (2**31 - 1,) * 3, H200).figures["occupancy"]
+    # 4224^2: 33 x 33 = 1089 blocks, 9 on the busiest SM: 4 waves of 2, then 1 alone
+    p = predict(c, (4224, 4224, 4096), H200, occ)
+    step_instr, step_smem, epi = 8 * (548 + 7), 8 * 136, 8 * 192  # test_predicted_time_by_hand
+    rate1 = 4 * min(1.0, 8 / model.SATURATING_WARPS)
+    step1 = max(step_instr / rate1, step_smem, 1500)
+    clocks = 4 * (512 * 2220 + 2 * epi / 4) + (512 * step1 + epi / rate1)
+    assert p.waves == 5
+    assert p.terms["latency"] == pytest.approx(clocks / 1.98e9)
+
+
 def test_the_model_orders_what_it_should():
     """Fewer shared loads per FMA, more stages over one, and no partial wave all help."""
     occ = lambda c: occupancy(c.threads, estimate_registers(c), c.smem_bytes, H200)  # noqa

@@ -352,7 +352,9 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     k_tiles = max(ks // c.bk, 1)
     per_sm = _cdiv(blocks, sms)  # wave quantisation: the busiest SM's blocks
     full, rem = divmod(per_sm, r)
-    chunks = [r] * full + ([rem] if rem else [])
+    # its waves: `full` of r blocks, then one of rem (counted, not listed: a shape of
+    # 2^31-sized sides has some 10^16 waves)
+    chunks = [(j, count) for j, count in ((r, full), (rem, 1)) if j and count]
 
     if spec.micro_tile:
         compute, mem, wavefronts, epilogue = _simt_instructions(c)
@@ -369,7 +371,7 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     stages = getattr(c, "stages", 2)
 
     issue_clk = lat_clk = 0.0
-    for j in chunks:
+    for j, count in chunks:
         rate = 4.0 * min(1.0, j * warps / SATURATING_WARPS)  # warp instructions per clock
         step_issue = max(j * step_instr / rate, j * step_smem)
         if stages >= 2:
@@ -377,8 +379,8 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
         else:
             step_lat = MEM_LATENCY_CLK + step_instr / min(warps, 4)
         step = max(step_issue, step_lat)
-        issue_clk += k_tiles * step_issue + j * epi_instr / rate
-        lat_clk += k_tiles * step + j * epi_instr / rate
+        issue_clk += count * (k_tiles * step_issue + j * epi_instr / rate)
+        lat_clk += count * (k_tiles * step + j * epi_instr / rate)
     issue_s, latency_s = issue_clk / hz, lat_clk / hz
 
     dram = _dram_bytes(c, shape, arch, sms * r, batch)
@@ -404,7 +406,7 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     flops = 2.0 * m * n * k * batch
     traffic = dict(traffic, dram_bytes=int(dram))
     return Prediction(seconds, flops / seconds / 1e12, limiter, terms, traffic, r,
-                      len(chunks))
+                      sum(count for _, count in chunks))
 
 
 def estimate_registers(config: Config) -> int:
