@@ -351,6 +351,10 @@ def _run(argv) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be positive (got {args.timeout:g})")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1 (got {args.jobs})")
     if args.problems is not None:
         return _run_problems(args)
     for option, given in (("--budget", args.budget), ("--m-buckets", args.m_buckets)):
