@@ -225,6 +225,8 @@ def cmd_export(args, console) -> int:
 def cmd_upgrade(args, console) -> int:
     from tuner.runtime.manifest import upgrade
 
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1 (got {args.jobs})")
     n = upgrade(args.library, jobs=args.jobs, force=args.force)
     console.print(f"{args.library}: " + (f"{n} kernels recompiled; the library is current"
                                          if n else "already current, nothing to do"))
