@@ -411,3 +411,22 @@ def test_a_variant_no_family_builds_is_one_line(capsys, monkeypatch):
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert ("64x64x64 f32 tn C f32 on sm_90: no family builds it (the simt template reads nn "
             "operands, not tn)") in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--shape", "8x8x8", "--dry-run", "--trials", "1", "--artifacts", "{bad}"],
+    ["export", "--library", "{lib}", "--out", "{bad}"],
+    ["report", "--library", "{lib}", "--shape", "4096x4096x4096", "--out", "{bad}"],
+    ["upgrade", "--library", "{bad}"],
+])
+def test_a_path_that_cannot_be_made_is_one_line_and_exit_2(capsys, tmp_path, argv):
+    """An output directory below a plain file (NotADirectoryError): one line naming it,
+    exit 2, no traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    bad = blocker / "out"
+    lib = Path(__file__).resolve().parent.parent / "artifacts" / "library"
+    argv = [a.format(bad=bad, lib=lib) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gemm-tune: error: ") and str(blocker) in err

@@ -438,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     except (GemmTuneError, argparse.ArgumentError) as e:
         print(f"gemm-tune: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.filename is None:  # not a path the user gave: a fault to show whole
+            raise
+        # a directory or file the user named that cannot be made, read or written
+        print(f"gemm-tune: error: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("gemm-tune: interrupted", file=sys.stderr)
         return 130
