@@ -623,3 +623,18 @@ def test_a_saved_study_is_what_optunas_copy_study_writes(tmp_path, monkeypatch, 
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+@pytest.mark.parametrize("scheme", ["sqlite:///", "journal:///"])
+def test_a_storage_file_in_a_missing_directory_is_refused_at_once(tmp_path, scheme):
+    """No retries for a file whose directory is not there (they waited seconds, then gave
+    up with SQLite's 'unable to open database file' after a warning line): one UsageError
+    naming the directory, nothing created."""
+    import time
+
+    from codegen.errors import UsageError
+
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match="is not a directory"):
+        open_storage(f"{scheme}{tmp_path / 'missing' / 's.db'}", retry_s=30)
+    assert time.monotonic() - t0 < 1.0 and not (tmp_path / "missing").exists()

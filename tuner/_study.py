@@ -39,6 +39,7 @@ import re
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from codegen.errors import UsageError
@@ -104,6 +105,11 @@ def open_storage(url, retry_s: float = 60.0):
 
     if not isinstance(url, str):
         return url
+    file = (url[len("sqlite:///"):] if url.startswith("sqlite:///")
+            else url[len("journal://"):] if url.startswith("journal:///") else None)
+    if file and file != ":memory:" and not Path(file).parent.is_dir():
+        # a file in a directory that is not there never opens: say so now, not after retries
+        raise UsageError(f"--storage {url}: {Path(file).parent} is not a directory")
     if url.startswith("journal:///"):
         from optuna.storages.journal import JournalFileBackend
 
