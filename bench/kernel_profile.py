@@ -114,15 +114,22 @@ def torch_call(config, shape):
     return lambda: torch.matmul(a, b, out=c)
 
 
-def calls_for(benches, text, config, cubin):
-    """name -> no-argument launch on the legacy default stream: ours, cuBLAS, torch."""
+def kernel_call(bench, config, cubin):
+    """`config`'s launch (its cubin: bytes or a path) on `bench`'s problem, through its
+    family's runner, on the legacy default stream."""
     from tuner.runtime.runners import runner_for
 
-    bench = problem_for(benches, text, config)
     cubin = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
     p = bench.problem
     bound = p.bind(runner_for(config, cubin), bench.dev)
-    calls = {"ours": lambda: p.run(bound), "cublas": bench.baseline_call()[0]}
+    return lambda: p.run(bound)
+
+
+def calls_for(benches, text, config, cubin):
+    """name -> no-argument launch on the legacy default stream: ours, cuBLAS, torch."""
+    bench = problem_for(benches, text, config)
+    p = bench.problem
+    calls = {"ours": kernel_call(bench, config, cubin), "cublas": bench.baseline_call()[0]}
     t = torch_call(config, (p.m, p.n, p.k)) if p.batch == 1 else None
     if t is not None:
         calls["torch"] = t

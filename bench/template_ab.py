@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 import jinja2  # noqa: E402
 
 from _common import commit, problem_for, write  # noqa: E402
-from kernel_profile import sustained  # noqa: E402
+from kernel_profile import kernel_call, sustained  # noqa: E402
 from codegen.compile import compile_source, target_arch  # noqa: E402
 from codegen.config import config_from_name  # noqa: E402
 from codegen.families import family_of  # noqa: E402
@@ -49,15 +49,10 @@ def environment(directory: str) -> jinja2.Environment:
 def sustained_call(bench, cfg, cubin):
     """A version's launch on the bench's problem, checked against the reference first
     (bench.measure); RuntimeError where it is not right."""
-    from tuner.runtime.runners import runner_for
-
     m = bench.measure(cfg, cubin)
     if m.outcome.value != "timed":
         raise RuntimeError(f"{cfg.name}: {m.outcome.value} {m.message}")
-    p = bench.problem
-    bound = p.bind(runner_for(cfg, Path(cubin).read_bytes() if not isinstance(cubin, bytes)
-                              else cubin), bench.dev)
-    return lambda: p.run(bound)
+    return kernel_call(bench, cfg, cubin)
 
 
 def main() -> None:
