@@ -902,3 +902,32 @@ def test_decide_takes_the_torch_route_only_where_torch_sees_a_gpu(monkeypatch):
         assert _torch_sees_a_gpu() is available
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert _torch_sees_a_gpu() is False
+
+
+@pytest.mark.parametrize("where", ["below a file", "a folder"])
+def test_a_record_file_that_cannot_be_appended_to_is_refused_when_recording_starts(
+        tmp_path, monkeypatch, capsys, where):
+    """GEMM_TUNE_RECORD (or lib.record) naming a file below a plain file, or a folder, is a
+    one-line LibraryError when the recorder is made, not a traceback at the program's exit
+    with its records lost. A record file that goes away later is a one-line warning."""
+    from tuner.runtime import record
+    from tuner.runtime.errors import LibraryError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    path = blocker / "r.jsonl" if where == "below a file" else tmp_path
+    monkeypatch.setenv(record.ENV, str(path))
+    with pytest.raises(LibraryError, match=f"GEMM_TUNE_RECORD={path}: cannot append to it"):
+        record.Recorder.from_env()
+    with pytest.raises(LibraryError, match="cannot append to it"):
+        record.Recorder(path)
+
+    ok = tmp_path / "sub" / "r.jsonl"
+    rec = record.Recorder(ok)  # its folder made, the file not yet written
+    assert ok.parent.is_dir() and not ok.exists()
+    rec.tally(dict(dtype="f32", m=1, n=1, k=1))[0] += 1
+    ok.parent.rename(tmp_path / "moved")
+    (tmp_path / "sub").write_text("now a file")
+    rec._flush_at_exit()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the records were not written" in err

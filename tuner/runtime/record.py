@@ -37,10 +37,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
 from codegen._io import file_lock
+from tuner.runtime.errors import LibraryError
 
 __all__ = ["Recorder", "ENV"]
 
@@ -51,8 +53,20 @@ ENV = "GEMM_TUNE_RECORD"
 class Recorder:
     """Call counts per problem, appended to `path` by :meth:`flush`."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, origin: str = "record file "):
+        """LibraryError now, in one line, where `path` cannot be appended to (its folder
+        cannot be made, it is a folder, or it may not be written): found at the end, the
+        program's records would be lost."""
         self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LibraryError(f"{origin}{self.path}: cannot append to it "
+                               f"({e.strerror or e})") from None
+        if self.path.is_dir() or not os.access(
+                self.path if self.path.exists() else self.path.parent, os.W_OK):
+            raise LibraryError(f"{origin}{self.path}: cannot append to it ("
+                               + ("a folder" if self.path.is_dir() else "not writable") + ")")
         self._tallies: dict[tuple, tuple[dict, list]] = {}  # key -> (problem, [calls])
         self._lock = threading.Lock()
 
@@ -62,9 +76,17 @@ class Recorder:
         path = os.environ.get(ENV, "").strip()
         if not path:
             return None
-        rec = cls(path)
-        atexit.register(rec.flush)
+        rec = cls(path, f"{ENV}=")
+        atexit.register(rec._flush_at_exit)
         return rec
+
+    def _flush_at_exit(self) -> None:
+        """flush(), with a one-line warning (not a traceback) where the file went away."""
+        try:
+            self.flush()
+        except OSError as e:
+            print(f"gemm-tune: warning: {ENV}={self.path}: the records were not written "
+                  f"({e.strerror or e})", file=sys.stderr)
 
     def tally(self, problem: dict) -> list:
         """The counter of `problem` (a one-element list a plan increments per call)."""
