@@ -931,3 +931,31 @@ def test_a_record_file_that_cannot_be_appended_to_is_refused_when_recording_star
     rec._flush_at_exit()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the records were not written" in err
+
+
+@pytest.mark.parametrize("name", ["GEMM_TUNE_MEASURE", "GEMM_TUNE_FAST"])
+def test_on_off_variables_take_their_spellings_and_refuse_others(monkeypatch, name):
+    """1/yes/on/true and 0/no/off/false in any case, unset or empty the default; a typo
+    ("flase", "maybe") is a one-line LibraryError naming the variable when a library
+    loads, not measuring left on in one rank of a job."""
+    from pathlib import Path
+
+    from tuner.runtime import fast
+    from tuner.runtime.errors import env_flag
+
+    for text, on in (("1", True), ("Yes", True), ("ON", True), ("true", True), ("0", False),
+                     ("no", False), ("Off", False), ("FALSE", False), (" 0 ", False)):
+        monkeypatch.setenv(name, text)
+        assert env_flag(name) is on
+    monkeypatch.setenv(name, "")
+    assert env_flag(name) is True and env_flag(name, default=False) is False
+    monkeypatch.setenv(name, "off")
+    committed = Path(__file__).resolve().parent.parent / "artifacts" / "library"
+    lib = load_library(committed)
+    if name == "GEMM_TUNE_MEASURE":
+        assert lib.measure is False
+    else:
+        assert fast.status() == "off (GEMM_TUNE_FAST=off)"
+    monkeypatch.setenv(name, "flase")
+    with pytest.raises(LibraryError, match=f"{name}='flase': expected 0 or 1"):
+        load_library(committed)

@@ -46,6 +46,7 @@ import threading
 from pathlib import Path
 
 from tuner.runtime import driver
+from tuner.runtime.errors import env_flag
 
 __all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "builder_lock",
            "new_table", "table", "offer", "record", "translate"]
@@ -78,8 +79,8 @@ _STATE: dict = {"module": None, "error": None, "thread": None}
 
 def status() -> str:
     """Whether the C++ call path serves torch callers here, and if not, why."""
-    if os.environ.get("GEMM_TUNE_FAST", "1") == "0":
-        return "off (GEMM_TUNE_FAST=0)"
+    if not env_flag("GEMM_TUNE_FAST"):
+        return f"off (GEMM_TUNE_FAST={os.environ['GEMM_TUNE_FAST']})"
     if _STATE["module"] is not None:
         return "on"
     if _STATE["error"] is not None:
@@ -91,7 +92,7 @@ def status() -> str:
 
 def start() -> None:
     """Build or load the extension in a background thread, once per process."""
-    if _STATE["thread"] is not None or os.environ.get("GEMM_TUNE_FAST", "1") == "0":
+    if _STATE["thread"] is not None or not env_flag("GEMM_TUNE_FAST"):
         return
     with _LOCK:
         if _STATE["thread"] is None:

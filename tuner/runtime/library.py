@@ -39,7 +39,7 @@ from tuner.runtime import call, driver, measure
 from tuner.runtime.dispatch import (
     FULL_ALIGN, Case, Choice, Dispatcher, MBuckets, ld_class, packed_ld,
 )
-from tuner.runtime.errors import LibraryError, NoGPUError
+from tuner.runtime.errors import LibraryError, NoGPUError, env_flag
 from tuner.runtime.fast import ACT_CODES as _ACT_CODES
 from tuner.runtime.manifest import SCHEMA, Manifest, as_variant
 from tuner.runtime.operands import align_class
@@ -53,8 +53,7 @@ log = logging.getLogger(__name__)
 
 
 def _measure_default() -> bool:
-    return os.environ.get("GEMM_TUNE_MEASURE", "1").strip().lower() not in ("0", "no", "off",
-                                                                           "false")
+    return env_flag("GEMM_TUNE_MEASURE")
 
 
 class Library:
@@ -81,6 +80,7 @@ class Library:
         #: written at run time: exact entries, the dispatch table's decisions and the
         #: estimates decide, the same in every process (for multi-rank jobs)
         self.measure = _measure_default() if measure is None else bool(measure)
+        env_flag("GEMM_TUNE_FAST")  # its spelling checked now, not at the first torch call
         #: counts the calls of problems with no exact entry (GEMM_TUNE_RECORD, record())
         self.recorder: Recorder | None = Recorder.from_env()
 
