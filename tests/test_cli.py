@@ -430,3 +430,25 @@ def test_a_path_that_cannot_be_made_is_one_line_and_exit_2(capsys, tmp_path, arg
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gemm-tune: error: ") and str(blocker) in err
+
+
+def test_the_gpu_a_tune_runs_on_is_checked(monkeypatch):
+    """GEMM_TUNE_DEVICE (the default GPU) and --devices name GPUs this machine has; a
+    word or a GPU it lacks is one UsageError naming the setting (GEMM_TUNE_DEVICE=abc was a
+    ValueError with a traceback, GEMM_TUNE_DEVICE=3 on a 2-GPU machine a driver error)."""
+    from codegen.errors import UsageError
+    from tuner import tune
+    from tuner.runtime import driver
+
+    monkeypatch.setattr(driver, "device_count", lambda: 2)
+    monkeypatch.delenv("GEMM_TUNE_DEVICE", raising=False)
+    assert tune._devices(None) == [0] and tune._devices([0, 1]) == [0, 1]
+    monkeypatch.setenv("GEMM_TUNE_DEVICE", "1")
+    assert tune._devices(None) == [1]
+    for text, msg in (("abc", "GEMM_TUNE_DEVICE='abc': expected a GPU number like 0"),
+                      ("3", "GEMM_TUNE_DEVICE=3: this machine has GPUs 0..1")):
+        monkeypatch.setenv("GEMM_TUNE_DEVICE", text)
+        with pytest.raises(UsageError, match=msg):
+            tune._devices(None)
+    with pytest.raises(UsageError, match="--devices 0,5: this machine has GPUs 0..1"):
+        tune._devices([0, 5])

@@ -372,13 +372,16 @@ def _devices(ids: list[int] | None) -> list[int]:
 
     from tuner.runtime.driver import device_count
 
+    option = "--devices " + ",".join(map(str, ids or ()))
     if ids is None:
-        return [int(os.environ.get("GEMM_TUNE_DEVICE", 0))]
+        text = os.environ.get("GEMM_TUNE_DEVICE", "").strip() or "0"
+        if not text.isdigit():
+            raise UsageError(f"GEMM_TUNE_DEVICE={text!r}: expected a GPU number like 0")
+        ids, option = [int(text)], f"GEMM_TUNE_DEVICE={text}"
     count = device_count()
     bad = [i for i in ids if i >= count]
     if bad:
-        raise UsageError(f"--devices {','.join(map(str, ids))}: this machine has GPUs "
-                         f"0..{count - 1}")
+        raise UsageError(f"{option}: this machine has GPUs 0..{count - 1}")
     return ids
 
 
