@@ -959,3 +959,27 @@ def test_on_off_variables_take_their_spellings_and_refuse_others(monkeypatch, na
     monkeypatch.setenv(name, "flase")
     with pytest.raises(LibraryError, match=f"{name}='flase': expected 0 or 1"):
         load_library(committed)
+
+
+def test_alpha_and_beta_must_be_real_numbers():
+    """A string, None or a bool (a flag passed in alpha's place: lib.gemm(A, B, C, True))
+    in alpha or beta is a one-line LibraryError before anything runs, in gemm and
+    gemm_batch; ints, floats and numpy scalars pass on (here to the missing GPU)."""
+    from pathlib import Path
+
+    from tuner.runtime.errors import NoGPUError
+
+    lib = load_library(Path(__file__).resolve().parent.parent / "artifacts" / "library")
+    a, b = np.ones((4, 5), np.float32), np.ones((5, 7), np.float32)
+    for kw, msg in ((dict(alpha="x"), "alpha must be a real number (got str 'x')"),
+                    (dict(beta=None), "beta must be a real number (got NoneType None)"),
+                    (dict(alpha=True), "alpha must be a real number (got bool True)")):
+        with pytest.raises(LibraryError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            lib.gemm(a, b, **kw)
+        with pytest.raises(LibraryError, match="must be a real number"):
+            lib.gemm_batch([(a, b)], **kw)
+    for kw in (dict(alpha=2), dict(alpha=np.float32(0.5)), dict(beta=np.int64(0))):
+        try:
+            lib.gemm(a, b, **kw)
+        except NoGPUError:
+            pass  # past the check (CI has no GPU)

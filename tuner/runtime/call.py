@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 from typing import Callable
 
 from codegen.config import DType, Layout
@@ -210,10 +211,20 @@ _F_LINEAR = None  # torch.nn.functional.linear, once torch has been seen
 _ADDMM_ACT = None  # torch._addmm_activation (LT_ACTIVATIONS), once torch has been seen
 
 
+def _scalars(alpha, beta) -> None:
+    """LibraryError unless alpha and beta are real numbers (a bool is taken for a flag
+    passed in alpha's place: lib.gemm(A, B, C, True))."""
+    for name, x in (("alpha", alpha), ("beta", beta)):
+        if type(x) is not float and type(x) is not int \
+                and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
+            raise LibraryError(f"{name} must be a real number (got {type(x).__name__} {x!r:.40})")
+
+
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
          bias=None, act=None, fast: int | None = None):
     """Library.gemm (see its doc). `fast`: the context word of a call the C++ path
     (tuner.runtime.fast) may serve next time: its plan is offered to it."""
+    _scalars(alpha, beta)
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
     t = type(A)
@@ -503,6 +514,8 @@ def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=Tru
 def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     """Library.gemm_batch (see its doc)."""
     from tuner.runtime.host import run_batch
+
+    _scalars(alpha, beta)
 
     import numpy as np
 
