@@ -91,7 +91,9 @@ def _parse(line: str, where: str) -> tuple[Task, dict]:
         shape = parse_shape(f"{d['m']}x{d['n']}x{d['k']}")
         calls = int(d.get("calls", 1))
         broadcast = bool(d.get("broadcast_b", False)) and batch > 1
-    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
+    except KeyError as e:
+        raise UsageError(f"{where}: not a recorded problem (no {e.args[0]!r} field)") from None
+    except (ValueError, TypeError, AttributeError, UsageError) as e:
         raise UsageError(f"{where}: not a recorded problem ({e})") from None
     if calls < 0:
         raise UsageError(f"{where}: calls must be at least 0 (got {calls})")
