@@ -115,7 +115,7 @@ def test_without_recorded_times_the_work_orders_them():
     ("\n" + _line(4, 4, 4, 1, 1.0, dtype="int7"), "line 2: not a recorded problem (unknown dtype"),
     (_line(4, 4, 4, 1, 1.0, layout="xy"), "line 1: not a recorded problem"),
     (_line(4, 4, 4, -1, 1.0), "line 1: calls must be at least 0"),
-    ('{"dtype": "f32", "m": 4, "n": 4}', "line 1: not a recorded problem (no 'k' field)"),
+    ('{"dtype": "f32", "m": 4, "n": 4}', "line 1: not a recorded problem (no 'k' field"),
     ("# only a comment\n", "names no problem"),
 ])
 def test_a_bad_record_file_is_one_error_naming_the_line(tmp_path, text, msg):
