@@ -13,6 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES_DB = ROOT / "artifacts" / "studies.db"
 EXHAUSTIVE = sorted((ROOT / "bench" / "results").glob("search-quality-exhaustive-*.json"))
+#: fresh tunes' studies, saved from the studies.db a GPU machine brought back
+#: (bench/model_rank.py --studies-db DB --save-studies PATH)
+TUNE_STUDIES = sorted((ROOT / "bench" / "results").glob("tune-studies-*.json"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +90,27 @@ def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
     return out
 
 
+def save_tune_studies(studies: list[Study], path: Path, **meta) -> None:
+    """`studies` (a tune's, from from_studies_db) as JSON: `meta` (gpu, date, commit) and
+    each study's timed kernels with their figures, which from_tune_studies reads back."""
+    doc = dict(meta, studies=[dict(name=s.name, shape="x".join(map(str, s.shape)),
+                                   dtype=s.dtype, points=[dataclasses.asdict(p) for p in s.points])
+                              for s in studies])
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def from_tune_studies(paths=TUNE_STUDIES) -> list[Study]:
+    out = []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        out += [Study(f"{Path(p).name}#{i} {s['name']}", _shape(s["shape"]), s["dtype"],
+                      [Point(**pt) for pt in s["points"]]) for i, s in enumerate(d["studies"])]
+    return out
+
+
 def all_studies(extra_dbs=()) -> list[Study]:
-    """The exhaustive grids, artifacts/studies.db's studies, and those of `extra_dbs` (a
-    tune's studies.db brought back from a GPU machine: bench/device_steps.sh tunes)."""
-    return from_exhaustive() + from_studies_db() + [
+    """The exhaustive grids, artifacts/studies.db's studies, fresh tunes' saved studies
+    (bench/results/tune-studies-*.json), and those of `extra_dbs` (a tune's studies.db
+    brought back from a GPU machine: bench/device_steps.sh tunes)."""
+    return from_exhaustive() + from_studies_db() + from_tune_studies() + [
         s for db in extra_dbs for s in from_studies_db(Path(db))]

@@ -152,6 +152,10 @@ def main() -> None:
                          "the calibration fits)")
     ap.add_argument("--studies-db", action="append", default=[], type=Path, metavar="DB",
                     help="also the studies of this studies.db (repeatable), e.g. fresh tunes'")
+    ap.add_argument("--save-studies", type=Path, default=None, metavar="JSON",
+                    help="write the studies of --studies-db to JSON (bench/results/"
+                         "tune-studies-*.json, which later runs read) and go on")
+    ap.add_argument("--commit", default=None, help="the commit the saved studies were tuned at")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
 
@@ -161,6 +165,14 @@ def main() -> None:
     missing = [str(db) for db in args.studies_db if not db.is_file()]
     if missing:
         ap.error(f"no such studies.db: {', '.join(missing)}")
+    if args.save_studies:
+        from _recorded import from_studies_db, save_tune_studies
+
+        save_tune_studies([s for db in args.studies_db for s in from_studies_db(db)],
+                          args.save_studies, gpu="NVIDIA H200", commit=args.commit,
+                          date=time.strftime("%Y-%m-%d"))
+        print(f"wrote {args.save_studies}")
+        args.studies_db = []  # read back from the saved file where it lies in bench/results
     studies = [s for s in all_studies(args.studies_db)
                if ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
     prepared = _prepared(studies)
@@ -188,6 +200,7 @@ def main() -> None:
     name = ("model-rank-calibrate" if args.calibrate else "model-rank") + "".join(
         f"-{d}" for d in sorted(dtypes - {"fp32"}))
     path = args.out / f"{name}-cpu-recorded-h200-{data['date']}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")
 

@@ -23,8 +23,8 @@ Every factor only removes work a real kernel must do, so a kernel can never beat
 its bound; pruning on it loses nothing that could have won.
 
 **The predicted time** (:func:`predict`): an estimate, not a bound, whose job is to
-*rank* candidates of one shape before they are timed. It is the largest of four times
-plus the fixed costs of the launch:
+*rank* candidates of one shape before they are timed. It is the largest of four times,
+plus an epilogue the math waits for, plus the fixed costs of the launch:
 
   issue    the busiest SM's instruction issue. Per thread and K tile of a register
            micro-tile (FamilySpec.micro_tile: SIMT): BK*RM*RN FFMA, BK*(RM/VA + RN/VB)
@@ -59,6 +59,13 @@ A batch of B problems launches B x tiles x split-K blocks: the wave quantisation
 bound's wave efficiency and every byte count are over all of them, and the FLOPs are B
 times one problem's. The epilogue's bias and activation cost their instructions
 (``EPILOGUE_INSTR``, per element of C: estimates, not calibrated).
+  epilogue an epilogue the math waits for (FamilySpec.serial_epilogue_clk: the wgmma
+           family's cooperative consumers store C after their last wgmma; ping-pong
+           overlaps it, and a block per tile also starts its ring cold), per tile on the
+           busiest SM's waves of one block, added to the largest of the four.
+  arch     a family whose instructions reach only part of the arch's peak
+           (FamilySpec.arch_efficiency: WMMA's mma.sync on Hopper) has the sum divided
+           by that share.
   fixed    ``LAUNCH_S`` per kernel launched (split-K's second pass is a second one; a
            pre-pass of fp32 data, tf32 or pre-split 3xTF32, another per problem), and the
            pre-pass's DRAM traffic (``prep_bytes``: A and B read, their copies written).
@@ -180,7 +187,8 @@ def bound_tflops(config: Config, shape: tuple[int, int, int],
     sms = max(arch.sm_count, 1)
     wave = tiles / (sms * _cdiv(tiles, sms))
     family = family_of(c)
-    issue, peak = family.issue_efficiency(c), family.math.peak_tflops(c.dtype, arch)
+    issue = family.issue_efficiency(c) * family.arch_efficiency(c, arch)
+    peak = family.math.peak_tflops(c.dtype, arch)
     figures = dict(peak=round(peak, 2), tile_eff=round(tile, 4), wave_eff=round(wave, 4),
                    issue_eff=round(issue, 4))
     bound = peak * tile * wave * issue
@@ -356,6 +364,11 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     # 2^31-sized sides has some 10^16 waves)
     chunks = [(j, count) for j, count in ((r, full), (rem, 1)) if j and count]
 
+    # a family slower on this arch than its instructions' own rate (WMMA's mma.sync on
+    # Hopper, whose tensor peak is wgmma's) has its whole time scaled by that share: its
+    # own candidates keep their order, and it takes its place against the others
+    arch_scale = max(spec.arch_efficiency(c, arch), 1e-3)
+    serial_clk = 0.0  # clocks per tile of an epilogue the math waits for (one block per SM)
     if spec.micro_tile:
         compute, mem, wavefronts, epilogue = _simt_instructions(c)
         # warp instructions per K tile of one block
@@ -366,7 +379,9 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
         peak_clk = spec.math.peak_tflops(c.dtype, arch) * 1e12 / hz / sms  # FLOP/clk/SM
         eff = max(spec.issue_efficiency(c), 1e-3)
         step_instr = 4 * (2 * c.bm * c.bn * c.bk / peak_clk) / eff  # in issue slots of 4/clk
-        epi_instr = warps * (c.bm * c.bn / max(c.threads, 1)) * (2 + _epilogue_instr(c))
+        serial_clk = spec.serial_epilogue_clk(c, _epilogue_instr(c), MEM_LATENCY_CLK)
+        epi_instr = 0.0 if serial_clk else \
+            warps * (c.bm * c.bn / max(c.threads, 1)) * (2 + _epilogue_instr(c))
         step_smem = 0.0
     stages = getattr(c, "stages", 2)
 
@@ -397,11 +412,15 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
         fixed += (c.split * 4 + out_bytes(c)) * m * n * batch / dram_bw
     if getattr(c, "cluster", False):  # partial tiles summed through distributed shared memory
         fixed += (c.split - 1) * c.bm * c.bn / max(c.threads, 1) * 8 / hz
+    # an epilogue the math waits for, on the busiest SM's waves of one block (where two or
+    # more share an SM, one's epilogue runs beside the others' math)
+    serial_s = sum(count for j, count in chunks if j == 1) * serial_clk / hz
     terms = dict(issue=issue_s, latency=latency_s, dram=dram_s, l2=l2_s)
     limiter = max(("latency", "dram", "l2"), key=lambda t: terms[t])
     if limiter == "latency" and latency_s <= issue_s * 1.0001:
         limiter = "issue"
-    seconds = max(latency_s, dram_s, l2_s) + fixed
+    seconds = (max(latency_s, dram_s, l2_s) + serial_s) / arch_scale + fixed
+    terms["epilogue"] = serial_s
     terms["fixed"] = fixed
     flops = 2.0 * m * n * k * batch
     traffic = dict(traffic, dram_bytes=int(dram))

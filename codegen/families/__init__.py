@@ -51,7 +51,9 @@ What a family module ``codegen/families/<name>.py`` provides:
   gives to math (the model's bound; 1.0 where the math has a pipe of its own).
 
 * Optionally ``micro_tile`` (the model's instruction and register count of a register
-  micro-tile, see :class:`FamilySpec`), ``shape_reasons(config, shape, arch)``, the
+  micro-tile, see :class:`FamilySpec`), ``serial_epilogue_clk`` (the model's clocks of
+  an epilogue the math waits for), ``arch_efficiency`` (the share of an arch's peak the
+  family can reach), ``shape_reasons(config, shape, arch)``, the
   family's own reasons a config cannot run the tuner's dense problem at a shape (the
   wgmma family: TMA's 16-byte strides), and ``runner``, "module:Class" of its runner in the run path where the plain
   one (tuner.runtime.runners.Runner: one cuLaunchKernel, split-K) does not do (the wgmma
@@ -131,8 +133,16 @@ def _full_issue(config: Any) -> float:
     return 1.0
 
 
+def _full_rate(config: Any, arch: ArchLimits) -> float:
+    return 1.0
+
+
 def _no_shape_rules(config: Any, shape: Shape, arch: ArchLimits) -> list[str]:
     return []
+
+
+def _no_serial_epilogue(config: Any, extra_per_output: float, fill_clk: float) -> float:
+    return 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +161,11 @@ class FamilySpec:
     valid_configs: Callable[[ArchLimits, DType, Shape | None], Iterator[Any]]
     default: Callable[[DType], Any]
     issue_efficiency: Callable[[Any], float] = _full_issue
+    #: ``arch_efficiency(config, arch)``: the share of the math's peak on `arch` that the
+    #: family's instructions can reach at all (WMMA's mma.sync on Hopper, whose tensor peak
+    #: is wgmma's); the model's bound is multiplied by it and its predicted time divided
+    #: (every term: the family's own candidates keep their order). 1 by default
+    arch_efficiency: Callable[[Any, ArchLimits], float] = _full_rate
     min_cc: int = 0
     max_cc: int = 10_000
     searched: bool = True  # False: buildable and tested, not yet a candidate of the search
@@ -178,6 +193,13 @@ class FamilySpec:
     #: False: the model takes its FLOP at the peak over its issue efficiency, its registers
     #: unknown until compiled
     micro_tile: bool = False
+    #: ``serial_epilogue_clk(config, extra_per_output, fill_clk)``: clocks per tile in which
+    #: the math units idle for the epilogue (and, where a tile's block starts cold, the
+    #: ring's first fill of `fill_clk`), added to a wave of one block per SM; the model
+    #: (tuner/model.py) calls it with the epilogue's extra instructions per output (bias,
+    #: activation, conversion). 0: the family's epilogue overlaps its math, or is counted
+    #: in its issue (the default)
+    serial_epilogue_clk: Callable[[Any, float, float], float] = _no_serial_epilogue
 
     @property
     def prefix(self) -> str:

@@ -68,7 +68,7 @@ from codegen.families._common import Serial as _Serial
 
 __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_wgmma",
            "sample_wgmma", "sample_wgmma_tf32", "tma_reasons", "c_tma_reasons", "PRODUCER_REGS",
-           "SWIZZLE_BYTES", "C_SLICE"]
+           "SWIZZLE_BYTES", "C_SLICE", "STORE_INSTR", "serial_epilogue_clk"]
 
 #: registers a producer (TMA) thread keeps after setmaxnreg.dec
 PRODUCER_REGS = 40
@@ -967,6 +967,39 @@ def issue_efficiency(c: WgmmaConfig) -> float:
     return eff * CONVERT_EFFICIENCY[c.terms] if c.fp32_data and not c.prep else eff
 
 
+#: instructions a consumer thread issues per output of its tile in the epilogue, beyond the
+#: bias, activation and conversion (the model's EPILOGUE_INSTR), on the beta = 0 path of a
+#: tile inside C: by its store (0 registers -> C, 1 a shared slice -> TMA). Estimated from
+#: nvcc 13.0's SASS of gemm_wgmma_f16_256x128x64_c2_s4_x1_p1_g8[_ts]_of16 (128 outputs a
+#: thread): after the last HGMMA 4,371 static instructions with the register store (a
+#: predicate and a branch per pair for beta and the edges; the interior beta = 0 path some
+#: 40% of them) and 1,579 with the TMA store (of which beta's reads and FMAs about 600).
+#: Counted, not calibrated on timings.
+STORE_INSTR = {0: 14.0, 1: 7.0}
+#: outputs a consumer's register store writes per L1 wavefront: a warp's store of a column
+#: pair per lane spans 8 rows of C (the accumulator fragment's), 8 lines a request
+STG_OUTPUTS_PER_WAVEFRONT = 8
+
+
+def serial_epilogue_clk(c: WgmmaConfig, extra_per_output: float, fill_clk: float) -> float:
+    """Clocks per tile in which the tensor cores wait for the epilogue (FamilySpec's
+    serial_epilogue_clk): the cooperative consumers' epilogue issues STORE_INSTR plus
+    `extra_per_output` instructions per output over their warps (4 schedulers); the
+    register store is held at least by its stores' wavefronts. Ping-pong overlaps one
+    consumer's epilogue with the other's wgmmas: none. A block per tile (not persistent)
+    also starts its ring cold: `fill_clk`, where a persistent producer fills the next
+    tile's stages during the epilogue."""
+    fill = 0.0 if c.persistent else fill_clk
+    if c.pingpong:
+        return fill
+    outputs = c.bm * c.bn
+    # a warp instruction covers 32 outputs; the SM's 4 schedulers issue one each a clock
+    issue = outputs / 32 * (STORE_INSTR[bool(c.store)] + extra_per_output) / 4
+    if not c.store:
+        issue = max(issue, outputs / STG_OUTPUTS_PER_WAVEFRONT)
+    return issue + fill
+
+
 WGMMA = register(FamilySpec(
     name=Family.WGMMA.value,
     config=WgmmaConfig,
@@ -990,6 +1023,7 @@ WGMMA = register(FamilySpec(
     # A and B row- or column-major (fp32 data without the pre-pass: A row-major; check says)
     layouts=frozenset(Layout),
     issue_efficiency=issue_efficiency,
+    serial_epilogue_clk=serial_epilogue_clk,
     # measured / predicted over an fp16 4096^3 study with the model off (33 wgmma kernels
     # timed, H200, bench/results/model-calibration-wgmma-h200-2026-12-01.json): 0.71-1.25:
     # the model underestimates some by 1.25x, where the CUDA-core family's margin would

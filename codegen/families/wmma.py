@@ -20,7 +20,8 @@ from codegen.families._common import (
 )
 
 __all__ = ["WmmaConfig", "DEFAULT_WMMA", "TEMPLATE", "check", "SPACE", "from_params",
-           "suggest", "params_of", "valid_configs", "WMMA"]
+           "suggest", "params_of", "valid_configs", "arch_efficiency", "HOPPER_EFFICIENCY",
+           "WMMA"]
 
 TEMPLATE = "gemm_wmma.cu.j2"
 
@@ -259,6 +260,20 @@ def valid_configs(arch: ArchLimits | str, dtype: DType,
             yield c
 
 
+#: the share of the tensor peak (ArchLimits.peak_tensor_tflops: wgmma's rate on sm_90)
+#: that WMMA's mma.sync-class instructions reach on Hopper, by input size. The best WMMA
+#: kernels measured on the H200 at 4096^3 (2026-11-30, bench/NOTES.md, "Tensor cores: the
+#: WMMA family") ran 278-299 TFLOP/s in fp16 / bf16 and 77 in tf32: 0.26-0.28 and 0.14 of
+#: the peak at 1980 MHz. Held above the best measured, since the model's bound must never
+#: prune a kernel that could win. Elsewhere (sm_70-sm_89) mma.sync is the tensor path: 1.
+HOPPER_EFFICIENCY = {2: 0.35, 4: 0.18}
+
+
+def arch_efficiency(c: WmmaConfig, arch: ArchLimits) -> float:
+    """1, except on Hopper, where wgmma sets the tensor peak (HOPPER_EFFICIENCY)."""
+    return HOPPER_EFFICIENCY[c.dtype.size] if arch.cc >= 90 else 1.0
+
+
 WMMA = register(FamilySpec(
     name=Family.WMMA.value,
     config=WmmaConfig,
@@ -266,7 +281,8 @@ WMMA = register(FamilySpec(
     check=check,
     # tf32 only by consent: a tf32 request (--dtype tf32 or --allow-tf32), never fp32's
     dtypes={DType.TF32: DType.TF32, DType.F16: DType.F16, DType.BF16: DType.BF16},
-    math=Math.TENSOR_CORE,  # the fragment loads have their own pipe: issue efficiency 1
+    math=Math.TENSOR_CORE,
+    arch_efficiency=arch_efficiency,
     space=SPACE,
     suggest=suggest,
     params_of=params_of,
