@@ -1,35 +1,42 @@
-"""The wgmma family against cuBLAS and Triton (issue 13's bar), in one run, on the GPU.
+"""The wgmma family against torch.matmul, cuBLAS and Triton (issue 23's bar), in one run,
+on the GPU.
 
     python3 bench/wgmma_vs_cublas.py [--out DIR] [--triton-budget 240] [--no-triton]
+                                     [--dtypes f16,bf16|tf32] [--fp32-c] [--tunes JSONL]
 
-fp16 and bf16 at 4096^3 and 8192^3 (the bar: >= 0.90x cuBLAS and ahead of Triton), and
-8192x8192x1024, 4096x14336x4096, 16384x1024x4096. Three interleaved rounds: each round
-times every candidate, cuBLAS and Triton once more, turn about, so all figures of a shape
-come from the same minutes. Each timing: CUDA events around one launch, the L2 flushed
-before each repetition (a buffer of four times its size written: the flush also gives
-the host time to enqueue the launch, so a runner's Python overhead stays off its time),
-repetitions to ~40 ms.
+fp16 and bf16 at 4096^3, 8192^3, 8192x8192x1024, 4096x14336x4096 and 16384x1024x4096, C
+in the input type (2-byte C, as torch.matmul writes it). Three interleaved rounds: each
+round times every candidate, torch.matmul and Triton once more, turn about, so all figures
+of a shape come from the same minutes. Each timing: CUDA events around one launch, the L2
+flushed before each repetition (a buffer of four times its size written: the flush also
+gives the host time to enqueue the launch, so a runner's Python overhead stays off its
+time), repetitions to ~40 ms.
 
-- ours: a small fixed list of wgmma configs per dtype (the probe's winners and a few
-  neighbours), launched through their runner (tuner.runtime.runners.TmaRunner, what
-  the tuner times and the library ships) on torch's buffers and stream;
-  the row reports the best candidate by its median over the three rounds, and every
-  candidate's figures beside it (best-of-N: a small selection bias, stated).
-- cuBLAS: torch.mm(a, b, out_dtype=torch.float32) where torch has it (FP32 C, as ours),
-  else cublasGemmEx through tuner.runtime.cublas with an FP32 C.
+- ours: a small fixed list of wgmma configs per dtype (the tunes' winners and neighbours:
+  persistence, raster group, ring depth, the TMA store, a cluster), writing C in the input
+  type, launched through their runner (tuner.runtime.runners.TmaRunner, what the tuner
+  times and the library ships) on torch's buffers and stream; the row reports the best
+  candidate by its median over the three rounds, and every candidate's figures beside it
+  (best-of-N: a small selection bias, stated).
+- the peer: torch.matmul(a, b, out=c) with C in the input type (cuBLAS as torch calls it).
+  The bar: ours at least 1.05x of it on each shape, and ahead of Triton.
 - Triton: torch.compile(mode="max-autotune-no-cudagraphs") of torch.mm with
-  torch._inductor.config.max_autotune_gemm_backends = "TRITON" (Triton templates only).
-  Its output is the input type (Triton's GEMM template writes 2-byte C; ours and cuBLAS
-  write 4-byte FP32 C, so Triton moves less memory). With --triton-f32 also
-  ``torch.mm(a, b).float()`` compiled the same way: inductor fuses the cast into the
-  template's epilogue, so that Triton kernel writes the FP32 C ours and cuBLAS write (its
-  values rounded to the input type first: the same bytes, not the same precision). Compiles are bounded by
-  --triton-budget seconds in all (the bar's shapes first); a shape left without Triton,
-  or a compile that fails, is recorded with the reason.
+  torch._inductor.config.max_autotune_gemm_backends = "TRITON" (Triton templates only),
+  2-byte C. Compiles are bounded by --triton-budget seconds in all (the bar's shapes
+  first); a shape left without Triton, or a compile that fails, is recorded with the reason.
+- --fp32-c: the earlier comparison (issue 13): ours and cuBLAS writing FP32 C
+  (torch.mm(a, b, out_dtype=torch.float32) where torch has it, else cublasGemmEx), Triton
+  2-byte C beside them (with --triton-f32 also Triton's cast to FP32 fused into its
+  epilogue); bar 0.90x cuBLAS.
+- --dtypes tf32: FP32 data and C against cuBLAS TF32 (torch.mm with allow_tf32); the
+  pre-pass candidates; no Triton; bar 0.95x.
+- --tunes JSONL: fresh tunes' lines (bench/device_steps.sh tunes) copied into the JSON
+  (issue 23 item 5: tune wall time and rank correlation).
 
-Every candidate's output is checked against cuBLAS's before it is timed (relative error
-<= 1e-4 x max(1, K/4096)). JSON and a PNG go to --out (default bench/results/) named
-wgmma-vs-cublas-<gpu>-<date>.
+Every candidate's output is checked against the peer's before it is timed (relative
+Frobenius error <= 1e-4 x max(1, K/4096) for FP32 C; 2e-3 for 2-byte C, which rounds each
+element to 11 or 8 bits on both sides). JSON and a PNG go to --out (default bench/results/)
+named wgmma-vs-cublas[-...]-<gpu>-<date>.
 """
 
 from __future__ import annotations
@@ -54,20 +61,38 @@ DTYPES = (DType.F16, DType.BF16)
 #: tf32 (--dtypes tf32): the pre-pass variants and the in-loop conversion's best
 TF32_CANDIDATES = ["256x128x32_c2_s4_x1_p1_g8_pre", "128x256x32_c2_s4_x1_p1_g8_pre",
                    "256x128x32_c2_s3_x1_p1_g16_pre", "256x128x32_c2_s3_x1_p1_g8"]
-#: per dtype: the probe's winners (bench/results/wgmma-probe-h200-2026-12-01.json) and
-#: neighbours (persistence, raster group, a shallower ring)
+#: per dtype, FP32 C (--fp32-c): the probe's winners
+#: (bench/results/wgmma-probe-h200-2026-12-01.json) and neighbours (persistence, raster
+#: group, a shallower ring)
 CANDIDATES = ["128x256x64_c2_s4_x1_p0_g8", "128x256x64_c2_s4_x1_p1_g8",
               "256x128x64_c2_s4_x1_p0_g8", "256x128x64_c2_s4_x1_p1_g8",
               "128x256x64_c2_s3_x1_p1_g16", "128x192x64_c2_s4_x1_p1_g16"]
+#: per dtype, C in the input type: the fresh fp16 tunes' winners of 2026-12-03
+#: (bench/results/tunes-fp16-*-2026-12-03.jsonl: the TMA store, persistent or not, 256x128
+#: and 128x256, a cluster) and neighbours
+CANDIDATES_2B = ["256x128x64_c2_s4_x1_p1_g8_ts", "256x128x64_c2_s4_x1_p1_g16_ts",
+                 "128x256x64_c2_s4_x1_p1_g8_ts", "128x256x64_c2_s3_x1_p0_g8_ts",
+                 "128x256x64_c2_s4_x1_p0_g16_ts", "128x192x64_c2_s4_x2_p1_g1_ts",
+                 "128x256x64_c2_s4_x2_p1_g8_ts"]
 ROUNDS = 3
 TARGET_MS = 40.0
+#: ours / the peer each row must reach (issue 23): 2-byte C against torch.matmul, tf32
+#: against cuBLAS TF32; FP32 C against cuBLAS (issue 13's)
+BAR = {"2-byte": 1.05, "tf32": 0.95, "fp32_c": 0.90}
 
 
-def configs(dtype: DType, extra: tuple[str, ...] = ()) -> list[WgmmaConfig]:
+def configs(dtype: DType, extra: tuple[str, ...] = (), fp32_c: bool = False
+            ) -> list[WgmmaConfig]:
     """The candidates for `dtype`, plus `extra` (name tails such as
-    ``128x256x64_c2_s4_x2_p1_g8``: variants the search does not take yet, measured beside)."""
-    names = (TF32_CANDIDATES if dtype is DType.TF32 else CANDIDATES) + list(extra)
-    return [WgmmaConfig.from_name(f"gemm_wgmma_{dtype.short}_{c}") for c in names]
+    ``128x256x64_c2_s4_x2_p1_g8``: variants measured beside), writing C in the input type
+    (fp16 / bf16 unless `fp32_c`; tf32 always FP32 C)."""
+    if dtype is DType.TF32:
+        names = TF32_CANDIDATES
+    else:
+        names = CANDIDATES if fp32_c else CANDIDATES_2B
+    two_byte = "" if fp32_c or dtype is DType.TF32 else f"_o{dtype.short}"
+    return [WgmmaConfig.from_name(f"gemm_wgmma_{dtype.short}_{c}{two_byte}")
+            for c in names + list(extra)]
 
 
 def _tdt(torch, dtype: DType):
@@ -196,7 +221,12 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-budget", type=float, default=240.0)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--triton-f32", action="store_true",
-                    help="also Triton writing FP32 C (mm(a, b).float(), the cast fused)")
+                    help="with --fp32-c: also Triton writing FP32 C (mm(a, b).float(), the "
+                         "cast fused)")
+    ap.add_argument("--fp32-c", action="store_true",
+                    help="ours and cuBLAS writing FP32 C (issue 13's comparison)")
+    ap.add_argument("--tunes", type=Path, default=None, metavar="JSONL",
+                    help="fresh tunes' lines (bench/device_steps.sh tunes) to copy in")
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: the five)")
     ap.add_argument("--dtypes", default="f16,bf16",
                     help="f16, bf16, tf32 (tf32: against cuBLAS TF32; no Triton)")
@@ -205,6 +235,7 @@ def main(argv=None) -> int:
                          "128x256x64_c2_s4_x2_p1_g8,128x256x64_c2_s4_x1_p1_g8_ts)")
     args = ap.parse_args(argv)
     extra = tuple(x for x in args.extra.split(",") if x)
+    fp32_c = args.fp32_c
 
     import torch
 
@@ -223,7 +254,11 @@ def main(argv=None) -> int:
     doc = dict(benchmark="wgmma-vs-cublas", gpu=gpu, torch=torch.__version__,
                nvcc=nvcc_version(), commit=commit(), rounds=ROUNDS,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               method=__doc__, rows=[], triton={}, extra_candidates=list(extra))
+               method=__doc__, rows=[], triton={}, extra_candidates=list(extra),
+               c_type="fp32" if fp32_c else "input")
+    if args.tunes:
+        doc["tunes"] = [json.loads(line) for line in args.tunes.read_text().splitlines()
+                        if line.strip()]
     try:
         import triton
 
@@ -232,12 +267,12 @@ def main(argv=None) -> int:
         doc["triton_version"] = None
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     tag = ("" if args.dtypes == "f16,bf16" else "-" + args.dtypes.replace(",", "-")) + \
-        ("-extra" if extra else "")
-    path = args.out / f"wgmma-vs-cublas{tag}-{slug}-{doc['date'][:10]}.json"
+        ("-fp32c" if fp32_c else "") + ("-extra" if extra else "")
+    path = args.out / f"wgmma-vs-cublas{tag}-{doc['commit']}-{slug}-{doc['date'][:10]}.json"
     args.out.mkdir(parents=True, exist_ok=True)
 
     dtypes = [DType.parse(d) for d in args.dtypes.split(",")]
-    cfgs = [c for d in dtypes for c in configs(d, extra)]
+    cfgs = [c for d in dtypes for c in configs(d, extra, fp32_c)]
     t0 = time.monotonic()
     built = {}
     for cfg, res in compile_many(cfgs, "sm_90", jobs=8):
@@ -255,7 +290,7 @@ def main(argv=None) -> int:
         for shape in shapes:
             for dtype in [d for d in dtypes if d is not DType.TF32]:
                 key = f"{dtype.short} {'x'.join(map(str, shape))}"
-                for f32_out in (False, True) if args.triton_f32 else (False,):
+                for f32_out in (False, True) if args.triton_f32 and fp32_c else (False,):
                     fn, note = compile_triton(torch, dtype, shape, deadline, f32_out)
                     doc["triton"][key + (" f32 C" if f32_out else "")] = note
                     print(f"Triton {key}{' f32 C' if f32_out else ''}: {note}", flush=True)
@@ -272,20 +307,25 @@ def main(argv=None) -> int:
         flops = 2.0 * m * n * k
         for dtype in dtypes:
             tdt = _tdt(torch, dtype)
+            two_byte = not fp32_c and dtype is not DType.TF32
             a = torch.randn(m, k, device="cuda").to(tdt)
             b = torch.randn(k, n, device="cuda").to(tdt)
-            c = torch.empty(m, n, device="cuda")
-            ref = torch.empty(m, n, device="cuda")
-            blas, how = cublas_runner(torch, a, b, ref, dtype)
+            c = torch.empty(m, n, device="cuda", dtype=tdt if two_byte else torch.float32)
+            ref = torch.empty_like(c)
+            if two_byte:  # torch.matmul writing C in the input type: the bar's peer
+                blas = (lambda a=a, b=b, ref=ref: torch.matmul(a, b, out=ref))
+                how = f"torch.matmul {dtype.short} -> {dtype.short} (out=)"
+            else:
+                blas, how = cublas_runner(torch, a, b, ref, dtype)
             blas()
-            gate = 1e-4 * max(1.0, k / 4096)
+            gate = 2e-3 if two_byte else 1e-4 * max(1.0, k / 4096)
             if dtype is DType.TF32:  # against float64 of the inputs rounded as the kernels do
                 # (cuBLAS TF32 rounds otherwise: its own result is no reference at 1e-4)
                 from wgmma_probe import _tf32
 
                 ref = (_tf32(torch, a, "rna").double() @ _tf32(torch, b, "rna").double()).float()
             runs, errors = {}, {}
-            for cfg in configs(dtype, extra):
+            for cfg in configs(dtype, extra, fp32_c):
                 if cfg not in built:
                     continue
                 bound = built[cfg].bind(g, m, n, k, k, n, n)
@@ -299,8 +339,8 @@ def main(argv=None) -> int:
                 if err <= gate:
                     runs[cfg.name] = run
                 else:
-                    print(f"{cfg.name} {shape}: WRONG, error {err:.2e} vs cuBLAS", flush=True)
-            runs["cublas"] = blas
+                    print(f"{cfg.name} {shape}: WRONG, error {err:.2e} vs the peer", flush=True)
+            runs["peer"] = blas
             for f32_out, name in ((False, "triton"), (True, "triton_f32")):
                 tfn = triton_fns.get((dtype, shape, f32_out))
                 if tfn is not None:
@@ -313,31 +353,32 @@ def main(argv=None) -> int:
             med = {name: statistics.median(v) for name, v in tf.items()}
             ours = [nm for nm in med if nm.startswith("gemm_wgmma_")]
             best = max(ours, key=med.get) if ours else None
-            row = dict(dtype=dtype.short, shape=list(shape), cublas=how,
-                       cublas_tflops=med["cublas"], cublas_rounds=tf["cublas"],
+            row = dict(dtype=dtype.short, shape=list(shape), peer=how,
+                       peer_tflops=med["peer"], peer_rounds=tf["peer"],
                        kernel=best, tflops=med.get(best), tflops_rounds=tf.get(best),
-                       ratio=med[best] / med["cublas"] if best else None,
+                       ratio=med[best] / med["peer"] if best else None,
                        triton_tflops=med.get("triton"), triton_rounds=tf.get("triton"),
-                       triton_ratio=(med["triton"] / med["cublas"] if "triton" in med else None),
+                       triton_ratio=(med["triton"] / med["peer"] if "triton" in med else None),
                        triton_note=doc["triton"].get(f"{dtype.short} {'x'.join(map(str, shape))}"),
                        triton_f32_tflops=med.get("triton_f32"),
-                       triton_f32_ratio=(med["triton_f32"] / med["cublas"]
+                       triton_f32_ratio=(med["triton_f32"] / med["peer"]
                                          if "triton_f32" in med else None),
                        candidates={nm: dict(tflops=med[nm], rounds=tf[nm],
-                                            error_vs_cublas=errors.get(nm)) for nm in ours},
-                       errors_vs_cublas=errors)
-            if best:
-                bar = shape in BAR_SHAPES
-                row["meets_bar"] = (row["ratio"] >= (0.75 if dtype is DType.TF32 else 0.90) and
-                                    (row["triton_tflops"] is None or
-                                    row["tflops"] > row["triton_tflops"])) if bar else None
+                                            error_vs_peer=errors.get(nm)) for nm in ours},
+                       errors_vs_peer=errors)
+            if best:  # issue 23: 2-byte C every shape; tf32 and FP32 C the two bar shapes
+                row["meets_bar"] = None
+                if two_byte or shape in BAR_SHAPES:
+                    row["meets_bar"] = row["ratio"] >= BAR[
+                        "tf32" if dtype is DType.TF32 else "fp32_c" if fp32_c else "2-byte"] \
+                        and (row["triton_tflops"] is None or row["tflops"] > row["triton_tflops"])
             doc["rows"].append(row)
             tri = f"{row['triton_tflops']:.1f} ({row['triton_ratio']:.2f}x)" \
                 if row["triton_tflops"] else "-"
             if row["triton_f32_tflops"]:
                 tri += f", FP32 C {row['triton_f32_tflops']:.1f} ({row['triton_f32_ratio']:.2f}x)"
             print(f"{dtype.short:4} {'x'.join(map(str, shape)):>16}  ours {row['tflops'] or 0:7.1f} "
-                  f"({(row['ratio'] or 0):.2f}x) {best}  cuBLAS {row['cublas_tflops']:7.1f}  "
+                  f"({(row['ratio'] or 0):.3f}x) {best}  peer {row['peer_tflops']:7.1f}  "
                   f"Triton {tri}", flush=True)
             path.write_text(json.dumps(doc, indent=2) + "\n")  # as it goes: a cut run keeps it
             del a, b, c, ref
@@ -367,9 +408,12 @@ def _plot(doc: dict, png: Path) -> None:
     ax.bar([i + w for i in x], [r.get("triton_f32_ratio") or 0 for r in rows], w,
            label="Triton, FP32 C (cast fused)")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.axhline(0.9, color="r", lw=0.8, ls="--", label="bar: 0.90x")
+    bar = BAR["fp32_c"] if doc.get("c_type") == "fp32" else BAR["2-byte"]
+    if all(r["dtype"] == "tf32" for r in rows):
+        bar = BAR["tf32"]
+    ax.axhline(bar, color="r", lw=0.8, ls="--", label=f"bar: {bar:.2f}x")
     ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set_ylabel("TFLOP/s / cuBLAS (FP32 C)")
+    ax.set_ylabel("TFLOP/s / " + (rows[0]["peer"] if rows else "the peer"), fontsize=8)
     ax.set_title(f"wgmma vs cuBLAS and Triton on {doc['gpu']} ({doc['date'][:10]}, "
                  f"{doc['commit']}), median of {doc['rounds']} interleaved rounds")
     ax.legend(fontsize=8)
