@@ -198,6 +198,11 @@ def compile_triton(torch, dtype, shape, deadline: float, f32_out: bool = False
 
     ic.max_autotune_gemm_backends = "TRITON"
     torch._dynamo.reset()
+    # every shape and dtype compiles the same lambda: past dynamo's recompile limit (8) a
+    # call would run eager (cuBLAS) under Triton's name
+    for limit in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 1024)
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").to(_tdt(torch, dtype))
     b = torch.randn(k, n, device="cuda").to(_tdt(torch, dtype))
