@@ -34,6 +34,10 @@ import wgmma_probe  # noqa: E402
 
 
 # ---- identity ------------------------------------------------------------------------
+#: the TMA-store epilogue's slice loop is rendered twice: for beta != 0 (reading C) and for
+#: beta = 0 (no per-element test); each issues one UTMASTG per slice
+TS_COPIES = 2
+
 def test_name_is_pinned_and_round_trips():
     assert DEFAULT_WGMMA.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8"
     c = WgmmaConfig(bm=64, bn=192, stages=6, consumers=1, cluster=2, persistent=0, group=16,
@@ -256,7 +260,8 @@ def _compile_checks(compiled) -> None:
 
 def test_sass_of_the_tma_store_epilogue(compiled, compile_cache):
     """store=1: one UTMASTG per 32-column slice of a consumer's tile, the slices written to
-    shared memory as 8-byte stores; the register epilogue has no TMA store."""
+    shared memory as 8-byte stores, in each of the slice loop's two copies (beta != 0, which
+    reads C, and beta = 0); the register epilogue has no TMA store."""
     tool, env = find_cuobjdump()
     if tool is None:
         pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
@@ -269,8 +274,8 @@ def test_sass_of_the_tma_store_epilogue(compiled, compile_cache):
 
     for c in (STORE_GOLDEN, WgmmaConfig.from_name("gemm_wgmma_bf16_128x128x64_c1_s5_x1_p0_g1_ts")):
         code = sass(c)
-        assert code.count("UTMASTG.2D") == c.bn // 32, c.name
-        assert code.count("STS.64") == (c.wm // 64) * 2 * (c.bn // 8), c.name
+        assert code.count("UTMASTG.2D") == TS_COPIES * c.bn // 32, c.name
+        assert code.count("STS.64") == TS_COPIES * (c.wm // 64) * 2 * (c.bn // 8), c.name
         assert not re.search(r"\bSTG\.", code) and "STL" not in code, c.name  # C only by TMA
     assert "UTMASTG" not in sass(DEFAULT_WGMMA)
 
@@ -1082,13 +1087,15 @@ def _sass(c, compile_cache) -> str:
 
 def test_sass_of_the_epilogues(compiled_variants, compile_cache):
     """2-byte C through TMA: one 4-byte STS per pair (as many as fp32 C's 8-byte ones), one
-    UTMASTG per slice, no global store; from registers: 4-byte pair stores of 2-byte C."""
+    UTMASTG per slice (in each copy of the slice loop), no global store; from registers:
+    4-byte pair stores of 2-byte C."""
     for name in (EPI_TS_GOLDEN.name, "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_tn_of16_gelut"):
         c = WgmmaConfig.from_name(name)
         code = _sass(c, compile_cache)
-        assert code.count("UTMASTG.2D") == c.bn // 32, c.name
+        assert code.count("UTMASTG.2D") == TS_COPIES * c.bn // 32, c.name
         sts = re.findall(r"\bSTS(\.\w+)?\s", code)
-        assert len(sts) == (c.wm // 64) * 2 * (c.bn // 8) and set(sts) == {""}, (c.name, len(sts))
+        assert len(sts) == TS_COPIES * (c.wm // 64) * 2 * (c.bn // 8) and set(sts) == {""}, \
+            (c.name, len(sts))
         assert not re.search(r"\bSTG\.", code) and "STL" not in code, c.name
     code = _sass(EPI_GOLDEN, compile_cache)
     assert re.search(r"\bSTG\.E\s", code) and not re.search(r"\bSTG\.E\.64", code)
@@ -1428,7 +1435,8 @@ def test_sass_loads_and_stores_rank_3_boxes_for_a_batch(compiled_variants, compi
         c = WgmmaConfig.from_name(name)
         code = _sass(c, compile_cache)
         assert code.count("UTMALDG.3D") >= 2 and code.count("UTMALDG.2D") >= 2, name
-        assert (code.count("UTMASTG.3D") == code.count("UTMASTG.2D") == c.bn // 32) == bool(c.store), name
+        assert (code.count("UTMASTG.3D") == code.count("UTMASTG.2D") == TS_COPIES * c.bn // 32) \
+            == bool(c.store), name
         assert "STL" not in code, name
 
 
