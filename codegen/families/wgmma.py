@@ -973,9 +973,10 @@ def issue_efficiency(c: WgmmaConfig) -> float:
 #: nvcc 13.0's SASS of gemm_wgmma_f16_256x128x64_c2_s4_x1_p1_g8[_ts]_of16 (128 outputs a
 #: thread): after the last HGMMA 4,371 static instructions with the register store (a
 #: predicate and a branch per pair for beta and the edges; the interior beta = 0 path some
-#: 40% of them) and 1,579 with the TMA store (of which beta's reads and FMAs about 600).
-#: Counted, not calibrated on timings.
-STORE_INSTR = {0: 14.0, 1: 7.0}
+#: 40% of them); the TMA store's beta = 0 copy of its slice loop 92 instructions a slice of
+#: 16 pairs (2.9 an output, its conversions' 0.5 counted apart; 7 before that copy, when
+#: every pair tested beta and the edges). Counted, not calibrated on timings.
+STORE_INSTR = {0: 14.0, 1: 2.5}
 #: outputs a consumer's register store writes per L1 wavefront: a warp's store of a column
 #: pair per lane spans 8 rows of C (the accumulator fragment's), 8 lines a request
 STG_OUTPUTS_PER_WAVEFRONT = 8
