@@ -177,6 +177,7 @@ def main() -> None:
               f", median {r['without_model']['median_compiled']}")
     tag = f"-{args.record}" if args.record else ""
     path = args.out / f"simulate-search-{args.sampler}{tag}-cpu-recorded-h200-{data['date']}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")
 
