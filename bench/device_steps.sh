@@ -12,7 +12,8 @@
 #   tunes     fresh tunes of $TUNE_DTYPES (default fp32 fp16) at $TUNE_SHAPES (default
 #             4096x4096x4096), each at the default budget
 #             into a scratch library: winner, ratio and time as JSON lines in tunes.jsonl,
-#             their studies as tunes-studies.db (bench/model_rank.py --studies-db)
+#             their studies as tunes-studies.db (bench/model_rank.py --studies-db) and as
+#             tune-studies.json (to commit as bench/results/tune-studies-*.json)
 #   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
 #             tuned into a copy of the committed library (which comes back as $OUT/library,
 #             and serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
@@ -100,8 +101,15 @@ PY
       done
       done
       # the tunes' studies (every candidate's time and figures), for bench/model_rank.py
-      # --studies-db: the model's ranking on fresh tunes
-      [ -f /tmp/art/studies.db ] && cp /tmp/art/studies.db "$OUT/tunes-studies.db" ;;
+      # --studies-db, and saved as JSON to commit under bench/results (tune-studies-*.json,
+      # which the model's tests and bench/model_rank.py read)
+      if [ -f /tmp/art/studies.db ]; then
+        cp /tmp/art/studies.db "$OUT/tunes-studies.db"
+        python3 bench/model_rank.py --dtype f16 --dtype bf16 --dtype f32 --dtype tf32 \
+          --dtype f32x3 --studies-db \
+          /tmp/art/studies.db --save-studies "$OUT/tune-studies.json" \
+          --commit "${GEMM_TUNE_COMMIT:-unknown}" --out "$OUT" 2>&1 | grep -v near-best | tail -12
+      fi ;;
     variants)
       rm -rf /tmp/var-library && cp -r artifacts/library /tmp/var-library
       timeout ${VAR_WALL:-600} python3 -m tuner \

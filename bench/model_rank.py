@@ -172,7 +172,6 @@ def main() -> None:
                           args.save_studies, gpu="NVIDIA H200", commit=args.commit,
                           date=time.strftime("%Y-%m-%d"))
         print(f"wrote {args.save_studies}")
-        args.studies_db = []  # read back from the saved file where it lies in bench/results
     studies = [s for s in all_studies(args.studies_db)
                if ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
     prepared = _prepared(studies)
