@@ -403,25 +403,31 @@ def _plot(doc: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = doc["rows"]
-    labels = [f"{r['dtype']}\n{'x'.join(map(str, r['shape']))}" for r in rows]
+    labels = [f"{r['dtype']}\n{r['shape'][0]}x{r['shape'][1]}\nx{r['shape'][2]}" for r in rows]
     x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 4.5))
-    w = 0.27
-    ax.bar([i - w for i in x], [r["ratio"] or 0 for r in rows], w, label="gemm-tune wgmma")
-    ax.bar(list(x), [r["triton_ratio"] or 0 for r in rows], w,
-           label="Triton (max-autotune), 2-byte C")
-    ax.bar([i + w for i in x], [r.get("triton_f32_ratio") or 0 for r in rows], w,
-           label="Triton, FP32 C (cast fused)")
+    series = [("ratio", "gemm-tune wgmma"), ("triton_ratio", "Triton (max-autotune), 2-byte C"),
+              ("triton_f32_ratio", "Triton, FP32 C (cast fused)")]
+    series = [(k, name) for k, name in series if any(r.get(k) for r in rows)]
+    w = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.2), 4.8))
+    for j, (key, name) in enumerate(series):
+        ax.bar([i + (j - (len(series) - 1) / 2) * w for i in x], [r.get(key) or 0 for r in rows],
+               w, label=name)
     ax.axhline(1.0, color="k", lw=0.8)
     bar = BAR["fp32_c"] if doc.get("c_type") == "fp32" else BAR["2-byte"]
     if all(r["dtype"] == "tf32" for r in rows):
         bar = BAR["tf32"]
     ax.axhline(bar, color="r", lw=0.8, ls="--", label=f"bar: {bar:.2f}x")
+    values = [r.get(k) for r in rows for k, _ in series if r.get(k)]
+    ax.set_ylim(max(0.0, min(values + [bar]) - 0.1), max(values + [bar]) + 0.05)
     ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set_ylabel("TFLOP/s / " + (rows[0]["peer"] if rows else "the peer"), fontsize=8)
-    ax.set_title(f"wgmma vs cuBLAS and Triton on {doc['gpu']} ({doc['date'][:10]}, "
-                 f"{doc['commit']}), median of {doc['rounds']} interleaved rounds")
-    ax.legend(fontsize=8)
+    peer = "cuBLAS" if doc.get("c_type") == "fp32" or all(r["dtype"] == "tf32" for r in rows) \
+        else "torch.matmul, C in the input type"
+    ax.set_ylabel(f"TFLOP/s / {peer}", fontsize=9)
+    ax.set_title(f"wgmma against {peer.split(',')[0]} and Triton on {doc['gpu']} "
+                 f"({doc['date'][:10]}, {doc['commit']}), median of {doc['rounds']} rounds",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
