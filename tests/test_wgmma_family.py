@@ -34,9 +34,10 @@ import wgmma_probe  # noqa: E402
 
 
 # ---- identity ------------------------------------------------------------------------
-#: the TMA-store epilogue's slice loop is rendered twice: for beta != 0 (reading C) and for
-#: beta = 0 (no per-element test); each issues one UTMASTG per slice
-TS_COPIES = 2
+#: the TMA-store epilogue's slice loop is rendered three times: for beta != 0 (reading C), for
+#: beta = 0 (no per-element test) and for beta = 0 with alpha = 1 (no multiply either); each
+#: issues one UTMASTG per slice
+TS_COPIES = 3
 
 def test_name_is_pinned_and_round_trips():
     assert DEFAULT_WGMMA.name == "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8"
@@ -261,7 +262,7 @@ def _compile_checks(compiled) -> None:
 def test_sass_of_the_tma_store_epilogue(compiled, compile_cache):
     """store=1: one UTMASTG per 32-column slice of a consumer's tile, the slices written to
     shared memory as 8-byte stores, in each of the slice loop's two copies (beta != 0, which
-    reads C, and beta = 0); the register epilogue has no TMA store."""
+    reads C, beta = 0, and beta = 0 with alpha = 1); the register epilogue has no TMA store."""
     tool, env = find_cuobjdump()
     if tool is None:
         pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
