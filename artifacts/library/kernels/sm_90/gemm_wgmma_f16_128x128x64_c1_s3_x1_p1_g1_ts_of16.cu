@@ -516,9 +516,10 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
             // tensor map expects, and the leader issues one TMA store of the slice; TMA clips
             // rows >= M and columns >= N. A
             // buffer is written again only once the store before last has read it: the stores
-            // run on under the next slice and the next tile's wgmmas. Two copies of the loop:
-            // beta's reads of C (with their edge tests) only in the one beta != 0 takes,
-            // so a tile with beta = 0 tests nothing per element (TMA clips the edges).
+            // run on under the next slice and the next tile's wgmmas. Three copies of the
+            // loop: beta's reads of C (with their edge tests) only in the one beta != 0 takes,
+            // so a tile with beta = 0 tests nothing per element (TMA clips the edges); and
+            // with alpha = 1 (a plain product, a linear layer) no multiply by alpha either.
             const uint32_t cbuf0 = base + C_OFF + consumer * 2 * C_BUF_BYTES;
             if (beta != 0.0f) {
     #pragma unroll
@@ -573,7 +574,7 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
                         bulk_commit();
                     }
                 }
-            } else {
+            } else if (alpha != 1.0f) {
     #pragma unroll
                 for (int sb = 0; sb < BN / C_SLICE; ++sb) {
                     const uint32_t cbuf = cbuf0 + (sb % 2) * C_BUF_BYTES;
@@ -596,6 +597,45 @@ gemm_wgmma_f16_128x128x64_c1_s3_x1_p1_g1_ts_of16(const __grid_constant__ CUtenso
                                 const int nb = sb * (C_SLICE / 8) + q, cc = q * 8 + (lane % 4) * 2;
                                 float v0 = alpha * acc[i][nb * 4 + h * 2];
                                 float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
+                                v0 = finish_with(v0, bq[q].x);  // columns past N: TMA clips them
+                                v1 = finish_with(v1, bq[q].y);
+                                // 2-byte C, rows of 64 B, SWIZZLE_64B: 16-byte chunk cc/8 of row r
+                                // lands at chunk (cc/8) ^ ((r/2) % 4). A warp's 32 4-byte stores
+                                // (8 rows, 4 chunks of 4 lanes each) fall on 32 distinct banks.
+                                sts_pair(cbuf + r * 64 + (((cc / 8) ^ ((r / 2) % 4)) * 16) + (cc % 8) * 2, v0, v1);
+                            }
+                        }
+                    }
+                    fence_proxy_async();  // these generic writes, before TMA's (async proxy) read
+                    warpgroup_sync(consumer);
+                    if (leader) {
+                        tma_store(&tmC, cbuf, n0 + sb * C_SLICE, m0 + row0, bt, c3);
+                        bulk_commit();
+                    }
+                }
+            } else {
+    #pragma unroll
+                for (int sb = 0; sb < BN / C_SLICE; ++sb) {
+                    const uint32_t cbuf = cbuf0 + (sb % 2) * C_BUF_BYTES;
+                    // the bias of this thread's columns in the slice, read under the wait below
+                    // (a slice ahead instead measured 2-7% slower: bench/NOTES.md)
+                    float2 bq[C_SLICE / 8];
+    #pragma unroll
+                    for (int q = 0; q < C_SLICE / 8; ++q)
+                        bq[q] = bias_pair(bias, n0 + sb * C_SLICE + q * 8 + (lane % 4) * 2, N);
+                    if (leader)
+                        bulk_wait_read<1>();
+                    warpgroup_sync(consumer);  // this buffer's last store has read it
+    #pragma unroll
+                    for (int i = 0; i < M_WGMMAS; ++i) {
+    #pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int r = i * 64 + warp * 16 + lane / 4 + h * 8;  // row in the slice
+    #pragma unroll
+                            for (int q = 0; q < C_SLICE / 8; ++q) {
+                                const int nb = sb * (C_SLICE / 8) + q, cc = q * 8 + (lane % 4) * 2;
+                                float v0 = acc[i][nb * 4 + h * 2];
+                                float v1 = acc[i][nb * 4 + h * 2 + 1];
                                 v0 = finish_with(v0, bq[q].x);  // columns past N: TMA clips them
                                 v1 = finish_with(v1, bq[q].y);
                                 // 2-byte C, rows of 64 B, SWIZZLE_64B: 16-byte chunk cc/8 of row r
