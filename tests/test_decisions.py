@@ -601,3 +601,53 @@ def test_an_exact_entry_decides_its_own_m_and_explain_says_the_bucket_is_apart(
     assert fake.launches[-1][0] == SMALL.name and fake.measured == []
     lib.gemm(Cai(301, 256, 0x100000), Cai(256, 256, 0x200000), Cai(301, 256, 0x300000))
     assert len(fake.blas) == 1 and [x[0][0] for x in fake.measured] == [257, 384]
+
+
+# ---- item: a first use times calls as a program's find their operands: not in the L2 ----
+def test_first_use_operand_sets_span_three_l2s_at_most_64_of_them():
+    """operand_sets: enough sets of scratch operands that no call finds the last one's in
+    the H200's 60 MiB L2 (together at least 3 x 60 MiB), each operand's set 256-byte
+    pitched; one set where one is that large; at most 64 (a tiny problem's stay in L2)."""
+    from types import SimpleNamespace
+
+    g = SimpleNamespace(l2_bytes=60 << 20)
+
+    def sets(*spans):
+        return measure.operand_sets(g, SimpleNamespace(spans=lambda: spans))
+
+    mib = 1 << 20
+    # 2048^3 fp32: three 16 MiB operands, each pitched to 16 MiB + 256 B; 3.75 sets cover
+    # 180 MiB, so 4
+    assert sets(16 * mib, 16 * mib, 16 * mib, 0) == 4
+    assert 3 * (16 * mib + 256) * 4 >= 180 * mib > 3 * (16 * mib + 256) * 3
+    assert sets(128 * mib, 128 * mib, 128 * mib, 0) == 1  # 8192^3 fp16: one is past 3 L2s
+    assert sets(512 * 512 * 2, 512 * 512 * 2, 512 * 512 * 2, 0) == 64  # 512^3 fp16: 120, capped
+    # a bias counts with its own pitched span: three operands of 20 MiB less 1 KiB take
+    # 60 MiB less 2,304 B a set, so 4 sets; a 32 KiB bias makes 3 sets enough
+    short = 20 * mib - 1024
+    assert (sets(short, short, short, 0), sets(short, short, short, 32 << 10)) == (4, 3)
+
+
+def test_first_use_calls_take_the_scratch_sets_in_turn(lib, fake, monkeypatch):
+    """Each candidate's calls in a first-use measurement take the scratch operand sets in
+    turn (the fake's three sets, 0x100 apart), cuBLAS's and the kernels' alike: no call
+    reads the operands the call before it read."""
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    real = measure.time_candidates  # the fake's: one call of each runner
+
+    def three_calls(g, runners, stream, **kw):
+        fake.measuring = True
+        for run in runners.values():
+            run(stream)
+            run(stream)
+        fake.measuring = False
+        return real(g, runners, stream, **kw)
+
+    monkeypatch.setattr(measure, "time_candidates", three_calls)
+    lib.gemm(Cai(100, 50, 0x10000), Cai(50, 70, 0x20000), Cai(100, 70, 0x30000))
+    order = [0x1000, 0x1100, 0x1200]
+    for name in (SMALL.name, BIG.name):
+        a_of = [call[4][4] for call in fake.scratch_calls if call[0] == name]
+        assert a_of == order * 2  # at both ends of the M-bucket, each from the first set
+    blas = [call for call in fake.scratch_calls if isinstance(call[0], DType)]  # cuBLAS's
+    assert [call[5] for call in blas] == order * 2  # A's pointer
