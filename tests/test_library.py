@@ -28,6 +28,19 @@ def test_manifest_round_trip(lib):
             assert (lib.path / k[f]).is_file()
 
 
+def test_the_committed_library_loads_with_every_file_as_its_manifest_records():
+    """artifacts/library, as committed: every kernel's source, cubin and metadata present
+    with the sha256 its manifest records (a recompile committed without its manifest is
+    refused by load_library), and every entry's kernel among its kernels."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "artifacts" / "library"
+    doc = json.loads((root / "manifest.json").read_text())
+    lib = load_library(root)
+    assert set(lib.manifest["kernels"]) == set(doc["kernels"]) and doc["kernels"]
+    assert {e["kernel"] for e in doc["entries"]} <= {k.split("/", 1)[1] for k in doc["kernels"]}
+
+
 def test_adding_the_same_shape_replaces_its_entry(lib, tmp_path, compile_cache):
     from _library import entry
     from codegen import compile_config
