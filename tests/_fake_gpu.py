@@ -105,9 +105,7 @@ class FakeGpu:
             world.measured.append(((problem.m, problem.n, problem.k),
                                    (problem.lda, problem.ldb, problem.ldc), problem.offsets))
             world.scratch_problems.append(problem)
-            bias = problem.variant.bias != "none"
-            yield [(0x1000 + i, 0x2000 + i, 0x3000 + i, 0x4000 + i if bias else 0)
-                   for i in range(0, 3 * 0x100, 0x100)]  # three sets, taken in turn
+            yield 0x1000, 0x2000, 0x3000, 0x4000 if problem.variant.bias != "none" else 0
 
         def time_candidates(g, runners, stream, budget_ms=2.0, rounds=3):
             world.measure_streams.append(stream)

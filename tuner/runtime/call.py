@@ -940,10 +940,8 @@ class Problem:
         from tuner.runtime import measure
 
         _see_torch()
-        with measure.torch_operands(self.gpu, self) as sets:
-            if not self.c_given:
-                sets = [(A, B, None, bias) for A, B, _, bias in sets]
-            A, B, C, bias = sets[0]
+        with measure.torch_operands(self.gpu, self) as (A, B, C, bias):
+            C = C if self.c_given else None
             act = self.variant.act
             key = _torch_key(A, B, C, self.mode, self.measure, None, None, bias, act)[0]
             saved = lib.plans.get(key)
@@ -951,14 +949,13 @@ class Problem:
             def runner(plan):
                 t = self._fast_table(lib, plan, A, B, C, bias)
                 if t is not None:
-                    return measure.rotating(sets, lambda ops, stream: t.call(
-                        *ops, 1.0, 0.0, self.fast))
+                    return lambda stream: t.call(A, B, C, bias, 1.0, 0.0, self.fast)
 
-                def run(ops, stream):
+                def run(stream):
                     lib.plans[key] = plan
-                    gemm(lib, *ops[:3], 1.0, 0.0, self.mode, None, self.measure,
-                         bias=ops[3], act=act)
-                return measure.rotating(sets, run)
+                    gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
+                         act=act)
+                return run
 
             try:
                 return measure.time_candidates(
@@ -989,8 +986,7 @@ class Problem:
         cuBLAS through gemm-tune's binding (tuner/runtime/cublas.py)."""
         from tuner.runtime import measure
 
-        with measure.driver_operands(self.gpu, self) as sets:
+        with measure.driver_operands(self.gpu, self) as (a, b, c, bias):
             return measure.time_candidates(
-                self.gpu, {name: measure.rotating(sets, lambda ops, st, p=p: p.run(
-                    *ops[:3], 1.0, 0.0, st, ops[3])) for name, p in self._plans(lib, names).items()},
-                self.stream)
+                self.gpu, {name: (lambda st, p=p: p.run(a, b, c, 1.0, 0.0, st, bias))
+                           for name, p in self._plans(lib, names).items()}, self.stream)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import logging
 import statistics
 import time
@@ -35,8 +34,8 @@ import numpy as np
 from codegen.config import DType
 from tuner.runtime import driver
 
-__all__ = ["time_candidates", "driver_operands", "torch_operands", "operand_sets", "rotating",
-           "candidates", "decision", "MEASURE_TOP", "MEASURE_MARGIN"]
+__all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates", "decision",
+           "MEASURE_TOP", "MEASURE_MARGIN"]
 
 #: how many library kernels (best estimates first) a first-use measurement times beside cuBLAS
 MEASURE_TOP = 3
@@ -49,13 +48,6 @@ HOLD_MS = 50.0
 #: a loop whose calls took the host less than this fraction of their time to issue was
 #: paced by the GPU: its time per call is the GPU's, and no held loop is run
 GPU_BOUND = 0.5
-
-#: the operand sets a first-use measurement's calls take in turn span at least this many
-#: times the GPU's L2 ...
-ROTATE_L2 = 3
-#: ... with at most this many sets (a tiny problem's sets then stay in the L2, as a tiny
-#: GEMM's operands, made by the kernel before it, do in a program)
-MAX_SETS = 64
 
 log = logging.getLogger(__name__)
 
@@ -145,40 +137,23 @@ def _fill(ptr: int, nbytes: int, rng) -> None:
         done += step
 
 
-def _pitch(nbytes: int) -> int:
-    """The bytes between two sets of one operand: its span and its offset's room, rounded
-    up to 256 (every set keeps the caller's offset past a 256-byte boundary)."""
-    return (nbytes + 256 + 255) // 256 * 256
-
-
-def operand_sets(g, problem) -> int:
-    """How many sets of scratch operands a first-use measurement of `problem` rotates
-    through: together at least ROTATE_L2 times g's L2, one set where a single one is that
-    large, at most MAX_SETS."""
-    per_set = sum(_pitch(size) for size in problem.spans() if size)
-    return max(1, min(MAX_SETS, -(-ROTATE_L2 * g.l2_bytes // per_set)))
-
-
 @contextlib.contextmanager
 def driver_operands(g, problem):
-    """[(a, b, c, bias), ...]: operand_sets(g, problem) sets of pointers on cuMemAlloc'd
-    scratch (one buffer per operand, the sets _pitch apart) laid out as the caller's
-    operands (problem.spans(): the bytes each spans, its batch included), each
-    `problem.offsets` bytes past a 256-byte boundary as the caller's were; bias 0 where
-    the problem has none. Freed on exit."""
+    """(a, b, c, bias) pointers on cuMemAlloc'd scratch laid out as the caller's operands
+    (problem.spans(): the bytes each spans, its batch included), each `problem.offsets`
+    bytes past a 256-byte boundary as the caller's were; bias 0 where the problem has
+    none. Freed on exit."""
     bufs, ptrs = [], []
     offsets = tuple(problem.offsets) + (0,)
-    sets = operand_sets(g, problem)
     try:
         for size, off in zip(problem.spans(), offsets):
             if not size:
-                ptrs.append([0] * sets)
+                ptrs.append(0)
                 continue
-            pitch = _pitch(size)
-            bufs.append(driver.Buffer(pitch * sets))
-            _fill(bufs[-1].ptr, pitch * sets, np.random.default_rng(len(bufs)))
-            ptrs.append([bufs[-1].ptr + i * pitch + off for i in range(sets)])
-        yield list(zip(*ptrs))
+            bufs.append(driver.Buffer(size + 256))
+            _fill(bufs[-1].ptr, size + 256, np.random.default_rng(len(bufs)))
+            ptrs.append(bufs[-1].ptr + off)
+        yield tuple(ptrs)
     finally:
         driver.synchronize()
         bufs.clear()
@@ -191,37 +166,26 @@ TORCH_DATA = {DType.F32: "float32", DType.TF32: "float32", DType.F32X3: "float32
 
 @contextlib.contextmanager
 def torch_operands(g, problem):
-    """[(A, B, C, bias), ...]: operand_sets(g, problem) sets of tensors for a torch caller
-    (views of one tensor per operand, the sets _pitch apart), from torch's allocator on its
-    current stream, laid out as the caller's are (problem.shapes: shapes and strides, a
+    """(A, B, C, bias) tensors for a torch caller, from torch's allocator on its current
+    stream, laid out as the caller's are (problem.shapes: shapes and strides, a
     column-major operand a transposed view, a shared one a batch stride of 0; the same
     byte offset from a 256-byte boundary); bias None where the problem has none."""
     import torch
 
     out = []
     offsets = tuple(problem.offsets) + (0,)
-    sets = operand_sets(g, problem)
-    for geometry, off, name, size in zip(problem.shapes, offsets, problem.elements,
-                                         problem.spans()):
+    for geometry, off, name in zip(problem.shapes, offsets, problem.elements):
         if geometry is None:
-            out.append([None] * sets)
+            out.append(None)
             continue
         shape, strides = geometry
         typ = getattr(torch, name)
-        es = torch.empty((), dtype=typ).element_size()
-        pitch = _pitch(size) // es
-        flat = torch.randn(pitch * sets, device=f"cuda:{g.index}", dtype=typ)
-        out.append([flat.as_strided(shape, strides, i * pitch + off // es)
-                    for i in range(sets)])
-    yield list(zip(*out))
+        skip = off // torch.empty((), dtype=typ).element_size()
+        span = 1 + sum((d - 1) * st for d, st in zip(shape, strides))
+        flat = torch.randn(skip + span, device=f"cuda:{g.index}", dtype=typ)
+        out.append(flat.as_strided(shape, strides, skip))
+    yield tuple(out)
     torch.cuda.current_stream(g.index).synchronize()
-
-
-def rotating(sets: list, run):
-    """A runner (callable(stream)) that calls run(operands, stream) with the next of
-    `sets` each time."""
-    turn = itertools.cycle(sets)
-    return lambda stream: run(next(turn), stream)
 
 
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, rounds: int = 5,
