@@ -382,6 +382,13 @@ SPLITK_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_f16_64x256x64_c1_s4_x1_p0_g8_k4l_nt_of16_bias_gelut",
 )]
 #: odd shapes TMA takes (leading dimensions padded): M = 1, M and N below a tile, prime K
+#: ping-pong consumers (searched): tiles of 64 and 128 rows, N 64-256, both stores, a layout
+#: and an epilogue each
+PINGPONG_VARIANTS = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_f16_64x64x64_c2_s6_x1_p1_g1_pp_tn_of16",
+    "gemm_wgmma_bf16_64x256x64_c2_s4_x1_p1_g8_pp_ts_nt_obf16_bias_gelu",
+    "gemm_wgmma_f16_128x64x64_c2_s5_x1_p1_g16_pp_tt_biasf32_silu",
+    "gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_pp_ts_obf16_relu")]
 REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
 #: the TMA store: N a whole number of 16 bytes of C
 TS_SHAPES = [(1, 8, 7), (17, 40, 131), (127, 136, 257), (300, 264, 1009)]
@@ -394,7 +401,7 @@ def compiled_variants(compile_cache):
     from codegen import compile_many
 
     cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + FP32_VARIANTS + BATCH_VARIANTS
-                              + SPLITK_VARIANTS))
+                              + SPLITK_VARIANTS + PINGPONG_VARIANTS))
     out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
     failed = {c.name: r.error for c, r in out.items() if not r.ok}
     assert not failed, failed
@@ -416,6 +423,16 @@ def test_each_layout_c_type_and_epilogue_through_tma_stores(cfg, compiled_varian
 @pytest.mark.parametrize("cfg", FP32_VARIANTS, ids=lambda c: c.name)
 def test_fp32_data_in_its_layouts(cfg, compiled_variants):
     for i, shape in enumerate(TS_SHAPES if cfg.store else REG_SHAPES):
+        _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", PINGPONG_VARIANTS, ids=lambda c: c.name)
+def test_ping_pong_consumers_take_turns_over_many_tiles(cfg, compiled_variants):
+    """The odd shapes, then one of more than two tiles per SM (2100 x 2056: 289 tiles of
+    128x128 and up on 132 SMs), so each block's consumers alternate over several tiles,
+    each waiting for the other's main loop (the order barrier) and storing its own."""
+    shapes = (TS_SHAPES if cfg.store else REG_SHAPES) + [(2100, 2056, 131)]
+    for i, shape in enumerate(shapes):
         _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
 
 
