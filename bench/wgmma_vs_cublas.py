@@ -69,11 +69,12 @@ CANDIDATES = ["128x256x64_c2_s4_x1_p0_g8", "128x256x64_c2_s4_x1_p1_g8",
               "128x256x64_c2_s3_x1_p1_g16", "128x192x64_c2_s4_x1_p1_g16"]
 #: per dtype, C in the input type: the fresh fp16 tunes' winners of 2026-12-03
 #: (bench/results/tunes-fp16-*-2026-12-03.jsonl: the TMA store, persistent or not, 256x128
-#: and 128x256, a cluster) and neighbours
+#: and 128x256, a cluster, ping-pong consumers) and neighbours
 CANDIDATES_2B = ["256x128x64_c2_s4_x1_p1_g8_ts", "256x128x64_c2_s4_x1_p1_g16_ts",
                  "128x256x64_c2_s4_x1_p1_g8_ts", "128x256x64_c2_s3_x1_p0_g8_ts",
                  "128x256x64_c2_s4_x1_p0_g16_ts", "128x192x64_c2_s4_x2_p1_g1_ts",
-                 "128x256x64_c2_s4_x2_p1_g8_ts"]
+                 "128x256x64_c2_s4_x2_p1_g8_ts", "128x128x64_c2_s5_x1_p1_g16_pp_ts",
+                 "128x128x64_c2_s4_x1_p1_g8_pp_ts"]
 ROUNDS = 3
 TARGET_MS = 40.0
 #: ours / the peer each row must reach (issue 23): 2-byte C against torch.matmul, tf32
