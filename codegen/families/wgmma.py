@@ -838,11 +838,12 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 #: the best at 8192x8192x1024 (534): both are searched. Ping-pong consumers measured 0.63-0.84x against the
 #: cooperative 128x256's 0.94-1.00x (bench/results/wgmma-probe-pingpong-h200-2026-12-01.json):
 #: a consumer's whole tile fits its registers only up to 128x128 or 64x256, and those
-#: tiles read more shared memory per FLOP than the shared 128x256. They are searched all
-#: the same (issue 23: what overlaps a heavy epilogue with the other consumer's main loop
-#: may win where the epilogue dominates); the model knows their smaller tiles (it puts the
-#: 128x128 ping-pong at 0.75-0.81x of the best cooperative kernel at 4096^3-8192^3), so a
-#: model-guided search rarely compiles one.
+#: tiles read more shared memory per FLOP than the shared 128x256. Searched since 3ebe9b6,
+#: with today's main loop and TMA store they win: the 128x128 ping-pong TMA-store kernel ran
+#: 1.02x-1.21x cuBLAS at issue 23's shapes, ahead of the cooperative winners by 2-12%
+#: (bench/results/pingpong-wgmma-3ebe9b6-h200-2026-12-03.json). The model still puts them
+#: at 0.75-0.81x of the cooperative 128x256 (L2-bound at its 10 TB/s), so a guided search
+#: times them late or not at all (tests/test_model.py's KNOWN_MISRANKED).
 #: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
 #: three.
 SEARCH_SPACE: dict[str, tuple] = {
