@@ -1893,7 +1893,8 @@ def test_split_k_is_searched_only_where_tiles_leave_sms_idle(monkeypatch):
     monkeypatch.setattr(wgmma, "SEARCH_SPLITS", SPLITS)
 
     fixed = {f"wgmma_{k}": v for k, v in dict(bm=64, bn=128, stages=6, consumers=1, cluster=1,
-                                               persistent=1, group=1, store=0).items()}
+                                               persistent=1, group=1, store=0,
+                                               pingpong=0).items()}
     for shape, asked in (((16, 4096, 4096), True), ((4096, 4096, 4096), False)):
         trial = optuna.trial.FixedTrial({**fixed, "wgmma_split": 4})
         c = suggest(trial, DType.F16, shape, a)

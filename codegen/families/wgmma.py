@@ -855,8 +855,10 @@ SEARCH_SPACE: dict[str, tuple] = {
     "persistent": (0, 1),
     "group": (1, 8, 16),
     "store": (0, 1),
-    "pingpong": (0, 1),
 }
+#: fp16 / bf16 data also chooses the consumers' arrangement: cooperative (0) or ping-pong
+#: (1; fp32 data has no ping-pong: check_wgmma)
+TWO_BYTE_SEARCH: dict[str, tuple] = {"pingpong": (0, 1)}
 #: fp32 data also chooses between the in-loop conversion and the pre-pass: tf32 (the pre-pass
 #: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
 #: bench/results/wgmma-probe-prep-h200-2026-12-01.json), and 3xTF32's split mode (in-loop,
@@ -866,7 +868,7 @@ TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1)}
 
 def _searched(dtype: DType) -> dict[str, tuple]:
     """The searched parameters of a request in `dtype` and their values."""
-    return {**SEARCH_SPACE, **(TF32_SEARCH if dtype in FP32_DATA else {})}
+    return {**SEARCH_SPACE, **(TF32_SEARCH if dtype in FP32_DATA else TWO_BYTE_SEARCH)}
 
 
 def _point(dtype: DType, **params) -> WgmmaConfig:
@@ -1017,7 +1019,8 @@ WGMMA = register(FamilySpec(
             DType.F32X3: DType.F32},
     searched=True,
     math=Math.TENSOR_CORE,
-    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},  # fp32 data adds TF32_SEARCH
+    # fp32 data adds TF32_SEARCH, fp16 / bf16 TWO_BYTE_SEARCH
+    space={f"wgmma_{k}": v for k, v in SEARCH_SPACE.items()},
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
