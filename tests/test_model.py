@@ -279,7 +279,7 @@ def test_first_batch_starts_with_each_familys_default():
     admits them and the model predicts them within FIRST_BATCH_MARGIN of its best; the
     model's ranking follows (a default far behind takes its place in it)."""
     from codegen.arch import parse_arch
-    from codegen.families.wgmma import DEFAULT_WGMMA
+    from codegen.families import FAMILIES
     from tuner.dryrun import defaults
 
     from codegen.families.decode import DEFAULT_DECODE
@@ -287,6 +287,7 @@ def test_first_batch_starts_with_each_familys_default():
     from tuner.search import FIRST_BATCH_MARGIN
 
     arch = parse_arch("sm_90")
+    wgmma_default = FAMILIES["wgmma"].default(DType.F16)  # ping-pong 128x128, TMA store
 
     def leading(shape, dtype=DType.F16):
         """The defaults the shape admits and the margin keeps, and the ones it drops."""
@@ -298,7 +299,7 @@ def test_first_batch_starts_with_each_familys_default():
                 [c for c in ok if t[c] > FIRST_BATCH_MARGIN * best])
 
     want, behind = leading((4096, 4096, 4096))
-    assert DEFAULT_WGMMA in want and DEFAULT_DECODE not in want + behind  # decode: M <= 64
+    assert wgmma_default in want and DEFAULT_DECODE not in want + behind  # decode: M <= 64
     # the CUDA cores' fp16 default is predicted (and measured: 35 against 600-700 TFLOP/s)
     # far behind the tensor cores': it leads no more
     assert [c.family.value for c in behind] == ["simt"]
@@ -314,7 +315,7 @@ def test_first_batch_starts_with_each_familys_default():
     assert model_first((4096, 4096, 4096), DType.F32, arch, 3)[0] == fp32[0]
     # N = 4095 halves: rows of 8190 B, which TMA cannot take; the wgmma default is left out
     odd = model_first((4096, 4095, 4096), DType.F16, arch, 6)
-    assert DEFAULT_WGMMA not in odd and all(c.family.value != "wgmma" for c in odd)
+    assert wgmma_default not in odd and all(c.family.value != "wgmma" for c in odd)
     assert odd[0] in want
 
 

@@ -322,13 +322,17 @@ def test_one_block_per_sm_by_the_model(cfg, regs):
 def test_the_dry_run_models_the_wgmma_default(tmp_path, compile_cache):
     from tuner.dryrun import defaults, dry_run
 
-    assert DEFAULT_WGMMA in defaults(DType.F16, ARCH)
+    # the family's default: its best measured, ping-pong 128x128 with the TMA store
+    default = FAMILIES["wgmma"].default(DType.F16)
+    assert default.pingpong and default.store and (default.bm, default.bn) == (128, 128)
+    assert default in defaults(DType.F16, ARCH)
     rep = dry_run(SHAPE, ARCH, trials=3, seed=0, artifacts=tmp_path, jobs=1,
                   cache_dir=compile_cache, dtype=DType.F16)
     row = next(r for r in rep.rows if isinstance(r.config, WgmmaConfig))
+    assert row.config == default
     assert row.status == "ok" and row.registers == 168 and row.spill_bytes == 0
     assert row.blocks_per_sm == 1 and row.bound_tflops == round(bound_tflops(
-        DEFAULT_WGMMA, SHAPE, ARCH)[0], 2)
+        default, SHAPE, ARCH)[0], 2)
 
 
 # ---- the library: inspect --sass and export -------------------------------------------

@@ -946,16 +946,20 @@ def valid_configs(arch, dtype: DType, shape=None):
 
 
 def _default(dtype: DType) -> WgmmaConfig:
-    """The best measured on the H200 (bench/results/wgmma-probe*-h200-2026-12-01.json):
-    fp16/bf16 128x256x64 with two consumers; tf32 256x128x32 with the pre-pass (4 stages);
-    3xTF32 128x128x32 (2 stages: its split tiles take the room of the others)."""
+    """The best measured on the H200: fp16/bf16 128x128x64 with ping-pong consumers and the
+    TMA store (bench/results/pingpong-wgmma-3ebe9b6-h200-2026-12-03.json: ahead of the
+    cooperative winners at issue 23's shapes by 2-12%; the model ranks it low, so the search
+    times it first as the family's default); tf32 256x128x32 with the pre-pass (4 stages);
+    3xTF32 128x128x32 (2 stages: its split tiles take the room of the others;
+    bench/results/wgmma-probe*-h200-2026-12-01.json)."""
     if dtype is DType.TF32:
         return _point(dtype, bm=256, bn=128, stages=4, consumers=2, cluster=1, persistent=1,
                       group=8, prep=1)
     if dtype is DType.F32:
         return _point(dtype, bm=128, bn=128, stages=2, consumers=2, cluster=1, persistent=1,
                       group=8)
-    return dataclasses.replace(DEFAULT_WGMMA, dtype=dtype)
+    return _point(dtype, bm=128, bn=128, stages=5, consumers=2, cluster=1, persistent=1,
+                  group=16, pingpong=1, store=1)
 
 
 #: fp32 data converted in the main loop (prep=0: the consumers round A and transpose B in
