@@ -477,10 +477,15 @@ KNOWN_MISRANKED = {
 }
 
 
+def _tune_key(study) -> tuple:
+    """(the study file's name up to its GPU, the shape): KNOWN_MISRANKED's key."""
+    return study.name.split(".json")[0].rsplit("-h200", 1)[0], tuple(study.shape)
+
+
 def _fresh_tune_params():
     out = []
     for s, rows in _fresh_fp16_tunes():
-        key = (s.name.split(".json")[0].rsplit("-h200", 1)[0], tuple(s.shape))
+        key = _tune_key(s)
         why = KNOWN_MISRANKED.get(key)
         marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
         out.append(pytest.param(s, rows, marks=marks, id=f"{key[0]}-{'x'.join(map(str, s.shape))}"))
@@ -492,9 +497,7 @@ def test_the_saved_fresh_tunes_include_each_known_misranked_one():
     three at 3ebe9b6), each naming its study file, so a misranked one can be named."""
     params = _fresh_tune_params()
     assert len(params) >= 11
-    assert {k for k in KNOWN_MISRANKED} <= {
-        (p.values[0].name.split(".json")[0].rsplit("-h200", 1)[0], tuple(p.values[0].shape))
-        for p in params}
+    assert set(KNOWN_MISRANKED) <= {_tune_key(p.values[0]) for p in params}
 
 
 @pytest.mark.parametrize("study,rows", _fresh_tune_params())
