@@ -123,7 +123,7 @@ def test_predicted_time_by_hand():
     dram = 4 * (16 * 128 + 32 * 128) * 4096 * 4 + 4096 * 4096 * 4
     assert p.traffic["dram_bytes"] == dram
     assert p.terms["dram"] == pytest.approx(dram / 4.3e12)
-    assert p.terms["l2"] == pytest.approx(1024 * (2 * 2_097_152 + 65_536) / 1e13)
+    assert p.terms["l2"] == pytest.approx(1024 * (2 * 2_097_152 + 65_536) / 1.24e13)
     assert p.seconds == pytest.approx(clocks / 1.98e9 + 2e-6)
     assert p.tflops == pytest.approx(2 * 4096 ** 3 / p.seconds / 1e12)
     assert 59 < p.tflops < 60.5
@@ -301,8 +301,10 @@ def test_first_batch_starts_with_each_familys_default():
     want, behind = leading((4096, 4096, 4096))
     assert wgmma_default in want and DEFAULT_DECODE not in want + behind  # decode: M <= 64
     # the CUDA cores' fp16 default is predicted (and measured: 35 against 600-700 TFLOP/s)
-    # far behind the tensor cores': it leads no more
-    assert [c.family.value for c in behind] == ["simt"]
+    # far behind the tensor cores': it leads no more; nor, since the L2 figure rose to the
+    # 12.4 TB/s measured, WMMA's (predicted 4.03x behind the best wgmma kernel, measured
+    # 2.5x: 270-300 against 700 TFLOP/s)
+    assert [c.family.value for c in behind] == ["simt", "wmma"]
     top = model_first((4096, 4096, 4096), DType.F16, arch, 6)
     assert top[:len(want)] == want and len(top) == 6 and len(set(top)) == 6
     assert behind[0] not in top
@@ -316,7 +318,7 @@ def test_first_batch_starts_with_each_familys_default():
     # N = 4095 halves: rows of 8190 B, which TMA cannot take; the wgmma default is left out
     odd = model_first((4096, 4095, 4096), DType.F16, arch, 6)
     assert wgmma_default not in odd and all(c.family.value != "wgmma" for c in odd)
-    assert odd[0] in want
+    assert odd[0] == FAMILIES["wmma"].default(DType.F16)  # WMMA's default leads there
 
 
 def test_a_3xtf32_kernels_bound_is_a_third_of_the_tf32_rate():

@@ -115,8 +115,11 @@ K_TILE_OVERHEAD = 4
 #: achieved fraction of the DRAM bandwidth (ArchLimits.mem_gbs is the vendor's figure of
 #: the typical part; the H200's copy measured 4.3 TB/s)
 DRAM_GBS = {90: 4300.0}
-#: L2 bandwidth, GB/s, and size, bytes (H100/H200: about 2.5x DRAM, 50 MB)
-L2_GBS = {90: 10000.0, 80: 5000.0}
+#: L2 bandwidth, GB/s, and size, bytes. sm_90: the least the H200's L2 is known to deliver:
+#: a ping-pong wgmma kernel (128x128x64, 8192x8192x1024 fp16) read this model's 2.28 GB of
+#: tile loads in 184.5 us, 12.4 TB/s (bench/results/tune-studies-fp16-three-shapes-pingpong-
+#: 3ebe9b6-h200-2026-12-03.json; 10 TB/s before, about 2.5x DRAM, which that run refutes)
+L2_GBS = {90: 12400.0, 80: 5000.0}
 L2_BYTES = {90: 50 << 20, 89: 96 << 20, 86: 6 << 20, 80: 40 << 20, 75: 4 << 20, 70: 6 << 20}
 #: shared-memory wavefronts per float a warp's LDS reads per lane (1: no broadcast gain) [1]
 LDS_WAVEFRONT_SCALE = 1.0
