@@ -842,8 +842,10 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 #: with today's main loop and TMA store they win: the 128x128 ping-pong TMA-store kernel ran
 #: 1.02x-1.21x cuBLAS at issue 23's shapes, ahead of the cooperative winners by 2-12%
 #: (bench/results/pingpong-wgmma-3ebe9b6-h200-2026-12-03.json). The model still puts them
-#: at 0.75-0.81x of the cooperative 128x256 (L2-bound at its 10 TB/s), so a guided search
-#: times them late or not at all (tests/test_model.py's KNOWN_MISRANKED).
+#: at about 0.8x of the cooperative 128x256 (more L2 traffic per FLOP, where the cooperative
+#: kernels' predicted issue bound is the boost clock's peak, which none reaches), so a
+#: guided search times them late (tests/test_model.py's KNOWN_MISRANKED); the family's
+#: default (_default) is one of them, timed first.
 #: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
 #: three.
 SEARCH_SPACE: dict[str, tuple] = {
@@ -987,7 +989,9 @@ def issue_efficiency(c: WgmmaConfig) -> float:
 #: predicate and a branch per pair for beta and the edges; the interior beta = 0 path some
 #: 40% of them); the TMA store's beta = 0 copy of its slice loop 92 instructions a slice of
 #: 16 pairs (2.9 an output, its conversions' 0.5 counted apart; 7 before that copy, when
-#: every pair tested beta and the edges). Counted, not calibrated on timings.
+#: every pair tested beta and the edges). Counted, not calibrated on timings. Not yet
+#: recounted for the copies since (56b02db, bf4ae5e): with alpha = 1 the TMA store's slice
+#: is 55-58 instructions, and a register-store tile inside C tests nothing per element.
 STORE_INSTR = {0: 14.0, 1: 2.5}
 #: outputs a consumer's register store writes per L1 wavefront: a warp's store of a column
 #: pair per lane spans 8 rows of C (the accumulator fragment's), 8 lines a request
