@@ -17,7 +17,7 @@
 #   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
 #             tuned into a copy of the committed library (which comes back as $OUT/library,
 #             and serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
-#   layouts   bench/layouts_epilogues.py over $LIBRARY
+#   layouts   bench/layouts_epilogues.py over $LIBRARY ($LAYOUTS_ARGS, e.g. --parts linear)
 #   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
 #   pairs     the kernels of $PAIRS (a bench/pairs/ file), each timed beside cuBLAS
 #   suite     bench/suite.py: the shapes of $TUNE (if any) tuned at $TRIALS, then the 13-shape
@@ -122,7 +122,7 @@ PY
       LIBRARY=/tmp/var-library ;;
     layouts)
       timeout ${LAYOUTS_TIMEOUT:-420} python3 bench/layouts_epilogues.py --out "$OUT" \
-        --library "$LIBRARY" 2>&1 | tee "$OUT/layouts-epilogues.log" | tail -40 ;;
+        --library "$LIBRARY" ${LAYOUTS_ARGS:-} 2>&1 | tee "$OUT/layouts-epilogues.log" | tail -40 ;;
     record)
       timeout ${RECORD_TIMEOUT:-300} python3 bench/record_and_tune.py --out "$OUT" \
         --budget ${RECORD_BUDGET:-150} 2>&1 | tail -25 ;;

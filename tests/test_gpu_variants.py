@@ -2,7 +2,8 @@
 right: operands stored in the layout (padded leading dimensions), strided batches (B
 broadcast by a zero stride), C poisoned with NaN first, against float64 references on
 fresh random inputs. A family's variants are those its spec declares and check accepts,
-so a family that learns one is tested here without a line changed. Skipped without a GPU
+so a family that learns one is tested here without a line changed. A kernel that cannot
+take a shape's N (the TMA-store epilogue) must refuse it and runs at the next N it takes. Skipped without a GPU
 (conftest.py); torch makes the operands and the references."""
 
 from __future__ import annotations
@@ -42,19 +43,26 @@ def _variants(dtype: DType):
 
 
 def _configs():
-    """(family, dtype, variant) -> config, for each family's default that takes it."""
+    """(family, dtype, variant[, "register store"]) -> config, for each family's default
+    that takes it; a default with the TMA-store epilogue also without it, so that both
+    epilogues are tested."""
     out = {}
     for spec, dtype in itertools.product(FAMILIES.values(), DTYPES):
         if dtype not in spec.dtypes or spec.dtypes[dtype] is not dtype:
             continue
-        base = spec.default(dtype)
-        if check(base, "sm_90"):
-            continue
-        for v in _variants(dtype):
-            if v.layout in spec.layouts and (spec.epilogue or v.plain or v == Variant(v.layout)):
-                cfg = v.apply(base)
-                if not check(cfg, "sm_90"):
-                    out[(spec.name, dtype.short, v.key)] = cfg
+        default = spec.default(dtype)
+        bases = {(): default}
+        if getattr(default, "store", 0):
+            bases[("register store",)] = dataclasses.replace(default, store=0)
+        for tag, base in bases.items():
+            if check(base, "sm_90"):
+                continue
+            for v in _variants(dtype):
+                if v.layout in spec.layouts and (spec.epilogue or v.plain
+                                                 or v == Variant(v.layout)):
+                    cfg = v.apply(base)
+                    if not check(cfg, "sm_90"):
+                        out[(spec.name, dtype.short, v.key, *tag)] = cfg
     return out
 
 
@@ -140,15 +148,30 @@ def _reference(torch, a, b, c0, bias, v: Variant, alpha, beta, dtype: DType):
     return ref
 
 
+def _taken(cfg, shape) -> tuple:
+    """`shape`, or for a kernel that cannot take its N (the TMA-store epilogue writes whole
+    16 bytes of a row) the shape with the next N it takes: odd M and K still tested."""
+    m, n, k = shape
+    while not cfg.takes(m, n, k, (16, 16, 16)):
+        n += 1
+    return m, n, k
+
+
 def _run(cfg, res, shape, batch=1, broadcast_b=False, alpha=1.0, beta=0.0):
-    """Run cfg on fresh operands of its variant; (error, gate, untouched padding?)."""
+    """Run cfg on fresh operands of its variant at the shape it takes (_taken); (error,
+    gate, untouched padding?). Where it took another N, its runner must refuse the asked
+    one."""
     import torch
 
     from tuner.bench import error_floor, tolerance
     from tuner.gpu import device
+    from tuner.runtime.errors import TmaUnsupported
 
     torch.manual_seed(torch.seed())  # fresh inputs every run
-    m, n, k = shape
+    m, n, k = _taken(cfg, shape)
+    if n != shape[1]:
+        with pytest.raises(TmaUnsupported, match=f"N={shape[1]} is not a multiple"):
+            _runner(cfg, Path(res.cubin)).bind(device(), m, shape[1], k, k + 8, n + 8, n + 8)
     v = Variant.of(cfg)
     aligned = cfg.aligned_operands
     a, lda, sa = _operand(torch, batch, m, k, v.layout in (Layout.TN, Layout.TT), cfg.dtype, 3,
