@@ -224,7 +224,7 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
         end.synchronize()
         return end.since(start) / reps
 
-    def held(run, reps, host_ms) -> float | None:
+    def held(run, reps, host_ms, name) -> float | None:
         ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
         hold(stream, ms)
         t0 = clock()
@@ -235,8 +235,8 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
         queued_ms = (clock() - t0) * 1e3
         end.synchronize()
         if queued_ms >= ms:
-            log.info("queueing %d calls took %.2f ms, past the %.2f ms hold: no GPU-alone "
-                     "times", reps, queued_ms, ms)
+            log.info("queueing %d calls of %s took %.2f ms, past the %.2f ms hold: no "
+                     "GPU-alone times", reps, name, queued_ms, ms)
             return None
         return end.since(start) / reps
 
@@ -260,7 +260,7 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
             if host[name] < GPU_BOUND * t:  # the GPU paced the loop: its time is the GPU's
                 device[name].append(t)
                 continue
-            t = held(run, min(reps[name], HELD_CALLS), host[name])
+            t = held(run, min(reps[name], HELD_CALLS), host[name], name)
             if t is None:
                 device = None
             else:
