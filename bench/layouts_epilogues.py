@@ -78,11 +78,12 @@ class Candidates:
         self.lib = load_library(library)  # the product, as a user loads it
 
     def product(self, call, *args, **kw) -> tuple:
-        """(a user's call of the product, what it ran): `call` with these arguments, and
-        the kernel the library's explain() names for that call (or cuBLAS)."""
+        """(a user's call of the product, why it ran what it ran): `call` with these
+        arguments, and the library's explain() of that call (its first word the kernel, or
+        cuBLAS)."""
         return (lambda: call(*args, **kw),
                 lambda got: self.lib.explain(*args[:2], **{k: v for k, v in kw.items()
-                                                            if k != "library"}).split(" ")[0])
+                                                            if k != "library"}))
 
     def base(self, dtype: DType) -> list:
         """The library's configs of `dtype`, the wgmma bench's candidates, each family's
@@ -239,7 +240,8 @@ def race(torch, timer, cands: dict, peer, out, ref, gate: float, flops: float,
 
 def _product(torch, product, ref, gate: float) -> dict:
     """The product's call of a row: its first call (the decision, timed on the host), its
-    error against `ref` and what ran (lib_*)."""
+    error against `ref`, what ran and why (lib_*: explain()'s words, with the figures of a
+    first-use measurement)."""
     call, ran = product
     t0 = time.perf_counter()
     try:
@@ -249,7 +251,9 @@ def _product(torch, product, ref, gate: float) -> dict:
         return dict(lib_ok=False, lib_error=f"{type(e).__name__}: {e}")
     first = (time.perf_counter() - t0) * 1e3
     err = ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    return dict(lib_ok=err <= gate, lib_err=err, lib_first_call_ms=first, lib_kernel=ran(got))
+    why = ran(got)
+    return dict(lib_ok=err <= gate, lib_err=err, lib_first_call_ms=first,
+                lib_kernel=why.split(" ")[0], lib_explain=why)
 
 
 def _gate(dtype: DType, out: DType, k: int) -> float:
@@ -317,7 +321,7 @@ def part_linear(torch, timer, cands, g, stream) -> list:
                        _gate(dtype, dtype, k), 2.0 * m * n * k,
                        product=(lambda: torch_ops.linear(x, w, bias, "gelu", library=cands.lib),
                                 lambda got: cands.lib.explain(x, w.t(), bias=bias,
-                                                              activation="gelu").split(" ")[0]))
+                                                              activation="gelu")))
             row.update(part="linear", dtype=dtype.short, shape=[m, n, k], variant=v.key,
                        tuned=row.get("kernel") in cands.exact(dtype, (m, n, k), v),
                        peer="F.gelu(F.linear(x, W, b))")

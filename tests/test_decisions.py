@@ -601,3 +601,39 @@ def test_an_exact_entry_decides_its_own_m_and_explain_says_the_bucket_is_apart(
     assert fake.launches[-1][0] == SMALL.name and fake.measured == []
     lib.gemm(Cai(301, 256, 0x100000), Cai(256, 256, 0x200000), Cai(301, 256, 0x300000))
     assert len(fake.blas) == 1 and [x[0][0] for x in fake.measured] == [257, 384]
+
+
+def test_a_host_pause_in_a_held_loop_is_measured_again(monkeypatch):
+    """A host that paused once while queueing a held loop (a collection, another thread)
+    gets a second, longer hold: the GPU's time alone is still measured."""
+    s = _Stream(0.012)
+    _simulated(monkeypatch, s)
+    holds = []
+    paused = {"once": False}
+
+    def kernel(stream):
+        s.run(0.004)
+        if holds and not paused["once"]:  # inside the first held loop: a 5 ms pause
+            paused["once"] = True
+            s.now += 5.0
+
+    ms, device = measure.time_candidates(
+        None, {"kernel": kernel, "cublas": lambda st: s.run(0.005)}, stream=7,
+        hold=lambda st, t: holds.append(t) or s.hold(st, t), clock=s.clock)
+    assert paused["once"] and device == pytest.approx({"kernel": 0.004, "cublas": 0.005},
+                                                      rel=1e-6)
+    assert max(holds) > 5.0  # the retry's hold outlasted the pause
+
+
+def test_no_kernel_runs_where_the_gpu_alone_was_not_measured():
+    """A kernel that wins a host-paced loop by the margin does not run where the GPU's time
+    alone was to be measured and could not be: the loop's figures are the host's, and say
+    nothing of what the kernel costs the GPU. Said in the reason."""
+    at = {897: {"k": 0.0150, "cublas": 0.0164}, 1024: {"k": 0.0150, "cublas": 0.0160}}
+    assert measure.decision(at, "torch")["kernel"] == "k"  # nothing asked of the GPU alone
+    d = measure.decision(at, "torch", {897: {}, 1024: {}})
+    assert d["kernel"] is None and d["gpu_alone"] == "not measured"
+    assert "not measured" in dispatch.measured_choice(d).reason
+    # measured at one M only: still no kernel
+    assert measure.decision(at, "torch", {897: {}, 1024: {"k": 0.008, "cublas": 0.009}}
+                            )["kernel"] is None

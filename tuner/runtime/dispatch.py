@@ -429,6 +429,9 @@ def measured_choice(d: dict) -> Choice:
     figures = at(ms, low)
     if d.get("device_ms"):
         figures += f"; on the GPU alone (the host ahead) {at(d['device_ms'], d.get('device_ms_low'))}"
+    elif d.get("gpu_alone") == "not measured":
+        figures += ("; on the GPU alone not measured (the host could not queue the calls "
+                    "behind a hold), so no kernel runs")
     return Choice(d["kernel"], "measured",
                   f"measured on first use ({d['date'][:10]}), ms per call in a loop {figures}; "
                   f"{who} runs", None, ms, (lo, hi) if hi else None, low)
