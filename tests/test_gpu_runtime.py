@@ -342,7 +342,7 @@ def test_library_runs_wgmma_and_3xtf32_kernels(tmp_path, compile_cache):
     from tuner.runtime.library import Library, load_library
 
     gpu = torch.cuda.get_device_name()
-    half = dataclasses.replace(_default(DType.F16), bm=128, bn=128, consumers=1)
+    half = dataclasses.replace(_default(DType.F16), bm=128, bn=128, consumers=1, pingpong=0)
     t3 = _default(DType.F32)
     lib = Library.create_or_open(tmp_path / "lib")
     shapes = [(512, 512, 512), (1, 8, 8), (127, 136, 264)]
