@@ -335,6 +335,23 @@ def test_the_dry_run_models_the_wgmma_default(tmp_path, compile_cache):
         default, SHAPE, ARCH)[0], 2)
 
 
+def test_the_dry_run_leaves_out_a_default_the_shape_cannot_take(tmp_path, compile_cache):
+    """At N = 1001 with fp16 C (NT: B's rows are K long, so TMA reads the operands) the
+    default's TMA store cannot write C (2002-byte rows): the dry run, like the search's
+    first batch, does not offer it; the kernels it compiles can all take the shape."""
+    from codegen.families._common import Layout, Variant
+    from tuner.dryrun import dry_run
+    from tuner.model import shape_reasons
+
+    shape, v = (1000, 1001, 1024), Variant(Layout.NT, DType.F16)
+    default = v.apply(FAMILIES["wgmma"].default(DType.F16))
+    assert shape_reasons(default, shape, ARCH)  # the TMA store's N rule
+    rep = dry_run(shape, ARCH, trials=3, seed=0, artifacts=tmp_path, jobs=1,
+                  cache_dir=compile_cache, dtype=DType.F16, variant=v)
+    assert len(rep.rows) == 3 and default not in [r.config for r in rep.rows]
+    assert not any(shape_reasons(r.config, shape, ARCH) for r in rep.rows)
+
+
 # ---- the library: inspect --sass and export -------------------------------------------
 #: a kernel with the TMA-store epilogue: C written through its own tensor map
 TS_NAME = "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts"

@@ -15,7 +15,7 @@ from codegen.config import DType
 from codegen.families import Config
 from codegen.families._common import Variant
 from tuner._shape import epilogue_text
-from tuner.model import judge
+from tuner.model import judge, shape_reasons
 from tuner.space import Only, searched, space_size, valid_configs
 
 __all__ = ["DryRunRow", "DryRunReport", "dry_run"]
@@ -94,12 +94,14 @@ def dry_run(
     variant: Variant | None = None,
     batch: int = 1,
 ) -> DryRunReport:
-    """Compile the default configuration of each family and others drawn from the valid
-    space, `trials` in all, every one built as `variant` (default: the plain one) and
-    modelled at a batch of `batch`."""
+    """Compile the default configuration of each family (where the shape's rules take it,
+    as the search's first batch does) and others drawn from the valid space, `trials` in
+    all, every one built as `variant` (default: the plain one) and modelled at a batch of
+    `batch`."""
     variant = variant or Variant()
     valid = list(valid_configs(arch, dtype, shape, variant))
-    first = defaults(dtype, arch, variant)[: max(trials, 0)]
+    first = [c for c in defaults(dtype, arch, variant)
+             if not shape_reasons(c, shape, arch)][: max(trials, 0)]
     pool = [c for c in valid if c not in first]
     sample = random.Random(seed).sample(pool, min(max(trials - len(first), 0), len(pool)))
     configs = [*first, *sample]
