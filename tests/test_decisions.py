@@ -637,3 +637,76 @@ def test_no_kernel_runs_where_the_gpu_alone_was_not_measured():
     # measured at one M only: still no kernel
     assert measure.decision(at, "torch", {897: {}, 1024: {"k": 0.008, "cublas": 0.009}}
                             )["kernel"] is None
+
+
+@pytest.mark.parametrize("pace,runs", [
+    ("either", "k"),     # the cheaper launch saves more than the slower kernel costs
+    ("gpu", None),       # a host that runs ahead pays the GPU's 1.35x alone
+    ("host", "k"),       # a host-paced loop pays only its own time
+])
+def test_the_pace_a_program_names_weighs_its_figures(pace, runs):
+    """The fp16 1024^3 figures of the H200 (a kernel's C++ path 8.4 against torch's 14.7 us
+    a call in the caller's loop; 8.3 against 6.2 us on the GPU alone): which runs depends on
+    what the program said sets its pace. The reason says on which figures it was decided."""
+    at = {1024: {"k": 0.0084, "cublas": 0.0147}}
+    device = {1024: {"k": 0.0083, "cublas": 0.0062}}
+    d = measure.decision(at, "torch", device, pace)
+    assert d["kernel"] == runs
+    reason = dispatch.measured_choice(d).reason
+    assert (f"(pace {pace})" in reason) is (pace != "either")
+    # on the GPU alone, a kernel that wins there by the margin runs whatever its loop
+    won = measure.decision({1024: {"k": 0.02, "cublas": 0.015}}, "torch",
+                           {1024: {"k": 0.005, "cublas": 0.0062}}, "gpu")
+    assert won["kernel"] == "k"
+    # the GPU's time not measured: with pace gpu nothing tells a kernel's cost, cuBLAS runs
+    assert measure.decision(at, "torch", {1024: {}}, "gpu")["kernel"] is None
+    assert measure.decision(at, "torch", None, "gpu")["kernel"] is None
+    assert measure.decision(at, "torch", {1024: {}}, "host")["kernel"] == "k"
+
+
+def test_a_library_keeps_the_decisions_of_each_pace_apart(tmp_path, compile_cache, fake,
+                                                          monkeypatch):
+    """load_library(..., pace=...) or GEMM_TUNE_PACE: a program that says its GPU sets the
+    pace gets decisions of its own (the table's key names the pace), and another word is a
+    one-line LibraryError naming where it came from."""
+    from tuner.runtime.errors import LibraryError
+
+    build(tmp_path / "library", compile_cache, tmp_path / "art")
+    m, n, k = 777, 555, 333
+    call = Cai(m, k, 0x100000), Cai(k, n, 0x200000), Cai(m, n, 0x300000)
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}  # SMALL's loop: faster
+    fake.device_times = {SMALL.name: 0.9, BIG.name: 0.95, "cublas": 0.8}  # on the GPU: slower
+    either = load_library(tmp_path / "library")
+    either.gemm(*call)
+    assert fake.launches[-1][0] == SMALL.name  # saves 0.3 ms a call, costs 0.1
+    monkeypatch.setenv("GEMM_TUNE_PACE", "gpu")
+    gpu = load_library(tmp_path / "library")
+    blas = len(fake.blas)
+    gpu.gemm(*call)
+    assert len(fake.blas) == blas + 1  # measured again, under its own key: cuBLAS
+    keys = sorted(_decisions(gpu))
+    assert len(keys) == 2 and sum(key.endswith("|pace gpu") for key in keys) == 1
+    assert "(pace gpu)" in gpu.explain(*call) and "pace" not in either.explain(*call)
+    monkeypatch.setenv("GEMM_TUNE_PACE", "cpu")
+    with pytest.raises(LibraryError, match=r"^GEMM_TUNE_PACE='cpu': expected one of either, "
+                                           r"gpu, host$"):
+        load_library(tmp_path / "library")
+    with pytest.raises(LibraryError, match=r"^pace='fast'"):
+        load_library(tmp_path / "library", pace="fast")
+
+
+def test_the_cli_offers_the_paces_measure_knows(tmp_path, monkeypatch, capsys):
+    """`gemm-tune prewarm --pace` offers measure's paces; a GEMM_TUNE_PACE of another word
+    is a one-line error and exit status 2 before anything is measured."""
+    from tuner.cli import build_subparsers, main
+
+    sub = next(a for a in build_subparsers()._actions if a.dest == "command")
+    pace = next(a for a in sub.choices["prewarm"]._actions if a.dest == "pace")
+    assert tuple(pace.choices) == measure.PACES
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("64x64x64\n")
+    monkeypatch.setenv("GEMM_TUNE_PACE", "cpu")
+    code = main(["prewarm", "--shapes", str(shapes), "--library",
+                 str(Path(__file__).parent.parent / "artifacts" / "library")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "GEMM_TUNE_PACE='cpu'" in err

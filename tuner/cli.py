@@ -291,6 +291,11 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--allow-tf32", action="store_true", help="decide the tf32 calls of fp32 data")
     q.add_argument("--allow-3xtf32", action="store_true",
                    help="decide the 3xTF32 calls of fp32 data")
+    q.add_argument("--pace", choices=("either", "gpu", "host"), default=None,
+                   help="what sets the program's pace: either (default, or GEMM_TUNE_PACE: "
+                        "the caller's loop and the GPU's time alone weighed), gpu (its host "
+                        "runs ahead, CUDA graphs: a kernel must win on the GPU alone) or host "
+                        "(the loop alone); decisions are kept apart by it")
     q.add_argument("--json", action="store_true")
     q = common(sub.add_parser(
         "upgrade", help="recompile an older library's kernels for this gemm-tune's argument "

@@ -238,7 +238,7 @@ def cmd_prewarm(args, console) -> int:
     if not shapes:
         raise UsageError(f"--shapes {args.shapes}: no shape in it")
     dtype = fp32_mode(DType.parse(args.dtype), args)
-    lib = Library.load(args.library)
+    lib = Library.load(args.library, pace=args.pace)
     rows = []
     from rich.progress import track
 

@@ -345,17 +345,19 @@ class DispatchTable:
     @staticmethod
     def key(gpu_name: str, driver: int, cublas: int | str, fingerprint: str, dtype: str,
             layout, m: int | str, n: int, k: int, align: tuple, batch: int = 1,
-            ld: tuple | None = None) -> str:
+            ld: tuple | None = None, pace: str = "either") -> str:
         """`layout`: a Variant (or a Layout, or its text "nn"); `m`: an M or an M-bucket's
-        text ("33-64"); `ld`: the leading-dimension classes of A, B and C (None: unnamed)."""
+        text ("33-64"); `ld`: the leading-dimension classes of A, B and C (None: unnamed);
+        `pace`: what the program said sets its pace (named unless "either")."""
         if not isinstance(layout, str):
             v = as_variant(layout)
             layout = v.layout.value if (v.out.short, v.bias, v.act) == ("f32", "none", "none") \
                 else v.key
         shape = f"{m}x{n}x{k}" + (f"|batch {batch}" if batch != 1 else "")
         rows = f"|ld {'.'.join(ld)}" if ld is not None else ""
+        paced = f"|pace {pace}" if pace != "either" else ""
         return (f"{gpu_name}|driver {driver}|cublas {cublas}|lib {fingerprint}|{dtype}|{layout}"
-                f"|{shape}|align {'.'.join(map(str, align))}{rows}")
+                f"|{shape}|align {'.'.join(map(str, align))}{rows}{paced}")
 
     def get(self, key: str) -> dict | None:
         if not self._loaded:
@@ -432,6 +434,9 @@ def measured_choice(d: dict) -> Choice:
     elif d.get("gpu_alone") == "not measured":
         figures += ("; on the GPU alone not measured (the host could not queue the calls "
                     "behind a hold), so no kernel runs")
+    if d.get("pace") in ("gpu", "host"):
+        figures += (f"; decided on {'the GPU' if d['pace'] == 'gpu' else 'the loop'}'s "
+                    f"figures alone (pace {d['pace']})")
     return Choice(d["kernel"], "measured",
                   f"measured on first use ({d['date'][:10]}), ms per call in a loop {figures}; "
                   f"{who} runs", None, ms, (lo, hi) if hi else None, low)
@@ -457,9 +462,10 @@ class Dispatcher:
     `buckets`: the M-buckets decisions are shared over (default: GEMM_TUNE_M_BUCKETS's, or
     MBuckets())."""
 
-    def __init__(self, manifest, buckets: MBuckets | None = None):
+    def __init__(self, manifest, buckets: MBuckets | None = None, pace: str = "either"):
         self.manifest = manifest
         self.buckets = buckets if buckets is not None else MBuckets.from_env()
+        self.pace = pace  # measure.PACES: what the program said sets its pace
         self._table: DispatchTable | None = None
 
     @property
@@ -545,7 +551,7 @@ class Dispatcher:
                                  f"{cublas_version()} via {case.route}",
                                  self.manifest.fingerprint, case.dtype.short, case.variant,
                                  self.buckets.text(case.m), case.n, case.k, case.align,
-                                 case.batch, case.ld)
+                                 case.batch, case.ld, self.pace)
 
     def select_case(self, case: Case, cc: int, sms: int | None, gpu: str | None) -> Choice:
         """select() of a case (on a GPU of compute capability cc, `sms` SMs, model `gpu`)."""
@@ -646,7 +652,7 @@ class Dispatcher:
         and route."""
         want = DispatchTable.key(gpu, 0, 0, self.manifest.fingerprint, case.dtype.short,
                                  case.variant, self.buckets.text(case.m), case.n, case.k,
-                                 case.align, case.batch, case.ld).split("|")
+                                 case.align, case.batch, case.ld, self.pace).split("|")
         self.table.get("")  # loads it
         lines = []
         for key, d in sorted(self.table.decisions.items()):

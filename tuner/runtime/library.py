@@ -56,15 +56,29 @@ def _measure_default() -> bool:
     return env_flag("GEMM_TUNE_MEASURE")
 
 
+#: the environment variable that says what sets a program's pace (measure.PACES)
+PACE_ENV = "GEMM_TUNE_PACE"
+
+
+def _pace(pace: str | None) -> str:
+    """`pace`, or GEMM_TUNE_PACE's, or "either"; LibraryError in one line for another word."""
+    where = "pace"
+    if pace is None:
+        pace, where = os.environ.get(PACE_ENV, "").strip() or "either", PACE_ENV
+    if pace not in measure.PACES:
+        raise LibraryError(f"{where}={pace!r}: expected one of {', '.join(measure.PACES)}")
+    return pace
+
+
 class Library:
     """A tuned-kernel library. Use :func:`load_library` to open one for running."""
 
     def __init__(self, store: Manifest, measure: bool | None = None,
-                 m_buckets: str | MBuckets | None = None):
+                 m_buckets: str | MBuckets | None = None, pace: str | None = None):
         self.store = store
         if isinstance(m_buckets, str):
             m_buckets = MBuckets.parse(m_buckets)
-        self.dispatcher = Dispatcher(store, m_buckets)
+        self.dispatcher = Dispatcher(store, m_buckets, _pace(pace))
         #: call key -> call.Plan (see tuner.runtime.call); clearing it clears the C++
         #: path's table too
         self.plans: dict = _Plans(self)
@@ -91,11 +105,11 @@ class Library:
 
     @classmethod
     def load(cls, path: str | Path, verify: bool = True, measure: bool | None = None,
-             m_buckets: str | MBuckets | None = None) -> "Library":
+             m_buckets: str | MBuckets | None = None, pace: str | None = None) -> "Library":
         """Read the manifest; with `verify`, check every file's hash and re-validate every
-        config. Raises LibraryError, naming the file, for anything wrong. `measure` and
-        `m_buckets`: see load_library."""
-        return cls(Manifest.load(path, verify), measure, m_buckets)
+        config. Raises LibraryError, naming the file, for anything wrong. `measure`,
+        `m_buckets` and `pace`: see load_library."""
+        return cls(Manifest.load(path, verify), measure, m_buckets, pace)
 
     @property
     def m_buckets(self) -> MBuckets:
@@ -249,7 +263,8 @@ class Library:
             names = measure.candidates(ranked)
             timed = {m: timer(names, m) for m in sorted(set(bucket))}
             return measure.decision({m: loop for m, (loop, _) in timed.items()}, case.route,
-                                    {m: device for m, (_, device) in timed.items()})
+                                    {m: device for m, (_, device) in timed.items()},
+                                    self.dispatcher.pace)
 
         with self._measure_lock:
             return self.dispatcher.decide(g, case, measured)
@@ -438,13 +453,17 @@ def _packed(g, dtype: DType, m: int, n: int, k: int, variant: Variant, batch: in
 
 
 def load_library(path: str | Path = "artifacts/library", measure: bool | None = None,
-                 m_buckets: str | MBuckets | None = None) -> Library:
+                 m_buckets: str | MBuckets | None = None, pace: str | None = None) -> Library:
     """Open a tuned-kernel library: every file's sha256 is checked and every config
     re-validated before anything runs. `measure`: False for no measuring at run time
     (decisions from the library and the dispatch table only, identical in every process:
     for multi-rank jobs; default: on unless GEMM_TUNE_MEASURE=0). `m_buckets`: the
     M-buckets that share a decision ("1,2,4,8,16,32,64,+128" by default, or
-    GEMM_TUNE_M_BUCKETS; "exact": none shared; see tuner.runtime.dispatch).
+    GEMM_TUNE_M_BUCKETS; "exact": none shared; see tuner.runtime.dispatch). `pace`: what
+    sets the program's pace, for the first-use measurements (tuner.runtime.measure.PACES):
+    "either" (the default, or GEMM_TUNE_PACE's; both the caller's loop and the GPU's time
+    alone weighed), "gpu" (a host that runs ahead, CUDA graphs: a kernel must beat cuBLAS
+    on the GPU alone) or "host" (the caller's loop alone). Decisions are kept apart by it.
 
     Example:
         >>> lib = load_library("artifacts/library")            # doctest: +SKIP
@@ -452,4 +471,4 @@ def load_library(path: str | Path = "artifacts/library", measure: bool | None = 
         'gemm_simt_f32_256x128x16_r8x8_w16x2_p0_v4_s2_g1 (exact): ...'
         >>> C = lib.gemm(A, B)   # torch / cupy / pycuda / numpy  # doctest: +SKIP
     """
-    return Library.load(path, verify=True, measure=measure, m_buckets=m_buckets)
+    return Library.load(path, verify=True, measure=measure, m_buckets=m_buckets, pace=pace)

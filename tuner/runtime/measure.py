@@ -35,12 +35,16 @@ from codegen.config import DType
 from tuner.runtime import driver
 
 __all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates", "decision",
-           "MEASURE_TOP", "MEASURE_MARGIN"]
+           "MEASURE_TOP", "MEASURE_MARGIN", "PACES"]
 
 #: how many library kernels (best estimates first) a first-use measurement times beside cuBLAS
 MEASURE_TOP = 3
 #: a kernel must beat cuBLAS by this much in a first-use measurement to be chosen
 MEASURE_MARGIN = 1.02
+#: what a program says sets its pace (load_library(..., pace=...), GEMM_TUNE_PACE): "either"
+#: (unknown: both figures weighed), "gpu" (its host runs ahead, as under CUDA graphs: only
+#: the GPU's time alone counts), "host" (only the caller's loop counts)
+PACES = ("either", "gpu", "host")
 #: the most calls queued behind a held stream (their launches wait in its queue), and the
 #: longest it is held (ms)
 HELD_CALLS = 32
@@ -71,7 +75,7 @@ def candidates(ranked: list[str]) -> list[str]:
 
 
 def decision(at: dict[int, dict[str, float]], route: str,
-             device: dict[int, dict[str, float]] | None = None) -> dict:
+             device: dict[int, dict[str, float]] | None = None, pace: str = "either") -> dict:
     """The table's decision from ms per call measured at one or two Ms of a bucket: `at`,
     M -> {kernel name or "cublas": ms} in the caller's loop, and `device`, M -> the same
     of the GPU's time alone (empty or None where it was not measured).
@@ -88,12 +92,18 @@ def decision(at: dict[int, dict[str, float]], route: str,
     at some M (the host could not queue the calls behind a hold), no kernel runs: the loop
     there was the host's pace, which tells nothing of what a kernel costs the GPU (on the
     H200, fp16 1024^3: kernels 1.35x-1.6x slower than cuBLAS on the GPU alone tied it in
-    such loops, 15.2-15.8 against 15.4-16.4 us a call)."""
-    unmeasured = device is not None and not all(device.get(m) for m in at)
+    such loops, 15.2-15.8 against 15.4-16.4 us a call).
+
+    `pace` (PACES): with "gpu" only the GPU's time alone is weighed (not measured: no
+    kernel runs); with "host" only the caller's loop; "either" weighs both as above."""
+    unmeasured = (device is not None or pace == "gpu") and pace != "host" \
+        and not all((device or {}).get(m) for m in at)
     device = device or {}
 
     def figures(m: int) -> list[dict]:
-        return [at[m]] + ([device[m]] if device.get(m) else [])
+        if pace == "gpu":
+            return [device[m]]
+        return [at[m]] + ([device[m]] if device.get(m) and pace == "either" else [])
 
     def measured(name: str) -> bool:
         return all(name in x for m in at for x in figures(m))
@@ -114,12 +124,12 @@ def decision(at: dict[int, dict[str, float]], route: str,
         for m in at:
             xs = figures(m)
             behind = max(x[name] - min(x.values()) for x in xs)
-            worst = max(worst, behind / max(min(at[m].values()), 1e-9))
+            worst = max(worst, behind / max(min(xs[0].values()), 1e-9))
         return worst
 
-    names = [name for name in at[max(at)] if name != "cublas" and measured(name)]
-    kernel = None if unmeasured else min((name for name in names if holds(name)), key=regret,
-                                         default=None)
+    names = [] if unmeasured else [name for name in at[max(at)]
+                                   if name != "cublas" and measured(name)]
+    kernel = min((name for name in names if holds(name)), key=regret, default=None)
     log.info("dispatch measured (%s): %s, on the GPU alone %s", route, at, device)
     lo, hi = min(at), max(at)
     d = dict(kernel=kernel, route=route, measured_m=[lo, hi],
@@ -132,6 +142,8 @@ def decision(at: dict[int, dict[str, float]], route: str,
         d["device_ms_low"] = {name: round(t, 5) for name, t in device[lo].items()}
     if unmeasured:
         d["gpu_alone"] = "not measured"
+    if pace != "either":
+        d["pace"] = pace
     d["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return d
 
