@@ -22,7 +22,9 @@ same input and output types:
 Ours, as a user calls it (the bars' figures, lib_*): lib.gemm (outtype), torch_ops.linear
 (linear) and torch_ops.matmul (batched) on the library given, its first call deciding as
 usual (an exact entry, else the first-use measurement against cuBLAS); explain() names what
-ran. Beside it, the best kernel alone: the library's tuned kernels of that input type (every
+ran. For outtype and batched, also the same call through the library loaded with
+pace="gpu" (lib_gpu_*: what a program that says its GPU sets the pace gets; its first uses
+weigh the GPU's time alone). Beside them, the best kernel alone: the library's tuned kernels of that input type (every
 entry's config, at any shape), the wgmma bench's candidate list and each family's default, re-targeted to the
 row's layout, output type, bias and activation (codegen.families._common.Variant), those
 that codegen.check accepts, compiled here and launched through their runners
@@ -76,14 +78,17 @@ class Candidates:
         self.entries = Manifest.load(library, verify=False).entries
         self.built: dict = {}
         self.lib = load_library(library)  # the product, as a user loads it
+        # as a program whose GPU sets the pace loads it (its decisions kept apart)
+        self.lib_gpu = load_library(library, pace="gpu")
 
     def product(self, call, *args, **kw) -> tuple:
         """(a user's call of the product, why it ran what it ran): `call` with these
-        arguments, and the library's explain() of that call (its first word the kernel, or
-        cuBLAS)."""
+        arguments, and the explain() of that call by the library it calls (a Library's
+        method's own, or the library= argument's; its first word the kernel, or cuBLAS)."""
+        lib = getattr(call, "__self__", None) or kw.get("library") or self.lib
         return (lambda: call(*args, **kw),
-                lambda got: self.lib.explain(*args[:2], **{k: v for k, v in kw.items()
-                                                            if k != "library"}))
+                lambda got: lib.explain(*args[:2], **{k: v for k, v in kw.items()
+                                                       if k != "library"}))
 
     def base(self, dtype: DType) -> list:
         """The library's configs of `dtype`, the wgmma bench's candidates, each family's
@@ -204,12 +209,18 @@ def launcher(runner, g, m, n, k, lda, ldb, ldc, batch, strides, a, b, c, bias, s
 
 
 def race(torch, timer, cands: dict, peer, out, ref, gate: float, flops: float,
-         product=None) -> dict:
+         product=None, gpu_paced=None) -> dict:
     """Check each candidate against `ref`, time the right ones once, then the fastest and
     the peer turn about for ROUNDS; the row's figures. `product`: (the call a user makes of
-    gemm-tune for this row, a function of that call's result giving its kernel): run once
-    (its first use decides), checked against `ref`, and timed in the same rounds (lib_*)."""
-    lib = _product(torch, product, ref, gate) if product is not None else {}
+    gemm-tune for this row, a function of that call's result giving its explain()): run
+    once (its first use decides), checked against `ref`, and timed in the same rounds
+    (lib_*); `gpu_paced` the same call through the library loaded with pace="gpu"
+    (lib_gpu_*)."""
+    calls = {"lib": product, "lib_gpu": gpu_paced}
+    lib = {}
+    for prefix, call in calls.items():
+        if call is not None:
+            lib.update(_product(torch, call, ref, gate, prefix))
     first, errors = {}, {}
     for name, run in cands.items():
         out.fill_(float("nan"))
@@ -222,38 +233,42 @@ def race(torch, timer, cands: dict, peer, out, ref, gate: float, flops: float,
     if not first:
         return dict(kernel=None, errors=errors, note="no candidate ran right", **lib)
     best = min(first, key=first.get)
-    times = {best: [], "torch": [], "lib": []}
+    times = {best: [], "torch": [], **{prefix: [] for prefix in calls}}
     for _ in range(ROUNDS):
         times[best].append(statistics.median(timer(cands[best])))
         times["torch"].append(statistics.median(timer(peer)))
-        if lib.get("lib_ok"):
-            times["lib"].append(statistics.median(timer(product[0])))
+        for prefix, call in calls.items():
+            if lib.get(f"{prefix}_ok"):
+                times[prefix].append(statistics.median(timer(call[0])))
     ours, theirs = statistics.median(times[best]), statistics.median(times["torch"])
-    if times["lib"]:
-        mine = statistics.median(times["lib"])
-        lib.update(lib_ms=mine, lib_ratio=theirs / mine, lib_rounds_ms=times["lib"])
+    for prefix in calls:
+        if times[prefix]:
+            mine = statistics.median(times[prefix])
+            lib.update({f"{prefix}_ms": mine, f"{prefix}_ratio": theirs / mine,
+                        f"{prefix}_rounds_ms": times[prefix]})
     return dict(kernel=best, ms=ours, torch_ms=theirs, ratio=theirs / ours,
                 tflops=flops / ours / 1e9, torch_tflops=flops / theirs / 1e9,
                 rounds_ms=times[best], torch_rounds_ms=times["torch"], error=errors[best],
                 candidates=len(cands), first_pass_ms=first, errors=errors, **lib)
 
 
-def _product(torch, product, ref, gate: float) -> dict:
+def _product(torch, product, ref, gate: float, prefix: str = "lib") -> dict:
     """The product's call of a row: its first call (the decision, timed on the host), its
-    error against `ref`, what ran and why (lib_*: explain()'s words, with the figures of a
-    first-use measurement)."""
+    error against `ref`, what ran and why (PREFIX_*: explain()'s words, with the figures
+    of a first-use measurement)."""
     call, ran = product
     t0 = time.perf_counter()
     try:
         got = call()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - a refusal is the row's result
-        return dict(lib_ok=False, lib_error=f"{type(e).__name__}: {e}")
+        return {f"{prefix}_ok": False, f"{prefix}_error": f"{type(e).__name__}: {e}"}
     first = (time.perf_counter() - t0) * 1e3
     err = ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     why = ran(got)
-    return dict(lib_ok=err <= gate, lib_err=err, lib_first_call_ms=first,
-                lib_kernel=why.split(" ")[0], lib_explain=why)
+    return {f"{prefix}_ok": err <= gate, f"{prefix}_err": err,
+            f"{prefix}_first_call_ms": first, f"{prefix}_kernel": why.split(" ")[0],
+            f"{prefix}_explain": why}
 
 
 def _gate(dtype: DType, out: DType, k: int) -> float:
@@ -348,13 +363,15 @@ def part_outtype(torch, timer, cands, g, stream) -> list:
             ref = torch.matmul(a.double(), b.double())
             row = race(torch, timer, runs, lambda a=a, b=b: torch.matmul(a, b), c, ref,
                        _gate(dtype, dtype, k), 2.0 * m * n * k,
-                       product=cands.product(cands.lib.gemm, a, b))
+                       product=cands.product(cands.lib.gemm, a, b),
+                       gpu_paced=cands.product(cands.lib_gpu.gemm, a, b))
             row.update(part="outtype", dtype=dtype.short, shape=[m, n, k], peer="torch.matmul",
                        tuned=row.get("kernel") in cands.exact(dtype, (m, n, k),
                                                               Variant(Layout.NN, dtype)))
             rows.append(row)
             print(f"outtype {dtype.short:4} {m}x{n}x{k}  lib.gemm {row.get('lib_ratio') or 0:.3f}x "
-                  f"({row.get('lib_kernel')})  best kernel {row.get('ratio') or 0:.3f}x "
+                  f"({row.get('lib_kernel')})  pace gpu {row.get('lib_gpu_ratio') or 0:.3f}x "
+                  f"({row.get('lib_gpu_kernel')})  best kernel {row.get('ratio') or 0:.3f}x "
                   f"{row.get('kernel')}", flush=True)
     return rows
 
@@ -377,14 +394,16 @@ def part_batched(torch, timer, cands, g, stream) -> list:
             ref = torch.bmm(a.double(), b.double())
             row = race(torch, timer, runs, lambda a=a, b=b: torch.bmm(a, b), c, ref,
                        _gate(dtype, dtype, k), 2.0 * batch * m * n * k,
-                       product=cands.product(torch_ops.matmul, a, b, library=cands.lib))
+                       product=cands.product(torch_ops.matmul, a, b, library=cands.lib),
+                       gpu_paced=cands.product(torch_ops.matmul, a, b, library=cands.lib_gpu))
             row.update(part="batched", dtype=dtype.short, shape=[batch, m, n, k],
                        tuned=row.get("kernel") in cands.exact(dtype, (m, n, k),
                                                               Variant(Layout.NN, dtype), batch),
                        peer="torch.bmm")
             rows.append(row)
             print(f"batched {dtype.short:4} {batch}x{m}x{n}x{k}  matmul {row.get('lib_ratio') or 0:.3f}x "
-                  f"({row.get('lib_kernel')})  best kernel {row.get('ratio') or 0:.3f}x "
+                  f"({row.get('lib_kernel')})  pace gpu {row.get('lib_gpu_ratio') or 0:.3f}x "
+                  f"({row.get('lib_gpu_kernel')})  best kernel {row.get('ratio') or 0:.3f}x "
                   f"{row.get('kernel')}", flush=True)
     return rows
 
@@ -416,6 +435,10 @@ def summary(rows: list) -> dict:
         out["outtype_geomean"] = geo(r.get("lib_ratio") for r in rs)
         out["outtype_bar_met"] = out["outtype_worst"] >= 0.95 and (out["outtype_geomean"] or 0) >= 1.0
         out["outtype_best_kernel_geomean"] = geo(r.get("ratio") for r in rs)
+        # the same calls through the library loaded with pace="gpu" (not the bar's figure:
+        # a program that says its GPU sets the pace)
+        out["outtype_gpu_paced_worst"] = min((r.get("lib_gpu_ratio") or 0) for r in rs)
+        out["outtype_gpu_paced_geomean"] = geo(r.get("lib_gpu_ratio") for r in rs)
     return out
 
 
