@@ -86,9 +86,9 @@ def decision(at: dict[int, dict[str, float]], route: str,
     its GPU sets the pace), and the most time it can lose, by the margin, is less than
     the most it can save. Of the kernels that hold, the one of the least regret runs: at
     each M, the most it falls behind the best option (cuBLAS included) in any figure, over
-    the best loop time there; the most over the Ms. With none, cuBLAS (kernel None). A
-    kernel not measured at every M (it could not take the operands there) is no
-    candidate. Where the GPU's time alone was to be measured (`device` given) and was not
+    the best loop time there (with pace "gpu", the best GPU time); the most over the Ms.
+    With none, cuBLAS (kernel None). A kernel not measured at every M (it could not take
+    the operands there) is no candidate. Where the GPU's time alone was to be measured (`device` given) and was not
     at some M (the host could not queue the calls behind a hold), no kernel runs: the loop
     there was the host's pace, which tells nothing of what a kernel costs the GPU (on the
     H200, fp16 1024^3: kernels 1.35x-1.6x slower than cuBLAS on the GPU alone tied it in
