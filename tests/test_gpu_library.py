@@ -377,3 +377,29 @@ def test_a_fresh_process_with_measuring_off_decides_identically_without_measurin
     first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert first == second == here
     assert lib.table_path.read_text() == kept
+
+
+@pytest.mark.parametrize("spec", ["1000x1000x1000", "777x555x333+1"])
+def test_a_gpu_paced_library_runs_only_a_kernel_that_wins_on_the_gpu_alone(lib, spec):
+    """load_library(..., pace="gpu") (a program whose host runs ahead): the first use's
+    decision, kept under its own key, names the pace and its GPU-alone figures, and a
+    kernel it chose beats cuBLAS there by the margin at both Ms of the bucket; C against
+    float64 either way."""
+    from tuner.runtime import call, measure
+    from tuner.runtime.library import load_library
+
+    gpu = load_library(lib.path, pace="gpu")
+    a, b, c = _torch_case(spec)
+    gpu.gemm(a, b, c)
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() <= 1e-5, spec
+    problem = call.problem_of(a, b, c)
+    key = gpu.dispatcher.key(problem.gpu, problem.case)
+    assert key.endswith("|pace gpu") and key != lib.dispatcher.key(problem.gpu, problem.case)
+    d = gpu.dispatcher.table.get(key)
+    assert d is not None and d["pace"] == "gpu", gpu.explain(a, b, c)
+    if d["kernel"] is not None:
+        for figures in (d.get("device_ms"), d.get("device_ms_low")):
+            if figures:
+                assert figures[d["kernel"]] * measure.MEASURE_MARGIN < figures["cublas"], d
+    assert "(pace gpu)" in gpu.explain(a, b, c)
