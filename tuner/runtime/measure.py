@@ -96,9 +96,9 @@ def decision(at: dict[int, dict[str, float]], route: str,
 
     `pace` (PACES): with "gpu" only the GPU's time alone is weighed (not measured: no
     kernel runs); with "host" only the caller's loop; "either" weighs both as above."""
-    unmeasured = (device is not None or pace == "gpu") and pace != "host" \
-        and not all((device or {}).get(m) for m in at)
+    weighs_gpu = pace == "gpu" or (pace == "either" and device is not None)
     device = device or {}
+    unmeasured = weighs_gpu and not all(device.get(m) for m in at)
 
     def figures(m: int) -> list[dict]:
         if pace == "gpu":
