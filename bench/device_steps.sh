@@ -36,7 +36,9 @@
 #   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
 #   linear    bench/linear_host_path.py (a small linear's time through torch and each entry point)
 #   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched; the
-#             tuned library comes back as model-gemms-library.tar.gz)
+#             tuned library comes back as its manifest, model-gemms-manifest.json: a library
+#             folder holding only a manifest is rebuilt from it by `gemm-tune upgrade --force`,
+#             which compiles every kernel from its name, here or, with REBUILD_LIBRARY, there)
 #   forwards  bench/forward_profile.py $FORWARDS_ARGS (a patched layer's forward against the
 #             unpatched one, kernel by kernel)
 #   ab        bench/template_ab.py --templates $AB_TEMPLATES templates (a template change
@@ -46,6 +48,9 @@
 #             sustained load, SM clock and power sampled; --ncu: Nsight Compute's sections)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
 #   multigpu  bench/multi_gpu.py (one search on one GPU and on all of them)
+# REBUILD_LIBRARY=DIR (a carried library folder, its manifest alone will do) is recompiled
+# first, so a library tuned in one call travels to the next as its manifest (a few hundred
+# KB, where its cubins and tune artifacts ran to 47 MB: over what a call sends or returns).
 # Usage on the GPU machine: GEMM_TUNE_COMMIT=abc1234 bash bench/device_steps.sh tests library
 set -uo pipefail
 source .device-env/install.sh >/dev/null
@@ -55,6 +60,9 @@ LIBRARY=${LIBRARY:-artifacts/library}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 # the GPU machine's copy of the tree has a stale .git: name the commit from here
 echo "commit ${GEMM_TUNE_COMMIT:-unknown (set GEMM_TUNE_COMMIT)}"
+if [ -n "${REBUILD_LIBRARY:-}" ]; then
+  python3 -m tuner upgrade --library "$REBUILD_LIBRARY" --force 2>&1 | tail -1
+fi
 T0=$SECONDS
 for step in "$@"; do
   echo "== $step at $((SECONDS - T0)) s ($(date +%T))"
@@ -174,8 +182,10 @@ PY
     models)
       timeout ${MODELS_TIMEOUT:-580} python3 bench/model_gemms.py --out "$OUT" ${MODELS_ARGS:-} \
         2>&1 | tee "$OUT/model-gemms.log" | tail -40
-      # the tuned library, whole (a folder that deep does not come back file by file)
-      [ -d artifacts/model-gemms ] && tar czf "$OUT/model-gemms-library.tar.gz" artifacts/model-gemms ;;
+      # the tuned library as its manifest (REBUILD_LIBRARY above, or gemm-tune upgrade here)
+      lib=artifacts/model-gemms/library
+      [[ "${MODELS_ARGS:-}" =~ --library\ ([^ ]+) ]] && lib=${BASH_REMATCH[1]}
+      [ -f "$lib/manifest.json" ] && cp "$lib/manifest.json" "$OUT/model-gemms-manifest.json" ;;
     forwards)
       timeout ${FORWARDS_TIMEOUT:-200} python3 bench/forward_profile.py --out "$OUT" \
         ${FORWARDS_ARGS:-} 2>&1 | grep -v Warning | tail -60 ;;
