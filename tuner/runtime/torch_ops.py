@@ -27,49 +27,17 @@ layers where autograd records the call; see :func:`patch`).
 
 from __future__ import annotations
 
-import threading
 import types
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from tuner.runtime import call, fast
+from tuner.runtime.registry import key_of as _key
+from tuner.runtime.registry import library_key
+from tuner.runtime.registry import library_of as _library
 
 __all__ = ["gemm", "linear", "matmul", "library_key", "patch", "unpatch", "ACTIVATION_MODULES"]
-
-_LIBRARIES: dict[str, object] = {}
-_LOCK = threading.Lock()
-
-
-def library_key(library) -> str:
-    """The string that names `library` (a Library, or the path of one) to the ops."""
-    if isinstance(library, (str, Path)):
-        return str(Path(library).resolve())
-    key = getattr(library, "_torch_ops_key", None)
-    if key is None:
-        key = str(Path(library.path).resolve())
-        with _LOCK:
-            _LIBRARIES.setdefault(key, library)
-        library._torch_ops_key = key  # the next call skips resolving the path
-    return key
-
-
-def _key(library) -> str:
-    if isinstance(library, str):
-        return library
-    return getattr(library, "_torch_ops_key", None) or library_key(library)
-
-
-def _library(key: str):
-    lib = _LIBRARIES.get(key)
-    if lib is None:
-        from tuner.runtime.library import load_library
-
-        with _LOCK:
-            lib = _LIBRARIES.get(key) or load_library(key)
-            _LIBRARIES[key] = lib
-    return lib
 
 
 def _served(x: Tensor) -> Tensor:
