@@ -275,13 +275,13 @@ def _cpu_linear(drop_act=False):
     return linear
 
 
-def _cpu_session(tmp_path, linear, tokens="1,5"):
+def _cpu_session(tmp_path, linear, tokens="1,5", gpu_paced=False):
     from tuner.runtime import torch_ops
 
     args = mg.parse_args(["--no-compile", "--rounds", "2", "--tokens", tokens])
     args.layers = [_small("llama"), _small("gpt2")]
     ops = types.SimpleNamespace(linear=linear, patch=torch_ops.patch,
-                                library_key=lambda lib: "cpu")
+                                library_key=lambda lib: getattr(lib, "key", "cpu"))
     timer = {"n": 0}
 
     def fake_timer(fn):
@@ -290,7 +290,10 @@ def _cpu_session(tmp_path, linear, tokens="1,5"):
         return [1.0]
     fake_timer.pair = lambda fa, fb: (fake_timer(fa), fake_timer(fb))
     lib = types.SimpleNamespace(path=tmp_path / "lib", plans={})
-    return mg.Session(lib, args, ops=ops, timer=fake_timer, device="cpu"), timer
+    lib_gpu = types.SimpleNamespace(path=tmp_path / "lib", plans={}, key="cpu gpu") \
+        if gpu_paced else None
+    return mg.Session(lib, args, ops=ops, timer=fake_timer, device="cpu",
+                      lib_gpu=lib_gpu), timer
 
 
 @needs_torch
@@ -319,6 +322,29 @@ def test_the_timing_steps_run_on_the_cpu_and_write_rows_bars_and_plots(tmp_path)
     assert saved["bars"]["gemm_geomean_vs_torch"]["value"] == pytest.approx(1.0)
     for layer in ("llama", "gpt2"):
         assert mg._png(path, layer).stat().st_size > 10_000
+
+
+@needs_torch
+def test_each_gemm_is_also_timed_through_the_gpu_paced_library(tmp_path):
+    """With the library loaded a second time with pace="gpu", every GEMM is called and
+    checked through that one's name too, timed beside the others (one more function a
+    round), its ratio in gpu_ratio and summed up outside the bars."""
+    calls = []
+
+    def linear(x, w, b, act, library):
+        calls.append(library)
+        return _cpu_linear()(x, w, b, act, library)
+
+    session, timer = _cpu_session(tmp_path, linear, tokens="5", gpu_paced=True)
+    rows, fwd = session.run(_small("gpt2"), 5)
+    assert {"cpu", "cpu gpu"} <= set(calls)
+    assert timer["n"] == 2 * (4 * 3 + 2)  # two rounds of three per GEMM and two forwards
+    for r in rows:
+        assert r["gpu_ratio"] == 1.0 and r["gpu_rounds_ms"] == [1.0, 1.0]
+        assert r["gpu_error"] <= r["gate"] and r["within_gate"] and r["gpu_runs"] is None
+    b = mg.bars(rows, [fwd])
+    assert b["gpu_paced_gemms"]["geomean"] == pytest.approx(1.0)
+    assert b["gpu_paced_gemms"]["below_bar"] == 0 and b["all_met"] is not None
 
 
 @needs_torch
@@ -354,9 +380,9 @@ def test_the_route_is_read_from_the_librarys_plan(tmp_path):
     other = types.SimpleNamespace(**dict(vars(plan), problem=types.SimpleNamespace(
         variant=Variant(mg.Layout.NT, mg.DType.F16, "out", "none"))))
     session.lib.plans.update(a=other, b=plan)
-    assert session.route(5, lin, mg.DType.F16, "out") == dict(
+    assert session.route(session.lib, 5, lin, mg.DType.F16) == dict(
         runs="gemm_wgmma_f16_x", rule="exact", reason="tuned")
-    assert session.route(6, lin, mg.DType.F16, "out")["runs"] is None
+    assert session.route(session.lib, 6, lin, mg.DType.F16)["runs"] is None
 
 
 @needs_torch
