@@ -255,13 +255,22 @@ def bars(gemms: list[dict], forwards: list[dict], tune: dict | None = None) -> d
     return out
 
 
+GPU_PACED = "x torch, pace gpu"
+
+
 def series(doc: dict, layer: str) -> dict:
     """What the layer's plot draws: {"x torch": {label: [(T, ratio)]}, "x compile": ...},
-    one line per GEMM (and "forward", patched against unpatched, in "x torch"), by T."""
+    one line per GEMM (and "forward", patched against unpatched, in "x torch"), by T; and
+    GPU_PACED, the GEMMs through the library loaded with pace="gpu", where a row has them."""
     out: dict = {"x torch": {}, "x compile": {}}
-    for r in sorted((r for r in doc["gemms"] if r["layer"] == layer), key=lambda r: r["tokens"]):
+    rows = sorted((r for r in doc["gemms"] if r["layer"] == layer), key=lambda r: r["tokens"])
+    for r in rows:
         out["x torch"].setdefault(r["name"], []).append((r["tokens"], r.get("ratio")))
         out["x compile"].setdefault(r["name"], []).append((r["tokens"], r.get("ratio_compile")))
+    if any(r.get("gpu_ratio") for r in rows):
+        out[GPU_PACED] = {}
+        for r in rows:
+            out[GPU_PACED].setdefault(r["name"], []).append((r["tokens"], r.get("gpu_ratio")))
     fwd = sorted((r for r in doc["layers"] if r["layer"] == layer), key=lambda r: r["tokens"])
     if fwd:
         out["x torch"]["forward"] = [(r["tokens"], r.get("ratio")) for r in fwd]
@@ -269,15 +278,19 @@ def series(doc: dict, layer: str) -> dict:
 
 
 def plot(doc: dict, layer: str, png: Path) -> Path:
-    """Ratios against T for one layer: ours against torch (each GEMM, and the forward)
-    and against torch.compile max-autotune, with the bars."""
+    """Ratios against T for one layer: ours against torch (each GEMM, and the forward),
+    then, where a run measured them, against torch.compile max-autotune and through the
+    library loaded with pace="gpu", each a panel, with the bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharex=True)
-    for ax, (title, lines) in zip(axes, series(doc, layer).items()):
+    groups = {title: lines for title, lines in series(doc, layer).items()  # no empty panel
+              if title == "x torch" or any(y is not None for pts in lines.values() for _, y in pts)}
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.8), sharex=True,
+                             squeeze=False)
+    for ax, (title, lines) in zip(axes[0], groups.items()):
         drawn = 0
         for label, pts in lines.items():
             pts = [(t, y) for t, y in pts if y is not None]
@@ -286,7 +299,7 @@ def plot(doc: dict, layer: str, png: Path) -> Path:
                 ax.plot(*zip(*pts), marker="o", label=label,
                         **(dict(color="black", lw=2.5) if label == "forward" else {}))
         ax.axhline(1.0, color="grey", lw=0.7)
-        if title == "x torch":
+        if title != "x compile":
             ax.axhline(GEMM_BAR, color="tab:red", ls="--", lw=1, label=f"{GEMM_BAR}x bar")
         ax.set_xscale("log", base=2)
         ticks = sorted({t for pts in lines.values() for t, _ in pts})

@@ -163,6 +163,17 @@ def test_the_plot_draws_each_gemm_and_the_forward_against_tokens(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_the_gpu_paced_figures_get_a_panel_of_their_own(tmp_path):
+    doc = _doc()
+    for r, g in zip(doc["gemms"], (1.3, 0.99, 1.02, 1.5)):
+        r["gpu_ratio"] = g
+    s = mg.series(doc, "llama")
+    assert s[mg.GPU_PACED] == {"gate": [(1, 0.99), (16, 1.3)], "up": [(1, 1.02)]}
+    assert list(s) == ["x torch", "x compile", mg.GPU_PACED]
+    data = mg.plot(doc, "llama", tmp_path / "llama.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
 def test_the_png_is_named_after_the_json_and_layer():
     p = Path("/r/model-gemms-h200-2026-12-02.json")
     assert mg._png(p, "gpt2") == Path("/r/model-gemms-gpt2-h200-2026-12-02.png")
