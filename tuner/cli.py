@@ -27,6 +27,7 @@ from tuner._shape import (
     Task, default_out, format_shape, fp32_mode, parse_act, parse_batch, parse_bias,
     parse_layout, parse_out, parse_shape, shapes_file,
 )
+from tuner.runtime.measure import PACES
 
 __all__ = ["main", "build_parser"]
 
@@ -291,7 +292,7 @@ def build_subparsers() -> argparse.ArgumentParser:
     q.add_argument("--allow-tf32", action="store_true", help="decide the tf32 calls of fp32 data")
     q.add_argument("--allow-3xtf32", action="store_true",
                    help="decide the 3xTF32 calls of fp32 data")
-    q.add_argument("--pace", choices=("either", "gpu", "host"), default=None,
+    q.add_argument("--pace", choices=PACES, default=None,
                    help="what sets the program's pace: either (default, or GEMM_TUNE_PACE: "
                         "the caller's loop and the GPU's time alone weighed), gpu (its host "
                         "runs ahead, CUDA graphs: a kernel must win on the GPU alone) or host "
