@@ -6,7 +6,8 @@
 #   tests     the GPU tests (pytest -m gpu) of $TESTS (default: all), a line per test as it
 #             ends (a log cut by TEST_TIMEOUT still names each result); PYTEST_REPORT=-rfsP
 #             keeps what passing tests printed (the fuzz's seed and what ran)
-#   torch     the CPU tests that need torch (tests/test_torch_ops.py)
+#   torch     the CPU tests that need torch ($TORCH_TESTS, default tests/test_torch_ops.py
+#             tests/test_model_gemms.py)
 #   library   bench/library_vs_cublas.py over $LIBRARY (default artifacts/library)
 #   msweep    bench/library_vs_cublas.py --m-sweep over $LIBRARY
 #   tunes     fresh tunes of $TUNE_DTYPES (default fp32 fp16) at $TUNE_SHAPES (default
@@ -46,6 +47,8 @@
 #             $AB_ARGS, e.g. --sustained 2: back to back at the power cap)
 #   kprofile  bench/kernel_profile.py $KPROFILE_ARGS (kernels beside cuBLAS and torch under
 #             sustained load, SM clock and power sampled; --ncu: Nsight Compute's sections)
+#   overlap   bench/launch_overlap.py $OVERLAP_ARGS (small GEMMs back to back, with and without
+#             programmatic dependent launch)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
 #   multigpu  bench/multi_gpu.py (one search on one GPU and on all of them)
 # REBUILD_LIBRARY=DIR (a carried library folder, its manifest alone will do) is recompiled
@@ -72,7 +75,8 @@ for step in "$@"; do
         ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
       grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -30 ;;
     torch)
-      timeout ${TORCH_TIMEOUT:-60} python3 -m pytest -q tests/test_torch_ops.py \
+      timeout ${TORCH_TIMEOUT:-120} python3 -m pytest -q \
+        ${TORCH_TESTS:-tests/test_torch_ops.py tests/test_model_gemms.py} \
         > "$OUT/torch-tests.log" 2>&1; tail -3 "$OUT/torch-tests.log" ;;
     library)
       timeout ${LIBRARY_TIMEOUT:-330} python3 bench/library_vs_cublas.py --library "$LIBRARY" \
@@ -196,6 +200,9 @@ PY
     kprofile)
       timeout ${KPROFILE_TIMEOUT:-400} python3 bench/kernel_profile.py --out "$OUT" \
         ${KPROFILE_ARGS:?KPROFILE_ARGS: --pair SHAPE KERNEL ...} 2>&1 | grep -v Warning | tail -40 ;;
+    overlap)
+      timeout ${OVERLAP_TIMEOUT:-200} python3 bench/launch_overlap.py --out "$OUT" ${OVERLAP_ARGS:-} \
+        2>&1 | tee "$OUT/launch-overlap.log" | tail -12 ;;
     sanitize)
       timeout ${SANITIZE_TIMEOUT:-200} python3 bench/sanitize.py --out "$OUT" ${SANITIZE_ARGS:-} \
         2>&1 | tail -25 ;;

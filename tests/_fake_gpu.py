@@ -105,7 +105,12 @@ class FakeGpu:
             world.measured.append(((problem.m, problem.n, problem.k),
                                    (problem.lda, problem.ldb, problem.ldc), problem.offsets))
             world.scratch_problems.append(problem)
-            yield 0x1000, 0x2000, 0x3000, 0x4000 if problem.variant.bias != "none" else 0
+            # B's copies as measure.driver_operands lays them out (a pitch of 256 bytes'
+            # multiples past its span), from 0x10000000
+            span = problem.spans()[1]
+            pitch = -(-span // 256) * 256
+            bs = tuple(0x10000000 + j * pitch for j in range(measure.b_copies(g, span)))
+            yield 0x1000, bs, 0x3000, 0x4000 if problem.variant.bias != "none" else 0
 
         def time_candidates(g, runners, stream, budget_ms=2.0, rounds=3):
             world.measure_streams.append(stream)

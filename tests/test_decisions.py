@@ -226,6 +226,80 @@ def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):
     assert ms["cublas"] == pytest.approx(0.017) and device == {}
 
 
+@pytest.mark.parametrize("span,copies", [(6 << 20, 30), (2 << 20, 64), (180 << 20, 1),
+                                         (200 << 20, 1), (7 << 20, 26), (0, 1)])
+def test_b_is_rotated_through_copies_that_pass_three_times_the_l2(span, copies):
+    """A first use reads B from DRAM, as a program reads its weights: as many copies of B as
+    span 3x the L2 (60 MiB here), at most 64; one where B alone spans that."""
+    g = driver.Gpu(index=0, name="x", cc=90, arch=None, l2_bytes=60 << 20, total_mem=0,
+                   driver_version=0, ctx=0)
+    assert measure.b_copies(g, span) == copies
+    if copies > 1:
+        assert copies == 64 or copies * span >= 3 * (60 << 20) > (copies - 1) * span
+
+
+def test_scratch_copies_of_b_keep_the_callers_offset_and_do_not_overlap(monkeypatch):
+    """driver_operands: A, C and the bias once, B as its copies, each copy `offsets[1]`
+    bytes past a 256-byte boundary as the caller's B was, one after another."""
+    from types import SimpleNamespace
+
+    allocated = []
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.ptr, self.nbytes = 0x10000000 * (len(allocated) + 1), nbytes
+            allocated.append(self)
+
+    monkeypatch.setattr(driver, "Buffer", Buffer)
+    monkeypatch.setattr(driver, "synchronize", lambda: None)
+    monkeypatch.setattr(measure, "_fill", lambda ptr, nbytes, rng: None)
+    g = SimpleNamespace(l2_bytes=60 << 20)
+    b_span = 1024 * 3000 * 2 + 6  # not a multiple of 256
+    problem = SimpleNamespace(spans=lambda: (4000, b_span, 8000, 0), offsets=(16, 48, 0))
+    with measure.driver_operands(g, problem) as (a, bs, c, bias):
+        assert a % 256 == 16 and c % 256 == 0 and bias == 0
+        assert len(bs) == measure.b_copies(g, b_span) == 31
+        assert all(b % 256 == 48 for b in bs)
+        assert all(later - earlier >= b_span for earlier, later in zip(bs, bs[1:]))
+        buf = allocated[1]
+        assert buf.ptr <= bs[0] and bs[-1] + b_span <= buf.ptr + buf.nbytes
+
+
+def test_a_first_use_times_each_candidate_on_b_in_turn(lib, fake, monkeypatch):
+    """Every candidate of a first use, cuBLAS included, takes the next copy of B each call,
+    round and round, and A and C stay the same (an activation in the L2, as in a program)."""
+    timed = fake_time = measure.time_candidates
+
+    def rounds(g, runners, stream, **kw):
+        fake.measuring = True
+        for run in runners.values():
+            for _ in range(2):  # then the fake's own call: three each
+                run(stream)
+        fake.measuring = False
+        return fake_time(g, runners, stream, **kw)
+
+    monkeypatch.setattr(measure, "time_candidates", rounds)
+    m, n, k = 40, 1024, 512
+    fake.times = {SMALL.name: 0.5, BIG.name: 0.9, "cublas": 0.8}
+    lib.gemm(Cai(m, k, 0x100000), Cai(k, n, 0x200000), Cai(m, n, 0x300000))
+    assert timed is not measure.time_candidates
+    pitch = k * n * 4
+    assert measure.b_copies(driver.gpu(0), pitch) == 64
+    b0 = 0x10000000  # the fake's first copy
+    # per M measured (33 and 64): SMALL, BIG, cuBLAS three calls each, then the fake's own
+    # call of each (the third): B is copy 0, 1, 2 in every candidate's calls
+    calls = fake.scratch_calls
+    assert len(calls) == 2 * (3 * 2 + 3)
+    for at in (0, 9):
+        seen = {}
+        for call in calls[at:at + 6] + calls[at + 6:at + 9]:
+            name, b, a = ((call[0], call[-1][7], call[-1][4]) if isinstance(call[0], str)
+                          else ("cublas", call[7], call[5]))
+            assert a == 0x1000  # A stays
+            seen.setdefault(name, []).append((b - b0) // pitch)
+        assert seen == {SMALL.name: [0, 1, 2], BIG.name: [0, 1, 2], "cublas": [0, 1, 2]}
+
+
 def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
     at = {33: {"a": 0.9, "b": 0.5, "cublas": 1.0}, 64: {"a": 1.8, "b": 2.1, "cublas": 2.0}}
     d = measure.decision(at, "torch")

@@ -371,7 +371,7 @@ def test_a_first_use_is_timed_with_the_callers_c_or_none(monkeypatch, c_given):
 
     @contextmanager
     def torch_operands(g, p):
-        yield operands
+        yield operands[0], operands[1:2], *operands[2:]
 
     monkeypatch.setattr(measure, "torch_operands", torch_operands)
     monkeypatch.setattr(measure, "time_candidates",

@@ -909,7 +909,7 @@ class Problem:
         """time(kernel names, m=None) -> ({name or "cublas": ms per call in a loop}, {the
         same, of the GPU's time alone}): each candidate timed on scratch operands like the
         caller's (layout, leading dimensions, batch strides, byte offsets, C's type, a
-        bias), at M = `m` (default: this problem's; see at_m), on the call's stream, as the
+        bias; B a new copy each call, from DRAM as a program's weights), at M = `m` (default: this problem's; see at_m), on the call's stream, as the
         call would run it (tuner.runtime.measure.time_candidates). A kernel that cannot
         take the operands is left out."""
         def time(names, m=None):
@@ -940,20 +940,21 @@ class Problem:
         from tuner.runtime import measure
 
         _see_torch()
-        with measure.torch_operands(self.gpu, self) as (A, B, C, bias):
+        with measure.torch_operands(self.gpu, self) as (A, Bs, C, bias):
             C = C if self.c_given else None
             act = self.variant.act
-            key = _torch_key(A, B, C, self.mode, self.measure, None, None, bias, act)[0]
+            key = _torch_key(A, Bs[0], C, self.mode, self.measure, None, None, bias, act)[0]
             saved = lib.plans.get(key)
 
             def runner(plan):
-                t = self._fast_table(lib, plan, A, B, C, bias)
+                b = measure.rotation(Bs)
+                t = self._fast_table(lib, plan, A, Bs[0], C, bias)
                 if t is not None:
-                    return lambda stream: t.call(A, B, C, bias, 1.0, 0.0, self.fast)
+                    return lambda stream: t.call(A, b(), C, bias, 1.0, 0.0, self.fast)
 
                 def run(stream):
                     lib.plans[key] = plan
-                    gemm(lib, A, B, C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
+                    gemm(lib, A, b(), C, 1.0, 0.0, self.mode, None, self.measure, bias=bias,
                          act=act)
                 return run
 
@@ -986,7 +987,8 @@ class Problem:
         cuBLAS through gemm-tune's binding (tuner/runtime/cublas.py)."""
         from tuner.runtime import measure
 
-        with measure.driver_operands(self.gpu, self) as (a, b, c, bias):
+        with measure.driver_operands(self.gpu, self) as (a, bs, c, bias):
             return measure.time_candidates(
-                self.gpu, {name: (lambda st, p=p: p.run(a, b, c, 1.0, 0.0, st, bias))
+                self.gpu, {name: (lambda st, p=p, b=measure.rotation(bs):
+                                  p.run(a, b(), c, 1.0, 0.0, st, bias))
                            for name, p in self._plans(lib, names).items()}, self.stream)

@@ -6,7 +6,9 @@ current stream and a kernel pays the call's whole host path; anyone else's throu
 plan's launcher, cuBLAS through gemm-tune's binding, tuner/runtime/cublas.py), on
 scratch operands of the problem's shape, layout, leading dimensions, batch strides,
 byte offsets (so the same alignment), C's type and bias (never the caller's data, nor
-its C), filled with random values (never zeros), on the call's own stream once it has
+its C), filled with random values (never zeros), B rotated through copies that together
+pass the L2 (each call reads the next: a program's weights come from DRAM, where a loop
+over one B would time it from the L2), on the call's own stream once it has
 drained (a private stream measured the same launches several microseconds slower on the
 H200, enough to flip the decision for the smallest problems). Each is timed as a
 caller's loop sees it: CUDA events around N back-to-back calls (so a split-K kernel's
@@ -25,9 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import logging
 import statistics
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -35,7 +39,7 @@ from codegen.config import DType
 from tuner.runtime import driver
 
 __all__ = ["time_candidates", "driver_operands", "torch_operands", "candidates", "decision",
-           "MEASURE_TOP", "MEASURE_MARGIN", "PACES"]
+           "b_copies", "rotation", "MEASURE_TOP", "MEASURE_MARGIN", "PACES"]
 
 #: how many library kernels (best estimates first) a first-use measurement times beside cuBLAS
 MEASURE_TOP = 3
@@ -55,6 +59,11 @@ HELD_ATTEMPTS = 2
 #: a loop whose calls took the host less than this fraction of their time to issue was
 #: paced by the GPU: its time per call is the GPU's, and no held loop is run
 GPU_BOUND = 0.5
+#: B's copies together span at least this many times the L2 (DESIGN's timing contract: inputs
+#: rotated among buffers of at least 3x the L2), and there are at most ROTATE_MAX of them (a
+#: B so small that more would be needed is read in a few microseconds from anywhere)
+ROTATE_L2 = 3
+ROTATE_MAX = 64
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +157,26 @@ def decision(at: dict[int, dict[str, float]], route: str,
     return d
 
 
+def b_copies(g, b_span: int) -> int:
+    """How many copies of a B of `b_span` bytes a first-use measurement rotates through on
+    GPU g: enough to span ROTATE_L2 times its L2 (so that each call reads its B from DRAM,
+    as a program reads its weights), at most ROTATE_MAX; 1 for a B that alone spans that."""
+    if b_span <= 0:
+        return 1
+    return max(1, min(ROTATE_MAX, -(-ROTATE_L2 * int(g.l2_bytes) // b_span)))
+
+
+def rotation(copies) -> Callable:
+    """next(): the copies in turn, round and round (one rotation per candidate)."""
+    return itertools.cycle(copies).__next__
+
+
+def _pitch(span: int) -> int:
+    """Bytes from one copy of an operand to the next: its span rounded up to 256 (so every
+    copy keeps the caller's offset from a 256-byte boundary)."""
+    return -(-span // 256) * 256
+
+
 def _fill(ptr: int, nbytes: int, rng) -> None:
     """Random values in [-1, 1) (read as any float type), doubled by device copies."""
     seed = rng.uniform(-1, 1, _SEED_ELEMS).astype(np.float16).view(np.uint8)
@@ -162,20 +191,23 @@ def _fill(ptr: int, nbytes: int, rng) -> None:
 
 @contextlib.contextmanager
 def driver_operands(g, problem):
-    """(a, b, c, bias) pointers on cuMemAlloc'd scratch laid out as the caller's operands
+    """(a, bs, c, bias) pointers on cuMemAlloc'd scratch laid out as the caller's operands
     (problem.spans(): the bytes each spans, its batch included), each `problem.offsets`
-    bytes past a 256-byte boundary as the caller's were; bias 0 where the problem has
-    none. Freed on exit."""
+    bytes past a 256-byte boundary as the caller's were; bs the b_copies() copies of B (a
+    tuple); bias 0 where the problem has none. Freed on exit."""
     bufs, ptrs = [], []
     offsets = tuple(problem.offsets) + (0,)
     try:
-        for size, off in zip(problem.spans(), offsets):
+        for i, (size, off) in enumerate(zip(problem.spans(), offsets)):
             if not size:
                 ptrs.append(0)
                 continue
-            bufs.append(driver.Buffer(size + 256))
-            _fill(bufs[-1].ptr, size + 256, np.random.default_rng(len(bufs)))
-            ptrs.append(bufs[-1].ptr + off)
+            copies = b_copies(g, size) if i == 1 else 1
+            pitch = _pitch(size)
+            bufs.append(driver.Buffer(copies * pitch + 256))
+            _fill(bufs[-1].ptr, copies * pitch + 256, np.random.default_rng(len(bufs)))
+            at = tuple(bufs[-1].ptr + j * pitch + off for j in range(copies))
+            ptrs.append(at if i == 1 else at[0])
         yield tuple(ptrs)
     finally:
         driver.synchronize()
@@ -189,24 +221,29 @@ TORCH_DATA = {DType.F32: "float32", DType.TF32: "float32", DType.F32X3: "float32
 
 @contextlib.contextmanager
 def torch_operands(g, problem):
-    """(A, B, C, bias) tensors for a torch caller, from torch's allocator on its current
+    """(A, Bs, C, bias) tensors for a torch caller, from torch's allocator on its current
     stream, laid out as the caller's are (problem.shapes: shapes and strides, a
     column-major operand a transposed view, a shared one a batch stride of 0; the same
-    byte offset from a 256-byte boundary); bias None where the problem has none."""
+    byte offset from a 256-byte boundary); Bs the b_copies() copies of B (a tuple of views
+    of one allocation); bias None where the problem has none."""
     import torch
 
     out = []
     offsets = tuple(problem.offsets) + (0,)
-    for geometry, off, name in zip(problem.shapes, offsets, problem.elements):
+    for i, (geometry, off, name) in enumerate(zip(problem.shapes, offsets, problem.elements)):
         if geometry is None:
             out.append(None)
             continue
         shape, strides = geometry
         typ = getattr(torch, name)
-        skip = off // torch.empty((), dtype=typ).element_size()
+        size = torch.empty((), dtype=typ).element_size()
+        skip = off // size
         span = 1 + sum((d - 1) * st for d, st in zip(shape, strides))
-        flat = torch.randn(skip + span, device=f"cuda:{g.index}", dtype=typ)
-        out.append(flat.as_strided(shape, strides, skip))
+        copies = b_copies(g, span * size) if i == 1 else 1
+        pitch = _pitch((skip + span) * size) // size
+        flat = torch.randn(copies * pitch, device=f"cuda:{g.index}", dtype=typ)
+        views = tuple(flat.as_strided(shape, strides, j * pitch + skip) for j in range(copies))
+        out.append(views if i == 1 else views[0])
     yield tuple(out)
     torch.cuda.current_stream(g.index).synchronize()
 

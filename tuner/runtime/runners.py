@@ -153,7 +153,10 @@ class TmaRunner(Runner):
     SPLIT_SIGNATURE = SIGNATURE + "PiL"  # pre-split 3xTF32: then W ldw sW (its copies)
     SPLIT_K_SIGNATURE = SIGNATURE + "PP"  # split-K: then the workspace and the tile tickets
     PREP_SIGNATURE = "PiPiiiiPPii"  # A lda B ldb M N K At Bt ldw a_blocks
-    MAPS_PER_PLAN = 16  # pointer sets whose tensor maps a plan keeps
+    #: pointer sets whose tensor maps a plan keeps: one per layer's weights of a model whose
+    #: layers share a shape, and the copies of B a first use rotates through
+    #: (measure.ROTATE_MAX), so neither encodes maps on every call
+    MAPS_PER_PLAN = 128
 
     def __init__(self, config, cubin: bytes):
         super().__init__(config, cubin)
