@@ -148,14 +148,15 @@ def main() -> None:
                  "wait": compile_source(waiting_source(src, name), arch, name)}
         for key, r in built.items():
             assert r.ok, f"{name} ({key}): {r.log[-2000:]}"
+        cubins = {key: Path(r.cubin).read_bytes() for key, r in built.items()}
         bench = problem_for(benches, shape, cfg)
-        for key, r in built.items():
-            m = bench.measure(cfg, r.cubin)
+        for key, cubin in cubins.items():
+            m = bench.measure(cfg, cubin)
             if m.outcome.value != "timed":
                 raise RuntimeError(f"{name} ({key}): {m.outcome.value} {m.message}")
-        calls = {"ours": kernel_call(bench, cfg, built["ours"].cubin),
-                 "ours+wait": kernel_call(bench, cfg, built["wait"].cubin),
-                 "ours+pdl": pdl_call(bench, cfg, built["wait"].cubin),
+        calls = {"ours": kernel_call(bench, cfg, cubins["ours"]),
+                 "ours+wait": kernel_call(bench, cfg, cubins["wait"]),
+                 "ours+pdl": pdl_call(bench, cfg, cubins["wait"]),
                  "cublas": bench.baseline_call()[0]}
         t = torch_linear(cfg, tuple(int(x) for x in shape.split("x")))
         if t is not None:

@@ -53,7 +53,8 @@ Steps:
    - the layer's forward, patched (torch_ops.patch) against unpatched (the same
      parameters), under torch.inference_mode(): the two timed repetition by repetition
      in turn (Timer.pair), since the host paces a forward of a few tokens and its speed
-     drifts within a round.
+     drifts within a round; and again, a layer patched with the pace="gpu" library
+     against the unpatched one (gpu_*: not a bar, "gpu_paced_forwards" in the JSON).
    Each output is checked before anything is timed, against float64 on fresh random
    inputs: a GEMM's (its second call's, the caching allocator first handed a NaN-filled
    block of the output's size, so an output never written reads as NaN) against
@@ -245,11 +246,16 @@ def bars(gemms: list[dict], forwards: list[dict], tune: dict | None = None) -> d
         out["tune_within_15_min"] = dict(bar_s=TUNE_BAR_S, seconds=tune["seconds"],
                                          met=tune["seconds"] <= TUNE_BAR_S)
     out["all_met"] = all(v["met"] for v in out.values())
-    # not a bar: the GEMMs through the library loaded with pace="gpu" (Session.lib_gpu)
+    # not a bar: the GEMMs and forwards through the library loaded with pace="gpu"
+    # (Session.lib_gpu)
     gpu = [r.get("gpu_ratio") for r in gemms]
     if gpu and all(gpu):
         out["gpu_paced_gemms"] = dict(worst=_worst(gemms, "gpu_ratio"), geomean=geomean(gpu),
                                       below_bar=sum(x < GEMM_BAR for x in gpu))
+    gpu = [r.get("gpu_ratio") for r in forwards]
+    if gpu and all(gpu):
+        out["gpu_paced_forwards"] = dict(worst=_worst(forwards, "gpu_ratio"),
+                                         below_bar=sum(x < FORWARD_BAR for x in gpu))
     compiled = [r.get("ratio_compile") for r in gemms]
     out["gemm_geomean_vs_compile"] = geomean(compiled) if compiled and all(compiled) else None
     return out
@@ -261,7 +267,8 @@ GPU_PACED = "x torch, pace gpu"
 def series(doc: dict, layer: str) -> dict:
     """What the layer's plot draws: {"x torch": {label: [(T, ratio)]}, "x compile": ...},
     one line per GEMM (and "forward", patched against unpatched, in "x torch"), by T; and
-    GPU_PACED, the GEMMs through the library loaded with pace="gpu", where a row has them."""
+    GPU_PACED, the GEMMs and the forward through the library loaded with pace="gpu", where
+    the rows have them."""
     out: dict = {"x torch": {}, "x compile": {}}
     rows = sorted((r for r in doc["gemms"] if r["layer"] == layer), key=lambda r: r["tokens"])
     for r in rows:
@@ -274,6 +281,8 @@ def series(doc: dict, layer: str) -> dict:
     fwd = sorted((r for r in doc["layers"] if r["layer"] == layer), key=lambda r: r["tokens"])
     if fwd:
         out["x torch"]["forward"] = [(r["tokens"], r.get("ratio")) for r in fwd]
+    if fwd and any(r.get("gpu_ratio") for r in fwd):
+        out.setdefault(GPU_PACED, {})["forward"] = [(r["tokens"], r.get("gpu_ratio")) for r in fwd]
     return out
 
 
@@ -598,14 +607,19 @@ class Session:
             self.built.clear()  # one layer's memory at a time
             torch.manual_seed(0)
             plain = build_layer(spec, self.device)
-            patched = copy.deepcopy(plain, memo={id(p): p for p in plain.parameters()})
+            shared = {id(p): p for p in plain.parameters()}
+            patched = copy.deepcopy(plain, memo=dict(shared))
             self.ops.patch(patched, self.lib)
-            self.built[spec.name] = plain, patched, copy.deepcopy(plain).double()
+            patched_gpu = None
+            if self.lib_gpu is not None:
+                patched_gpu = copy.deepcopy(plain, memo=dict(shared))
+                self.ops.patch(patched_gpu, self.lib_gpu)
+            self.built[spec.name] = plain, patched, copy.deepcopy(plain).double(), patched_gpu
         return self.built[spec.name]
 
     def run(self, spec: LayerSpec, tokens: int) -> tuple[list[dict], dict]:
         """The GEMM rows and the forward row of one layer at one token count."""
-        plain, patched, ref = self.layers(spec)
+        plain, patched, ref, patched_gpu = self.layers(spec)
         rows, fns = [], {}
         with torch.inference_mode():
             for (lin, module), (_, module64) in zip(linear_modules(plain, spec),
@@ -613,12 +627,13 @@ class Session:
                 row, f = self.gemm(spec, lin, module, module64, tokens)
                 rows.append(row)
                 fns.update(f)
-            fwd, f = self.forward(spec, tokens, plain, patched, ref)
+            fwd, f = self.forward(spec, tokens, plain, patched, ref, patched_gpu)
             fns.update(f)
             # the two forwards repetition by repetition: at a few tokens the host paces
             # them, and its speed drifts within a round (bench/NOTES.md, "Eighteenth session")
             times = interleaved(self.timer, fns, self.args.rounds,
-                                paired=[("forward/patched", "forward/unpatched")])
+                                paired=[("forward/patched", "forward/unpatched"),
+                                        ("forward/gpu_patched", "forward/gpu_unpatched")])
         for row in rows:
             self._times(row, times, row["name"])
             row["ratio"] = row["torch_ms"] / row["ms"]
@@ -629,6 +644,10 @@ class Session:
         (fwd["ms"], fwd["rounds_ms"]), (fwd["unpatched_ms"], fwd["unpatched_rounds_ms"]) = \
             times["forward/patched"], times["forward/unpatched"]
         fwd["ratio"] = fwd["unpatched_ms"] / fwd["ms"]
+        if "forward/gpu_patched" in times:
+            (fwd["gpu_ms"], fwd["gpu_rounds_ms"]), (fwd["gpu_unpatched_ms"], _) = \
+                times["forward/gpu_patched"], times["forward/gpu_unpatched"]
+            fwd["gpu_ratio"] = fwd["gpu_unpatched_ms"] / fwd["gpu_ms"]
         return rows, fwd
 
     @staticmethod
@@ -721,9 +740,10 @@ class Session:
             return fn(x)
         return call
 
-    def forward(self, spec: LayerSpec, tokens: int, plain, patched, ref):
+    def forward(self, spec: LayerSpec, tokens: int, plain, patched, ref, patched_gpu=None):
         """The forward row's checks (patched, unpatched, against the float64 layer) and
-        the two functions to time."""
+        the functions to time (with `patched_gpu`, the layer patched with the pace="gpu"
+        library, checked and timed beside another timing of the unpatched one)."""
         x = torch.randn(1, tokens, spec.hidden, device=self.device, dtype=_tdt(spec.dtype))
         want = ref(x.double())
         y_plain, y_patched = plain(x), patched(x)
@@ -734,7 +754,13 @@ class Session:
         base = row["unpatched_error"]
         row["gate"] = None if base is None else LAYER_SLACK * base
         row["within_gate"] = base is not None and _within(row["error"], row["gate"])
-        return row, {"forward/patched": lambda: patched(x), "forward/unpatched": lambda: plain(x)}
+        fns = {"forward/patched": lambda: patched(x), "forward/unpatched": lambda: plain(x)}
+        if patched_gpu is not None:
+            row["gpu_error"] = _error(patched_gpu(x), want)
+            row["within_gate"] = row["within_gate"] and _within(row["gpu_error"], row["gate"])
+            fns.update({"forward/gpu_patched": lambda: patched_gpu(x),
+                        "forward/gpu_unpatched": lambda: plain(x)})
+        return row, fns
 
 
 def measure(args, library: Path, tune: dict | None) -> Path:
@@ -788,9 +814,10 @@ def _print(rows: list[dict], fwd: dict) -> None:
         print(f"{r['layer']:5} T={r['tokens']:<5} {r['name']:8} {r['ms']:.4f} ms  "
               f"{r['ratio']:.2f}x torch  {comp}  {r['runs']} ({r['rule']}){gpu}  "
               f"err {r['error']}", flush=True)
+    gpu = f"  pace gpu {fwd['gpu_ratio']:.2f}x" if fwd.get("gpu_ratio") else ""
     print(f"{fwd['layer']:5} T={fwd['tokens']:<5} forward  {fwd['ms']:.4f} ms  "
-          f"{fwd['ratio']:.2f}x unpatched  err {fwd['error']} (unpatched {fwd['unpatched_error']})",
-          flush=True)
+          f"{fwd['ratio']:.2f}x unpatched{gpu}  err {fwd['error']} "
+          f"(unpatched {fwd['unpatched_error']})", flush=True)
 
 
 # ---- the command line -------------------------------------------------------------------------

@@ -167,8 +167,11 @@ def test_the_gpu_paced_figures_get_a_panel_of_their_own(tmp_path):
     doc = _doc()
     for r, g in zip(doc["gemms"], (1.3, 0.99, 1.02, 1.5)):
         r["gpu_ratio"] = g
+    for r, g in zip(doc["layers"], (1.01, 0.97)):
+        r["gpu_ratio"] = g
     s = mg.series(doc, "llama")
-    assert s[mg.GPU_PACED] == {"gate": [(1, 0.99), (16, 1.3)], "up": [(1, 1.02)]}
+    assert s[mg.GPU_PACED] == {"gate": [(1, 0.99), (16, 1.3)], "up": [(1, 1.02)],
+                               "forward": [(1, 0.97), (16, 1.01)]}
     assert list(s) == ["x torch", "x compile", mg.GPU_PACED]
     data = mg.plot(doc, "llama", tmp_path / "llama.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -336,10 +339,11 @@ def test_the_timing_steps_run_on_the_cpu_and_write_rows_bars_and_plots(tmp_path)
 
 
 @needs_torch
-def test_each_gemm_is_also_timed_through_the_gpu_paced_library(tmp_path):
+def test_each_gemm_and_forward_is_also_timed_through_the_gpu_paced_library(tmp_path):
     """With the library loaded a second time with pace="gpu", every GEMM is called and
     checked through that one's name too, timed beside the others (one more function a
-    round), its ratio in gpu_ratio and summed up outside the bars."""
+    round), its ratio in gpu_ratio and summed up outside the bars; and a layer patched
+    with it is checked and timed against the unpatched one (one more pair a round)."""
     calls = []
 
     def linear(x, w, b, act, library):
@@ -349,13 +353,17 @@ def test_each_gemm_is_also_timed_through_the_gpu_paced_library(tmp_path):
     session, timer = _cpu_session(tmp_path, linear, tokens="5", gpu_paced=True)
     rows, fwd = session.run(_small("gpt2"), 5)
     assert {"cpu", "cpu gpu"} <= set(calls)
-    assert timer["n"] == 2 * (4 * 3 + 2)  # two rounds of three per GEMM and two forwards
+    assert timer["n"] == 2 * (4 * 3 + 4)  # two rounds of three per GEMM and four forwards
     for r in rows:
         assert r["gpu_ratio"] == 1.0 and r["gpu_rounds_ms"] == [1.0, 1.0]
         assert r["gpu_error"] <= r["gate"] and r["within_gate"] and r["gpu_runs"] is None
+    assert fwd["gpu_ratio"] == 1.0 and fwd["gpu_rounds_ms"] == [1.0, 1.0]
+    assert fwd["gpu_error"] == fwd["error"] and fwd["within_gate"]
     b = mg.bars(rows, [fwd])
     assert b["gpu_paced_gemms"]["geomean"] == pytest.approx(1.0)
     assert b["gpu_paced_gemms"]["below_bar"] == 0 and b["all_met"] is not None
+    assert b["gpu_paced_forwards"] == dict(worst=dict(layer="gpt2", tokens=5, gpu_ratio=1.0),
+                                           below_bar=0)
 
 
 @needs_torch
