@@ -59,8 +59,8 @@ class FakeGpu:
         blocks = {}  # parameter-block address -> block
 
         class Image:
-            def __init__(self, library, name, smem):
-                self.name, self.smem, self.blocks = name, smem, {}
+            def __init__(self, library, name, smem, dependent=False):
+                self.name, self.smem, self.dependent, self.blocks = name, smem, dependent, {}
 
             def prepare(self, g):
                 return f"{self.name} on GPU {g.index}"

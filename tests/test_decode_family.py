@@ -412,6 +412,8 @@ static inline float __shfl_xor_sync(unsigned, float v, int x)
 
 #: the inline-PTX helpers, as the PTX ISA defines them
 _PTX = {
+    # griddepcontrol: the emulation runs one grid, block after block, nothing before it
+    "dependent_launch_begin": r"""inline void dependent_launch_begin() {}""",
     "ld_stream": r"""template <int V>
 inline void ld_stream(unsigned* r, const unsigned short* p)
 {

@@ -43,7 +43,8 @@ def test_a_plain_launch_becomes_patches_of_its_pointer_and_scalar_slots():
     rec = _recorded(Runner.SIGNATURE, values, name="gemm_x")
     assert (rec.function, rec.name, rec.grid, rec.block, rec.cluster, rec.smem) == \
         (0xF00, "gemm_x", (3, 2, 1), (256, 1, 1), (1, 1, 1), 4096)
-    f, name, grid, block, cluster, smem, params, patches, maps = fast.translate(rec)
+    f, name, grid, block, cluster, smem, params, patches, maps, dependent = fast.translate(rec)
+    assert dependent is False  # a cuLaunchKernel launch (a kernel without the wait)
     # slots (8 bytes each): m n k alpha A lda sA B ldb sB beta C ldc sC bias
     assert patches == [(24, fast.ALPHA, 0), (32, fast.A, 0), (56, fast.B, 64),
                        (80, fast.BETA, 0), (88, fast.C, 0), (112, fast.BIAS, 0)]
@@ -57,7 +58,7 @@ def test_tensor_maps_keep_their_arguments_and_their_operand():
     w_map = tma.tensor_map_args(DType.F32, 0x7000_0000, 392, 264, 272, 256, 32)
     values = (520, 392, 264, fast.ALPHA_STANDIN, fast.BETA_STANDIN, S[fast.C], 392, 0, 1, 0, 0)
     rec = _recorded(TmaRunner.SIGNATURE, values, maps=(a_map, w_map))
-    *_, params, patches, maps = fast.translate(rec)
+    *_, params, patches, maps, _ = fast.translate(rec)
     assert patches == [(24, fast.ALPHA, 0), (32, fast.BETA, 0), (40, fast.C, 0)]
     from cuda.bindings import driver as cu
 

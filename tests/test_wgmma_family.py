@@ -391,8 +391,8 @@ def test_kernel_arguments_follow_the_signature():
 class _Image:
     """A driver.KernelImage that records instead of touching the driver."""
 
-    def __init__(self, library, name, smem):
-        self.name, self.smem, self.launches = name, smem, []
+    def __init__(self, library, name, smem, dependent=False):
+        self.name, self.smem, self.dependent, self.launches = name, smem, dependent, []
 
     def prepare(self, g):
         return self.name
@@ -642,8 +642,8 @@ def test_the_runner_of_a_prep_kernel_launches_its_pre_pass_first(monkeypatch):
     loaded, launched, encoded, asked = [], [], [], []
 
     class Image(_Image):
-        def __init__(self, library, name, smem):
-            super().__init__(library, name, smem)
+        def __init__(self, library, name, smem, dependent=False):
+            super().__init__(library, name, smem, dependent)
             loaded.append((name, smem))
 
         def launch(self, f, grid, block, stream, address):

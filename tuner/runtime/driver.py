@@ -33,7 +33,7 @@ from tuner.runtime.errors import DriverError, NoGPUError
 
 __all__ = ["DriverError", "NoGPUError", "api", "call", "DeviceInfo", "Gpu", "gpu",
            "device_count", "current_device", "entered", "KernelImage", "load_cubin",
-           "ParamBlock", "ClusterLaunch", "is_capturing", "recording", "recorder",
+           "ParamBlock", "LaunchEx", "DEPENDENT_MARKER", "is_capturing", "recording", "recorder",
            "launch_function", "Scratch", "scratch", "sync",
            "synchronize", "Buffer", "Event", "spin"]
 
@@ -264,6 +264,7 @@ class RecordedLaunch:
     signature: str
     params: bytes
     maps: list
+    dependent: bool = False  # launched with programmatic stream serialization
 
 
 class Recording:
@@ -280,7 +281,7 @@ class Recording:
         return m
 
     def launch(self, f, name: str, grid, block, smem: int, params_address: int,
-               cluster=(1, 1, 1)) -> None:
+               cluster=(1, 1, 1), dependent: bool = False) -> None:
         blk = _BLOCKS.get(int(params_address))
         if blk is None:
             raise DriverError(f"recording {name}: a launch of parameters not packed by a "
@@ -289,7 +290,7 @@ class Recording:
         inner = getattr(blk, "blk", blk)
         self.launches.append(RecordedLaunch(int(f), name, tuple(grid), tuple(block),
                                             tuple(cluster), int(smem), inner.signature,
-                                            bytes(inner.buf), maps))
+                                            bytes(inner.buf), maps, bool(dependent)))
 
     def cu_launch_kernel(self, name: str):
         """A stand-in for cuLaunchKernel (a runner's inlined launch of kernel `name`)."""
@@ -317,7 +318,7 @@ _RECORDING = threading.local()
 @contextlib.contextmanager
 def recording():
     """Within the block, on this thread, launches (cuLaunchKernel, KernelImage.launch,
-    ClusterLaunch.launch) and tensor maps (tma.encode) of runners bound inside it are
+    LaunchEx.launch) and tensor maps (tma.encode) of runners bound inside it are
     recorded instead of made: the Recording's launches."""
     rec = Recording()
     before, _RECORDING.rec = getattr(_RECORDING, "rec", None), rec
@@ -339,6 +340,12 @@ def launch_function(name: str):
     return api().cuLaunchKernel if rec is None else rec.cu_launch_kernel(name)
 
 
+#: the symbol a cubin of gemm-tune's templates holds when every kernel in it waits for the
+#: kernel before it (griddepcontrol.wait) before touching global memory (macros.cu.j2,
+#: dependent_launch_helpers): such a kernel launches with programmatic stream serialization
+DEPENDENT_MARKER = b"gemm_tune_waits_for_prior_grids"
+
+
 def load_cubin(cubin: bytes, what: str):
     """A cubin loaded once per process as a context-independent library (cuLibrary)."""
     return _check(api().cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
@@ -348,10 +355,13 @@ def load_cubin(cubin: bytes, what: str):
 class KernelImage:
     """One kernel of a loaded cubin, launchable on any GPU and stream from any thread. It is
     context-independent (a CUkernel); each GPU's own CUfunction, got once with that GPU's
-    context current, is what launches (cheaper than resolving the CUkernel every time)."""
+    context current, is what launches (cheaper than resolving the CUkernel every time).
+    `dependent`: the kernel waits for the one before it in its stream before it touches
+    memory (its cubin holds DEPENDENT_MARKER), so it launches with programmatic stream
+    serialization: its launch overlaps the end of the kernel before."""
 
-    def __init__(self, library, name: str, smem: int):
-        self.name, self.smem = name, smem
+    def __init__(self, library, name: str, smem: int, dependent: bool = False):
+        self.name, self.smem, self.dependent = name, smem, dependent
         self.kernel = _check(api().cuLibraryGetKernel(library, name.encode()),
                              f"cuLibraryGetKernel({name})")
         self.functions: dict[int, object] = {}  # GPU index -> CUfunction in its context
@@ -385,6 +395,8 @@ class KernelImage:
 
     def launch(self, f, grid, block, stream: int, params_address: int) -> None:
         """Launch g's CUfunction `f` (from :meth:`prepare`)."""
+        if self.dependent:
+            return self.launcher(grid, block).launch(f, stream, params_address)
         rec = recorder()
         if rec is not None:
             return rec.launch(f, self.name, grid, block, self.smem, params_address)
@@ -392,6 +404,17 @@ class KernelImage:
                                     block[2], self.smem, stream, params_address, 0)
         if err != 0:
             self.failed(err)
+
+    def launcher(self, grid, block, cluster=(1, 1, 1)) -> "LaunchEx":
+        """This thread's LaunchEx of this kernel at (grid, block, cluster), made once."""
+        made = getattr(self._tls, "launchers", None)
+        if made is None:
+            made = self._tls.launchers = {}
+        key = (grid, block, cluster)  # (tuples)
+        lc = made.get(key)
+        if lc is None:
+            lc = made[key] = LaunchEx(self, grid, block, cluster)
+        return lc
 
     def failed(self, err):
         raise DriverError(f"cuLaunchKernel({self.name}) failed: {_name(api(), err)}")
@@ -479,24 +502,33 @@ def scratch() -> Scratch:
     return Scratch()
 
 
-class ClusterLaunch:
-    """The launch configuration of a kernel run in thread-block clusters (cuLaunchKernelEx
-    with a cluster dimension), built once per (thread, plan); :meth:`launch` only sets the
-    stream and launches."""
+class LaunchEx:
+    """The cuLaunchKernelEx configuration of a kernel run in thread-block clusters (a
+    cluster dimension) or launched with programmatic stream serialization (a dependent
+    image), built once per (thread, plan); :meth:`launch` only sets the stream and
+    launches."""
 
     __slots__ = ("config", "image", "dims")
 
-    def __init__(self, image: KernelImage, grid, block, cluster):
+    def __init__(self, image: KernelImage, grid, block, cluster=(1, 1, 1)):
         cu = api()
         lc = cu.CUlaunchConfig()
         lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid
         lc.blockDimX, lc.blockDimY, lc.blockDimZ = block
         lc.sharedMemBytes = image.smem
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-        lc.attrs = [attr]
-        lc.numAttrs = 1
+        attrs = []
+        if tuple(cluster) != (1, 1, 1):
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+            attrs.append(attr)
+        if image.dependent:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        lc.attrs = attrs
+        lc.numAttrs = len(attrs)
         self.config, self.image, self.dims = lc, image, (tuple(grid), tuple(block),
                                                          tuple(cluster))
 
@@ -505,7 +537,7 @@ class ClusterLaunch:
         if rec is not None:
             grid, block, cluster = self.dims
             return rec.launch(f, self.image.name, grid, block, self.image.smem, params_address,
-                              cluster)
+                              cluster, self.image.dependent)
         cu = api()
         self.config.hStream = cu.CUstream(stream)
         err, = cu.cuLaunchKernelEx(self.config, f, params_address, 0)

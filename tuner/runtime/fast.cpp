@@ -73,6 +73,7 @@ struct Launch {
   CUfunction f;
   std::array<unsigned, 3> grid, block, cluster;
   unsigned smem;
+  bool dependent = false;  // programmatic stream serialization (the kernel waits first)
   std::string name;
   std::vector<uint8_t> params;  // 8-byte slots, after the tensor maps
   std::vector<Patch> patches;
@@ -529,19 +530,27 @@ class Table {
       }
       for (size_t off = 0; off < buf.size(); off += 8) args.push_back(buf.data() + off);
       CUresult r;
-      if (l.cluster[0] * l.cluster[1] * l.cluster[2] > 1) {
-        CUlaunchAttribute attr{};
-        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim.x = l.cluster[0];
-        attr.value.clusterDim.y = l.cluster[1];
-        attr.value.clusterDim.z = l.cluster[2];
+      const bool clustered = l.cluster[0] * l.cluster[1] * l.cluster[2] > 1;
+      if (clustered || l.dependent) {
+        CUlaunchAttribute attrs[2]{};
+        unsigned n = 0;
+        if (clustered) {
+          attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+          attrs[n].value.clusterDim.x = l.cluster[0];
+          attrs[n].value.clusterDim.y = l.cluster[1];
+          attrs[n++].value.clusterDim.z = l.cluster[2];
+        }
+        if (l.dependent) {
+          attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+          attrs[n++].value.programmaticStreamSerializationAllowed = 1;
+        }
         CUlaunchConfig cfg{};
         cfg.gridDimX = l.grid[0]; cfg.gridDimY = l.grid[1]; cfg.gridDimZ = l.grid[2];
         cfg.blockDimX = l.block[0]; cfg.blockDimY = l.block[1]; cfg.blockDimZ = l.block[2];
         cfg.sharedMemBytes = l.smem;
         cfg.hStream = reinterpret_cast<CUstream>(stream);
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
+        cfg.attrs = attrs;
+        cfg.numAttrs = n;
         r = cuLaunchKernelEx(&cfg, l.f, args.data(), nullptr);
       } else {
         r = cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1],
@@ -554,7 +563,8 @@ class Table {
     return true;
   }
 
-  // (f, name, grid, block, cluster, smem, params, patches, maps) from tuner.runtime.fast
+  // (f, name, grid, block, cluster, smem, params, patches, maps[, dependent]) from
+  // tuner.runtime.fast
   static Launch launch_of(py::tuple t) {
     Launch l;
     l.f = reinterpret_cast<CUfunction>(t[0].cast<uintptr_t>());
@@ -563,6 +573,7 @@ class Table {
     l.block = t[3].cast<std::array<unsigned, 3>>();
     l.cluster = t[4].cast<std::array<unsigned, 3>>();
     l.smem = t[5].cast<unsigned>();
+    l.dependent = t.size() > 9 && t[9].cast<bool>();
     std::string params = t[6].cast<std::string>();
     if (params.size() % 8) throw std::invalid_argument("parameters of 8-byte slots");
     l.params.assign(params.begin(), params.end());

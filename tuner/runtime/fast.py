@@ -229,7 +229,8 @@ def _source(value: int) -> tuple[int, int] | None:
 def translate(launch: driver.RecordedLaunch) -> tuple:
     """A recorded launch as fast.cpp's Table.add takes it: (function, name, grid, block,
     cluster, smem, parameter bytes, patches (offset, source, offset into it), tensor maps
-    (source, offset or address, then cuTensorMapEncodeTiled's arguments as integers)).
+    (source, offset or address, then cuTensorMapEncodeTiled's arguments as integers),
+    dependent (launched with programmatic stream serialization)).
     Raises ValueError where a stand-in shows up anywhere but whole in a slot."""
     params, patches = launch.params, []
     for i, kind in enumerate(launch.signature):
@@ -249,7 +250,7 @@ def translate(launch: driver.RecordedLaunch) -> tuple:
             raise ValueError(f"{launch.name}: parameter {i} ({kind}) holds a stand-in value "
                              "that is not a whole pointer or scalar")
     return (launch.function, launch.name, launch.grid, launch.block, launch.cluster,
-            launch.smem, params, patches, [_map(m) for m in launch.maps])
+            launch.smem, params, patches, [_map(m) for m in launch.maps], launch.dependent)
 
 
 def _stand_in(slot: bytes) -> bool:

@@ -51,8 +51,14 @@ class Runner:
     def __init__(self, config, cubin: bytes):
         self.config = config
         self.library = driver.load_cubin(cubin, config.name)
-        self.main = driver.KernelImage(self.library, config.name, config.smem_bytes)
-        self.reduce = (driver.KernelImage(self.library, f"{config.name}_reduce", 0)
+        #: every kernel of the cubin waits for the kernel before it (driver.DEPENDENT_MARKER):
+        #: each launches with programmatic stream serialization (a cubin of older templates,
+        #: without the wait, launches as before)
+        self.dependent = driver.DEPENDENT_MARKER in cubin
+        self.main = driver.KernelImage(self.library, config.name, config.smem_bytes,
+                                       self.dependent)
+        self.reduce = (driver.KernelImage(self.library, f"{config.name}_reduce", 0,
+                                          self.dependent)
                        if config.reduce_pass else None)
         self.signature = self.SIGNATURE + "P" * (config.has_workspace + config.last)
 
@@ -74,6 +80,11 @@ class Runner:
         gx, _, gz = cfg.grid(m, n)
         grid, block = (gx, batch, gz), cfg.block()
         sa, sb, sc = strides
+        if not cfg.has_workspace and main.dependent:  # one cuLaunchKernelEx
+            def run(a, b, c, alpha, beta, stream, bias=0):
+                main.launch(f, grid, block, stream, main.params(sig).pack(
+                    m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, bias))
+            return run
         if not cfg.has_workspace:  # the hot path of a library call: one driver call, inline
             launch, smem = driver.launch_function(main.name), main.smem
 
@@ -162,7 +173,7 @@ class TmaRunner(Runner):
         super().__init__(config, cubin)
         self.signature = (self.SPLIT_SIGNATURE if config.presplit else
                           self.SPLIT_K_SIGNATURE if config.has_workspace else self.SIGNATURE)
-        self.prep = (driver.KernelImage(self.library, f"{config.name}_prep", 0)
+        self.prep = (driver.KernelImage(self.library, f"{config.name}_prep", 0, self.dependent)
                      if config.prep else None)
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
@@ -201,12 +212,10 @@ class TmaRunner(Runner):
             return made
 
         if cfg.cluster > 1:
+            cluster = tuple(cfg.cluster_dims())
+
             def launch(stream, address):
-                lc = getattr(tls, "cluster", None)
-                if lc is None:
-                    lc = tls.cluster = driver.ClusterLaunch(main, grid, block,
-                                                            cfg.cluster_dims())
-                lc.launch(f, stream, address)
+                main.launcher(grid, block, cluster).launch(f, stream, address)
         else:
             def launch(stream, address):
                 main.launch(f, grid, block, stream, address)
