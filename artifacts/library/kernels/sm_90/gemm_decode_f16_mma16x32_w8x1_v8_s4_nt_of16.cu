@@ -100,6 +100,33 @@ __device__ __forceinline__ void st_cvt(E* p, const float* r)
     *reinterpret_cast<Pack*>(p) = v;
 }
 
+// Programmatic dependent launch (sm_90 and later). The runtime finds the marker below in
+// the cubin and launches this module's kernels with the programmatic stream serialization
+// attribute: a kernel's blocks may then start while the kernel before it in the stream is
+// still finishing, and its launch overlaps that kernel's end (0.7-1.2 us of each small
+// GEMM back to back on the H200, bench/launch_overlap.py). dependent_launch_begin(), first
+// in every kernel, waits until the kernel before has completed and its writes are visible
+// (griddepcontrol.wait: nothing here touches global memory before it), then lets the next
+// kernel of the stream start launching (its own wait still holds it off this one's
+// memory). Launched without the attribute (the export bundle), both are no-ops. (The
+// marker is static, one per translation unit: the export bundle links many kernels; kept,
+// though nothing reads it on the GPU.)
+#ifdef __CUDACC__
+#pragma nv_diag_suppress 177
+#endif
+static __device__ __attribute__((used)) int gemm_tune_waits_for_prior_grids = 1;
+#ifdef __CUDACC__
+#pragma nv_diag_default 177
+#endif
+
+__device__ __forceinline__ void dependent_launch_begin()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // The epilogue, in FP32 before the one rounding to C's type:
 //   C = alpha * acc + beta * C
 using OutT = __half;   // C's element
@@ -262,6 +289,7 @@ gemm_decode_f16_mma16x32_w8x1_v8_s4_nt_of16(int M, int N, int K, float alpha,
     float beta, OutT* __restrict__ C, int ldc, long long sC,
     const BiasT* __restrict__ bias)
 {
+    dependent_launch_begin();
     // This block's problem of the batch (a stride of 0 shares that operand).
     A += blockIdx.y * sA;
     B += blockIdx.y * sB;
