@@ -382,6 +382,43 @@ def test_an_exact_entry_close_to_cublas_is_measured_with_its_kernel(
         assert fake.measured == [] and fake.launches[-1][0] == BIG.name
 
 
+@pytest.mark.parametrize("ratio", [0.99, 1.05])
+def test_an_exact_entrys_kernel_is_measured_first_however_its_estimate_ranks(
+        tmp_path, fake, ratio):
+    """The exact entry's kernel leads the first use's candidates, whether it beat cuBLAS
+    where it was tuned (by less than EXACT_TRUSTED) or lost narrowly, and however the
+    estimates rank it among the library's other kernels (on the H200 a tuned decode kernel,
+    3.7 us a call, went unmeasured behind three split-K kernels the estimates preferred)."""
+    import dataclasses
+    import types
+
+    from _library import entry
+    from tuner.runtime.dispatch import Dispatcher
+    from tuner.runtime.manifest import Manifest
+
+    res = types.SimpleNamespace(resources=types.SimpleNamespace(
+        registers=64, smem=16384,
+        to_dict=lambda: dict(registers=64, smem_static=16384, smem_dynamic=0, local=0)))
+    cfgs = [dataclasses.replace(BIG, bm=bm, bn=bn) for bm, bn in
+            ((256, 128), (128, 128), (128, 64), (64, 128), (64, 64))]
+    shape = (700, 640, 512)
+    # tuned elsewhere at high rates, so the estimates put them ahead of the exact entry's
+    entries = [entry(c, res, (4096, 4096, 4096), 50.0, 51.0) for c in cfgs[:-1]]
+    entries.append(entry(cfgs[-1], res, shape, 1.0 * ratio, 1.0))
+    disp = Dispatcher(Manifest(tmp_path, dict(kernels={}, entries=entries)))
+    g = driver.gpu(0)
+    ranked = [e["kernel"] for _, e in disp.ranked(*shape, DType.F32, g.cc, g.arch.sm_count)]
+    assert ranked.index(cfgs[-1].name) >= measure.MEASURE_TOP  # the estimates rank it last
+    asked = []
+
+    def timer(names, bucket):
+        asked.append(measure.candidates(names))
+        return None  # as under capture: nothing timed, nothing kept
+
+    disp.decide(g, Case(DType.F32, *shape), timer)
+    assert asked and asked[0][0] == cfgs[-1].name
+
+
 # ---- explain() without a GPU ----------------------------------------------------------------
 def test_explain_without_a_gpu_answers_for_a_named_model_from_the_estimates(
         lib, monkeypatch, compile_cache, tmp_path):

@@ -442,6 +442,15 @@ def measured_choice(d: dict) -> Choice:
                   f"{who} runs", None, ms, (lo, hi) if hi else None, low)
 
 
+def exact_entry(entries, shape: tuple, batch: int, align: tuple, gpu: str | None):
+    """Of `entries` (a dtype's and variant's), the one tuned for exactly `shape` and `batch`
+    on GPU model `gpu` (None: any), if the operands are fully aligned; else None."""
+    if align != FULL_ALIGN:
+        return None
+    return next((e for e in entries if (e["m"], e["n"], e["k"], entry_batch(e)) ==
+                 (*shape, batch) and gpu in (None, e["gpu"])), None)
+
+
 #: an exact entry runs without a first-use measurement only if it beat cuBLAS by this much
 #: where it was tuned: a closer one is measured as the caller runs it (the tuner times a
 #: kernel alone; a call pays its host path, and a torch caller's cuBLAS is torch's)
@@ -513,19 +522,18 @@ class Dispatcher:
         if batch > MAX_KERNEL_BATCH:
             return Choice(None, "cublas", f"a batch of {batch} is more than a kernel launch "
                                           f"takes ({MAX_KERNEL_BATCH}): cuBLAS runs")
-        for e in entries:
-            if (e["m"], e["n"], e["k"], entry_batch(e)) == (m, n, k, batch) \
-                    and align == FULL_ALIGN and gpu in (None, e["gpu"]):
-                if e["ratio"] >= 1.0:
-                    return Choice(e["kernel"], "exact",
-                                  f"tuned for exactly {what} on {e['gpu']}: {e['tflops']:.1f} "
-                                  f"TFLOP/s there, {e['ratio']:.2f}x cuBLAS", e["tflops"],
-                                  tuned_ratio=e["ratio"])
-                return Choice(None, "exact",
-                              f"tuned for exactly {what} on {e['gpu']}, but its kernel "
-                              f"{e['kernel']} ran {e['tflops']:.1f} TFLOP/s, {e['ratio']:.2f}x "
-                              f"cuBLAS's {e['cublas_tflops']:.1f}: cuBLAS runs",
-                              e["cublas_tflops"])
+        e = exact_entry(entries, (m, n, k), batch, align, gpu)
+        if e is not None and e["ratio"] >= 1.0:
+            return Choice(e["kernel"], "exact",
+                          f"tuned for exactly {what} on {e['gpu']}: {e['tflops']:.1f} "
+                          f"TFLOP/s there, {e['ratio']:.2f}x cuBLAS", e["tflops"],
+                          tuned_ratio=e["ratio"])
+        if e is not None:
+            return Choice(None, "exact",
+                          f"tuned for exactly {what} on {e['gpu']}, but its kernel "
+                          f"{e['kernel']} ran {e['tflops']:.1f} TFLOP/s, {e['ratio']:.2f}x "
+                          f"cuBLAS's {e['cublas_tflops']:.1f}: cuBLAS runs",
+                          e["cublas_tflops"])
         sms = sms or (ARCHS.get(cc) or parse_arch("sm_90")).sm_count
         ranked = self.ranked(m, n, k, dtype, cc, sms, variant, align, batch)
         if not ranked:
@@ -575,8 +583,10 @@ class Dispatcher:
             names = [e["kernel"] for _, e in self.ranked(
                 hi, case.n, case.k, case.dtype, g.cc, g.arch.sm_count, case.variant,
                 case.align, case.batch)]
-            if choice.kernel is not None and choice.kernel not in names:
-                names.insert(0, choice.kernel)  # a close exact entry is measured too
+            e = exact_entry(self.manifest.serving(case.dtype, g.cc, case.variant),
+                            (case.m, case.n, case.k), case.batch, case.align, g.name)
+            if e is not None:  # an exact entry's kernel is measured first, won or lost
+                names = [e["kernel"]] + [x for x in names if x != e["kernel"]]
             d = measure(names, (lo, hi))
             if d is None:  # a CUDA graph is being captured: nothing may be timed
                 return dataclasses.replace(choice, reason=choice.reason + " (a CUDA graph is "
