@@ -8,6 +8,9 @@ library (torch_ops.patch), runs both a few times (first-use decisions made), the
     take it (per forward: calls and microseconds, largest first);
   - both forwards timed turn about (bench/wgmma_vs_cublas.Timer: CUDA events, the L2
     flushed before each repetition), 5 rounds, each round's median;
+  - the host's time to issue a forward (a loop of them, not synchronized, the GPU left to
+    catch up after it), and the host-side ops that take it (torch.profiler's CPU
+    activity: self time per forward, largest first): where a host-paced forward lags;
   - the library's plans at that token count: what each problem ran and why.
 
     python bench/forward_profile.py [--library DIR] [--cases llama:2048,gpt2:128] [--out DIR]
@@ -53,6 +56,30 @@ def profile_forward(torch, fn, reps: int = 5) -> dict:
                 kernels=[dict(name=n, calls=c, us=us) for n, c, us in rows[:TOP]])
 
 
+def host_forward(torch, fn, reps: int = 20) -> dict:
+    """The host's time to issue one forward (median of `reps` unsynchronized calls, the
+    GPU's queue never full at these sizes), and its top ops by self CPU time a forward."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    ops = sorted(((e.key, e.count / 5, e.self_cpu_time_total / 5)
+                  for e in prof.key_averages()), key=lambda r: -r[2])
+    return dict(host_us=statistics.median(times),
+                host_ops=[dict(name=n, calls=c, self_us=us) for n, c, us in ops[:TOP]])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--library", default="artifacts/library")
@@ -90,6 +117,7 @@ def main() -> None:
             for label, f in (("unpatched", plain), ("patched", patched)):
                 row[label] = profile_forward(torch, lambda: f(x))
                 row[label]["rounds_ms"] = []
+                row[label].update(host_forward(torch, lambda: f(x)))
             for _ in range(args.rounds):
                 for label, f in (("unpatched", plain), ("patched", patched)):
                     row[label]["rounds_ms"].append(statistics.median(timer(lambda: f(x))))
@@ -104,6 +132,9 @@ def main() -> None:
                   f"{[round(t, 4) for t in r['rounds_ms']]}")
             for k in r["kernels"]:
                 print(f"   {k['calls']:4.1f}x {k['us']:9.1f} us  {k['name'][:100]}")
+            print(f"   host: {r['host_us']:.1f} us to issue a forward; self CPU time a forward:")
+            for k in r["host_ops"]:
+                print(f"   {k['calls']:4.1f}x {k['self_us']:9.1f} us  {k['name'][:100]}")
         for p in row["plans"]:
             print(f"   plan {p['mnk']} {p['variant']}: {p['runs']} ({p['rule']})")
     doc = dict(benchmark="forward-profile", gpu=torch.cuda.get_device_name(),
