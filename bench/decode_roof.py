@@ -19,8 +19,8 @@ a small decode GEMM); median over the calls, and over three interleaved rounds (
 every candidate once a round).
 
 Ours: candidates() below: per shape, the M tiles that cover M (the FMA path for M <= 8,
-mma tiles otherwise), a few warp arrangements and rings, split-K by the last block where
-the panels leave SMs idle (and one reduce pass), each checked against float64 before it is
+mma tiles otherwise), a few warp arrangements and rings, split-K by the last block and
+across a cluster where the panels leave SMs idle (and one reduce pass), each checked against float64 before it is
 timed (the tuner's gate, codegen's tolerance for the family), launched through its runner
 (tuner.runtime.runners.Runner, what the tuner times and the library ships). The row's
 figure is the best candidate's (a best-of-N selection, stated); all are in the JSON.
@@ -77,14 +77,16 @@ def m_tiles(m: int) -> list[tuple[str, int]]:
 
 
 def splits(c: DecodeConfig, shape) -> list[tuple[int, str]]:
-    """No split, and split-K by the last block at the splits that bring the blocks to 1-4
-    per SM (the largest of them also as a reduce pass)."""
+    """No split, and split-K by the last block and across a cluster (a split of 8 at
+    most) at the splits that bring the blocks to 1-4 per SM (the largest of them also as a
+    reduce pass)."""
     m, n, _ = shape
     panels = cdiv(m, c.mt) * cdiv(n, c.bn)
     out = [(1, "pass")]
     if panels < SMS:
         fits = [s for s in (2, 4, 8, 16) if SMS <= panels * s <= 4 * SMS]
-        out += [(s, "last") for s in fits] + [(s, "pass") for s in fits[-1:]]
+        out += [(s, "last") for s in fits] + [(s, "cluster") for s in fits if s <= 8] + [
+            (s, "pass") for s in fits[-1:]]
     return out
 
 

@@ -50,6 +50,8 @@ NT16 = Variant(Layout.NT, DType.F16, "out", "gelu")  # x @ W.t() + b, GELU, fp16
     (DecodeConfig(mt=64, bn=32, split=8), "gemm_decode_f16_mma64x32_w4x2_v8_s3_k8"),
     (DecodeConfig(vec=4, split=4, reduce="last", layout=Layout.NT, out=DType.F16, bias="out",
                   act="gelu"), "gemm_decode_f16_mma16x64_w4x2_v4_s3_k4l_nt_of16_bias_gelu"),
+    (DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=8, reduce="cluster",
+                  layout=Layout.NT, out=DType.F16), "gemm_decode_f16_fma1x32_w8x1_v8_s3_k8c_nt_of16"),
 ])
 def test_names_are_pinned_and_round_trip(cfg, name):
     assert cfg.name == name
@@ -79,6 +81,12 @@ def test_the_launch_interface():
     plain = DecodeConfig()
     assert plain.workspace_floats(16, 4096) == plain.ticket_count(16, 4096) == 0
     assert not plain.has_workspace and DecodeConfig(split=2).reduce_pass
+    # a cluster of the tile's slices: one launch, no workspace, no tickets, the grid's z
+    cl = dataclasses.replace(c, reduce="cluster")
+    assert cl.cluster and not (cl.last or cl.has_workspace or cl.reduce_pass)
+    assert cl.grid(33, 4097) == c.grid(33, 4097) and cl.smem_bytes == c.smem_bytes
+    assert cl.workspace_floats(33, 4097) == cl.ticket_count(33, 4097) == 0
+    assert not (c.cluster or plain.cluster or DecodeConfig(split=2).cluster)
     # registers: 1 m16 tile x 4 n8 blocks of fragments; a stage of B is 4 loads, A's ring
     # 2 stages of 2 loads
     assert (c.acc_regs, c.stage_regs, c.a_ring_regs, c.b_in_flight) == (16, 4 * 4, 2 * 2 * 4,
@@ -104,7 +112,11 @@ def test_the_launch_interface():
     (DecodeConfig(wk=8, wn=8), "sm_90", "2048 threads per block exceeds the limit of 1024"),
     (DecodeConfig(stages=5), "sm_90", "stages=5 is outside 1..4"),
     (DecodeConfig(split=3), "sm_90", "split-K 3 is not one of 1, 2, 4, 8, 16, 32"),
-    (DecodeConfig(reduce="cluster", split=2), "sm_90", "split-K reduce 'cluster' is not one of"),
+    (DecodeConfig(reduce="gather", split=2), "sm_90", "split-K reduce 'gather' is not one of"),
+    (DecodeConfig(reduce="cluster", split=16), "sm_90",
+     "a cluster split-K takes 2, 4, 8 slices (a portable cluster size), not 16"),
+    (DecodeConfig(reduce="cluster", split=4), "sm_80",
+     "a cluster split-K needs thread-block clusters (sm_90 or newer); sm_80 has none"),
     (DecodeConfig(reduce="last"), "sm_90", "a last-block split-K needs a split of 2 or more"),
     (DecodeConfig(mt=64, bn=64, wn=1), "sm_90",
      "a warp's 64x64 tile holds 128 accumulator registers per thread, over 64"),
@@ -206,12 +218,20 @@ def test_split_k_is_asked_only_where_the_panels_leave_sms_idle():
     small, wide = (16, 4096, 4096), (16, 28672, 4096)
     cfg = DecodeConfig(split=4, reduce="last")  # 64 panels of 64 columns < 132 SMs
     p = params_of(cfg, small, ARCH)
+    # (a split a cluster holds asks its reduction among the three, a larger one between two)
     assert p == {"decode_mt": 16, "decode_bn": 64, "decode_wk": 4, "decode_wn": 2,
-                 "decode_stages": 3, "decode_split": 4, "decode_reduce": "last"}
+                 "decode_stages": 3, "decode_split": 4, "decode_reduce_c": "last"}
     assert suggest(optuna.trial.FixedTrial(p), DType.F16, small, ARCH) == cfg
+    for c in (DecodeConfig(split=16, reduce="last"), DecodeConfig(split=8, reduce="cluster")):
+        assert suggest(optuna.trial.FixedTrial(params_of(c, small, ARCH)), DType.F16, small,
+                       ARCH) == c
+    assert params_of(DecodeConfig(split=16), small, ARCH)["decode_reduce"] == "pass"
     assert "decode_split" not in params_of(DecodeConfig(), wide, ARCH)  # 448 panels
     splits = {(c.split, c.reduce) for c in valid_configs(ARCH, DType.F16, small)}
-    assert splits == {(1, "pass")} | {(s, r) for s in (2, 4, 8, 16) for r in ("pass", "last")}
+    assert splits == {(1, "pass"), (16, "pass"), (16, "last")} | {
+        (s, r) for s in (2, 4, 8) for r in ("pass", "last", "cluster")}
+    # no cluster without thread-block clusters
+    assert {c.reduce for c in valid_configs("sm_80", DType.F16, small)} == {"pass", "last"}
     assert {c.split for c in valid_configs(ARCH, DType.F16, wide)} == {1}
 
 
@@ -241,6 +261,8 @@ def test_the_model_sees_a_decode_kernel_memory_bound():
     # A column-major, 8-byte loads, two m16 tiles, a reduce pass
     Variant(Layout.TN, DType.F32, "none", "silu").apply(
         DecodeConfig(mt=32, bn=32, wk=4, wn=1, vec=4, stages=2, split=8)),
+    # the slices of a tile as one cluster, summed through distributed shared memory
+    NT16.apply(DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=4, reduce="cluster")),
 ])
 def test_golden_sources(cfg):
     src = rendered_as_golden(cfg)
@@ -259,6 +281,11 @@ def test_the_header_states_the_launch_and_the_bytes_in_flight():
     nn = render(Variant(Layout.NN).apply(DecodeConfig(dtype=DType.BF16, split=2)))
     assert "movmatrix.sync.aligned.m8n8.trans.b16" in nn and ".f32.bf16.bf16.f32" in nn
     assert "_reduce(int M, int N, float alpha, const float* __restrict__ W" in nn
+    cl = render(NT16.apply(DecodeConfig(split=4, reduce="cluster")))
+    assert "block = (256, 1, 1), cluster = (1, 1, 4) (compiled in)" in cl
+    assert "__cluster_dims__(1, 1, SPLIT) __launch_bounds__(THREADS, 1)" in cl
+    assert "const __half* bias)" in cl and "tickets" not in cl and "float* W" not in cl
+    assert "cluster.map_shared_rank(red + r * LDR + col, z)" in cl
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -338,6 +365,18 @@ def test_the_sample_compiles_without_spills(arch, compile_cache):
     from _sample import covering
 
     _compiles_without_spills(covering(SAMPLE), arch, compile_cache)
+
+
+def test_cluster_split_k_compiles_without_spills(compile_cache):
+    """The cluster reduction (sm_90 only, so outside the sample): both maths, each cluster
+    size, a row-major B, the fused epilogue; cooperative_groups' cluster calls compile."""
+    _compiles_without_spills([
+        NT16.apply(DecodeConfig(split=2, reduce="cluster")),
+        Variant(Layout.NN, DType.BF16, "f32", "silu").apply(
+            DecodeConfig(dtype=DType.BF16, mt=32, bn=64, wk=4, wn=2, split=4, reduce="cluster")),
+        Variant(Layout.NT, DType.F16).apply(
+            DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=8, reduce="cluster")),
+    ], "sm_90", compile_cache)
 
 
 @pytest.mark.gpu
@@ -803,12 +842,13 @@ def test_the_bench_times_valid_candidates_of_each_shape():
                        and 66 <= c.tiles(*shape[:2]) * c.split <= 264 for c in tc)
             assert {Variant.of(c) for c in every} == {Variant(
                 Layout.NT, DType.BF16, *(("out", "gelu") if epilogue else ("none", "none")))}
-    # M = 1: the FMA path and the smallest mma tile; split-K by the last block where the
-    # panels leave SMs idle (4096 columns: 128 panels of 32), none where they do not
-    # (14336 columns: 448 panels of 32, 112 of 128)
+    # M = 1: the FMA path and the smallest mma tile; split-K by the last block, across a
+    # cluster and by a pass where the panels leave SMs idle (4096 columns: 128 panels of
+    # 32), none where they do not (14336 columns: 448 panels of 32, 112 of 128)
     one = [c for c in bench.candidates((1, 4096, 4096), DType.F16) if isinstance(c, DecodeConfig)]
     assert {(c.math, c.mt) for c in one} == {("fma", 1), ("mma", 16)}
-    assert {c.reduce for c in one if c.split > 1} == {"last", "pass"}
+    assert {c.reduce for c in one if c.split > 1} == {"last", "cluster", "pass"}
+    assert all(c.split <= 8 for c in one if c.cluster)
     wide = [c for c in bench.candidates((16, 14336, 4096), DType.F16)
             if isinstance(c, DecodeConfig)]
     assert {c.split for c in wide if c.bn == 32} == {1}

@@ -26,7 +26,8 @@ from codegen.families._common import DType, Layout, Variant
 from codegen.families.decode import DecodeConfig
 
 #: per input type: the default, a 64-row mma tile, FMAs on 4 rows, split-K by the last
-#: block and by a reduce pass, 8-byte loads with one stage
+#: block and by a reduce pass, 8-byte loads with one stage, split-K across a cluster (mma
+#: on 16 rows, FMAs on one)
 BASES = [
     DecodeConfig(),
     DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=2),
@@ -34,6 +35,8 @@ BASES = [
     DecodeConfig(mt=16, bn=64, wk=4, wn=2, stages=4, split=4, reduce="last"),
     DecodeConfig(mt=32, bn=128, wk=2, wn=4, split=8),
     DecodeConfig(mt=16, bn=32, wk=8, wn=1, vec=4, stages=1, split=2, reduce="last"),
+    DecodeConfig(mt=16, bn=64, wk=4, wn=2, split=4, reduce="cluster"),
+    DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=8, reduce="cluster"),
 ]
 MS = (1, 7, 16, 33, 64)
 
@@ -154,7 +157,7 @@ def test_split_k_is_deterministic_and_leaves_the_tickets_ready(built):
     from tuner.gpu import device
 
     split = [(c, r) for c, r in built.items() if c.split > 1 and c.out is c.dtype]
-    assert {c.reduce for c, _ in split} == {"pass", "last"}
+    assert {c.reduce for c, _ in split} == {"pass", "last", "cluster"}
     for cfg, res in split:
         m, n, k = 16, 4096, 4096
         a = torch.randn(m, k, device="cuda").to(getattr(torch, _TORCH[cfg.dtype]))

@@ -50,7 +50,10 @@ FMA_ROWS = (1, 2, 4, 8)
 #: elements of one lane's load of B (16 or 8 bytes); a K chunk is 4 lanes x VEC deep
 VECS = (4, 8)
 SPLITS = (1, 2, 4, 8, 16, 32)
-REDUCES = ("pass", "last")
+REDUCES = ("pass", "last", "cluster")
+#: splits a cluster reduction takes: the blocks of a tile are one portable thread-block
+#: cluster (at most 8)
+CLUSTER_SPLITS = (2, 4, 8)
 #: the most registers a thread may give its accumulators
 MAX_ACC_REGS = 64
 #: registers besides the accumulators, the rings and the per-load terms of
@@ -91,7 +94,10 @@ class DecodeConfig(SplitK, Serial, Named):
             comes from L2 or L1: one chunk ahead).
         split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
         reduce: how the slices are summed, in a fixed order: "pass" (a second kernel, the
-            name's plain ``_k<split>``) or "last" (the last block of a tile, ``l``).
+            name's plain ``_k<split>``), "last" (the last block of a tile, through a
+            workspace and a ticket, ``l``) or "cluster" (the SPLIT blocks of a tile are
+            one thread-block cluster and sum through distributed shared memory, ``c``:
+            sm_90, split 2, 4 or 8).
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation (see _common.EPILOGUE_NAME).
 
@@ -122,10 +128,14 @@ class DecodeConfig(SplitK, Serial, Named):
     NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_s{stages}"
                 "[_k{split}{reduce}]" + EPILOGUE_NAME,
                 math=choice({"mma": "mma", "fma": "fma"}),
-                reduce=choice({"pass": "", "last": "l"}), **EPILOGUE_TEXTS)
+                reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
 
     # ---- the launch interface (tuner.runtime.runners.Runner) ------------------------
-    cluster = False
+    @property
+    def cluster(self) -> bool:
+        """Split-K summed across a thread-block cluster (one launch, no workspace; the
+        cluster's shape is compiled into the kernel)."""
+        return self.split > 1 and self.reduce == "cluster"
 
     @property
     def warps(self) -> int:
@@ -232,7 +242,7 @@ class DecodeConfig(SplitK, Serial, Named):
             ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, A_RING_REGS=self.a_ring_regs,
             B_FLIGHT=self.b_in_flight,
             SPLIT=self.split, LAST=self.last, REDUCE_PASS=self.reduce_pass,
-            WORKSPACE=self.has_workspace,
+            WORKSPACE=self.has_workspace, CLUSTER=self.cluster,
         )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
@@ -291,7 +301,7 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
     why += threads_reasons(c.threads, a)
     if not 1 <= c.stages <= 4:
         why.append(f"stages={c.stages} is outside 1..4")
-    why += _split_reasons(c)
+    why += _split_reasons(c, a)
     if why:
         return why
     if c.acc_regs > MAX_ACC_REGS:
@@ -307,7 +317,7 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
     return why
 
 
-def _split_reasons(c: DecodeConfig) -> list[str]:
+def _split_reasons(c: DecodeConfig, a: ArchLimits) -> list[str]:
     why = []
     if c.split not in SPLITS:
         why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
@@ -315,7 +325,28 @@ def _split_reasons(c: DecodeConfig) -> list[str]:
         why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(REDUCES)}")
     elif c.reduce == "last" and c.split == 1:
         why.append("a last-block split-K needs a split of 2 or more, not 1")
+    elif c.reduce == "cluster":
+        if c.split not in CLUSTER_SPLITS:
+            why.append(f"a cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} "
+                       f"slices (a portable cluster size), not {c.split}")
+        if a.cc < 90:
+            why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
+                       f"{a.sm} has none")
     return why
+
+
+def reduces(split: int, arch: ArchLimits) -> tuple[str, ...]:
+    """The split-K reductions searched for `split` slices on `arch` (a cluster's only
+    where one can hold the split)."""
+    if split == 1:
+        return ("pass",)
+    return REDUCES if split in CLUSTER_SPLITS and arch.cc >= 90 else REDUCES[:2]
+
+
+def _reduce_param(split: int, arch: ArchLimits) -> str:
+    """The trial parameter of the reduction: one per set of choices (Optuna's categorical
+    parameters keep their choices)."""
+    return "decode_reduce" if reduces(split, arch) == REDUCES[:2] else "decode_reduce_c"
 
 
 def problem_reasons(c: DecodeConfig, shape: Shape, arch: ArchLimits) -> list[str]:
@@ -378,7 +409,8 @@ def suggest(trial, dtype: DType, shape: Shape | None = None,
     if shape is not None and arch is not None and wants_split(cfg, shape, arch):
         params["split"] = trial.suggest_categorical("decode_split", SEARCH_SPLITS)
         if params["split"] > 1:
-            params["reduce"] = trial.suggest_categorical("decode_reduce", REDUCES)
+            params["reduce"] = trial.suggest_categorical(
+                _reduce_param(params["split"], arch), reduces(params["split"], arch))
         cfg = from_params(params, dtype)
     return cfg
 
@@ -389,7 +421,7 @@ def params_of(config: DecodeConfig, shape: Shape, arch: ArchLimits) -> dict:
     if wants_split(config, shape, arch):
         p["decode_split"] = config.split
         if config.split > 1:
-            p["decode_reduce"] = config.reduce
+            p[_reduce_param(config.split, arch)] = config.reduce
     return p
 
 
@@ -403,7 +435,7 @@ def valid_configs(arch: ArchLimits | str, dtype: DType,
         if check(c, arch):
             continue
         splits = SEARCH_SPLITS if shape is not None and wants_split(c, shape, arch) else (1,)
-        for s, r in ((s, r) for s in splits for r in (REDUCES if s > 1 else ("pass",))):
+        for s, r in ((s, r) for s in splits for r in reduces(s, arch)):
             cs = dataclasses.replace(c, split=s, reduce=r)
             if shape is None or not (check(cs, arch) or split_reasons(cs, shape, arch)
                                      or problem_reasons(cs, shape, arch)):
