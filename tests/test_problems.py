@@ -421,3 +421,14 @@ def test_recorded_variants_are_tuned_through_a_fake_gpu_into_the_cache_and_libra
     assert "gemm-tune 64x128x64 f16 nt C f16 bias+gelu batch 4 on Fake H200 (from cache)" in out
     assert ("cuBLAS (cublasGemmStridedBatchedEx (batch 4), fp16 inputs, COMPUTE_32F, op(B)=T, "
             "fp16 C; GEMM alone: without the bias and gelu (not fused by cuBLAS))") in out
+    # a re-tune into the library (past the cache) times the kernel it holds first, so it
+    # is replaced only by a faster one; another GPU model's entry seeds nothing
+    from codegen.config import config_from_name
+
+    held = config_from_name(rows[0]["kernel"])
+    assert tt._library_seeds(_tune_args(tmp_path), art, task, dev) == (held,)
+    other = SimpleNamespace(**{**vars(dev), "name": "Fake H100"})
+    assert tt._library_seeds(_tune_args(tmp_path), art, task, other) == ()
+    assert tt.run_problems(_tune_args(tmp_path, force=True, sampler="tpe"), merge(lines[:1]),
+                           art) == 0
+    assert benches[-1].measured[0] == held

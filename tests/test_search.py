@@ -399,3 +399,23 @@ def test_a_search_of_named_families_asks_compiles_and_times_only_them(sampler):
     assert {family_of(r.config).name for r in res.records} == {"wgmma"}
     assert bench.measured and all(family_of(c).name == "wgmma" for c in bench.measured)
     assert sampler == "grid" or res.stats.model_first > 0
+
+
+@pytest.mark.parametrize("model", [False, True])
+def test_a_seed_is_timed_first_and_one_outside_the_space_is_left_out(run, model):
+    """A re-tune into a library seeds the search with the kernel it holds (tuner.tune):
+    timed first, ahead of the model's batch, so the winner is at least as fast; a seed the
+    request's space does not hold (another variant, a value not searched) is left out."""
+    import dataclasses
+
+    from codegen.config import DType, Layout
+
+    bench = FakeBenchmark(nvcc=False)
+    space = list(valid_configs(parse_arch("sm_90"), DType.F32, bench.shape))
+    seed = space[len(space) // 2]
+    outside = [dataclasses.replace(seed, layout=Layout.NT),  # another variant
+               dataclasses.replace(seed, stages=7)]          # not a valid point
+    res = run(bench, trials=6, seed=3, model=model, seeds=(*outside, seed))
+    assert res.records[0].config == seed
+    names = [r.config.name for r in res.records]
+    assert names.count(seed.name) == 1 and not {c.name for c in outside} & set(names)

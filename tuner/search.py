@@ -229,6 +229,7 @@ def search(
     batch: int = 1,
     only: Only = None,
     prune: bool = True,
+    seeds: tuple = (),
 ) -> SearchResult:
     """Search the space for `shape`; `trials` counts the study's candidates (valid, new
     ones, compiled by this process, an earlier run of the study, or another process).
@@ -259,13 +260,18 @@ def search(
     `prune=False`: time every candidate that runs (those that spill or fit no SM aside),
     the bound and the model's margin notwithstanding: an exhaustive record, whose every
     point a replayed search may ask for (bench/simulate_search.py).
+
+    `seeds`: configurations timed first, before the model's batch (the kernel a library
+    already holds for the problem: a re-tune then never loses it for a worse winner), each
+    one that is a point of this request's space; the others are left out.
     """
     return _Search(shape, bench, dtype=dtype, trials=trials, timeout=timeout, sampler=sampler,
                    seed=seed, jobs=jobs, artifacts=artifacts, cache_dir=cache_dir,
                    storage=storage, study_name=study_name, baseline_every=baseline_every,
                    lease=lease, storage_retry=storage_retry, on_event=on_event, model=model,
                    first_batch=first_batch, margin=margin, variant=variant, batch=batch,
-                   only=frozenset(only) if only is not None else None, prune=prune).run()
+                   only=frozenset(only) if only is not None else None, prune=prune,
+                   seeds=tuple(seeds)).run()
 
 
 class _Search:
@@ -280,7 +286,7 @@ class _Search:
     def __init__(self, shape, bench, *, dtype, trials, timeout, sampler, seed, jobs, artifacts,
                  cache_dir, storage, study_name, baseline_every, lease, storage_retry,
                  on_event, model, first_batch, margin, variant=None, batch=1, only=None,
-                 prune=True):
+                 prune=True, seeds=()):
         import optuna
         from optuna.trial import TrialState
 
@@ -294,6 +300,7 @@ class _Search:
         self.prune = prune
         self.artifacts, self.baseline_every, self.on_event = artifacts, baseline_every, on_event
         self.model, self.first_batch = model, first_batch
+        self.seeds = [c for c in seeds if self._in_space(c)]
         self.stats = SearchStats()
         self.records: list[TrialRecord] = []
         self.seen: dict[str, tuple[TrialState, float | None]] = {}  # own and taken-in candidates
@@ -365,19 +372,41 @@ class _Search:
         return self.result()
 
     def begin(self):
-        """Take in what an earlier run, or another process, has done; enqueue the model's
-        first batch (or leave the done ones out of the grid); time cuBLAS."""
+        """Take in what an earlier run, or another process, has done; enqueue the seeds
+        and the model's first batch (or leave the done ones out of the grid); time cuBLAS."""
         self.sync(force=True)
         if self.grid:
             self.grid.todo = [c for c in self.grid.todo if c.name not in self.seen]
-        elif self.model and self.first_batch > 0:
+            return self.time_baseline()
+        seeds = [c for c in self.seeds if c.name not in self.seen]
+        for cfg in seeds:
+            self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch, self.only),
+                                     skip_if_exists=False)
+        if self.model and self.first_batch > 0:
+            exclude = set(self.seen) | {c.name for c in seeds}
             for cfg in model_first(self.shape, self.dtype, self.arch, self.first_batch,
-                                   set(self.seen), self.variant, self.batch, self.only):
+                                   exclude, self.variant, self.batch, self.only):
                 self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch,
                                                    self.only),
                                          skip_if_exists=False)
                 self.stats.model_first += 1
         self.time_baseline()
+
+    def _in_space(self, cfg) -> bool:
+        """Is `cfg` a point this search may ask for (a seed that is not is left out)?"""
+        import optuna
+
+        if not is_candidate(cfg, self.dtype, self.variant) or check(cfg, self.arch):
+            return False
+        if self.only is not None and family_of(cfg).name not in self.only:
+            return False
+        try:
+            params = params_of(cfg, self.dtype, self.shape, self.arch, self.only)
+            asked = suggest(optuna.trial.FixedTrial(params), self.dtype, self.shape, self.arch,
+                            self.variant, self.only)
+        except (ValueError, KeyError):
+            return False
+        return asked == cfg
 
     def end(self):
         """Every result written and the others' taken in; cuBLAS timed once more."""

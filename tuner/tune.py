@@ -406,6 +406,26 @@ def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> 
         entry, source, Path(w["cubin"]), source.with_suffix(".json"))
 
 
+def _library_seeds(args, artifacts: Path, task: Task, dev) -> tuple:
+    """The kernel the target library holds for exactly this problem on this GPU model, if
+    any: the search times it first, so a re-tune (a wider space, more trials) replaces the
+    entry only with a kernel that beats it in the same run."""
+    from codegen.config import config_from_name
+    from tuner.runtime.dispatch import FULL_ALIGN, exact_entry
+    from tuner.runtime.errors import LibraryError
+    from tuner.runtime.manifest import Manifest
+
+    path = Path(args.library or artifacts / "library")
+    if not (path / "manifest.json").is_file():
+        return ()
+    try:
+        entries = Manifest.load(path, verify=False).serving(task.dtype, dev.cc, task.variant)
+        e = exact_entry(entries, tuple(task.shape), task.batch, FULL_ALIGN, dev.name)
+        return () if e is None else (config_from_name(e["kernel"]),)
+    except (LibraryError, ValueError, UsageError):  # a library that cannot seed: none
+        return ()
+
+
 def _tune(args, task: Task, artifacts, dev, key, devices) -> dict:
     from tuner.worker import GpuWorker
 
@@ -454,7 +474,7 @@ def _tune_with(args, task: Task, artifacts, dev, key, workers, began: float | No
                                                                      else None),
                      lease=(max(args.lease / 6, 0.1), args.lease), on_event=on_event,
                      model=not getattr(args, "no_model", False), variant=task.variant,
-                     batch=task.batch)
+                     batch=task.batch, seeds=_library_seeds(args, artifacts, task, dev))
         bar.update(bar_task, description="confirming")
         marks.append(("save study", time.monotonic()))
         save_study(res, artifacts / "studies.db", str(key))
