@@ -16,8 +16,9 @@
 #             their studies as tunes-studies.db (bench/model_rank.py --studies-db) and as
 #             tune-studies.json (to commit as bench/results/tune-studies-*.json)
 #   variants  the problems of $PROBLEMS (default bench/problems/layouts_epilogues.jsonl)
-#             tuned into a copy of the committed library (which comes back as $OUT/library,
-#             and serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
+#             tuned into a copy of $VAR_BASE (default the committed library), at
+#             /tmp/var-library (it comes back as $OUT/library unless VAR_RETURN=0, and
+#             serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
 #   layouts   bench/layouts_epilogues.py over $LIBRARY ($LAYOUTS_ARGS, e.g. --parts linear)
 #   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
 #   pairs     the kernels of $PAIRS (a bench/pairs/ file), each timed beside cuBLAS
@@ -123,14 +124,14 @@ PY
           --commit "${GEMM_TUNE_COMMIT:-unknown}" --out "$OUT" 2>&1 | grep -v near-best | tail -12
       fi ;;
     variants)
-      rm -rf /tmp/var-library && cp -r artifacts/library /tmp/var-library
+      rm -rf /tmp/var-library && cp -r "${VAR_BASE:-artifacts/library}" /tmp/var-library
       timeout ${VAR_WALL:-600} python3 -m tuner \
         --problems "${PROBLEMS:-bench/problems/layouts_epilogues.jsonl}" \
         --trials ${VAR_TRIALS:-40} --timeout ${VAR_TIMEOUT:-45} --budget ${VAR_BUDGET:-480} \
         --artifacts /tmp/art-var --library /tmp/var-library --json \
         > "$OUT/variant-tunes.json" 2> "$OUT/variant-tunes.err"
       echo "rc $?"; tail -20 "$OUT/variant-tunes.err"
-      cp -r /tmp/var-library "$OUT/library"
+      [ "${VAR_RETURN:-1}" = 1 ] && cp -r /tmp/var-library "$OUT/library"
       LIBRARY=/tmp/var-library ;;
     layouts)
       timeout ${LAYOUTS_TIMEOUT:-420} python3 bench/layouts_epilogues.py --out "$OUT" \
