@@ -62,3 +62,24 @@ def test_the_upgrade_command(tmp_path, compile_cache, capsys):
     assert m.entries == data["entries"]
     for k in m.data["kernels"].values():
         assert "older template" not in (lib.path / k["source"]).read_text()
+
+
+def test_a_current_library_has_its_missing_or_altered_kernels_rebuilt(tmp_path, compile_cache):
+    """A library carried as its manifest alone (or copied in part): upgrade recompiles
+    just the kernels whose files are missing or do not match their sha256, each from its
+    name, keeps the others' bytes, and the library then verifies."""
+    lib = build(tmp_path / "lib", compile_cache, tmp_path / "art")
+    data = json.loads((lib.path / "manifest.json").read_text())
+    (gone, kept) = data["kernels"].values()
+    (lib.path / gone["cubin"]).unlink()
+    (lib.path / gone["source"]).unlink()
+    kept_bytes = (lib.path / kept["cubin"]).read_bytes()
+    with pytest.raises(LibraryError, match="is missing"):
+        Manifest.load(lib.path)
+    assert upgrade(lib.path, jobs=1) == 1
+    assert (lib.path / kept["cubin"]).read_bytes() == kept_bytes
+    Manifest.load(lib.path)  # verifies every file's sha256
+    (lib.path / gone["cubin"]).write_bytes(b"not this kernel")
+    assert upgrade(lib.path, jobs=1) == 1
+    assert upgrade(lib.path, jobs=1) == 0
+    assert Manifest.load(lib.path).entries == data["entries"]

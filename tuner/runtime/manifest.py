@@ -228,9 +228,10 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
             force: bool = False) -> int:
     """Recompile an older library's kernels from their names with this gemm-tune's
     templates (nvcc needed), replacing each kernel's files, and mark it of this schema; its
-    entries (and their timings) are kept. Returns the number of kernels recompiled (0: it
-    was already of this schema, unless `force`). Raises LibraryError for what it cannot
-    do."""
+    entries (and their timings) are kept. A library already of this schema has only the
+    kernels whose files are missing or do not match their sha256 recompiled (one that
+    travelled as its manifest alone, or was copied in part), every one with `force`.
+    Returns the number of kernels recompiled. Raises LibraryError for what it cannot do."""
     import tempfile
 
     from codegen.compile import compile_many
@@ -239,17 +240,20 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
     with file_lock(path / ".lock"):
         try:
             Manifest.load(path, verify=False)
-            if not force:
-                return 0
             data = json.loads((path / "manifest.json").read_text())
+            todo = [key for key, k in data["kernels"].items() if force or not _intact(path, k)]
+            if not todo:
+                return 0
         except LibraryError:
             data = json.loads((path / "manifest.json").read_text()) \
                 if (path / "manifest.json").is_file() else None
             if not isinstance(data, dict) or not isinstance(data.get("schema"), int) \
                     or data["schema"] > SCHEMA or not isinstance(data.get("kernels"), dict):
                 raise
+            todo = list(data["kernels"])
         by_arch: dict[str, list] = {}
-        for k in data["kernels"].values():
+        for key in todo:
+            k = data["kernels"][key]
             by_arch.setdefault(k["arch"], []).append(config_from_name(k["name"]))
         with tempfile.TemporaryDirectory() as tmp:
             for arch, configs in by_arch.items():
@@ -265,4 +269,10 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
                              cubin_sha256=_sha256(path / k["cubin"]))
         data["schema"] = SCHEMA
         atomic_write_json(path / "manifest.json", data)
-    return sum(map(len, by_arch.values()))
+    return len(todo)
+
+
+def _intact(path: Path, kernel: dict) -> bool:
+    """Are a kernel's source and cubin there and as the manifest's sha256 says?"""
+    files = [(path / kernel[f], kernel.get(f"{f}_sha256")) for f in ("source", "cubin")]
+    return all(f.is_file() and _sha256(f) == sha for f, sha in files)
