@@ -13,7 +13,9 @@ Beside the plain fp32 entries of _library.build (BIG, SMALL), it holds:
   - bf16 NN, bf16 C, SiLU through the TMA-store epilogue (C's map in bf16, swizzled 64B;
     N a multiple of 8), and fp16 TT, fp16 C, fp32 bias through it with a cluster of 2;
   - fp16 TN (plain epilogue) with a cluster of 2: column-major A as TMA boxes of M;
-  - fp16 NT, fp16 C, wgmma split-K summed by the last slice (batch 1 and 3).
+  - fp16 NT, fp16 C, wgmma split-K summed by the last slice (batch 1 and 3);
+  - decode kernels: fp16 NT, fp16 C, bias + GELU, split-K across a cluster of 4 (its
+    shape compiled in), and fp16 NT, fp16 C, split-K by the last block, at one row.
 """
 
 import dataclasses
@@ -22,6 +24,7 @@ from pathlib import Path
 from _library import SMALL, build, entry
 from codegen import KernelConfig, compile_many
 from codegen.config import DEFAULT_WMMA, DType, Layout
+from codegen.families.decode import DecodeConfig
 from codegen.families.wgmma import WgmmaConfig
 
 _W128 = WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s4_x2_p1_g8")
@@ -74,6 +77,14 @@ def kernels() -> dict:
         "wgmma_nt_f16_split": (
             WgmmaConfig.from_name("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16"),
             [((16, 4096, 4096), 1, 40.0), ((64, 1024, 4096), 3, 30.0)]),
+        # the decode family: split-K across a cluster, and by the last block
+        "decode_nt_f16_bias_gelu_cluster": (
+            DecodeConfig(mt=16, bn=64, wk=4, wn=2, split=4, reduce="cluster", **nt16),
+            [((16, 4096, 4096), 1, 60.0)]),
+        "decode_nt_f16_last": (
+            DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=2, reduce="last",
+                         dtype=DType.F16, layout=Layout.NT, out=DType.F16),
+            [((1, 4096, 4096), 1, 2.0)]),
     }
 
 

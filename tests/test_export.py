@@ -129,7 +129,8 @@ def test_the_header_declares_the_variant_api(bundle):
     # what the bundle serves, one line per variant with its tuned shapes and batches
     assert f"Exported ({len(_variants(lib))} variants;" in h
     assert ("// f16 nt, f16 C, bias + gelu: 512x512x512, 512x512x512 x 8, 128x128x256, "
-            "1024x1024x1024 x 4, 2048x2048x2048 //") in h
+            "1024x1024x1024 x 4, 2048x2048x2048, 16x4096x4096 //") in h
+    assert "// f16 nt, f16 C: 16x4096x4096, 64x1024x4096 x 3, 1x4096x4096 //" in h
     assert "// f32 tn, bf16 C, fp32 bias + gelu_tanh: 256x384x512 //" in h
 
 
