@@ -248,6 +248,31 @@ class Named:
         return cls.NAME.read(cls, name)
 
 
+#: splits a cluster reduction takes: the blocks of a tile are one portable thread-block
+#: cluster (at most 8)
+CLUSTER_SPLITS = (2, 4, 8)
+
+
+def split_k_reasons(c, a: ArchLimits, splits: tuple, reduces: tuple) -> list[str]:
+    """Why config `c`'s split-K (its ``split`` slices and how their ``reduce`` sums them)
+    cannot be built for `a`, of a family that takes `splits` and `reduces`."""
+    why = []
+    if c.split not in splits:
+        why.append(f"split-K {c.split} is not one of {', '.join(map(str, splits))}")
+    if c.reduce not in reduces:
+        why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(reduces)}")
+    elif c.reduce == "cluster":
+        if c.split not in CLUSTER_SPLITS:
+            why.append(f"a cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} "
+                       f"slices (a portable cluster size), not {c.split}")
+        if a.cc < 90:
+            why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
+                       f"{a.sm} has none")
+    elif c.reduce == "last" and c.split == 1:
+        why.append("a last-block split-K needs a split of 2 or more, not 1")
+    return why
+
+
 class SplitK:
     """How a config with ``split`` K slices and a ``reduce`` mode ("pass", "last", ...)
     sums them, as the runner (tuner.runtime.runners.Runner) asks."""

@@ -31,8 +31,8 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape, SplitK, cdiv,
-    choice,
+    CLUSTER_SPLITS, EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape,
+    SplitK, cdiv, choice, split_k_reasons,
     epilogue_values, positive_sizes, shape_reasons as split_reasons, smem_reasons,
     threads_reasons, wants_split,
 )
@@ -51,9 +51,6 @@ FMA_ROWS = (1, 2, 4, 8)
 VECS = (4, 8)
 SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last", "cluster")
-#: splits a cluster reduction takes: the blocks of a tile are one portable thread-block
-#: cluster (at most 8)
-CLUSTER_SPLITS = (2, 4, 8)
 #: the most registers a thread may give its accumulators
 MAX_ACC_REGS = 64
 #: registers besides the accumulators, the rings and the per-load terms of
@@ -318,21 +315,7 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
 
 
 def _split_reasons(c: DecodeConfig, a: ArchLimits) -> list[str]:
-    why = []
-    if c.split not in SPLITS:
-        why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
-    if c.reduce not in REDUCES:
-        why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(REDUCES)}")
-    elif c.reduce == "last" and c.split == 1:
-        why.append("a last-block split-K needs a split of 2 or more, not 1")
-    elif c.reduce == "cluster":
-        if c.split not in CLUSTER_SPLITS:
-            why.append(f"a cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} "
-                       f"slices (a portable cluster size), not {c.split}")
-        if a.cc < 90:
-            why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
-                       f"{a.sm} has none")
-    return why
+    return split_k_reasons(c, a, SPLITS, REDUCES)
 
 
 def reduces(split: int, arch: ArchLimits) -> tuple[str, ...]:

@@ -13,8 +13,8 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, Serial, Shape, SplitK,
-    choice,
+    CLUSTER_SPLITS, EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, Serial,
+    Shape, SplitK, choice, split_k_reasons,
     epilogue_values, positive_sizes, shape_reasons,
     smem_reasons, stages_reasons, swizzle_reasons, threads_reasons, wants_split, widest,
 )
@@ -235,7 +235,6 @@ DEFAULT_CONFIG = KernelConfig()
 # ---- validation -----------------------------------------------------------------------
 SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last", "cluster")
-CLUSTER_SPLITS = (2, 4, 8)
 WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
 #: the main loop's interior paths (KernelConfig.interior)
 INTERIORS = (0, 1, 2)
@@ -347,21 +346,7 @@ def _loop_reasons(c: KernelConfig) -> list[str]:
 
 def _split_reasons(c: KernelConfig, a: ArchLimits) -> list[str]:
     """Why `c`'s split-K (the slices and how they are summed) cannot be built for `a`."""
-    why = []
-    if c.split not in SPLITS:
-        why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
-    if c.reduce not in REDUCES:
-        why.append(f"split-K reduce {c.reduce!r} is not one of {', '.join(REDUCES)}")
-    elif c.reduce == "cluster":
-        if c.split not in CLUSTER_SPLITS:
-            why.append(f"a cluster split-K takes {', '.join(map(str, CLUSTER_SPLITS))} "
-                       f"slices (a portable cluster size), not {c.split}")
-        if a.cc < 90:
-            why.append(f"a cluster split-K needs thread-block clusters (sm_90 or newer); "
-                       f"{a.sm} has none")
-    elif c.reduce == "last" and c.split == 1:
-        why.append("a last-block split-K needs a split of 2 or more, not 1")
-    return why
+    return split_k_reasons(c, a, SPLITS, REDUCES)
 
 
 def _swizzle_reasons(c: KernelConfig) -> list[str]:
