@@ -1948,3 +1948,21 @@ def test_split_k_source_and_runner_arguments(monkeypatch):
     assert packed[-1][-2:] == (0x100000, 0x200000)
     assert r.main.launches == [("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16",
                                 (128, 1, 1), (256, 1, 1))]
+
+
+def test_a_cluster_wider_than_the_m_tiles_is_not_searched():
+    """A cluster of 2 along M multicasts B to blocks of two M tiles; a problem of one M tile
+    leaves one block of every cluster idle (128x4096x4096 bf16 on the H200, B from DRAM:
+    30.0 us against 17.1 without the cluster, bench/results/decode-roof-m128-wgmma-*): the
+    search rejects it with the reason; with two M tiles or more, no such reason."""
+    from codegen.families.wgmma import problem_reasons, valid_configs
+
+    x2 = WgmmaConfig(bm=128, bn=64, consumers=1, cluster=2, stages=8, dtype=DType.BF16)
+    assert problem_reasons(x2, (128, 4096, 4096)) == [
+        "a cluster of 2 blocks along M (B multicast) needs as many M tiles; M=128 makes 1 of "
+        "128 rows, so 1 of each cluster's blocks would compute nothing"]
+    assert problem_reasons(x2, (129, 4096, 4096)) == []
+    assert problem_reasons(dataclasses.replace(x2, bm=64), (128, 4096, 4096)) == []
+    small = list(valid_configs("sm_90", DType.F16, (64, 4096, 4096)))
+    assert small and all(c.cluster <= -(-64 // c.bm) for c in small)
+    assert any(c.cluster == 2 for c in valid_configs("sm_90", DType.F16, (256, 4096, 4096)))

@@ -910,8 +910,8 @@ def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
 def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) -> list[str]:
     """Why the tuner's problem at `shape` (dense A and B stored as config.layout says,
     lda = K or M, ldb = N or K, in allocations aligned to 256 bytes) cannot be given to
-    `config` as TMA tensor maps; the search rejects such candidates before compiling them,
-    with these reasons.
+    `config` as TMA tensor maps, or would leave blocks of its clusters idle; the search
+    rejects such candidates before compiling them, with these reasons.
 
     Example:
         >>> problem_reasons(WgmmaConfig(), (4096, 4095, 4096))
@@ -927,6 +927,11 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
     if config.store:  # the tuner's C: ldc = N
         why += c_tma_reasons(n, 0, n, config.out)
     why = [f"TMA cannot describe the operands: {w}" for w in why]
+    tiles_m = -(-m // config.bm)
+    if config.cluster > tiles_m:  # measured at 128 rows: 30 us against 17 without the cluster
+        why.append(f"a cluster of {config.cluster} blocks along M (B multicast) needs as many "
+                   f"M tiles; M={m} makes {tiles_m} of {config.bm} rows, so "
+                   f"{config.cluster - tiles_m} of each cluster's blocks would compute nothing")
     return why
 
 
