@@ -373,13 +373,15 @@ BATCH_VARIANTS = [
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
 ]
 #: split-K (the last slice of a tile sums them): each layout, C type, one and two consumers,
-#: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones)
+#: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones),
+#: a ring of 7
 SPLITK_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16",
     "gemm_wgmma_bf16_64x64x64_c1_s4_x1_p0_g1_k16l_obf16_bias_silu",
     "gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_k2l_tn_biasf32_gelu",
     "gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_k8l_tt",
     "gemm_wgmma_f16_64x256x64_c1_s4_x1_p0_g8_k4l_nt_of16_bias_gelut",
+    "gemm_wgmma_bf16_128x64x64_c1_s7_x1_p1_g1_k2l_nt_obf16",
 )]
 #: odd shapes TMA takes (leading dimensions padded): M = 1, M and N below a tile, prime K
 #: ping-pong consumers (searched): tiles of 64 and 128 rows, N 64-256, both stores, a layout
