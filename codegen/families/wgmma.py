@@ -99,7 +99,7 @@ WGMMA_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
     "bk": (64,),
-    "stages": (2, 3, 4, 5, 6),
+    "stages": (2, 3, 4, 5, 6, 7, 8),
     "consumers": (1, 2),
     "cluster": (1, 2),
     "persistent": (0, 1),
@@ -847,11 +847,13 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 #: guided search times them late (tests/test_model.py's KNOWN_MISRANKED); the family's
 #: default (_default) is one of them, timed first.
 #: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
-#: three.
+#: three; it ends at eight, which only tiles of up to 24 KB a stage fit (128x64, 64x128):
+#: memory-bound problems want the deepest ring (8 stages ran 4-8% faster than 6 at 128x64
+#: with the weights read from DRAM, bench/NOTES.md, twenty-fifth session).
 SEARCH_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
-    "stages": (3, 4, 5, 6),
+    "stages": (3, 4, 5, 6, 7, 8),
     "consumers": (1, 2),
     "cluster": (1, 2),
     "persistent": (0, 1),
