@@ -1783,7 +1783,7 @@ def compiled_presplit(compile_cache):
 
 
 def test_the_presplit_set_holds_every_searched_tile():
-    assert len(_presplit_set()) == 17
+    assert len(_presplit_set()) == 16
 
 
 @pytest.mark.gpu
@@ -1892,8 +1892,8 @@ def test_split_k_is_searched_only_where_tiles_leave_sms_idle(monkeypatch):
     assert "wgmma_split" not in params_of(SPLIT_GOLDEN, (16, 4096, 4096), a)
     monkeypatch.setattr(wgmma, "SEARCH_SPLITS", SPLITS)
 
-    fixed = {f"wgmma_{k}": v for k, v in dict(bm=64, bn=128, stages=6, consumers=1, cluster=1,
-                                               persistent=1, group=1, store=0,
+    fixed = {f"wgmma_{k}": v for k, v in dict(bm=64, bn=128, stages_deep=6, consumers=1,
+                                               cluster=1, persistent=1, group=1, store=0,
                                                pingpong=0).items()}
     for shape, asked in (((16, 4096, 4096), True), ((4096, 4096, 4096), False)):
         trial = optuna.trial.FixedTrial({**fixed, "wgmma_split": 4})
@@ -1904,6 +1904,34 @@ def test_split_k_is_searched_only_where_tiles_leave_sms_idle(monkeypatch):
     decode = {c.split for c in valid_configs(a, DType.F16, (16, 4096, 4096))}
     assert decode == {1, 2, 4, 8, 16}
     assert all(c.split == 1 for c in valid_configs(a, DType.TF32, (16, 4096, 4096)))
+
+
+def test_small_two_byte_tiles_ask_rings_of_up_to_eight_stages():
+    """Tiles of up to 24 KB a stage (64x64, 128x64, 64x128) ask their ring under a parameter
+    of its own, 3-8 stages; every other tile and fp32 data ask 3-6 under "wgmma_stages";
+    the grid holds both, and a deep ring never where check would refuse it."""
+    import optuna
+
+    from codegen.arch import parse_arch
+    from codegen.families.wgmma import DEEP_STAGES, SEARCH_SPACE, params_of, suggest, valid_configs
+
+    a = parse_arch("sm_90")
+    shape = (128, 4096, 4096)
+    grid = list(valid_configs(a, DType.BF16, shape))
+    rings = {}
+    for c in grid:
+        rings.setdefault((c.bm, c.bn), set()).add(c.stages)
+    assert rings[(128, 64)] == rings[(64, 128)] == rings[(64, 64)] == set(DEEP_STAGES)
+    assert all(max(r) <= SEARCH_SPACE["stages"][-1] for t, r in rings.items() if sum(t) > 192)
+    for c in grid:
+        p = params_of(c, shape, a)
+        deep = c.bm + c.bn <= 192
+        assert ("wgmma_stages_deep" in p) is deep and ("wgmma_stages" in p) is not deep, c.name
+        assert suggest(optuna.trial.FixedTrial(p), DType.BF16, shape, a) == c
+    f32 = list(valid_configs(a, DType.F32, (4096, 4096, 4096)))
+    assert f32 and all(c.stages <= 6 and "wgmma_stages" in params_of(c, (4096,) * 3, a)
+                       for c in f32)
+
 
 
 def test_split_k_golden_source():

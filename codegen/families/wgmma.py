@@ -847,13 +847,11 @@ def sample_wgmma_tf32(n: int = 6, seed: int = 14, arch: str = "sm_90") -> list[W
 #: guided search times them late (tests/test_model.py's KNOWN_MISRANKED); the family's
 #: default (_default) is one of them, timed first.
 #: Two stages never keep the tensor cores fed (one TMA in flight), so the ring starts at
-#: three; it ends at eight, which only tiles of up to 24 KB a stage fit (128x64, 64x128):
-#: memory-bound problems want the deepest ring (8 stages ran 4-8% faster than 6 at 128x64
-#: with the weights read from DRAM, bench/NOTES.md, twenty-fifth session).
+#: three.
 SEARCH_SPACE: dict[str, tuple] = {
     "bm": (64, 128, 256),
     "bn": (64, 128, 192, 256),
-    "stages": (3, 4, 5, 6, 7, 8),
+    "stages": (3, 4, 5, 6),
     "consumers": (1, 2),
     "cluster": (1, 2),
     "persistent": (0, 1),
@@ -863,6 +861,13 @@ SEARCH_SPACE: dict[str, tuple] = {
 #: fp16 / bf16 data also chooses the consumers' arrangement: cooperative (0) or ping-pong
 #: (1; fp32 data has no ping-pong: check_wgmma)
 TWO_BYTE_SEARCH: dict[str, tuple] = {"pingpong": (0, 1)}
+#: fp16 / bf16 tiles of up to 24 KB a stage (BM + BN <= 192: 64x64, 128x64, 64x128) ask their
+#: ring from DEEP_STAGES, under a parameter of its own ("wgmma_stages_deep": Optuna's
+#: categorical parameters keep their choices), so no other tile is asked a ring it cannot
+#: fit: memory-bound problems want the deepest ring (8 stages ran 4-8% faster than 6 at
+#: 128x64 with the weights read from DRAM, bench/NOTES.md, twenty-fifth session)
+DEEP_STAGES = (3, 4, 5, 6, 7, 8)
+DEEP_TILE = 192
 #: fp32 data also chooses between the in-loop conversion and the pre-pass: tf32 (the pre-pass
 #: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
 #: bench/results/wgmma-probe-prep-h200-2026-12-01.json), and 3xTF32's split mode (in-loop,
@@ -890,11 +895,24 @@ def _splits_wanted(c: WgmmaConfig, shape, arch: ArchLimits | None) -> bool:
             and not c.fp32_data and wants_split(c, shape, arch))
 
 
+def _stages_param(dtype: DType, bm: int, bn: int) -> tuple[str, tuple]:
+    """The trial parameter of a tile's ring and its values (DEEP_STAGES for small fp16 /
+    bf16 tiles)."""
+    if dtype not in FP32_DATA and bm + bn <= DEEP_TILE:
+        return "wgmma_stages_deep", DEEP_STAGES
+    return "wgmma_stages", SEARCH_SPACE["stages"]
+
+
 def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> WgmmaConfig:
-    """Ask a trial (anything with Optuna's suggest_categorical) for one point; split-K
-    ("wgmma_split") only where it can help."""
-    c = _point(dtype, **{k: trial.suggest_categorical(f"wgmma_{k}", values)
-                         for k, values in _searched(dtype).items()})
+    """Ask a trial (anything with Optuna's suggest_categorical) for one point; the ring
+    after the tile (_stages_param); split-K ("wgmma_split") only where it can help."""
+    params = {}
+    for k, values in _searched(dtype).items():  # (BM and BN come before the ring)
+        name = f"wgmma_{k}"
+        if k == "stages":
+            name, values = _stages_param(dtype, params["bm"], params["bn"])
+        params[k] = trial.suggest_categorical(name, values)
+    c = _point(dtype, **params)
     if _splits_wanted(c, shape, arch):
         c = dataclasses.replace(c, split=trial.suggest_categorical("wgmma_split",
                                                                    SEARCH_SPLITS))
@@ -903,7 +921,9 @@ def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> 
 
 def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config`."""
-    p = {f"wgmma_{k}": getattr(config, k) for k in _searched(config.dtype)}
+    deep = _stages_param(config.dtype, config.bm, config.bn)[0]
+    p = {deep if k == "stages" else f"wgmma_{k}": getattr(config, k)
+         for k in _searched(config.dtype)}
     if _splits_wanted(config, shape, arch):
         p["wgmma_split"] = config.split
     return p
@@ -939,19 +959,25 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
 
 def valid_configs(arch, dtype: DType, shape=None):
     """Every searched point that `check_wgmma` (and, given a shape, `problem_reasons` and
-    the split-K rules) accepts for `arch`, in grid order; split-K variants where the shape's
-    tiles leave SMs idle."""
+    the split-K rules) accepts for `arch`, in grid order (a small tile's deeper rings after
+    its last shallow one); split-K variants where the shape's tiles leave SMs idle."""
     import itertools
 
     arch = parse_arch(arch)
     space = _searched(dtype)
     for vals in itertools.product(*space.values()):
-        base = _point(dtype, **dict(zip(space, vals)))
-        for split in SEARCH_SPLITS if _splits_wanted(base, shape, arch) else (1,):
-            c = dataclasses.replace(base, split=split)
-            if not check_wgmma(c, arch) and (shape is None or not (
-                    problem_reasons(c, shape, arch) or split_reasons(c, shape, arch))):
-                yield c
+        params = dict(zip(space, vals))
+        rings = [params["stages"]]
+        if params["stages"] == space["stages"][-1]:
+            rings += [s for s in _stages_param(dtype, params["bm"], params["bn"])[1]
+                      if s > params["stages"]]
+        for ring in rings:
+            base = _point(dtype, **{**params, "stages": ring})
+            for split in SEARCH_SPLITS if _splits_wanted(base, shape, arch) else (1,):
+                c = dataclasses.replace(base, split=split)
+                if not check_wgmma(c, arch) and (shape is None or not (
+                        problem_reasons(c, shape, arch) or split_reasons(c, shape, arch))):
+                    yield c
 
 
 def _default(dtype: DType) -> WgmmaConfig:
