@@ -406,14 +406,16 @@ gemm_simt_f32_16x32x16_r4x4_w4x8_p4_v4_s2_g8_k32l(int M, int N, int K, float alp
     // tile; the block holding the last ticket sums the SPLIT partial tiles in order
     // z = 0..SPLIT-1 (deterministic) into C with alpha and beta, and resets the counter.
     unsigned* const is_last = reinterpret_cast<unsigned*>(smem);  // the buffers are free now
-    __threadfence();  // this thread's partial tile is visible to the whole GPU ...
-    __syncthreads();  // ... before any thread of the block takes the ticket
-    if (tid == 0)
+    __syncthreads();  // every thread's partial tile stored: one thread publishes them all
+    if (tid == 0) {
+        __threadfence();  // (cumulative: it covers the stores the barrier ordered before it)
         *is_last = atomicAdd(&tickets[bid], 1u) == SPLIT - 1;
+        if (*is_last)
+            __threadfence();  // the other blocks' tiles are seen by the block after the barrier
+    }
     __syncthreads();
     if (!*is_last)
         return;
-    __threadfence();  // pairs with the other blocks' fences: their tiles are seen
     // RM x RN elements per thread; 4 of them (4 x SPLIT loads) in flight at a time.
     const size_t mn = static_cast<size_t>(M) * N;
 #pragma unroll 4

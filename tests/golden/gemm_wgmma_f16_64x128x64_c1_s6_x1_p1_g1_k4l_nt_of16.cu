@@ -567,17 +567,25 @@ gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16(const __grid_constant__ CUte
                 float* const wt = Wk + static_cast<size_t>(bt) * KSPLIT * mn;
                 const bool w_pair = N % 2 == 0;  // every slice's rows start 8-byte aligned
                 split_tile(acc, wt + (t % KSPLIT) * mn, m0 + row0, n0, M, N, w_pair, -1, 0);
-                __threadfence();  // the partial tile is seen by the GPU before the ticket
+                // Once every consumer has stored its share (the barrier), one thread publishes
+                // the tile with one fence (cumulative: it covers what the barrier ordered
+                // before it) and takes the ticket; the last slice's thread fences again before
+                // its consumers read the other slices' tiles (the acquire). One fence a slice,
+                // not one a thread.
                 split_sync();
                 // the flag in the ping-pong order barrier's word (split-K has no ping-pong)
                 volatile uint32_t* const last_flag = reinterpret_cast<volatile uint32_t*>(
                     smem_raw + (bars + 16u * STAGES - smem_u32(smem_raw)));
-                if (tid == 128)
-                    *last_flag = atomicAdd(&tickets[tile], 1u) == KSPLIT - 1;
+                if (tid == 128) {
+                    __threadfence();
+                    const bool last = atomicAdd(&tickets[tile], 1u) == KSPLIT - 1;
+                    if (last)
+                        __threadfence();
+                    *last_flag = last;
+                }
                 split_sync();
                 if (!*last_flag)
                     continue;
-                __threadfence();  // pairs with the other slices' fences: their tiles are seen
 #pragma unroll
                 for (int i = 0; i < M_WGMMAS; ++i) {
 #pragma unroll
