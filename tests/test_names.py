@@ -128,7 +128,8 @@ PARAMETERS = {
                           "swizzle", "swz", "interior"],
     ("wmma", DType.F16): ["wmma_bm", "wmma_bn", "wmma_bk", "wmma_wm", "wmma_wn", "wmma_stages",
                           "wmma_swizzle", "wmma_skew_bytes"],
-    ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",
+    # (the first valid wgmma point is a 64x64 tile: its ring is asked as "wgmma_stages_deep")
+    ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages_deep", "wgmma_consumers",
                            "wgmma_cluster", "wgmma_persistent", "wgmma_group", "wgmma_store",
                            "wgmma_pingpong"],
     ("wgmma", DType.TF32): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",
@@ -154,3 +155,6 @@ def test_search_parameter_names_are_pinned(family, dtype):
         small = KernelConfig(dtype=dtype, split=2, reduce="cluster")
         assert list(spec.params_of(small, (128, 128, 8192), arch))[-2:] == ["split",
                                                                            "split_reduce"]
+    if family == "wgmma" and dtype is DType.F16:  # a tile of more than 24 KB a stage
+        large = dataclasses.replace(c, bm=128, bn=256, stages=4)
+        assert list(spec.params_of(large, (8192, 8192, 8192), arch))[2] == "wgmma_stages"
