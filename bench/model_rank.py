@@ -6,6 +6,7 @@ model, replaying recorded timings (no GPU).
     python bench/model_rank.py                 # rho per study + margin evidence -> JSON
     python bench/model_rank.py --calibrate     # coordinate search over the model's constants
     python bench/model_rank.py --simulate      # + trials-to-2% on the exhaustive records
+    python bench/model_rank.py --dtype f16 --by-kind   # measured / predicted per kind of kernel
 
 The recorded data (bench/_recorded.py): the Optuna studies in artifacts/studies.db (TPE,
 about 150 candidates each, on the H200) and the exhaustive grids of
@@ -98,6 +99,31 @@ def margin_evidence(prepared) -> list[dict]:
     return out
 
 
+def kind_of(c) -> str:
+    """A wgmma kernel's kind for by_kind: its tile and its consumers (c1, cooperative c2,
+    ping-pong pp); other families by family and tile."""
+    if getattr(c, "consumers", None) is None:
+        return f"{c.family.value} {c.bm}x{c.bn}"
+    return f"{c.bm}x{c.bn} " + ("pp" if c.pingpong else f"c{c.consumers}")
+
+
+def by_kind(prepared) -> list[dict]:
+    """Per study: measured over predicted TFLOP/s, median and range, for each kind of
+    kernel (kind_of), slowest against the model first: where the model's error is not
+    uniform, it misranks one kind against another."""
+    out = []
+    for s, rows in prepared:
+        kinds: dict[str, list[float]] = {}
+        for c, occ, _, tflops in rows:
+            kinds.setdefault(kind_of(c), []).append(
+                tflops / model.predict(c, s.shape, ARCH, occ).tflops)
+        out.append(dict(study=s.name, shape="x".join(map(str, s.shape)), kinds=[
+            dict(kind=k, n=len(v), median=round(statistics.median(v), 3),
+                 low=round(min(v), 3), high=round(max(v), 3))
+            for k, v in sorted(kinds.items(), key=lambda kv: statistics.median(kv[1]))]))
+    return out
+
+
 def calibrate(prepared, passes: int = 2) -> dict:
     """Coordinate search over TUNED, maximising the mean rho of the studies (each study
     one vote, exhaustive or not)."""
@@ -156,6 +182,8 @@ def main() -> None:
                     help="write the studies of --studies-db to JSON (bench/results/"
                          "tune-studies-*.json, which later runs read) and go on")
     ap.add_argument("--commit", default=None, help="the commit the saved studies were tuned at")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="print measured / predicted per kind of kernel (tile, consumers)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
 
@@ -191,6 +219,13 @@ def main() -> None:
         print(f"{r['shape']:>16} near-best best/pred max {r['near_best_max_ratio']}, "
               f"first within 2% at {r['first_near_in_model_order']} in the model's order, "
               f"pruned at margins {r['pruned_share']}")
+    data["by_kind"] = by_kind(prepared)
+    if args.by_kind:
+        for r in data["by_kind"]:
+            print(f"{r['shape']:>16} {r['study']}: measured / predicted")
+            for k in r["kinds"]:
+                print(f"    {k['kind']:<14} n={k['n']:3d} median {k['median']:.3f} "
+                      f"({k['low']:.2f}-{k['high']:.2f})")
     if args.simulate:
         from simulate_search import trials_to_within
 
