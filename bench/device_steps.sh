@@ -48,6 +48,8 @@
 #             $AB_ARGS, e.g. --sustained 2: back to back at the power cap)
 #   kprofile  bench/kernel_profile.py $KPROFILE_ARGS (kernels beside cuBLAS and torch under
 #             sustained load, SM clock and power sampled; --ncu: Nsight Compute's sections)
+#   flush     bench/flush_effect.py $FLUSH_ARGS (torch.matmul timed after each L2 preparation:
+#             the tuner's memset, a clean read, W rotated beyond L2)
 #   overlap   bench/launch_overlap.py $OVERLAP_ARGS (small GEMMs back to back, with and without
 #             programmatic dependent launch)
 #   sanitize  bench/sanitize.py (compute-sanitizer on a sample; $SANITIZE_ARGS)
@@ -201,6 +203,9 @@ PY
     kprofile)
       timeout ${KPROFILE_TIMEOUT:-400} python3 bench/kernel_profile.py --out "$OUT" \
         ${KPROFILE_ARGS:?KPROFILE_ARGS: --pair SHAPE KERNEL ...} 2>&1 | grep -v Warning | tail -40 ;;
+    flush)
+      timeout ${FLUSH_TIMEOUT:-200} python3 bench/flush_effect.py --out "$OUT" ${FLUSH_ARGS:-} \
+        2>&1 | tail -12 ;;
     overlap)
       timeout ${OVERLAP_TIMEOUT:-200} python3 bench/launch_overlap.py --out "$OUT" ${OVERLAP_ARGS:-} \
         2>&1 | tee "$OUT/launch-overlap.log" | tail -12 ;;

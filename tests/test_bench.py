@@ -119,5 +119,13 @@ def test_the_reference_and_error_kernels_compile(tmp_path):
                          flags=("-O3", "-Xptxas=-v"))
     assert res.ok, res.error
     for kernel in ("gemm_tune_squared_error_f32", "gemm_tune_squared_error_f16",
-                   "gemm_tune_squared_error_bf16", "gemm_tune_epilogue_ref"):
+                   "gemm_tune_squared_error_bf16", "gemm_tune_epilogue_ref", "gemm_tune_l2_read"):
         assert kernel in res.log
+    # L2Flush's read keeps its loads (16 bytes each, through the L2) and writes nothing but
+    # its guarded sink: no store in its loop
+    from codegen.sass import disassemble, functions
+
+    code = functions(disassemble(res.cubin))["gemm_tune_l2_read"]
+    ops = [i.opcode for i in code]
+    assert any(op.startswith("LDG.E.128") for op in ops), ops
+    assert sum(op.startswith("STG") for op in ops) == 1, ops

@@ -1,0 +1,104 @@
+"""What the L2 flush does to a timing: torch.matmul (cuBLAS) timed, CUDA events around each
+call, after each of four preparations, turn about, on the GPU.
+
+    python3 bench/flush_effect.py [--shapes MxNxK,...] [--reps 50] [--rounds 3] [--out DIR]
+
+- memset: a buffer of twice the L2 written before each call (tuner.bench.L2Flush: what the
+  tuner does); the L2 is left full of dirty lines, which the call's reads evict (write-backs
+  beside its reads);
+- memset+read: the same, then another buffer of twice the L2 read (its lines clean);
+- read: that read alone;
+- rotate: no flush; W taken from as many copies as make at least 3x the L2, a different
+  one each call (bench/decode_roof.py's way, and the first use's: a model reads its weights
+  from DRAM).
+
+Each call is y = x @ W.t() (W stored N x K, as nn.Linear keeps it), bf16 in and out, a batch
+of --reps enqueued behind a sleep kernel (no call waits on the host). Reported
+per shape: each preparation's median microseconds (median of the rounds' medians) and its
+ratio to rotate's. JSON under --out (default bench/results/) named flush-effect-<gpu>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from _common import commit, write  # noqa: E402
+
+SHAPES = "128x4096x4096,16x14336x4096,64x4096x14336,1x8192x28672,4096x4096x4096"
+METHODS = ("memset", "memset+read", "read", "rotate")
+#: GPU clocks of sleep per call of a batch: longer than the host takes to enqueue one
+SLEEP_CYCLES_PER_CALL = 100_000
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args(argv)
+    try:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        if any(len(s) != 3 or min(s) < 1 for s in shapes) or args.reps < 1 or args.rounds < 1:
+            raise ValueError
+    except ValueError:
+        print("flush_effect: --shapes MxNxK,... with sides >= 1; --reps, --rounds >= 1",
+              file=sys.stderr)
+        return 2
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    l2 = props.L2_cache_size
+    dirty = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    clean = torch.ones(2 * l2, dtype=torch.uint8, device="cuda")
+    prepare = {"memset": lambda: dirty.zero_(),
+               "memset+read": lambda: (dirty.zero_(), clean.sum()),
+               "read": lambda: clean.sum(),
+               "rotate": lambda: None}
+    doc = dict(benchmark="flush-effect", gpu=torch.cuda.get_device_name(0),
+               torch=torch.__version__, commit=commit(), l2_bytes=l2, reps=args.reps,
+               rounds=args.rounds, method=__doc__,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               rows=[])
+    for m, n, k in shapes:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        copies = max(2, math.ceil(3 * l2 / (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        times = {name: [] for name in METHODS}
+        for _ in range(args.rounds):
+            for name in METHODS:
+                events = [(torch.cuda.Event(enable_timing=True),
+                           torch.cuda.Event(enable_timing=True)) for _ in range(args.reps)]
+                # the GPU held while the host enqueues the batch (some 25 us of host time a
+                # call), so that no call waits on the host between its events
+                torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * args.reps)
+                for i, (start, end) in enumerate(events):
+                    prepare[name]()
+                    w = ws[i % copies] if name == "rotate" else ws[0]
+                    start.record()
+                    torch.matmul(x, w.t(), out=y)
+                    end.record()
+                torch.cuda.synchronize()
+                times[name].append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in events))
+        us = {name: round(statistics.median(v), 2) for name, v in times.items()}
+        row = dict(shape=[m, n, k], w_copies=copies, us=us, rounds_us=times,
+                   vs_rotate={name: round(us[name] / us["rotate"], 3) for name in METHODS})
+        doc["rows"].append(row)
+        print(f"{m}x{n}x{k}: " + "  ".join(f"{name} {us[name]:.2f} us ({row['vs_rotate'][name]:.3f})"
+                                           for name in METHODS), flush=True)
+    print(write("flush-effect", doc, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
