@@ -281,7 +281,9 @@ def _dram_reads(c: Config, shape, arch: ArchLimits, resident: int) -> float:
     l2 = L2_BYTES.get(arch.cc, 40 << 20)
     if once <= l2 / 2 or tm * tn <= resident:
         return once
-    g = max(getattr(c, "swizzle", 1), 1)
+    # tile rows per rasterisation group: the CUDA-core and WMMA families' swizzle; wgmma's
+    # group counts cluster tiles (a cluster's blocks are adjacent along M)
+    g = max(getattr(c, "swizzle", None) or getattr(c, "group", 1) * getattr(c, "cluster", 1), 1)
     p = min(resident, tm * tn)
     if p <= g * tn:
         rows, cols = min(g, tm), min(_cdiv(p, g), tn)
