@@ -1939,6 +1939,24 @@ def test_split_k_golden_source():
     rendered_as_golden(SPLIT_GOLDEN)
 
 
+def test_split_k_sass_loads_a_row_of_partial_sums_before_adding_them(compile_cache):
+    """The last slice's sum reads the other slices' partial tiles from L2: a row's BN/8
+    float2 loads must all be in flight before the first add that uses one. With the column
+    tests between them (before 56926bf), ptxas issued each load after the add before it,
+    one L2 round trip a float2 (a 128x64 tile's sum of two slices took some 13 us on the
+    H200). Counted in the SASS: the longest run of 64-bit L2 loads with no FADD between."""
+    for c in (SPLIT_GOLDEN, WgmmaConfig.from_name("gemm_wgmma_bf16_128x64x64_c1_s8_x1_p1_g1_k2l_nt_obf16")):
+        main = _function_sass(_sass(c, compile_cache), c.name)
+        run = longest = 0
+        for line in main.splitlines():
+            if re.search(r"\bLDG\.E\.64\.STRONG\.GPU\b", line):
+                run += 1
+                longest = max(longest, run)
+            elif re.search(r"\bFADD\b", line):
+                run = 0
+        assert longest >= c.bn // 8, (c.name, longest)
+
+
 def test_split_k_source_and_runner_arguments(monkeypatch):
     """The kernel takes the workspace and the tickets after the scalars; the runner passes a
     per-stream workspace of split x M x N floats and zeroed tickets, a counter per tile."""
