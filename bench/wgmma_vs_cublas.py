@@ -8,7 +8,7 @@ fp16 and bf16 at 4096^3, 8192^3, 8192x8192x1024, 4096x14336x4096 and 16384x1024x
 in the input type (2-byte C, as torch.matmul writes it). Three interleaved rounds: each
 round times every candidate, torch.matmul and Triton once more, turn about, so all figures
 of a shape come from the same minutes. Each timing: CUDA events around one launch, the L2
-flushed before each repetition (a buffer of four times its size written: the flush also
+flushed before each repetition (a buffer of four times its size read: the flush also
 gives the host time to enqueue the launch, so a runner's Python overhead stays off its
 time), repetitions to ~40 ms.
 
@@ -107,7 +107,14 @@ class Timer:
     def __init__(self, torch):
         self.torch = torch
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        self.flush_buf = torch.empty(max(4 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+        self.flush_buf = torch.zeros(max(4 * l2, 1 << 20) // 4, dtype=torch.int32, device="cuda")
+
+    def flush(self) -> None:
+        """Evict the L2 by reading a buffer of four times its size, which leaves its lines
+        clean (tuner.bench.L2Flush's way). A memset (this Timer's flush until 2026-12-04) left
+        them dirty, and a memory-bound call then paid their write-backs: cuBLAS 1.08x-1.24x
+        slower than with its weights rotated beyond the L2 (bench/flush_effect.py)."""
+        self.flush_buf.sum()
 
     def __call__(self, fn) -> list[float]:
         torch = self.torch
@@ -122,7 +129,7 @@ class Timer:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for s, e in zip(starts, ends):
-            self.flush_buf.zero_()
+            self.flush()
             s.record()
             fn()
             e.record()
@@ -145,7 +152,7 @@ class Timer:
         events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
         for ev in events:
             for (s, e), fn in zip((ev[:2], ev[2:]), (fa, fb)):
-                self.flush_buf.zero_()
+                self.flush()
                 s.record()
                 fn()
                 e.record()
