@@ -508,16 +508,19 @@ gemm_decode_bf16_fma1x64_w4x2_v8_s3_k4l_obf16(int M, int N, int K, float alpha,
     // ticket sums the SPLIT partial tiles in order z = 0..SPLIT-1 (deterministic) into C
     // with alpha, beta, the bias and the activation, and resets the counter. Uses M, N,
     // alpha, beta, C, ldc, bias, W, tickets (this problem's), m0, n0, SPLIT and THREADS.
-    // One thread fences for the block: after the barrier, its fence covers every thread's
-    // stores (cumulativity); the last block's thread fences again before the barrier that
-    // lets the block read the other blocks' tiles.
     __shared__ unsigned is_last;
+    // Split-K's ticket: once every thread has stored its partial tile (the
+    // barrier), one thread publishes them with one fence (cumulative: it covers
+    // what the barrier ordered before it) and takes a ticket of SPLIT; the
+    // holder of the last fences again (the acquire) before the barrier lets its
+    // threads read the others' tiles. One fence a block, not one a thread.
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        is_last = atomicAdd(&tickets[blockIdx.x], 1u) == SPLIT - 1;
-        if (is_last)
+        const bool last = atomicAdd(&tickets[blockIdx.x], 1u) == SPLIT - 1;
+        if (last)
             __threadfence();
+        is_last = last;
     }
     __syncthreads();
     if (!is_last)

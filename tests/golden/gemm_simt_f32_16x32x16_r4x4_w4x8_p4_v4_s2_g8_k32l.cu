@@ -406,12 +406,18 @@ gemm_simt_f32_16x32x16_r4x4_w4x8_p4_v4_s2_g8_k32l(int M, int N, int K, float alp
     // tile; the block holding the last ticket sums the SPLIT partial tiles in order
     // z = 0..SPLIT-1 (deterministic) into C with alpha and beta, and resets the counter.
     unsigned* const is_last = reinterpret_cast<unsigned*>(smem);  // the buffers are free now
-    __syncthreads();  // every thread's partial tile stored: one thread publishes them all
+    // Split-K's ticket: once every thread has stored its partial tile (the
+    // barrier), one thread publishes them with one fence (cumulative: it covers
+    // what the barrier ordered before it) and takes a ticket of SPLIT; the
+    // holder of the last fences again (the acquire) before the barrier lets its
+    // threads read the others' tiles. One fence a block, not one a thread.
+    __syncthreads();
     if (tid == 0) {
-        __threadfence();  // (cumulative: it covers the stores the barrier ordered before it)
-        *is_last = atomicAdd(&tickets[bid], 1u) == SPLIT - 1;
-        if (*is_last)
-            __threadfence();  // the other blocks' tiles are seen by the block after the barrier
+        __threadfence();
+        const bool last = atomicAdd(&tickets[bid], 1u) == SPLIT - 1;
+        if (last)
+            __threadfence();
+        *is_last = last;
     }
     __syncthreads();
     if (!*is_last)

@@ -567,15 +567,15 @@ gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16(const __grid_constant__ CUte
                 float* const wt = Wk + static_cast<size_t>(bt) * KSPLIT * mn;
                 const bool w_pair = N % 2 == 0;  // every slice's rows start 8-byte aligned
                 split_tile(acc, wt + (t % KSPLIT) * mn, m0 + row0, n0, M, N, w_pair, -1, 0);
-                // Once every consumer has stored its share (the barrier), one thread publishes
-                // the tile with one fence (cumulative: it covers what the barrier ordered
-                // before it) and takes the ticket; the last slice's thread fences again before
-                // its consumers read the other slices' tiles (the acquire). One fence a slice,
-                // not one a thread.
-                split_sync();
                 // the flag in the ping-pong order barrier's word (split-K has no ping-pong)
                 volatile uint32_t* const last_flag = reinterpret_cast<volatile uint32_t*>(
                     smem_raw + (bars + 16u * STAGES - smem_u32(smem_raw)));
+                // Split-K's ticket: once every thread has stored its partial tile (the
+                // barrier), one thread publishes them with one fence (cumulative: it covers
+                // what the barrier ordered before it) and takes a ticket of KSPLIT; the
+                // holder of the last fences again (the acquire) before the barrier lets its
+                // threads read the others' tiles. One fence a block, not one a thread.
+                split_sync();
                 if (tid == 128) {
                     __threadfence();
                     const bool last = atomicAdd(&tickets[tile], 1u) == KSPLIT - 1;
