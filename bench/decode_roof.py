@@ -132,17 +132,21 @@ def _tdt(torch, dtype: DType):
 
 class Timer:
     """Per-call GPU times of `fn(i)` (i: the call's index), the GPU held by a sleep kernel
-    while a batch is enqueued."""
+    while a batch is enqueued; `before(i)`, if given, runs ahead of each call, outside its
+    events (bench/flush_effect.py: an L2 flush)."""
 
     def __init__(self, torch):
         self.torch = torch
 
-    def batch(self, fn, calls: int = CALLS) -> list[float]:
+    def batch(self, fn, calls: int = CALLS, before=None) -> list[float]:
         torch = self.torch
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-        torch.cuda._sleep(5_000_000)  # ~2.5 ms: longer than enqueueing the batch
+        # ~2.5 ms (50 us a call beyond 50 calls): longer than enqueueing the batch
+        torch.cuda._sleep(max(5_000_000, 100_000 * calls))
         for i, (s, e) in enumerate(zip(starts, ends)):
+            if before is not None:
+                before(i)
             s.record()
             fn(i)
             e.record()

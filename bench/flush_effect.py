@@ -32,11 +32,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from _common import commit, write  # noqa: E402
+from decode_roof import Timer  # noqa: E402
 
 SHAPES = "128x4096x4096,16x14336x4096,64x4096x14336,1x8192x28672,4096x4096x4096"
 METHODS = ("memset", "memset+read", "read", "rotate")
-#: GPU clocks of sleep per call of a batch: longer than the host takes to enqueue one
-SLEEP_CYCLES_PER_CALL = 100_000
 
 
 def main(argv=None) -> int:
@@ -60,6 +59,7 @@ def main(argv=None) -> int:
     l2 = props.L2_cache_size
     dirty = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
     clean = torch.ones(2 * l2, dtype=torch.uint8, device="cuda")
+    timer = Timer(torch)  # (bench/decode_roof.py's: a batch enqueued behind a sleep kernel)
     prepare = {"memset": lambda: dirty.zero_(),
                "memset+read": lambda: (dirty.zero_(), clean.sum()),
                "read": lambda: clean.sum(),
@@ -77,19 +77,10 @@ def main(argv=None) -> int:
         times = {name: [] for name in METHODS}
         for _ in range(args.rounds):
             for name in METHODS:
-                events = [(torch.cuda.Event(enable_timing=True),
-                           torch.cuda.Event(enable_timing=True)) for _ in range(args.reps)]
-                # the GPU held while the host enqueues the batch (some 25 us of host time a
-                # call), so that no call waits on the host between its events
-                torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * args.reps)
-                for i, (start, end) in enumerate(events):
-                    prepare[name]()
-                    w = ws[i % copies] if name == "rotate" else ws[0]
-                    start.record()
-                    torch.matmul(x, w.t(), out=y)
-                    end.record()
-                torch.cuda.synchronize()
-                times[name].append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in events))
+                w_of = (lambda i: ws[i % copies]) if name == "rotate" else (lambda i: ws[0])
+                us = timer.batch(lambda i: torch.matmul(x, w_of(i).t(), out=y), args.reps,
+                                 before=lambda i: prepare[name]())
+                times[name].append(statistics.median(us))
         us = {name: round(statistics.median(v), 2) for name, v in times.items()}
         row = dict(shape=[m, n, k], w_copies=copies, us=us, rounds_us=times,
                    vs_rotate={name: round(us[name] / us["rotate"], 3) for name in METHODS})
