@@ -15,6 +15,14 @@ stream: the GPU's time alone, back to back):
   ours, no pdl   the same cubin launched with cuLaunchKernel (its wait then a no-op)
   cublas         cuBLAS (tuner.bench's baseline: the GEMM alone, without bias or activation)
   torch          F.linear(x, W, bias) and the activation (NT), or torch.matmul
+Then each call alone, as a benchmark's timer and a program's forward see it:
+  isolated       CUDA events around one call after the L2 is evicted by a read
+                 (bench/wgmma_vs_cublas.Timer, the per-GEMM timer of model_gemms.py and
+                 layouts_epilogues.py), median of its repetitions
+  kernel         the same calls' kernels' own durations (CUPTI through torch.profiler, the
+                 flush's kernels left out): what is left of `isolated` is launch latency
+  after sleep    one call after a kernel that only waits (torch.cuda._sleep, some 25 us:
+                 the host runs ahead, nothing is evicted, the L2 warm)
 Each kernel is checked against float64 first (tuner.bench's gate, through its runner).
 Writes launch-overlap-<gpu>-<date>.json under --out (default bench/results).
 
@@ -79,21 +87,59 @@ def torch_linear(cfg, shape):
     return lambda: act(F.linear(x, w, b))
 
 
+def one_call(timer, fn, reps: int = 50) -> dict:
+    """us per call of `fn` timed alone (the docstring's isolated, kernel, after sleep)."""
+    import copy
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(body) -> dict:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            body()
+            torch.cuda.synchronize()
+        out = {}
+        for a in prof.key_averages():
+            t = getattr(a, "device_time_total", None) or getattr(a, "cuda_time_total", 0.0)
+            if t:
+                out[a.key] = (a.count, t)
+        return out
+
+    flush_names = set(kernels(lambda: [timer.flush() for _ in range(3)]))
+
+    def flushed_calls():
+        for _ in range(reps):
+            timer.flush()
+            fn()
+
+    ours = {k: v for k, v in kernels(flushed_calls).items() if k not in flush_names}
+    warm = copy.copy(timer)
+    warm.flush = lambda: torch.cuda._sleep(50_000)
+    return dict(isolated=round(statistics.median(timer(fn)) * 1e3, 2),
+                kernel=round(sum(t for _, t in ours.values()) / reps, 2),
+                after_sleep=round(statistics.median(warm(fn)) * 1e3, 2),
+                kernels=sorted(ours))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default=str(HERE / "pairs" / "small-gemms.txt"))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
+    import torch
+
     from tuner.gpu import device
     from tuner.runtime import driver, measure
+    from wgmma_vs_cublas import Timer
 
     pairs = [line.split() for line in open(args.pairs) if line.strip() and not line.startswith("#")]
     dev = device()
     g = driver.gpu(0)
     configs = {name: config_from_name(name) for _, name in pairs}
     built = {c.name: r for c, r in compile_many(list(configs.values()), dev.sm)}
-    rows, benches = [], {}
+    rows, benches, timer = [], {}, Timer(torch)
     print(f"{'shape':>16} {'kernel':<58} us a call on the GPU alone (in a loop)")
     for shape, name in pairs:
         cfg, r = configs[name], built[name]
@@ -113,11 +159,16 @@ def main() -> None:
         loop, alone = measure.time_candidates(g, {k: (lambda st, f=f: f()) for k, f in
                                                   calls.items()}, 0)
         us = {k: round(v * 1e3, 2) for k, v in alone.items()}
+        single = {k: one_call(timer, f) for k, f in calls.items()}
         rows.append(dict(shape=shape, kernel=name, baseline=bench.baseline_label,
                          error=m.error, gpu_alone_us=us,
-                         loop_us={k: round(v * 1e3, 2) for k, v in loop.items()}))
+                         loop_us={k: round(v * 1e3, 2) for k, v in loop.items()},
+                         alone_us=single))
         print(f"{shape:>16} {name:<58} " + "  ".join(
             f"{k} {us.get(k, float('nan')):5.2f} ({loop[k] * 1e3:5.2f})" for k in calls), flush=True)
+        print(f"{'':>16} alone (isolated / kernel / after sleep): " + "  ".join(
+            f"{k} {v['isolated']:5.2f} / {v['kernel']:5.2f} / {v['after_sleep']:5.2f}"
+            for k, v in single.items()), flush=True)
     doc = dict(benchmark="launch-overlap", **header(dev), rows=rows)
     print(write("launch-overlap", doc, args.out))
 

@@ -110,8 +110,9 @@ log = logging.getLogger(__name__)
 
 REDUCE_LAUNCH_MS = 0.002
 #: 2: keys name the M-bucket, the leading-dimension class and the route (schema 1 keyed
-#: one M and no leading dimensions: its decisions are dropped, to be measured again)
-TABLE_SCHEMA = 2
+#: one M and no leading dimensions); 3: decisions of pace "either" bound a kernel's GPU
+#: time (measure.GPU_LOSS_MAX). An older table's decisions are dropped, to be measured again
+TABLE_SCHEMA = 3
 #: the environment variable that sets the M-buckets of every library a process loads
 M_BUCKETS_ENV = "GEMM_TUNE_M_BUCKETS"
 
@@ -321,7 +322,7 @@ def table_path(library_dir: Path) -> Path:
 class DispatchTable:
     """Decisions made by measurement, persisted as JSON:
 
-        {"schema": 2, "decisions": {KEY: {"kernel": NAME or null, "route": ROUTE,
+        {"schema": 3, "decisions": {KEY: {"kernel": NAME or null, "route": ROUTE,
                                           "measured_m": [LO, HI], "measured_ms": {...},
                                           "measured_ms_low": {...}, "date": ISO}}}
 
@@ -333,8 +334,8 @@ class DispatchTable:
     differs. Writes are atomic (write, fsync, rename) under an exclusive lock on a sidecar
     file, re-reading the table first so concurrent writers lose nothing. A table that cannot
     be read is set aside (renamed *.corrupt-<time>) with a warning and started afresh: a
-    lost cache costs a re-measurement, never a failure. One of schema 1 is replaced (its
-    keys name one M and no leading dimensions) by the first decision written.
+    lost cache costs a re-measurement, never a failure. One of an older schema (TABLE_SCHEMA)
+    is replaced by the first decision written.
     """
 
     def __init__(self, path: Path):
@@ -375,9 +376,10 @@ class DispatchTable:
             return {}
         try:
             data = json.loads(text)
-            if isinstance(data, dict) and data.get("schema") == 1:
-                log.info("dispatch table %s is of schema 1: its decisions will be measured "
-                         "again", self.path)
+            old = isinstance(data, dict) and data.get("schema")
+            if type(old) is int and 1 <= old < TABLE_SCHEMA:
+                log.info("dispatch table %s is of schema %d: its decisions will be measured "
+                         "again", self.path, old)
                 return {}
             if not (isinstance(data, dict) and data.get("schema") == TABLE_SCHEMA
                     and isinstance(data.get("decisions"), dict)):
