@@ -21,8 +21,6 @@ Then each call alone, as a benchmark's timer and a program's forward see it:
                  layouts_epilogues.py), median of its repetitions
   kernel         the same calls' kernels' own durations (CUPTI through torch.profiler, the
                  flush's kernels left out): what is left of `isolated` is launch latency
-  after sleep    one call after a kernel that only waits (torch.cuda._sleep, some 25 us:
-                 the host runs ahead, nothing is evicted, the L2 warm)
 Each kernel is checked against float64 first (tuner.bench's gate, through its runner).
 Writes launch-overlap-<gpu>-<date>.json under --out (default bench/results).
 
@@ -88,8 +86,7 @@ def torch_linear(cfg, shape):
 
 
 def one_call(timer, fn, reps: int = 50) -> dict:
-    """us per call of `fn` timed alone (the docstring's isolated, kernel, after sleep)."""
-    import copy
+    """us per call of `fn` timed alone (the docstring's isolated and kernel)."""
     import statistics
 
     import torch
@@ -114,11 +111,8 @@ def one_call(timer, fn, reps: int = 50) -> dict:
             fn()
 
     ours = {k: v for k, v in kernels(flushed_calls).items() if k not in flush_names}
-    warm = copy.copy(timer)
-    warm.flush = lambda: torch.cuda._sleep(50_000)
     return dict(isolated=round(statistics.median(timer(fn)) * 1e3, 2),
                 kernel=round(sum(t for _, t in ours.values()) / reps, 2),
-                after_sleep=round(statistics.median(warm(fn)) * 1e3, 2),
                 kernels=sorted(ours))
 
 
@@ -166,8 +160,8 @@ def main() -> None:
                          alone_us=single))
         print(f"{shape:>16} {name:<58} " + "  ".join(
             f"{k} {us.get(k, float('nan')):5.2f} ({loop[k] * 1e3:5.2f})" for k in calls), flush=True)
-        print(f"{'':>16} alone (isolated / kernel / after sleep): " + "  ".join(
-            f"{k} {v['isolated']:5.2f} / {v['kernel']:5.2f} / {v['after_sleep']:5.2f}"
+        print(f"{'':>16} alone (isolated / kernel): " + "  ".join(
+            f"{k} {v['isolated']:5.2f} / {v['kernel']:5.2f}"
             for k, v in single.items()), flush=True)
     doc = dict(benchmark="launch-overlap", **header(dev), rows=rows)
     print(write("launch-overlap", doc, args.out))
