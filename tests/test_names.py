@@ -128,8 +128,8 @@ PARAMETERS = {
                           "swizzle", "swz", "interior"],
     ("wmma", DType.F16): ["wmma_bm", "wmma_bn", "wmma_bk", "wmma_wm", "wmma_wn", "wmma_stages",
                           "wmma_swizzle", "wmma_skew_bytes"],
-    # (the first valid wgmma point is a 64x64 tile: its ring is asked as "wgmma_stages_deepest")
-    ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages_deepest", "wgmma_consumers",
+    # (the first valid wgmma point is a 64x64 tile: its ring is asked as "wgmma_stages_deep")
+    ("wgmma", DType.F16): ["wgmma_bm", "wgmma_bn", "wgmma_stages_deep", "wgmma_consumers",
                            "wgmma_cluster", "wgmma_persistent", "wgmma_group", "wgmma_store",
                            "wgmma_pingpong"],
     ("wgmma", DType.TF32): ["wgmma_bm", "wgmma_bn", "wgmma_stages", "wgmma_consumers",

@@ -645,8 +645,8 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
             why.append(f"split-K {c.split} needs " + ", ".join(need))
     if c.group < 1:
         why.append(f"raster group {c.group} must be at least 1")
-    if not 1 <= c.stages <= MAX_STAGES:
-        why.append(f"stages={c.stages} is outside 1..{MAX_STAGES}")
+    if not 1 <= c.stages <= 8:
+        why.append(f"stages={c.stages} is outside 1..8")
     elif c.fp32_data and c.stages < 2:
         why.append(f"stages={c.stages}: fp32 data needs 2 or more " + (
             "(with the pre-pass: one stage loads while the wgmmas read another)" if c.prep
@@ -868,15 +868,6 @@ TWO_BYTE_SEARCH: dict[str, tuple] = {"pingpong": (0, 1)}
 #: 128x64 with the weights read from DRAM, bench/NOTES.md, twenty-fifth session)
 DEEP_STAGES = (3, 4, 5, 6, 7, 8)
 DEEP_TILE = 192
-#: ... and 64x64 tiles (16 KB a stage) under "wgmma_stages_deepest", up to 12: a 128-token
-#: GEMM of K = 1024 is 16 k-tiles, and a ring that holds most of them puts a block's whole
-#: K in flight at once (cuBLAS's nvjet kernels there keep 13-16 stages of 64-deep k-tiles:
-#: bench/results/launch-overlap-alone-*, the kernels' names)
-DEEPEST_STAGES = (3, 4, 5, 6, 7, 8, 10, 12)
-DEEPEST_TILE = 128
-#: the deepest ring a kernel may have (the template takes any; a deeper one only fits a tile
-#: of 64x64 or less in shared memory)
-MAX_STAGES = 16
 #: fp32 data also chooses between the in-loop conversion and the pre-pass: tf32 (the pre-pass
 #: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
 #: bench/results/wgmma-probe-prep-h200-2026-12-01.json), and 3xTF32's split mode (in-loop,
@@ -906,9 +897,7 @@ def _splits_wanted(c: WgmmaConfig, shape, arch: ArchLimits | None) -> bool:
 
 def _stages_param(dtype: DType, bm: int, bn: int) -> tuple[str, tuple]:
     """The trial parameter of a tile's ring and its values (DEEP_STAGES for small fp16 /
-    bf16 tiles, DEEPEST_STAGES for the smallest)."""
-    if dtype not in FP32_DATA and bm + bn <= DEEPEST_TILE:
-        return "wgmma_stages_deepest", DEEPEST_STAGES
+    bf16 tiles)."""
     if dtype not in FP32_DATA and bm + bn <= DEEP_TILE:
         return "wgmma_stages_deep", DEEP_STAGES
     return "wgmma_stages", SEARCH_SPACE["stages"]
