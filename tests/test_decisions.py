@@ -206,12 +206,44 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     ms, device = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
                                                 "cublas": blas}, stream=7,
                                          hold=lambda st, t: holds.append(t) or s.hold(st, t),
-                                         clock=s.clock)
+                                         clock=s.clock, spacer=lambda st: s.run(0.002))
     assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
     assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
     assert device == pytest.approx({"cublas": gpu_ms, "kernel": 1.5 * gpu_ms}, rel=1e-6)
-    # held loops only where the host paced a loop (a GPU-paced loop's time is the GPU's)
-    assert bool(holds) == (host_ms > measure.GPU_BOUND * gpu_ms)
+    # held loops only where the host paced a loop or its calls are short (a long call of a
+    # GPU-paced loop gives the GPU's time as it is)
+    assert bool(holds) == (host_ms > measure.GPU_BOUND * gpu_ms
+                           or gpu_ms < measure.SPACED_BELOW_MS)
+
+
+@pytest.mark.parametrize("spaced", [True, False])
+def test_the_gpu_alone_figure_has_each_call_follow_another_kernel(monkeypatch, spaced):
+    """A kernel launched with programmatic dependent launch starts while the kernel before
+    it ends; back to back with itself it overlaps its own previous call, which in a program
+    (its GEMM after another op's kernel) it cannot. Behind a spacer, whose time is taken
+    off, each call is timed as it follows another kernel: here the kernel is 5 us alone and
+    4 us behind itself, cuBLAS 4.5 us either way."""
+    s = _Stream(0.012)
+    _simulated(monkeypatch, s)
+    last = [None]
+
+    def kernel(stream):
+        s.run(0.004 if last[0] == "kernel" else 0.005)
+        last[0] = "kernel"
+
+    def blas(stream):
+        s.run(0.0045)
+        last[0] = "cublas"
+
+    def spacer(stream):
+        s.run(0.002)
+        last[0] = "spacer"
+
+    ms, device = measure.time_candidates(None, {"kernel": kernel, "cublas": blas}, stream=7,
+                                         hold=s.hold, clock=s.clock,
+                                         spacer=spacer if spaced else False)
+    assert device["cublas"] == pytest.approx(0.0045, rel=1e-6)
+    assert device["kernel"] == pytest.approx(0.005 if spaced else 0.004, rel=1e-6)
 
 
 def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):
@@ -226,7 +258,8 @@ def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):
         s.now = s.reached()
 
     ms, device = measure.time_candidates(None, {"cublas": waits, "kernel": lambda st: s.run(0.001)},
-                                         stream=7, hold=s.hold, clock=s.clock)
+                                         stream=7, hold=s.hold, clock=s.clock,
+                                         spacer=lambda st: s.run(0.002))
     assert ms["cublas"] == pytest.approx(0.017) and device == {}
 
 
@@ -740,7 +773,8 @@ def test_a_host_pause_in_a_held_loop_is_measured_again(monkeypatch):
 
     ms, device = measure.time_candidates(
         None, {"kernel": kernel, "cublas": lambda st: s.run(0.005)}, stream=7,
-        hold=lambda st, t: holds.append(t) or s.hold(st, t), clock=s.clock)
+        hold=lambda st, t: holds.append(t) or s.hold(st, t), clock=s.clock,
+        spacer=lambda st: s.run(0.002))
     assert paused["once"] and device == pytest.approx({"kernel": 0.004, "cublas": 0.005},
                                                       rel=1e-6)
     assert max(holds) > 5.0  # the retry's hold outlasted the pause

@@ -63,6 +63,9 @@ HELD_ATTEMPTS = 2
 #: a loop whose calls took the host less than this fraction of their time to issue was
 #: paced by the GPU: its time per call is the GPU's, and no held loop is run
 GPU_BOUND = 0.5
+#: a loop that the GPU paced gives the GPU's time alone as it is only where its calls take at
+#: least this long (ms); a shorter call's GPU-alone figure is timed behind a spacer (below)
+SPACED_BELOW_MS = 0.2
 #: B's copies together span at least this many times the L2 (DESIGN's timing contract: inputs
 #: rotated among buffers of at least 3x the L2), and there are at most ROTATE_MAX of them (a
 #: B so small that more would be needed is read in a few microseconds from anywhere)
@@ -258,15 +261,24 @@ def torch_operands(g, problem):
 
 
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, rounds: int = 5,
-                    hold=None, clock=time.perf_counter) -> tuple[dict[str, float], dict[str, float]]:
+                    hold=None, clock=time.perf_counter,
+                    spacer=None) -> tuple[dict[str, float], dict[str, float]]:
     """(loop, device): median milliseconds per call of each runner (name -> callable(stream))
     on `stream`: `loop` in loops as a caller's loop runs in its steady state; `device` the
     GPU's time alone: the same calls queued behind a kernel that keeps the stream busy
-    meanwhile (`hold`(stream, ms), default driver.spin on GPU g), then run back to back.
-    `device` is empty where the host took longer to queue the calls than the hold lasted
-    (a call that waits for the GPU, say). Where the host issued a loop's calls in less than
-    GPU_BOUND of their time, the GPU set its pace: the loop's time is the GPU's, and no
-    held loop is run (a large problem's first use costs no more for it).
+    meanwhile (`hold`(stream, ms), default driver.spin on GPU g), then run one after
+    another, each after a spacer, a kernel of nothing (`spacer`(stream), default
+    driver.spin of no time; False: none, the calls back to back), whose own time, timed
+    the same way, is taken off. A program's GEMM follows a kernel of another op, not a copy
+    of itself: back to back, a kernel launched with programmatic dependent launch overlaps
+    its start with its own previous call's end, which cuBLAS does not (on the H200 a 64x64
+    wgmma kernel at 128x1024x1024 took 4.7 us a call so, against cuBLAS's 4.5, and 6.1
+    against 4.4 when each call came alone). `device` is empty where the host took longer to
+    queue the calls than the hold lasted (a call that waits for the GPU, say). Where the
+    host issued a loop's calls in less than GPU_BOUND of their time and a call took at
+    least SPACED_BELOW_MS, the GPU set its pace and the overlap is a small part of a call:
+    the loop's time is the GPU's, and no held loop is run (a large problem's first use
+    costs no more for it).
 
     Each loop starts its clock with a call already in flight, so the host's start-up (the
     first call's issue, which the GPU would wait for) is not counted: on a GPU-bound loop
@@ -277,6 +289,9 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
     if hold is None:
         def hold(st, ms):
             driver.spin(g, st, int(ms * 1e6))
+    if spacer is None:
+        def spacer(st):
+            driver.spin(g, st, 0)
     driver.sync(stream)
     start, end = driver.Event(), driver.Event()
     host: dict[str, float] = {}  # ms of host time a call takes to issue, from the last loop
@@ -293,13 +308,15 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
         end.synchronize()
         return end.since(start) / reps
 
-    def held(run, reps, host_ms, name) -> float | None:
+    def held(run, reps, host_ms, name, spaced=True) -> float | None:
         ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
         for attempt in range(HELD_ATTEMPTS):
             hold(stream, ms)
             t0 = clock()
             start.record(stream)
             for _ in range(reps):
+                if spacer and spaced:
+                    spacer(stream)
                 run(stream)
             end.record(stream)
             queued_ms = (clock() - t0) * 1e3
@@ -321,21 +338,30 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
     reps = {name: int(min(100, max(3, budget_ms / max(t, 1e-4)))) for name, t in warm.items()}
     for name, run in runners.items():
         loop(run, reps[name], name)
+    if spacer:  # a spacer's own time, and the host's to issue one
+        loop(spacer, HELD_CALLS, "spacer")
     times: dict[str, list] = {name: [] for name in runners}
     device: dict[str, list] | None = {name: [] for name in runners}
     for _ in range(rounds):
+        gap = None  # a spacer's GPU time alone, once a round where one is needed
         for name, run in runners.items():
             t = loop(run, reps[name], name)
             times[name].append(t)
             if device is None:
                 continue
-            if host[name] < GPU_BOUND * t:  # the GPU paced the loop: its time is the GPU's
+            if host[name] < GPU_BOUND * t and t >= SPACED_BELOW_MS:  # the GPU's pace
                 device[name].append(t)
                 continue
-            t = held(run, min(reps[name], HELD_CALLS), host[name], name)
+            calls = min(reps[name], HELD_CALLS)
+            if spacer and gap is None:
+                gap = held(spacer, HELD_CALLS, host["spacer"], "spacer", spaced=False)
+                if gap is None:
+                    device = None
+                    continue
+            t = held(run, calls, host[name] + host.get("spacer", 0.0), name)
             if t is None:
                 device = None
             else:
-                device[name].append(t)
+                device[name].append(max(t - (gap or 0.0), 1e-6))
     return ({name: statistics.median(t) for name, t in times.items()},
             {} if device is None else {name: statistics.median(t) for name, t in device.items()})
