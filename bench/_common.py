@@ -114,17 +114,24 @@ def geomean(values) -> float | None:
 
 def interleaved(timer, fns: dict, rounds: int, paired=()) -> dict:
     """Time each of `fns` (name -> no-argument callable) once per round, turn about, for
-    `rounds` rounds, so that every figure comes from the same minutes. `timer(fn)` returns
-    a list of times (wgmma_vs_cublas.Timer: CUDA events, L2 flushed). `paired`: (name,
-    name) pairs of `fns` timed together, repetition by repetition (`timer.pair(fa, fb)`:
-    a, b, a, b ...), for host-paced functions compared with each other. Returns name ->
-    (median of the rounds' medians, [each round's median])."""
+    `rounds` rounds, so that every figure comes from the same minutes; round r starts at
+    the r-th function (the order rotates), so no function is always first after whatever
+    ran before the round (on the H200 the first of a layer's GEMMs, cuBLAS on both sides,
+    read 3-5% slower where it always came first: model_gemms.py, Llama's q_proj at 2048 and
+    8192 tokens). `timer(fn)` returns a list of times (wgmma_vs_cublas.Timer: CUDA events,
+    L2 flushed). `paired`: (name, name) pairs of `fns` timed together, repetition by
+    repetition (`timer.pair(fa, fb)`: a, b, a, b ...), for host-paced functions compared
+    with each other. Returns name -> (median of the rounds' medians, [each round's median],
+    in round order)."""
     import statistics
 
     partner = dict(paired)
     per: dict = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        turn = r % len(names) if names else 0
+        for name in names[turn:] + names[:turn]:
+            fn = fns[name]
             if name in partner.values():
                 continue  # timed with its partner
             if name in partner:
