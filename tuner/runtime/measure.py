@@ -308,15 +308,13 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
         end.synchronize()
         return end.since(start) / reps
 
-    def held(run, reps, host_ms, name, spaced=True) -> float | None:
+    def held(run, reps, host_ms, name) -> float | None:
         ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
         for attempt in range(HELD_ATTEMPTS):
             hold(stream, ms)
             t0 = clock()
             start.record(stream)
             for _ in range(reps):
-                if spacer and spaced:
-                    spacer(stream)
                 run(stream)
             end.record(stream)
             queued_ms = (clock() - t0) * 1e3
@@ -352,13 +350,14 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
             if host[name] < GPU_BOUND * t and t >= SPACED_BELOW_MS:  # the GPU's pace
                 device[name].append(t)
                 continue
-            calls = min(reps[name], HELD_CALLS)
             if spacer and gap is None:
-                gap = held(spacer, HELD_CALLS, host["spacer"], "spacer", spaced=False)
+                gap = held(spacer, HELD_CALLS, host["spacer"], "spacer")
                 if gap is None:
                     device = None
                     continue
-            t = held(run, calls, host[name] + host.get("spacer", 0.0), name)
+            spaced = (lambda st, run=run: (spacer(st), run(st))) if spacer else run
+            t = held(spaced, min(reps[name], HELD_CALLS), host[name] + host.get("spacer", 0.0),
+                     name)
             if t is None:
                 device = None
             else:
