@@ -98,19 +98,19 @@ def decision(at: dict[int, dict[str, float]], route: str,
 
     A kernel must hold against cuBLAS at every M measured: it wins every figure there by
     MEASURE_MARGIN; or it wins one and loses the other (a cheaper launch but a slower GPU
-    time, or the reverse: which one a call pays depends on whether its program's host or
-    its GPU sets the pace), the most time it can lose, by the margin, is less than the
-    most it can save, and its GPU time alone is at most GPU_LOSS_MAX times cuBLAS's (on
-    the H200 the host-time trade chose kernels 15-40% slower on the GPU for GPT-2's
-    128-token linears, which a GPU-paced forward then paid in full). Of the kernels that hold, the one of the least regret runs: at
-    each M, the most it falls behind the best option (cuBLAS included) in any figure, over
-    the best loop time there (with pace "gpu", the best GPU time); the most over the Ms.
-    With none, cuBLAS (kernel None). A kernel not measured at every M (it could not take
-    the operands there) is no candidate. Where the GPU's time alone was to be measured (`device` given) and was not
-    at some M (the host could not queue the calls behind a hold), no kernel runs: the loop
-    there was the host's pace, which tells nothing of what a kernel costs the GPU (on the
-    H200, fp16 1024^3: kernels 1.35x-1.6x slower than cuBLAS on the GPU alone tied it in
-    such loops, 15.2-15.8 against 15.4-16.4 us a call).
+    time, or the reverse: which one a call pays depends on whether its program's host or its
+    GPU sets the pace), the most time it can lose, by the margin, is less than the most it
+    can save, and its GPU time alone is at most GPU_LOSS_MAX times cuBLAS's (on the H200 the
+    host-time trade chose kernels 15-40% slower on the GPU for GPT-2's 128-token linears,
+    which a GPU-paced forward then paid in full). Of the kernels that hold, the one of the
+    least regret runs: at each M, the most it falls behind the best option (cuBLAS included)
+    in any figure, over the best loop time there (with pace "gpu", the best GPU time); the
+    most over the Ms. With none, cuBLAS (kernel None). A kernel not measured at every M (it
+    could not take the operands there) is no candidate. Where the GPU's time alone was to be
+    measured (`device` given) and was not at some M (the host could not queue the calls
+    behind a hold), no kernel runs: the loop there was the host's pace, which tells nothing
+    of what a kernel costs the GPU (on the H200, fp16 1024^3: kernels 1.35x-1.6x slower than
+    cuBLAS on the GPU alone tied it in such loops, 15.2-15.8 against 15.4-16.4 us a call).
 
     `pace` (PACES): with "gpu" only the GPU's time alone is weighed (not measured: no
     kernel runs); with "host" only the caller's loop; "either" weighs both as above."""
