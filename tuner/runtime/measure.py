@@ -260,6 +260,51 @@ def torch_operands(g, problem):
     torch.cuda.current_stream(g.index).synchronize()
 
 
+class _Loops:
+    """time_candidates' two ways of timing `reps` calls of a runner on `stream`: `loop`, a
+    caller's loop in its steady state (and the host's ms a call to issue it, kept in
+    `host` by name); `held`, the same calls queued behind `hold` (the GPU's time alone, or
+    None where the host outlasted the hold twice)."""
+
+    def __init__(self, stream: int, hold, clock):
+        self.stream, self.hold, self.clock = stream, hold, clock
+        self.start, self.end = driver.Event(), driver.Event()
+        self.host: dict[str, float] = {}  # ms of host time a call takes to issue
+
+    def loop(self, run, reps, name=None) -> float:
+        stream, start, end = self.stream, self.start, self.end
+        run(stream)  # in flight when the clock starts
+        t0 = self.clock()
+        start.record(stream)
+        for _ in range(reps):
+            run(stream)
+        end.record(stream)
+        if name is not None:
+            self.host[name] = (self.clock() - t0) * 1e3 / reps
+        end.synchronize()
+        return end.since(start) / reps
+
+    def held(self, run, reps, host_ms, name) -> float | None:
+        stream, start, end = self.stream, self.start, self.end
+        ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
+        for attempt in range(HELD_ATTEMPTS):
+            self.hold(stream, ms)
+            t0 = self.clock()
+            start.record(stream)
+            for _ in range(reps):
+                run(stream)
+            end.record(stream)
+            queued_ms = (self.clock() - t0) * 1e3
+            end.synchronize()
+            if queued_ms < ms:
+                return end.since(start) / reps
+            log.info("queueing %d calls of %s took %.2f ms, past the %.2f ms hold%s", reps,
+                     name, queued_ms, ms, "" if attempt + 1 < HELD_ATTEMPTS
+                     else ": no GPU-alone times")
+            ms = min(HOLD_MS, 1.0 + 2.0 * queued_ms)  # a pause of the host's: a longer hold
+        return None
+
+
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, rounds: int = 5,
                     hold=None, clock=time.perf_counter,
                     spacer=None) -> tuple[dict[str, float], dict[str, float]]:
@@ -293,39 +338,8 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
         def spacer(st):
             driver.spin(g, st, 0)
     driver.sync(stream)
-    start, end = driver.Event(), driver.Event()
-    host: dict[str, float] = {}  # ms of host time a call takes to issue, from the last loop
-
-    def loop(run, reps, name=None) -> float:
-        run(stream)  # in flight when the clock starts
-        t0 = clock()
-        start.record(stream)
-        for _ in range(reps):
-            run(stream)
-        end.record(stream)
-        if name is not None:
-            host[name] = (clock() - t0) * 1e3 / reps
-        end.synchronize()
-        return end.since(start) / reps
-
-    def held(run, reps, host_ms, name) -> float | None:
-        ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
-        for attempt in range(HELD_ATTEMPTS):
-            hold(stream, ms)
-            t0 = clock()
-            start.record(stream)
-            for _ in range(reps):
-                run(stream)
-            end.record(stream)
-            queued_ms = (clock() - t0) * 1e3
-            end.synchronize()
-            if queued_ms < ms:
-                return end.since(start) / reps
-            log.info("queueing %d calls of %s took %.2f ms, past the %.2f ms hold%s", reps,
-                     name, queued_ms, ms, "" if attempt + 1 < HELD_ATTEMPTS
-                     else ": no GPU-alone times")
-            ms = min(HOLD_MS, 1.0 + 2.0 * queued_ms)  # a pause of the host's: a longer hold
-        return None
+    timing = _Loops(stream, hold, clock)
+    loop, held, host = timing.loop, timing.held, timing.host
 
     # warm-up: a first call (cuBLAS picks its algorithm, kernels load, clocks rise), then a
     # short loop each (sizing the loops), then one whole loop each, discarded: on the H200
