@@ -151,7 +151,7 @@ def main() -> None:
         if t is not None:
             calls["torch"] = t
         loop, alone = measure.time_candidates(g, {k: (lambda st, f=f: f()) for k, f in
-                                                  calls.items()}, 0, spacer=False)
+                                                  calls.items()}, 0, flush=False)
         us = {k: round(v * 1e3, 2) for k, v in alone.items()}
         single = {k: one_call(timer, f) for k, f in calls.items()}
         rows.append(dict(shape=shape, kernel=name, baseline=bench.baseline_label,

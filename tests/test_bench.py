@@ -2,6 +2,8 @@
 layout, what cuBLAS is asked for and how its figure is labelled, and the reference and
 error kernels (compiled by nvcc; run on a GPU by test_gpu_tune.py)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from tuner.bench import (
     ACT_CODES, TOLERANCE, baseline_label, blas_out, logical, output_rounding,
     reference_kernels_source, round_to, stored_shape, tolerance,
 )
+from tuner.runtime import driver
 
 
 def test_output_rounding_is_half_an_ulp_of_cs_type():
@@ -119,13 +122,25 @@ def test_the_reference_and_error_kernels_compile(tmp_path):
                          flags=("-O3", "-Xptxas=-v"))
     assert res.ok, res.error
     for kernel in ("gemm_tune_squared_error_f32", "gemm_tune_squared_error_f16",
-                   "gemm_tune_squared_error_bf16", "gemm_tune_epilogue_ref", "gemm_tune_l2_read"):
+                   "gemm_tune_squared_error_bf16", "gemm_tune_epilogue_ref"):
         assert kernel in res.log
-    # L2Flush's read keeps its loads (16 bytes each, through the L2) and writes nothing but
-    # its guarded sink: no store in its loop
+
+
+def test_the_l2_flush_reads_16_byte_words_four_at_a_time_and_writes_nothing_else(tmp_path):
+    """The flush's PTX (driver.L2Flush: the tuner's and a first use's), assembled by ptxas
+    for sm_90: its loads are 16 bytes each through the L2 (.cg: STRONG.GPU), four in the
+    unrolled loop and one in the remainder's, and its only store is the guarded sink."""
+    import subprocess
+
+    from codegen.compile import nvcc_path
     from codegen.sass import disassemble, functions
 
-    code = functions(disassemble(res.cubin))["gemm_tune_l2_read"]
-    ops = [i.opcode for i in code]
-    assert any(op.startswith("LDG.E.128") for op in ops), ops
+    ptx = tmp_path / "l2_read.ptx"
+    ptx.write_bytes(driver._L2_READ_PTX.rstrip(b"\0"))
+    ptxas = Path(nvcc_path()).parent / "ptxas"
+    subprocess.run([str(ptxas), "-arch=sm_90", str(ptx), "-o", str(tmp_path / "r.cubin")],
+                   check=True)
+    ops = [i.opcode for i in functions(disassemble(tmp_path / "r.cubin"))["gemm_tune_l2_read"]]
+    loads = [op for op in ops if op.startswith("LDG")]
+    assert loads == ["LDG.E.128.STRONG.GPU"] * 5, ops
     assert sum(op.startswith("STG") for op in ops) == 1, ops

@@ -206,23 +206,24 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     ms, device = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
                                                 "cublas": blas}, stream=7,
                                          hold=lambda st, t: holds.append(t) or s.hold(st, t),
-                                         clock=s.clock, spacer=lambda st: s.run(0.002))
+                                         clock=s.clock, flush=lambda st: s.run(0.002))
     assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
     assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
     assert device == pytest.approx({"cublas": gpu_ms, "kernel": 1.5 * gpu_ms}, rel=1e-6)
     # held loops only where the host paced a loop or its calls are short (a long call of a
     # GPU-paced loop gives the GPU's time as it is)
     assert bool(holds) == (host_ms > measure.GPU_BOUND * gpu_ms
-                           or gpu_ms < measure.SPACED_BELOW_MS)
+                           or gpu_ms < measure.FLUSHED_BELOW_MS)
 
 
-@pytest.mark.parametrize("spaced", [True, False])
-def test_the_gpu_alone_figure_has_each_call_follow_another_kernel(monkeypatch, spaced):
-    """A kernel launched with programmatic dependent launch starts while the kernel before
-    it ends; back to back with itself it overlaps its own previous call, which in a program
-    (its GEMM after another op's kernel) it cannot. Behind a spacer, whose time is taken
-    off, each call is timed as it follows another kernel: here the kernel is 5 us alone and
-    4 us behind itself, cuBLAS 4.5 us either way."""
+@pytest.mark.parametrize("flushed", [True, False])
+def test_the_gpu_alone_figure_times_each_call_alone_after_the_l2_flush(monkeypatch, flushed):
+    """The GPU-alone figure is the tuner's: each call after the L2 flush (a kernel of
+    another op, its A, C and code out of the L2), timed alone by events around it, the
+    flush's own time not in it. Back to back (flush=False), a kernel launched with
+    programmatic dependent launch overlaps its own previous call's end and finds its
+    operands in the L2, which a program's GEMM after another op does not: here the kernel
+    takes 5 us after the flush and 4 us behind itself, cuBLAS 4.5 us either way."""
     s = _Stream(0.012)
     _simulated(monkeypatch, s)
     last = [None]
@@ -235,15 +236,15 @@ def test_the_gpu_alone_figure_has_each_call_follow_another_kernel(monkeypatch, s
         s.run(0.0045)
         last[0] = "cublas"
 
-    def spacer(stream):
-        s.run(0.002)
-        last[0] = "spacer"
+    def flush(stream):
+        s.run(0.030)
+        last[0] = "flush"
 
     ms, device = measure.time_candidates(None, {"kernel": kernel, "cublas": blas}, stream=7,
                                          hold=s.hold, clock=s.clock,
-                                         spacer=spacer if spaced else False)
+                                         flush=flush if flushed else False)
     assert device["cublas"] == pytest.approx(0.0045, rel=1e-6)
-    assert device["kernel"] == pytest.approx(0.005 if spaced else 0.004, rel=1e-6)
+    assert device["kernel"] == pytest.approx(0.005 if flushed else 0.004, rel=1e-6)
 
 
 def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):
@@ -259,7 +260,7 @@ def test_no_gpu_alone_times_where_the_host_outlasted_the_hold(monkeypatch):
 
     ms, device = measure.time_candidates(None, {"cublas": waits, "kernel": lambda st: s.run(0.001)},
                                          stream=7, hold=s.hold, clock=s.clock,
-                                         spacer=lambda st: s.run(0.002))
+                                         flush=lambda st: s.run(0.002))
     assert ms["cublas"] == pytest.approx(0.017) and device == {}
 
 
@@ -774,7 +775,7 @@ def test_a_host_pause_in_a_held_loop_is_measured_again(monkeypatch):
     ms, device = measure.time_candidates(
         None, {"kernel": kernel, "cublas": lambda st: s.run(0.005)}, stream=7,
         hold=lambda st, t: holds.append(t) or s.hold(st, t), clock=s.clock,
-        spacer=lambda st: s.run(0.002))
+        flush=lambda st: s.run(0.002))
     assert paused["once"] and device == pytest.approx({"kernel": 0.004, "cublas": 0.005},
                                                       rel=1e-6)
     assert max(holds) > 5.0  # the retry's hold outlasted the pause

@@ -507,6 +507,39 @@ def test_3xtf32_requests_on_an_untuned_shape_from_every_caller(lib, kind):
     assert _err(c2, a, b) <= 1e-5
 
 
+def test_the_l2_flush_evicts_what_the_l2_held():
+    """driver.L2Flush (PTX, compiled by the driver: the tuner's flush and a first use's)
+    evicts a buffer that the L2 held: a read of 24 MiB just read takes at least 1.3x as
+    long after the flush as after another read of it."""
+    import statistics
+
+    import torch
+
+    from tuner.runtime import driver
+
+    g = driver.gpu(torch.cuda.current_device())
+    s = torch.cuda.current_stream().cuda_stream
+    x = torch.ones(6 << 20, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with driver.entered(g):
+        flush = driver.L2Flush(g)
+
+        def read_after(before):
+            times = []
+            for _ in range(21):
+                before()
+                start.record()
+                x.sum()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return statistics.median(times)
+
+        warm = read_after(lambda: x.sum())
+        cold = read_after(lambda: flush(s))
+    assert cold >= 1.3 * warm, (cold, warm)
+
+
 def test_the_spin_kernel_holds_a_stream_for_its_time():
     """driver.spin (PTX, compiled by the driver) keeps a stream busy for the time asked, so
     calls queued behind it run back to back (the first-use measurement's GPU-alone times)."""

@@ -183,28 +183,9 @@ def round_to(x: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(dtype)
 
 
-class L2Flush:
-    """A buffer of twice the L2 size, allocated once and read before each timed call by a
-    kernel that loads every 16-byte word of it through the L2: the inputs are evicted, and
-    the L2 is left holding clean lines. Writing the buffer (a memset: the flush until
-    2026-12-04) left the L2 full of dirty lines instead, which the timed call's own reads
-    evicted, writing them back to DRAM beside its reads: cuBLAS at 16x14336x4096 bf16 took
-    1.24x, at 64x4096x14336 1.20x, at 128x4096x4096 1.21x its time with the weights rotated
-    beyond the L2 (as a model reads them), against 1.04x, 1.00x and 1.05x after this read
-    (bench/flush_effect.py; 4096^3 1.02x after either): a memory-bound candidate's time, and
-    its rank, were the memset's."""
-
-    def __init__(self, l2_bytes: int):
-        self.buf = driver.Buffer(max(2 * l2_bytes, 1 << 20))
-        self.buf.fill32(0)  # (what it holds does not matter; that it is defined does)
-        self._sink = driver.Buffer(4)
-        self._image, self._f = _kernel("gemm_tune_l2_read")
-        self._block = driver.ParamBlock("PLP")  # (packed once: every launch reads it)
-        self._params = self._block.pack(self.buf.ptr, self.buf.nbytes // 16, self._sink.ptr)
-        self._grid = (8 * device().arch.sm_count, 1, 1)
-
-    def __call__(self, stream: int = 0):
-        self._image.launch(self._f, self._grid, (256, 1, 1), stream, self._params)
+#: the flush before each timed call: a buffer of twice the L2 read through it (its lines left
+#: clean), the same kernel a program's first use flushes with (tuner.runtime.measure)
+L2Flush = driver.L2Flush
 
 
 def do_bench(fn: Callable[[], None], flush: L2Flush | None, target_ms: float = 50.0,
@@ -264,20 +245,6 @@ class DeviceArray:
 _REFERENCE_KERNELS = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-
-// L2Flush: read `words` 16-byte words of buf through the L2 (its lines left clean); the
-// XOR of what was read is stored only if it equals a constant, so that no load is dropped.
-extern "C" __global__ void __launch_bounds__(256)
-gemm_tune_l2_read(const uint4* __restrict__ buf, long long words, unsigned* __restrict__ sink)
-{
-    unsigned x = 0;
-    for (long long i = blockIdx.x * 256ll + threadIdx.x; i < words; i += gridDim.x * 256ll) {
-        const uint4 v = __ldcg(buf + i);
-        x ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (x == 0x9E3779B9u)
-        *sink = x;
-}
 
 __device__ __forceinline__ double gt_load(const float* p) { return static_cast<double>(*p); }
 __device__ __forceinline__ double gt_load(const __half* p)
@@ -586,7 +553,7 @@ class GpuBenchmark:
         self.shape, self.dtype, self.target_ms = tuple(shape), dtype, target_ms
         self.problem = Problem(shape, dtype, seed, variant=variant, batch=batch,
                                broadcast_b=broadcast_b)
-        self.flush = L2Flush(self.dev.l2_bytes)
+        self.flush = L2Flush(self.dev)
         self.flops = self.problem.flops
         self._blas_c = None  # cuBLAS's own C where it cannot write the problem's type
 

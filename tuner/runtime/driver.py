@@ -35,7 +35,7 @@ __all__ = ["DriverError", "NoGPUError", "api", "call", "DeviceInfo", "Gpu", "gpu
            "device_count", "current_device", "entered", "KernelImage", "load_cubin",
            "ParamBlock", "LaunchEx", "DEPENDENT_MARKER", "is_capturing", "recording", "recorder",
            "launch_function", "Scratch", "scratch", "sync",
-           "synchronize", "Buffer", "Event", "spin"]
+           "synchronize", "Buffer", "Event", "spin", "L2Flush"]
 
 
 @functools.cache
@@ -654,3 +654,113 @@ def spin(g: Gpu, stream: int, ns: int) -> None:
     at most."""
     img = _spin_image()
     img.launch(img.prepare(g), (1, 1, 1), (1, 1, 1), stream, img.params("L").pack(int(ns)))
+
+
+#: every thread of a grid-stride loop loading 16-byte words of a buffer through the L2
+#: (ld.global.cg), four loads in flight at a time, and XOR-ing them; the XOR is stored
+#: only if it equals a constant, so no load is dropped and nothing else is written (the
+#: L2's lines are left clean)
+_L2_READ_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry gemm_tune_l2_read(.param .u64 buf, .param .u64 words, .param .u64 sink)
+{
+    .reg .u64 %base, %n, %i, %step, %step16, %p, %t64;
+    .reg .b32 %x, %a<4>, %b<4>, %c<4>, %d<4>, %tx, %nt, %ct, %nc;
+    .reg .pred %q;
+    ld.param.u64 %base, [buf];
+    cvta.to.global.u64 %base, %base;
+    ld.param.u64 %n, [words];
+    mov.u32 %tx, %tid.x;
+    mov.u32 %nt, %ntid.x;
+    mov.u32 %ct, %ctaid.x;
+    mov.u32 %nc, %nctaid.x;
+    mul.wide.u32 %i, %ct, %nt;
+    cvt.u64.u32 %t64, %tx;
+    add.u64 %i, %i, %t64;
+    mul.wide.u32 %step, %nc, %nt;
+    shl.b64 %step16, %step, 4;
+    mov.b32 %x, 0;
+FOUR:
+    mad.lo.u64 %t64, %step, 3, %i;
+    setp.ge.u64 %q, %t64, %n;
+    @%q bra ONE;
+    shl.b64 %p, %i, 4;
+    add.u64 %p, %base, %p;
+    ld.global.cg.v4.u32 {%a0, %a1, %a2, %a3}, [%p];
+    add.u64 %p, %p, %step16;
+    ld.global.cg.v4.u32 {%b0, %b1, %b2, %b3}, [%p];
+    add.u64 %p, %p, %step16;
+    ld.global.cg.v4.u32 {%c0, %c1, %c2, %c3}, [%p];
+    add.u64 %p, %p, %step16;
+    ld.global.cg.v4.u32 {%d0, %d1, %d2, %d3}, [%p];
+    xor.b32 %a0, %a0, %b0;
+    xor.b32 %a1, %a1, %b1;
+    xor.b32 %a2, %a2, %b2;
+    xor.b32 %a3, %a3, %b3;
+    xor.b32 %c0, %c0, %d0;
+    xor.b32 %c1, %c1, %d1;
+    xor.b32 %c2, %c2, %d2;
+    xor.b32 %c3, %c3, %d3;
+    xor.b32 %a0, %a0, %c0;
+    xor.b32 %a1, %a1, %c1;
+    xor.b32 %a2, %a2, %c2;
+    xor.b32 %a3, %a3, %c3;
+    xor.b32 %a0, %a0, %a1;
+    xor.b32 %a2, %a2, %a3;
+    xor.b32 %x, %x, %a0;
+    xor.b32 %x, %x, %a2;
+    add.u64 %i, %t64, %step;
+    bra FOUR;
+ONE:
+    setp.ge.u64 %q, %i, %n;
+    @%q bra DONE;
+    shl.b64 %p, %i, 4;
+    add.u64 %p, %base, %p;
+    ld.global.cg.v4.u32 {%a0, %a1, %a2, %a3}, [%p];
+    xor.b32 %a0, %a0, %a1;
+    xor.b32 %a2, %a2, %a3;
+    xor.b32 %x, %x, %a0;
+    xor.b32 %x, %x, %a2;
+    add.u64 %i, %i, %step;
+    bra ONE;
+DONE:
+    setp.ne.u32 %q, %x, 0x9E3779B9;
+    @%q bra END;
+    ld.param.u64 %p, [sink];
+    cvta.to.global.u64 %p, %p;
+    st.global.u32 [%p], %x;
+END:
+    ret;
+}
+\0"""
+
+
+@functools.cache
+def _l2_read_image() -> KernelImage:
+    return KernelImage(load_cubin(_L2_READ_PTX, "gemm-tune's L2 read"), "gemm_tune_l2_read", 0)
+
+
+class L2Flush:
+    """A buffer of twice GPU g's L2, read through the L2 by a kernel on each call: what the
+    L2 held before is evicted and its lines are left clean. Writing the buffer (a memset:
+    the tuner's flush until 2026-12-04) left them dirty instead, and the next call's own
+    reads then wrote them back to DRAM beside its reads: cuBLAS at 16x14336x4096 bf16 took
+    1.24x, at 64x4096x14336 1.20x, at 128x4096x4096 1.21x its time with the weights rotated
+    beyond the L2 (as a model reads them), against 1.04x, 1.00x and 1.05x after this read
+    (bench/flush_effect.py; 4096^3 1.02x after either). PTX, compiled by the driver: the
+    tuner and a program's first use flush alike, with no nvcc."""
+
+    def __init__(self, g: Gpu):
+        self.buf = Buffer(max(2 * g.l2_bytes, 1 << 20))
+        self.buf.fill32(0)  # (what it holds does not matter; that it is defined does)
+        self._sink = Buffer(4)
+        img = _l2_read_image()
+        self._image, self._f = img, img.prepare(g)
+        self._block = ParamBlock("PLP")  # (packed once: every launch reads it)
+        self._params = self._block.pack(self.buf.ptr, self.buf.nbytes // 16, self._sink.ptr)
+        self._grid = (8 * g.arch.sm_count, 1, 1)
+
+    def __call__(self, stream: int = 0) -> None:
+        self._image.launch(self._f, self._grid, (256, 1, 1), stream, self._params)

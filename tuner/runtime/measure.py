@@ -16,11 +16,11 @@ second launch and cuBLAS's own host work count), N sized to about `budget_ms`, a
 warm-up loop, turn about for 5 rounds, median per call. That is the call's cost where the
 host sets the pace (a small problem's loop); where the GPU does (a program whose host runs
 ahead), its cost is the GPU's time alone, so each candidate is also timed with the calls
-queued behind a kernel that keeps the stream busy meanwhile (driver.spin) and then run
-back to back. A bucket of Ms is timed at its smallest and its largest M
-(tuner.runtime.dispatch), and `decision` weighs the four figures (two Ms, two paces): at
-each M a kernel must beat cuBLAS in both, or save more time in one than it costs in the
-other.
+queued behind a kernel that keeps the stream busy meanwhile (driver.spin), each call
+then run after the tuner's L2 flush, with events around it alone. A bucket of Ms is timed
+at its smallest and its largest M (tuner.runtime.dispatch), and `decision` weighs the
+four figures (two Ms, two paces): at each M a kernel must beat cuBLAS in both, or save
+more time in one than it costs in the other.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ HELD_ATTEMPTS = 2
 #: paced by the GPU: its time per call is the GPU's, and no held loop is run
 GPU_BOUND = 0.5
 #: a loop that the GPU paced gives the GPU's time alone as it is only where its calls take at
-#: least this long (ms); a shorter call's GPU-alone figure is timed behind a spacer (below)
-SPACED_BELOW_MS = 0.2
+#: least this long (ms); a shorter call's GPU-alone figure is timed after an L2 flush (below)
+FLUSHED_BELOW_MS = 0.2
 #: B's copies together span at least this many times the L2 (DESIGN's timing contract: inputs
 #: rotated among buffers of at least 3x the L2), and there are at most ROTATE_MAX of them (a
 #: B so small that more would be needed is read in a few microseconds from anywhere)
@@ -263,12 +263,15 @@ def torch_operands(g, problem):
 class _Loops:
     """time_candidates' two ways of timing `reps` calls of a runner on `stream`: `loop`, a
     caller's loop in its steady state (and the host's ms a call to issue it, kept in
-    `host` by name); `held`, the same calls queued behind `hold` (the GPU's time alone, or
-    None where the host outlasted the hold twice)."""
+    `host` by name); `held`, the same calls queued behind `hold`, each after `flush` and
+    timed alone by events around it where a flush is given, back to back otherwise (the
+    GPU's time alone, or None where the host outlasted the hold twice)."""
 
     def __init__(self, stream: int, hold, clock):
         self.stream, self.hold, self.clock = stream, hold, clock
         self.start, self.end = driver.Event(), driver.Event()
+        self.starts = [driver.Event() for _ in range(HELD_CALLS)]
+        self.ends = [driver.Event() for _ in range(HELD_CALLS)]
         self.host: dict[str, float] = {}  # ms of host time a call takes to issue
 
     def loop(self, run, reps, name=None) -> float:
@@ -284,20 +287,31 @@ class _Loops:
         end.synchronize()
         return end.since(start) / reps
 
-    def held(self, run, reps, host_ms, name) -> float | None:
-        stream, start, end = self.stream, self.start, self.end
+    def held(self, run, reps, host_ms, name, flush=None) -> float | None:
+        stream = self.stream
+        if flush:
+            starts, ends = self.starts[:reps], self.ends[:reps]
+        else:
+            starts, ends = [self.start], [self.end]
         ms = min(HOLD_MS, 1.0 + 3.0 * reps * host_ms)  # ample time to queue the calls
         for attempt in range(HELD_ATTEMPTS):
             self.hold(stream, ms)
             t0 = self.clock()
-            start.record(stream)
-            for _ in range(reps):
-                run(stream)
-            end.record(stream)
+            if flush:
+                for start, end in zip(starts, ends):
+                    flush(stream)
+                    start.record(stream)
+                    run(stream)
+                    end.record(stream)
+            else:
+                starts[0].record(stream)
+                for _ in range(reps):
+                    run(stream)
+                ends[0].record(stream)
             queued_ms = (self.clock() - t0) * 1e3
-            end.synchronize()
+            ends[-1].synchronize()
             if queued_ms < ms:
-                return end.since(start) / reps
+                return sum(end.since(start) for start, end in zip(starts, ends)) / reps
             log.info("queueing %d calls of %s took %.2f ms, past the %.2f ms hold%s", reps,
                      name, queued_ms, ms, "" if attempt + 1 < HELD_ATTEMPTS
                      else ": no GPU-alone times")
@@ -307,23 +321,25 @@ class _Loops:
 
 def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, rounds: int = 5,
                     hold=None, clock=time.perf_counter,
-                    spacer=None) -> tuple[dict[str, float], dict[str, float]]:
+                    flush=None) -> tuple[dict[str, float], dict[str, float]]:
     """(loop, device): median milliseconds per call of each runner (name -> callable(stream))
     on `stream`: `loop` in loops as a caller's loop runs in its steady state; `device` the
     GPU's time alone: the same calls queued behind a kernel that keeps the stream busy
     meanwhile (`hold`(stream, ms), default driver.spin on GPU g), then run one after
-    another, each after a spacer, a kernel of nothing (`spacer`(stream), default
-    driver.spin of no time; False: none, the calls back to back), whose own time, timed
-    the same way, is taken off. A program's GEMM follows a kernel of another op, not a copy
-    of itself: back to back, a kernel launched with programmatic dependent launch overlaps
-    its start with its own previous call's end, which cuBLAS does not (on the H200 a 64x64
-    wgmma kernel at 128x1024x1024 took 4.7 us a call so, against cuBLAS's 4.5, and 6.1
-    against 4.4 when each call came alone). `device` is empty where the host took longer to
-    queue the calls than the hold lasted (a call that waits for the GPU, say). Where the
-    host issued a loop's calls in less than GPU_BOUND of their time and a call took at
-    least SPACED_BELOW_MS, the GPU set its pace and the overlap is a small part of a call:
-    the loop's time is the GPU's, and no held loop is run (a large problem's first use
-    costs no more for it).
+    another, each after `flush`(stream) (default driver.L2Flush on GPU g: the tuner's), with
+    CUDA events around each call alone (False: no flush, the calls back to back, events
+    around them all). So the GPU-alone figure is the tuner's and the benchmarks', each call
+    after the L2 is flushed of A, C and the code, and after a kernel of another op: back to
+    back, a kernel launched with programmatic dependent launch overlaps its start with its
+    own previous call's end, which cuBLAS does not (on the H200 a 64x64 wgmma kernel at
+    128x1024x1024 took 4.7 us a call so, against cuBLAS's 4.5, and 6.1 against 4.4 when
+    each call came alone), and with A warm in the L2 a 128x128 kernel at 2048x1024x4096 was
+    1.02x cuBLAS's time where the flushed rows of bench/model_gemms.py read 1.14x. `device`
+    is empty where the host took longer to queue the calls than the hold lasted (a call
+    that waits for the GPU, say). Where the host issued a loop's calls in less than
+    GPU_BOUND of their time and a call took at least FLUSHED_BELOW_MS, the GPU set its pace
+    and what the L2 holds is a small part of a call: the loop's time is the GPU's, and no
+    held loop is run (a large problem's first use costs no more for it).
 
     Each loop starts its clock with a call already in flight, so the host's start-up (the
     first call's issue, which the GPU would wait for) is not counted: on a GPU-bound loop
@@ -334,9 +350,8 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
     if hold is None:
         def hold(st, ms):
             driver.spin(g, st, int(ms * 1e6))
-    if spacer is None:
-        def spacer(st):
-            driver.spin(g, st, 0)
+    if flush is None:
+        flush = driver.L2Flush(g)
     driver.sync(stream)
     timing = _Loops(stream, hold, clock)
     loop, held, host = timing.loop, timing.held, timing.host
@@ -350,31 +365,24 @@ def time_candidates(g, runners: dict, stream: int, budget_ms: float = 4.0, round
     reps = {name: int(min(100, max(3, budget_ms / max(t, 1e-4)))) for name, t in warm.items()}
     for name, run in runners.items():
         loop(run, reps[name], name)
-    if spacer:  # a spacer's own time, and the host's to issue one
-        loop(spacer, HELD_CALLS, "spacer")
+    if flush:  # the host's time to issue a flush
+        loop(flush, 3, "flush")
     times: dict[str, list] = {name: [] for name in runners}
     device: dict[str, list] | None = {name: [] for name in runners}
     for _ in range(rounds):
-        gap = None  # a spacer's GPU time alone, once a round where one is needed
         for name, run in runners.items():
             t = loop(run, reps[name], name)
             times[name].append(t)
             if device is None:
                 continue
-            if host[name] < GPU_BOUND * t and t >= SPACED_BELOW_MS:  # the GPU's pace
+            if host[name] < GPU_BOUND * t and t >= FLUSHED_BELOW_MS:  # the GPU's pace
                 device[name].append(t)
                 continue
-            if spacer and gap is None:
-                gap = held(spacer, HELD_CALLS, host["spacer"], "spacer")
-                if gap is None:
-                    device = None
-                    continue
-            spaced = (lambda st, run=run: (spacer(st), run(st))) if spacer else run
-            t = held(spaced, min(reps[name], HELD_CALLS), host[name] + host.get("spacer", 0.0),
-                     name)
+            t = held(run, min(reps[name], HELD_CALLS), host[name] + host.get("flush", 0.0),
+                     name, flush)
             if t is None:
                 device = None
             else:
-                device[name].append(max(t - (gap or 0.0), 1e-6))
+                device[name].append(t)
     return ({name: statistics.median(t) for name, t in times.items()},
             {} if device is None else {name: statistics.median(t) for name, t in device.items()})
