@@ -260,16 +260,22 @@ def test_patched_layers_and_linear_take_the_cpp_path(fast_on, tmp_path, compile_
                 assert lib.fast.stats()["hits"] - hits == 1, f"call {i}"
 
 
-def test_each_geometry_of_a_linear_takes_the_cpp_path(fast_on, tmp_path):
-    """One patched nn.Linear (an empty library: cuBLAS through torch) called on x of (T, K),
-    then the same rows as (1, T, K) and (2, T/2, K): one plan, three C++ keys. From the
-    second call of each geometry on, C++ serves it, whichever geometry came first."""
+@pytest.mark.parametrize("bias,act", [(True, None), (False, None), (False, "silu")])
+def test_each_geometry_of_a_linear_takes_the_cpp_path(fast_on, tmp_path, bias, act):
+    """One patched nn.Linear (an empty library: cuBLAS through torch), with a bias, without
+    one (cuBLAS called by C++ itself), and without one before a SiLU it absorbs, called on
+    x of (T, K), then the same rows as (1, T, K) and (2, T/2, K): one plan, three C++ keys.
+    From the second call of each geometry on, C++ serves it, whichever geometry came first,
+    and its output is torch's, bit for bit."""
     torch = pytest.importorskip("torch")
     from tuner.runtime import torch_ops
     from tuner.runtime.library import Library
 
     lib = Library.create_or_open(tmp_path / "empty")
-    lin = torch.nn.Linear(96, 80).cuda().half()
+    lin = torch.nn.Linear(96, 80, bias=bias)
+    if act:
+        lin = torch.nn.Sequential(lin, torch.nn.SiLU())
+    lin = lin.cuda().half()
     patched = torch_ops.patch(__import__("copy").deepcopy(lin), lib)
     with torch.inference_mode():
         for shape in ((32, 96), (1, 32, 96), (2, 16, 96)):

@@ -750,10 +750,11 @@ class L2Flush:
     1.24x, at 64x4096x14336 1.20x, at 128x4096x4096 1.21x its time with the weights rotated
     beyond the L2 (as a model reads them), against 1.04x, 1.00x and 1.05x after this read
     (bench/flush_effect.py; 4096^3 1.02x after either). PTX, compiled by the driver: the
-    tuner and a program's first use flush alike, with no nvcc."""
+    tuner and a program's first use flush alike, with no nvcc. `nbytes`: another size (a
+    read of a buffer that fits in the L2, say)."""
 
-    def __init__(self, g: Gpu):
-        self.buf = Buffer(max(2 * g.l2_bytes, 1 << 20))
+    def __init__(self, g: Gpu, nbytes: int | None = None):
+        self.buf = Buffer(max(2 * g.l2_bytes, 1 << 20) if nbytes is None else nbytes)
         self.buf.fill32(0)  # (what it holds does not matter; that it is defined does)
         self._sink = Buffer(4)
         img = _l2_read_image()

@@ -261,16 +261,21 @@ class Table {
     if (!e) return py::none();
     at::Tensor out;
     if (e->torch) {
-      if (bs && (e->act == 1 || e->act == 3)) {
+      const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+      if (!bs && x.get_device() == c10::cuda::current_device() &&
+          blas_call(x2, w.t(), nullptr, 1.0, 0.0, out)) {
+        // no bias: cuBLAS itself on torch's handle, the call at::linear comes to through
+        // matmul and mm (a few microseconds of the host's less), then the activation
+        out = activation(rows_to(out, x), e->act);
+      } else if (bs && (e->act == 1 || e->act == 3)) {
         // ReLU or GELU(tanh) with the bias in cuBLASLt's epilogue: one call, as
         // tuner.runtime.call.torch_linear makes it (LT_ACTIVATIONS)
-        const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
-        out = at::_addmm_activation(*bs, x2, w.t(), 1, 1, e->act == 3);
-        if (x.dim() != 2) {
-          std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-          shape.back() = w.size(0);
-          out = out.view(shape);
-        }
+        out = rows_to(at::_addmm_activation(*bs, x2, w.t(), 1, 1, e->act == 3), x);
+      } else if (bs && bs->dim() == 1 && bs->scalar_type() == x.scalar_type() &&
+                 (x.dim() == 2 || x.is_contiguous())) {
+        // the bias in at::addmm, as at::linear itself calls it for such an x, one dispatch
+        // of the host's fewer
+        out = activation(rows_to(at::addmm(*bs, x2, w.t()), x), e->act);
       } else {
         out = at::linear(x, w, bs ? c10::optional<at::Tensor>(*bs) : c10::nullopt);
         out = activation(out, e->act);
@@ -365,6 +370,14 @@ class Table {
     std::shared_lock lock(mu_);
     auto it = table_.find(key);
     return it == table_.end() ? nullptr : it->second;
+  }
+
+  // y, a product of x's rows folded into one matrix, with x's leading dimensions again
+  static at::Tensor rows_to(const at::Tensor& y, const at::Tensor& x) {
+    if (x.dim() == 2) return y;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = y.size(1);
+    return y.view(shape);
   }
 
   static at::Tensor activation(const at::Tensor& y, int act) {
