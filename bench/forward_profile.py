@@ -11,9 +11,12 @@ library (torch_ops.patch), runs both a few times (first-use decisions made), the
   - the host's time to issue a forward (a loop of them, not synchronized, the GPU left to
     catch up after it), and the host-side ops that take it (torch.profiler's CPU
     activity: self time per forward, largest first): where a host-paced forward lags;
-  - the library's plans at that token count: what each problem ran and why.
+  - the library's plans at that token count: what each problem ran and why;
+  - with --trace, a Chrome trace of three forwards of each (the host's ops beside the
+    GPU's kernels, each forward after the flush): where a forward waits.
 
-    python bench/forward_profile.py [--library DIR] [--cases llama:2048,gpt2:128] [--out DIR]
+    python bench/forward_profile.py [--library DIR] [--cases llama:2048,gpt2:128] [--trace]
+        [--out DIR]
 
 Writes forward-profile-<gpu>-<date>.json under --out (default bench/results).
 """
@@ -30,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import commit, cpp_path, write  # noqa: E402
+from _common import RESULTS, commit, cpp_path, write  # noqa: E402
 
 #: kernels listed per forward
 TOP = 14
@@ -80,12 +83,28 @@ def host_forward(torch, fn, reps: int = 20) -> dict:
                 host_ops=[dict(name=n, calls=c, self_us=us) for n, c, us in ops[:TOP]])
 
 
+def trace_forward(torch, fn, flush, path: Path, reps: int = 3) -> None:
+    """A Chrome trace (torch.profiler, the host's ops and the GPU's kernels) of `reps`
+    forwards, each after the L2 flush and a synchronisation, as the benches time them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush()
+            torch.cuda.synchronize()
+            fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--library", default="artifacts/library")
     ap.add_argument("--cases", default="llama:2048,gpt2:128,llama:16",
                     help="layer:tokens pairs, comma-separated")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--trace", action="store_true",
+                    help="also a Chrome trace of each forward under --out (forward-trace-*)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -121,6 +140,10 @@ def main() -> None:
             for _ in range(args.rounds):
                 for label, f in (("unpatched", plain), ("patched", patched)):
                     row[label]["rounds_ms"].append(statistics.median(timer(lambda: f(x))))
+            if args.trace:
+                for label, f in (("unpatched", plain), ("patched", patched)):
+                    trace_forward(torch, lambda: f(x), timer.flush, Path(
+                        args.out or RESULTS, f"forward-trace-{name}-{tokens}-{label}.json"))
         row["plans"] = [dict(mnk=[p.m, p.n, p.k], variant=p.problem.variant.key,
                              runs=p.choice.kernel or "cuBLAS", rule=p.choice.rule)
                         for p in lib.plans.values() if p.m == tokens and p.problem]
