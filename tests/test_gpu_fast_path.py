@@ -138,6 +138,15 @@ def test_the_cpp_path_calls_cublas_through_aten(dtype, fast_on, tmp_path):
     assert _calls(torch, lib, shape, dtype, dtype, Layout.NT) == 2
 
 
+def _calls_cublas(report: dict | None, dtype: DType) -> bool:
+    """Would the C++ path call cuBLAS itself for a plain product of this type, as torch
+    would (fast.blas_report: every condition of fast.cpp's Blas::as_torch and blas_call)?"""
+    kind = {DType.F16: "fp16", DType.BF16: "bf16"}.get(dtype)
+    return report is not None and report["symbols"] and report["prefers_cublas"] \
+        and not report["deterministic"] and not report["tunable_op"] \
+        and (kind is None or report[f"{kind}_reduction_default"])
+
+
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16], ids=lambda d: d.short)
 @pytest.mark.parametrize("shape", [(257, 129, 96), (1000, 1, 1000), (1, 1000, 1000),
                                    (5, 3, 1)], ids=lambda s: "x".join(map(str, s)))
@@ -148,11 +157,16 @@ def test_a_plain_product_on_cublas_has_torchs_bits(dtype, shape, fast_on, tmp_pa
     torch = pytest.importorskip("torch")
     from tuner.runtime.library import Library
 
+    from tuner.runtime import fast
+
     lib = Library.create_or_open(tmp_path / "empty")
     tdt = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
     m, n, k = shape
+    report = fast.blas_report()
+    direct = _calls_cublas(report, dtype)
     for layout in Layout:
         hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+        calls = lib.fast.stats()["direct"] if lib.fast is not None else 0
         for alpha, beta, given in ((1.0, 0.0, True), (0.5, 0.25, True), (1.0, 0.0, False)):
             for _ in range(2):
                 a = _stored(torch, m, k, layout.value[0] == "t", tdt[dtype])
@@ -163,8 +177,10 @@ def test_a_plain_product_on_cublas_has_torchs_bits(dtype, shape, fast_on, tmp_pa
                 want = torch.addmm(c0, a, b, beta=beta, alpha=alpha) if given else a @ b
                 assert torch.equal(got, want), (layout, alpha, beta, given)
         # two keys a layout (C given, whatever alpha and beta; C allocated): the first call
-        # of each plans, the other four calls are served
+        # of each plans, the other four calls are served, by cuBLAS called from C++ where
+        # torch would call it so (fast.blas_report), through ATen otherwise
         assert lib.fast.stats()["hits"] == hits + 4, layout
+        assert lib.fast.stats()["direct"] - calls == (4 if direct else 0), (layout, report)
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16], ids=lambda d: d.short)
@@ -268,7 +284,7 @@ def test_each_geometry_of_a_linear_takes_the_cpp_path(fast_on, tmp_path, bias, a
     From the second call of each geometry on, C++ serves it, whichever geometry came first,
     and its output is torch's, bit for bit."""
     torch = pytest.importorskip("torch")
-    from tuner.runtime import torch_ops
+    from tuner.runtime import fast, torch_ops
     from tuner.runtime.library import Library
 
     lib = Library.create_or_open(tmp_path / "empty")
@@ -282,7 +298,11 @@ def test_each_geometry_of_a_linear_takes_the_cpp_path(fast_on, tmp_path, bias, a
             for i in range(3):
                 x = torch.randn(shape, device="cuda", dtype=torch.float16)
                 hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+                calls = lib.fast.stats()["direct"] if lib.fast is not None else 0
                 got, want = patched(x), lin(x)
                 assert got.shape == want.shape and torch.equal(got, want), (shape, i)
                 if i:
                     assert lib.fast.stats()["hits"] - hits == 1, (shape, i)
+                    # without a bias, cuBLAS called from C++ where torch would call it so
+                    direct = not bias and _calls_cublas(fast.blas_report(), DType.F16)
+                    assert lib.fast.stats()["direct"] - calls == direct, fast.blas_report()

@@ -510,9 +510,11 @@ def test_3xtf32_requests_on_an_untuned_shape_from_every_caller(lib, kind):
 @pytest.mark.parametrize("nbytes", [None, (24 << 20) + 48], ids=["twice-the-l2", "odd"])
 def test_the_l2_flush_reads_every_word_of_its_buffer(nbytes):
     """driver.L2Flush (PTX, compiled by the driver: the tuner's flush and a first use's)
-    loads every 16-byte word of its buffer: the XOR of all it read reaches the sink exactly
-    where the buffer's words XOR to the kernel's constant, wherever the constant's word
-    lies (the first, the middle, the last, in the four-load loop or the remainder's)."""
+    loads every 16-byte word of its buffer: a thread stores the XOR of what it read where
+    that equals the kernel's constant, so a buffer of zeros but for the constant in one
+    32-bit word reaches the sink wherever that word lies (the first, the middle, the last:
+    in the four-load loop or the remainder's), and the constant twice in one 16-byte word
+    does not."""
     import torch
 
     from tuner.runtime import driver
@@ -529,8 +531,9 @@ def test_the_l2_flush_reads_every_word_of_its_buffer(nbytes):
             driver.synchronize()
             got = flush._sink.download(np.zeros(1, np.uint32))[0]
             assert got == 0x9E3779B9, (at, hex(got))
-        # the constant twice: the XOR is 0, and nothing is written
-        driver.call("cuMemsetD32", flush.buf.ptr + 4 * 5, 0x9E3779B9, 1)
+        # the constant twice in one 16-byte word: its thread's XOR is 0, nothing is written
+        flush.buf.fill32(0)
+        driver.call("cuMemsetD32", flush.buf.ptr + 16, 0x9E3779B9, 2)
         flush._sink.fill32(0x7FC00000)
         flush(0)
         driver.synchronize()

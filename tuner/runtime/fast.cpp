@@ -150,6 +150,22 @@ struct Blas {
     return blas;
   }
 
+  // What as_torch() and blas_call weigh, by name (fast.blas_report(): why the C++ path
+  // calls cuBLAS itself, or goes through ATen)
+  py::dict report() const {
+    py::dict d;
+    d["symbols"] = handle && set_math && sgemm && gemm_ex && tuning && tuning_on;
+    at::Context& ctx = at::globalContext();
+    d["prefers_cublas"] = ctx.blasPreferredBackend() == at::BlasBackend::Cublas;
+    d["deterministic"] = ctx.deterministicAlgorithms();
+    d["tunable_op"] = tuning && tuning_on ? tuning_on(tuning()) : false;
+    d["fp16_reduction_default"] = ctx.allowFP16ReductionCuBLAS() ==
+                                  at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK;
+    d["bf16_reduction_default"] = ctx.allowBF16ReductionCuBLAS() ==
+                                  at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK;
+    return d;
+  }
+
   // torch would call cuBLAS itself now: every symbol found, cuBLAS (not cuBLASLt)
   // preferred, TunableOp off, no deterministic-algorithms check to make
   bool as_torch() const {
@@ -262,10 +278,13 @@ class Table {
     at::Tensor out;
     if (e->torch) {
       const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
-      if (!bs && x.get_device() == c10::cuda::current_device() &&
-          blas_call(x2, w.t(), nullptr, 1.0, 0.0, out)) {
-        // no bias: cuBLAS itself on torch's handle, the call at::linear comes to through
-        // matmul and mm (a few microseconds of the host's less), then the activation
+      if (!bs) {
+        // no bias: the product at::linear comes to through matmul (x's rows folded, as
+        // here) and mm: cuBLAS itself on torch's handle where torch would call it, else
+        // at::mm (a few microseconds of the host's less either way); then the activation
+        if (x.get_device() != c10::cuda::current_device() ||
+            !blas_call(x2, w.t(), nullptr, 1.0, 0.0, out))
+          out = at::mm(x2, w.t());
         out = activation(rows_to(out, x), e->act);
       } else if (bs && (e->act == 1 || e->act == 3)) {
         // ReLU or GELU(tanh) with the bias in cuBLASLt's epilogue: one call, as
@@ -362,6 +381,7 @@ class Table {
     d["entries"] = table_.size();
     d["hits"] = hits_.load();
     d["misses"] = misses_.load();
+    d["direct"] = direct_.load();  // (every table's: cuBLAS called from C++ itself)
     return d;
   }
 
@@ -450,6 +470,7 @@ class Table {
     }
     if (status != 0)
       throw std::runtime_error("cuBLAS failed with status " + std::to_string(status));
+    direct_.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -627,6 +648,7 @@ class Table {
   mutable std::shared_mutex mu_;
   std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Entry>, KeyHash> table_;
   std::atomic<uint64_t> hits_{0}, misses_{0};
+  static inline std::atomic<uint64_t> direct_{0};  // products cuBLAS ran called from here
 };
 
 // The hot entry points as METH_FASTCALL builtins bound to a table: a pybind11 method's
@@ -703,6 +725,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add", &Table::add)
       .def("clear", &Table::clear)
       .def("stats", &Table::stats);
+  m.def("blas_report", [] { return Blas::get().report(); });
   // A table whose call and linear are the METH_FASTCALL builtins above (instance
   // attributes: the class has no methods of those names).
   m.def("new_table", [](py::tuple types) {

@@ -49,7 +49,7 @@ from tuner.runtime import driver
 from tuner.runtime.errors import env_flag
 
 __all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "builder_lock",
-           "new_table", "table", "offer", "record", "translate"]
+           "new_table", "table", "offer", "record", "translate", "blas_report"]
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,15 @@ def builder_lock(where: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def blas_report() -> dict | None:
+    """Why the C++ path calls cuBLAS itself for a plain product on the torch route, or goes
+    through ATen (fast.cpp's Blas: its symbols found, torch preferring cuBLAS to cuBLASLt,
+    no deterministic algorithms, TunableOp off, the reduced-precision settings torch's
+    defaults); None while the extension is not loaded."""
+    m = _STATE["module"]
+    return None if m is None else dict(m.blas_report())
 
 
 def new_table():
