@@ -155,6 +155,17 @@ struct Blas {
   py::dict report() const {
     py::dict d;
     d["symbols"] = handle && set_math && sgemm && gemm_ex && tuning && tuning_on;
+    py::list missing;
+    const std::pair<const char*, const void*> found[] = {
+        {"getCurrentCUDABlasHandle", reinterpret_cast<const void*>(handle)},
+        {"cublasSetMathMode", reinterpret_cast<const void*>(set_math)},
+        {"cublasSgemm_v2", reinterpret_cast<const void*>(sgemm)},
+        {"cublasGemmEx", reinterpret_cast<const void*>(gemm_ex)},
+        {"getTuningContext", reinterpret_cast<const void*>(tuning)},
+        {"IsTunableOpEnabled", reinterpret_cast<const void*>(tuning_on)}};
+    for (const auto& [name, f] : found)
+      if (!f) missing.append(name);
+    d["missing"] = missing;
     at::Context& ctx = at::globalContext();
     d["prefers_cublas"] = ctx.blasPreferredBackend() == at::BlasBackend::Cublas;
     d["deterministic"] = ctx.deterministicAlgorithms();
@@ -278,23 +289,24 @@ class Table {
     at::Tensor out;
     if (e->torch) {
       const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+      const at::Tensor wt = w.t();
       if (!bs) {
         // no bias: the product at::linear comes to through matmul (x's rows folded, as
         // here) and mm: cuBLAS itself on torch's handle where torch would call it, else
         // at::mm (a few microseconds of the host's less either way); then the activation
         if (x.get_device() != c10::cuda::current_device() ||
-            !blas_call(x2, w.t(), nullptr, 1.0, 0.0, out))
-          out = at::mm(x2, w.t());
+            !blas_call(x2, wt, nullptr, 1.0, 0.0, out))
+          out = at::mm(x2, wt);
         out = activation(rows_to(out, x), e->act);
       } else if (bs && (e->act == 1 || e->act == 3)) {
         // ReLU or GELU(tanh) with the bias in cuBLASLt's epilogue: one call, as
         // tuner.runtime.call.torch_linear makes it (LT_ACTIVATIONS)
-        out = rows_to(at::_addmm_activation(*bs, x2, w.t(), 1, 1, e->act == 3), x);
+        out = rows_to(at::_addmm_activation(*bs, x2, wt, 1, 1, e->act == 3), x);
       } else if (bs && bs->dim() == 1 && bs->scalar_type() == x.scalar_type() &&
                  (x.dim() == 2 || x.is_contiguous())) {
         // the bias in at::addmm, as at::linear itself calls it for such an x, one dispatch
         // of the host's fewer
-        out = activation(rows_to(at::addmm(*bs, x2, w.t()), x), e->act);
+        out = activation(rows_to(at::addmm(*bs, x2, wt), x), e->act);
       } else {
         out = at::linear(x, w, bs ? c10::optional<at::Tensor>(*bs) : c10::nullopt);
         out = activation(out, e->act);
