@@ -137,7 +137,7 @@ struct Blas {
       Blas b;
       const auto cublas = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
       b.handle = reinterpret_cast<GetHandle>(
-          find("_ZN2at4cuda25getCurrentCUDABlasHandleEv", {"libtorch_cuda.so"}));
+          find("_ZN2at4cuda24getCurrentCUDABlasHandleEv", {"libtorch_cuda.so"}));
       b.set_math = reinterpret_cast<SetMath>(find("cublasSetMathMode", cublas));
       b.sgemm = reinterpret_cast<Sgemm>(find("cublasSgemm_v2", cublas));
       b.gemm_ex = reinterpret_cast<GemmEx>(find("cublasGemmEx", cublas));
