@@ -103,6 +103,9 @@ struct KeyHash {
 
 constexpr int kMaxMaps = 4;
 
+// Products this process handed cuBLAS from here itself (fast.blas_calls()), every table's.
+std::atomic<uint64_t> blas_calls{0};
+
 // cuBLAS, called as at::cuda::blas::gemm calls it, found at run time among the libraries
 // torch has loaded (no cuBLAS headers or link-time dependency: where a symbol is missing,
 // or torch prefers cuBLASLt or a reduced-precision setting other than its default is on,
@@ -393,7 +396,6 @@ class Table {
     d["entries"] = table_.size();
     d["hits"] = hits_.load();
     d["misses"] = misses_.load();
-    d["direct"] = direct_.load();  // (every table's: cuBLAS called from C++ itself)
     return d;
   }
 
@@ -482,7 +484,7 @@ class Table {
     }
     if (status != 0)
       throw std::runtime_error("cuBLAS failed with status " + std::to_string(status));
-    direct_.fetch_add(1, std::memory_order_relaxed);
+    blas_calls.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -660,7 +662,6 @@ class Table {
   mutable std::shared_mutex mu_;
   std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Entry>, KeyHash> table_;
   std::atomic<uint64_t> hits_{0}, misses_{0};
-  static inline std::atomic<uint64_t> direct_{0};  // products cuBLAS ran called from here
 };
 
 // The hot entry points as METH_FASTCALL builtins bound to a table: a pybind11 method's
@@ -738,6 +739,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("clear", &Table::clear)
       .def("stats", &Table::stats);
   m.def("blas_report", [] { return Blas::get().report(); });
+  m.def("blas_calls", [] { return blas_calls.load(); });
   // A table whose call and linear are the METH_FASTCALL builtins above (instance
   // attributes: the class has no methods of those names).
   m.def("new_table", [](py::tuple types) {

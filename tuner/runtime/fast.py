@@ -49,7 +49,7 @@ from tuner.runtime import driver
 from tuner.runtime.errors import env_flag
 
 __all__ = ["SENTINELS", "ACT_CODES", "context", "status", "start", "wait", "builder_lock",
-           "new_table", "table", "offer", "record", "translate", "blas_report"]
+           "new_table", "table", "offer", "record", "translate", "blas_report", "blas_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,13 @@ def blas_report() -> dict | None:
     defaults); None while the extension is not loaded."""
     m = _STATE["module"]
     return None if m is None else dict(m.blas_report())
+
+
+def blas_calls() -> int:
+    """How many products the C++ path has handed cuBLAS itself in this process (0 while the
+    extension is not loaded)."""
+    m = _STATE["module"]
+    return 0 if m is None else int(m.blas_calls())
 
 
 def new_table():
