@@ -11,6 +11,8 @@ library (torch_ops.patch), runs both a few times (first-use decisions made), the
   - the host's time to issue a forward (a loop of them, not synchronized, the GPU left to
     catch up after it), and the host-side ops that take it (torch.profiler's CPU
     activity: self time per forward, largest first): where a host-paced forward lags;
+  - the host's time to issue each linear (with the activation a patch fuses into it),
+    unpatched and patched, the GPU held back by a sleeping kernel;
   - the library's plans at that token count: what each problem ran and why;
   - with --trace, a Chrome trace of three forwards of each (the host's ops beside the
     GPU's kernels, each forward after the flush): where a forward waits.
@@ -83,6 +85,43 @@ def host_forward(torch, fn, reps: int = 20) -> dict:
                 host_ops=[dict(name=n, calls=c, self_us=us) for n, c, us in ops[:TOP]])
 
 
+def host_modules(torch, plain, patched, x, reps: int = 100, rounds: int = 5) -> list[dict]:
+    """The host's microseconds a call of each linear of the layer (with the activation a
+    patch fuses into it: the nn.Sequential around both) takes to issue, unpatched and
+    patched, on the input it gets in a forward: `reps` calls queued behind a sleeping
+    kernel (the GPU never holds the host back), turn about, median of `rounds`."""
+    import time
+
+    named, pnamed = dict(plain.named_modules()), dict(patched.named_modules())
+    paths = []
+    for path, m in plain.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            parent = path.rpartition(".")[0]
+            paths.append(parent if isinstance(named.get(parent), torch.nn.Sequential)
+                         else path)
+    inputs: dict = {}
+    hooks = [named[p].register_forward_pre_hook(
+        lambda mod, args, p=p: inputs.setdefault(p, args[0])) for p in paths]
+    plain(x)
+    for h in hooks:
+        h.remove()
+    rows = []
+    for p in paths:
+        us: dict = {"unpatched": [], "patched": []}
+        for _ in range(rounds):
+            for label, mod in (("unpatched", named[p]), ("patched", pnamed[p])):
+                mod(inputs[p])
+                torch.cuda.synchronize()
+                torch.cuda._sleep(40_000_000)  # ~20 ms: longer than the host's loop
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    mod(inputs[p])
+                us[label].append((time.perf_counter() - t0) * 1e6 / reps)
+                torch.cuda.synchronize()
+        rows.append(dict(module=p, **{k: statistics.median(v) for k, v in us.items()}))
+    return rows
+
+
 def trace_forward(torch, fn, flush, path: Path, reps: int = 3) -> None:
     """A Chrome trace (torch.profiler, the host's ops and the GPU's kernels) of `reps`
     forwards, each after the L2 flush and a synchronisation, as the benches time them."""
@@ -140,6 +179,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for label, f in (("unpatched", plain), ("patched", patched)):
                     row[label]["rounds_ms"].append(statistics.median(timer(lambda: f(x))))
+            row["host_modules"] = host_modules(torch, plain, patched, x)
             if args.trace:
                 for label, f in (("unpatched", plain), ("patched", patched)):
                     trace_forward(torch, lambda: f(x), timer.flush, Path(
@@ -158,6 +198,9 @@ def main() -> None:
             print(f"   host: {r['host_us']:.1f} us to issue a forward; self CPU time a forward:")
             for k in r["host_ops"]:
                 print(f"   {k['calls']:4.1f}x {k['self_us']:9.1f} us  {k['name'][:100]}")
+        print("   host us a call, unpatched -> patched:")
+        for m in row["host_modules"]:
+            print(f"   {m['module']:<14} {m['unpatched']:7.2f} -> {m['patched']:7.2f}")
         for p in row["plans"]:
             print(f"   plan {p['mnk']} {p['variant']}: {p['runs']} ({p['rule']})")
     doc = dict(benchmark="forward-profile", gpu=torch.cuda.get_device_name(),
