@@ -404,8 +404,9 @@ def test_a_kernel_that_trades_paces_must_still_hold_at_both_ends_of_its_bucket()
 def test_an_exact_entry_close_to_cublas_is_measured_with_its_kernel(
         lib, fake, compile_cache, tmp_path, ratio, measured):
     """An exact entry that beat cuBLAS by less than EXACT_TRUSTED where it was tuned is
-    measured as the caller runs it, its kernel among the candidates; a clearer win runs
-    unmeasured."""
+    measured as the caller runs it, its kernel among the candidates, at its own M alone
+    (decided apart from its M-bucket, whose other Ms are measured at the bucket's ends);
+    a clearer win runs unmeasured."""
     from _library import entry
     from codegen import compile_config
     from tuner.runtime.dispatch import EXACT_TRUSTED
@@ -418,12 +419,18 @@ def test_an_exact_entry_close_to_cublas_is_measured_with_its_kernel(
     fake.times = {SMALL.name: 2.0, BIG.name: 1.5, "cublas": 1.0}
     lib.gemm(Cai(300, 256, 0x100000), Cai(256, 256, 0x200000), Cai(300, 256, 0x300000))
     if measured:
-        assert [x[0][0] for x in fake.measured] == [257, 384]
+        assert [x[0][0] for x in fake.measured] == [300]
         assert all(BIG.name in x[-1] for x in fake.measured)
         assert len(fake.blas) == 1 and not fake.launches  # cuBLAS measured faster
-        assert lib.explain(300, 256, 256).startswith("cuBLAS (measured, gemm-tune callers)")
+        assert lib.explain(300, 256, 256).startswith(
+            "cuBLAS (measured, gemm-tune callers) for 300x256x256 ")
+        assert "(its exact entry: this M alone)" in lib.explain(300, 256, 256)
     else:
         assert fake.measured == [] and fake.launches[-1][0] == BIG.name
+    # another M of the bucket: a decision of its own, measured at the bucket's ends
+    lib.gemm(Cai(301, 256, 0x100000), Cai(256, 256, 0x200000), Cai(301, 256, 0x300000))
+    assert [x[0][0] for x in fake.measured][-2:] == [257, 384]
+    assert "M-bucket 257-384" in lib.explain(301, 256, 256)
 
 
 @pytest.mark.parametrize("ratio", [0.99, 1.05])

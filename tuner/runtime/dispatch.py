@@ -11,7 +11,9 @@ codegen.families._common.Variant):
      called with fully aligned operands, runs its kernel if it beat cuBLAS by
      EXACT_TRUSTED (1.10x) where it was tuned; a closer one is measured as in rule 2 (the
      tuner times a kernel alone, a caller pays its call), with its kernel among the
-     candidates; an entry that lost to cuBLAS leaves the decision to rule 2.
+     candidates, at its own M alone and kept for that M (its bucket's other end may cost
+     the kernel a tile row where the entry's M did not); an entry that lost to cuBLAS
+     leaves the decision to rule 2.
   2. measured: otherwise the first call of a case (below) times the library kernels with
      the best estimates (below) and cuBLAS as this caller's call runs them (its route to
      cuBLAS, on scratch operands of its layout, leading dimensions, alignment, batch
@@ -43,7 +45,8 @@ then every multiple of 128 (65-128, 129-256, ...); GEMM_TUNE_M_BUCKETS or
 default; "exact" gives every M a bucket of its own). A bucket's decision names a kernel
 only if it was measured at both ends of the bucket, and every kernel takes any M (its
 alignment rules, `takes`, do not depend on M), so a decision made on one M runs on every
-other M of its bucket; an exact entry still decides its own M.
+other M of its bucket; an exact entry still decides its own M (run, or measured at that
+M and kept apart from its bucket's decision).
 
 The estimate of a tuned kernel at a new shape:
     estimate = measured TFLOP/s at its tuned shape
@@ -554,14 +557,28 @@ class Dispatcher:
         return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
 
     def key(self, g, case: Case) -> str:
-        """The table's key of `case` on GPU g."""
+        """The table's key of `case` on GPU g: its M-bucket's, or its own M's where an
+        exact entry serves it (:meth:`span`)."""
         from tuner.runtime.cublas import cublas_version
 
+        m = case.m if self._exact(g, case) is not None else self.buckets.text(case.m)
         return DispatchTable.key(g.name, g.driver_version,
                                  f"{cublas_version()} via {case.route}",
                                  self.manifest.fingerprint, case.dtype.short, case.variant,
-                                 self.buckets.text(case.m), case.n, case.k, case.align,
-                                 case.batch, case.ld, self.pace)
+                                 m, case.n, case.k, case.align, case.batch, case.ld, self.pace)
+
+    def _exact(self, g, case: Case) -> dict | None:
+        return exact_entry(self.manifest.serving(case.dtype, g.cc, case.variant),
+                           (case.m, case.n, case.k), case.batch, case.align, g.name)
+
+    def span(self, g, case: Case) -> tuple[int, int]:
+        """The Ms a decision of `case` is measured at and holds for: its M-bucket's ends, or,
+        where an exact entry serves the case, its own M alone (decided apart from its bucket,
+        as a trusted exact entry is: the bucket's other end may cost its kernel a tile row,
+        as M = 1921 costs a 128-row tile for one row where the entry was tuned at 2048)."""
+        if self._exact(g, case) is not None:
+            return case.m, case.m
+        return self.buckets.of(case.m)
 
     def select_case(self, case: Case, cc: int, sms: int | None, gpu: str | None) -> Choice:
         """select() of a case (on a GPU of compute capability cc, `sms` SMs, model `gpu`)."""
@@ -581,12 +598,11 @@ class Dispatcher:
         key = self.key(g, case)
         d = self.table.get(key)
         if d is None and measure is not None:
-            lo, hi = self.buckets.of(case.m)
+            lo, hi = self.span(g, case)
             names = [e["kernel"] for _, e in self.ranked(
                 hi, case.n, case.k, case.dtype, g.cc, g.arch.sm_count, case.variant,
                 case.align, case.batch)]
-            e = exact_entry(self.manifest.serving(case.dtype, g.cc, case.variant),
-                            (case.m, case.n, case.k), case.batch, case.align, g.name)
+            e = self._exact(g, case)
             if e is not None:  # an exact entry's kernel is measured first, won or lost
                 names = [e["kernel"]] + [x for x in names if x != e["kernel"]]
             d = measure(names, (lo, hi))
@@ -602,8 +618,11 @@ class Dispatcher:
             d = self.table.get(self.key(g, dataclasses.replace(case, route=route)))
             if d is not None:
                 mc = measured_choice(d)
+                apart = self._exact(g, case) is not None
                 lines.append(f"{mc.kernel or 'cuBLAS'} (measured, {route} callers) for "
-                             f"{case.words(self.buckets)}: {mc.reason}")
+                             f"{case.words(None if apart else self.buckets)}"
+                             f"{' (its exact entry: this M alone)' if apart else ''}: "
+                             f"{mc.reason}")
         return lines
 
     def explain(self, g, case: Case, routes=None) -> str:
