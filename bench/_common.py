@@ -114,31 +114,40 @@ def geomean(values) -> float | None:
 
 def interleaved(timer, fns: dict, rounds: int, paired=()) -> dict:
     """Time each of `fns` (name -> no-argument callable) once per round, turn about, for
-    `rounds` rounds, so that every figure comes from the same minutes; round r starts at
-    the r-th function (the order rotates), so no function is always first after whatever
-    ran before the round (on the H200 the first of a layer's GEMMs, cuBLAS on both sides,
-    read 3-5% slower where it always came first: model_gemms.py, Llama's q_proj at 2048 and
-    8192 tokens). `timer(fn)` returns a list of times (wgmma_vs_cublas.Timer: CUDA events,
-    L2 flushed). `paired`: (name, name) pairs of `fns` timed together, repetition by
-    repetition (`timer.pair(fa, fb)`: a, b, a, b ...), for host-paced functions compared
-    with each other. Returns name -> (median of the rounds' medians, [each round's median],
-    in round order)."""
+    `rounds` rounds, so that every figure comes from the same minutes. Functions named
+    "GROUP/WHO" (a GEMM's "q_proj/ours", "q_proj/torch" ...) are a group, timed one after
+    another, so that a drift of the clock or the power between a group's members is small;
+    each round the groups' order rotates a place and so does the order within each group,
+    so no group is always first after whatever ran before the round and no member is
+    always first of its group (on the H200 the first of a layer's GEMMs, cuBLAS on both
+    sides, read 3-5% slower where it always came first, and with the whole list rotating,
+    model_gemms.py's Llama q_proj "ours" came right after the layer's forwards in two
+    rounds of three: 0.96x). A name without "/" is a group of its own. `timer(fn)`
+    returns a list of times (wgmma_vs_cublas.Timer: CUDA events, L2 flushed). `paired`:
+    (name, name) pairs of `fns` timed together, repetition by repetition (`timer.pair(fa,
+    fb)`: a, b, a, b ...), for host-paced functions compared with each other. Returns name
+    -> (median of the rounds' medians, [each round's median], in round order)."""
     import statistics
 
     partner = dict(paired)
     per: dict = {name: [] for name in fns}
-    names = list(fns)
+    groups: dict = {}
+    for name in fns:
+        groups.setdefault(name.split("/")[0] if "/" in name else name, []).append(name)
+    order = list(groups.values())
     for r in range(rounds):
-        turn = r % len(names) if names else 0
-        for name in names[turn:] + names[:turn]:
-            fn = fns[name]
-            if name in partner.values():
-                continue  # timed with its partner
-            if name in partner:
-                other = partner[name]
-                ta, tb = timer.pair(fn, fns[other])
-                per[name].append(statistics.median(ta))
-                per[other].append(statistics.median(tb))
-            else:
-                per[name].append(statistics.median(timer(fn)))
+        turn = r % len(order) if order else 0
+        for members in order[turn:] + order[:turn]:
+            at = r % len(members)
+            for name in members[at:] + members[:at]:
+                fn = fns[name]
+                if name in partner.values():
+                    continue  # timed with its partner
+                if name in partner:
+                    other = partner[name]
+                    ta, tb = timer.pair(fn, fns[other])
+                    per[name].append(statistics.median(ta))
+                    per[other].append(statistics.median(tb))
+                else:
+                    per[name].append(statistics.median(timer(fn)))
     return {name: (statistics.median(ms), ms) for name, ms in per.items()}

@@ -10,7 +10,8 @@ issue (its pipeline) at the same clock.
 
 --ncu: a child process runs each pair's kernel, cuBLAS and torch once each between
 cuProfilerStart and cuProfilerStop under ncu (--clock-control none, --set detailed plus
-the tensor pipes' activity); its report is written as text, one file per shape.
+the tensor pipes' activity, and the warp-stall sampling by instruction: SourceCounters);
+its reports are written as text, one file per shape and run.
 
     python bench/kernel_profile.py --pair 4096x4096x4096 gemm_wgmma_f16_... [--pair ...]
         [--seconds 2] [--rounds 2] [--ncu] [--out DIR]
@@ -159,7 +160,11 @@ def ncu(text, name, cubin_path: Path, out: Path) -> None:
     base = [ncu_path(), "--clock-control", "none", "--profile-from-start", "off"]
     me = [sys.executable, __file__, "--child", text, name, str(cubin_path)]
     runs = {"sections": [a for s in NCU_SECTIONS for a in ("--section", s)],
-            "tensor": ["--metrics", NCU_TENSOR]}
+            "tensor": ["--metrics", NCU_TENSOR],
+            # the warp-stall sampling by instruction (the "sections" run's WarpStateStats
+            # asks for it: where a block's time goes, instruction fetch included)
+            "stalls": ["--section", "SourceCounters", "--section", "WarpStateStats",
+                       "--print-details", "all"]}
     for label, extra in runs.items():
         p = subprocess.run(base + extra + me, capture_output=True, text=True, timeout=300)
         path = out / f"kernel-profile-{text}-{label}.txt"

@@ -237,6 +237,30 @@ def test_interleaved_times_each_function_once_a_round_in_turn():
     assert _common.geomean([]) is None
 
 
+def test_interleaved_times_a_gemms_functions_together_each_first_of_them_once():
+    """Functions named GROUP/WHO run one after another; the groups rotate a place a round
+    and so do the members within a group: over three rounds each of a group of three is
+    first of its group once, and no group is always first."""
+    calls = []
+
+    def timer(fn):
+        calls.append(fn())
+        return [1.0]
+
+    names = ["q/ours", "q/torch", "q/gpu", "k/ours", "k/torch", "forward"]
+    _common.interleaved(timer, {n: (lambda n=n: n) for n in names}, 3)
+    rounds = [calls[i:i + 6] for i in (0, 6, 12)]
+    assert rounds[0] == names
+    assert rounds[1] == ["k/torch", "k/ours", "forward", "q/torch", "q/gpu", "q/ours"]
+    assert rounds[2] == ["forward", "q/gpu", "q/ours", "q/torch", "k/ours", "k/torch"]
+    for group in ("q/", "k/"):
+        spans = [[i for i, c in enumerate(r) if c.startswith(group)] for r in rounds]
+        assert all(s == list(range(s[0], s[0] + len(s))) for s in spans)  # together
+    firsts = {[c for c in r if c.startswith("q/")][0] for r in rounds}
+    assert firsts == {"q/ours", "q/torch", "q/gpu"}
+    assert len({r[0] for r in rounds}) == 3
+
+
 # ---- the layers in torch (CPU) ----------------------------------------------------------------
 @needs_torch
 @pytest.mark.parametrize("layer, fused", [("llama", ["mlp.gate.1"]), ("gpt2", ["mlp.c_fc.1"])])

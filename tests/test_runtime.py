@@ -109,10 +109,11 @@ def test_an_exact_entry_that_lost_to_cublas_is_measured(lib, fake):
     lib.gemm(*ops, measure=False)  # the recorded ratio (0.90x) decides: cuBLAS
     assert fake.launches == [] and len(fake.blas) == 1 and fake.measured == []
     fake.times = {BIG.name: 0.9, SMALL.name: 5.0, "cublas": 1.0}
-    lib.gemm(*ops)  # measured against cuBLAS as this caller reaches it, over M's bucket
-    assert [x[0] for x in fake.measured] == [(3969, 4096, 4096), (4096, 4096, 4096)]
+    lib.gemm(*ops)  # measured against cuBLAS as this caller reaches it, at its own M alone
+    assert [x[0] for x in fake.measured] == [(4096, 4096, 4096)]
     assert fake.launches[-1][0] == BIG.name
     assert "(measured, gemm-tune callers)" in lib.explain(4096, 4096, 4096)
+    assert "(its exact entry: this M alone)" in lib.explain(4096, 4096, 4096)
 
 
 def test_a_measured_decision_is_kept_for_the_next_process(lib, fake):
