@@ -202,11 +202,12 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     def blas(stream):
         s.run(3.0 if first.pop("cublas", False) else gpu_ms)
 
-    holds = []
+    holds, flushes = [], []
     ms, device = measure.time_candidates(None, {"kernel": lambda st: s.run(gpu_ms * 1.5),
                                                 "cublas": blas}, stream=7,
                                          hold=lambda st, t: holds.append(t) or s.hold(st, t),
-                                         clock=s.clock, flush=lambda st: s.run(0.002))
+                                         clock=s.clock,
+                                         flush=lambda st: flushes.append(st) or s.run(0.002))
     assert ms["cublas"] == pytest.approx(max(gpu_ms, host_ms), rel=1e-6)
     assert ms["kernel"] == pytest.approx(max(1.5 * gpu_ms, host_ms), rel=1e-6)
     assert device == pytest.approx({"cublas": gpu_ms, "kernel": 1.5 * gpu_ms}, rel=1e-6)
@@ -214,6 +215,19 @@ def test_candidates_are_timed_as_a_loop_in_its_steady_state(monkeypatch, gpu_ms,
     # GPU-paced loop gives the GPU's time as it is)
     assert bool(holds) == (host_ms > measure.GPU_BOUND * gpu_ms
                            or gpu_ms < measure.FLUSHED_BELOW_MS)
+    # and a flush only where a held loop runs (the default one allocates its buffer, twice
+    # the L2, at its first call: none for a first use the GPU paced throughout)
+    assert bool(flushes) == bool(holds)
+
+
+def test_the_first_uses_flush_allocates_its_buffer_at_its_first_call(monkeypatch):
+    made = []
+    monkeypatch.setattr(driver, "L2Flush", lambda g: made.append(g) or (lambda st: None))
+    flush = measure._Flush("gpu 0")
+    assert made == []
+    flush(7)
+    flush(7)
+    assert made == ["gpu 0"]
 
 
 @pytest.mark.parametrize("flushed", [True, False])
