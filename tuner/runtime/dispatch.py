@@ -556,29 +556,25 @@ class Dispatcher:
             return Choice(e["kernel"], "estimate", f"no entry for {what}; {figures}", est)
         return Choice(None, "estimate", f"no entry for {what}; {figures}: cuBLAS runs", blas)
 
-    def key(self, g, case: Case) -> str:
+    def key(self, g, case: Case, apart: bool | None = None) -> str:
         """The table's key of `case` on GPU g: its M-bucket's, or its own M's where an
-        exact entry serves it (:meth:`span`)."""
+        exact entry serves it (`apart`, looked up where None: such a case is measured at
+        its own M alone and decided apart from its bucket, as a trusted exact entry is,
+        since the bucket's other end may cost the kernel a tile row: M = 1921 costs a
+        128-row tile for one row where the entry was tuned at 2048)."""
         from tuner.runtime.cublas import cublas_version
 
-        m = case.m if self._exact(g, case) is not None else self.buckets.text(case.m)
+        if apart is None:
+            apart = self._exact(g, case) is not None
         return DispatchTable.key(g.name, g.driver_version,
                                  f"{cublas_version()} via {case.route}",
                                  self.manifest.fingerprint, case.dtype.short, case.variant,
-                                 m, case.n, case.k, case.align, case.batch, case.ld, self.pace)
+                                 case.m if apart else self.buckets.text(case.m), case.n,
+                                 case.k, case.align, case.batch, case.ld, self.pace)
 
     def _exact(self, g, case: Case) -> dict | None:
         return exact_entry(self.manifest.serving(case.dtype, g.cc, case.variant),
                            (case.m, case.n, case.k), case.batch, case.align, g.name)
-
-    def span(self, g, case: Case) -> tuple[int, int]:
-        """The Ms a decision of `case` is measured at and holds for: its M-bucket's ends, or,
-        where an exact entry serves the case, its own M alone (decided apart from its bucket,
-        as a trusted exact entry is: the bucket's other end may cost its kernel a tile row,
-        as M = 1921 costs a 128-row tile for one row where the entry was tuned at 2048)."""
-        if self._exact(g, case) is not None:
-            return case.m, case.m
-        return self.buckets.of(case.m)
 
     def select_case(self, case: Case, cc: int, sms: int | None, gpu: str | None) -> Choice:
         """select() of a case (on a GPU of compute capability cc, `sms` SMs, model `gpu`)."""
@@ -595,14 +591,14 @@ class Dispatcher:
         choice = self.select_case(case, g.cc, g.arch.sm_count, g.name)
         if settled(choice):
             return choice
-        key = self.key(g, case)
+        e = self._exact(g, case)
+        key = self.key(g, case, e is not None)
         d = self.table.get(key)
         if d is None and measure is not None:
-            lo, hi = self.span(g, case)
-            names = [e["kernel"] for _, e in self.ranked(
+            lo, hi = (case.m, case.m) if e is not None else self.buckets.of(case.m)
+            names = [x["kernel"] for _, x in self.ranked(
                 hi, case.n, case.k, case.dtype, g.cc, g.arch.sm_count, case.variant,
                 case.align, case.batch)]
-            e = self._exact(g, case)
             if e is not None:  # an exact entry's kernel is measured first, won or lost
                 names = [e["kernel"]] + [x for x in names if x != e["kernel"]]
             d = measure(names, (lo, hi))
@@ -613,12 +609,11 @@ class Dispatcher:
         return choice if d is None else measured_choice(d)
 
     def _table_lines(self, g, case: Case, routes) -> list[str]:
-        lines = []
+        lines, apart = [], self._exact(g, case) is not None
         for route in routes:
-            d = self.table.get(self.key(g, dataclasses.replace(case, route=route)))
+            d = self.table.get(self.key(g, dataclasses.replace(case, route=route), apart))
             if d is not None:
                 mc = measured_choice(d)
-                apart = self._exact(g, case) is not None
                 lines.append(f"{mc.kernel or 'cuBLAS'} (measured, {route} callers) for "
                              f"{case.words(None if apart else self.buckets)}"
                              f"{' (its exact entry: this M alone)' if apart else ''}: "
