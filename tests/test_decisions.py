@@ -372,8 +372,12 @@ def test_the_decision_takes_the_worst_ratio_over_the_measured_ms():
     ((0.97, 1.0), (0.97, 1.0), True),  # wins both by the margin
     ((0.99, 1.0), (0.99, 1.0), False),  # wins both, within the margin
     ((1.01, 1.0), (0.5, 1.0), True),   # a tie in the loop, 2x on the GPU alone
+    ((0.77, 1.0), (1.0, 1.0), True),   # 1.3x in the loop, the GPU alone tied exactly
+    ((0.77, 1.0), (0.995, 1.0), True),  # 1.3x in the loop, ahead on the GPU within the margin
+    ((0.995, 1.0), (1.0, 1.0), False),  # no figure won by the margin, none lost
 ], ids=["launch-wins", "gpu-loses-past-the-bound", "gpu-loses", "gpu-wins", "loses-more",
-        "both", "within-margin", "loop-tie"])
+        "both", "within-margin", "loop-tie", "gpu-tie", "gpu-ahead-within-margin",
+        "ties"])
 def test_the_decision_weighs_the_loop_against_the_gpu_alone(loop, device, runs):
     """Where a kernel wins in the caller's loop and loses on the GPU alone (or the reverse),
     it runs only if what it can lose, by the margin, is less than what cuBLAS can, and its
