@@ -391,6 +391,17 @@ PINGPONG_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_bf16_64x256x64_c2_s4_x1_p1_g8_pp_ts_nt_obf16_bias_gelu",
     "gemm_wgmma_f16_128x64x64_c2_s5_x1_p1_g16_pp_tt_biasf32_silu",
     "gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_pp_ts_obf16_relu")]
+#: N tiles a K-major B allows that are not multiples of 64 (x @ W.t(): NT, TT): 112 from
+#: registers with ping-pong, a cluster (56-row halves of B) and split-K; 96 and 160 through
+#: TMA stores; 224 cooperative
+K_MAJOR_N_VARIANTS = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_bf16_128x112x64_c2_s5_x1_p1_g16_pp_nt_obf16_silu",
+    "gemm_wgmma_f16_128x112x64_c2_s5_x2_p1_g8_tt_of16_bias",
+    "gemm_wgmma_bf16_64x112x64_c1_s8_x1_p1_g16_k2l_nt_obf16",
+    "gemm_wgmma_f16_128x96x64_c2_s6_x1_p1_g16_pp_ts_nt_of16_bias_gelut",
+    "gemm_wgmma_bf16_128x160x64_c2_s4_x1_p1_g16_ts_tt_obf16",
+    "gemm_wgmma_f16_128x224x64_c2_s4_x1_p1_g8_nt",
+)]
 REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
 #: the TMA store: N a whole number of 16 bytes of C
 TS_SHAPES = [(1, 8, 7), (17, 40, 131), (127, 136, 257), (300, 264, 1009)]
@@ -403,7 +414,7 @@ def compiled_variants(compile_cache):
     from codegen import compile_many
 
     cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + FP32_VARIANTS + BATCH_VARIANTS
-                              + SPLITK_VARIANTS + PINGPONG_VARIANTS))
+                              + SPLITK_VARIANTS + PINGPONG_VARIANTS + K_MAJOR_N_VARIANTS))
     out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
     failed = {c.name: r.error for c, r in out.items() if not r.ok}
     assert not failed, failed
@@ -436,6 +447,15 @@ def test_ping_pong_consumers_take_turns_over_many_tiles(cfg, compiled_variants):
     shapes = (TS_SHAPES if cfg.store else REG_SHAPES) + [(2100, 2056, 131)]
     for i, shape in enumerate(shapes):
         _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", K_MAJOR_N_VARIANTS, ids=lambda c: c.name)
+def test_k_major_b_in_n_tiles_of_any_8_columns(cfg, compiled_variants):
+    """Odd shapes (N below, across and past a tile of 96-224 columns), then 2100 x 2056,
+    whose last tile column is partial for every such BN, over many tiles per block."""
+    shapes = (TS_SHAPES if cfg.store else REG_SHAPES) + [(2100, 2056, 131)]
+    for i, shape in enumerate(shapes):
+        _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.5, 0.0)[i % 2], seed=20 + i)
 
 
 @pytest.mark.parametrize("cfg", SPLITK_VARIANTS, ids=lambda c: c.name)

@@ -23,6 +23,7 @@ from tuner.commands import find_cuobjdump
 from codegen import DType, UsageError, compile_many, render
 from codegen.compile import arch_target, compile_config
 from codegen.config import Family
+from codegen.families._common import Layout
 from codegen.families.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, check_wgmma, sample_wgmma,
                            tma_reasons)
 from tuner.runtime.errors import TmaUnsupported
@@ -125,6 +126,12 @@ def test_pingpong_reasons_say_what_it_needs():
     (WgmmaConfig(bn=260), "sm_90", "BN=260 is not one of wgmma's N: a multiple of 8 up to 256"),
     (WgmmaConfig(bn=100), "sm_90", "BN=100 is not one of wgmma's N"),
     (WgmmaConfig(bn=200), "sm_90", "BN=200 is not a multiple of 64, the width of one 128-byte"),
+    (WgmmaConfig(bn=112, layout=Layout.NT, store=1), "sm_90",
+     "BN=112: the TMA-store epilogue writes C in 32-column slices, and 112 is not a multiple "
+     "of 32"),
+    (WgmmaConfig(bn=120, layout=Layout.NT, cluster=2), "sm_90",
+     "BN=120 rows of a K-major B split over a cluster of 2 into 60-row halves, not whole "
+     "8-row swizzle atoms"),
     (WgmmaConfig(bk=32), "sm_90", "BK=32 x 2 B = 64 B per row; the 128B swizzle needs 128 (BK=64)"),
     (WgmmaConfig(bm=96), "sm_90", "BM=96 gives each of the 2 consumer warpgroups 48 rows"),
     (WgmmaConfig(bm=512, consumers=2), "sm_90", "BM=512 rows exceed the 256 of one TMA box"),
@@ -865,7 +872,6 @@ def test_tf32x3_accuracy_bench_plan_and_plot(tmp_path):
 
 # ---- C's type, the bias and the activation (the epilogue) ----------------------------------
 from codegen.check import check  # noqa: E402
-from codegen.families._common import Layout  # noqa: E402
 from codegen.families.wgmma import c_tma_reasons, problem_reasons  # noqa: E402
 
 #: x @ W.t() (NT: B column-major, both operands K-major), fp16 C with an fp16 bias and gelu,
@@ -1053,6 +1059,8 @@ VARIANT_NAMES = [
     "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_tt_of16_biasf32_relu",  # pre-pass TT, fp16 C
     "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",                      # tf32 B^T in place, cluster
     "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu",              # 3xTF32 NT, bf16 C
+    "gemm_wgmma_bf16_128x112x64_c2_s5_x1_p1_g16_pp_nt_obf16_silu",            # N tile of 112 (K-major B)
+    "gemm_wgmma_f16_128x96x64_c2_s6_x2_p1_g16_ts_nt_of16",                    # 96, a cluster, TMA store
 ]
 
 
@@ -1137,6 +1145,26 @@ def test_layouts_choose_each_operands_box_and_major_ness():
     for layout in Layout:
         p = dataclasses.replace(PREP_GOLDEN, layout=layout)
         assert p.tma_boxes() == PREP_GOLDEN.tma_boxes() and not p.a_mn_major and not p.b_mn_major
+
+
+@pytest.mark.parametrize("bn", [96, 112, 160, 224])
+def test_a_k_major_b_takes_n_tiles_of_whole_8_row_atoms(bn):
+    """A column-major B of 2-byte data (NT, TT: x @ W.t()) is one TMA box of BN rows, so BN
+    need only be a multiple of 8 (and of 32 with the TMA store's slices); a row-major B
+    (NN, TN) comes in 64-column boxes, and fp32 data in 32-column ones."""
+    base = WgmmaConfig(dtype=DType.BF16, bm=128, bn=bn, stages=4, consumers=2, persistent=1)
+    for layout in (Layout.NT, Layout.TT):
+        assert check_wgmma(dataclasses.replace(base, layout=layout), "sm_90") == [], layout
+        ts = check_wgmma(dataclasses.replace(base, layout=layout, store=1), "sm_90")
+        assert ts == ([] if bn % 32 == 0 else [
+            f"BN={bn}: the TMA-store epilogue writes C in 32-column slices, and {bn} is not a "
+            "multiple of 32"]), (layout, ts)
+    for layout in (Layout.NN, Layout.TN):
+        assert check_wgmma(dataclasses.replace(base, layout=layout), "sm_90") == [
+            f"BN={bn} is not a multiple of 64, the width of one 128-byte swizzled B box"]
+    tf32 = WgmmaConfig(dtype=DType.TF32, bk=32, bm=128, bn=bn, stages=3, consumers=2,
+                       layout=Layout.NT)
+    assert any("not a multiple of 32" in w for w in check_wgmma(tf32, "sm_90")) == bool(bn % 32)
 
 
 def test_layout_rules_in_check():
@@ -1257,6 +1285,14 @@ def test_sass_of_the_layouts(compiled_variants, compile_cache):
         loads = c.bm // 64 if c.a_mn_major else 1
         loads += c.bn // 64 if c.b_mn_major else 1
         assert code.count("UTMALDG.2D") >= loads, name
+        assert ("MULTICAST" in code.upper()) == (c.cluster > 1), name
+    for name in VARIANT_NAMES[-2:]:  # N tiles of 112 and 96: wgmma's N is the tile's
+        c = WgmmaConfig.from_name(name)
+        code = _sass(c, compile_cache)
+        hgmma = [line for line in code.splitlines() if "HGMMA.64x" in line]
+        assert len(hgmma) == (c.wm // 64) * (c.bk // 16) and \
+            all(f"HGMMA.64x{c.bn}x16.F32" in line and "tnsp" not in line for line in hgmma), \
+            (name, hgmma[:1])
         assert ("MULTICAST" in code.upper()) == (c.cluster > 1), name
     for name in ("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",
                  "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu"):

@@ -141,9 +141,12 @@ class WgmmaConfig(_Serial, SplitK, Named):
     accumulation, C in fp32, fp16 or bf16 with a fused bias and activation.
 
     Attributes:
-        bm, bn, bk: block tile. BM = 64 or 128 rows per consumer warpgroup; BN a multiple of
-            64 (one 128-byte swizzled TMA box of B per 64 columns) up to 256 (wgmma's
-            largest N); BK = 64 elements (128 bytes, the 128B swizzle span).
+        bm, bn, bk: block tile. BM = 64 or 128 rows per consumer warpgroup; BN up to 256
+            (wgmma's largest N): a multiple of 64 for a row-major B (one 128-byte swizzled
+            TMA box of B per 64 columns) or fp32 data (32), of 8 for a column-major B of
+            2-byte data (one box of BN rows, whole 8-row swizzle atoms: 96, 112, 160 fill
+            132 SMs where 64-multiples divide N badly), of 32 with the TMA store; BK = 64
+            elements (128 bytes, the 128B swizzle span).
         stages: depth of the shared-memory ring the TMA producer fills ahead of the consumers.
         consumers: wgmma warpgroups (1 or 2), each owning BM/consumers rows of the tile.
         cluster: 1, or 2 blocks along M in a thread-block cluster that load B once and
@@ -591,9 +594,15 @@ def _tile_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"BM={c.bm} rows exceed the 256 of one TMA box")
     if c.bn % 8 or c.bn > 256:
         why.append(f"BN={c.bn} is not one of wgmma's N: a multiple of 8 up to 256")
-    elif c.bn % c.b_box_cols:
+    elif (c.b_mn_major or c.fp32_data) and c.bn % c.b_box_cols:
         why.append(f"BN={c.bn} is not a multiple of {c.b_box_cols}, the width of one 128-byte "
                    f"swizzled B box")
+    elif not c.b_mn_major and c.cluster > 1 and (c.bn // c.cluster) % 8:
+        why.append(f"BN={c.bn} rows of a K-major B split over a cluster of {c.cluster} into "
+                   f"{c.bn / c.cluster:g}-row halves, not whole 8-row swizzle atoms")
+    if c.store == 1 and c.bn % 8 == 0 and c.bn % 32:
+        why.append(f"BN={c.bn}: the TMA-store epilogue writes C in 32-column slices, and "
+                   f"{c.bn} is not a multiple of 32")
     if c.bk * c.elem != SWIZZLE_BYTES:
         why.append(f"BK={c.bk} x {c.elem} B = {c.bk * c.elem} B per row; the 128B swizzle needs "
                    f"{SWIZZLE_BYTES} (BK={SWIZZLE_BYTES // c.elem})")
@@ -620,7 +629,7 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
                    f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "
                    f"transpose B alone); the pre-pass (prep=1) reads a column-major A")
-    if c.store not in (0, 1):  # its 32-column slices of C: BN is a multiple of 32 already
+    if c.store not in (0, 1):  # (its 32-column slices of C: _tile_reasons)
         why.append(f"store={c.store} is not 0 or 1")
     if c.pingpong not in (0, 1):
         why.append(f"pingpong={c.pingpong} is not 0 or 1")
