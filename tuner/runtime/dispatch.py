@@ -21,8 +21,9 @@ codegen.families._common.Variant):
      of its M-bucket, each in the caller's loop and on the GPU alone (the host ahead); a
      kernel that beats cuBLAS at both Ms runs from then on, else cuBLAS; at one M it beats
      cuBLAS if it wins both figures by MEASURE_MARGIN, or one by the margin and loses
-     neither, or, winning one and losing the other, costs less time (by the margin) where it loses than it saves where it wins
-     (tuner.runtime.measure.decision: of several, the one of the least regret). The decision is kept in the dispatch
+     neither, or, winning one and losing the other, costs less time (by the margin) where
+     it loses than it saves where it wins (tuner.runtime.measure.decision: of several,
+     the one of the least regret). The decision is kept in the dispatch
      table (on disk, beside the library or in the user cache) so later calls of the
      bucket, and later processes, do not measure again.
   3. estimated: with measuring off (`measure=False`, GEMM_TUNE_MEASURE=0) a decision the
