@@ -1059,9 +1059,16 @@ VARIANT_NAMES = [
     "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_ts_tt_of16_biasf32_relu",  # pre-pass TT, fp16 C
     "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",                      # tf32 B^T in place, cluster
     "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu",              # 3xTF32 NT, bf16 C
-    "gemm_wgmma_bf16_128x112x64_c2_s5_x1_p1_g16_pp_nt_obf16_silu",            # N tile of 112 (K-major B)
-    "gemm_wgmma_f16_128x96x64_c2_s6_x2_p1_g16_ts_nt_of16",                    # 96, a cluster, TMA store
 ]
+#: N tiles a K-major B allows beyond the 64-multiples: 112 (Llama's 14336 = 128 x 112), 96
+#: with a cluster and the TMA store, and the extremes, 8 and 248
+K_MAJOR_N_NAMES = [
+    "gemm_wgmma_bf16_128x112x64_c2_s5_x1_p1_g16_pp_nt_obf16_silu",
+    "gemm_wgmma_f16_128x96x64_c2_s6_x2_p1_g16_ts_nt_of16",
+    "gemm_wgmma_f16_128x8x64_c2_s4_x1_p1_g8_nt",
+    "gemm_wgmma_bf16_64x248x64_c1_s4_x1_p1_g8_tt_obf16_bias",
+]
+VARIANT_NAMES += K_MAJOR_N_NAMES
 
 
 @pytest.fixture(scope="module")
@@ -1286,12 +1293,13 @@ def test_sass_of_the_layouts(compiled_variants, compile_cache):
         loads += c.bn // 64 if c.b_mn_major else 1
         assert code.count("UTMALDG.2D") >= loads, name
         assert ("MULTICAST" in code.upper()) == (c.cluster > 1), name
-    for name in VARIANT_NAMES[-2:]:  # N tiles of 112 and 96: wgmma's N is the tile's
+    for name in K_MAJOR_N_NAMES:  # wgmma's N is the tile's, B read untransposed
         c = WgmmaConfig.from_name(name)
         code = _sass(c, compile_cache)
         hgmma = [line for line in code.splitlines() if "HGMMA.64x" in line]
         assert len(hgmma) == (c.wm // 64) * (c.bk // 16) and \
-            all(f"HGMMA.64x{c.bn}x16.F32" in line and "tnsp" not in line for line in hgmma), \
+            all(f"HGMMA.64x{c.bn}x16.F32" in line and "tnspB" not in line
+                and ("tnspA" in line) == c.a_mn_major for line in hgmma), \
             (name, hgmma[:1])
         assert ("MULTICAST" in code.upper()) == (c.cluster > 1), name
     for name in ("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",
