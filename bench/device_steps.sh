@@ -32,9 +32,11 @@
 #             PostgreSQL where .pg-carry, from bench/postgres_carry.sh, was carried)
 #   host      bench/host_overlap.py (numpy in and out: pipelined against sequential)
 #   timeline  bench/host_timeline.py $TIMELINE_ARGS (the host pipeline's spans, a Gantt chart)
-#   grids     bench/search_quality.py --exhaustive over one family ($GRIDS: dtype:family
-#             pairs, default "fp16:wgmma 3xtf32:wgmma") at $GRID_SHAPE (default 4096^3): the
-#             records bench/simulate_search.py replays
+#   grids     bench/search_quality.py --exhaustive over one family each ($GRIDS: words
+#             dtype:family[:shape[:variant]], default "fp16:wgmma 3xtf32:wgmma"; the shape
+#             defaults to $GRID_SHAPE or 4096^3, the variant to the plain problem, e.g.
+#             "bf16:decode:1x4096x4096:nt|bf16|none|none"): the records
+#             bench/simulate_search.py and bench/model_rank.py replay
 #   model     bench/model_gpu.py (inspect --profile, trials to within 2% with and without)
 #   linear    bench/linear_host_path.py (a small linear's time through torch and each entry point)
 #   models    bench/model_gemms.py $MODELS_ARGS (decoder layers recorded, tuned, patched; the
@@ -175,10 +177,12 @@ PY
       timeout ${HOST_TIMEOUT:-240} python3 bench/host_overlap.py --out "$OUT" \
         ${HOST_SHAPES:+--shapes $HOST_SHAPES} ;;
     grids)
-      for pair in ${GRIDS:-fp16:wgmma 3xtf32:wgmma}; do
+      for grid in ${GRIDS:-fp16:wgmma 3xtf32:wgmma}; do
+        IFS=: read -r dtype family shape variant <<< "$grid"
         timeout ${GRID_TIMEOUT:-400} python3 bench/search_quality.py --exhaustive --skip-default \
-          --shape ${GRID_SHAPE:-4096x4096x4096} --dtype "${pair%%:*}" --family "${pair#*:}" \
-          --timeout ${GRID_SEARCH_TIMEOUT:-380} --out "$OUT" 2>&1 | grep -v Warning | tail -4
+          --shape ${shape:-${GRID_SHAPE:-4096x4096x4096}} --dtype "$dtype" --family "$family" \
+          ${variant:+--variant "$variant"} --timeout ${GRID_SEARCH_TIMEOUT:-380} --out "$OUT" \
+          2>&1 | grep -v Warning | tail -4
       done ;;
     model)
       timeout ${MODEL_TIMEOUT:-420} python3 bench/model_gpu.py --out "$OUT/model" ${MODEL_ARGS:-} \

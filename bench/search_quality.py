@@ -2,10 +2,13 @@
 default budget) and, with --exhaustive, the grid over the whole valid space; record
 every candidate, the pruning savings and the distance between the two bests. With
 --family, the grid covers those families only (a study of one family: its record is what
-bench/simulate_search.py replays).
+bench/simulate_search.py replays); with --variant, the problem is a program's (its layout,
+C's type, bias and activation, as a library key writes them: "nt|bf16|none|none").
 
     python bench/search_quality.py --shape 4096x4096x4096 [--exhaustive] [--out DIR]
     python bench/search_quality.py --exhaustive --skip-default --dtype fp16 --family wgmma
+    python bench/search_quality.py --exhaustive --skip-default --dtype bf16 --family decode \
+        --shape 1x4096x4096 --variant "nt|bf16|none|none"
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ sys.path.insert(0, str(HERE))
 from _common import header, write  # noqa: E402
 
 
-def default_budget(shape: str, dtype: str, work: Path) -> dict:
+def default_budget(shape: str, dtype: str, work: Path, variant=None) -> dict:
     """The CLI in a fresh process, twice: the tune, then the answer from the cache."""
     cmd = [sys.executable, "-m", "tuner", "--shape", shape, "--dtype", dtype, "--json",
            "--artifacts", str(work)]
+    if variant is not None:
+        cmd += ["--layout", variant.layout.value, "--out", variant.out.short, "--bias",
+                variant.bias, "--act", variant.act]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
     tune_s = time.monotonic() - t0
@@ -43,16 +49,18 @@ def default_budget(shape: str, dtype: str, work: Path) -> dict:
 
 
 def exhaustive(shape: tuple[int, int, int], dtype, families, timeout: float,
-               work: Path) -> dict:
+               work: Path, variant=None) -> dict:
     from tuner.bench import GpuBenchmark
     from tuner.search import search
     from tuner.space import valid_configs
 
-    bench = GpuBenchmark(shape, dtype, seed=0, target_ms=20)
-    n_valid = sum(1 for _ in valid_configs(bench.arch, dtype, shape, only=families))
+    bench = GpuBenchmark(shape, dtype, seed=0, target_ms=20, variant=variant)
+    n_valid = sum(1 for _ in valid_configs(bench.arch, dtype, shape, variant=variant,
+                                           only=families))
     # an exhaustive record times every candidate that runs: a replay may ask for any
     res = search(shape, bench, dtype=dtype, trials=n_valid, timeout=timeout, sampler="grid",
-                 seed=0, artifacts=work, model=False, only=families, prune=False)
+                 seed=0, artifacts=work, model=False, only=families, prune=False,
+                 variant=variant)
     s = res.stats
     timed = res.timed()
     return dict(families=sorted(families) if families else None, valid=n_valid,
@@ -71,6 +79,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--family", action="append", default=None,
                     help="search only this family (repeatable; default: all the dtype's)")
+    ap.add_argument("--variant", default=None, metavar="KEY",
+                    help='the problem\'s layout, C type, bias and activation, "nt|bf16|none|none" '
+                    "(default: the plain problem, NN with fp32 C)")
     ap.add_argument("--exhaustive", action="store_true")
     ap.add_argument("--skip-default", action="store_true")
     ap.add_argument("--timeout", type=float, default=420)
@@ -78,15 +89,19 @@ def main() -> None:
     args = ap.parse_args()
 
     from codegen.config import DType
+    from codegen.families._common import Variant
     from tuner._shape import parse_shape
     from tuner.gpu import device
 
     dtype = DType.parse(args.dtype)
+    variant = Variant.from_key(args.variant) if args.variant else None
     data = dict(header(device()), benchmark="search_quality", shape=args.shape,
                 dtype=dtype.short)
+    if variant is not None:
+        data["variant"] = variant.key
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_default:
-            d = default_budget(args.shape, args.dtype, Path(tmp) / "default")
+            d = default_budget(args.shape, args.dtype, Path(tmp) / "default", variant)
             data["default_budget"] = d
             r, w = d["result"], d["result"]["winner"]
             print(f"default budget: {w['name']} {w['tflops']} TFLOP/s vs cuBLAS "
@@ -95,7 +110,7 @@ def main() -> None:
         if args.exhaustive:
             e = exhaustive(parse_shape(args.shape), dtype,
                            frozenset(args.family) if args.family else None, args.timeout,
-                           Path(tmp) / "grid")
+                           Path(tmp) / "grid", variant)
             data["exhaustive"] = e
             print(f"exhaustive: {e['stats']} of {e['valid']} valid in {e['seconds']} s, "
                   f"complete={e['complete']}; best {e['best']}; cuBLAS {e['cublas_tflops']}")
@@ -105,7 +120,9 @@ def main() -> None:
                       "exhaustive best")
     name = ("search-quality" + ("-exhaustive" if args.exhaustive else "")
             + (f"-{dtype.short}" if dtype is not DType.F32 else "")
-            + "".join(f"-{f}" for f in sorted(args.family or ())))
+            + "".join(f"-{f}" for f in sorted(args.family or ()))
+            + (f"-{args.shape}-{variant.layout.value}-o{variant.out.short}"
+               if variant is not None else ""))
     print("wrote", write(name, data, args.out))
 
 
