@@ -37,6 +37,7 @@ class Study:
     valid: int | None = None  # the grid's size, for an exhaustive record
     untimed: list[Point] = dataclasses.field(default_factory=list)  # pruned, with resources
     families: frozenset[str] | None = None  # the families a grid covered (None: all)
+    variant: str | None = None  # the problem's Variant key (None: the plain problem)
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -86,7 +87,8 @@ def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
             (pts if r["outcome"] == "timed" else untimed).append(pt)
         fam = ex.get("families")
         out.append(Study(f"{Path(p).name}", _shape(d["shape"]), d["dtype"], pts, True,
-                         ex["valid"], untimed, frozenset(fam) if fam else None))
+                         ex["valid"], untimed, frozenset(fam) if fam else None,
+                         d.get("variant")))
     return out
 
 

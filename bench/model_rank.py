@@ -5,6 +5,7 @@ model, replaying recorded timings (no GPU).
 
     python bench/model_rank.py                 # rho per study + margin evidence -> JSON
     python bench/model_rank.py --calibrate     # coordinate search over the model's constants
+    python bench/model_rank.py --calibrate-stream   # the streaming model (decode) fitted
     python bench/model_rank.py --simulate      # + trials-to-2% on the exhaustive records
     python bench/model_rank.py --dtype f16 --by-kind   # measured / predicted per kind of kernel
 
@@ -124,19 +125,42 @@ def by_kind(prepared) -> list[dict]:
     return out
 
 
-def calibrate(prepared, passes: int = 2) -> dict:
-    """Coordinate search over TUNED, maximising the mean rho of the studies (each study
-    one vote, exhaustive or not)."""
+#: the streaming model's constants (tuner/model.py), its physical guesses and grid
+STREAM_PHYSICAL = dict(STREAM_LATENCY_S=0.8e-6, STREAM_SM_SHARE=1.0, STREAM_ISSUE_SCALE=2.0,
+                       STREAM_STAGE_COST=0.0, STREAM_PARTIAL_COST=1.0, STREAM_LAST_S=1e-6,
+                       STREAM_CLUSTER_S=0.5e-6, STREAM_PASS_S=2e-6, STREAM_FIXED_S=2e-6)
+STREAM_GRID = dict(STREAM_LATENCY_S=(0.5e-6, 0.75e-6, 1e-6, 1.5e-6, 2e-6, 3e-6),
+                   STREAM_SM_SHARE=(0.8, 0.9, 1.0, 1.07, 1.15, 1.3, 1.6),
+                   STREAM_ISSUE_SCALE=(1.0, 2.0, 4.0, 6.0, 8.0, 12.0),
+                   STREAM_STAGE_COST=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0),
+                   STREAM_PARTIAL_COST=(0.0, 1.0, 2.0, 4.0),
+                   STREAM_LAST_S=(0.0, 1e-6, 2e-6, 4e-6, 6e-6, 8e-6),
+                   STREAM_CLUSTER_S=(0.0, 1e-6, 2e-6, 4e-6, 6e-6),
+                   STREAM_PASS_S=(0.0, 1e-6, 2.5e-6, 4e-6),
+                   STREAM_FIXED_S=(1e-6, 2e-6, 3e-6, 5e-6))
+
+
+def streams(study: Study) -> bool:
+    """A study of the streaming model's families (decode) alone?"""
+    from codegen.families import family_of
+
+    return bool(study.points) and all(
+        family_of(config_from_name(p.kernel)).streams_b for p in study.points)
+
+
+def calibrate(prepared, passes: int = 2, tuned=TUNED, grid=GRID) -> dict:
+    """Coordinate search over `tuned` (default TUNED, values of `grid`), maximising the mean
+    rho of the studies (each study one vote, exhaustive or not)."""
     def score():
         vals = [rho_of(rows, s.shape) for s, rows in prepared]
         return statistics.mean(v for v in vals if v is not None)
 
     best = score()
-    log = [dict(start={k: getattr(model, k) for k in TUNED}, mean_rho=round(best, 4))]
+    log = [dict(start={k: getattr(model, k) for k in tuned}, mean_rho=round(best, 4))]
     for _ in range(passes):
-        for name in TUNED:
+        for name in tuned:
             keep = getattr(model, name)
-            for v in GRID[name]:
+            for v in grid[name]:
                 setattr(model, name, v)
                 sc = score()
                 if sc > best + 1e-4:
@@ -144,8 +168,26 @@ def calibrate(prepared, passes: int = 2) -> dict:
             setattr(model, name, keep)
             log.append(dict(name=name, value=keep, mean_rho=round(best, 4)))
             print(f"  {name} = {keep}: mean rho {best:.4f}", flush=True)
-    return dict(constants={k: getattr(model, k) for k in TUNED}, mean_rho=round(best, 4),
+    return dict(constants={k: getattr(model, k) for k in tuned}, mean_rho=round(best, 4),
                 steps=log)
+
+
+def holdout_each(prepared) -> list[dict]:
+    """The streaming model's overfitting check: for each study, the constants calibrated
+    (from the physical guesses, one pass) on the others, and its rho with them."""
+    start = {k: getattr(model, k) for k in STREAM_PHYSICAL}
+    out = []
+    for i, (s, rows) in enumerate(prepared):
+        for k, v in STREAM_PHYSICAL.items():
+            setattr(model, k, v)
+        fit = calibrate(prepared[:i] + prepared[i + 1:], 1, tuple(STREAM_GRID), STREAM_GRID)
+        rho = rho_of(rows, s.shape)
+        out.append(dict(held_out=s.name, constants=fit["constants"],
+                        rho=None if rho is None else round(rho, 3)))
+        print(f"held out {s.name}: rho {out[-1]['rho']}", flush=True)
+    for k, v in start.items():
+        setattr(model, k, v)
+    return out
 
 
 def holdout(prepared) -> list[dict]:
@@ -170,6 +212,9 @@ def holdout(prepared) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--calibrate-stream", action="store_true",
+                    help="fit the streaming model's constants on the decode studies (each "
+                         "left out in turn first), and report those studies")
     ap.add_argument("--simulate", action="store_true")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=300)
@@ -201,7 +246,8 @@ def main() -> None:
                           date=time.strftime("%Y-%m-%d"))
         print(f"wrote {args.save_studies}")
     studies = [s for s in all_studies(args.studies_db)
-               if ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
+               if args.calibrate_stream and streams(s) or not args.calibrate_stream
+               and ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
     prepared = _prepared(studies)
     data = dict(benchmark="model_rank", gpu="NVIDIA H200 (recorded)", arch=ARCH.sm,
                 date=time.strftime("%Y-%m-%d"),
@@ -211,6 +257,11 @@ def main() -> None:
         for k, v in PHYSICAL.items():
             setattr(model, k, v)
         data["calibration"] = calibrate(prepared)
+    if args.calibrate_stream:
+        data["holdout"] = holdout_each(prepared)
+        for k, v in STREAM_PHYSICAL.items():
+            setattr(model, k, v)
+        data["calibration"] = calibrate(prepared, 2, tuple(STREAM_GRID), STREAM_GRID)
     data["rho"] = rhos(prepared)
     for r in data["rho"]:
         print(f"{r['shape']:>16} {r['study']:<52} n={r['points']:5d} rho={r['rho']}")
@@ -231,8 +282,9 @@ def main() -> None:
 
         data["simulation"] = trials_to_within(
             [s for s in all_studies() if s.exhaustive], seeds=args.seeds, budget=args.budget)
-    name = ("model-rank-calibrate" if args.calibrate else "model-rank") + "".join(
-        f"-{d}" for d in sorted(dtypes - {"fp32"}))
+    name = ("model-rank-calibrate-stream" if args.calibrate_stream else
+            ("model-rank-calibrate" if args.calibrate else "model-rank") + "".join(
+                f"-{d}" for d in sorted(dtypes - {"fp32"})))
     path = args.out / f"{name}-cpu-recorded-h200-{data['date']}.json"
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")

@@ -75,6 +75,7 @@ def trials_to(study: Study, cublas_tflops: float, *, model: bool, seed: int, bud
     import optuna
 
     from codegen.config import DType
+    from codegen.families._common import Variant
     from tuner.search import search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -97,7 +98,8 @@ def trials_to(study: Study, cublas_tflops: float, *, model: bool, seed: int, bud
         res = search(study.shape, bench, dtype=DType.parse(study.dtype), trials=budget,
                      sampler=sampler, seed=seed, jobs=1, artifacts=Path(tmp),
                      cache_dir=Path(tmp), model=model, on_event=on_event, timeout=3600,
-                     only=study.families)
+                     only=study.families,
+                     variant=Variant.from_key(study.variant) if study.variant else None)
     s = res.stats
     return dict(model=model, seed=seed, sampler=sampler, compiled_to_2pct=hit.get("compiled"),
                 timed_to_2pct=hit.get("timed"), compiled_to_5pct=loose.get("compiled"),
@@ -110,6 +112,7 @@ def trials_to(study: Study, cublas_tflops: float, *, model: bool, seed: int, bud
 def label(st: Study) -> str:
     """A record's shape, type and families, as a table names it."""
     return (f"{'x'.join(map(str, st.shape))} {st.dtype}"
+            + (f" {st.variant.split('|')[0]} C {st.variant.split('|')[1]}" if st.variant else "")
             + (f" ({'+'.join(sorted(st.families))})" if st.families else ""))
 
 

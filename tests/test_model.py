@@ -552,3 +552,65 @@ def test_the_dram_estimate_follows_each_familys_raster_group():
     simt = KernelConfig(bm=128, bn=128, swizzle=16)
     assert model._dram_reads(simt, shape, a, 132) < model._dram_reads(
         dataclasses.replace(simt, swizzle=1), shape, a, 132)
+
+
+def test_a_streaming_kernel_of_fewer_blocks_than_sms_is_held_to_one_sms_rate():
+    """The streaming model (decode) by hand: 1x4096x14336 NT bf16 with 64-column panels
+    makes 64 blocks, one an SM, so 68 SMs idle; each streams its 64 x 14336 x 2 bytes at
+    the least of one SM's rate, the DRAM's over the 64 SMs with work, and Little's law
+    (its 32 KB in flight over the latency): an SM's own limits, not the DRAM's."""
+    from codegen.config import Layout
+    from codegen.families.decode import DecodeConfig
+
+    c = DecodeConfig(math="fma", mt=1, bn=64, wk=8, wn=1, stages=2, dtype=DType.BF16,
+                     layout=Layout.NT, out=DType.BF16)
+    occ = occupancy(c.threads, 128, c.smem_bytes, H200)
+    p = predict(c, (1, 4096, 14336), H200, occ)
+    dram = 4.3e12
+    flight = 8 * (64 // 8) * 32 * 8 * 2  # 8 warps, one chunk each of 8 n8 loads of 512 B
+    rate = min(model.STREAM_SM_SHARE * dram / 132, dram / 64, flight / model.STREAM_LATENCY_S)
+    assert rate < dram / 64  # what one SM pulls binds, not the DRAM
+    stream = model.STREAM_LATENCY_S + 64 * 14336 * 2 / rate
+    assert p.terms["stream"] == pytest.approx(stream)
+    assert p.limiter == "stream" and p.waves == 1
+    assert p.seconds == pytest.approx(stream + model.STREAM_FIXED_S)
+    # split 4 across a cluster: 256 blocks, two on the busiest SM (their waves as occupancy
+    # says), plus the reduction: its partial tiles' bytes and the cluster's fixed cost
+    k4 = dataclasses.replace(c, split=4, reduce="cluster")
+    p4 = predict(k4, (1, 4096, 14336), H200, occ)
+    assert p4.terms["reduce"] > model.STREAM_CLUSTER_S
+    assert p4.seconds < p.seconds  # every SM at work
+
+
+def _decode_grids():
+    from pathlib import Path
+
+    results = Path(__file__).parent.parent / "bench" / "results"
+    return sorted(results.glob("search-quality-exhaustive-*decode*.json"))
+
+
+@pytest.mark.parametrize("path", _decode_grids(), ids=lambda p: p.name[26:-21])
+def test_the_streaming_model_ranks_each_recorded_decode_grid(path):
+    """Every valid decode kernel timed on the H200 at each recorded shape and variant (M
+    1-64, NT and NN, fp16 and bf16; bench/search_quality.py --exhaustive --family decode):
+    predicted against measured time correlates at least 0.5 (the tiled terms' 0.04-0.62,
+    bench/NOTES.md), and no kernel within 2% of the grid's best is predicted past the
+    family's pruning margin over that best (the search would never time it)."""
+    import json
+
+    from codegen.families import config_from_name, family_of
+
+    d = json.loads(path.read_text())
+    shape = tuple(int(x) for x in d["shape"].split("x"))
+    rows = []  # (config, predicted s, measured s)
+    for r in d["exhaustive"]["records"]:
+        if r["outcome"] == "timed" and r["tflops"]:
+            c, res = config_from_name(r["kernel"]), r["resources"]
+            occ = occupancy(c.threads, res["registers"], res["smem_dynamic"], H200)
+            rows.append((c, predict(c, shape, H200, occ).seconds,
+                         2 * math.prod(shape) / (r["tflops"] * 1e12)))
+    assert len(rows) >= 300
+    assert spearman([p for _, p, _ in rows], [m for *_, m in rows]) >= 0.5
+    best = min(m for *_, m in rows)
+    margin = family_of(rows[0][0]).prune_margin
+    assert all(p <= margin * best for _, p, m in rows if m <= 1.02 * best)

@@ -70,6 +70,25 @@ times one problem's. The epilogue's bias and activation cost their instructions
            pre-pass of fp32 data, tf32 or pre-split 3xTF32, another per problem), and the
            pre-pass's DRAM traffic (``prep_bytes``: A and B read, their copies written).
 
+**The streaming model** (:func:`_predict_stream`, families with ``streams_b``: decode). A
+skinny kernel (M <= 64) reads B once from DRAM and does little with it; its warps stream B
+into registers, STAGES-1 chunks ahead. Its time is the busiest SM's: each wave of its
+resident blocks waits ``STREAM_LATENCY_S`` for the first bytes, then moves its blocks' B
+at the least of three rates: Little's law (the wave's bytes in flight over the latency),
+what one SM's loads pull (``SM_STREAM_GBS``: an SM alone does not reach the DRAM's rate,
+so a grid of fewer blocks than SMs cannot) and its share of the DRAM's bandwidth among
+the SMs with work. Then the larger of that, the issue of its instructions per chunk
+(``STREAM_ISSUE_SCALE`` times the math and loads counted) and the L2's traffic (A read by
+every panel); a ring of more than two stages costs ``STREAM_STAGE_COST`` a stage
+(measured on every grid, not explained: the ring's indices are constants in its unrolled
+pass); split-K adds its partial tiles' bytes (``STREAM_PARTIAL_COST`` times, through the
+workspace or the cluster's shared memory) and a fixed cost per reduction
+(``STREAM_LAST_S``, ``STREAM_CLUSTER_S``, ``STREAM_PASS_S``); and ``STREAM_FIXED_S``. Calibrated on nine exhaustive decode grids
+(bench/results/search-quality-exhaustive-*decode*.json: M 1-64, N 1024-14336, K
+1024-14336, NT and NN, fp16 and bf16, 4,870 kernels; bench/model_rank.py
+--calibrate-stream): rank correlation 0.63-0.88 per grid, mean 0.77 (the tiled terms:
+0.04-0.62), 0.55-0.87 on each grid left out of the calibration.
+
 The constants are physical figures of the H100 / H200 class, then calibrated (a small
 grid search, ``bench/model_rank.py --calibrate``) on the measured studies committed
 under artifacts/studies.db and bench/results (the exhaustive 4096^3 grid and the
@@ -145,6 +164,29 @@ EPILOGUE_INSTR = {"bias": 2, "relu": 1, "gelu": 30, "gelu_tanh": 11, "silu": 8,
 #: none, 11th, and rho 0.77 -> 0.86 over the grid (bench/NOTES.md, "Eighteenth session").
 MULTICAST_L2_CREDIT = 0.0
 
+#: The streaming model's constants (module doc), calibrated by bench/model_rank.py
+#: --calibrate-stream from the physical guesses in brackets:
+#: DRAM latency under load, s: Little's law's [0.8e-6]
+STREAM_LATENCY_S = 1.5e-6
+#: the most one SM's loads pull from DRAM, over its share of the DRAM's rate (DRAM_GBS /
+#: SMs) [1.0]: on the H200 a grid of 64 blocks of 64 columns ran at 27 GB/s an SM
+STREAM_SM_SHARE = 1.0
+#: instructions issued per one counted (the mma or FMAs, the loads of B and A, 6 of loop):
+#: the rest (addresses, conversions, predicates) [2]
+STREAM_ISSUE_SCALE = 6.0
+#: the time a stage of B's register ring beyond two adds, as a share [0]
+STREAM_STAGE_COST = 0.7
+#: weight of split-K's partial tiles' bytes (written and read) against the DRAM rate [1]
+STREAM_PARTIAL_COST = 4.0
+#: seconds a split-K reduction adds besides its bytes: the last block's (its ticket, then
+#: the others' partial tiles) [1e-6], the cluster's (its barrier) [0.5e-6] and a second
+#: pass's (its launch) [2e-6]
+STREAM_LAST_S = 4.0e-6
+STREAM_CLUSTER_S = 2.0e-6
+STREAM_PASS_S = 1.0e-6
+#: seconds of every launch (the launch, the warps' partial tiles summed, the epilogue) [2e-6]
+STREAM_FIXED_S = 2.0e-6
+
 #: A K tile's instructions issued by the interior path (KernelConfig.interior: 1 unchecked,
 #: 2 paired) over those of the checked loop, as read from the SASS (codegen.sass, nvcc
 #: 13.0, sm_90): 0.957-0.964 unchecked, 0.928-0.938 paired on 8x8 and 16x8 micro-tiles
@@ -161,7 +203,12 @@ INTERIOR_ISSUE = {0: 1.0, 1: 0.96, 2: 0.93}
 PRUNE_MARGIN = 1.25
 
 CONSTANTS = dict(SATURATING_WARPS=SATURATING_WARPS, MEM_LATENCY_CLK=MEM_LATENCY_CLK,
-                 K_TILE_OVERHEAD=K_TILE_OVERHEAD, LAUNCH_S=LAUNCH_S, PRUNE_MARGIN=PRUNE_MARGIN)
+                 K_TILE_OVERHEAD=K_TILE_OVERHEAD, LAUNCH_S=LAUNCH_S, PRUNE_MARGIN=PRUNE_MARGIN,
+                 STREAM_LATENCY_S=STREAM_LATENCY_S, STREAM_SM_SHARE=STREAM_SM_SHARE,
+                 STREAM_ISSUE_SCALE=STREAM_ISSUE_SCALE, STREAM_STAGE_COST=STREAM_STAGE_COST,
+                 STREAM_PARTIAL_COST=STREAM_PARTIAL_COST, STREAM_LAST_S=STREAM_LAST_S,
+                 STREAM_CLUSTER_S=STREAM_CLUSTER_S, STREAM_PASS_S=STREAM_PASS_S,
+                 STREAM_FIXED_S=STREAM_FIXED_S)
 
 
 def shape_reasons(config: Config, shape: tuple[int, int, int], arch: ArchLimits) -> list[str]:
@@ -348,6 +395,59 @@ def _clock_hz(arch: ArchLimits) -> float:
     return max(arch.clock_mhz, 1) * 1e6
 
 
+def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occupancy,
+                    batch: int = 1) -> Prediction:
+    """The streaming model's time of a skinny kernel (module doc)."""
+    m, n, k = shape
+    sms = max(arch.sm_count, 1)
+    hz = _clock_hz(arch)
+    tiles = _cdiv(m, c.mt) * _cdiv(n, c.bn)
+    blocks = tiles * c.split * batch
+    ks = _cdiv(k, c.split)
+    es = _elem(c)
+    block_b = c.bn * ks * es  # the B panel slice one block streams
+    r = max(occ.blocks_per_sm, 1)
+    per_sm = _cdiv(blocks, sms)
+    full, rem = divmod(per_sm, r)
+    chunks = [(j, count) for j, count in ((r, full), (rem, 1)) if j and count]
+    dram_bw = DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9
+    sm_bw = STREAM_SM_SHARE * dram_bw / sms
+    share = dram_bw / min(blocks, sms)  # the DRAM's rate over the SMs with work
+    flight = c.warps * c.b_in_flight  # a block's bytes of B in flight
+    stream_s = 0.0
+    for j, count in chunks:
+        rate = min(sm_bw, share, j * flight / STREAM_LATENCY_S)
+        stream_s += count * (STREAM_LATENCY_S + j * block_b / rate)
+    # a warp's instructions per K chunk: the math (mma m16n8k16 twice a 32-deep chunk, or
+    # MT x VEC FMAs per n8 block and lane, and the widening of B), its loads, 6 of loop
+    nb = c.bnw // 8
+    if c.math == "mma":
+        counted = (c.mt // 16) * nb * 2 + nb + c.a_loads + 6
+    else:
+        counted = c.mt * nb * c.vec + nb * c.vec + 2 * c.a_loads + 6
+    steps = _cdiv(ks, c.kc * c.wk)
+    issue_s = STREAM_ISSUE_SCALE * per_sm * c.warps * steps * counted / (4 * hz)
+    a_l2 = blocks * c.mt * ks * es  # every panel's block reads its rows of A from the L2
+    l2_s = (a_l2 + batch * n * k * es) / (L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9)
+    terms = dict(stream=stream_s, issue=issue_s, l2=l2_s)
+    limiter = max(terms, key=terms.get)
+    body = max(terms.values()) * (1 + STREAM_STAGE_COST * max(c.stages - 2, 0))
+    reduce_s = 0.0
+    if c.split > 1:
+        partial = 2 * c.split * m * n * 4 * batch  # FP32 partial tiles, written and read
+        fixed = {"last": STREAM_LAST_S, "cluster": STREAM_CLUSTER_S, "pass": STREAM_PASS_S}
+        reduce_s = fixed[c.reduce] + STREAM_PARTIAL_COST * partial / dram_bw
+        if c.reduce == "cluster":  # a block's (split-1) partial tiles through DSMEM
+            reduce_s += (STREAM_PARTIAL_COST * (c.split - 1) * c.mt * c.bn
+                         / max(c.threads, 1) * 8 / hz * per_sm)
+    seconds = body + reduce_s + STREAM_FIXED_S
+    terms.update(reduce=reduce_s, fixed=STREAM_FIXED_S)
+    dram = batch * (n * k * es + m * n * out_bytes(c)) + n * bias_bytes(c)
+    traffic = dict(tile_traffic(c, shape, batch), dram_bytes=int(dram))
+    return Prediction(seconds, 2.0 * m * n * k * batch / seconds / 1e12, limiter, terms,
+                      traffic, r, sum(count for _, count in chunks))
+
+
 def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
             occ: Occupancy, batch: int = 1) -> Prediction:
     """Predicted time of `config` at `shape` (a batch of `batch` problems) on `arch` with
@@ -356,6 +456,8 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     m, n, k = shape
     c = config
     spec = family_of(c)
+    if spec.streams_b:
+        return _predict_stream(c, shape, arch, occ, batch)
     sms = max(arch.sm_count, 1)
     hz = _clock_hz(arch)
     traffic = tile_traffic(c, shape, batch)
@@ -443,7 +545,8 @@ def estimate_registers(config: Config) -> int:
         if c.stages == 2:
             regs += (c.bm * c.bk + c.bk * c.bn) // max(c.threads, 1)
         return min(regs, 255)
-    return 128
+    # a family's own estimate where it has one (decode's, fitted to ptxas as an upper bound)
+    return min(getattr(c, "regs_estimate", 128), 255)
 
 
 def register_cap(config: Config, arch: ArchLimits) -> int:

@@ -200,6 +200,11 @@ class FamilySpec:
     #: activation, conversion). 0: the family's epilogue overlaps its math, or is counted
     #: in its issue (the default)
     serial_epilogue_clk: Callable[[Any, float, float], float] = _no_serial_epilogue
+    #: True: a skinny kernel whose warps stream B from DRAM into registers (the decode
+    #: family: fields mt, bn, warps, b_in_flight, kc, wk, bnw, a_loads, math, split,
+    #: reduce): the model times it by its bytes in flight per SM (tuner/model.py,
+    #: "the streaming model") instead of the tiled terms
+    streams_b: bool = False
 
     @property
     def prefix(self) -> str:

@@ -257,7 +257,11 @@ class DecodeConfig(SplitK, Serial, Named):
         return batch * self.grid(m, n)[0] if self.last else 0
 
 
-DEFAULT_DECODE = DecodeConfig()
+#: the family's default (the first batch's decode kernel): of the kernels without split-K,
+#: the best by geometric mean of its share of each recorded grid's best (0.80 over the nine
+#: grids of bench/results/search-quality-exhaustive-*decode*.json, M 1-64; the 16x64
+#: 4x2-warp 3-stage config it replaces: 0.57)
+DEFAULT_DECODE = DecodeConfig(bn=32, wk=8, wn=1, stages=2)
 
 
 # ---- validation -----------------------------------------------------------------------
@@ -449,9 +453,12 @@ DECODE = register(FamilySpec(
     min_cc=80,
     layouts=frozenset(Layout),
     epilogue=True,
-    # one recorded grid (16x4096x4096 fp16, every valid kernel timed on the H200: bench/
-    # NOTES.md, "Twelfth session"): the model predicts every kernel at least as fast as it
-    # ran (measured over predicted at most 1.0, median 0.49) and ranks them poorly (rho
-    # 0.18); 2.0 keeps every kernel within 2% of the best and prunes 1.6% of that grid
+    # nine recorded grids (bench/results/search-quality-exhaustive-*decode*.json, every
+    # valid kernel timed on the H200): under the streaming model every kernel within 2% of
+    # its grid's best was predicted at most 1.8x slower than that best (0.96-1.8 by grid:
+    # rings of 3 and 4 stages, which it charges for as most of them measure), so 2.0 keeps
+    # them all and would prune 35-71% of each grid once its best is known (before that
+    # model 2.0 pruned 1.6% of one grid: its predictions ran twice too fast)
     prune_margin=2.0,
+    streams_b=True,
 ))
