@@ -1,18 +1,28 @@
 """Recorded measurements for the model's rank correlation and the simulated search:
 every timed candidate of the Optuna studies in artifacts/studies.db and of the exhaustive
-grid in bench/results/search-quality-exhaustive-*.json, with its measured TFLOP/s and
-ptxas's registers and shared memory (CPU only; nothing here touches a GPU)."""
+grid in bench/results/search-quality-exhaustive-*.json (or .json.gz: the larger records are
+committed gzipped), with its measured TFLOP/s and ptxas's registers and shared memory (CPU
+only; nothing here touches a GPU)."""
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import sqlite3
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES_DB = ROOT / "artifacts" / "studies.db"
-EXHAUSTIVE = sorted((ROOT / "bench" / "results").glob("search-quality-exhaustive-*.json"))
+EXHAUSTIVE = sorted(p for p in (ROOT / "bench" / "results").glob("search-quality-exhaustive-*")
+                    if p.name.endswith((".json", ".json.gz")))
+
+
+def read_json(path) -> dict:
+    """A result record, gzipped (.gz) or not."""
+    path = Path(path)
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
+                      else path.read_text())
 #: fresh tunes' studies, saved from the studies.db a GPU machine brought back
 #: (bench/model_rank.py --studies-db DB --save-studies PATH)
 TUNE_STUDIES = sorted((ROOT / "bench" / "results").glob("tune-studies-*.json"))
@@ -74,7 +84,7 @@ def from_studies_db(db: Path = STUDIES_DB) -> list[Study]:
 def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
     out = []
     for p in paths:
-        d = json.loads(Path(p).read_text())
+        d = read_json(p)
         ex = d["exhaustive"]
         pts, untimed = [], []
         for r in ex["records"]:

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _recorded import Study, from_exhaustive  # noqa: E402
+from _recorded import Study, from_exhaustive, read_json  # noqa: E402
 
 from codegen.arch import parse_arch  # noqa: E402
 from codegen.compile import CompileResult, Resources  # noqa: E402
@@ -126,7 +126,7 @@ def trials_to_within(studies: list[Study], seeds: int = 5, budget: int = 300,
                      sampler: str = "tpe") -> list[dict]:
     out = []
     for st in studies:
-        rec = json.loads((HERE / "results" / st.name).read_text())
+        rec = read_json(HERE / "results" / st.name)
         cublas = rec["exhaustive"]["cublas_tflops"]
         budget_of = min(budget, int(GRID_SHARE * st.valid)) if st.valid else budget
         runs = []

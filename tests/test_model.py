@@ -586,21 +586,20 @@ def _decode_grids():
     from pathlib import Path
 
     results = Path(__file__).parent.parent / "bench" / "results"
-    return sorted(results.glob("search-quality-exhaustive-*decode*.json"))
+    return sorted(results.glob("search-quality-exhaustive-*decode*.json*"))
 
 
-@pytest.mark.parametrize("path", _decode_grids(), ids=lambda p: p.name[26:-21])
+@pytest.mark.parametrize("path", _decode_grids(), ids=lambda p: p.name[26:].split("-h200")[0])
 def test_the_streaming_model_ranks_each_recorded_decode_grid(path):
     """Every valid decode kernel timed on the H200 at each recorded shape and variant (M
     1-64, NT and NN, fp16 and bf16; bench/search_quality.py --exhaustive --family decode):
     predicted against measured time correlates at least 0.5 (the tiled terms' 0.04-0.62,
     bench/NOTES.md), and no kernel within 2% of the grid's best is predicted past the
     family's pruning margin over that best (the search would never time it)."""
-    import json
-
+    from _recorded import read_json
     from codegen.families import config_from_name, family_of
 
-    d = json.loads(path.read_text())
+    d = read_json(path)
     shape = tuple(int(x) for x in d["shape"].split("x"))
     rows = []  # (config, predicted s, measured s)
     for r in d["exhaustive"]["records"]:
