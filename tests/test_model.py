@@ -73,7 +73,9 @@ def test_a_batch_multiplies_blocks_bytes_and_flops_by_hand():
     once = (512 * 512 * 2) * 4
     assert p1.traffic["dram_bytes"] == once + 512 * 512 * 2 + 512 * 4
     assert p8.traffic["dram_bytes"] == 8 * once + 8 * 512 * 512 * 2 + 512 * 4 == 20_973_568
-    assert p8.terms["dram"] == pytest.approx(20_973_568 / 4.3e12)
+    # 128 blocks leave 4 SMs idle: each pulls at most one SM's share of the DRAM's rate
+    assert p8.terms["dram"] == pytest.approx(20_973_568 / 4.3e12 * 132 / 128)
+    assert p1.terms["dram"] == pytest.approx(p1.traffic["dram_bytes"] / 4.3e12 * 132 / 16)
     # 16 blocks and 128 both fit one wave of 132 SMs (2 blocks each at most): the same
     # issue and latency, 8x the FLOPs in (about) the same time
     assert p8.terms["latency"] == pytest.approx(p1.terms["latency"])
@@ -319,6 +321,33 @@ def test_first_batch_starts_with_each_familys_default():
     odd = model_first((4096, 4095, 4096), DType.F16, arch, 6)
     assert wgmma_default not in odd and all(c.family.value != "wgmma" for c in odd)
     assert odd[0] == FAMILIES["wmma"].default(DType.F16)  # WMMA's default leads there
+
+
+def test_families_predicted_alike_take_turns_in_the_first_batch():
+    """Where two families' best predictions are within FAMILY_TURN_MARGIN, the first batch
+    alternates between them, each family's fastest first (a skinny NT problem: wgmma tiles
+    and decode kernels); a family predicted further behind (WMMA at fp16 4096^3) waits."""
+    from codegen.arch import parse_arch
+    from codegen.config import Layout
+    from codegen.families._common import Variant
+    from tuner.model import predict_before_compile
+    from tuner.search import FAMILY_TURN_MARGIN
+
+    arch = parse_arch("sm_90")
+    nt = Variant(Layout.NT, DType.BF16)
+    first = model_first((1, 14336, 4096), DType.BF16, arch, 12, variant=nt)
+    fams = [c.family.value for c in first]
+    assert fams.count("decode") >= 4 and fams.count("wgmma") >= 4
+    for fam in ("decode", "wgmma"):  # each family's own order kept
+        own = [predict_before_compile(c, (1, 14336, 4096), arch).seconds
+               for c in first[2:] if c.family.value == fam]
+        assert own == sorted(own)
+    big = model_first((4096, 4096, 4096), DType.F16, arch, 16)
+    assert {c.family.value for c in big} == {"wgmma"}
+    wmma = min(predict_before_compile(c, (4096, 4096, 4096), arch).seconds
+               for c in model_first((4096, 4096, 4096), DType.F16, arch, 16,
+                                    only=frozenset({"wmma"})))
+    assert wmma > FAMILY_TURN_MARGIN * predict_before_compile(big[1], (4096,) * 3, arch).seconds
 
 
 def test_a_3xtf32_kernels_bound_is_a_third_of_the_tf32_rate():

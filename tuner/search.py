@@ -773,6 +773,12 @@ class _Search:
 FIRST_BATCH_MARGIN = 4.0
 
 
+#: the families whose best prediction is within this factor of the best take turns in the
+#: first batch (tuner.search._first); one further behind waits for the rest of the ranking
+#: (fp16 at 4096^3: WMMA's best predicted 2.75x behind wgmma's, measured 2.5x)
+FAMILY_TURN_MARGIN = 2.0
+
+
 #: how much of the model's ranking of a space is kept between first batches (fastest
 #: first): a resumed or repeated search skips at most this many already-tried candidates
 #: without ranking the whole space again
@@ -829,14 +835,33 @@ def _first(shape, dtype, arch, n, exclude, variant, batch, keep, only=None) -> l
     ranked = sorted([*ranked, *((t, c) for t, c in known if c not in first)],
                     key=lambda r: r[0])
     out = [c for c in first if c.name not in exclude]
+    order = []  # the ranking, configurations predicted alike by name
     i = 0
-    while len(out) < n and i < len(ranked):
-        j = i  # the configurations predicted alike: by name
+    while i < len(ranked):
+        j = i
         while j < len(ranked) and ranked[j][0] == ranked[i][0]:
             j += 1
-        out += [c for c in sorted((c for _, c in ranked[i:j]), key=lambda c: c.name)
-                if c.name not in exclude][:n - len(out)]
+        order += sorted((c for _, c in ranked[i:j]), key=lambda c: c.name)
         i = j
+    # the families predicted within FAMILY_TURN_MARGIN of the best take turns, each its
+    # own fastest first: the model orders a family's kernels better than it weighs one
+    # family against another (at 1x14336x4096 bf16 it put 128x128 wgmma tiles at 3.4
+    # TFLOP/s, measured 1.9, beside decode kernels predicted 3.3 and measured 3.5, and a
+    # first batch of wgmma alone left the tune three decode kernels)
+    leaders = list(dict.fromkeys(c.family for t, c in ranked if t <= FAMILY_TURN_MARGIN * best))
+    turns = {f: iter([c for c in order if c.family is f and c.name not in exclude])
+             for f in leaders}
+    rest = [c for c in order if c.family not in leaders and c.name not in exclude]
+    taken = {c.name for c in out}
+    while len(out) < n and turns:
+        for f, it in list(turns.items()):
+            c = next((c for c in it if c.name not in taken), None)
+            if c is None:
+                del turns[f]
+            elif len(out) < n:
+                out.append(c)
+                taken.add(c.name)
+    out += [c for c in rest if c.name not in taken][:n - len(out)]
     if len(out) < n and not whole:  # more tried than the kept ranking holds: all of it
         return _first(shape, dtype, arch, n, exclude, variant, batch, None, only)
     return out

@@ -455,10 +455,10 @@ DECODE = register(FamilySpec(
     epilogue=True,
     # nine recorded grids (bench/results/search-quality-exhaustive-*decode*.json, every
     # valid kernel timed on the H200): under the streaming model every kernel within 2% of
-    # its grid's best was predicted at most 1.8x slower than that best (0.96-1.8 by grid:
-    # rings of 3 and 4 stages, which it charges for as most of them measure), so 2.0 keeps
-    # them all and would prune 35-71% of each grid once its best is known (before that
-    # model 2.0 pruned 1.6% of one grid: its predictions ran twice too fast)
+    # its grid's best was predicted at most 1.47x slower than that best (0.69-1.47 by
+    # grid), so 2.0 keeps them all and would prune 12-57% of each grid once its best is
+    # known (before that model 2.0 pruned 1.6% of one grid: its predictions ran twice too
+    # fast)
     prune_margin=2.0,
     streams_b=True,
 ))
