@@ -264,7 +264,24 @@ def test_the_search_replay_figures_are_those_of_the_files_cited():
             for r in _cited("model-rank-f16-f32x3-cpu")["rho"] if "exhaustive" in r["study"]}
     assert f"Spearman correlation of {rank['f16-wgmma']['rho']:.2f} (fp16) and " \
         f"{rank['f32x3-wgmma']['rho']:.2f} (3xTF32)" in text
-    dec = _cited("simulate-search-tpe-f16-decode-cpu")["shapes"][0]
-    assert f"its rank correlation is {rank['f16-decode']['rho']:.2f}, and the replayed search " \
-        f"came within 2% after a median of {dec['with_model']['median_compiled']:g} compiled " \
-        f"candidates with it and {dec['without_model']['median_compiled']:g} without" in text
+    # the decode family's streaming model: its fit over the grids, and the replays with it
+    # and with the tiled terms it replaced
+    fit = [r for r in _cited("model-rank-calibrate-stream-cpu")["rho"] if r["exhaustive"]]
+    rhos, tops = [r["rho"] for r in fit], [r["top_ratio"] for r in fit]
+    assert f"nine whole decode grids" in text and len(fit) == 9
+    assert f"rank correlation {min(rhos):.2f}-{max(rhos):.2f} per grid" in text
+    assert f"predicted at {min(tops):.2f}x-{max(tops):.2f}x its time" in text
+
+    def replay(prefix):
+        shapes = _cited(prefix)["shapes"]
+        runs = [r for s in shapes for r in s["runs"] if r["model"]]
+        hit = [s["with_model"]["median_compiled"] for s in shapes
+               if s["with_model"]["median_compiled"] <= s["budget"]]
+        return sum(r["compiled_to_2pct"] is not None for r in runs), len(runs), hit
+
+    got, n, hit = replay("simulate-search-tpe-decode-cpu")
+    got_t, n_t, hit_t = replay("simulate-search-tpe-decode-tiled-model-cpu")
+    assert n == n_t == 45
+    assert f"within 2% of the best in {got} of {n} runs with it and {got_t} with the tiled " \
+        f"terms, after a median of {min(hit):g}-{max(hit):g} compiled candidates where it got " \
+        f"there (the tiled terms: {min(hit_t):g}-{max(hit_t):g})" in text

@@ -90,7 +90,7 @@ workspace or the cluster's shared memory) and a fixed cost per reduction
 predicted time of each grid's fastest tenth: a search weighs these kernels against other
 families', so their scale counts, not only their order): rank correlation 0.56-0.89 per
 grid (the tiled terms: 0.04-0.62), 0.56-0.89 on each grid left out of the calibration;
-the fastest tenth predicted at 0.82x-1.07x its measured time.
+the fastest tenth predicted at 0.82x-1.06x its measured time.
 
 The constants are physical figures of the H100 / H200 class, then calibrated (a small
 grid search, ``bench/model_rank.py --calibrate``) on the measured studies committed

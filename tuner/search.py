@@ -835,14 +835,7 @@ def _first(shape, dtype, arch, n, exclude, variant, batch, keep, only=None) -> l
     ranked = sorted([*ranked, *((t, c) for t, c in known if c not in first)],
                     key=lambda r: r[0])
     out = [c for c in first if c.name not in exclude]
-    order = []  # the ranking, configurations predicted alike by name
-    i = 0
-    while i < len(ranked):
-        j = i
-        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
-            j += 1
-        order += sorted((c for _, c in ranked[i:j]), key=lambda c: c.name)
-        i = j
+    order = [c for _, c in sorted(ranked, key=lambda r: (r[0], r[1].name))]  # ties by name
     # the families predicted within FAMILY_TURN_MARGIN of the best take turns, each its
     # own fastest first: the model orders a family's kernels better than it weighs one
     # family against another (at 1x14336x4096 bf16 it put 128x128 wgmma tiles at 3.4
