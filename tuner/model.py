@@ -79,9 +79,11 @@ what one SM's loads pull (``SM_STREAM_GBS``: an SM alone does not reach the DRAM
 so a grid of fewer blocks than SMs cannot) and its share of the DRAM's bandwidth among
 the SMs with work. Then the larger of that, the issue of its instructions per chunk
 (``STREAM_ISSUE_SCALE`` times the math and loads counted) and the L2's traffic (A read by
-every panel); a ring of more than two stages costs ``STREAM_STAGE_COST`` a stage
-(measured on every grid, not explained: the ring's indices are constants in its unrolled
-pass); split-K adds its partial tiles' bytes (``STREAM_PARTIAL_COST`` times, through the
+every panel); a ring of more than two stages costs ``STREAM_STAGE_COST`` a stage (measured
+on every grid; the SASS says why: ptxas puts every load of the ring on one scoreboard, and
+the math waits for all of them, so the deeper ring buys its registers and code and little
+depth; with it a warp has about one chunk in flight, which is the per-SM limit above:
+bench/NOTES.md, "Thirtieth session"); split-K adds its partial tiles' bytes (``STREAM_PARTIAL_COST`` times, through the
 workspace or the cluster's shared memory) and a fixed cost per reduction
 (``STREAM_LAST_S``, ``STREAM_CLUSTER_S``, ``STREAM_PASS_S``); and ``STREAM_FIXED_S``. Calibrated on nine exhaustive decode grids
 (bench/results/search-quality-exhaustive-*decode*.json: M 1-64, N 1024-14336, K

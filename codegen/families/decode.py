@@ -18,8 +18,14 @@ registered as "decode" with templates/gemm_decode.cu.j2 and searched for fp16 / 
 problems of M <= 64 (problem_reasons), since its GPU tests (tests/test_gpu_decode.py)
 passed and bench/decode_roof.py timed it at 0.95x-1.06x torch.matmul on four of the five
 decode shapes of issue 23 (B read from DRAM each call; 0.59x at 64x4096x14336) on the
-H200 (bench/results/decode-roof-h200-2026-12-01.json). Its pruning margin is a loose 2.0:
-no recorded study of it has calibrated one.
+H200 (bench/results/decode-roof-h200-2026-12-01.json). The model times it by its bytes in
+flight per SM (tuner/model.py, the streaming model), fitted on nine exhaustive grids.
+
+What the SASS shows of the ring (nvcc 13.0, sm_90): ptxas puts every global load of the
+main loop on one scoreboard and the math waits for it to clear, so a warp has about one
+chunk in flight whatever STAGES says, and 3 or 4 stages cost registers and code for little
+depth (bench/NOTES.md, "Thirtieth session"): the in-order ring this design needs is a
+shared-memory one (cp.async with wait_group), not yet built.
 """
 
 from __future__ import annotations
