@@ -127,11 +127,11 @@ def by_kind(prepared) -> list[dict]:
 
 
 #: the streaming model's constants (tuner/model.py), its physical guesses and grid
-STREAM_PHYSICAL = dict(STREAM_LATENCY_S=0.8e-6, STREAM_SM_SHARE=1.0, STREAM_ISSUE_SCALE=2.0,
+STREAM_PHYSICAL = dict(STREAM_LATENCY_S=0.8e-6, SM_DRAM_SHARE=1.0, STREAM_ISSUE_SCALE=2.0,
                        STREAM_STAGE_COST=0.0, STREAM_PARTIAL_COST=1.0, STREAM_LAST_S=1e-6,
                        STREAM_CLUSTER_S=0.5e-6, STREAM_PASS_S=2e-6, STREAM_FIXED_S=2e-6)
 STREAM_GRID = dict(STREAM_LATENCY_S=(0.5e-6, 0.75e-6, 1e-6, 1.5e-6, 2e-6, 3e-6),
-                   STREAM_SM_SHARE=(0.8, 0.9, 1.0, 1.07, 1.15, 1.3, 1.6),
+                   SM_DRAM_SHARE=(0.8, 0.9, 1.0, 1.07, 1.15, 1.3, 1.6),
                    STREAM_ISSUE_SCALE=(1.0, 2.0, 4.0, 6.0, 8.0, 12.0),
                    STREAM_STAGE_COST=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0),
                    STREAM_PARTIAL_COST=(0.0, 1.0, 2.0, 4.0),
@@ -185,41 +185,27 @@ def calibrate(prepared, passes: int = 2, tuned=TUNED, grid=GRID, absolute=False)
                 steps=log)
 
 
-def holdout_each(prepared) -> list[dict]:
-    """The streaming model's overfitting check: for each study, the constants calibrated
-    (from the physical guesses, one pass) on the others, and its rho with them."""
-    start = {k: getattr(model, k) for k in STREAM_PHYSICAL}
+def holdout(prepared, groups, physical=PHYSICAL, grid=GRID, absolute=False) -> list[dict]:
+    """Overfitting check: for each (label, test) of `groups`, the constants of `grid`
+    calibrated (from `physical`, one pass) on the studies the test rejects, then the rho
+    (with `absolute`, also the fastest tenth's top_ratio) of those it takes."""
+    start = {k: getattr(model, k) for k in physical}
     out = []
-    for i, (s, rows) in enumerate(prepared):
-        for k, v in STREAM_PHYSICAL.items():
+    for label, held in groups:
+        for k, v in physical.items():
             setattr(model, k, v)
-        fit = calibrate(prepared[:i] + prepared[i + 1:], 1, tuple(STREAM_GRID), STREAM_GRID,
-                        absolute=True)
-        rho = rho_of(rows, s.shape)
-        out.append(dict(held_out=s.name, constants=fit["constants"],
-                        rho=None if rho is None else round(rho, 3),
-                        top_ratio=round(top_ratio(rows, s.shape), 3)))
-        print(f"held out {s.name}: rho {out[-1]['rho']}, fastest tenth predicted at "
-              f"{out[-1]['top_ratio']}x their time", flush=True)
-    for k, v in start.items():
-        setattr(model, k, v)
-    return out
-
-
-def holdout(prepared) -> list[dict]:
-    """Overfitting check: for each target shape, calibrate on the other shapes' studies
-    (from the physical guesses), then the held-out shape's rho with those constants."""
-    start = {k: getattr(model, k) for k in TUNED}
-    out = []
-    for shape in TARGET_SHAPES:
-        for k, v in PHYSICAL.items():
-            setattr(model, k, v)
-        rest = [(s, rows) for s, rows in prepared if s.shape != shape]
-        fit = calibrate(rest, passes=1)
-        held = [(s.name, rho_of(rows, s.shape)) for s, rows in prepared if s.shape == shape]
-        out.append(dict(held_out="x".join(map(str, shape)), constants=fit["constants"],
-                        rho={n: None if r is None else round(r, 3) for n, r in held}))
-        print(f"held out {shape}: {out[-1]['rho']}", flush=True)
+        fit = calibrate([(s, rows) for s, rows in prepared if not held(s)], 1, tuple(grid),
+                        grid, absolute)
+        rho = {s.name: rho_of(rows, s.shape) for s, rows in prepared if held(s)}
+        row = dict(held_out=label, constants=fit["constants"],
+                   rho={n: None if r is None else round(r, 3) for n, r in rho.items()})
+        if absolute:
+            row["top_ratio"] = {s.name: round(top_ratio(rows, s.shape), 3)
+                                for s, rows in prepared if held(s)}
+        out.append(row)
+        print(f"held out {label}: rho {row['rho']}"
+              + (f", fastest tenth at {row['top_ratio']}x its time" if absolute else ""),
+              flush=True)
     for k, v in start.items():
         setattr(model, k, v)
     return out
@@ -269,12 +255,16 @@ def main() -> None:
                 date=time.strftime("%Y-%m-%d"),
                 constants={k: getattr(model, k) for k in TUNED}, margin=model.PRUNE_MARGIN)
     if args.calibrate:
-        data["holdout"] = holdout(prepared)
+        data["holdout"] = holdout(prepared, [("x".join(map(str, shape)),
+                                              lambda s, shape=shape: s.shape == shape)
+                                             for shape in TARGET_SHAPES])
         for k, v in PHYSICAL.items():
             setattr(model, k, v)
         data["calibration"] = calibrate(prepared)
     if args.calibrate_stream:
-        data["holdout"] = holdout_each(prepared)
+        data["holdout"] = holdout(prepared, [(s.name, lambda t, s=s: t is s)
+                                             for s, _ in prepared],
+                                  STREAM_PHYSICAL, STREAM_GRID, absolute=True)
         for k, v in STREAM_PHYSICAL.items():
             setattr(model, k, v)
         data["calibration"] = calibrate(prepared, 2, tuple(STREAM_GRID), STREAM_GRID,

@@ -597,7 +597,7 @@ def test_a_streaming_kernel_of_fewer_blocks_than_sms_is_held_to_one_sms_rate():
     p = predict(c, (1, 4096, 14336), H200, occ)
     dram = 4.3e12
     flight = 8 * (64 // 8) * 32 * 8 * 2  # 8 warps, one chunk each of 8 n8 loads of 512 B
-    rate = min(model.STREAM_SM_SHARE * dram / 132, dram / 64, flight / model.STREAM_LATENCY_S)
+    rate = min(model.SM_DRAM_SHARE * dram / 132, dram / 64, flight / model.STREAM_LATENCY_S)
     assert rate < dram / 64  # what one SM pulls binds, not the DRAM
     stream = model.STREAM_LATENCY_S + 64 * 14336 * 2 / rate
     assert p.terms["stream"] == pytest.approx(stream)

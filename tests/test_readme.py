@@ -268,7 +268,7 @@ def test_the_search_replay_figures_are_those_of_the_files_cited():
     # and with the tiled terms it replaced
     fit = [r for r in _cited("model-rank-calibrate-stream-cpu")["rho"] if r["exhaustive"]]
     rhos, tops = [r["rho"] for r in fit], [r["top_ratio"] for r in fit]
-    assert f"nine whole decode grids" in text and len(fit) == 9
+    assert "nine whole decode grids" in text and len(fit) == 9
     assert f"rank correlation {min(rhos):.2f}-{max(rhos):.2f} per grid" in text
     assert f"predicted at {min(tops):.2f}x-{max(tops):.2f}x its time" in text
 

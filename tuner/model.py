@@ -75,17 +75,18 @@ skinny kernel (M <= 64) reads B once from DRAM and does little with it; its warp
 into registers, STAGES-1 chunks ahead. Its time is the busiest SM's: each wave of its
 resident blocks waits ``STREAM_LATENCY_S`` for the first bytes, then moves its blocks' B
 at the least of three rates: Little's law (the wave's bytes in flight over the latency),
-what one SM's loads pull (``SM_STREAM_GBS``: an SM alone does not reach the DRAM's rate,
-so a grid of fewer blocks than SMs cannot) and its share of the DRAM's bandwidth among
-the SMs with work. Then the larger of that, the issue of its instructions per chunk
+what one SM's loads pull (``SM_DRAM_SHARE`` of its share of the DRAM: an SM alone does not
+reach the DRAM's rate, so a grid of fewer blocks than SMs cannot) and its share of the
+DRAM's bandwidth among the SMs with work. Then the larger of that, the issue of its instructions per chunk
 (``STREAM_ISSUE_SCALE`` times the math and loads counted) and the L2's traffic (A read by
 every panel); a ring of more than two stages costs ``STREAM_STAGE_COST`` a stage (measured
 on every grid; the SASS says why: ptxas puts every load of the ring on one scoreboard, and
 the math waits for all of them, so the deeper ring buys its registers and code and little
 depth; with it a warp has about one chunk in flight, which is the per-SM limit above:
-bench/NOTES.md, "Thirtieth session"); split-K adds its partial tiles' bytes (``STREAM_PARTIAL_COST`` times, through the
-workspace or the cluster's shared memory) and a fixed cost per reduction
-(``STREAM_LAST_S``, ``STREAM_CLUSTER_S``, ``STREAM_PASS_S``); and ``STREAM_FIXED_S``. Calibrated on nine exhaustive decode grids
+bench/NOTES.md, "Thirtieth session"); split-K adds its partial tiles' bytes
+(``STREAM_PARTIAL_COST`` times, through the workspace or the cluster's shared memory) and
+a fixed cost per reduction (``STREAM_LAST_S``, ``STREAM_CLUSTER_S``, ``STREAM_PASS_S``);
+and ``STREAM_FIXED_S``. Calibrated on nine exhaustive decode grids
 (bench/results/search-quality-exhaustive-*decode*.json: M 1-64, N 1024-14336, K
 1024-14336, NT and NN, fp16 and bf16, 4,870 kernels; bench/model_rank.py
 --calibrate-stream, whose criterion is the rank correlation less the error of the
@@ -174,8 +175,9 @@ MULTICAST_L2_CREDIT = 0.0
 #: DRAM latency under load, s: Little's law's [0.8e-6]
 STREAM_LATENCY_S = 1.0e-6
 #: the most one SM's loads pull from DRAM, over its share of the DRAM's rate (DRAM_GBS /
-#: SMs) [1.0]: on the H200 a grid of 64 blocks of 64 columns ran at 27 GB/s an SM
-STREAM_SM_SHARE = 1.0
+#: SMs) [1.0]: on the H200 a grid of 64 blocks of 64 columns ran at 27 GB/s an SM. The
+#: tiled terms take it too (a grid of fewer blocks than SMs)
+SM_DRAM_SHARE = 1.0
 #: instructions issued per one counted (the mma or FMAs, the loads of B and A, 6 of loop):
 #: the rest (addresses, conversions, predicates) [2]
 STREAM_ISSUE_SCALE = 6.0
@@ -209,7 +211,7 @@ PRUNE_MARGIN = 1.25
 
 CONSTANTS = dict(SATURATING_WARPS=SATURATING_WARPS, MEM_LATENCY_CLK=MEM_LATENCY_CLK,
                  K_TILE_OVERHEAD=K_TILE_OVERHEAD, LAUNCH_S=LAUNCH_S, PRUNE_MARGIN=PRUNE_MARGIN,
-                 STREAM_LATENCY_S=STREAM_LATENCY_S, STREAM_SM_SHARE=STREAM_SM_SHARE,
+                 STREAM_LATENCY_S=STREAM_LATENCY_S, SM_DRAM_SHARE=SM_DRAM_SHARE,
                  STREAM_ISSUE_SCALE=STREAM_ISSUE_SCALE, STREAM_STAGE_COST=STREAM_STAGE_COST,
                  STREAM_PARTIAL_COST=STREAM_PARTIAL_COST, STREAM_LAST_S=STREAM_LAST_S,
                  STREAM_CLUSTER_S=STREAM_CLUSTER_S, STREAM_PASS_S=STREAM_PASS_S,
@@ -400,6 +402,16 @@ def _clock_hz(arch: ArchLimits) -> float:
     return max(arch.clock_mhz, 1) * 1e6
 
 
+def _dram_bw(arch: ArchLimits) -> float:
+    """Bytes a second from DRAM (DRAM_GBS, else the vendor's figure)."""
+    return DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9
+
+
+def _l2_bw(arch: ArchLimits) -> float:
+    """Bytes a second through the L2 (L2_GBS, else 2.5x the DRAM's vendor figure)."""
+    return L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9
+
+
 def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occupancy,
                     batch: int = 1) -> Prediction:
     """The streaming model's time of a skinny kernel (module doc)."""
@@ -415,8 +427,8 @@ def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occup
     per_sm = _cdiv(blocks, sms)
     full, rem = divmod(per_sm, r)
     chunks = [(j, count) for j, count in ((r, full), (rem, 1)) if j and count]
-    dram_bw = DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9
-    sm_bw = STREAM_SM_SHARE * dram_bw / sms
+    dram_bw = _dram_bw(arch)
+    sm_bw = SM_DRAM_SHARE * dram_bw / sms
     share = dram_bw / min(blocks, sms)  # the DRAM's rate over the SMs with work
     flight = c.warps * c.b_in_flight  # a block's bytes of B in flight
     stream_s = 0.0
@@ -433,7 +445,7 @@ def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occup
     steps = _cdiv(ks, c.kc * c.wk)
     issue_s = STREAM_ISSUE_SCALE * per_sm * c.warps * steps * counted / (4 * hz)
     a_l2 = blocks * c.mt * ks * es  # every panel's block reads its rows of A from the L2
-    l2_s = (a_l2 + batch * n * k * es) / (L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9)
+    l2_s = (a_l2 + batch * n * k * es) / _l2_bw(arch)
     terms = dict(stream=stream_s, issue=issue_s, l2=l2_s)
     limiter = max(terms, key=terms.get)
     body = max(terms.values()) * (1 + STREAM_STAGE_COST * max(c.stages - 2, 0))
@@ -513,9 +525,9 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     dram = _dram_bytes(c, shape, arch, sms * r, batch)
     # at the DRAM's rate; a grid of fewer blocks than SMs at what its blocks pull, each at
     # one SM's rate (the idle SMs' share is not made up by the others)
-    dram_bw = DRAM_GBS.get(arch.cc, float(arch.mem_gbs)) * 1e9
-    dram_s = dram / dram_bw / min(1.0, STREAM_SM_SHARE * blocks / sms)
-    l2_s = traffic["l2_bytes"] / (L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9)
+    dram_bw = _dram_bw(arch)
+    dram_s = dram / dram_bw / min(1.0, SM_DRAM_SHARE * blocks / sms)
+    l2_s = traffic["l2_bytes"] / _l2_bw(arch)
     launches = 2 if getattr(c, "reduce_pass", False) else 1
     fixed = 0.0
     if getattr(c, "prep", 0):  # the pre-pass, launched first for each problem: its copies
