@@ -59,7 +59,8 @@ SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 14336), (16, 14336, 4096
 DTYPES = (DType.F16, DType.BF16)
 #: (BN, WK, WN) of the candidates
 ARRANGEMENTS = [(32, 4, 1), (32, 8, 1), (64, 4, 2), (64, 2, 4), (128, 2, 4), (128, 4, 2)]
-STAGES = (3, 4)
+#: (ring, stages) of the candidates: registers, or shared memory filled by cp.async
+RINGS = (("reg", 2), ("reg", 3), ("async", 3), ("async", 5))
 SMS = 132
 ROUNDS = 3
 CALLS = 40  # calls a batch, between events
@@ -94,10 +95,10 @@ def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90")
     """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`."""
     variant = Variant(Layout.NT, dtype, *(("out", "gelu") if epilogue else ("none", "none")))
     out = []
-    for (math_, mt), (bn, wk, wn), stages in ((t, a, s) for t in m_tiles(shape[0])
-                                              for a in ARRANGEMENTS for s in STAGES):
+    for (math_, mt), (bn, wk, wn), (ring, stages) in ((t, a, r) for t in m_tiles(shape[0])
+                                                      for a in ARRANGEMENTS for r in RINGS):
         base = variant.apply(DecodeConfig(math=math_, mt=mt, bn=bn, wk=wk, wn=wn,
-                                          stages=stages, dtype=dtype))
+                                          stages=stages, ring=ring, dtype=dtype))
         for split, reduce in splits(base, shape):
             c = dataclasses.replace(base, split=split, reduce=reduce)
             if not check(c, arch) and not problem_reasons(c, shape, arch) and \

@@ -27,6 +27,8 @@
 #   wgmma     bench/wgmma_vs_cublas.py (against cuBLAS and Triton)
 #   probe     bench/wgmma_probe.py $PROBE_ARGS (e.g. --fp32)
 #   decode    bench/decode_roof.py $DECODE_ARGS (the decode family at the DRAM roof)
+#   cublas    bench/cublas_kernels.py $CUBLAS_ARGS (the kernels torch.matmul and the library's
+#             cuBLAS call run at each M, side by side)
 #   tf32x3    bench/tf32x3_accuracy.py $TF32X3_ARGS (3xTF32's split modes beside SGEMM)
 #   storage   bench/storage_overhead.py (the search in memory, SQLite, a journal file, and
 #             PostgreSQL where .pg-carry, from bench/postgres_carry.sh, was carried)
@@ -161,6 +163,9 @@ PY
     decode)
       timeout ${DECODE_TIMEOUT:-240} python3 bench/decode_roof.py --out "$OUT" ${DECODE_ARGS:-} \
         2>&1 | tail -30 ;;
+    cublas)
+      timeout ${CUBLAS_TIMEOUT:-120} python3 bench/cublas_kernels.py --out "$OUT" ${CUBLAS_ARGS:-} \
+        2>&1 | tail -60 ;;
     tf32x3)
       timeout ${TF32X3_TIMEOUT:-300} python3 bench/tf32x3_accuracy.py ${TF32X3_ARGS:-} \
         2>&1 | tail -40 ;;

@@ -52,6 +52,8 @@ NT16 = Variant(Layout.NT, DType.F16, "out", "gelu")  # x @ W.t() + b, GELU, fp16
                   act="gelu"), "gemm_decode_f16_mma16x64_w4x2_v4_s3_k4l_nt_of16_bias_gelu"),
     (DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=8, reduce="cluster",
                   layout=Layout.NT, out=DType.F16), "gemm_decode_f16_fma1x32_w8x1_v8_s3_k8c_nt_of16"),
+    (DecodeConfig(bn=32, wk=8, wn=1, stages=6, ring="async", split=2, reduce="cluster",
+                  layout=Layout.NT), "gemm_decode_f16_mma16x32_w8x1_v8_a6_k2c_nt"),
 ])
 def test_names_are_pinned_and_round_trip(cfg, name):
     assert cfg.name == name
@@ -110,7 +112,15 @@ def test_the_launch_interface():
      "a row-major B is read 32 columns at a time (4 lanes x VEC=8): a warp's BN/WN=16 is not "
      "a multiple of 32"),
     (DecodeConfig(wk=8, wn=8), "sm_90", "2048 threads per block exceeds the limit of 1024"),
-    (DecodeConfig(stages=5), "sm_90", "stages=5 is outside 1..4"),
+    (DecodeConfig(stages=5), "sm_90", "stages=5 is outside 1..4 (a register ring)"),
+    (DecodeConfig(stages=9, ring="async"), "sm_90", "stages=9 is outside 2..8 (a shared-memory"),
+    (DecodeConfig(stages=1, ring="async"), "sm_90", "stages=1 is outside 2..8"),
+    (DecodeConfig(ring="lds"), "sm_90", "ring 'lds' is not one of reg, async"),
+    (DecodeConfig(ring="async", layout=Layout.TN), "sm_90",
+     "a shared-memory ring copies rows of A 2 x VEC bytes at a time: a column-major A (tn)"),
+    # 16 KB a stage (6 loads x 16 bytes x 256 threads) + 3 KB of partial tiles
+    (DecodeConfig(bn=32, wk=8, wn=1, stages=8, mt=32, ring="async"), "sm_90",
+     "shared memory"),
     (DecodeConfig(split=3), "sm_90", "split-K 3 is not one of 1, 2, 4, 8, 16, 32"),
     (DecodeConfig(reduce="gather", split=2), "sm_90", "split-K reduce 'gather' is not one of"),
     (DecodeConfig(reduce="cluster", split=16), "sm_90",
@@ -165,6 +175,11 @@ def test_the_register_estimate_and_cap():
     assert check(big, ARCH) and not check(Variant(Layout.NT).apply(big), ARCH)
     assert [DecodeConfig(wk=wk, wn=1).register_cap(ARCH) for wk in (2, 8, 16, 32)] == \
         [255, 255, 128, 64]
+    # the ring in shared memory: the chunk computed (B's counted as two, as one stage is)
+    # and A's one, whatever STAGES
+    a = DecodeConfig(ring="async", stages=8)
+    assert a.a_ring_regs == 8 and a.regs_estimate == 16 + 2 * 16 + 8 + 10 + 48 == 114
+    assert a.ring_bytes == 8 * (4 + 2) * 256 * 16 and a.smem_bytes == a.ring_bytes + 4 * 16 * 72 * 4
 
 
 # ---- the search space, the registry and the model ----------------------------------------
@@ -265,6 +280,9 @@ def test_the_model_sees_a_decode_kernel_memory_bound():
         DecodeConfig(mt=32, bn=32, wk=4, wn=1, vec=4, stages=2, split=8)),
     # the slices of a tile as one cluster, summed through distributed shared memory
     NT16.apply(DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=4, reduce="cluster")),
+    # the ring in shared memory, filled by cp.async, 4 stages
+    Variant(Layout.NT, DType.BF16).apply(
+        DecodeConfig(dtype=DType.BF16, bn=32, wk=8, wn=1, stages=4, ring="async")),
 ])
 def test_golden_sources(cfg):
     src = rendered_as_golden(cfg)
@@ -288,6 +306,11 @@ def test_the_header_states_the_launch_and_the_bytes_in_flight():
     assert "__cluster_dims__(1, 1, SPLIT) __launch_bounds__(THREADS, 1)" in cl
     assert "const __half* bias)" in cl and "tickets" not in cl and "float* W" not in cl
     assert "cluster.map_shared_rank(red + r * LDR + col, z)" in cl
+    ring = render(NT16.apply(DecodeConfig(stages=4, ring="async")))
+    assert "STAGES=4 (shared memory, cp.async)" in ring
+    assert "cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" in ring
+    assert "cp.async.ca.shared.global [%0], [%1], %2, %3;" in ring  # A, through L1
+    assert "ring_wait<STAGES - 1>();" in ring and "ld_stream<VEC>(" not in ring
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -406,6 +429,12 @@ _SHIM = r"""
 #include <cuda_bf16.h>
 
 struct EmuWarp { std::barrier<> bar{32}; unsigned u[32][8]; float f[32]; };
+// a thread's cp.async groups (committed, oldest first) and the copies not yet committed;
+// a copy lands only when a wait_group retires its group: a read of a slot before its wait
+// sees what was there (NaN at first)
+struct EmuCopy { unsigned* dst; const unsigned short* src; int size, bytes; };
+thread_local std::vector<std::vector<EmuCopy>> emu_groups;
+thread_local std::vector<EmuCopy> emu_open;
 struct EmuBlock {
     std::barrier<> bar;
     std::vector<EmuWarp> warps;
@@ -463,6 +492,33 @@ inline void ld_stream(unsigned* r, const unsigned short* p)
         std::abort();
     }
     std::memcpy(r, p, 2 * V);
+}""",
+    "cp_async_b16": r"""template <int V, bool STREAM>
+inline void cp_async_b16(unsigned* dst, const unsigned short* src, bool pred)
+{
+    if (reinterpret_cast<std::uintptr_t>(dst) % (2 * V)
+        || (pred && reinterpret_cast<std::uintptr_t>(src) % (2 * V))) {
+        std::fprintf(stderr, "cp_async_b16: %p <- %p is not %d-byte aligned\n", (void*)dst,
+                     (const void*)src, 2 * V);
+        std::abort();
+    }
+    emu_open.push_back({dst, src, 2 * V, pred ? 2 * V : 0});
+}""",
+    "ring_commit": r"""inline void ring_commit()
+{
+    emu_groups.push_back(std::move(emu_open));
+    emu_open.clear();
+}""",
+    "ring_wait": r"""template <int N>
+inline void ring_wait()
+{
+    while (emu_groups.size() > static_cast<size_t>(N)) {
+        for (const EmuCopy& c : emu_groups.front()) {  // src-size bytes, zeros to cp-size
+            std::memcpy(c.dst, c.src, c.bytes);
+            std::memset(reinterpret_cast<char*>(c.dst) + c.bytes, 0, c.size - c.bytes);
+        }
+        emu_groups.erase(emu_groups.begin());
+    }
 }""",
     "transpose_b16": r"""inline unsigned transpose_b16(unsigned x)
 {
@@ -746,6 +802,13 @@ EMULATED = [
         DecodeConfig(math="fma", mt=8, bn=16, wk=2, wn=1, vec=4, split=4)),
     Variant(Layout.NN, DType.F16, "out", "none").apply(
         DecodeConfig(mt=16, bn=128, wk=1, wn=4, stages=3, split=2, reduce="last")),
+    # the ring in shared memory: mma and FMAs, both B layouts, 8- and 16-byte copies
+    NT16.apply(DecodeConfig(wk=2, wn=2, stages=4, ring="async")),
+    Variant(Layout.NN, DType.BF16, "out", "silu").apply(
+        DecodeConfig(dtype=DType.BF16, mt=32, bn=64, wk=2, wn=2, stages=3, ring="async",
+                     split=2, reduce="last")),
+    Variant(Layout.NT, DType.F32).apply(
+        DecodeConfig(math="fma", mt=2, bn=32, wk=2, wn=2, vec=4, stages=5, ring="async")),
 ]
 
 
@@ -766,6 +829,9 @@ def test_the_emulated_configs_are_valid_and_cover_the_family():
     assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
                                                            (True, "last")}
     assert {c.math for c in EMULATED} == {"mma", "fma"} and {c.vec for c in EMULATED} == {4, 8}
+    async_ = [c for c in EMULATED if c.is_async]
+    assert {c.math for c in async_} == {"mma", "fma"} and {c.b_col for c in async_} == {
+        True, False} and {c.vec for c in async_} == {4, 8}
 
 
 #: M across the tiles; N, K odd (element-wise edges) and even (whole vectors), one K deeper
@@ -811,6 +877,22 @@ def test_the_emulation_catches_a_wrong_fragment(emulated, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     err, _ = emulate(tmp_path / "bad", cfg, (16, 64, 256), tmp_path)
     assert err > 0.1
+
+
+def test_the_emulation_catches_a_chunk_read_before_it_lands(emulated, tmp_path):
+    """The shared-memory ring's wait one group short: its chunk is read before its copies
+    have landed (the emulation lands them at the wait that retires their group)."""
+    cfg = next(c for c in EMULATED if c.is_async)
+    src = emulation_source(cfg)
+    good = "ring_wait<STAGES - 1>();"
+    assert good in src
+    cpp = tmp_path / "early.cpp"
+    cpp.write_text(src.replace(good, "ring_wait<STAGES>();"))
+    r = subprocess.run(_CXX + [f"-I{_cuda_include()}", str(cpp), "-o", str(tmp_path / "early")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    err, _ = emulate(tmp_path / "early", cfg, (16, 64, 1024), tmp_path)
+    assert not err <= _GATE[cfg.out.short], err
 
 
 # ---- the bench's candidates (bench/decode_roof.py; it times them on a GPU) -----------------

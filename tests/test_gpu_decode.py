@@ -27,7 +27,9 @@ from codegen.families.decode import DecodeConfig
 
 #: per input type: the default, a 64-row mma tile, FMAs on 4 rows, split-K by the last
 #: block and by a reduce pass, 8-byte loads with one stage, split-K across a cluster (mma
-#: on 16 rows, FMAs on one)
+#: on 16 rows, FMAs on one); the ring in shared memory (cp.async): 4 stages of mma on 16
+#: rows, FMAs on 2 rows with 8-byte copies summed across a cluster, 6 stages of a 64-row
+#: tile summed by the last block
 BASES = [
     DecodeConfig(),
     DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=2),
@@ -37,6 +39,10 @@ BASES = [
     DecodeConfig(mt=16, bn=32, wk=8, wn=1, vec=4, stages=1, split=2, reduce="last"),
     DecodeConfig(mt=16, bn=64, wk=4, wn=2, split=4, reduce="cluster"),
     DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, split=8, reduce="cluster"),
+    DecodeConfig(bn=32, wk=8, wn=1, stages=4, ring="async"),
+    DecodeConfig(math="fma", mt=2, bn=64, wk=4, wn=2, vec=4, stages=3, ring="async", split=4,
+                 reduce="cluster"),
+    DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=6, ring="async", split=2, reduce="last"),
 ]
 MS = (1, 7, 16, 33, 64)
 
@@ -62,8 +68,10 @@ CONFIGS = _configs()
 
 
 def test_every_base_builds_every_variant():
-    """(on the CPU too) each base config takes each of the 16 variants of both types"""
-    assert len(CONFIGS) == 2 * len(BASES) * 16
+    """(on the CPU too) each base config takes each of the 16 variants of both types; a
+    shared-memory ring the 8 with a row-major A (it copies rows of A)"""
+    assert len(CONFIGS) == 2 * sum(8 if b.is_async else 16 for b in BASES)
+    assert {c.layout for c in CONFIGS if c.is_async} == {Layout.NN, Layout.NT}
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ from codegen.families._common import (
 )
 
 __all__ = ["DecodeConfig", "DEFAULT_DECODE", "TEMPLATE", "check", "SPACE", "MMA_TILES",
-           "FMA_ROWS", "SPLITS", "REDUCES", "MAX_ACC_REGS", "OVERHEAD_REGS", "FMA_RATE",
+           "FMA_ROWS", "SPLITS", "REDUCES", "RINGS", "MAX_ACC_REGS", "OVERHEAD_REGS", "FMA_RATE",
            "from_params", "suggest", "params_of", "valid_configs", "problem_reasons",
            "issue_efficiency", "DECODE"]
 
@@ -57,6 +57,8 @@ FMA_ROWS = (1, 2, 4, 8)
 VECS = (4, 8)
 SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last", "cluster")
+#: where a warp's ring lives: registers, or its threads' slots of shared memory (cp.async)
+RINGS = ("reg", "async")
 #: the most registers a thread may give its accumulators
 MAX_ACC_REGS = 64
 #: registers besides the accumulators, the rings and the per-load terms of
@@ -92,9 +94,15 @@ class DecodeConfig(SplitK, Serial, Named):
             the same chunk of A at once (L1 serves all but the first).
         vec: elements (2 bytes each) of a lane's load of A or B: 8 (16 bytes) or 4; a K
             chunk is 4 x VEC deep. Scalar loads where an edge or the alignment forbids it.
-        stages: B's register ring in each warp: the loads of STAGES-1 chunks of B are in
-            flight while it computes one (1: load, then compute); A's ring has 2 stages (A
-            comes from L2 or L1: one chunk ahead).
+        stages: each warp's ring: the loads of STAGES-1 chunks of B are in flight while
+            it computes one (1: load, then compute).
+        ring: where the ring lives. "reg": B's loads go straight into registers, A's
+            through a 2-stage ring of its own (A comes from L2 or L1: one chunk ahead);
+            ptxas waits for all of a warp's register loads at once, so about one chunk
+            is in flight whatever STAGES says. "async": each thread's own slots of shared
+            memory, a chunk's B and A one cp.async group, waited for in order
+            (cp.async.wait_group): STAGES-1 chunks really in flight (``a<stages>`` in the
+            name, 2..8 stages; A row-major).
         split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
         reduce: how the slices are summed, in a fixed order: "pass" (a second kernel, the
             name's plain ``_k<split>``), "last" (the last block of a tile, through a
@@ -109,6 +117,8 @@ class DecodeConfig(SplitK, Serial, Named):
         'gemm_decode_f16_mma16x64_w4x2_v8_s3'
         >>> DecodeConfig(split=4, reduce="last", layout=Layout.NT, out=DType.F16).name
         'gemm_decode_f16_mma16x64_w4x2_v8_s3_k4l_nt_of16'
+        >>> DecodeConfig(ring="async", stages=6).name
+        'gemm_decode_f16_mma16x64_w4x2_v8_a6'
     """
 
     math: str = "mma"
@@ -118,6 +128,7 @@ class DecodeConfig(SplitK, Serial, Named):
     wn: int = 2
     vec: int = 8
     stages: int = 3
+    ring: str = "reg"
     split: int = 1
     reduce: str = "pass"
     dtype: DType = DType.F16
@@ -128,9 +139,10 @@ class DecodeConfig(SplitK, Serial, Named):
     act: str = "none"
 
     #: the procedural name, encoding every field (``Named`` writes and reads it)
-    NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_s{stages}"
+    NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_{ring}{stages}"
                 "[_k{split}{reduce}]" + EPILOGUE_NAME,
                 math=choice({"mma": "mma", "fma": "fma"}),
+                ring=choice({"reg": "s", "async": "a"}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
 
     # ---- the launch interface (tuner.runtime.runners.Runner) ------------------------
@@ -179,9 +191,23 @@ class DecodeConfig(SplitK, Serial, Named):
         return self.bn + 8
 
     @property
+    def is_async(self) -> bool:
+        """The ring in shared memory, filled by cp.async?"""
+        return self.ring == "async"
+
+    @property
+    def ring_bytes(self) -> int:
+        """The shared-memory ring (async): STAGES x (B's NB + A's a_loads) loads of a
+        thread, 2 x VEC bytes each."""
+        if not self.is_async:
+            return 0
+        return self.stages * (self.bnw // 8 + self.a_loads) * self.threads * 2 * self.vec
+
+    @property
     def smem_bytes(self) -> int:
-        """The partial tiles of the WK warps of each column, [WK][MT][LDR] floats (dynamic)."""
-        return self.wk * self.mt * self.ldr * 4
+        """The partial tiles of the WK warps of each column, [WK][MT][LDR] floats, and the
+        ring (async) after them (dynamic)."""
+        return self.wk * self.mt * self.ldr * 4 + self.ring_bytes
 
     @property
     def acc_regs(self) -> int:
@@ -205,8 +231,8 @@ class DecodeConfig(SplitK, Serial, Named):
     @property
     def a_ring_regs(self) -> int:
         """Registers of A's ring: 2 stages (A comes from L2: one chunk ahead) of a_loads
-        VEC-element loads."""
-        return 2 * self.a_loads * (self.vec // 2)
+        VEC-element loads; one (the chunk computed) with the ring in shared memory."""
+        return (1 if self.is_async else 2) * self.a_loads * (self.vec // 2)
 
     @property
     def regs_estimate(self) -> int:
@@ -217,7 +243,8 @@ class DecodeConfig(SplitK, Serial, Named):
         nb = self.bnw // 8
         widened = self.mt * self.vec // 4 if self.math == "fma" else 0
         loads = nb * (1 if self.b_col else 2) + self.a_loads
-        return (self.acc_regs + max(self.stages, 2) * self.stage_regs + self.a_ring_regs
+        b_ring = 2 if self.is_async else max(self.stages, 2)
+        return (self.acc_regs + b_ring * self.stage_regs + self.a_ring_regs
                 + widened + loads + OVERHEAD_REGS)
 
     def register_cap(self, arch: ArchLimits) -> int:
@@ -240,6 +267,7 @@ class DecodeConfig(SplitK, Serial, Named):
             ELEM_T=_CPP.get(self.dtype, "__half"), MMA=mma, MATH=self.math,
             MT=self.mt, BN=self.bn, WK=self.wk, WN=self.wn, WARPS=self.warps,
             THREADS=self.threads, BNW=self.bnw, VEC=self.vec, KC=self.kc, STAGES=self.stages,
+            ASYNC=self.is_async,
             NB=self.bnw // 8, MTILES=self.mt // 16,
             A_LOADS=self.a_loads, LDR=self.ldr, SMEM_BYTES=self.smem_bytes,
             ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, A_RING_REGS=self.a_ring_regs,
@@ -306,8 +334,15 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
         why.append(f"a row-major B is read {4 * c.vec} columns at a time (4 lanes x "
                    f"VEC={c.vec}): a warp's BN/WN={c.bnw} is not a multiple of {4 * c.vec}")
     why += threads_reasons(c.threads, a)
-    if not 1 <= c.stages <= 4:
-        why.append(f"stages={c.stages} is outside 1..4")
+    if c.ring == "reg" and not 1 <= c.stages <= 4:
+        why.append(f"stages={c.stages} is outside 1..4 (a register ring)")
+    elif c.is_async and not 2 <= c.stages <= 8:
+        why.append(f"stages={c.stages} is outside 2..8 (a shared-memory ring)")
+    elif c.ring not in RINGS:
+        why.append(f"ring {c.ring!r} is not one of {', '.join(RINGS)}")
+    if c.is_async and c.layout in (Layout.TN, Layout.TT):
+        why.append("a shared-memory ring copies rows of A 2 x VEC bytes at a time: a "
+                   f"column-major A ({c.layout.value}) takes the register ring")
     why += _split_reasons(c, a)
     if why:
         return why

@@ -2,7 +2,7 @@
 // Kernel:     gemm_decode_f16_fma1x32_w8x1_v8_s3_k4c_nt_of16_bias_gelu
 // Computes:   C = gelu(alpha * A * B + beta * C + bias); A (M x K) row-major, B (K x N) column-major, C (M x N) row-major;
 //             fp16 inputs, FP32 FMAs, fp32 accumulation, fp16 output; any M, N, K >= 1, any ld >= row length
-// Parameters: MT=1 BN=32 warps 8x1 (K x N) VEC=8 (K chunk 32) STAGES=3 SPLIT=4
+// Parameters: MT=1 BN=32 warps 8x1 (K x N) VEC=8 (K chunk 32) STAGES=3 (registers) SPLIT=4
 // In flight:  4096 bytes of B per warp (2 chunks x 4 loads x 512), 32768 per block
 // Registers:  4 accumulators, 3 x 16 in B's ring, 8 in A's
 // Launch:     grid  = (ceil(M / 1) * ceil(N / 32), batch, 4)
@@ -22,7 +22,7 @@ constexpr int MT = 1, BN = 32;
 constexpr int WK = 8, WN = 1, WARPS = 8, THREADS = 256;
 constexpr int BNW = 32, NB = 4;  // a warp's columns and n8 blocks
 constexpr int VEC = 8, KC = 32, STAGES = 3;
-constexpr int A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // A's ring; a pass
+constexpr int B_RING = STAGES, A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // the rings; a pass
 constexpr int A_LOADS = 1;  // loads of A per lane and chunk
 constexpr int LDR = 40, SV = 4;  // partial tiles' row; outputs per store
 constexpr int SPLIT = 4;
@@ -33,7 +33,7 @@ static_assert(WARPS == WK * WN && THREADS == 32 * WARPS && THREADS <= 1024, "thr
 static_assert(BNW * WN == BN && BNW % 8 == 0 && NB == BNW / 8, "a warp's columns are n8 blocks");
 static_assert(VEC == 4 || VEC == 8, "a lane loads 8 or 16 bytes");
 static_assert(KC == 4 * VEC, "a K chunk is 4 lanes x VEC deep");
-static_assert(STAGES >= 1 && STAGES <= 4, "a ring of 1..4 stages");
+static_assert(STAGES >= 1 && STAGES <= 4, "a register ring of 1..4 stages");
 static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "FMA tiles of 1, 2, 4 or 8 rows");
 static_assert(A_LOADS == MT, "A: every row");
 static_assert(MT * NB <= 64, "at most 64 accumulator registers");
@@ -342,7 +342,7 @@ gemm_decode_f16_fma1x32_w8x1_v8_s3_k4c_nt_of16_bias_gelu(int M, int N, int K, fl
     // one); A's A_STAGES = 2, each its A_LOADS loads at the column form's k's (A comes from
     // L2 or L1, not DRAM: one chunk ahead hides that, and a deeper ring would cost as many
     // registers again as B's for MT = 64).
-    unsigned bq[STAGES][NB][VEC / 2];
+    unsigned bq[B_RING][NB][VEC / 2];
     unsigned aq[A_STAGES][A_LOADS][VEC / 2];
 
     // The rows of A this lane loads: a_row0 + a_drow(i), i < A_LOADS: rows g, g+8 of each
@@ -435,8 +435,8 @@ gemm_decode_f16_fma1x32_w8x1_v8_s3_k4c_nt_of16_bias_gelu(int M, int N, int K, fl
     // of them, those loaded whole (chunks below c_whole: inside K; none unless the operands
     // allow vectors): chunk it's B is loaded into stage
     // it % STAGES, STAGES-1 steps before it is computed, its A into it % A_STAGES, one step
-    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant). The
-    // rest (the end of K; all of them with misaligned operands) go one at a time.
+    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant).
+    // The rest (the end of K; all of them with misaligned operands) go one at a time.
     const bool vectors = b_vec && a_vec;
     const int c_whole = vectors ? min(c_end, K / KC) : c_begin;
     const int whole = first < c_whole ? (c_whole - first + WK - 1) / WK : 0;

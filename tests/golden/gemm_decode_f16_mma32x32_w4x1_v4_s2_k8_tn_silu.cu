@@ -2,7 +2,7 @@
 // Kernel:     gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu
 // Computes:   C = silu(alpha * A * B + beta * C); A (M x K) column-major, B (K x N) row-major, C (M x N) row-major;
 //             fp16 inputs, mma.sync m16n8k16, fp32 accumulation, fp32 output; any M, N, K >= 1, any ld >= row length
-// Parameters: MT=32 BN=32 warps 4x1 (K x N) VEC=4 (K chunk 16) STAGES=2 SPLIT=8
+// Parameters: MT=32 BN=32 warps 4x1 (K x N) VEC=4 (K chunk 16) STAGES=2 (registers) SPLIT=8
 // In flight:  1024 bytes of B per warp (1 chunks x 4 loads x 256), 4096 per block
 // Registers:  32 accumulators, 2 x 8 in B's ring, 16 in A's
 // Launch:     grid  = (ceil(M / 32) * ceil(N / 32), batch, 8)
@@ -23,7 +23,7 @@ constexpr int MT = 32, BN = 32;
 constexpr int WK = 4, WN = 1, WARPS = 4, THREADS = 128;
 constexpr int BNW = 32, NB = 4;  // a warp's columns and n8 blocks
 constexpr int VEC = 4, KC = 16, STAGES = 2;
-constexpr int A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // A's ring; a pass
+constexpr int B_RING = STAGES, A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // the rings; a pass
 constexpr int A_LOADS = 4;  // loads of A per lane and chunk
 constexpr int LDR = 40, SV = 4;  // partial tiles' row; outputs per store
 constexpr int MTILES = 2;  // m16 tiles
@@ -35,7 +35,7 @@ static_assert(WARPS == WK * WN && THREADS == 32 * WARPS && THREADS <= 1024, "thr
 static_assert(BNW * WN == BN && BNW % 8 == 0 && NB == BNW / 8, "a warp's columns are n8 blocks");
 static_assert(VEC == 4 || VEC == 8, "a lane loads 8 or 16 bytes");
 static_assert(KC == 4 * VEC, "a K chunk is 4 lanes x VEC deep");
-static_assert(STAGES >= 1 && STAGES <= 4, "a ring of 1..4 stages");
+static_assert(STAGES >= 1 && STAGES <= 4, "a register ring of 1..4 stages");
 static_assert(MT == 16 * MTILES && (MT == 16 || MT == 32 || MT == 64), "mma tiles of 16, 32 or 64 rows");
 static_assert(A_LOADS == 2 * MTILES, "A: rows g and g+8 of each m16 tile");
 static_assert(MTILES * NB * 4 <= 64, "at most 64 accumulator registers");
@@ -337,7 +337,7 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
     // one); A's A_STAGES = 2, each its A_LOADS loads at the column form's k's (A comes from
     // L2 or L1, not DRAM: one chunk ahead hides that, and a deeper ring would cost as many
     // registers again as B's for MT = 64).
-    unsigned bq[STAGES][NB][VEC / 2];
+    unsigned bq[B_RING][NB][VEC / 2];
     unsigned aq[A_STAGES][A_LOADS][VEC / 2];
 
     // The rows of A this lane loads: a_row0 + a_drow(i), i < A_LOADS: rows g, g+8 of each
@@ -426,8 +426,8 @@ gemm_decode_f16_mma32x32_w4x1_v4_s2_k8_tn_silu(int M, int N, int K, float alpha,
     // of them, those loaded whole (chunks below c_whole: inside K; none unless the operands
     // allow vectors and each vector of B lies inside N or outside it): chunk it's B is loaded into stage
     // it % STAGES, STAGES-1 steps before it is computed, its A into it % A_STAGES, one step
-    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant). The
-    // rest (the end of K; all of them with misaligned operands) go one at a time.
+    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant).
+    // The rest (the end of K; all of them with misaligned operands) go one at a time.
     const bool vectors = b_vec && (N % VEC == 0 || nw0 + BNW <= N);
     const int c_whole = vectors ? min(c_end, K / KC) : c_begin;
     const int whole = first < c_whole ? (c_whole - first + WK - 1) / WK : 0;
