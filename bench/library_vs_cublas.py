@@ -21,7 +21,13 @@ M-sweep (--m-sweep): M = 1..64 and larger (M_SWEEP), N = K = 4096, fp16 by defau
 (--n, --k, --dtype), one B for every M (a layer's weight) and a fresh A each: per M the
 ratio to torch (C of the inputs' type, or --out fp32 against torch.mm(..., out_dtype=
 torch.float32)), the error, what ran; and the first pass: the wall clock of every M's
-first call summed (ours: one measurement per M-bucket) against torch's first calls.
+first call summed (ours: one measurement per M-bucket) against torch's first calls. Each M
+is timed in M_SWEEP_ROUNDS (5) rounds, turn about, its ratio the medians' (the rounds
+kept), beside both sides' host cost a call: at N = K = 4096 a call's GPU time (10-22 us,
+B in L2) is within a few microseconds of the host's cost of a call (torch's and ours),
+and a 3-round median moved single Ms by 5-10% from run to run (0.88x-0.93x at Ms whose
+neighbours read 1.05x, with cuBLAS running the same kernels on both sides:
+bench/cublas_kernels.py).
 
 Both start from a copy of the library without its dispatch table (so first calls
 measure, as in a fresh deployment) unless --keep-table.
@@ -91,6 +97,8 @@ SWEEP = [
 #: the Ms of the M-sweep: every M up to 64, then some larger (bucket ends and between)
 M_SWEEP = list(range(1, 65)) + [65, 96, 100, 128, 129, 200, 256, 257, 384, 512, 777, 1000,
                                 1024, 2048, 4096]
+#: rounds of each M's loops, turn about (module doc)
+M_SWEEP_ROUNDS = 5
 #: the error each C type is held to against float64 (fp32: the FP32 gate; 2-byte C: its
 #: rounding and the tensor cores' accumulation, growing with K)
 GATE = {"float32": 1e-5, "float16": 2.0**-11 + 2e-5, "bfloat16": 2.0**-8 + 2e-5}
@@ -335,11 +343,15 @@ def m_sweep(torch, lib, ms, n: int, k: int, dtype: str, out: str) -> tuple[list,
             first = first_ms(torch, lambda: lib.gemm(a, b, c))
             err = error(a, b, c)
             torch_first = first_ms(torch, theirs(a, c))
-            lib_ms, torch_ms, _, _ = interleaved(torch, lambda: lib.gemm(a, b, c), theirs(a, c))
+            lib_ms, torch_ms, mine, yours = interleaved(
+                torch, lambda: lib.gemm(a, b, c), theirs(a, c), rounds=M_SWEEP_ROUNDS)
             choice = ran(lib, a, b, c)
             rows.append(dict(m=m, bucket=list(lib.m_buckets.of(m)), measured=len(measured) > before,
                              kernel=choice.kernel or "cuBLAS", rule=choice.rule,
                              lib_ms=lib_ms, torch_ms=torch_ms, ratio=torch_ms / lib_ms,
+                             lib_rounds_ms=mine, torch_rounds_ms=yours,
+                             host_us=host_us(torch, lambda: lib.gemm(a, b, c)),
+                             torch_host_us=host_us(torch, theirs(a, c)),
                              first_call_ms=first, torch_first_call_ms=torch_first, error=err,
                              ok=err <= gate(out, k)))
             r = rows[-1]
