@@ -64,12 +64,12 @@ Steps:
    LAYER_SLACK (1.5) times the unpatched layer's own.
 
 Cost: torch.compile max-autotune compiles and benchmarks Triton GEMM templates per shape:
-on the order of 20-60 s each on the H200 (an estimate: "compile_s" in each row records
-it), about 45 distinct shapes for both layers at all five T, so 15-45 minutes; each is cut
-at --compile-limit seconds (a SIGALRM in the compiling thread; the row then says so) and
---no-compile leaves them out. Inductor's caches on disk make a rerun on the same machine
-much faster. Building the layers, the first-use measurements and the timing itself
-should take minutes (measured: 66 s for both layers at all five T, --no-compile). To stay
+measured on the H200 (915921b, "compile_s" in each row), 0-12 s for most, three of GPT-2's
+at 128 tokens over 30 s; about 45 distinct shapes for both layers at all five T. Each is
+cut at --compile-limit seconds (a SIGALRM in the compiling thread; the row then says so)
+and --no-compile leaves them out. Inductor's caches on disk make a rerun on the same
+machine faster. Building the layers, the first-use measurements and the timing itself
+take minutes (measured: 66 s for both layers at all five T, --no-compile). To stay
 within 10-minute commands: --tune-only first, then --skip-tune --library
 artifacts/model-gemms/library, by layer or token counts if need be (each run writes its
 JSON as it goes: a cut run keeps the rows it finished). A tune cut by its budget goes on
