@@ -1,7 +1,8 @@
 """The decode family at the DRAM roof, against torch.matmul, in one run, on the GPU.
 
     python3 bench/decode_roof.py [--out DIR] [--dtypes f16,bf16] [--shapes MxNxK,...]
-                                 [--epilogue] [--candidates NAME,...] [--list]
+                                 [--epilogue] [--candidates NAME,...] [--prefetch-b]
+                                 [--back-to-back] [--list]
 
 The five decode shapes (M x N x K: 1x4096x4096, 16x4096x4096, 64x4096x14336,
 16x14336x4096, 1x8192x28672), fp16 and bf16 with C of the input type, called as a model
@@ -16,7 +17,11 @@ torch: 2 GiB moved). Bytes of a call: W + x + y (+ b). Timing: the GPU is held b
 kernel while the host enqueues a batch of calls, each between two CUDA events, so no
 call waits on the host (the runners' Python launch takes a few microseconds, as much as
 a small decode GEMM); median over the calls, and over three interleaved rounds (torch and
-every candidate once a round).
+every candidate once a round). With --back-to-back a batch runs with no event between its
+calls, and a call's time is the batch's over its calls: our kernels launch with
+programmatic dependent launch, so one's start overlaps the end of the one before, as a
+model's consecutive layers run (torch's are timed the same way). --prefetch-b adds, for
+each decode candidate, its twin that loads B's first chunks before that wait.
 
 Ours: candidates() below: per shape, the M tiles that cover M (the FMA path for M <= 8,
 mma tiles otherwise), a few warp arrangements and rings, split-K by the last block and
@@ -91,8 +96,11 @@ def splits(c: DecodeConfig, shape) -> list[tuple[int, str]]:
     return out
 
 
-def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90") -> list:
-    """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`."""
+def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90",
+               prefetch_b: bool = False) -> list:
+    """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`; with
+    `prefetch_b` each also as its twin that loads B's first chunks before it waits for the
+    kernel before (DecodeConfig.prefetch_b)."""
     variant = Variant(Layout.NT, dtype, *(("out", "gelu") if epilogue else ("none", "none")))
     out = []
     for (math_, mt), (bn, wk, wn), (ring, stages) in ((t, a, r) for t in m_tiles(shape[0])
@@ -103,7 +111,7 @@ def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90")
             c = dataclasses.replace(base, split=split, reduce=reduce)
             if not check(c, arch) and not problem_reasons(c, shape, arch) and \
                     c.split <= cdiv(shape[2], c.bk):
-                out.append(c)
+                out += [c, dataclasses.replace(c, prefetch_b=1)] if prefetch_b else [c]
     return list(dict.fromkeys(out + wgmma_candidates(shape, dtype, variant, arch)))
 
 
@@ -136,8 +144,22 @@ class Timer:
     while a batch is enqueued; `before(i)`, if given, runs ahead of each call, outside its
     events (bench/flush_effect.py: an L2 flush)."""
 
-    def __init__(self, torch):
-        self.torch = torch
+    def __init__(self, torch, back_to_back: bool = False):
+        self.torch, self.back_to_back = torch, back_to_back
+
+    def stream(self, fn, calls: int = CALLS) -> float:
+        """Microseconds a call of `calls` back to back between two events (nothing between
+        the kernels: under programmatic dependent launch one's start overlaps the end of
+        the one before, as a model's consecutive layers run)."""
+        torch = self.torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(max(5_000_000, 100_000 * calls))
+        start.record()
+        for i in range(calls):
+            fn(i)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / calls
 
     def batch(self, fn, calls: int = CALLS, before=None) -> list[float]:
         torch = self.torch
@@ -157,6 +179,8 @@ class Timer:
     def __call__(self, fn) -> float:
         for i in range(3):
             fn(i)
+        if self.back_to_back:
+            return self.stream(fn)
         return statistics.median(self.batch(fn))
 
 
@@ -254,6 +278,12 @@ def main(argv=None) -> int:
                     help="y = gelu(x @ W.t() + b), ours fused, torch's F.gelu(F.linear)")
     ap.add_argument("--candidates", default="",
                     help="kernel names to time instead of the generated list")
+    ap.add_argument("--prefetch-b", action="store_true",
+                    help="each decode candidate also with B's first chunks loaded before "
+                         "the wait for the kernel before (prefetch_b)")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="time a call as the mean of a batch back to back between two "
+                         "events (no event between the kernels), not each call alone")
     ap.add_argument("--list", action="store_true", help="print the candidates and exit")
     args = ap.parse_args(argv)
     try:
@@ -262,8 +292,8 @@ def main(argv=None) -> int:
         if any(d not in DTYPES for d in dtypes) or any(min(s) < 1 or len(s) != 3
                                                        for s in shapes):
             raise UsageError("the decode family takes f16 and bf16, shapes MxNxK >= 1")
-        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue) for s in shapes
-                for d in dtypes}
+        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, args.prefetch_b)
+                for s in shapes for d in dtypes}
     except (ValueError, UsageError) as e:
         print(f"decode_roof: {e}", file=sys.stderr)
         return 2
@@ -276,9 +306,9 @@ def main(argv=None) -> int:
     return _run(args, plan)
 
 
-def _chosen(names: str, shape, dtype: DType, epilogue: bool) -> list:
+def _chosen(names: str, shape, dtype: DType, epilogue: bool, prefetch_b: bool = False) -> list:
     if not names:
-        return candidates(shape, dtype, epilogue)
+        return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b)
     from codegen.config import config_from_name
 
     cs = [config_from_name(n) for n in names.split(",") if n]
@@ -298,16 +328,17 @@ def _run(args, plan: dict) -> int:
     torch.zeros(1, device="cuda")
     props = torch.cuda.get_device_properties(0)
     gpu = torch.cuda.get_device_name(0)
-    timer = Timer(torch)
+    timer = Timer(torch, args.back_to_back)
     roof = copy_roof(torch, timer)
     doc = dict(benchmark="decode-roof", gpu=gpu, torch=torch.__version__, nvcc=nvcc_version(),
                commit=commit(), rounds=ROUNDS, calls=CALLS, l2_bytes=props.L2_cache_size,
                copy_roof_gbs=round(roof, 1), epilogue=args.epilogue,
+               back_to_back=args.back_to_back,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                method=__doc__, rows=[])
     print(f"{gpu}: device copy {roof:.0f} GB/s; L2 {props.L2_cache_size >> 20} MiB", flush=True)
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
-    tag = "-epilogue" if args.epilogue else ""
+    tag = ("-epilogue" if args.epilogue else "") + ("-back-to-back" if args.back_to_back else "")
     path = args.out / f"decode-roof{tag}-{slug}-{doc['date'][:10]}.json"
     args.out.mkdir(parents=True, exist_ok=True)
 

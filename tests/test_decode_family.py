@@ -54,6 +54,8 @@ NT16 = Variant(Layout.NT, DType.F16, "out", "gelu")  # x @ W.t() + b, GELU, fp16
                   layout=Layout.NT, out=DType.F16), "gemm_decode_f16_fma1x32_w8x1_v8_s3_k8c_nt_of16"),
     (DecodeConfig(bn=32, wk=8, wn=1, stages=6, ring="async", split=2, reduce="cluster",
                   layout=Layout.NT), "gemm_decode_f16_mma16x32_w8x1_v8_a6_k2c_nt"),
+    (DecodeConfig(bn=32, wk=8, wn=1, stages=2, prefetch_b=1, layout=Layout.NT, out=DType.F16),
+     "gemm_decode_f16_mma16x32_w8x1_v8_s2_pb_nt_of16"),
 ])
 def test_names_are_pinned_and_round_trip(cfg, name):
     assert cfg.name == name
@@ -116,6 +118,7 @@ def test_the_launch_interface():
     (DecodeConfig(stages=9, ring="async"), "sm_90", "stages=9 is outside 2..8 (a shared-memory"),
     (DecodeConfig(stages=1, ring="async"), "sm_90", "stages=1 is outside 2..8"),
     (DecodeConfig(ring="lds"), "sm_90", "ring 'lds' is not one of reg, async"),
+    (DecodeConfig(prefetch_b=2), "sm_90", "prefetch_b is 0 or 1, not 2"),
     (DecodeConfig(ring="async", layout=Layout.TN), "sm_90",
      "a shared-memory ring copies rows of A 2 x VEC bytes at a time: a column-major A (tn)"),
     # 16 KB a stage (6 loads x 16 bytes x 256 threads) + 3 KB of partial tiles
@@ -283,6 +286,8 @@ def test_the_model_sees_a_decode_kernel_memory_bound():
     # the ring in shared memory, filled by cp.async, 4 stages
     Variant(Layout.NT, DType.BF16).apply(
         DecodeConfig(dtype=DType.BF16, bn=32, wk=8, wn=1, stages=4, ring="async")),
+    # and B's first chunks loaded before the wait for the kernel before
+    NT16.apply(DecodeConfig(bn=32, wk=8, wn=1, stages=3, ring="async", prefetch_b=1)),
 ])
 def test_golden_sources(cfg):
     src = rendered_as_golden(cfg)
@@ -311,6 +316,17 @@ def test_the_header_states_the_launch_and_the_bytes_in_flight():
     assert "cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" in ring
     assert "cp.async.ca.shared.global [%0], [%1], %2, %3;" in ring  # A, through L1
     assert "ring_wait<STAGES - 1>();" in ring and "ld_stream<VEC>(" not in ring
+    # prefetch_b: every load of B's prologue before the wait, every load of A after it
+    for async_ in (False, True):
+        cfg = DecodeConfig(ring="async" if async_ else "reg", prefetch_b=1)
+        src = render(cfg)
+        body = src[src.index(f"{cfg.name}(int M"):]
+        wait = body.index("dependent_launch_begin();")
+        assert body.index("load_b(") < wait < body.index("load_a(")
+        assert "// Prefetch:   B's first chunks load before the wait" in src
+        plain = render(dataclasses.replace(cfg, prefetch_b=0))
+        body = plain[plain.index(f"{cfg.name.replace('_pb', '')}(int M"):]
+        assert body.index("dependent_launch_begin();") < body.index("load_b(")
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -797,7 +813,8 @@ EMULATED = [
     Variant(Layout.NT, DType.F32, "none", "relu").apply(
         DecodeConfig(math="fma", mt=4, bn=32, wk=1, wn=2, split=2, reduce="last")),
     Variant(Layout.NN, DType.BF16).apply(
-        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=64, wk=2, wn=2, stages=4)),
+        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=64, wk=2, wn=2, stages=4,
+                     prefetch_b=1)),
     Variant(Layout.TT, DType.F32, "out", "gelu").apply(
         DecodeConfig(math="fma", mt=8, bn=16, wk=2, wn=1, vec=4, split=4)),
     Variant(Layout.NN, DType.F16, "out", "none").apply(
@@ -806,7 +823,7 @@ EMULATED = [
     NT16.apply(DecodeConfig(wk=2, wn=2, stages=4, ring="async")),
     Variant(Layout.NN, DType.BF16, "out", "silu").apply(
         DecodeConfig(dtype=DType.BF16, mt=32, bn=64, wk=2, wn=2, stages=3, ring="async",
-                     split=2, reduce="last")),
+                     prefetch_b=1, split=2, reduce="last")),
     Variant(Layout.NT, DType.F32).apply(
         DecodeConfig(math="fma", mt=2, bn=32, wk=2, wn=2, vec=4, stages=5, ring="async")),
 ]
@@ -937,6 +954,13 @@ def test_the_bench_times_valid_candidates_of_each_shape():
             if isinstance(c, DecodeConfig)]
     assert {c.split for c in wide if c.bn == 32} == {1}
     assert {c.split for c in wide if c.bn == 128} == {1, 2, 4}
+    # both rings; --prefetch-b: each decode candidate and its prefetching twin, all valid
+    assert {(c.ring, c.stages) for c in one} == set(bench.RINGS)
+    twins = [c for c in bench.candidates((1, 4096, 4096), DType.F16, prefetch_b=True)
+             if isinstance(c, DecodeConfig)]
+    assert twins[::2] == one and all(t == dataclasses.replace(c, prefetch_b=1)
+                                     for c, t in zip(twins[::2], twins[1::2]))
+    assert all(not check(c, ARCH) for c in twins)
 
 
 def test_the_bench_lists_without_a_gpu_and_refuses_bad_arguments(capsys):

@@ -29,7 +29,8 @@ from codegen.families.decode import DecodeConfig
 #: block and by a reduce pass, 8-byte loads with one stage, split-K across a cluster (mma
 #: on 16 rows, FMAs on one); the ring in shared memory (cp.async): 4 stages of mma on 16
 #: rows, FMAs on 2 rows with 8-byte copies summed across a cluster, 6 stages of a 64-row
-#: tile summed by the last block
+#: tile summed by the last block; B's first chunks before the wait for the kernel before
+#: (prefetch_b), in a register ring and in a shared-memory one summed across a cluster
 BASES = [
     DecodeConfig(),
     DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=2),
@@ -43,6 +44,9 @@ BASES = [
     DecodeConfig(math="fma", mt=2, bn=64, wk=4, wn=2, vec=4, stages=3, ring="async", split=4,
                  reduce="cluster"),
     DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=6, ring="async", split=2, reduce="last"),
+    DecodeConfig(bn=32, wk=8, wn=1, stages=2, prefetch_b=1),
+    DecodeConfig(bn=64, wk=4, wn=2, stages=5, ring="async", prefetch_b=1, split=2,
+                 reduce="cluster"),
 ]
 MS = (1, 7, 16, 33, 64)
 
@@ -217,3 +221,40 @@ def test_a_linear_layer_as_a_model_calls_it(built):
         ref = F.gelu(F.linear(x.double(), w.double(), bias.double()))
         err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
         assert err <= tolerance(cfg, k) + ROUNDOFF[cfg.out], (cfg.name, (m, n, k), err)
+
+
+@pytest.mark.gpu
+def test_prefetching_kernels_read_the_kernel_befores_output_after_it(built):
+    """Two layers back to back on one stream, no sync between, each launched with
+    programmatic dependent launch: h = x @ W1.t() by one kernel, then y = h @ W2.t() by a
+    kernel that loads W2 before it waits for the first (prefetch_b) and h after. y must be
+    the product of the h the first kernel wrote (h poisoned with NaN before it runs)."""
+    import torch
+
+    from tuner.bench import tolerance
+    from tuner.gpu import device
+
+    nt = [(c, r) for c, r in built.items() if Variant.of(c) == Variant(Layout.NT, c.dtype)]
+    first = {c.dtype: (c, r) for c, r in nt if not c.prefetch_b and c.split == 1}
+    second = [(c, r) for c, r in nt if c.prefetch_b]
+    assert len(second) == 4
+    for cfg, res in second:
+        c1, r1 = first[cfg.dtype]
+        t = getattr(torch, _TORCH[cfg.dtype])
+        m, k, n1, n2 = 16, 4096, 4096, 4096
+        x = torch.randn(m, k, device="cuda").to(t)
+        w1 = (torch.randn(n1, k, device="cuda") / k ** 0.5).to(t)
+        w2 = (torch.randn(n2, n1, device="cuda") / n1 ** 0.5).to(t)
+        h = torch.full((m, n1), float("nan"), device="cuda", dtype=t)
+        y = torch.full((m, n2), float("nan"), device="cuda", dtype=t)
+        stream = torch.cuda.current_stream().cuda_stream
+        run1 = _runner(c1, Path(r1.cubin)).bind(device(), m, n1, k, k, k, n1)
+        run2 = _runner(cfg, Path(res.cubin)).bind(device(), m, n2, n1, n1, n1, n2)
+        torch.cuda.synchronize()
+        run1(x.data_ptr(), w1.data_ptr(), h.data_ptr(), 1.0, 0.0, stream)
+        run2(h.data_ptr(), w2.data_ptr(), y.data_ptr(), 1.0, 0.0, stream)
+        torch.cuda.synchronize()
+        ref = h.double() @ w2.double().t()
+        err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+        assert not torch.isnan(y).any() and err <= tolerance(cfg, n1) + ROUNDOFF[cfg.out], \
+            (cfg.name, err)

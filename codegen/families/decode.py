@@ -21,11 +21,16 @@ decode shapes of issue 23 (B read from DRAM each call; 0.59x at 64x4096x14336) o
 H200 (bench/results/decode-roof-h200-2026-12-01.json). The model times it by its bytes in
 flight per SM (tuner/model.py, the streaming model), fitted on nine exhaustive grids.
 
-What the SASS shows of the ring (nvcc 13.0, sm_90): ptxas puts every global load of the
-main loop on one scoreboard and the math waits for it to clear, so a warp has about one
-chunk in flight whatever STAGES says, and 3 or 4 stages cost registers and code for little
-depth (bench/NOTES.md, "Thirtieth session"): the in-order ring this design needs is a
-shared-memory one (cp.async with wait_group), not yet built.
+What the SASS shows of the register ring (nvcc 13.0, sm_90): ptxas puts every global load
+of the main loop on one scoreboard and the math waits for it to clear, so a warp has about
+one chunk in flight whatever STAGES says, and 3 or 4 stages cost registers and code for
+little depth (bench/NOTES.md, "Thirtieth session"). ring="async" is the in-order ring:
+each thread's slots of shared memory, filled by cp.async and waited for with wait_group,
+STAGES-1 chunks really in flight. On the H200 it runs the average config 4-23% faster
+than the register ring but moves each shape's best by 0-2% (bench/NOTES.md, "Thirty-first
+session"); it is built and tested, not searched (the streaming model is fitted on register
+rings). prefetch_b (B's first chunks before the wait for the kernel before) is built and
+tested on the CPU, not yet timed.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Iterator
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    CLUSTER_SPLITS, EPILOGUE_NAME, EPILOGUE_TEXTS, DType, Layout, Name, Named, Serial, Shape,
+    CLUSTER_SPLITS, EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, Serial, Shape,
     SplitK, cdiv, choice, split_k_reasons,
     epilogue_values, positive_sizes, shape_reasons as split_reasons, smem_reasons,
     threads_reasons, wants_split,
@@ -103,6 +108,11 @@ class DecodeConfig(SplitK, Serial, Named):
             memory, a chunk's B and A one cp.async group, waited for in order
             (cp.async.wait_group): STAGES-1 chunks really in flight (``a<stages>`` in the
             name, 2..8 stages; A row-major).
+        prefetch_b: 1: the ring's first STAGES-1 chunks of B are loaded before the kernel
+            waits for the one before it in the stream (griddepcontrol.wait), so under
+            programmatic dependent launch they stream while that kernel finishes (``_pb``).
+            Only for a B that the kernel just before does not write: a weight matrix. With
+            0 every load follows the wait.
         split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
         reduce: how the slices are summed, in a fixed order: "pass" (a second kernel, the
             name's plain ``_k<split>``), "last" (the last block of a tile, through a
@@ -129,6 +139,7 @@ class DecodeConfig(SplitK, Serial, Named):
     vec: int = 8
     stages: int = 3
     ring: str = "reg"
+    prefetch_b: int = 0
     split: int = 1
     reduce: str = "pass"
     dtype: DType = DType.F16
@@ -140,7 +151,7 @@ class DecodeConfig(SplitK, Serial, Named):
 
     #: the procedural name, encoding every field (``Named`` writes and reads it)
     NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_{ring}{stages}"
-                "[_k{split}{reduce}]" + EPILOGUE_NAME,
+                "[_pb{prefetch_b}][_k{split}{reduce}]" + EPILOGUE_NAME, prefetch_b=FLAG,
                 math=choice({"mma": "mma", "fma": "fma"}),
                 ring=choice({"reg": "s", "async": "a"}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
@@ -267,7 +278,7 @@ class DecodeConfig(SplitK, Serial, Named):
             ELEM_T=_CPP.get(self.dtype, "__half"), MMA=mma, MATH=self.math,
             MT=self.mt, BN=self.bn, WK=self.wk, WN=self.wn, WARPS=self.warps,
             THREADS=self.threads, BNW=self.bnw, VEC=self.vec, KC=self.kc, STAGES=self.stages,
-            ASYNC=self.is_async,
+            ASYNC=self.is_async, PREFETCH_B=bool(self.prefetch_b),
             NB=self.bnw // 8, MTILES=self.mt // 16,
             A_LOADS=self.a_loads, LDR=self.ldr, SMEM_BYTES=self.smem_bytes,
             ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, A_RING_REGS=self.a_ring_regs,
@@ -340,6 +351,8 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
         why.append(f"stages={c.stages} is outside 2..8 (a shared-memory ring)")
     elif c.ring not in RINGS:
         why.append(f"ring {c.ring!r} is not one of {', '.join(RINGS)}")
+    if c.prefetch_b not in (0, 1):
+        why.append(f"prefetch_b is 0 or 1, not {c.prefetch_b!r}")
     if c.is_async and c.layout in (Layout.TN, Layout.TT):
         why.append("a shared-memory ring copies rows of A 2 x VEC bytes at a time: a "
                    f"column-major A ({c.layout.value}) takes the register ring")
