@@ -140,6 +140,28 @@ def test_each_bar_fails_on_its_own(change, failed):
         assert len(out["outputs_within_gate"]["failures"]) == 1
 
 
+def test_a_tune_in_parts_counts_every_part(tmp_path, capsys):
+    """--prior-tune: the first part's seconds join this run's for the tune's bar; a file
+    that is not a tune JSON is a one-line error."""
+    lib = tmp_path / "library"
+    lib.mkdir()
+    (lib / "manifest.json").write_text("{}")
+    part1 = tmp_path / "model-gemms-tune-part1.json"
+    part1.write_text(json.dumps(dict(seconds=490.0, commit="915921b", date="2026-12-04")))
+    args = mg.parse_args(["--library", str(lib), "--prior-tune", str(part1)])
+    assert args.prior_tune["seconds"] == 490.0 and args.prior_tune["file"] == part1.name
+    tune = dict(seconds=306.8, total_seconds=796.8)
+    assert mg.bars([], [], tune)["tune_within_15_min"] == dict(bar_s=900.0, seconds=796.8,
+                                                                met=True)
+    assert not mg.bars([], [], dict(seconds=306.8, total_seconds=901.0))[
+        "tune_within_15_min"]["met"]
+    part1.write_text("[1, 2]")
+    with pytest.raises(SystemExit) as stop:
+        mg.main(["--library", str(lib), "--prior-tune", str(part1)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "not a tune JSON" in err
+
+
 def test_no_rows_meet_no_bar():
     out = mg.bars([], [])
     assert not out["all_met"] and "tune_within_15_min" not in out
@@ -193,6 +215,7 @@ def test_the_png_is_named_after_the_json_and_layer():
     (["--skip-tune", "--tune-only"], "not allowed with"),
     (["--library", "/nonexistent/lib"], "no library there"),
     (["--frobnicate"], "unrecognized arguments"),
+    (["--prior-tune", "part1.json"], "needs --library"),
 ])
 def test_argument_errors_are_one_line_and_status_2(argv, says, capsys):
     with pytest.raises(SystemExit) as stop:
