@@ -10,8 +10,11 @@ cuBLAS torch ships with. At a few Ms of the M-sweep the library's cuBLAS rows re
 0.93x torch's where their neighbours read 1.05x (bench/NOTES.md, "Thirtieth session"):
 this names the kernels each side runs (torch.profiler, one call each) and the cuBLAS
 library files each side loaded (/proc/self/maps), and times each in loops turn about
-(library_vs_cublas.interleaved). Row-major A (M x K), B (K x N), C of the input type, as
-the M-sweep calls them. JSON to --out (cublas-kernels-<commit>-<gpu>-<date>.json).
+(library_vs_cublas.interleaved). "ours" is the binding called from Python here, not the
+library's call path (whose C++ path calls cuBLAS on torch's handle): at these sizes its
+loop is paced by that Python call's host time, so the times compare the two calls'
+host costs more than their kernels. Row-major A (M x K), B (K x N), C of the input type,
+as the M-sweep calls them. JSON to --out (cublas-kernels-<commit>-<gpu>-<date>.json).
 """
 
 from __future__ import annotations
