@@ -303,10 +303,12 @@ def test_first_batch_starts_with_each_familys_default():
     want, behind = leading((4096, 4096, 4096))
     assert wgmma_default in want and DEFAULT_DECODE not in want + behind  # decode: M <= 64
     # the CUDA cores' fp16 default is predicted (and measured: 35 against 600-700 TFLOP/s)
-    # far behind the tensor cores': it leads no more; nor, since the L2 figure rose to the
-    # 12.4 TB/s measured, WMMA's (predicted 4.03x behind the best wgmma kernel, measured
-    # 2.5x: 270-300 against 700 TFLOP/s)
-    assert [c.family.value for c in behind] == ["simt", "wmma"]
+    # far behind the tensor cores': it leads no more. WMMA's is predicted 3.997x behind the
+    # best wgmma kernel (measured 2.5x: 270-300 against 700 TFLOP/s), just inside the margin
+    # since the cooperative epilogue's slowdown (EPILOGUE_SLOWDOWN) made the best wgmma
+    # prediction 1% slower (4.03x before): it leads the first batch, before wgmma's
+    assert [c.family.value for c in behind] == ["simt"]
+    assert [c.family.value for c in want] == ["wmma", "wgmma"]
     top = model_first((4096, 4096, 4096), DType.F16, arch, 6)
     assert top[:len(want)] == want and len(top) == 6 and len(set(top)) == 6
     assert behind[0] not in top
@@ -329,6 +331,7 @@ def test_families_predicted_alike_take_turns_in_the_first_batch():
     and decode kernels); a family predicted further behind (WMMA at fp16 4096^3) waits."""
     from codegen.arch import parse_arch
     from codegen.config import Layout
+    from codegen.families import FAMILIES
     from codegen.families._common import Variant
     from tuner.model import predict_before_compile
     from tuner.search import FAMILY_TURN_MARGIN
@@ -343,7 +346,8 @@ def test_families_predicted_alike_take_turns_in_the_first_batch():
                for c in first[2:] if c.family.value == fam]
         assert own == sorted(own)
     big = model_first((4096, 4096, 4096), DType.F16, arch, 16)
-    assert {c.family.value for c in big} == {"wgmma"}
+    # WMMA's default leads (within FIRST_BATCH_MARGIN: the test above); no other WMMA kernel
+    assert [c for c in big if c.family.value != "wgmma"] == [FAMILIES["wmma"].default(DType.F16)]
     wmma = min(predict_before_compile(c, (4096, 4096, 4096), arch).seconds
                for c in model_first((4096, 4096, 4096), DType.F16, arch, 16,
                                     only=frozenset({"wmma"})))
@@ -419,11 +423,12 @@ def test_the_model_ranks_the_recorded_fp16_wgmma_grid():
 def test_a_cooperative_wgmma_epilogue_is_added_per_tile_by_its_store():
     """The wgmma family's epilogue runs after the tile's last wgmma: the register store
     takes at least one L1 wavefront per 8 outputs (a warp's store spans 8 rows) or its
-    STORE_INSTR, the TMA store its STORE_INSTR; ping-pong overlaps it with the other
-    consumer's wgmmas; a block per tile also fills its ring cold (MEM_LATENCY_CLK). Each is
-    added once per tile on the busiest SM (one block per SM): 8192x8192x1024 at 256x128 is
-    2048 tiles, 16 on the busiest of 132 SMs."""
-    from codegen.families.wgmma import STORE_INSTR, WgmmaConfig
+    STORE_INSTR, the TMA store its STORE_INSTR, either EPILOGUE_SLOWDOWN times that (its
+    waits in the math's path); ping-pong overlaps it with the other consumer's wgmmas; a
+    block per tile also fills its ring cold (MEM_LATENCY_CLK). Each is added once per tile
+    on the busiest SM (one block per SM): 8192x8192x1024 at 256x128 is 2048 tiles, 16 on
+    the busiest of 132 SMs."""
+    from codegen.families.wgmma import EPILOGUE_SLOWDOWN as SLOW, STORE_INSTR, WgmmaConfig
 
     shape = (8192, 8192, 1024)
     base = WgmmaConfig(bm=256, bn=128, stages=4, consumers=2, persistent=1, out=DType.F16)
@@ -432,12 +437,13 @@ def test_a_cooperative_wgmma_epilogue_is_added_per_tile_by_its_store():
     extra = model.EPILOGUE_INSTR["convert"]  # fp16 C
     outputs = 256 * 128
     by_hand = {
-        (0, 1, 0): max(outputs / 32 * (STORE_INSTR[0] + extra) / 4, outputs / 8),
-        (1, 1, 0): outputs / 32 * (STORE_INSTR[1] + extra) / 4,
-        (1, 0, 0): outputs / 32 * (STORE_INSTR[1] + extra) / 4 + model.MEM_LATENCY_CLK,
+        (0, 1, 0): SLOW * max(outputs / 32 * (STORE_INSTR[0] + extra) / 4, outputs / 8),
+        (1, 1, 0): SLOW * outputs / 32 * (STORE_INSTR[1] + extra) / 4,
+        (1, 0, 0): SLOW * outputs / 32 * (STORE_INSTR[1] + extra) / 4 + model.MEM_LATENCY_CLK,
         (0, 1, 1): 0.0,
     }
-    assert by_hand[(0, 1, 0)] == outputs / 8 == 4096  # the register store: its wavefronts
+    assert SLOW == 2.0
+    assert by_hand[(0, 1, 0)] == SLOW * outputs / 8 == 8192  # the register store: its wavefronts
     for (store, persistent, pingpong), clk in by_hand.items():
         c = dataclasses.replace(base, store=store, persistent=persistent, pingpong=pingpong)
         p = predict(c, shape, H200, occ)
@@ -498,23 +504,11 @@ def _fresh_fp16_tunes() -> list:
 
 
 #: fresh tunes the model is known to rank below 0.6, and why (strict: each fails the test
-#: the day the model ranks it at 0.6 or more)
-KNOWN_MISRANKED = {
-    ("tune-studies-fp16-three-shapes-pingpong-3ebe9b6", (8192, 8192, 1024)):
-        "ping-pong consumers, searched since 3ebe9b6, ran 694-745 TFLOP/s where the model "
-        "puts every 128x128 one at 739 (L2-bound) and the cooperative 128x256 at 917, "
-        "measured 620-700: the model does not know what the cooperative main loop loses "
-        "and ping-pong's alternation hides (rho 0.49; 0.42 with the L2 at 10 TB/s)",
-    ("tune-studies-fp16-three-shapes-a1ab1b7", (8192, 8192, 1024)):
-        "the same shape tuned with the ping-pong default timed first (a1ab1b7): 32 of 95 "
-        "timed were ping-pong, the best 736 TFLOP/s, where the model ranks them below the "
-        "cooperative kernels as above (rho 0.54)",
-    ("tune-studies-fp16-three-shapes-1aee4e0", (8192, 8192, 1024)):
-        "a default tune with the deeper rings (1aee4e0; 82 timed, the best a ping-pong "
-        "128x128 at 695 TFLOP/s, 1.19x cuBLAS): measured over predicted 0.72 for the "
-        "cooperative 128x256 and 256x128, 0.87 for 128x128 c2, 0.93-1.20 for ping-pong "
-        "(bench/model_rank.py --by-kind): the same misrank (rho 0.54)",
-}
+#: the day the model ranks it at 0.6 or more). Empty since the cooperative epilogue's
+#: slowdown (codegen/families/wgmma.py, EPILOGUE_SLOWDOWN): the three at 8192x8192x1024
+#: with ping-pong searched (3ebe9b6, a1ab1b7, 1aee4e0) read 0.49, 0.54 and 0.54 before it,
+#: the cooperative 128x256 and 256x128 kernels there at 0.65-0.72 of their predicted rate
+KNOWN_MISRANKED: dict = {}
 
 
 def _tune_key(study) -> tuple:

@@ -68,7 +68,8 @@ from codegen.families._common import Serial as _Serial
 
 __all__ = ["WgmmaConfig", "DEFAULT_WGMMA", "WGMMA_SPACE", "TF32_SPACE", "check_wgmma",
            "sample_wgmma", "sample_wgmma_tf32", "tma_reasons", "c_tma_reasons", "PRODUCER_REGS",
-           "SWIZZLE_BYTES", "C_SLICE", "STORE_INSTR", "serial_epilogue_clk"]
+           "SWIZZLE_BYTES", "C_SLICE", "STORE_INSTR", "EPILOGUE_SLOWDOWN",
+           "serial_epilogue_clk"]
 
 #: registers a producer (TMA) thread keeps after setmaxnreg.dec
 PRODUCER_REGS = 40
@@ -1035,6 +1036,19 @@ def issue_efficiency(c: WgmmaConfig) -> float:
 #: recounted for the copies since (56b02db, bf4ae5e): with alpha = 1 the TMA store's slice
 #: is 55-58 instructions, and a register-store tile inside C tests nothing per element.
 STORE_INSTR = {0: 14.0, 1: 2.5}
+#: the cooperative consumers' epilogue takes this many times the clocks its instructions
+#: issue in: its stores, the staging's barriers and the TMA store's waits are in the path
+#: of the math, not beside it. Fitted on the recorded fp16 studies of the H200: the 17
+#: fresh default tunes (bench/results/tune-studies-fp16-*.json, 1,463 kernels) and the
+#: exhaustive 4096^3 grid (1,008). At 1 (the instructions alone) the tunes ranked at
+#: 0.49-0.88, the three at 8192x8192x1024 with ping-pong searched below 0.6: there the
+#: cooperative 128x256 and 256x128 kernels ran at 0.65-0.72 of their predicted rate where
+#: ping-pong ran at 0.92-1.20 (short K: 16 k-tiles of math a tile, and one block an SM, so
+#: nothing hides the epilogue). At 2 the tunes rank at 0.61-0.92 and the grid as before
+#: (0.855 over it, 0.618 over the 150 the model puts first); 3-5 lift the tunes' worst to
+#: 0.63-0.64 but drop the grid's first 150 to 0.44-0.25 (its K of 4096 hides what short K
+#: shows): one factor cannot serve both, 2 serves each at its bar (tests/test_model.py)
+EPILOGUE_SLOWDOWN = 2.0
 #: outputs a consumer's register store writes per L1 wavefront: a warp's store of a column
 #: pair per lane spans 8 rows of C (the accumulator fragment's), 8 lines a request
 STG_OUTPUTS_PER_WAVEFRONT = 8
@@ -1056,7 +1070,7 @@ def serial_epilogue_clk(c: WgmmaConfig, extra_per_output: float, fill_clk: float
     issue = outputs / 32 * (STORE_INSTR[bool(c.store)] + extra_per_output) / 4
     if not c.store:
         issue = max(issue, outputs / STG_OUTPUTS_PER_WAVEFRONT)
-    return issue + fill
+    return EPILOGUE_SLOWDOWN * issue + fill
 
 
 WGMMA = register(FamilySpec(
