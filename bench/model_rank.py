@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 from _recorded import Study, all_studies  # noqa: E402
 
 from codegen.arch import parse_arch  # noqa: E402
-from codegen.families import config_from_name  # noqa: E402
+from codegen.families import config_from_name, family_of  # noqa: E402
 from tuner import model  # noqa: E402
 from codegen.occupancy import occupancy  # noqa: E402
 
@@ -143,8 +143,6 @@ STREAM_GRID = dict(STREAM_LATENCY_S=(0.5e-6, 0.75e-6, 1e-6, 1.5e-6, 2e-6, 3e-6),
 
 def streams(study: Study) -> bool:
     """A study of the streaming model's families (decode) alone?"""
-    from codegen.families import family_of
-
     return bool(study.points) and all(
         family_of(config_from_name(p.kernel)).streams_b for p in study.points)
 
@@ -211,8 +209,37 @@ def holdout(prepared, groups, physical=PHYSICAL, grid=GRID, absolute=False) -> l
     return out
 
 
+def roof_rank(path: Path) -> list[dict]:
+    """The model against a bench/decode_roof.py run (its JSON, or .json.gz): per shape, the
+    rank correlation over its decode candidates (before compiling: estimated registers),
+    where the first kernel within 2% of the best falls in the model's order, and measured
+    over predicted time, median, for each ring."""
+    from _recorded import read_json
+
+    out = []
+    for r in read_json(path)["rows"]:
+        shape = tuple(r["shape"])
+        rows = [(c, model.predict_before_compile(c, shape, ARCH).seconds, v["us"] * 1e-6)
+                for c, v in ((config_from_name(name), v) for name, v in r["candidates"].items())
+                if family_of(c).streams_b]
+        best = min(t for *_, t in rows)
+        order = sorted(rows, key=lambda x: x[1])
+        rings = {ring: [t / p for c, p, t in rows if c.ring == ring] for ring in ("reg", "async")}
+        out.append(dict(shape="x".join(map(str, shape)), dtype=r["dtype"], n=len(rows),
+                        rho=round(model.spearman([p for _, p, _ in rows],
+                                                 [t for *_, t in rows]), 3),
+                        first_near_in_model_order=next(
+                            i for i, (*_, t) in enumerate(order) if t <= 1.02 * best),
+                        measured_over_predicted={k: round(statistics.median(v), 3)
+                                                 for k, v in rings.items() if v}))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--roof", type=Path, default=None, metavar="JSON",
+                    help="rank the streaming model on a bench/decode_roof.py run's decode "
+                         "candidates (print and exit)")
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--calibrate-stream", action="store_true",
                     help="fit the streaming model's constants on the decode studies (each "
@@ -233,6 +260,10 @@ def main() -> None:
                     help="print measured / predicted per kind of kernel (tile, consumers)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
+    if args.roof:
+        for r in roof_rank(args.roof):
+            print(r)
+        return
 
     dtypes = {"fp32" if d == "f32" else d for d in (args.dtype or ["f32"])}
     if args.calibrate and dtypes != {"fp32"}:
