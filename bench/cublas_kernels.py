@@ -31,13 +31,13 @@ sys.path.insert(0, str(HERE))
 
 
 def kernels(torch, fn) -> list[str]:
-    """The names of the GPU kernels one call of `fn` runs."""
+    """The names of the GPU kernels one call of `fn` runs, longest first (after a warm-up
+    call; bench/forward_profile.profile_forward)."""
+    from forward_profile import profile_forward
+
     fn()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [k["name"] for k in profile_forward(torch, fn, reps=1)["kernels"]]
 
 
 def cublas_files() -> list[str]:
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                    ratio=torch_ms / ours_ms, ours_kernels=kernels(torch, ours),
                    torch_kernels=kernels(torch, theirs))
         rows.append(row)
-        same = row["ours_kernels"] == row["torch_kernels"]
+        same = sorted(row["ours_kernels"]) == sorted(row["torch_kernels"])
         print(f"M={m:3d} ours {row['ours_us']:6.2f} us torch {row['torch_us']:6.2f} us "
               f"ratio {row['ratio']:.3f} {'same kernels' if same else 'DIFFERENT'}", flush=True)
         for side in ("ours", "torch"):
