@@ -2,15 +2,20 @@
 
     python3 bench/layouts_epilogues.py [--out DIR] [--library artifacts/library]
                                        [--parts layouts,linear,outtype,batched]
+                                       [--family-trials N]
 
 Four parts, each row "ours" against the torch call a user would otherwise make, with the
 same input and output types:
   layouts   each family's 4096^3 kernel in NN, NT, TN and TT (the families that serve that
             shape: not decode, M <= 64): the library's entry tuned
             for that layout (plain epilogue, the NN entry's C type) where it holds one
-            ("tuned": true), else the family's NN entry (or default) re-targeted to the
-            layout; the ratio of each layout's time to the family's NN (the bar: NT, TN,
-            TT within 5%); torch.matmul on the same views beside it.
+            ("tuned": "library"); else, with --family-trials N, the winner of a search of
+            N candidates of that family alone for that layout ("tuned": "search": the
+            library holds one entry a problem, the best family's, so the other families
+            are tuned here); else the family's NN kernel re-targeted to the layout
+            ("tuned": false); the ratio of each layout's time to the family's NN, the
+            family's layouts timed turn about (the bar: NT, TN, TT within 5%);
+            torch.matmul on the same views beside it.
   linear    tokens x in x out of 8192x4096x14336 and 8192x14336x4096, bf16 and fp16:
             ours C = gelu(x W^T + b) in one kernel (layout NT, C of the input type, a bias,
             GELU) against F.gelu(F.linear(x, W, b)) (the bar: 1.05x).
@@ -71,12 +76,13 @@ def _tdt(torch, dtype: DType):
 class Candidates:
     """The kernels a row may run: compiled once per config, runners kept."""
 
-    def __init__(self, library: Path):
+    def __init__(self, library: Path, family_trials: int = 0):
         from tuner.runtime import load_library
         from tuner.runtime.manifest import Manifest
 
         self.entries = Manifest.load(library, verify=False).entries
         self.built: dict = {}
+        self.family_trials = family_trials  # the layouts part's searches (tuned())
         self.lib = load_library(library)  # the product, as a user loads it
         # as a program whose GPU sets the pace loads it (its decisions kept apart)
         self.lib_gpu = load_library(library, pace="gpu")
@@ -111,10 +117,12 @@ class Candidates:
                 if dtype in s.dtypes and s.dtypes[dtype] is dtype]
         return list(dict.fromkeys(out))
 
-    def tuned(self, dtype: DType, shape) -> dict:
-        """family -> {layout: (config, tuned for that layout?)}: the family's config tuned
-        at `shape` for each layout in the library (the plain epilogue, of the NN entry's C
-        type), else its NN config (or its default) re-targeted to the layout."""
+    def tuned(self, dtype: DType, shape, trials: int = 0) -> dict:
+        """family -> {layout: (config, how it was tuned)}: the family's config tuned at
+        `shape` for each layout in the library (the plain epilogue, of the NN entry's C
+        type: "library"); else, with `trials`, the best of a search of that many of the
+        family's candidates for the layout ("search"); else its NN config (or its
+        default) re-targeted to the layout (False)."""
         from codegen.arch import parse_arch
         from codegen.config import config_from_name
         from codegen.families import FAMILIES, family_of
@@ -139,11 +147,16 @@ class Candidates:
             for layout in Layout:
                 cfg = mine.get(layout)
                 if cfg is not None and cfg.out is nn.out:
-                    out[s.name][layout] = (cfg, True)
-                else:
-                    cs = retarget([nn], Variant(layout, nn.out))
-                    if cs:
-                        out[s.name][layout] = (cs[0], False)
+                    out[s.name][layout] = (cfg, "library")
+                    continue
+                cfg = trials and family_search(s.name, dtype, shape, Variant(layout, nn.out),
+                                               trials)
+                if cfg:
+                    out[s.name][layout] = (cfg, "search")
+                    continue
+                cs = retarget([nn], Variant(layout, nn.out))
+                if cs:
+                    out[s.name][layout] = (cs[0], False)
         return out
 
     def exact(self, dtype: DType, shape, variant: Variant, batch: int = 1) -> set:
@@ -165,6 +178,27 @@ class Candidates:
             self.built[cfg] = runner_for(cfg, Path(res.cubin).read_bytes()) if res.ok else None
             if not res.ok:
                 print(f"{cfg.name}: compile failed: {res.error.splitlines()[0]}", flush=True)
+
+
+def family_search(family: str, dtype: DType, shape, variant: Variant, trials: int):
+    """The fastest of a search of `trials` candidates of `family` alone for this problem
+    (the tuner's search, the model's first batch and pruning as in a tune; its records kept
+    nowhere), or None where none ran."""
+    import tempfile
+
+    from tuner.bench import GpuBenchmark
+    from tuner.search import search
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as work:
+        res = search(tuple(shape), GpuBenchmark(shape, dtype, seed=0, variant=variant),
+                     dtype=dtype, trials=trials, timeout=120, seed=0, artifacts=Path(work),
+                     only={family}, variant=variant)
+    timed = res.timed()
+    print(f"search {dtype.short} {family} {variant.key}: {len(timed)} timed in "
+          f"{time.monotonic() - t0:.0f} s, best "
+          f"{timed[0].config.name if timed else None}", flush=True)
+    return timed[0].config if timed else None
 
 
 def retarget(configs, v: Variant) -> list:
@@ -282,9 +316,9 @@ def part_layouts(torch, timer, cands, g, stream) -> list:
     rows = []
     m = n = k = 4096
     for dtype in (DType.F32, DType.F16, DType.BF16):
-        for family, per in cands.tuned(dtype, (m, n, k)).items():
+        for family, per in cands.tuned(dtype, (m, n, k), cands.family_trials).items():
             cands.build([cfg for cfg, _ in per.values()])
-            res = {}
+            res, runs = {}, {}
             for layout, (cfg, tuned) in per.items():
                 if cands.built.get(cfg) is None:
                     continue
@@ -300,11 +334,20 @@ def part_layouts(torch, timer, cands, g, stream) -> list:
                            lambda a=a, b=b: torch.matmul(a, b), c, ref,
                            _gate(dtype, cfg.out, k), 2.0 * m * n * k)
                 res[layout] = dict(row, tuned=tuned)
-            nn = res.get(Layout.NN, {}).get("ms")
+                if row.get("kernel"):
+                    runs[layout] = run
+            # the family's layouts against its NN turn about, in the same rounds (each
+            # layout's race above is against torch, at its own time)
+            turns = {layout: [] for layout in runs}
+            for _ in range(ROUNDS if Layout.NN in runs else 0):
+                for layout, run in runs.items():
+                    turns[layout].append(statistics.median(timer(run)))
+            nn = statistics.median(turns[Layout.NN]) if Layout.NN in runs else None
             for layout, row in res.items():
+                mine = statistics.median(turns[layout]) if turns.get(layout) else None
                 row.update(part="layouts", dtype=dtype.short, family=family,
-                           layout=layout.value, shape=[m, n, k],
-                           vs_nn=(nn / row["ms"]) if nn and row.get("ms") else None)
+                           layout=layout.value, shape=[m, n, k], turns_ms=turns.get(layout),
+                           vs_nn=(nn / mine) if nn and mine else None)
                 rows.append(row)
                 print(f"layouts {dtype.short:4} {family:5} {layout.value} "
                       f"{row.get('tflops') or 0:7.1f} TFLOP/s  vs NN {row['vs_nn'] or 0:.3f}  "
@@ -480,6 +523,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--library", type=Path, default=ROOT / "artifacts" / "library")
     ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--family-trials", type=int, default=0, metavar="N",
+                    help="layouts: tune each family's kernel per layout where the library "
+                    "holds none, in a search of N of that family's candidates (default 0: "
+                    "re-target its NN kernel)")
     args = ap.parse_args(argv)
 
     import torch
@@ -497,7 +544,7 @@ def main(argv=None) -> int:
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"layouts-epilogues-{slug}-{doc['date'][:10]}.json"
-    cands = Candidates(args.library)
+    cands = Candidates(args.library, args.family_trials)
     timer = Timer(torch)
     g = driver.gpu(torch.cuda.current_device())
     stream = torch.cuda.current_stream().cuda_stream
