@@ -389,10 +389,10 @@ def _inspect_profile(args, lib: Library, e: dict, info: dict, console) -> int:
               f"{f(theirs['sm_throughput_pct'])}% / {f(theirs['dram_throughput_pct'])}%")
     t.add_row("roofline bound", f"{model['roofline_tflops']} TFLOP/s (compulsory bytes); "
                                 f"{model['roofline_dram_tflops']} (tiled DRAM)", "", "")
-    t.add_row("smem bank conflicts ld / st", "-",
-              f"{f(ours['smem_conflicts_ld'], '{:.0f}')} / {f(ours['smem_conflicts_st'], '{:.0f}')}",
-              f"{f(theirs['smem_conflicts_ld'], '{:.0f}')} / "
-              f"{f(theirs['smem_conflicts_st'], '{:.0f}')}")
+    t.add_row("smem bank conflicts ld / st / cp.async", "-",
+              *(" / ".join(f(side.get(k), "{:.0f}") for k in (
+                  "smem_conflicts_ld", "smem_conflicts_st", "smem_conflicts_cp_async"))
+                for side in (ours, theirs)))
     t.add_row("top stalls (per issue)", "-",
               ", ".join(f"{s['reason']} {s['per_issue']}" for s in ours["stalls"]),
               ", ".join(f"{s['reason']} {s['per_issue']}" for s in theirs["stalls"]))

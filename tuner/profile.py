@@ -48,11 +48,13 @@ METRICS = (
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum",  # cp.async's stores
     *(_STALL.format(s) for s in STALLS),
 )
 _SUMMED = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum",
            "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
-           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum")
+           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+           "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum")
 
 #: what ncu prints when it cannot do its work, and the cause the user is told
 _FAILURES = (
@@ -106,6 +108,8 @@ class Profile:
             dram_throughput_pct=m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
             smem_conflicts_ld=m.get("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
             smem_conflicts_st=m.get("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
+            smem_conflicts_cp_async=m.get(
+                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum"),
             stalls=[dict(reason=s, per_issue=round(v, 3)) for s, v in self.stalls()],
         )
 

@@ -294,12 +294,23 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int ld, int o0, 
 {
     static_assert(LOADS * VEC * THREADS == ROWS * COLS, "threads load the tile evenly");
     constexpr int PER_ROW = COLS / VEC;  // vectors in a row of the tile
+    // Shared memory serves a warp's copies PHASE lanes (128 bytes) at a time. Where a row
+    // holds fewer vectors than that, lanes taken along the row put two or more rows in a
+    // phase, which collide where the rows' LDS apart overlap in banks (LDS = BK + 8 halves:
+    // 80 bytes, a 2-way conflict on every copy of a row-major A or column-major B). Taken
+    // down the rows instead, a phase's lanes copy the same column of PHASE consecutive
+    // rows: distinct banks wherever LDS is an odd number of vectors (the fragment loads'
+    // own condition). The global side is the same: a warp still copies whole rows.
+    constexpr int PHASE = 128 / (VEC * ES);
+    constexpr bool DOWN = PER_ROW < PHASE && 32 % PER_ROW == 0 && LDS % VEC == 0 &&
+                          (LDS / VEC) % 2 == 1;
     if constexpr (THREADS % PER_ROW == 0) {
         // A thread's vectors share one column, RSTEP rows apart: a few registers of state
         // (the elements inside from that column, the rows inside from the first row, one
         // pointer) however many vectors it copies.
-        constexpr int RSTEP = THREADS / PER_ROW;
-        const int r = tid / PER_ROW, c = (tid % PER_ROW) * VEC;
+        constexpr int RSTEP = THREADS / PER_ROW, WARP_ROWS = 32 / PER_ROW;
+        const int r = DOWN ? tid / 32 * WARP_ROWS + tid % WARP_ROWS : tid / PER_ROW;
+        const int c = (DOWN ? tid % 32 / WARP_ROWS : tid % PER_ROW) * VEC;
         const int i_in = I - (i0 + c), o_in = O - (o0 + r);
         const T* s = src + static_cast<size_t>(o0 + r) * ld + i0 + c;
         const size_t step = opaque(static_cast<size_t>(RSTEP) * ld);  // RSTEP rows
