@@ -9,10 +9,12 @@ same input and output types:
   layouts   each family's 4096^3 kernel in NN, NT, TN and TT (the families that serve that
             shape: not decode, M <= 64): the library's entry tuned
             for that layout (plain epilogue, the NN entry's C type) where it holds one
-            ("tuned": "library"); else, with --family-trials N, the winner of a search of
-            N candidates of that family alone for that layout ("tuned": "search": the
-            library holds one entry a problem, the best family's, so the other families
-            are tuned here); else the family's NN kernel re-targeted to the layout
+            ("tuned": "library"); else, with --family-trials N, the three fastest of a
+            search of N candidates of that family alone for that layout, raced again
+            here ("tuned": "search": the library holds one entry a problem, the best
+            family's, so the other families are tuned here; a search times each once,
+            so its order within a few percent is noise); else the family's NN kernel
+            re-targeted to the layout
             ("tuned": false); the ratio of each layout's time to the family's NN, the
             family's layouts timed turn about (the bar: NT, TN, TT within 5%);
             torch.matmul on the same views beside it.
@@ -118,9 +120,9 @@ class Candidates:
         return list(dict.fromkeys(out))
 
     def tuned(self, dtype: DType, shape, trials: int = 0) -> dict:
-        """family -> {layout: (config, how it was tuned)}: the family's config tuned at
-        `shape` for each layout in the library (the plain epilogue, of the NN entry's C
-        type: "library"); else, with `trials`, the best of a search of that many of the
+        """family -> {layout: (configs, how they were tuned)}: the family's config tuned
+        at `shape` for each layout in the library (the plain epilogue, of the NN entry's C
+        type: "library"); else, with `trials`, the fastest of a search of that many of the
         family's candidates for the layout ("search"); else its NN config (or its
         default) re-targeted to the layout (False)."""
         from codegen.arch import parse_arch
@@ -147,16 +149,16 @@ class Candidates:
             for layout in Layout:
                 cfg = mine.get(layout)
                 if cfg is not None and cfg.out is nn.out:
-                    out[s.name][layout] = (cfg, "library")
+                    out[s.name][layout] = ([cfg], "library")
                     continue
-                cfg = trials and family_search(s.name, dtype, shape, Variant(layout, nn.out),
-                                               trials)
-                if cfg:
-                    out[s.name][layout] = (cfg, "search")
+                cs = trials and family_search(s.name, dtype, shape, Variant(layout, nn.out),
+                                              trials)
+                if cs:
+                    out[s.name][layout] = (cs, "search")
                     continue
                 cs = retarget([nn], Variant(layout, nn.out))
                 if cs:
-                    out[s.name][layout] = (cs[0], False)
+                    out[s.name][layout] = (cs[:1], False)
         return out
 
     def exact(self, dtype: DType, shape, variant: Variant, batch: int = 1) -> set:
@@ -180,10 +182,11 @@ class Candidates:
                 print(f"{cfg.name}: compile failed: {res.error.splitlines()[0]}", flush=True)
 
 
-def family_search(family: str, dtype: DType, shape, variant: Variant, trials: int):
-    """The fastest of a search of `trials` candidates of `family` alone for this problem
-    (the tuner's search, the model's first batch and pruning as in a tune; its records kept
-    nowhere), or None where none ran."""
+def family_search(family: str, dtype: DType, shape, variant: Variant, trials: int,
+                  keep: int = 3) -> list:
+    """The `keep` fastest of a search of `trials` candidates of `family` alone for this
+    problem (the tuner's search, the model's first batch and pruning as in a tune; its
+    records kept nowhere), fastest first; empty where none ran."""
     import tempfile
 
     from tuner.bench import GpuBenchmark
@@ -198,7 +201,7 @@ def family_search(family: str, dtype: DType, shape, variant: Variant, trials: in
     print(f"search {dtype.short} {family} {variant.key}: {len(timed)} timed in "
           f"{time.monotonic() - t0:.0f} s, best "
           f"{timed[0].config.name if timed else None}", flush=True)
-    return timed[0].config if timed else None
+    return [r.config for r in timed[:keep]]
 
 
 def retarget(configs, v: Variant) -> list:
@@ -317,25 +320,25 @@ def part_layouts(torch, timer, cands, g, stream) -> list:
     m = n = k = 4096
     for dtype in (DType.F32, DType.F16, DType.BF16):
         for family, per in cands.tuned(dtype, (m, n, k), cands.family_trials).items():
-            cands.build([cfg for cfg, _ in per.values()])
+            cands.build([cfg for cfgs, _ in per.values() for cfg in cfgs])
             res, runs = {}, {}
-            for layout, (cfg, tuned) in per.items():
-                if cands.built.get(cfg) is None:
-                    continue
+            for layout, (cfgs, tuned) in per.items():
+                out = cfgs[0].out  # the family's NN C type, every candidate's
                 a, lda, _ = operand(torch, None, m, k, layout in (Layout.TN, Layout.TT), dtype)
                 b, ldb, _ = operand(torch, None, k, n, layout in (Layout.NT, Layout.TT), dtype)
-                c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, cfg.out))
-                run = launcher(cands.built[cfg], g, m, n, k, lda, ldb, n, 1, (0, 0, 0), a, b,
-                               c, None, stream)
-                if run is None:
+                c = torch.empty(m, n, device="cuda", dtype=_tdt(torch, out))
+                mine = {cfg.name: run for cfg in cfgs if cands.built.get(cfg) is not None
+                        for run in [launcher(cands.built[cfg], g, m, n, k, lda, ldb, n, 1,
+                                             (0, 0, 0), a, b, c, None, stream)]
+                        if run is not None}
+                if not mine:
                     continue
                 ref = torch.matmul(a.double(), b.double())
-                row = race(torch, timer, {cfg.name: run},
-                           lambda a=a, b=b: torch.matmul(a, b), c, ref,
-                           _gate(dtype, cfg.out, k), 2.0 * m * n * k)
+                row = race(torch, timer, mine, lambda a=a, b=b: torch.matmul(a, b), c, ref,
+                           _gate(dtype, out, k), 2.0 * m * n * k)
                 res[layout] = dict(row, tuned=tuned)
                 if row.get("kernel"):
-                    runs[layout] = run
+                    runs[layout] = mine[row["kernel"]]
             # the family's layouts against its NN turn about, in the same rounds (each
             # layout's race above is against torch, at its own time)
             turns = {layout: [] for layout in runs}
