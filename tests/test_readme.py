@@ -64,6 +64,22 @@ def test_the_4096_tune_figures_are_those_of_the_files_cited():
         f"timing worker, {steps['search']:.0f} s of search" in text
 
 
+
+def test_the_latest_fresh_fp16_tunes_are_those_of_the_file_cited():
+    """The latest fresh fp16 tunes: each shape's wall time, ratio to cuBLAS and the model's
+    rank correlation over what it timed, as the file cited holds them."""
+    text = " ".join(README.split())
+    shapes = ("4096x4096x4096", "8192x8192x1024", "4096x14336x4096")
+    rows = [_tunes("tunes-fp16-three-shapes-", shape)["fp16"] for shape in shapes]
+    first = rows[0]
+    assert f"4096^3 {first['wall_s']:.1f} s, {first['ratio']:.2f}x cuBLAS (`{first['kernel']}`, " \
+        f"{first['tflops']:.0f} against {first['cublas_tflops']:.0f} TFLOP/s)" in text
+    for shape, r in zip(shapes[1:], rows[1:]):
+        assert f"{shape} {r['wall_s']:.1f} s, {r['ratio']:.2f}x" in text
+    rhos = [f"{r['rank_rho']:.2f}" for r in rows]
+    assert f"the model's rank correlation over what each timed {rhos[0]}, {rhos[1]} and " \
+        f"{rhos[2]}" in text
+
 def test_the_layouts_and_epilogue_figures_are_those_of_the_files_cited():
     """The product's figures (lib_ratio: the user's call, its first use deciding) of the
     complete run cited."""
