@@ -14,8 +14,7 @@ same input and output types:
             here ("tuned": "search": the library holds one entry a problem, the best
             family's, so the other families are tuned here; a search times each once,
             so its order within a few percent is noise); else the family's NN kernel
-            re-targeted to the layout
-            ("tuned": false); the ratio of each layout's time to the family's NN, the
+            re-targeted to the layout ("tuned": false); the ratio of each layout's time to the family's NN, the
             family's layouts timed turn about (the bar: NT, TN, TT within 5%);
             torch.matmul on the same views beside it.
   linear    tokens x in x out of 8192x4096x14336 and 8192x14336x4096, bf16 and fp16:
