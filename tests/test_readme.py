@@ -11,7 +11,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_every_results_file_the_readme_cites_exists():
-    cited = set(re.findall(r"bench/results/[\w.-]+\.(?:jsonl|json|png|log)", README))
+    cited = set(re.findall(r"bench/results/[\w.-]+\.(?:jsonl|json|png|log)(?:\.gz)?", README))
     assert cited, "the README cites no results file"
     missing = sorted(p for p in cited if not (ROOT / p).is_file())
     assert not missing, missing
@@ -99,6 +99,20 @@ def test_the_layouts_and_epilogue_figures_are_those_of_the_files_cited():
     assert f"the best fused kernel alone runs {_span([r['ratio'] for r in linear])}" in text
     vs_nn = [r["vs_nn"] for r in rows if r["part"] == "layouts" and r["layout"] != "nn"]
     assert f"NT, TN and TT kernels at 4096^3 ran {_span(vs_nn)} of its NN" in text
+
+
+def test_the_decode_prefetch_figures_are_those_of_the_file_cited():
+    import gzip
+
+    text = " ".join(README.split())
+    name = re.search(r"bench/results/(decode-roof-prefetch-b-[\w-]*\.json\.gz)", README).group(1)
+    rows = json.loads(gzip.open(ROOT / "bench" / "results" / name).read())["rows"]
+    at = {tuple(r["shape"]): r for r in rows if r["dtype"] == "f16"}
+    one, sixteen = at[1, 4096, 4096], at[16, 4096, 4096]
+    assert f"1x4096x4096 ran {one['us']:.2f} us, {one['roof']:.0%} of the DRAM roof and " \
+        f"{one['ratio']:.2f}x torch.matmul" in text
+    assert f"16x4096x4096 {sixteen['us']:.2f} us ({sixteen['roof']:.0%}, " \
+        f"{sixteen['ratio']:.2f}x)" in text
 
 
 def _cited(prefix: str) -> dict:
