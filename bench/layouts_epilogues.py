@@ -118,10 +118,10 @@ class Candidates:
                 if dtype in s.dtypes and s.dtypes[dtype] is dtype]
         return list(dict.fromkeys(out))
 
-    def tuned(self, dtype: DType, shape, trials: int = 0) -> dict:
+    def tuned(self, dtype: DType, shape) -> dict:
         """family -> {layout: (configs, how they were tuned)}: the family's config tuned
         at `shape` for each layout in the library (the plain epilogue, of the NN entry's C
-        type: "library"); else, with `trials`, the fastest of a search of that many of the
+        type: "library"); else, with family_trials, the fastest of a search of that many of the
         family's candidates for the layout ("search"); else its NN config (or its
         default) re-targeted to the layout (False)."""
         from codegen.arch import parse_arch
@@ -150,8 +150,8 @@ class Candidates:
                 if cfg is not None and cfg.out is nn.out:
                     out[s.name][layout] = ([cfg], "library")
                     continue
-                cs = trials and family_search(s.name, dtype, shape, Variant(layout, nn.out),
-                                              trials)
+                cs = self.family_trials and family_search(
+                    s.name, dtype, shape, Variant(layout, nn.out), self.family_trials)
                 if cs:
                     out[s.name][layout] = (cs, "search")
                     continue
@@ -318,7 +318,7 @@ def part_layouts(torch, timer, cands, g, stream) -> list:
     rows = []
     m = n = k = 4096
     for dtype in (DType.F32, DType.F16, DType.BF16):
-        for family, per in cands.tuned(dtype, (m, n, k), cands.family_trials).items():
+        for family, per in cands.tuned(dtype, (m, n, k)).items():
             cands.build([cfg for cfgs, _ in per.values() for cfg in cfgs])
             res, runs = {}, {}
             for layout, (cfgs, tuned) in per.items():
