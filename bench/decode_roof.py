@@ -1,7 +1,7 @@
 """The decode family at the DRAM roof, against torch.matmul, in one run, on the GPU.
 
     python3 bench/decode_roof.py [--out DIR] [--dtypes f16,bf16] [--shapes MxNxK,...]
-                                 [--epilogue] [--candidates NAME,...] [--prefetch-b]
+                                 [--epilogue] [--candidates NAME,...] [--prefetch-b [ring,l2]]
                                  [--back-to-back] [--list]
 
 The five decode shapes (M x N x K: 1x4096x4096, 16x4096x4096, 64x4096x14336,
@@ -21,7 +21,9 @@ every candidate once a round). With --back-to-back a batch runs with no event be
 calls, and a call's time is the batch's over its calls: our kernels launch with
 programmatic dependent launch, so one's start overlaps the end of the one before, as a
 model's consecutive layers run (torch's are timed the same way). --prefetch-b adds, for
-each decode candidate, its twin that loads B's first chunks before that wait.
+each decode candidate, its twins that fetch B's first chunks before that wait: into the
+ring (ring: prefetch_b=1, for a B the kernel before does not write) and into L2 (l2:
+prefetch_b=2, for any B); both where no list follows.
 
 Ours: candidates() below: per shape, the M tiles that cover M (the FMA path for M <= 8,
 mma tiles otherwise), a few warp arrangements and rings, split-K by the last block and
@@ -66,6 +68,8 @@ DTYPES = (DType.F16, DType.BF16)
 ARRANGEMENTS = [(32, 4, 1), (32, 8, 1), (64, 4, 2), (64, 2, 4), (128, 2, 4), (128, 4, 2)]
 #: (ring, stages) of the candidates: registers, or shared memory filled by cp.async
 RINGS = (("reg", 2), ("reg", 3), ("async", 3), ("async", 5))
+#: --prefetch-b's words: B's first chunks into the ring, or into L2 (DecodeConfig.prefetch_b)
+PREFETCH_MODES = {"ring": 1, "l2": 2}
 SMS = 132
 ROUNDS = 3
 CALLS = 40  # calls a batch, between events
@@ -97,10 +101,10 @@ def splits(c: DecodeConfig, shape) -> list[tuple[int, str]]:
 
 
 def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90",
-               prefetch_b: bool = False) -> list:
-    """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`; with
-    `prefetch_b` each also as its twin that loads B's first chunks before it waits for the
-    kernel before (DecodeConfig.prefetch_b)."""
+               prefetch_b: tuple[int, ...] = ()) -> list:
+    """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`; each
+    also as its twin of each of `prefetch_b`'s modes, which fetch B's first chunks before
+    the wait for the kernel before (DecodeConfig.prefetch_b)."""
     variant = Variant(Layout.NT, dtype, *(("out", "gelu") if epilogue else ("none", "none")))
     out = []
     for (math_, mt), (bn, wk, wn), (ring, stages) in ((t, a, r) for t in m_tiles(shape[0])
@@ -111,7 +115,7 @@ def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90",
             c = dataclasses.replace(base, split=split, reduce=reduce)
             if not check(c, arch) and not problem_reasons(c, shape, arch) and \
                     c.split <= cdiv(shape[2], c.bk):
-                out += [c, dataclasses.replace(c, prefetch_b=1)] if prefetch_b else [c]
+                out += [c] + [dataclasses.replace(c, prefetch_b=p) for p in prefetch_b]
     return list(dict.fromkeys(out + wgmma_candidates(shape, dtype, variant, arch)))
 
 
@@ -278,9 +282,10 @@ def main(argv=None) -> int:
                     help="y = gelu(x @ W.t() + b), ours fused, torch's F.gelu(F.linear)")
     ap.add_argument("--candidates", default="",
                     help="kernel names to time instead of the generated list")
-    ap.add_argument("--prefetch-b", action="store_true",
-                    help="each decode candidate also with B's first chunks loaded before "
-                         "the wait for the kernel before (prefetch_b)")
+    ap.add_argument("--prefetch-b", nargs="?", const="ring,l2", default="",
+                    help="each decode candidate also with B's first chunks fetched before "
+                         "the wait for the kernel before: into the ring, into L2, or both "
+                         "(ring,l2: the default)")
     ap.add_argument("--back-to-back", action="store_true",
                     help="time a call as the mean of a batch back to back between two "
                          "events (no event between the kernels), not each call alone")
@@ -292,7 +297,11 @@ def main(argv=None) -> int:
         if any(d not in DTYPES for d in dtypes) or any(min(s) < 1 or len(s) != 3
                                                        for s in shapes):
             raise UsageError("the decode family takes f16 and bf16, shapes MxNxK >= 1")
-        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, args.prefetch_b)
+        words = [w for w in args.prefetch_b.split(",") if w]
+        if any(w not in PREFETCH_MODES for w in words):
+            raise UsageError(f"--prefetch-b takes ring and l2, not {args.prefetch_b!r}")
+        prefetch = tuple(PREFETCH_MODES[w] for w in words)
+        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, prefetch)
                 for s in shapes for d in dtypes}
     except (ValueError, UsageError) as e:
         print(f"decode_roof: {e}", file=sys.stderr)
@@ -306,7 +315,8 @@ def main(argv=None) -> int:
     return _run(args, plan)
 
 
-def _chosen(names: str, shape, dtype: DType, epilogue: bool, prefetch_b: bool = False) -> list:
+def _chosen(names: str, shape, dtype: DType, epilogue: bool,
+            prefetch_b: tuple[int, ...] = ()) -> list:
     if not names:
         return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b)
     from codegen.config import config_from_name

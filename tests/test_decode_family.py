@@ -56,6 +56,9 @@ NT16 = Variant(Layout.NT, DType.F16, "out", "gelu")  # x @ W.t() + b, GELU, fp16
                   layout=Layout.NT), "gemm_decode_f16_mma16x32_w8x1_v8_a6_k2c_nt"),
     (DecodeConfig(bn=32, wk=8, wn=1, stages=2, prefetch_b=1, layout=Layout.NT, out=DType.F16),
      "gemm_decode_f16_mma16x32_w8x1_v8_s2_pb_nt_of16"),
+    (DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, ring="async", stages=5, prefetch_b=2,
+                  split=2, reduce="cluster", layout=Layout.NT),
+     "gemm_decode_f16_fma1x32_w8x1_v8_a5_pbl_k2c_nt"),
 ])
 def test_names_are_pinned_and_round_trip(cfg, name):
     assert cfg.name == name
@@ -118,7 +121,7 @@ def test_the_launch_interface():
     (DecodeConfig(stages=9, ring="async"), "sm_90", "stages=9 is outside 2..8 (a shared-memory"),
     (DecodeConfig(stages=1, ring="async"), "sm_90", "stages=1 is outside 2..8"),
     (DecodeConfig(ring="lds"), "sm_90", "ring 'lds' is not one of reg, async"),
-    (DecodeConfig(prefetch_b=2), "sm_90", "prefetch_b is 0 or 1, not 2"),
+    (DecodeConfig(prefetch_b=3), "sm_90", "prefetch_b is 0, 1 or 2, not 3"),
     (DecodeConfig(ring="async", layout=Layout.TN), "sm_90",
      "a shared-memory ring copies rows of A 2 x VEC bytes at a time: a column-major A (tn)"),
     # 16 KB a stage (6 loads x 16 bytes x 256 threads) + 3 KB of partial tiles
@@ -288,6 +291,8 @@ def test_the_model_sees_a_decode_kernel_memory_bound():
         DecodeConfig(dtype=DType.BF16, bn=32, wk=8, wn=1, stages=4, ring="async")),
     # and B's first chunks loaded before the wait for the kernel before
     NT16.apply(DecodeConfig(bn=32, wk=8, wn=1, stages=3, ring="async", prefetch_b=1)),
+    # or prefetched into L2 before it, a register ring, a row-major B
+    Variant(Layout.NN).apply(DecodeConfig(mt=32, bn=64, wk=4, wn=2, stages=3, prefetch_b=2)),
 ])
 def test_golden_sources(cfg):
     src = rendered_as_golden(cfg)
@@ -327,6 +332,16 @@ def test_the_header_states_the_launch_and_the_bytes_in_flight():
         plain = render(dataclasses.replace(cfg, prefetch_b=0))
         body = plain[plain.index(f"{cfg.name.replace('_pb', '')}(int M"):]
         assert body.index("dependent_launch_begin();") < body.index("load_b(")
+        assert "prefetch_l2(" not in body
+        # prefetch_b=2: the same chunks into L2 before the wait, every load after it
+        l2 = dataclasses.replace(cfg, prefetch_b=2)
+        src = render(l2)
+        body = src[src.index(f"{l2.name}(int M"):]
+        wait = body.index("dependent_launch_begin();")
+        assert body.index("prefetch_b(s);") < wait < body.index("load_b(")
+        assert body.count("dependent_launch_begin();") == 1
+        assert "// Prefetch:   B's first chunks into L2 before the wait" in src
+        assert 'asm volatile("prefetch.global.L2 [%0];\\n" :: "l"(p));' in src
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -500,6 +515,13 @@ static inline float __shfl_xor_sync(unsigned, float v, int x)
 _PTX = {
     # griddepcontrol: the emulation runs one grid, block after block, nothing before it
     "dependent_launch_begin": r"""inline void dependent_launch_begin() {}""",
+    # a hint the kernel reads nothing from; here a byte read at the address, so that the
+    # sanitizer catches one outside the operands
+    "prefetch_l2": r"""inline void prefetch_l2(const void* p)
+{
+    volatile unsigned char byte = *static_cast<const unsigned char*>(p);
+    (void)byte;
+}""",
     "ld_stream": r"""template <int V>
 inline void ld_stream(unsigned* r, const unsigned short* p)
 {
@@ -814,7 +836,7 @@ EMULATED = [
         DecodeConfig(math="fma", mt=4, bn=32, wk=1, wn=2, split=2, reduce="last")),
     Variant(Layout.NN, DType.BF16).apply(
         DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=64, wk=2, wn=2, stages=4,
-                     prefetch_b=1)),
+                     prefetch_b=2)),
     Variant(Layout.TT, DType.F32, "out", "gelu").apply(
         DecodeConfig(math="fma", mt=8, bn=16, wk=2, wn=1, vec=4, split=4)),
     Variant(Layout.NN, DType.F16, "out", "none").apply(
@@ -846,6 +868,7 @@ def test_the_emulated_configs_are_valid_and_cover_the_family():
     assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
                                                            (True, "last")}
     assert {c.math for c in EMULATED} == {"mma", "fma"} and {c.vec for c in EMULATED} == {4, 8}
+    assert {c.prefetch_b for c in EMULATED} == {0, 1, 2}
     async_ = [c for c in EMULATED if c.is_async]
     assert {c.math for c in async_} == {"mma", "fma"} and {c.b_col for c in async_} == {
         True, False} and {c.vec for c in async_} == {4, 8}
@@ -956,10 +979,11 @@ def test_the_bench_times_valid_candidates_of_each_shape():
     assert {c.split for c in wide if c.bn == 128} == {1, 2, 4}
     # both rings; --prefetch-b: each decode candidate and its prefetching twin, all valid
     assert {(c.ring, c.stages) for c in one} == set(bench.RINGS)
-    twins = [c for c in bench.candidates((1, 4096, 4096), DType.F16, prefetch_b=True)
+    twins = [c for c in bench.candidates((1, 4096, 4096), DType.F16, prefetch_b=(1, 2))
              if isinstance(c, DecodeConfig)]
-    assert twins[::2] == one and all(t == dataclasses.replace(c, prefetch_b=1)
-                                     for c, t in zip(twins[::2], twins[1::2]))
+    assert twins[::3] == one and all(
+        (r, l2) == (dataclasses.replace(c, prefetch_b=1), dataclasses.replace(c, prefetch_b=2))
+        for c, r, l2 in zip(twins[::3], twins[1::3], twins[2::3]))
     assert all(not check(c, ARCH) for c in twins)
 
 
@@ -968,7 +992,12 @@ def test_the_bench_lists_without_a_gpu_and_refuses_bad_arguments(capsys):
     assert bench.main(["--list", "--shapes", "16x4096x4096", "--dtypes", "f16"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("f16 16x4096x4096: ") and "gemm_decode_f16_mma16x" in out
+    assert bench.main(["--list", "--shapes", "16x4096x4096", "--dtypes", "f16",
+                       "--prefetch-b", "l2"]) == 0
+    out = capsys.readouterr().out
+    assert "_pbl_nt_of16" in out and "_pb_nt_of16" not in out
     for argv in (["--list", "--shapes", "16x4096"], ["--list", "--shapes", "0x1x1"],
-                 ["--list", "--dtypes", "f32"], ["--list", "--candidates", "gemm_nope"]):
+                 ["--list", "--dtypes", "f32"], ["--list", "--candidates", "gemm_nope"],
+                 ["--list", "--prefetch-b", "l3"]):
         assert bench.main(argv) == 2, argv
         assert capsys.readouterr().err.startswith("decode_roof: ")

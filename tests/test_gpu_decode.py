@@ -29,8 +29,9 @@ from codegen.families.decode import DecodeConfig
 #: block and by a reduce pass, 8-byte loads with one stage, split-K across a cluster (mma
 #: on 16 rows, FMAs on one); the ring in shared memory (cp.async): 4 stages of mma on 16
 #: rows, FMAs on 2 rows with 8-byte copies summed across a cluster, 6 stages of a 64-row
-#: tile summed by the last block; B's first chunks before the wait for the kernel before
-#: (prefetch_b), in a register ring and in a shared-memory one summed across a cluster
+#: tile summed by the last block; B's first chunks before the wait for the kernel before,
+#: loaded (prefetch_b=1) or prefetched into L2 (2), in a register ring and in a
+#: shared-memory one summed across a cluster
 BASES = [
     DecodeConfig(),
     DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=2),
@@ -47,6 +48,9 @@ BASES = [
     DecodeConfig(bn=32, wk=8, wn=1, stages=2, prefetch_b=1),
     DecodeConfig(bn=64, wk=4, wn=2, stages=5, ring="async", prefetch_b=1, split=2,
                  reduce="cluster"),
+    DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, stages=4, prefetch_b=2),
+    DecodeConfig(bn=32, wk=8, wn=1, stages=5, ring="async", prefetch_b=2, split=2,
+                 reduce="last"),
 ]
 MS = (1, 7, 16, 33, 64)
 
@@ -237,7 +241,7 @@ def test_prefetching_kernels_read_the_kernel_befores_output_after_it(built):
     nt = [(c, r) for c, r in built.items() if Variant.of(c) == Variant(Layout.NT, c.dtype)]
     first = {c.dtype: (c, r) for c, r in nt if not c.prefetch_b and c.split == 1}
     second = [(c, r) for c, r in nt if c.prefetch_b]
-    assert len(second) == 4
+    assert len(second) == 8
     for cfg, res in second:
         c1, r1 = first[cfg.dtype]
         t = getattr(torch, _TORCH[cfg.dtype])
@@ -258,3 +262,44 @@ def test_prefetching_kernels_read_the_kernel_befores_output_after_it(built):
         err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
         assert not torch.isnan(y).any() and err <= tolerance(cfg, n1) + ROUNDOFF[cfg.out], \
             (cfg.name, err)
+
+
+@pytest.mark.gpu
+def test_kernels_prefetching_into_l2_read_a_b_that_the_kernel_before_writes(built):
+    """prefetch_b=2 needs no promise about B: h = x @ W1.t() by one kernel, then
+    y = a @ h.t() by a kernel that prefetches its B, h, into L2 before it waits for the
+    first, which is still writing h; both launched with programmatic dependent launch, no
+    sync between. y must be the product of the h written (h and y poisoned with NaN before
+    each of three rounds)."""
+    import torch
+
+    from tuner.bench import tolerance
+    from tuner.gpu import device
+
+    nt = [(c, r) for c, r in built.items() if Variant.of(c) == Variant(Layout.NT, c.dtype)]
+    first = {c.dtype: (c, r) for c, r in nt if not c.prefetch_b and c.split == 1}
+    second = [(c, r) for c, r in nt if c.prefetch_b == 2]
+    assert len(second) == 4
+    for cfg, res in second:
+        c1, r1 = first[cfg.dtype]
+        t = getattr(torch, _TORCH[cfg.dtype])
+        m, k, n1 = 16, 4096, 4096
+        x = torch.randn(m, k, device="cuda").to(t)
+        w1 = (torch.randn(n1, k, device="cuda") / k ** 0.5).to(t)
+        a = torch.randn(m, n1, device="cuda").to(t)
+        h = torch.empty((m, n1), device="cuda", dtype=t)
+        y = torch.empty((m, m), device="cuda", dtype=t)
+        stream = torch.cuda.current_stream().cuda_stream
+        run1 = _runner(c1, Path(r1.cubin)).bind(device(), m, n1, k, k, k, n1)
+        run2 = _runner(cfg, Path(res.cubin)).bind(device(), m, m, n1, n1, n1, m)
+        for _ in range(3):
+            h.fill_(float("nan"))
+            y.fill_(float("nan"))
+            torch.cuda.synchronize()
+            run1(x.data_ptr(), w1.data_ptr(), h.data_ptr(), 1.0, 0.0, stream)
+            run2(a.data_ptr(), h.data_ptr(), y.data_ptr(), 1.0, 0.0, stream)
+            torch.cuda.synchronize()
+            ref = a.double() @ h.double().t()
+            err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+            assert not torch.isnan(y).any() and err <= tolerance(cfg, n1) + ROUNDOFF[cfg.out], \
+                (cfg.name, err)

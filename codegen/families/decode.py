@@ -29,8 +29,8 @@ each thread's slots of shared memory, filled by cp.async and waited for with wai
 STAGES-1 chunks really in flight. On the H200 it runs the average config 4-23% faster
 than the register ring but moves each shape's best by 0-2% (bench/NOTES.md, "Thirty-first
 session"); it is built and tested, not searched (the streaming model is fitted on register
-rings). prefetch_b (B's first chunks before the wait for the kernel before) is built and
-tested on the CPU, not yet timed.
+rings). prefetch_b (B's first chunks before the wait for the kernel before: into the ring,
+or into L2) is built and tested, not searched.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last", "cluster")
 #: where a warp's ring lives: registers, or its threads' slots of shared memory (cp.async)
 RINGS = ("reg", "async")
+#: the name's text of each prefetch_b (0, none, is never written): into the ring, into L2
+PREFETCH_TEXTS = {1: "", 2: "l"}
 #: the most registers a thread may give its accumulators
 MAX_ACC_REGS = 64
 #: registers besides the accumulators, the rings and the per-load terms of
@@ -108,11 +110,13 @@ class DecodeConfig(SplitK, Serial, Named):
             memory, a chunk's B and A one cp.async group, waited for in order
             (cp.async.wait_group): STAGES-1 chunks really in flight (``a<stages>`` in the
             name, 2..8 stages; A row-major).
-        prefetch_b: 1: the ring's first STAGES-1 chunks of B are loaded before the kernel
-            waits for the one before it in the stream (griddepcontrol.wait), so under
-            programmatic dependent launch they stream while that kernel finishes (``_pb``).
-            Only for a B that the kernel just before does not write: a weight matrix. With
-            0 every load follows the wait.
+        prefetch_b: B's first chunks before the kernel waits for the one before it in
+            the stream (griddepcontrol.wait), so that under programmatic dependent launch
+            they stream from DRAM while that kernel finishes. 1 (``_pb``): the ring's first
+            STAGES-1 chunks loaded into it, only for a B that the kernel just before does
+            not write (a weight matrix: the caller's promise); 2 (``_pbl``): the same
+            chunks prefetched into L2, loaded after the wait (a hint: right whatever the
+            kernel before writes). With 0 every access follows the wait.
         split: split-K; SPLIT blocks share one tile of C, each summing a slice of K.
         reduce: how the slices are summed, in a fixed order: "pass" (a second kernel, the
             name's plain ``_k<split>``), "last" (the last block of a tile, through a
@@ -151,7 +155,8 @@ class DecodeConfig(SplitK, Serial, Named):
 
     #: the procedural name, encoding every field (``Named`` writes and reads it)
     NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_{ring}{stages}"
-                "[_pb{prefetch_b}][_k{split}{reduce}]" + EPILOGUE_NAME, prefetch_b=FLAG,
+                "[_pb{prefetch_b}][_k{split}{reduce}]" + EPILOGUE_NAME,
+                prefetch_b=choice(PREFETCH_TEXTS),
                 math=choice({"mma": "mma", "fma": "fma"}),
                 ring=choice({"reg": "s", "async": "a"}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
@@ -278,7 +283,7 @@ class DecodeConfig(SplitK, Serial, Named):
             ELEM_T=_CPP.get(self.dtype, "__half"), MMA=mma, MATH=self.math,
             MT=self.mt, BN=self.bn, WK=self.wk, WN=self.wn, WARPS=self.warps,
             THREADS=self.threads, BNW=self.bnw, VEC=self.vec, KC=self.kc, STAGES=self.stages,
-            ASYNC=self.is_async, PREFETCH_B=bool(self.prefetch_b),
+            ASYNC=self.is_async, PREFETCH_B=self.prefetch_b,
             NB=self.bnw // 8, MTILES=self.mt // 16,
             A_LOADS=self.a_loads, LDR=self.ldr, SMEM_BYTES=self.smem_bytes,
             ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, A_RING_REGS=self.a_ring_regs,
@@ -351,8 +356,8 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
         why.append(f"stages={c.stages} is outside 2..8 (a shared-memory ring)")
     elif c.ring not in RINGS:
         why.append(f"ring {c.ring!r} is not one of {', '.join(RINGS)}")
-    if c.prefetch_b not in (0, 1):
-        why.append(f"prefetch_b is 0 or 1, not {c.prefetch_b!r}")
+    if c.prefetch_b not in (0, *PREFETCH_TEXTS):
+        why.append(f"prefetch_b is 0, 1 or 2, not {c.prefetch_b!r}")
     if c.is_async and c.layout in (Layout.TN, Layout.TT):
         why.append("a shared-memory ring copies rows of A 2 x VEC bytes at a time: a "
                    f"column-major A ({c.layout.value}) takes the register ring")
