@@ -130,3 +130,19 @@ def test_epilogue_and_layout_rules():
         "bias 'yes' is not one of none, out, f32",
         "activation 'tanh' is not one of none, relu, gelu, gelu_tanh, silu"]
     assert check(KernelConfig(vec=4, bm=16, bn=32, rm=4, rn=4, layout=Layout.TN), "sm_90") == []
+
+
+def test_every_kernel_a_pairs_file_names_is_valid_for_the_h200():
+    """bench/pairs/*.txt (the device's pairs step, and candidate lists): each line's kernel,
+    its last word, reads back from its name and passes check for sm_90, so that a typo
+    or a rule changed since costs no device time."""
+    from pathlib import Path
+
+    from codegen.config import config_from_name
+
+    files = sorted((Path(__file__).resolve().parent.parent / "bench" / "pairs").glob("*.txt"))
+    names = [line.split()[-1] for f in files for line in f.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert len(files) >= 10 and len(names) >= 100
+    bad = {n: check(config_from_name(n), "sm_90") for n in names}
+    assert not {n: why for n, why in bad.items() if why}

@@ -342,6 +342,8 @@ def _epilogue_configs(store: int, acts=_ACTS) -> list[WgmmaConfig]:
 REG_VARIANTS = _epilogue_configs(store=0)
 #: the TMA-store epilogue: 4 layouts x 3 C types x {no epilogue, bias + gelu}
 TS_VARIANTS = _epilogue_configs(store=1, acts=("none", "gelu"))
+#: and a 2-byte C staged by stmatrix (store=2): 4 layouts x fp16 / bf16 C x the same two
+TSM_VARIANTS = [c for c in _epilogue_configs(store=2, acts=("none", "gelu")) if c.out.size == 2]
 #: 3xTF32 pre-split (prep=1, terms=3): the pre-pass writes big and small K-major copies of A
 #: and B, so it takes every layout and any leading dimension; each C type and both epilogues
 PRESPLIT = WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3")
@@ -369,6 +371,7 @@ BATCH_VARIANTS = [
     WgmmaConfig.from_name("gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_ts_tt_obf16_silu"),
     WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x2_p0_g8_tn"),
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp_ts_of16"),
+    WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_tsm_nt_obf16"),
     FP32_VARIANTS[len(PRESPLIT_VARIANTS)],  # the tf32 pre-pass, TN
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
 ]
@@ -390,7 +393,8 @@ PINGPONG_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_f16_64x64x64_c2_s6_x1_p1_g1_pp_tn_of16",
     "gemm_wgmma_bf16_64x256x64_c2_s4_x1_p1_g8_pp_ts_nt_obf16_bias_gelu",
     "gemm_wgmma_f16_128x64x64_c2_s5_x1_p1_g16_pp_tt_biasf32_silu",
-    "gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_pp_ts_obf16_relu")]
+    "gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_pp_ts_obf16_relu",
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g16_pp_tsm_nt_of16_bias_gelu")]
 #: N tiles a K-major B allows that are not multiples of 64 (x @ W.t(): NT, TT): 112 from
 #: registers with ping-pong, a cluster (56-row halves of B) and split-K; 96 and 160 through
 #: TMA stores; 224 cooperative
@@ -413,7 +417,8 @@ def compiled_variants(compile_cache):
 
     from codegen import compile_many
 
-    cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + FP32_VARIANTS + BATCH_VARIANTS
+    cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + TSM_VARIANTS + FP32_VARIANTS
+                              + BATCH_VARIANTS
                               + SPLITK_VARIANTS + PINGPONG_VARIANTS + K_MAJOR_N_VARIANTS))
     out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
     failed = {c.name: r.error for c, r in out.items() if not r.ok}
@@ -427,7 +432,7 @@ def test_each_layout_c_type_and_epilogue_from_registers(cfg, compiled_variants):
         _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
 
 
-@pytest.mark.parametrize("cfg", TS_VARIANTS, ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", TS_VARIANTS + TSM_VARIANTS, ids=lambda c: c.name)
 def test_each_layout_c_type_and_epilogue_through_tma_stores(cfg, compiled_variants):
     for i, shape in enumerate(TS_SHAPES):
         _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.5, 0.0)[i % 2], seed=i)

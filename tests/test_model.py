@@ -440,7 +440,9 @@ def test_a_cooperative_wgmma_epilogue_is_added_per_tile_by_its_store():
         (0, 1, 0): SLOW * max(outputs / 32 * (STORE_INSTR[0] + extra) / 4, outputs / 8),
         (1, 1, 0): SLOW * outputs / 32 * (STORE_INSTR[1] + extra) / 4,
         (1, 0, 0): SLOW * outputs / 32 * (STORE_INSTR[1] + extra) / 4 + model.MEM_LATENCY_CLK,
+        (2, 1, 0): SLOW * outputs / 32 * (STORE_INSTR[2] + extra) / 4,
         (0, 1, 1): 0.0,
+        (2, 1, 1): 0.0,
     }
     assert SLOW == 2.0
     assert by_hand[(0, 1, 0)] == SLOW * outputs / 8 == 8192  # the register store: its wavefronts
@@ -451,8 +453,9 @@ def test_a_cooperative_wgmma_epilogue_is_added_per_tile_by_its_store():
         others = max(p.terms["latency"], p.terms["dram"], p.terms["l2"])
         assert p.seconds == pytest.approx(others + p.terms["epilogue"] + p.terms["fixed"])
     order = [predict(dataclasses.replace(base, store=s, persistent=p), shape, H200, occ).seconds
-             for s, p in ((1, 1), (1, 0), (0, 1))]
-    assert order == sorted(order)  # TMA store, persistent < TMA store, a block per tile < registers
+             for s, p in ((2, 1), (1, 1), (1, 0), (0, 1))]
+    # stmatrix staging < TMA store, persistent < TMA store, a block per tile < registers
+    assert order == sorted(order) and order[0] < order[1]
     # the CUDA-core family's epilogue stays in its issue (SIMT blocks share an SM)
     c = KernelConfig()
     assert predict(c, BIG, H200, occupancy(c.threads, 128, c.smem_bytes, H200)).terms[

@@ -177,9 +177,13 @@ def test_sample_is_valid_and_covers_the_steps():
 GOLDEN_CFG = WgmmaConfig(bm=128, bn=128, stages=4, consumers=2, cluster=2, persistent=1, group=8)
 PINGPONG_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=8, pingpong=1)
 STORE_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, store=1)
+#: a 2-byte C staged by stmatrix (store=2), ping-pong, the library's fp16 4096^3 entry's shape
+STMATRIX_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=16, pingpong=1, store=2,
+                              out=DType.F16)
 
 
-@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN, STMATRIX_GOLDEN],
+                         ids=lambda c: c.name)
 def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
     rendered_as_golden(cfg)
@@ -286,6 +290,14 @@ def test_sass_of_the_tma_store_epilogue(compiled, compile_cache):
         assert code.count("STS.64") == TS_COPIES * (c.wm // 64) * 2 * (c.bn // 8), c.name
         assert not re.search(r"\bSTG\.", code) and "STL" not in code, c.name  # C only by TMA
     assert "UTMASTG" not in sass(DEFAULT_WGMMA)
+    # store=2: a 2-byte C staged by one STSM (four 8x8 matrices) per 16 x 16 of a warp, where
+    # store=1 issues four 4-byte STS; nothing else stores to shared memory
+    for c in (STMATRIX_GOLDEN, dataclasses.replace(STMATRIX_GOLDEN, store=1)):
+        code = sass(c)
+        assert code.count("UTMASTG.2D") == TS_COPIES * c.bn // 32, c.name
+        stsm = TS_COPIES * (c.wm // 64) * (c.bn // 16)
+        assert re.findall(r"\bSTSM\S*", code) == ["STSM.16.M88.4"] * (stsm if c.store == 2 else 0)
+        assert len(re.findall(r"\bSTS\b", code)) == (0 if c.store == 2 else 4 * stsm), c.name
 
 
 def test_sass_has_hgmma_and_tma(compiled, compile_cache):
@@ -467,7 +479,14 @@ def test_store_epilogue_name_geometry_and_reasons():
     # what does not fit, or does not slice, says so
     why = check_wgmma(dataclasses.replace(c, stages=5), "sm_90")
     assert any("shared memory 280576 B" in w for w in why), why
-    assert check_wgmma(dataclasses.replace(c, store=2), "sm_90") == ["store=2 is not 0 or 1"]
+    assert check_wgmma(dataclasses.replace(c, store=3), "sm_90") == ["store=3 is not 0, 1 or 2"]
+    assert check_wgmma(dataclasses.replace(c, store=2), "sm_90") == [
+        "store=2 stages C by stmatrix, 2-byte elements: C is f32"]
+    # stmatrix staging (store=2): a 2-byte C, the same buffers
+    sm = STMATRIX_GOLDEN
+    assert sm.name == "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g16_pp_tsm_of16"
+    assert WgmmaConfig.from_name(sm.name) == sm and check_wgmma(sm, "sm_90") == []
+    assert (sm.c_buf_bytes, sm.c_bytes) == (128 * 64, 2 * 2 * 128 * 64)
     # C's rules: the tuner's ldc = N must be 16 bytes a row
     assert c_tma_reasons(1024, 0x100, 1024) == []
     assert c_tma_reasons(1001, 0x104, 1001) == [
@@ -537,6 +556,43 @@ def test_store_epilogue_writes_each_slice_once_with_two_way_conflicts_at_most(wm
                             banks[lane // 16].append((at + 4 * e) // 4 % 32)
                     for half in banks.values():
                         assert sorted(collections.Counter(half).values()) == [2] * 16, half
+    assert len(written) == wm * 32 and len(set(written.values())) == wm * 32
+
+
+@pytest.mark.parametrize("wm", [64, 128])
+def test_stmatrix_staging_writes_each_element_where_the_pair_stores_would(wm):
+    """store=2, as the template computes it: per warp, row block i and column blocks 2 q2,
+    2 q2 + 1 of a slice, register j of lane l holds the pair (h = j % 2, q = 2 q2 + j / 2) of
+    the accumulators that store=1 writes with one sts_pair, and stmatrix puts row l / 4 of
+    matrix j at the address lane 8 j + l / 4 gives, columns 2 (l % 4) and + 1. Each element
+    lands where store=1 puts it (SWIZZLE_64B: 16-byte chunk col / 8 ^ (row / 2) % 4), once;
+    each matrix's 8 rows fall on 32 distinct banks (one wavefront)."""
+    written = {}
+    for warp in range(4):
+        for i in range(wm // 64):
+            for q2 in range(2):
+                # the row address each lane gives: matrix lane / 8, its row lane % 8
+                addr = {}
+                for lane in range(32):
+                    j = lane // 8
+                    r = i * 64 + warp * 16 + (lane // 8) % 2 * 8 + lane % 8
+                    addr[lane] = r * 64 + (((2 * q2 + lane // 16) ^ ((r // 2) % 4)) * 16)
+                for j in range(4):
+                    rows = [addr[8 * j + k] for k in range(8)]
+                    banks = [a // 4 % 32 + w for a in rows for w in range(4)]
+                    assert sorted(banks) == list(range(32)), (warp, i, q2, j)
+                for lane in range(32):
+                    for j in range(4):
+                        h, q = j % 2, 2 * q2 + j // 2
+                        # the pair this register holds (store=1's sts_pair of (i, h, q))
+                        r = i * 64 + warp * 16 + lane // 4 + h * 8
+                        cc = q * 8 + (lane % 4) * 2
+                        # where stmatrix puts it: row lane / 4 of matrix j
+                        at = addr[8 * j + lane // 4] + (lane % 4) * 4
+                        assert at == r * 64 + (((cc // 8) ^ ((r // 2) % 4)) * 16) + (cc % 8) * 2
+                        for e in range(2):
+                            assert (r, cc + e) not in written
+                            written[(r, cc + e)] = at + 2 * e
     assert len(written) == wm * 32 and len(set(written.values())) == wm * 32
 
 

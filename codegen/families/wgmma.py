@@ -61,7 +61,7 @@ import random
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, epilogue_values,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, choice, epilogue_values,
     SplitK, shape_reasons as split_reasons, wants_split,
 )
 from codegen.families._common import Serial as _Serial
@@ -170,7 +170,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
             runs on while the next slice is written and the next tile's wgmmas run (C must
-            then meet TMA's 16-byte rules: :func:`c_tma_reasons`).
+            then meet TMA's 16-byte rules: :func:`c_tma_reasons`); 2 = the same, a 2-byte
+            C written into the buffers by stmatrix (four 8x8 matrices an instruction,
+            where 1 stores a pair of elements an instruction; ``_tsm``).
         split: split-K: the K tiles of each tile of C are cut into `split` slices
             (whole k-tiles, as even as they divide), each a work item of its own; a slice's
             partial tile goes to a workspace W[split][M][N] (fp32) and the last of the
@@ -224,7 +226,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
                 "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}][_k{split}l]"
-                + EPILOGUE_NAME, pingpong=FLAG, prep=FLAG, store=FLAG, **EPILOGUE_TEXTS)
+                + EPILOGUE_NAME, pingpong=FLAG, prep=FLAG, store=choice({1: "", 2: "m"}),
+                **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
     @property
@@ -601,7 +604,7 @@ def _tile_reasons(c: WgmmaConfig) -> list[str]:
     elif not c.b_mn_major and c.cluster > 1 and (c.bn // c.cluster) % 8:
         why.append(f"BN={c.bn} rows of a K-major B split over a cluster of {c.cluster} into "
                    f"{c.bn / c.cluster:g}-row halves, not whole 8-row swizzle atoms")
-    if c.store == 1 and c.bn % 8 == 0 and c.bn % 32:
+    if c.store and c.bn % 8 == 0 and c.bn % 32:
         why.append(f"BN={c.bn}: the TMA-store epilogue writes C in 32-column slices, and "
                    f"{c.bn} is not a multiple of 32")
     if c.bk * c.elem != SWIZZLE_BYTES:
@@ -630,8 +633,10 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
                    f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "
                    f"transpose B alone); the pre-pass (prep=1) reads a column-major A")
-    if c.store not in (0, 1):  # (its 32-column slices of C: _tile_reasons)
-        why.append(f"store={c.store} is not 0 or 1")
+    if c.store not in (0, 1, 2):  # (its 32-column slices of C: _tile_reasons)
+        why.append(f"store={c.store} is not 0, 1 or 2")
+    elif c.store == 2 and c.out.size != 2:
+        why.append(f"store=2 stages C by stmatrix, 2-byte elements: C is {c.out.short}")
     if c.pingpong not in (0, 1):
         why.append(f"pingpong={c.pingpong} is not 0 or 1")
     elif c.pingpong:
@@ -648,7 +653,7 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
     elif c.split > 1:
         need = [f"{what} (it has {have})" for what, ok, have in (
             ("fp16 or bf16 data", not c.fp32_data, c.dtype.short),
-            ("the register epilogue", not c.store, "store=1"),
+            ("the register epilogue", not c.store, f"store={c.store}"),
             ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
             ("no ping-pong", not c.pingpong, "pingpong=1")) if not ok]
         if need:
@@ -1035,7 +1040,10 @@ def issue_efficiency(c: WgmmaConfig) -> float:
 #: every pair tested beta and the edges). Counted, not calibrated on timings. Not yet
 #: recounted for the copies since (56b02db, bf4ae5e): with alpha = 1 the TMA store's slice
 #: is 55-58 instructions, and a register-store tile inside C tests nothing per element.
-STORE_INSTR = {0: 14.0, 1: 2.5}
+#: Staged by stmatrix (2), counted the same way (nvcc 13.0, the three copies of the slice
+#: loop of gemm_wgmma_f16_256x128x64_c2_s4_x1_p1_g8_ts[m]_of16 and of a bf16 128x256): 168-200
+#: instructions fewer, 0.44-0.52 an output (48 STSM for 192 STS, and fewer addresses).
+STORE_INSTR = {0: 14.0, 1: 2.5, 2: 2.0}
 #: the cooperative consumers' epilogue takes this many times the clocks its instructions
 #: issue in: its stores, the staging's barriers and the TMA store's waits are in the path
 #: of the math, not beside it. Fitted on the recorded fp16 studies of the H200: the 17
@@ -1067,7 +1075,7 @@ def serial_epilogue_clk(c: WgmmaConfig, extra_per_output: float, fill_clk: float
         return fill
     outputs = c.bm * c.bn
     # a warp instruction covers 32 outputs; the SM's 4 schedulers issue one each a clock
-    issue = outputs / 32 * (STORE_INSTR[bool(c.store)] + extra_per_output) / 4
+    issue = outputs / 32 * (STORE_INSTR[c.store] + extra_per_output) / 4
     if not c.store:
         issue = max(issue, outputs / STG_OUTPUTS_PER_WAVEFRONT)
     return EPILOGUE_SLOWDOWN * issue + fill

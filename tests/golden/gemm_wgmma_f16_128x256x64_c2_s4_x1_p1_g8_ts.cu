@@ -576,13 +576,12 @@ gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_ts(const __grid_constant__ CUtensorMap 
     #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             const int r = i * 64 + warp * 16 + lane / 4 + h * 8;  // row in the slice
-                            const int row = m0 + row0 + r;
     #pragma unroll
                             for (int q = 0; q < C_SLICE / 8; ++q) {
                                 const int nb = sb * (C_SLICE / 8) + q, cc = q * 8 + (lane % 4) * 2;
                                 float v0 = alpha * acc[i][nb * 4 + h * 2];
                                 float v1 = alpha * acc[i][nb * 4 + h * 2 + 1];
-                                const int col = n0 + sb * C_SLICE + cc;
+                                const int row = m0 + row0 + r, col = n0 + sb * C_SLICE + cc;
                                 if (row < M && col < N) {
                                     // C's map makes ldc and C 16-byte aligned: col is even, so a
                                     // pair is aligned to two elements
