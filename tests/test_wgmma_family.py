@@ -1450,15 +1450,17 @@ def test_the_runner_launches_a_batch_once_with_shared_operands_of_rank_2(monkeyp
     assert b["globalStrides"] == [72 * 2, n * k * 2] and b["boxDim"] == [64, 256, 1]
     assert packed[-1][-3:] == [batch, 0b010, m * 270]
     assert grids[-1] == (1 * 2 * batch, 1, 1)  # ceil(100/128) x ceil(264/256) tiles a problem
-    # the TMA store: C's map of rank 3 too
-    encoded.clear()
-    ts = TmaRunner(_at("nn", store=1, out=DType.F16), b"")
-    run = ts.bind(g, m, n, k, 72, 264, 264, batch=batch, strides=(m * 72, 0, m * 264))
-    run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
-    a, b, c = encoded
-    assert (a["tensorRank"], b["tensorRank"], c["tensorRank"]) == (3, 2, 3)
-    assert c["globalDim"] == [n, m, batch] and c["globalStrides"] == [264 * 2, m * 264 * 2]
-    assert packed[-1][-3:] == [batch, 0b101, m * 264]
+    # the TMA store (either staging): C's map of rank 3 too, three maps before the scalars
+    for store in (2, 1):
+        encoded.clear()
+        ts = TmaRunner(_at("nn", store=store, out=DType.F16), b"")
+        run = ts.bind(g, m, n, k, 72, 264, 264, batch=batch, strides=(m * 72, 0, m * 264))
+        run(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+        a, b, c = encoded
+        assert (a["tensorRank"], b["tensorRank"], c["tensorRank"]) == (3, 2, 3)
+        assert c["globalDim"] == [n, m, batch] and c["globalStrides"] == [264 * 2, m * 264 * 2]
+        assert packed[-1][:7] == [m, n, k, 1.0, 0.0, 0x30000, 264]
+        assert packed[-1][-3:] == [batch, 0b101, m * 264]
     # one problem: rank 2 everywhere, whatever strides are passed
     encoded.clear()
     plain.bind(g, m, n, k, 72, 72, 270, batch=1, strides=(8, 8, 8))(0x10000, 0x20000, 0, 1.0,

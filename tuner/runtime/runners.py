@@ -191,7 +191,7 @@ class TmaRunner(Runner):
         f = main.prepare(g)
         grid, block = cfg.grid(m, n, g.arch.sm_count, batch), cfg.block()
         boxes, tls, maps = cfg.tma_boxes(), threading.local(), {}
-        n_maps = 2 + cfg.store
+        n_maps = 2 + bool(cfg.store)  # A, B and, with either TMA-store epilogue, C
         c3 = batch > 1 and bool(cfg.store)  # C's map of rank 3
 
         def c_map(c: int) -> tuple:
