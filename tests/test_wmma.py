@@ -147,9 +147,14 @@ def test_invalid_wmma_configs_say_why(cfg, arch, reason):
 
 
 def test_the_shared_memory_limit_depends_on_the_layout():
+    """The NT tile of test_invalid_wmma_configs_say_why fits as NN and TN (the 512 threads of
+    its 64x64 warp tiles leave each 128 registers: it is refused for that alone)."""
     fits = WmmaConfig(bm=256, bn=256, bk=64, skew=16, stages=3, wm=64, wn=64)
-    assert check(fits, "sm_90") == [] and fits.smem_bytes == 227328
-    assert check(dataclasses.replace(fits, layout=Layout.TN), "sm_90") == []
+    assert fits.smem_bytes == 227328
+    spill = ["the 64x64 warp tile needs at least 176 registers per thread (128 accumulators); "
+             "a block of 512 threads leaves each 128: it would spill"]
+    assert check(fits, "sm_90") == spill
+    assert check(dataclasses.replace(fits, layout=Layout.TN), "sm_90") == spill
 
 
 def test_golden_wmma_source():
@@ -339,3 +344,26 @@ def test_the_whole_wmma_sample_compiles_for_the_gpus_architecture(compile_cache)
     from tuner.gpu import device
 
     _compiles(wmma_sample(), device().sm, compile_cache)
+
+
+def test_the_register_floor_refuses_exactly_the_tiles_that_spill(compile_cache):
+    """check refuses a warp tile whose accumulators plus MIN_OTHER_REGS exceed what its
+    block leaves a thread; ptxas agrees on each side of that line: the refused spill, the
+    accepted compile without spilling."""
+    from codegen.arch import parse_arch
+
+    names = ["gemm_wmma_f16_128x256x64_w32x32_p16_v8_s2_g1_nt_of16",  # 1024 threads: cap 64
+             "gemm_wmma_bf16_256x256x32_w64x32_p8_v8_s2_g1_obf16",
+             "gemm_wmma_f16_256x256x16_w64x64_p16_v8_s3_g8_nt_of16",  # 512: cap 128
+             "gemm_wmma_f16_256x128x64_w64x32_p16_v8_s3_g8_nt_of16",  # 512, 112 of 128
+             "gemm_wmma_bf16_128x128x64_w32x32_p16_v8_s2_g8_obf16"]  # 512, 80 of 128
+    cfgs = [WmmaConfig.from_name(n) for n in names]
+    refused = [bool(check(c, "sm_90")) for c in cfgs]
+    assert refused == [True, True, True, False, False]
+    assert all(any("it would spill" in w for w in check(c, "sm_90")) for c, r in
+               zip(cfgs, refused) if r)
+    arch = parse_arch("sm_90")
+    for c, r in compile_many(cfgs, "sm_90", cache_dir=compile_cache):
+        assert r.ok, r.error
+        assert bool(r.resources.spill_bytes) == bool(check(c, "sm_90")), (c.name, r.resources)
+        assert r.resources.registers <= c.register_cap(arch)

@@ -24,6 +24,13 @@ __all__ = ["WmmaConfig", "DEFAULT_WMMA", "TEMPLATE", "check", "SPACE", "from_par
            "WMMA"]
 
 TEMPLATE = "gemm_wmma.cu.j2"
+#: registers a thread needs beyond its accumulators not to spill, fitted to ptxas (CUDA
+#: 13.0, sm_90) on the fp16 / bf16 kernels of 95 configs (NT with fp16 C, NN with bf16 C;
+#: every warp tile and block size): they held 64-80 registers at 32x32, 109-128 at 32x64
+#: and 168-214 at 64x64 (32, 64 and 128 accumulators) under a cap of 128 or 255, and every
+#: one whose accumulators plus 48 exceeded its block's cap spilled (32x32 and 32x64 at 1024
+#: threads, cap 64: 8-3480 bytes; 64x64 at 512, cap 128: 672-8456), each under it did not
+MIN_OTHER_REGS = 48
 
 _WMMA_CPP = {DType.F16: ("__half", "__half"), DType.BF16: ("__nv_bfloat16", "__nv_bfloat16"),
              DType.TF32: ("float", "wmma::precision::tf32")}
@@ -85,6 +92,23 @@ class WmmaConfig(Serial, Named):
     @property
     def elem(self) -> int:
         return self.dtype.size
+
+    @property
+    def acc_regs(self) -> int:
+        """FP32 accumulator registers a thread holds: 8 per 16x16 fragment of its warp tile."""
+        return (self.wm // 16) * (self.wn // 16) * 8
+
+    @property
+    def min_regs(self) -> int:
+        """Registers a thread needs not to spill: its accumulators and MIN_OTHER_REGS more
+        (fragments, addresses, loop state), a line fitted to ptxas (see MIN_OTHER_REGS)."""
+        return self.acc_regs + MIN_OTHER_REGS
+
+    def register_cap(self, arch: ArchLimits) -> int:
+        """The registers ptxas may give a thread of this block (__launch_bounds__(THREADS):
+        64K / THREADS in whole 8s, at most 255)."""
+        per = arch.regs_per_block // max(self.threads, 1) // 8 * 8
+        return min(arch.max_regs_per_thread, per)
 
     @property
     def a_col(self) -> bool:
@@ -208,10 +232,13 @@ def check(c: WmmaConfig, a: ArchLimits) -> list[str]:
     why += stages_reasons(c.stages, a, cp_async_from=2)
     why += swizzle_reasons(c.swizzle)
     why += smem_reasons(c.smem_bytes, a)
-    acc = (c.wm // 16) * (c.wn // 16) * 8
-    if acc > 128:
-        why.append(f"the {c.wm}x{c.wn} warp tile holds {acc} accumulator registers per thread, "
-                   "over 128")
+    if c.acc_regs > 128:
+        why.append(f"the {c.wm}x{c.wn} warp tile holds {c.acc_regs} accumulator registers per "
+                   "thread, over 128")
+    elif c.min_regs > c.register_cap(a):
+        why.append(f"the {c.wm}x{c.wn} warp tile needs at least {c.min_regs} registers per "
+                   f"thread ({c.acc_regs} accumulators); a block of {t} threads leaves each "
+                   f"{c.register_cap(a)}: it would spill")
     return why
 
 
