@@ -198,7 +198,7 @@ def _child_cases(cubin: str, name: str, todo: list[dict]) -> None:
                 try:
                     runner.bind(g, 64, 1024, k, lda, 1024, 1024)(
                         a.data_ptr(), b.data_ptr(), c.data_ptr(), 1.0, 0.0, stream)
-                    if cfg.prep:  # the pre-pass reads any lda: it must be right, not refused
+                    if cfg.pre_pass:  # the pre-pass reads any lda: it must be right, not refused
                         torch.cuda.synchronize()
                         ref = a[:, :k].double() @ b.double()
                         if cfg.dtype is DType.TF32:

@@ -268,7 +268,7 @@ def _check_variant(cfg, cubin: bytes, shape, batch: int = 1, shared: str = "",
     per = 16 // stored.size
 
     def ld_of(cols: int) -> int:  # TMA: rows of whole 16 bytes, plus one more; the pre-pass: any
-        return cols + 1 if cfg.prep else -(-cols // per) * per + per
+        return cols + 1 if cfg.pre_pass else -(-cols // per) * per + per
 
     a_rows, a_cols = (k, m) if cfg.a_col else (m, k)
     b_rows, b_cols = (n, k) if cfg.b_col else (k, n)
@@ -364,6 +364,9 @@ FP32_VARIANTS = PRESPLIT_VARIANTS + [
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_nt_of16_bias_silu"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p0_g8_nt"),
     WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelut"),
+    # tf32 rounded by TMA as it loads (prep=2, NT): round_to's reference is the test of it
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret_nt"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p0_g8_pret_ts_nt_of16_bias_gelu"),
 ]
 #: batches: the register and TMA-store epilogues, a cluster, ping-pong, the pre-pass
 BATCH_VARIANTS = [

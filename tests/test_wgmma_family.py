@@ -743,6 +743,85 @@ def test_the_runner_of_a_prep_kernel_launches_its_pre_pass_first(monkeypatch):
         (0x4000000, [k, m], [ldw * 4]), (0x4000000 + m * ldw * 4, [k, n], [ldw * 4])]
 
 
+#: tf32 rounded by TMA (prep=2): x @ W.t() with both operands K-major as stored
+PRET_GOLDEN = dataclasses.replace(PREP_GOLDEN, prep=2, layout=Layout.NT)
+
+
+def test_tma_rounded_tf32_names_geometry_and_reasons():
+    """prep=2: the pre-pass's main loop over the caller's A and B themselves (layout NT: both
+    K-major), through TFLOAT32 maps (TMA rounds each value to tf32 as it loads it): no
+    pre-pass kernel, no workspace, no conversion; TMA's rules on A and B."""
+    from codegen.families.wgmma import problem_reasons
+
+    c = PRET_GOLDEN
+    assert c.name == "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret_nt"
+    assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
+    assert check_wgmma(c, "sm_90") == [] and not c.pre_pass and PREP_GOLDEN.pre_pass
+    assert c.tma_dtype is DType.TF32 and PREP_GOLDEN.tma_dtype is DType.F32
+    assert c.aligned_operands == (True, True, False)
+    assert c.prep_floats(4096, 4096, 4096) == c.prep_bytes(4096, 4096, 4096) == 0
+    assert c.stage_bytes == c.tx_bytes == PREP_GOLDEN.stage_bytes and c.conv_bytes == 0
+    assert c.tma_boxes() == {"A": (128, 32), "B": (256, 32)}
+    v = c.template_values()
+    assert v["PREP"] and not v["PREP_KERNEL"] and not v["TF32"]
+    assert problem_reasons(c, (4096, 4096, 4096)) == []
+    assert problem_reasons(c, (4096, 4096, 4095)) != []  # rows of 4095 floats: not for TMA
+    for bad, why in ((dataclasses.replace(c, layout=Layout.NN), "nn"),
+                     (dataclasses.replace(c, layout=Layout.TT), "tt"),
+                     (dataclasses.replace(c, cluster=2), "cluster=2"),
+                     (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
+        assert any(w.startswith("prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32")
+                   and why in w for w in check_wgmma(bad, "sm_90")), bad.name
+    assert check_wgmma(dataclasses.replace(c, prep=3), "sm_90")[0] == "prep=3 is not 0, 1 or 2"
+    src = render(c)
+    assert "_prep(" not in src and "cvt.rna" not in src and "convert_stage" not in src
+    assert "fp32 data rounded to tf32 by TMA as it loads it (TFLOAT32 maps" in src
+    assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src
+    # the same main loop as the pre-pass's: the sources differ only where the pre-pass is
+    pre = render(dataclasses.replace(PREP_GOLDEN, layout=Layout.NT))
+    body = lambda x: x[x.index("extern \"C\" __global__"):]  # noqa: E731
+    assert body(src).split("\n")[3:] == body(pre).split("\n")[3:len(body(src).split("\n"))]
+
+
+def test_the_runner_of_a_tma_rounded_kernel_maps_the_callers_operands_as_tf32(monkeypatch):
+    """prep=2's runner loads the GEMM alone and launches it once, its maps over the caller's A
+    (M x K) and B (stored N x K) at their own leading dimensions, of type TFLOAT32."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    loaded, launched, encoded = [], [], []
+
+    class Image(_Image):
+        def __init__(self, library, name, smem, dependent=False):
+            super().__init__(library, name, smem, dependent)
+            loaded.append(name)
+
+        def launch(self, f, grid, block, stream, address):
+            launched.append((self.name, grid, stream))
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = PRET_GOLDEN
+    r = TmaRunner(cfg, b"")
+    assert r.prep is None and loaded == [cfg.name]
+    m, n, k = 300, 512, 200
+    r.bind(g, m, n, k, 204, 208, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
+    assert launched == [(cfg.name, cfg.grid(m, n, 132), 5)]
+    assert [(e["tensorDataType"], e["globalAddress"], e["globalDim"], e["globalStrides"])
+            for e in encoded] == [("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 0x10000, [k, m], [204 * 4]),
+                                  ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 0x20000, [k, n], [208 * 4])]
+    with pytest.raises(TmaUnsupported, match="lda=201"):
+        r.bind(g, m, n, k, 201, 208, 512)
+
+
 def test_fp32_geometry():
     c = TF32_GOLDEN
     assert c.fp32_data and c.mma_k == 8 and c.elem == 4 and c.tma_dtype is DType.F32
@@ -775,7 +854,7 @@ def test_fp32_space_and_sample():
         assert {getattr(c, k) for c in s} == set(TF32_SPACE[k]), k
 
 
-@pytest.mark.parametrize("cfg", [TF32_GOLDEN, T3_GOLDEN, PREP_GOLDEN], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [TF32_GOLDEN, T3_GOLDEN, PREP_GOLDEN, PRET_GOLDEN], ids=lambda c: c.name)
 def test_fp32_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
     rendered_as_golden(cfg)
@@ -834,7 +913,7 @@ def test_fp32_conversion_covers_b_once_without_bank_conflicts(bn, nc):
 
 
 def _fp32_set() -> list[WgmmaConfig]:
-    return list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN] +
+    return list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN, PRET_GOLDEN] +
                               [WgmmaConfig.from_name(n) for n in wgmma_probe.FP32_CONFIGS]))
 
 
@@ -881,6 +960,24 @@ def test_fp32_sass_has_tf32_hgmma(compiled_fp32, compile_cache):
         assert "FENCE.VIEW.ASYNC.S" in sass and "BAR.SYNC.DEFER_BLOCKING 0x1" in sass
         assert ("BAR.RED.OR" in sass) == (c.terms == 3), c.name
         assert "STL" not in sass and "LDL" not in sass
+
+
+def test_sass_of_the_tma_rounded_tf32_kernel(compiled_fp32, compile_cache):
+    """prep=2: the pre-pass's main loop alone: tf32 HGMMAs from two TMA loads a stage (A and
+    B as stored), nothing converted, one kernel in the cubin."""
+    tool, env = find_cuobjdump()
+    if tool is None:
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    c = PRET_GOLDEN
+    r = compiled_fp32[c]
+    sass = subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                          env=env, check=True).stdout
+    assert re.findall(r"Function : (\w+)", sass) == [c.name]
+    hgmma = [l for l in sass.splitlines() if "HGMMA.64x" in l]
+    assert len(hgmma) == (c.wm // 64) * (c.bk // 8)
+    assert all(f"HGMMA.64x{c.bn}x8.F32.TF32" in l and "tnsp" not in l for l in hgmma)
+    assert sass.count("UTMALDG.2D") == 2 and "STS" not in sass.split("HGMMA")[0]
+    assert "STL" not in sass and "LDL" not in sass
 
 
 def test_fp32_probe_plan():
@@ -1865,6 +1962,14 @@ def test_the_model_counts_the_presplit_pre_pass_and_its_wider_operands():
     # a batch: one pre-pass per problem
     pre3 = predict(PRESPLIT_GOLDEN, shape, arch, occ, batch=3)
     assert pre3.terms["fixed"] == pytest.approx(4 * LAUNCH_S + 3 * prep_s)
+    # tf32 rounded by TMA (prep=2): the pre-pass's main loop, its launch and traffic gone,
+    # and all of the tf32 peak (no conversion)
+    tma, prep1 = (predict(c, shape, arch, occ) for c in (PRET_GOLDEN, PREP_GOLDEN))
+    assert tma.terms["fixed"] == pytest.approx(LAUNCH_S)
+    assert prep1.terms["fixed"] == pytest.approx(
+        2 * LAUNCH_S + PREP_GOLDEN.prep_bytes(*shape) / (DRAM_GBS[90] * 1e9))
+    assert bound_tflops(PRET_GOLDEN, shape, arch)[1]["issue_eff"] == 1.0
+    assert tma.seconds < prep1.seconds
 
 
 def _presplit_set() -> list[WgmmaConfig]:

@@ -530,7 +530,7 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     l2_s = traffic["l2_bytes"] / _l2_bw(arch)
     launches = 2 if getattr(c, "reduce_pass", False) else 1
     fixed = 0.0
-    if getattr(c, "prep", 0):  # the pre-pass, launched first for each problem: its copies
+    if getattr(c, "pre_pass", False):  # launched first for each problem: its copies
         launches += batch
         fixed += batch * c.prep_bytes(m, n, k) / dram_bw
     fixed += LAUNCH_S * launches

@@ -165,7 +165,10 @@ class WgmmaConfig(_Serial, SplitK, Named):
             the tensor maps describe (no cluster, no ping-pong). For 3xTF32 (terms=3) it
             is the split mode: 1 = pre-split, the pre-pass writes the big and small parts
             of each, [Abig; Asmall] (2M rows) then [Bbig; Bsmall] (2N rows), and each stage
-            holds the four tiles (:attr:`presplit`).
+            holds the four tiles (:attr:`presplit`). 2 (tf32, layout NT: both operands
+            K-major as stored, ``_pret``) = no pre-pass and no conversion: TMA rounds A and
+            B to tf32 as it loads them (TFLOAT32 maps, round to nearest even) and the main
+            loop is the pre-pass's.
         store: the epilogue. 0 = each thread stores its accumulators to C from registers;
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
@@ -226,7 +229,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
                 "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}][_k{split}l]"
-                + EPILOGUE_NAME, pingpong=FLAG, prep=FLAG, store=choice({1: "", 2: "m"}),
+                + EPILOGUE_NAME, pingpong=FLAG, prep=choice({1: "", 2: "t"}),
+                store=choice({1: "", 2: "m"}),
                 **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
@@ -244,7 +248,12 @@ class WgmmaConfig(_Serial, SplitK, Named):
     def presplit(self) -> bool:
         """3xTF32 pre-split (prep=1, terms=3): the pre-pass writes big and small copies of A
         and B, and TMA loads four K-major tiles a stage (no conversion in the main loop)."""
-        return bool(self.prep) and self.terms == 3
+        return self.pre_pass and self.terms == 3
+
+    @property
+    def pre_pass(self) -> bool:
+        """prep=1: a pre-pass kernel writes the operands' copies (prep=2 has none)."""
+        return self.prep == 1
 
     @property
     def prep_copies(self) -> int:
@@ -259,7 +268,10 @@ class WgmmaConfig(_Serial, SplitK, Named):
     @property
     def tma_dtype(self) -> DType:
         """The element type of the TMA tensor maps: fp32 data is copied bit for bit (the kernel
-        rounds it itself; 3xTF32 needs every bit)."""
+        or its pre-pass rounds it; 3xTF32 needs every bit), or with prep=2 rounded to tf32
+        by TMA as it loads (a TFLOAT32 map)."""
+        if self.prep == 2:
+            return DType.TF32
         return DType.F32 if self.fp32_data else self.dtype
 
     @property
@@ -431,7 +443,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
             PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=self.consumer_regs,
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
-            TF32=self.fp32_data and not self.prep, PREP=self.prep, TERMS=self.terms,
+            TF32=self.fp32_data and not self.prep, PREP=bool(self.prep),
+            PREP_KERNEL=self.pre_pass, TERMS=self.terms,
             SPLIT=self.presplit,
             MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
             BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
@@ -499,7 +512,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
     def aligned_operands(self) -> tuple[bool, bool, bool]:
         """TMA reads the caller's A and B (not with the pre-pass, which reads them with plain
         loads) and, with the TMA-store epilogue, writes C: those meet its 16-byte rules."""
-        return not self.prep, not self.prep, bool(self.store)
+        return not self.pre_pass, not self.pre_pass, bool(self.store)
 
     @staticmethod
     def prep_ld(k: int) -> int:
@@ -510,12 +523,12 @@ class WgmmaConfig(_Serial, SplitK, Named):
     def prep_floats(self, m: int, n: int, k: int) -> int:
         """Floats of the pre-pass workspace: At (M x ldw) then Bt (N x ldw), pre-split
         [Abig; Asmall] (2M x ldw) then [Bbig; Bsmall] (2N x ldw); 0 without it."""
-        return (m + n) * self.prep_ld(k) * self.prep_copies if self.prep else 0
+        return (m + n) * self.prep_ld(k) * self.prep_copies if self.pre_pass else 0
 
     def prep_bytes(self, m: int, n: int, k: int) -> int:
         """DRAM bytes the pre-pass moves for one problem: A and B read once, its copies
         written (0 without it); the model adds them to the kernel's time."""
-        return (m + n) * k * 4 + self.prep_floats(m, n, k) * 4 if self.prep else 0
+        return (m + n) * k * 4 + self.prep_floats(m, n, k) * 4 if self.pre_pass else 0
 
     @property
     def operand_bytes(self) -> int:
@@ -623,8 +636,14 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"BK={c.bk} splits into {c.bk / 2:g}-row halves, not whole 8-row swizzle atoms")
     if c.persistent not in (0, 1):
         why.append(f"persistent={c.persistent} is not 0 or 1")
-    if c.prep not in (0, 1):
-        why.append(f"prep={c.prep} is not 0 or 1")
+    if c.prep not in (0, 1, 2):
+        why.append(f"prep={c.prep} is not 0, 1 or 2")
+    elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is not Layout.NT
+                          or c.cluster != 1 or c.pingpong):
+        why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32, both operands "
+                   f"K-major (layout nt), no cluster and no ping-pong (it has "
+                   f"{c.dtype.short}, {c.layout.value}, cluster={c.cluster}, "
+                   f"pingpong={c.pingpong})")
     elif c.prep and (not c.fp32_data or c.cluster != 1 or c.pingpong):
         why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), no "
                    f"cluster and no ping-pong (it has {c.dtype.short}, cluster={c.cluster}, "
@@ -664,7 +683,7 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"stages={c.stages} is outside 1..8")
     elif c.fp32_data and c.stages < 2:
         why.append(f"stages={c.stages}: fp32 data needs 2 or more " + (
-            "(with the pre-pass: one stage loads while the wgmmas read another)" if c.prep
+            "(with no conversion: one stage loads while the wgmmas read another)" if c.prep
             else "(the consumers convert one stage while the wgmmas read the previous one)"))
     return why
 
@@ -959,8 +978,8 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
     # ldb = N (row-major B) or K (column-major); the pre-pass reads A and B with plain
     # loads, and TMA reads its copies
     lda, ldb = (m if config.a_col else k), (k if config.b_col else n)
-    why = [] if config.prep else tma_reasons(config.dtype, lda, ldb, 0, 0, m, n, k,
-                                             config.layout)
+    why = [] if config.pre_pass else tma_reasons(config.dtype, lda, ldb, 0, 0, m, n, k,
+                                                 config.layout)
     if config.store:  # the tuner's C: ldc = N
         why += c_tma_reasons(n, 0, n, config.out)
     why = [f"TMA cannot describe the operands: {w}" for w in why]

@@ -55,7 +55,8 @@ _CUDA_TYPE = {DType.F32: "CUDA_R_32F", DType.F16: "CUDA_R_16F", DType.BF16: "CUD
 #: CUtensorMapDataType of each element type a TMA map describes
 _TMA_DTYPE = {DType.F32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
               DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-              DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
+              DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+              DType.TF32: "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"}
 #: the header's names of the 16-bit types, which C spells as their bits (__half_raw ...)
 _C_NAME = {DType.F16: "gemm_tuned_half_t", DType.BF16: "gemm_tuned_bf16_t"}
 #: gemm_tuned.cu's code of each bias kind (Table.bias)
@@ -71,7 +72,7 @@ def _exportable(e: dict, inputs: set) -> bool:
         return False
     cfg = config_from_name(e["kernel"])
     return (cfg.dtype.short == e["dtype"] and Variant.of(cfg) == entry_variant(e)
-            and not getattr(cfg, "prep", 0))
+            and not getattr(cfg, "pre_pass", False))
 
 
 def _kernel_values(cfg, res: dict, limits) -> dict:

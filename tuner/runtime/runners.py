@@ -144,7 +144,7 @@ class TmaRunner(Runner):
     SWIZZLE_64B for a 2-byte C); the maps are encoded once per pointer set of a plan and
     kept (a few per plan). The bias pointer (config.bias) follows the scalars. A cluster
     kernel launches with cuLaunchKernelEx and its cluster dimension. A kernel of fp32 data
-    with a pre-pass (config.prep: tf32, or pre-split 3xTF32) launches <name>_prep first, into
+    with a pre-pass (config.pre_pass: tf32, or pre-split 3xTF32) launches <name>_prep first, into
     a per-stream workspace that its A and B maps describe.
 
     A strided batch is one launch: each batched operand's map has rank 3 (the batch its
@@ -174,7 +174,7 @@ class TmaRunner(Runner):
         self.signature = (self.SPLIT_SIGNATURE if config.presplit else
                           self.SPLIT_K_SIGNATURE if config.has_workspace else self.SIGNATURE)
         self.prep = (driver.KernelImage(self.library, f"{config.name}_prep", 0, self.dependent)
-                     if config.prep else None)
+                     if config.pre_pass else None)
 
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
              allocate_captured=None, batch: int = 1, strides: tuple = (0, 0, 0)) -> Callable:
@@ -247,7 +247,8 @@ class TmaRunner(Runner):
             why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k, cfg.layout, sa, sb)
             if why:
                 raise TmaUnsupported("; ".join(why))
-            # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit: the kernel rounds it
+            # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit (the kernel rounds it),
+            # or as TFLOAT32 with prep=2 (TMA rounds it)
             return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, *a_dims, lda, *boxes["A"],
                                                    batch=a_batch, batch_stride=sa)),
                     tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, *b_dims, ldb, *boxes["B"],
