@@ -267,12 +267,13 @@ def _check_variant(cfg, cubin: bytes, shape, batch: int = 1, shared: str = "",
     stored = DType.F32 if cfg.fp32_data else cfg.dtype
     per = 16 // stored.size
 
-    def ld_of(cols: int) -> int:  # TMA: rows of whole 16 bytes, plus one more; the pre-pass: any
-        return cols + 1 if cfg.pre_pass else -(-cols // per) * per + per
+    def ld_of(cols: int, copied: bool) -> int:  # TMA: rows of whole 16 bytes, plus one more;
+        return cols + 1 if copied else -(-cols // per) * per + per  # the pre-pass: any
 
     a_rows, a_cols = (k, m) if cfg.a_col else (m, k)
     b_rows, b_cols = (n, k) if cfg.b_col else (k, n)
-    lda, ldb = ld_of(a_cols), ld_of(b_cols)
+    lda = ld_of(a_cols, getattr(cfg, "copies_a", False))
+    ldb = ld_of(b_cols, getattr(cfg, "copies_b", False))
     na, nb = (1 if "a" in shared else batch), (1 if "b" in shared else batch)
     a32 = rng.standard_normal((na, a_rows, lda), dtype=np.float32)
     b32 = rng.standard_normal((nb, b_rows, ldb), dtype=np.float32)
@@ -364,9 +365,12 @@ FP32_VARIANTS = PRESPLIT_VARIANTS + [
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_nt_of16_bias_silu"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x2_p0_g8_nt"),
     WgmmaConfig.from_name("gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelut"),
-    # tf32 rounded by TMA as it loads (prep=2, NT): round_to's reference is the test of it
+    # tf32 rounded by TMA as it loads (prep=2): NT (no pre-pass), NN (B copied), TT (A
+    # copied); round_to's reference is the test of TMA's rounding
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret_nt"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p0_g8_pret_ts_nt_of16_bias_gelu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_pret_tt_obf16_relu"),
 ]
 #: batches: the register and TMA-store epilogues, a cluster, ping-pong, the pre-pass
 BATCH_VARIANTS = [
@@ -377,6 +381,7 @@ BATCH_VARIANTS = [
     WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_tsm_nt_obf16"),
     FP32_VARIANTS[len(PRESPLIT_VARIANTS)],  # the tf32 pre-pass, TN
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
+    FP32_VARIANTS[-2],  # tf32 rounded by TMA, B copied by the pre-pass (NN)
 ]
 #: split-K (the last slice of a tile sums them): each layout, C type, one and two consumers,
 #: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones),

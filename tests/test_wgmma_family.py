@@ -748,9 +748,10 @@ PRET_GOLDEN = dataclasses.replace(PREP_GOLDEN, prep=2, layout=Layout.NT)
 
 
 def test_tma_rounded_tf32_names_geometry_and_reasons():
-    """prep=2: the pre-pass's main loop over the caller's A and B themselves (layout NT: both
-    K-major), through TFLOAT32 maps (TMA rounds each value to tf32 as it loads it): no
-    pre-pass kernel, no workspace, no conversion; TMA's rules on A and B."""
+    """prep=2: the pre-pass's main loop over the operands that are K-major as stored (a
+    row-major A, a column-major B) read through TFLOAT32 maps (TMA rounds each value to tf32
+    as it loads it), the pre-pass copying only the others: none for NT (no pre-pass kernel,
+    no workspace), B for NN, A for TT; TMA's rules on what it reads as stored."""
     from codegen.families.wgmma import problem_reasons
 
     c = PRET_GOLDEN
@@ -766,8 +767,22 @@ def test_tma_rounded_tf32_names_geometry_and_reasons():
     assert v["PREP"] and not v["PREP_KERNEL"] and not v["TF32"]
     assert problem_reasons(c, (4096, 4096, 4096)) == []
     assert problem_reasons(c, (4096, 4096, 4095)) != []  # rows of 4095 floats: not for TMA
-    for bad, why in ((dataclasses.replace(c, layout=Layout.NN), "nn"),
-                     (dataclasses.replace(c, layout=Layout.TT), "tt"),
+    # NN: B copied (transposed) alone; TT: A alone; TN would copy both (prep=1's)
+    nn, tt = (dataclasses.replace(c, layout=x) for x in (Layout.NN, Layout.TT))
+    assert (nn.copies_a, nn.copies_b, tt.copies_a, tt.copies_b) == (False, True, True, False)
+    assert nn.pre_pass and tt.pre_pass and check_wgmma(nn, "sm_90") == check_wgmma(tt, "sm_90") == []
+    assert nn.aligned_operands == (True, False, False) and tt.aligned_operands == (False, True, False)
+    m, n, k = 100, 300, 1023
+    ldw = c.prep_ld(k)
+    assert nn.prep_floats(m, n, k) == n * ldw and tt.prep_floats(m, n, k) == m * ldw
+    assert nn.prep_bytes(m, n, k) == n * k * 4 + n * ldw * 4  # B read, Bt written
+    assert PREP_GOLDEN.prep_bytes(m, n, k) == (m + n) * k * 4 + (m + n) * ldw * 4
+    assert nn.prep_grid(m, n, k) == (32 * 10, 0) and tt.prep_grid(m, n, k) == (4 * 32, 4 * 32)
+    # what TMA reads as stored meets its rules; the copied operand any leading dimension
+    assert problem_reasons(nn, (4096, 4095, 4096)) == []  # B's rows of 4095: the pre-pass's
+    assert problem_reasons(nn, (4096, 4096, 4095)) != []  # A's rows of 4095 floats: TMA's
+    assert problem_reasons(tt, (4095, 4096, 4096)) == [] and problem_reasons(tt, (4096, 4096, 4095)) != []
+    for bad, why in ((dataclasses.replace(c, layout=Layout.TN), "tn"),
                      (dataclasses.replace(c, cluster=2), "cluster=2"),
                      (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
         assert any(w.startswith("prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32")
@@ -775,8 +790,9 @@ def test_tma_rounded_tf32_names_geometry_and_reasons():
     assert check_wgmma(dataclasses.replace(c, prep=3), "sm_90")[0] == "prep=3 is not 0, 1 or 2"
     src = render(c)
     assert "_prep(" not in src and "cvt.rna" not in src and "convert_stage" not in src
-    assert "fp32 data rounded to tf32 by TMA as it loads it (TFLOAT32 maps" in src
+    assert "A by TMA as it loads it (a TFLOAT32 map);" in src
     assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src
+    assert "tmB over Bt (N x K, ldw)" in render(nn) and "tmA over A as stored" in render(nn)
     # the same main loop as the pre-pass's: the sources differ only where the pre-pass is
     pre = render(dataclasses.replace(PREP_GOLDEN, layout=Layout.NT))
     body = lambda x: x[x.index("extern \"C\" __global__"):]  # noqa: E731
@@ -820,6 +836,80 @@ def test_the_runner_of_a_tma_rounded_kernel_maps_the_callers_operands_as_tf32(mo
                                   ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 0x20000, [k, n], [208 * 4])]
     with pytest.raises(TmaUnsupported, match="lda=201"):
         r.bind(g, m, n, k, 201, 208, 512)
+
+
+def test_the_runner_of_a_tma_rounded_nn_kernel_copies_b_alone(monkeypatch):
+    """prep=2 NN: the pre-pass transposes and rounds B alone (a_blocks = 0, B's tiles only)
+    into the stream's workspace; A's map is over the caller's A as TFLOAT32, Bt's over the
+    workspace as FLOAT32 (rounded already). A batch with A shared and B batched: a copy of
+    B per problem (one pre-pass launch each), Bt's map rank 3, A's rank 2; TT the other way
+    round. B's leading dimension is free, A's is TMA's."""
+    import types
+
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    loaded, launched, encoded, packs = [], [], [], []
+
+    class Image(_Image):
+        def __init__(self, library, name, smem, dependent=False):
+            super().__init__(library, name, smem, dependent)
+            loaded.append(name)
+
+        def params(self, signature):
+            self.blk = super().params(signature)
+            return self.blk
+
+        def launch(self, f, grid, block, stream, address):
+            launched.append((self.name, grid))
+            if self.name.endswith("_prep"):
+                packs.append(self.blk.fmt.unpack_from(self.blk.buf))
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    class Scratch:
+        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+            return 0x4000000
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", Image)
+    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    m, n, k = 300, 500, 200
+    cfg = dataclasses.replace(PRET_GOLDEN, layout=Layout.NN)
+    r = TmaRunner(cfg, b"")
+    assert loaded == [cfg.name, f"{cfg.name}_prep"]
+    ldw = cfg.prep_ld(k)
+    blocks, a_blocks = cfg.prep_grid(m, n, k)
+    assert a_blocks == 0 and blocks == 7 * 16
+    r.bind(g, m, n, k, 204, 501, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
+    assert launched == [(f"{cfg.name}_prep", (blocks, 1, 1)), (cfg.name, cfg.grid(m, n, 132))]
+    assert packs[-1] == (0x10000, 204, 0x20000, 501, m, n, k, 0x4000000, 0x4000000, ldw, 0)
+    view = lambda e: (e["tensorDataType"][len("CU_TENSOR_MAP_DATA_TYPE_"):], e["globalAddress"],  # noqa: E731
+                      e["tensorRank"], e["globalDim"], e["globalStrides"])
+    assert [view(e) for e in encoded] == [("TFLOAT32", 0x10000, 2, [k, m], [204 * 4]),
+                                          ("FLOAT32", 0x4000000, 2, [k, n], [ldw * 4])]
+    with pytest.raises(TmaUnsupported, match="lda=201"):
+        r.bind(g, m, n, k, 201, 501, 512)
+    # a batch of 3: A shared (x @ W for a batch of W), B batched
+    launched.clear(), encoded.clear()
+    sb = k * 501
+    r.bind(g, m, n, k, 204, 501, 512, batch=3, strides=(0, sb, m * 512))(
+        0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
+    assert [x[0] for x in launched] == [f"{cfg.name}_prep"] * 3 + [cfg.name]
+    assert [p[2] for p in packs[-3:]] == [0x20000 + i * sb * 4 for i in range(3)]
+    assert [p[8] for p in packs[-3:]] == [0x4000000 + i * n * ldw * 4 for i in range(3)]
+    assert [view(e)[:3] for e in encoded] == [("TFLOAT32", 0x10000, 2), ("FLOAT32", 0x4000000, 3)]
+    # TT: A copied (transposed) alone, B read as stored (N x K)
+    encoded.clear()
+    tt = dataclasses.replace(PRET_GOLDEN, layout=Layout.TT)
+    TmaRunner(tt, b"").bind(g, m, n, k, 301, 204, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
+    assert packs[-1][-1] == tt.prep_grid(m, n, k)[1] > 0
+    assert [view(e) for e in encoded] == [("FLOAT32", 0x4000000, 2, [k, m], [ldw * 4]),
+                                          ("TFLOAT32", 0x20000, 2, [k, n], [204 * 4])]
 
 
 def test_fp32_geometry():

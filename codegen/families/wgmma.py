@@ -165,10 +165,11 @@ class WgmmaConfig(_Serial, SplitK, Named):
             the tensor maps describe (no cluster, no ping-pong). For 3xTF32 (terms=3) it
             is the split mode: 1 = pre-split, the pre-pass writes the big and small parts
             of each, [Abig; Asmall] (2M rows) then [Bbig; Bsmall] (2N rows), and each stage
-            holds the four tiles (:attr:`presplit`). 2 (tf32, layout NT: both operands
-            K-major as stored, ``_pret``) = no pre-pass and no conversion: TMA rounds A and
-            B to tf32 as it loads them (TFLOAT32 maps, round to nearest even) and the main
-            loop is the pre-pass's.
+            holds the four tiles (:attr:`presplit`). 2 (tf32, ``_pret``) = TMA rounds the
+            operands that are K-major as stored (a row-major A, a column-major B) to tf32 as
+            it loads them (TFLOAT32 maps, round to nearest even), and the pre-pass copies
+            only the others (:attr:`copies_a`, :attr:`copies_b`): none for NT (x @ W.t()),
+            B alone for NN, A alone for TT; the main loop is the pre-pass's.
         store: the epilogue. 0 = each thread stores its accumulators to C from registers;
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
@@ -251,9 +252,20 @@ class WgmmaConfig(_Serial, SplitK, Named):
         return self.pre_pass and self.terms == 3
 
     @property
+    def copies_a(self) -> bool:
+        """A goes through the pre-pass: prep=1, or prep=2 with A M-major (column-major), which
+        tf32 wgmma cannot read; prep=2 reads a row-major A as stored, rounded by TMA."""
+        return self.prep == 1 or (self.prep == 2 and self.a_col)
+
+    @property
+    def copies_b(self) -> bool:
+        """B goes through the pre-pass: prep=1, or prep=2 with B N-major (row-major)."""
+        return self.prep == 1 or (self.prep == 2 and not self.b_col)
+
+    @property
     def pre_pass(self) -> bool:
-        """prep=1: a pre-pass kernel writes the operands' copies (prep=2 has none)."""
-        return self.prep == 1
+        """A pre-pass kernel (<name>_prep) writes copies of A, of B or of both first."""
+        return self.copies_a or self.copies_b
 
     @property
     def prep_copies(self) -> int:
@@ -444,7 +456,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
             TF32=self.fp32_data and not self.prep, PREP=bool(self.prep),
-            PREP_KERNEL=self.pre_pass, TERMS=self.terms,
+            PREP_KERNEL=self.pre_pass, COPY_A=self.copies_a, COPY_B=self.copies_b,
+            TERMS=self.terms,
             SPLIT=self.presplit,
             MMA_K=self.mma_k, B_BOX_COLS=box_cols, TX_BYTES=self.tx_bytes,
             BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
@@ -510,9 +523,19 @@ class WgmmaConfig(_Serial, SplitK, Named):
 
     @property
     def aligned_operands(self) -> tuple[bool, bool, bool]:
-        """TMA reads the caller's A and B (not with the pre-pass, which reads them with plain
-        loads) and, with the TMA-store epilogue, writes C: those meet its 16-byte rules."""
-        return not self.pre_pass, not self.pre_pass, bool(self.store)
+        """TMA reads the caller's A and B (not those the pre-pass copies: it reads them with
+        plain loads) and, with the TMA-store epilogue, writes C: those meet its 16-byte rules."""
+        return not self.copies_a, not self.copies_b, bool(self.store)
+
+    def direct_tma_reasons(self, lda: int, ldb: int, a_ptr: int, b_ptr: int, m: int, n: int,
+                           k: int, sa: int = 0, sb: int = 0) -> list[str]:
+        """:func:`tma_reasons` of the operands TMA reads as the caller stores them (an operand
+        the pre-pass copies stands in as a dense, aligned one: it has no rule to meet)."""
+        if self.copies_a:
+            lda, a_ptr, sa = self.prep_ld(m if self.a_col else k), 0, 0
+        if self.copies_b:
+            ldb, b_ptr, sb = self.prep_ld(k if self.b_col else n), 0, 0
+        return tma_reasons(self.tma_dtype, lda, ldb, a_ptr, b_ptr, m, n, k, self.layout, sa, sb)
 
     @staticmethod
     def prep_ld(k: int) -> int:
@@ -522,13 +545,16 @@ class WgmmaConfig(_Serial, SplitK, Named):
 
     def prep_floats(self, m: int, n: int, k: int) -> int:
         """Floats of the pre-pass workspace: At (M x ldw) then Bt (N x ldw), pre-split
-        [Abig; Asmall] (2M x ldw) then [Bbig; Bsmall] (2N x ldw); 0 without it."""
-        return (m + n) * self.prep_ld(k) * self.prep_copies if self.pre_pass else 0
+        [Abig; Asmall] (2M x ldw) then [Bbig; Bsmall] (2N x ldw), each only where that
+        operand is copied (copies_a, copies_b); 0 without a pre-pass."""
+        rows = (m if self.copies_a else 0) + (n if self.copies_b else 0)
+        return rows * self.prep_ld(k) * self.prep_copies
 
     def prep_bytes(self, m: int, n: int, k: int) -> int:
-        """DRAM bytes the pre-pass moves for one problem: A and B read once, its copies
-        written (0 without it); the model adds them to the kernel's time."""
-        return (m + n) * k * 4 + self.prep_floats(m, n, k) * 4 if self.pre_pass else 0
+        """DRAM bytes the pre-pass moves for one problem: what it copies read once, its
+        copies written (0 without it); the model adds them to the kernel's time."""
+        rows = (m if self.copies_a else 0) + (n if self.copies_b else 0)
+        return rows * k * 4 + self.prep_floats(m, n, k) * 4
 
     @property
     def operand_bytes(self) -> int:
@@ -537,10 +563,11 @@ class WgmmaConfig(_Serial, SplitK, Named):
         return self.dtype.size * self.prep_copies
 
     def prep_grid(self, m: int, n: int, k: int) -> tuple[int, int]:
-        """(blocks, a_blocks) of the pre-pass: 32 x 32 tiles of A, then of B."""
+        """(blocks, a_blocks) of the pre-pass: 32 x 32 tiles of A, then of B (of those it
+        copies: a_blocks = 0 where TMA reads A as stored)."""
         tk = -(-k // 32)
-        a_blocks = -(-m // 32) * tk
-        return a_blocks + tk * -(-n // 32), a_blocks
+        a_blocks = -(-m // 32) * tk if self.copies_a else 0
+        return a_blocks + (tk * -(-n // 32) if self.copies_b else 0), a_blocks
 
     # ---- split-K: the launch interface shared with the other families ------------------
     #: the slices of a tile are summed by the last one to finish (one launch; no reduce
@@ -638,12 +665,12 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"persistent={c.persistent} is not 0 or 1")
     if c.prep not in (0, 1, 2):
         why.append(f"prep={c.prep} is not 0, 1 or 2")
-    elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is not Layout.NT
+    elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is Layout.TN
                           or c.cluster != 1 or c.pingpong):
-        why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32, both operands "
-                   f"K-major (layout nt), no cluster and no ping-pong (it has "
-                   f"{c.dtype.short}, {c.layout.value}, cluster={c.cluster}, "
-                   f"pingpong={c.pingpong})")
+        why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32, an operand "
+                   f"K-major as stored (not layout tn: prep=1 copies both), no cluster and "
+                   f"no ping-pong (it has {c.dtype.short}, {c.layout.value}, "
+                   f"cluster={c.cluster}, pingpong={c.pingpong})")
     elif c.prep and (not c.fp32_data or c.cluster != 1 or c.pingpong):
         why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), no "
                    f"cluster and no ping-pong (it has {c.dtype.short}, cluster={c.cluster}, "
@@ -978,8 +1005,7 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
     # ldb = N (row-major B) or K (column-major); the pre-pass reads A and B with plain
     # loads, and TMA reads its copies
     lda, ldb = (m if config.a_col else k), (k if config.b_col else n)
-    why = [] if config.pre_pass else tma_reasons(config.dtype, lda, ldb, 0, 0, m, n, k,
-                                                 config.layout)
+    why = config.direct_tma_reasons(lda, ldb, 0, 0, m, n, k)
     if config.store:  # the tuner's C: ldc = N
         why += c_tma_reasons(n, 0, n, config.out)
     why = [f"TMA cannot describe the operands: {w}" for w in why]

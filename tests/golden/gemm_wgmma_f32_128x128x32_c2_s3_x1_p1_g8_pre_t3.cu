@@ -17,8 +17,8 @@
 //                 shared by every problem) and at C + b * sC; W: the pre-pass's
 //                 copies (the b-th set at W + b * sW), read again for an element whose sum is not finite
 //             gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3_prep(const float* A, int lda, const float* B, int ldb, int M, int N,
-//                 int K, float* At, float* Bt, int ldw, int a_blocks): grid (a_blocks +
-//                 ceil(K/32) * ceil(N/32), 1, 1), a_blocks = ceil(M/32) * ceil(K/32), block (256, 1, 1);
+//                 int K, float* At, float* Bt, int ldw, int a_blocks): grid (a_blocks + ceil(K/32) * ceil(N/32),
+//                 1, 1), a_blocks = ceil(M/32) * ceil(K/32), block (256, 1, 1);
 //                 tmA over At = [Abig; Asmall] (2M x K, ldw), tmB over Bt = [Bbig; Bsmall] (2N x K, ldw),
 //                 boxes 128 x 32 and 128 x 32, two of each per stage
 

@@ -15,8 +15,8 @@
 //                 each map of rank 3 (maps3: bit 0 A, bit 1 B, bit 2 C; a map of rank 2 is
 //                 shared by every problem) and at C + b * sC
 //             gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pre_tn_prep(const float* A, int lda, const float* B, int ldb, int M, int N,
-//                 int K, float* At, float* Bt, int ldw, int a_blocks): grid (a_blocks +
-//                 ceil(K/32) * ceil(N/32), 1, 1), a_blocks = ceil(M/32) * ceil(K/32), block (256, 1, 1);
+//                 int K, float* At, float* Bt, int ldw, int a_blocks): grid (a_blocks + ceil(K/32) * ceil(N/32),
+//                 1, 1), a_blocks = ceil(M/32) * ceil(K/32), block (256, 1, 1);
 //                 tmA over At (M x K, ldw), tmB over Bt (N x K, ldw), boxes 128 x 32 and 256 x 32
 
 #include <cuda.h>  // CUtensorMap

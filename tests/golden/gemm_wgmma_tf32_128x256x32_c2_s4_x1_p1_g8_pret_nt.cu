@@ -2,7 +2,8 @@
 // Kernel:     gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret_nt
 // Computes:   C = alpha * A * B + beta * C; row-major A (M x K), column-major B (K x N), row-major C (M x N);
 //             tf32 inputs on Hopper tensor cores (wgmma m64n256k8), fp32 accumulation, fp32 output
-//             fp32 data rounded to tf32 by TMA as it loads it (TFLOAT32 maps; both operands K-major)
+//             fp32 data rounded to tf32: A by TMA as it loads it (a TFLOAT32 map);
+//             B by TMA as it loads it (a TFLOAT32 map)
 // Parameters: BM=128 BN=256 BK=32 STAGES=4 CONSUMERS=2 CLUSTER=1 PERSISTENT=1 GROUP=8
 // Registers:  launch 168; producer setmaxnreg.dec 40; consumers setmaxnreg.inc 232 (128 accumulators)
 // Launch:     grid  = (min(tiles, SMs / 1) * 1, 1, 1), tiles = ceil(ceil(M / 128) / 1) * ceil(N / 256) * batch

@@ -283,36 +283,47 @@ class TmaRunner(Runner):
         each pair; the GEMM also gets their address, ldw and a problem's stride (its slow
         path for sums that are not finite reads them). A batch gets a set of copies per
         problem (one pre-pass launch each, at the problem's A and B), the maps rank 3 over
-        them; one set when A and B are both shared."""
+        them; one set when what is copied is shared. With prep=2 the pre-pass copies one
+        operand (config.copies_a, copies_b): the other's map is over the caller's matrix as
+        stored, of type TFLOAT32 (TMA rounds it), under TMA's rules."""
         cfg, prep = self.config, self.prep
         fp = prep.prepare(g)
+        why = cfg.direct_tma_reasons(lda, ldb, 0, 0, m, n, k, sa, sb)
+        if why:
+            raise TmaUnsupported("; ".join(why))
         boxes, ldw, rows = cfg.tma_boxes(), cfg.prep_ld(k), cfg.prep_copies
+        ca, cb = cfg.copies_a, cfg.copies_b
         # floats of a problem's copies, and Bt's offset in them (bytes)
-        per, bt_off = cfg.prep_floats(m, n, k), rows * m * ldw * 4
-        copies = batch if (sa or sb) else 1
+        per, bt_off = cfg.prep_floats(m, n, k), (rows * m * ldw * 4 if ca else 0)
+        copies = batch if (ca and sa) or (cb and sb) else 1
         wbytes = copies * per * 4
         blocks, a_blocks = cfg.prep_grid(m, n, k)
         scratch = driver.scratch()
-        maps3 = (3 if copies > 1 else 0) | c3 << 2
+        # a map of rank 3 over the copies, or (read as stored) over a batched operand
+        a_batch = copies if ca else (batch if sa else 1)
+        b_batch = copies if cb else (batch if sb else 1)
+        maps3 = (a_batch > 1) | (b_batch > 1) << 1 | c3 << 2
         steps = [(i * sa * 4, i * sb * 4, i * per * 4) for i in range(copies)]  # bytes
         purpose = "3xTF32 pre-split" if cfg.presplit else "tf32 pre-pass"
         # the pre-split GEMM's last scalars: the copies, ldw, a problem's stride (0: one set)
         split = (ldw, per if copies > 1 else 0) if cfg.presplit else None
 
-        def make_maps(w: int, c: int) -> tuple:
-            return (tma.encode(tma.tensor_map_args(DType.F32, w, rows * m, k, ldw,
-                                                   *boxes["A"], batch=copies,
-                                                   batch_stride=per)),
-                    tma.encode(tma.tensor_map_args(DType.F32, w + bt_off, rows * n, k, ldw,
-                                                   *boxes["B"], batch=copies,
-                                                   batch_stride=per)),
-                    *c_map(c))
+        def make_maps(w: int, a: int, b: int, c: int) -> tuple:
+            ma = (tma.tensor_map_args(DType.F32, w, rows * m, k, ldw, *boxes["A"],
+                                      batch=copies, batch_stride=per) if ca else
+                  tma.tensor_map_args(cfg.tma_dtype, a, m, k, lda, *boxes["A"],
+                                      batch=a_batch, batch_stride=sa))  # a row-major A
+            mb = (tma.tensor_map_args(DType.F32, w + bt_off, rows * n, k, ldw, *boxes["B"],
+                                      batch=copies, batch_stride=per) if cb else
+                  tma.tensor_map_args(cfg.tma_dtype, b, n, k, ldb, *boxes["B"],
+                                      batch=b_batch, batch_stride=sb))  # a column-major B
+            return tma.encode(ma), tma.encode(mb), *c_map(c)
 
         def run(a, b, c, alpha, beta, stream, bias=0):
             w = scratch.get(g, stream, purpose, wbytes,
                             allocate_captured=allocate_captured)
-            key = (w, c) if cfg.store else w
-            mps = maps.get(key) or remember(key, make_maps(w, c))
+            key = (w, None if ca else a, None if cb else b, c if cfg.store else None)
+            mps = maps.get(key) or remember(key, make_maps(w, a, b, c))
             for da, db, dw in steps:
                 prep.launch(fp, (blocks, 1, 1), (256, 1, 1), stream,
                             prep.params(self.PREP_SIGNATURE).pack(
