@@ -19,7 +19,9 @@ same input and output types:
             torch.matmul on the same views beside it.
   linear    tokens x in x out of 8192x4096x14336 and 8192x14336x4096, bf16 and fp16:
             ours C = gelu(x W^T + b) in one kernel (layout NT, C of the input type, a bias,
-            GELU) against F.gelu(F.linear(x, W, b)) (the bar: 1.05x).
+            GELU) against F.gelu(F.linear(x, W, b)) (the bar: 1.05x); each also timed back
+            to back, 20 calls between two events (*_b2b_*: a forward's regime, at the
+            power cap's clock; the flushed race and the first use can order them apart).
   outtype   the 13 suite shapes in fp16 and bf16 with C of the input type, against
             torch.matmul (the bar: each at least 0.95x, geometric mean at least 1.0).
   batched   torch.bmm shapes (batch 32) 512x512x128 and (batch 64) 2048x128x2048, in
@@ -245,13 +247,15 @@ def launcher(runner, g, m, n, k, lda, ldb, ldc, batch, strides, a, b, c, bias, s
 
 
 def race(torch, timer, cands: dict, peer, out, ref, gate: float, flops: float,
-         product=None, gpu_paced=None) -> dict:
+         product=None, gpu_paced=None, sustained: bool = False) -> dict:
     """Check each candidate against `ref`, time the right ones once, then the fastest and
     the peer turn about for ROUNDS; the row's figures. `product`: (the call a user makes of
     gemm-tune for this row, a function of that call's result giving its explain()): run
     once (its first use decides), checked against `ref`, and timed in the same rounds
     (lib_*); `gpu_paced` the same call through the library loaded with pace="gpu"
-    (lib_gpu_*)."""
+    (lib_gpu_*). `sustained`: each also timed back to back (Timer.back_to_back, turn about
+    for ROUNDS: b2b_ms, torch_b2b_ms, lib_b2b_ms and their ratios), the regime a program's
+    forward runs in, beside the flushed one of the bars."""
     calls = {"lib": product, "lib_gpu": gpu_paced}
     lib = {}
     for prefix, call in calls.items():
@@ -282,6 +286,16 @@ def race(torch, timer, cands: dict, peer, out, ref, gate: float, flops: float,
             mine = statistics.median(times[prefix])
             lib.update({f"{prefix}_ms": mine, f"{prefix}_ratio": theirs / mine,
                         f"{prefix}_rounds_ms": times[prefix]})
+    if sustained:
+        runs = {"": cands[best], "torch_": peer,
+                **{f"{p}_": call[0] for p, call in calls.items() if lib.get(f"{p}_ok")}}
+        b2b = {key: [] for key in runs}
+        for _ in range(ROUNDS):
+            for key, run in runs.items():
+                b2b[key].append(statistics.median(timer.back_to_back(run)))
+        t = {key: statistics.median(v) for key, v in b2b.items()}
+        lib.update({f"{key}b2b_ms": v for key, v in t.items()})
+        lib.update({f"{key}b2b_ratio": t["torch_"] / v for key, v in t.items() if key != "torch_"})
     return dict(kernel=best, ms=ours, torch_ms=theirs, ratio=theirs / ours,
                 tflops=flops / ours / 1e9, torch_tflops=flops / theirs / 1e9,
                 rounds_ms=times[best], torch_rounds_ms=times["torch"], error=errors[best],
@@ -381,7 +395,8 @@ def part_linear(torch, timer, cands, g, stream) -> list:
                        _gate(dtype, dtype, k), 2.0 * m * n * k,
                        product=(lambda: torch_ops.linear(x, w, bias, "gelu", library=cands.lib),
                                 lambda got: cands.lib.explain(x, w.t(), bias=bias,
-                                                              activation="gelu")))
+                                                              activation="gelu")),
+                       sustained=True)
             row.update(part="linear", dtype=dtype.short, shape=[m, n, k], variant=v.key,
                        tuned=row.get("kernel") in cands.exact(dtype, (m, n, k), v),
                        peer="F.gelu(F.linear(x, W, b))")
@@ -390,6 +405,10 @@ def part_linear(torch, timer, cands, g, stream) -> list:
                   f" {row.get('lib_ratio') or 0:.3f}x ({row.get('lib_kernel')})"
                   f"  best kernel {row.get('ms') or 0:.3f} ms {row.get('ratio') or 0:.3f}x"
                   f"  torch {row.get('torch_ms') or 0:.3f} ms  {row.get('kernel')}", flush=True)
+            print(f"        back to back: linear() {row.get('lib_b2b_ms') or 0:.3f} ms "
+                  f"{row.get('lib_b2b_ratio') or 0:.3f}x  best kernel "
+                  f"{row.get('b2b_ms') or 0:.3f} ms {row.get('b2b_ratio') or 0:.3f}x  torch "
+                  f"{row.get('torch_b2b_ms') or 0:.3f} ms", flush=True)
     return rows
 
 
@@ -474,6 +493,9 @@ def summary(rows: list) -> dict:
             out[f"{part}_worst"] = min((r.get("lib_ratio") or 0) for r in rs)
             out[f"{part}_bar_met"] = all((r.get("lib_ratio") or 0) >= bar for r in rs)
             out[f"{part}_best_kernel_worst"] = min((r.get("ratio") or 0) for r in rs)
+            if any("lib_b2b_ratio" in r for r in rs):  # back to back (not the bar's regime)
+                out[f"{part}_back_to_back_worst"] = min((r.get("lib_b2b_ratio") or 0)
+                                                        for r in rs)
     rs = [r for r in rows if r["part"] == "outtype"]
     if rs:
         out["outtype_worst"] = min((r.get("lib_ratio") or 0) for r in rs)

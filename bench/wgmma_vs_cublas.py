@@ -136,6 +136,24 @@ class Timer:
         ends[-1].synchronize()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
+    def back_to_back(self, fn, calls: int = 20, reps: int = 5) -> list[float]:
+        """Milliseconds a call of `fn` run `calls` times back to back between two events, no
+        flush and no event between the calls (as a program's forward runs them: at the
+        clock the power cap holds under sustained work), `reps` times, each after a flush."""
+        torch = self.torch
+        fn()
+        out = []
+        for _ in range(reps):
+            self.flush()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(calls):
+                fn()
+            e1.record()
+            e1.synchronize()
+            out.append(e0.elapsed_time(e1) / calls)
+        return out
+
     def pair(self, fa, fb) -> tuple[list[float], list[float]]:
         """Two functions timed as __call__ times one, repetition by repetition in turn (a,
         b, a, b ...): where the host paces them (a short forward), its speed drifts over
