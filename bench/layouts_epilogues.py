@@ -86,6 +86,7 @@ class Candidates:
         self.entries = Manifest.load(library, verify=False).entries
         self.built: dict = {}
         self.family_trials = family_trials  # the layouts part's searches (tuned())
+        self.searches: dict = {}  # (dtype, family, layout) -> what each search's trials did
         self.lib = load_library(library)  # the product, as a user loads it
         # as a program whose GPU sets the pace loads it (its decisions kept apart)
         self.lib_gpu = load_library(library, pace="gpu")
@@ -152,8 +153,11 @@ class Candidates:
                 if cfg is not None and cfg.out is nn.out:
                     out[s.name][layout] = ([cfg], "library")
                     continue
-                cs = self.family_trials and family_search(
-                    s.name, dtype, shape, Variant(layout, nn.out), self.family_trials)
+                cs = []
+                if self.family_trials:
+                    cs, outcomes = family_search(s.name, dtype, shape, Variant(layout, nn.out),
+                                                 self.family_trials)
+                    self.searches[(dtype.short, s.name, layout.value)] = outcomes
                 if cs:
                     out[s.name][layout] = (cs, "search")
                     continue
@@ -184,10 +188,11 @@ class Candidates:
 
 
 def family_search(family: str, dtype: DType, shape, variant: Variant, trials: int,
-                  keep: int = 3) -> list:
+                  keep: int = 3) -> tuple[list, dict]:
     """The `keep` fastest of a search of `trials` candidates of `family` alone for this
     problem (the tuner's search, the model's first batch and pruning as in a tune; its
-    records kept nowhere), fastest first; empty where none ran."""
+    records kept nowhere), fastest first (empty where none ran), and what its trials did
+    (:func:`search_outcomes`)."""
     import tempfile
 
     from tuner.bench import GpuBenchmark
@@ -198,11 +203,25 @@ def family_search(family: str, dtype: DType, shape, variant: Variant, trials: in
         res = search(tuple(shape), GpuBenchmark(shape, dtype, seed=0, variant=variant),
                      dtype=dtype, trials=trials, timeout=120, seed=0, artifacts=Path(work),
                      only={family}, variant=variant)
-    timed = res.timed()
+    timed, outcomes = res.timed(), search_outcomes(res.records)
     print(f"search {dtype.short} {family} {variant.key}: {len(timed)} timed in "
-          f"{time.monotonic() - t0:.0f} s, best "
-          f"{timed[0].config.name if timed else None}", flush=True)
-    return [r.config for r in timed[:keep]]
+          f"{time.monotonic() - t0:.0f} s, best {timed[0].config.name if timed else None}; "
+          f"{outcomes}", flush=True)
+    return [r.config for r in timed[:keep]], outcomes
+
+
+def search_outcomes(records) -> dict:
+    """How many of a search's trials ended each way: "timed", else the reason's words before
+    its figures ("spills", "predicted", "no block fits on an SM", ...) or the outcome."""
+    import collections
+    import re
+
+    def why(r) -> str:
+        if r.outcome.value == "timed" or not r.reason:
+            return r.outcome.value
+        return re.split(r"[\d(:]", r.reason, maxsplit=1)[0].strip() or r.outcome.value
+
+    return dict(collections.Counter(why(r) for r in records).most_common())
 
 
 def retarget(configs, v: Variant) -> list:
@@ -363,7 +382,8 @@ def part_layouts(torch, timer, cands, g, stream) -> list:
                 mine = statistics.median(turns[layout]) if turns.get(layout) else None
                 row.update(part="layouts", dtype=dtype.short, family=family,
                            layout=layout.value, shape=[m, n, k], turns_ms=turns.get(layout),
-                           vs_nn=(nn / mine) if nn and mine else None)
+                           vs_nn=(nn / mine) if nn and mine else None,
+                           search=cands.searches.get((dtype.short, family, layout.value)))
                 rows.append(row)
                 print(f"layouts {dtype.short:4} {family:5} {layout.value} "
                       f"{row.get('tflops') or 0:7.1f} TFLOP/s  vs NN {row['vs_nn'] or 0:.3f}  "

@@ -112,3 +112,21 @@ def test_the_summary_reports_the_back_to_back_worst_beside_the_bar():
     assert s["linear_back_to_back_worst"] == 0.98
     assert "batched_back_to_back_worst" not in bench.summary(
         [dict(part="batched", lib_ratio=1.0, ratio=1.0)])
+
+
+def test_a_family_search_says_what_its_trials_did():
+    """search_outcomes: timed, or the reason's words before its figures, counted."""
+    from codegen.config import DEFAULT_CONFIG
+    from tuner.outcome import Outcome
+    from tuner.search import TrialRecord
+
+    recs = [TrialRecord(0, DEFAULT_CONFIG, Outcome.TIMED, tflops=1.0),
+            TrialRecord(1, DEFAULT_CONFIG, Outcome.PRUNED, "spills 8 B stored, 8 B loaded"),
+            TrialRecord(2, DEFAULT_CONFIG, Outcome.PRUNED, "spills 40 B stored, 40 B loaded"),
+            TrialRecord(3, DEFAULT_CONFIG, Outcome.PRUNED,
+                        "predicted 12.0 TFLOP/s, more than 1.25x slower than the best"),
+            TrialRecord(4, DEFAULT_CONFIG, Outcome.PRUNED,
+                        "no block fits on an SM (limited by registers)"),
+            TrialRecord(5, DEFAULT_CONFIG, Outcome.TIMED, tflops=2.0)]
+    assert bench.search_outcomes(recs) == {"timed": 2, "spills": 2, "predicted": 1,
+                                           "no block fits on an SM": 1}
