@@ -645,9 +645,11 @@ def test_the_streaming_model_ranks_each_recorded_decode_grid(path):
 def test_the_streaming_model_is_read_against_a_decode_roof_run():
     """bench/model_rank.py --roof: the model against the decode candidates of a recorded
     bench/decode_roof.py run (7526541: both rings, W rotated beyond L2), per shape: each
-    ring's time within 2x of the model's (fitted on register rings: measured over
-    predicted 0.87-1.08 for them, 0.63-0.87 for the shared-memory ring, which does not pay
-    the register ring's stage cost the model charges it; bench/NOTES.md)."""
+    ring's time within 1.5x of the model's (measured over predicted 0.87-1.08 for the
+    register ring, 0.98-1.28 for the shared-memory ring, which the model no longer charges
+    the register ring's stage cost: 0.63-0.87 while it did), the rank correlation at
+    least 0.35 (0.18-0.57 with that cost) and a kernel within 2% of the best among the
+    model's first 50 (it was 71st at 64x4096x14336; bench/NOTES.md)."""
     import sys
     from pathlib import Path
 
@@ -661,4 +663,5 @@ def test_the_streaming_model_is_read_against_a_decode_roof_run():
     assert all(r["n"] >= 50 and -1 <= r["rho"] <= 1 for r in rows)
     for r in rows:
         ratio = r["measured_over_predicted"]
-        assert set(ratio) == {"reg", "async"} and all(0.5 < v < 1.5 for v in ratio.values()), r
+        assert set(ratio) == {"reg", "async"} and all(0.66 < v < 1.5 for v in ratio.values()), r
+        assert r["rho"] >= 0.35 and r["first_near_in_model_order"] < 50, r

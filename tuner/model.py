@@ -79,11 +79,14 @@ what one SM's loads pull (``SM_DRAM_SHARE`` of its share of the DRAM: an SM alon
 reach the DRAM's rate, so a grid of fewer blocks than SMs cannot) and its share of the
 DRAM's bandwidth among the SMs with work. Then the larger of that, the issue of its instructions per chunk
 (``STREAM_ISSUE_SCALE`` times the math and loads counted) and the L2's traffic (A read by
-every panel); a ring of more than two stages costs ``STREAM_STAGE_COST`` a stage (measured
-on every grid; the SASS says why: ptxas puts every load of the ring on one scoreboard, and
-the math waits for all of them, so the deeper ring buys its registers and code and little
-depth; with it a warp has about one chunk in flight, which is the per-SM limit above:
-bench/NOTES.md, "Thirtieth session"); split-K adds its partial tiles' bytes
+every panel); a register ring of more than two stages costs ``STREAM_STAGE_COST`` a stage
+(measured on every grid; the SASS says why: ptxas puts every load of the ring on one
+scoreboard, and the math waits for all of them, so the deeper ring buys its registers and
+code and little depth; with it a warp has about one chunk in flight, which is the per-SM
+limit above: bench/NOTES.md, "Thirtieth session"), a shared-memory ring (cp.async, its
+stages really in flight) nothing (fitted on three decode_roof runs, 2,300 kernels of both
+rings: measured over predicted 0.61-0.87 for that ring with the cost, 0.91-1.28 without;
+bench/NOTES.md, "Thirty-third session"); split-K adds its partial tiles' bytes
 (``STREAM_PARTIAL_COST`` times, through the workspace or the cluster's shared memory) and
 a fixed cost per reduction (``STREAM_LAST_S``, ``STREAM_CLUSTER_S``, ``STREAM_PASS_S``);
 and ``STREAM_FIXED_S``. Calibrated on nine exhaustive decode grids
@@ -181,7 +184,8 @@ SM_DRAM_SHARE = 1.0
 #: instructions issued per one counted (the mma or FMAs, the loads of B and A, 6 of loop):
 #: the rest (addresses, conversions, predicates) [2]
 STREAM_ISSUE_SCALE = 6.0
-#: the time a stage of B's register ring beyond two adds, as a share [0]
+#: the time a stage of B's register ring beyond two adds, as a share [0] (none for the
+#: shared-memory ring)
 STREAM_STAGE_COST = 0.4
 #: weight of split-K's partial tiles' bytes (written and read) against the DRAM rate [1]
 STREAM_PARTIAL_COST = 4.0
@@ -448,7 +452,8 @@ def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occup
     l2_s = (a_l2 + batch * n * k * es) / _l2_bw(arch)
     terms = dict(stream=stream_s, issue=issue_s, l2=l2_s)
     limiter = max(terms, key=terms.get)
-    body = max(terms.values()) * (1 + STREAM_STAGE_COST * max(c.stages - 2, 0))
+    stage_cost = 0.0 if getattr(c, "is_async", False) else STREAM_STAGE_COST
+    body = max(terms.values()) * (1 + stage_cost * max(c.stages - 2, 0))
     reduce_s = 0.0
     if c.split > 1:
         partial = 2 * c.split * m * n * 4 * batch  # FP32 partial tiles, written and read
