@@ -34,8 +34,8 @@ from codegen.compile import compile_source
 from codegen.families import FAMILIES, Math, config_from_name, families_for, family_of
 from codegen.families._common import Layout, Variant
 from codegen.families.decode import (
-    FMA_RATE, MAX_ACC_REGS, OVERHEAD_REGS, SPACE, DecodeConfig, params_of, problem_reasons,
-    suggest, valid_configs,
+    FMA_RATE, MAX_ACC_REGS, OVERHEAD_REGS, SPACE, DecodeConfig, from_params, params_of,
+    problem_reasons, suggest, valid_configs,
 )
 
 ARCH = parse_arch("sm_90")
@@ -205,6 +205,16 @@ def test_the_family_is_registered_and_searched_for_fp16_and_bf16():
     assert spec.space == {f"decode_{k}": v for k, v in SPACE.items()}
 
 
+def test_both_rings_are_searched():
+    """The shared-memory ring beside the register one, 5 stages its alone; a study's
+    params from before the ring was searched read as the register ring."""
+    cs = list(valid_configs(ARCH, DType.F16, (16, 4096, 4096)))
+    assert {(c.ring, c.stages) for c in cs} == {("reg", s) for s in (2, 3, 4)} | {
+        ("async", s) for s in (2, 3, 4, 5)}
+    old = {"mt": 16, "bn": 32, "wk": 8, "wn": 1, "stages": 3}
+    assert from_params(old, DType.F16) == DecodeConfig(bn=32, wk=8, wn=1, stages=3)
+
+
 def test_the_math_follows_from_the_m_tile():
     cs = list(valid_configs(ARCH, DType.BF16))
     assert {c.math for c in cs if c.mt < 16} == {"fma"} and {c.math for c in cs
@@ -241,9 +251,11 @@ def test_split_k_is_asked_only_where_the_panels_leave_sms_idle():
     p = params_of(cfg, small, ARCH)
     # (a split a cluster holds asks its reduction among the three, a larger one between two)
     assert p == {"decode_mt": 16, "decode_bn": 64, "decode_wk": 4, "decode_wn": 2,
-                 "decode_stages": 3, "decode_split": 4, "decode_reduce_c": "last"}
+                 "decode_ring": "reg", "decode_stages": 3, "decode_split": 4,
+                 "decode_reduce_c": "last"}
     assert suggest(optuna.trial.FixedTrial(p), DType.F16, small, ARCH) == cfg
-    for c in (DecodeConfig(split=16, reduce="last"), DecodeConfig(split=8, reduce="cluster")):
+    for c in (DecodeConfig(split=16, reduce="last"), DecodeConfig(split=8, reduce="cluster"),
+              DecodeConfig(ring="async", stages=5, split=2, reduce="cluster")):
         assert suggest(optuna.trial.FixedTrial(params_of(c, small, ARCH)), DType.F16, small,
                        ARCH) == c
     assert params_of(DecodeConfig(split=16), small, ARCH)["decode_reduce"] == "pass"

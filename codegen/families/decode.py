@@ -27,9 +27,9 @@ one chunk in flight whatever STAGES says, and 3 or 4 stages cost registers and c
 little depth (bench/NOTES.md, "Thirtieth session"). ring="async" is the in-order ring:
 each thread's slots of shared memory, filled by cp.async and waited for with wait_group,
 STAGES-1 chunks really in flight. On the H200 it runs the average config 4-23% faster
-than the register ring but moves each shape's best by 0-2% (bench/NOTES.md, "Thirty-first
-session"); it is built and tested, not searched (the streaming model is fitted on register
-rings). prefetch_b (B's first chunks before the wait for the kernel before: into the ring,
+than the register ring, and each decode shape's best by 1-5% back to back (bench/NOTES.md,
+"Thirty-first session", "Thirty-third session"); both rings are searched, the streaming
+model charging the register ring alone its stage cost. prefetch_b (B's first chunks before the wait for the kernel before: into the ring,
 or into L2) is built and tested, not searched.
 """
 
@@ -424,13 +424,17 @@ def problem_reasons(c: DecodeConfig, shape: Shape, arch: ArchLimits) -> list[str
 #: mma from 16); split-K ("decode_split") is asked only where the tiles of C leave SMs
 #: idle, its reduction ("decode_reduce") only with a split. A lane's 8-byte loads (vec=4)
 #: and panels of 16 columns stay buildable and tested, not searched (a row-major B, the
-#: plain problem whose check the grid asks, reads 32 columns a warp).
-SPACE: dict[str, tuple[int, ...]] = {
+#: plain problem whose check the grid asks, reads 32 columns a warp). Both rings are
+#: searched: back to back with W beyond L2 the shared-memory ring's best ran 1-5% ahead of
+#: the register ring's at each decode shape (bench/NOTES.md, "Thirty-third session"); 5
+#: stages are the shared-memory ring's alone (check refuses a register ring of 5).
+SPACE: dict[str, tuple] = {
     "mt": FMA_ROWS + MMA_TILES,
     "bn": (32, 64, 128),
     "wk": (2, 4, 8),
     "wn": (1, 2, 4),
-    "stages": (2, 3, 4),
+    "ring": RINGS,
+    "stages": (2, 3, 4, 5),
 }
 SEARCH_SPLITS = (1, 2, 4, 8, 16)
 SEARCH_VEC = 8
@@ -441,7 +445,8 @@ def from_params(params: dict, dtype: DType) -> DecodeConfig:
     split = int(params.get("split", 1))
     return DecodeConfig(math="mma" if mt >= 16 else "fma", mt=mt, bn=int(params["bn"]),
                         wk=int(params["wk"]), wn=int(params["wn"]), vec=SEARCH_VEC,
-                        stages=int(params["stages"]), split=split,
+                        stages=int(params["stages"]), ring=params.get("ring", "reg"),
+                        split=split,
                         reduce=params.get("reduce", "pass") if split > 1 else "pass",
                         dtype=dtype)
 
