@@ -82,6 +82,12 @@ def cmd_list(args, console) -> int:
 
 
 def cmd_inspect(args, console) -> int:
+    if args.name and not args.shape:
+        config_from_name(args.name)  # a malformed name is a usage error
+        held = (args.library / "manifest.json").is_file() and _entries(
+            Library.load(args.library), kernel=args.name)
+        if not held:
+            return _inspect_built_here(args, console)
     lib = Library.load(args.library)
     entries = _inspect_entries(args, lib)
     e = entries[0]
@@ -103,6 +109,82 @@ def cmd_inspect(args, console) -> int:
         return 0
     console.print(_inspect_table(e, info, doc))
     return 0
+
+
+def _inspect_built_here(args, console) -> int:
+    """`inspect NAME` of a kernel the library does not hold: its source rendered, then
+    compiled here for --arch (default this GPU's, else sm_90; the compile cache keeps it):
+    the SASS, the main loop's mix, or its parameters, resources and occupancy; nothing is
+    timed (a tune or the library's first use times it)."""
+    from codegen import render
+    from codegen.arch import parse_arch
+    from codegen.check import check
+    from codegen.compile import compile_config, default_cache_dir
+    from codegen.occupancy import occupancy
+
+    cfg = config_from_name(args.name)
+    if args.profile:
+        raise UsageError(f"--profile runs a library entry at its tuned shape; {cfg.name} is "
+                         f"not in the library at {args.library}")
+    if args.source:
+        print(render(cfg), end="")
+        return 0
+    arch = parse_arch(args.arch or _gpu_arch() or "sm_90")
+    why = check(cfg, arch)
+    if why:
+        raise UsageError(f"{cfg.name} is not in the library at {args.library}, and cannot be "
+                         f"built for {arch.sm}: {'; '.join(why)}")
+    res = compile_config(cfg, arch, default_cache_dir())
+    if not res.ok:
+        raise UsageError(f"{cfg.name}: the compile failed: {res.error.splitlines()[0]}")
+    if args.sass:
+        print(_sass(res.cubin), end="")
+        return 0
+    if args.sass_mix:
+        return _inspect_sass_mix(args, dict(config=cfg.to_dict()), res.cubin)
+    r = res.resources
+    occ = occupancy(cfg.threads, r.registers, r.smem, arch)
+    doc = dict(kernel=cfg.name, arch=res.arch, config=cfg.to_dict(), in_library=False,
+               registers=r.registers, smem=r.smem, spill_bytes=r.spill_stores + r.spill_loads,
+               stack_frame=r.stack_frame, occupancy=occ.occupancy, limiter=occ.limiter,
+               blocks_per_sm=occ.blocks_per_sm, cubin=str(res.cubin))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"{cfg.name} (not in the library: built here, not timed)",
+              show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for what, value in [("parameters", _parameters(cfg)), ("problem", variant_text(cfg.to_dict())),
+                        ("arch", res.arch),
+                        ("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
+                                      f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack"),
+                        ("occupancy", f"{doc['occupancy']:.0%}, {occ.blocks_per_sm} block"
+                                      f"{'s' if occ.blocks_per_sm != 1 else ''} an SM "
+                                      f"(limited by {occ.limiter})"),
+                        ("cubin", doc["cubin"]),
+                        ("source", f"gemm-tune inspect {cfg.name} --source")]:
+        t.add_row(what, value)
+    console.print(t)
+    return 0
+
+
+def _gpu_arch() -> str | None:
+    """This machine's GPU's architecture (sm_XY), or None without one."""
+    try:
+        from tuner.gpu import device
+
+        return device().sm
+    except Exception:  # noqa: BLE001 - no GPU, no driver: build for the default
+        return None
+
+
+def _parameters(cfg) -> str:
+    """A config's tuning parameters as name=value (not its problem's fields)."""
+    return ", ".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
+                     if f.name not in ("dtype", "family", "layout", "out", "bias", "act"))
 
 
 def _inspect_entries(args, lib: Library) -> list[dict]:
@@ -188,11 +270,7 @@ def _timing_line(tm: dict) -> str:
 
 def _inspect_rows(e: dict, info: dict, doc: dict) -> list[tuple[str, str]]:
     """The (what, value) rows of `inspect`'s table."""
-    c = config_from_dict(info["config"])
-    rows = [("parameters", ", ".join(f"{f.name}={getattr(c, f.name)}"
-                                     for f in dataclasses.fields(c)
-                                     if f.name not in ("dtype", "family", "layout", "out",
-                                                       "bias", "act"))),
+    rows = [("parameters", _parameters(config_from_dict(info["config"]))),
             ("problem", variant_text(e)),
             ("resources", f"{doc['registers']} registers, {doc['smem']} B shared, "
                           f"{doc['spill_bytes']} B spilled, {doc['stack_frame']} B stack"),
