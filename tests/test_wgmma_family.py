@@ -425,6 +425,49 @@ class _Image:
         self.launches.append((f, grid, block))
 
 
+class _FakeTma:
+    """The driver and TMA as the runners see them, recording: the kernels loaded (name,
+    smem), launched (name, grid, block, stream), the pre-pass's parameters, the scratch
+    asked for (purpose, bytes, stream) and the tensor maps encoded (their arguments)."""
+
+    def __init__(self, monkeypatch):
+        import types
+
+        from tuner.runtime import driver, tma
+
+        self.loaded, self.launched, self.prep_args, self.asked, self.encoded = [], [], [], [], []
+        fake = self
+
+        class Image(_Image):
+            def __init__(self, library, name, smem, dependent=False):
+                super().__init__(library, name, smem, dependent)
+                fake.loaded.append((name, smem))
+
+            def params(self, signature):
+                self.blk = super().params(signature)
+                return self.blk
+
+            def launch(self, f, grid, block, stream, address):
+                fake.launched.append((self.name, grid, block, stream))
+                if self.name.endswith("_prep"):
+                    fake.prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
+
+        class Map:
+            def getPtr(self):
+                return 0
+
+        class Scratch:
+            def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+                fake.asked.append((purpose, nbytes, stream))
+                return 0x4000000
+
+        monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+        monkeypatch.setattr(driver, "KernelImage", Image)
+        monkeypatch.setattr(driver, "scratch", lambda: Scratch())
+        monkeypatch.setattr(tma, "encode", lambda args: fake.encoded.append(args) or Map())
+        self.g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+
+
 def test_the_tma_runner_refuses_misaligned_operands_before_any_launch(monkeypatch):
     """The TMA runner's rules refuse operands before anything is launched: lda and ldb
     when bound, A's and B's pointers when run (before their maps are encoded), and, with
@@ -697,35 +740,11 @@ def test_the_runner_of_a_prep_kernel_launches_its_pre_pass_first(monkeypatch):
     and each run launches it into the stream's workspace before the GEMM, whose tensor maps
     describe that workspace (At: M x K, Bt: N x K, leading dimension prep_ld(K)), whatever
     lda and ldb the caller's A and B have."""
-    import types
-
-    from tuner.runtime import driver, tma
     from tuner.runtime.runners import TmaRunner
 
-    loaded, launched, encoded, asked = [], [], [], []
-
-    class Image(_Image):
-        def __init__(self, library, name, smem, dependent=False):
-            super().__init__(library, name, smem, dependent)
-            loaded.append((name, smem))
-
-        def launch(self, f, grid, block, stream, address):
-            launched.append((self.name, grid, block, stream))
-
-    class Map:
-        def getPtr(self):
-            return 0
-
-    class Scratch:
-        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
-            asked.append((purpose, nbytes, stream))
-            return 0x4000000
-
-    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
-    monkeypatch.setattr(driver, "KernelImage", Image)
-    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
-    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
-    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    fake = _FakeTma(monkeypatch)
+    loaded, launched, encoded, asked, g = (fake.loaded, fake.launched, fake.encoded,
+                                           fake.asked, fake.g)
     assert TmaRunner(DEFAULT_WGMMA, b"").prep is None
     loaded.clear()
     cfg = PREP_GOLDEN
@@ -802,37 +821,18 @@ def test_tma_rounded_tf32_names_geometry_and_reasons():
 def test_the_runner_of_a_tma_rounded_kernel_maps_the_callers_operands_as_tf32(monkeypatch):
     """prep=2's runner loads the GEMM alone and launches it once, its maps over the caller's A
     (M x K) and B (stored N x K) at their own leading dimensions, of type TFLOAT32."""
-    import types
-
-    from tuner.runtime import driver, tma
     from tuner.runtime.runners import TmaRunner
 
-    loaded, launched, encoded = [], [], []
-
-    class Image(_Image):
-        def __init__(self, library, name, smem, dependent=False):
-            super().__init__(library, name, smem, dependent)
-            loaded.append(name)
-
-        def launch(self, f, grid, block, stream, address):
-            launched.append((self.name, grid, stream))
-
-    class Map:
-        def getPtr(self):
-            return 0
-
-    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
-    monkeypatch.setattr(driver, "KernelImage", Image)
-    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
-    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    fake = _FakeTma(monkeypatch)
+    g = fake.g
     cfg = PRET_GOLDEN
     r = TmaRunner(cfg, b"")
-    assert r.prep is None and loaded == [cfg.name]
+    assert r.prep is None and fake.loaded == [(cfg.name, cfg.smem_bytes)]
     m, n, k = 300, 512, 200
     r.bind(g, m, n, k, 204, 208, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
-    assert launched == [(cfg.name, cfg.grid(m, n, 132), 5)]
+    assert fake.launched == [(cfg.name, cfg.grid(m, n, 132), cfg.block(), 5)]
     assert [(e["tensorDataType"], e["globalAddress"], e["globalDim"], e["globalStrides"])
-            for e in encoded] == [("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 0x10000, [k, m], [204 * 4]),
+            for e in fake.encoded] == [("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 0x10000, [k, m], [204 * 4]),
                                   ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", 0x20000, [k, n], [208 * 4])]
     with pytest.raises(TmaUnsupported, match="lda=201"):
         r.bind(g, m, n, k, 201, 208, 512)
@@ -844,49 +844,20 @@ def test_the_runner_of_a_tma_rounded_nn_kernel_copies_b_alone(monkeypatch):
     workspace as FLOAT32 (rounded already). A batch with A shared and B batched: a copy of
     B per problem (one pre-pass launch each), Bt's map rank 3, A's rank 2; TT the other way
     round. B's leading dimension is free, A's is TMA's."""
-    import types
-
-    from tuner.runtime import driver, tma
     from tuner.runtime.runners import TmaRunner
 
-    loaded, launched, encoded, packs = [], [], [], []
-
-    class Image(_Image):
-        def __init__(self, library, name, smem, dependent=False):
-            super().__init__(library, name, smem, dependent)
-            loaded.append(name)
-
-        def params(self, signature):
-            self.blk = super().params(signature)
-            return self.blk
-
-        def launch(self, f, grid, block, stream, address):
-            launched.append((self.name, grid))
-            if self.name.endswith("_prep"):
-                packs.append(self.blk.fmt.unpack_from(self.blk.buf))
-
-    class Map:
-        def getPtr(self):
-            return 0
-
-    class Scratch:
-        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
-            return 0x4000000
-
-    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
-    monkeypatch.setattr(driver, "KernelImage", Image)
-    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
-    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
-    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    fake = _FakeTma(monkeypatch)
+    g, encoded, packs = fake.g, fake.encoded, fake.prep_args
     m, n, k = 300, 500, 200
     cfg = dataclasses.replace(PRET_GOLDEN, layout=Layout.NN)
     r = TmaRunner(cfg, b"")
-    assert loaded == [cfg.name, f"{cfg.name}_prep"]
+    assert [x[0] for x in fake.loaded] == [cfg.name, f"{cfg.name}_prep"]
     ldw = cfg.prep_ld(k)
     blocks, a_blocks = cfg.prep_grid(m, n, k)
     assert a_blocks == 0 and blocks == 7 * 16
     r.bind(g, m, n, k, 204, 501, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
-    assert launched == [(f"{cfg.name}_prep", (blocks, 1, 1)), (cfg.name, cfg.grid(m, n, 132))]
+    assert [x[:2] for x in fake.launched] == [(f"{cfg.name}_prep", (blocks, 1, 1)),
+                                              (cfg.name, cfg.grid(m, n, 132))]
     assert packs[-1] == (0x10000, 204, 0x20000, 501, m, n, k, 0x4000000, 0x4000000, ldw, 0)
     view = lambda e: (e["tensorDataType"][len("CU_TENSOR_MAP_DATA_TYPE_"):], e["globalAddress"],  # noqa: E731
                       e["tensorRank"], e["globalDim"], e["globalStrides"])
@@ -895,11 +866,11 @@ def test_the_runner_of_a_tma_rounded_nn_kernel_copies_b_alone(monkeypatch):
     with pytest.raises(TmaUnsupported, match="lda=201"):
         r.bind(g, m, n, k, 201, 501, 512)
     # a batch of 3: A shared (x @ W for a batch of W), B batched
-    launched.clear(), encoded.clear()
+    fake.launched.clear(), encoded.clear()
     sb = k * 501
     r.bind(g, m, n, k, 204, 501, 512, batch=3, strides=(0, sb, m * 512))(
         0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
-    assert [x[0] for x in launched] == [f"{cfg.name}_prep"] * 3 + [cfg.name]
+    assert [x[0] for x in fake.launched] == [f"{cfg.name}_prep"] * 3 + [cfg.name]
     assert [p[2] for p in packs[-3:]] == [0x20000 + i * sb * 4 for i in range(3)]
     assert [p[8] for p in packs[-3:]] == [0x4000000 + i * n * ldw * 4 for i in range(3)]
     assert [view(e)[:3] for e in encoded] == [("TFLOAT32", 0x10000, 2), ("FLOAT32", 0x4000000, 3)]
@@ -1665,44 +1636,18 @@ def test_the_runner_launches_a_batch_once_with_shared_operands_of_rank_2(monkeyp
 def test_the_pre_pass_writes_each_problems_copies(monkeypatch):
     """tf32 pre-pass with a batch: one pre-pass launch per problem, at its A and B, into its
     own pair of copies; the GEMM's maps of rank 3 over them. Both shared: one pair, rank 2."""
-    import types
-
-    from tuner.runtime import driver, tma
     from tuner.runtime.runners import TmaRunner
 
-    launched, encoded, prep_args = [], [], []
-
-    class Image(_Image):
-        def params(self, signature):
-            self.blk = super().params(signature)
-            return self.blk
-
-        def launch(self, f, grid, block, stream, address):
-            launched.append(self.name)
-            if self.name.endswith("_prep"):
-                prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
-
-    class Map:
-        def getPtr(self):
-            return 0
-
-    class Scratch:
-        def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
-            launched.append(("scratch", nbytes))
-            return 0x4000000
-
-    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
-    monkeypatch.setattr(driver, "KernelImage", Image)
-    monkeypatch.setattr(driver, "scratch", lambda: Scratch())
-    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
-    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    fake = _FakeTma(monkeypatch)
+    g, encoded, prep_args = fake.g, fake.encoded, fake.prep_args
     cfg = PREP_TN_GOLDEN
     m, n, k, batch = 100, 130, 70, 3
     per = cfg.prep_floats(m, n, k)
     TmaRunner(cfg, b"").bind(g, m, n, k, 101, 131, 130, batch=batch,
                              strides=(101 * k, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
     prep = f"{cfg.name}_prep"
-    assert launched == [("scratch", batch * per * 4), prep, prep, prep, cfg.name]
+    assert fake.asked == [("tf32 pre-pass", batch * per * 4, 7)]
+    assert [x[0] for x in fake.launched] == [prep, prep, prep, cfg.name]
     ldw, w = cfg.prep_ld(k), 0x4000000
     assert prep_args == [(0x10000 + i * 101 * k * 4, 101, 0x20000, 131, m, n, k,
                           w + i * per * 4, w + i * per * 4 + m * ldw * 4, ldw,
@@ -1710,11 +1655,11 @@ def test_the_pre_pass_writes_each_problems_copies(monkeypatch):
     a, b = encoded
     assert a["tensorRank"] == b["tensorRank"] == 3 and a["globalStrides"][1] == per * 4
     assert b["globalAddress"] == 0x4000000 + m * cfg.prep_ld(k) * 4
-    launched.clear()
-    encoded.clear()
+    fake.launched.clear(), fake.asked.clear(), encoded.clear()
     TmaRunner(cfg, b"").bind(g, m, n, k, 101, 131, 130, batch=batch,
                              strides=(0, 0, m * 130))(0x10000, 0x20000, 0x30000, 1.0, 0.0, 7)
-    assert launched == [("scratch", per * 4), prep, cfg.name]
+    assert fake.asked == [("tf32 pre-pass", per * 4, 7)]
+    assert [x[0] for x in fake.launched] == [prep, cfg.name]
     assert [e["tensorRank"] for e in encoded] == [2, 2]
 
 
