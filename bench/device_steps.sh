@@ -3,7 +3,8 @@
 # logs, JSON and plots under $OUT. Each step has a time limit of its own (STEP_TIMEOUT
 # variables below) so that one call's steps fit the device's per-call limit.
 #
-#   tests     the GPU tests (pytest -m gpu) of $TESTS (default: all), a line per test as it
+#   tests     the GPU tests (pytest -m gpu) of $TESTS (default: all; $TESTS_K: pytest's -k
+#             expression), a line per test as it
 #             ends (a log cut by TEST_TIMEOUT still names each result); PYTEST_REPORT=-rfsP
 #             keeps what passing tests printed (the fuzz's seed and what ran)
 #   torch     the CPU tests that need torch ($TORCH_TESTS, default tests/test_torch_ops.py
@@ -21,7 +22,8 @@
 #             serves the steps after it); VAR_TRIALS, VAR_TIMEOUT (per problem), VAR_BUDGET
 #   layouts   bench/layouts_epilogues.py over $LIBRARY ($LAYOUTS_ARGS, e.g. --parts linear)
 #   record    bench/record_and_tune.py: a program recorded, its problems tuned, then served
-#   pairs     the kernels of $PAIRS (a bench/pairs/ file), each timed beside cuBLAS
+#   pairs     the kernels of $PAIRS (bench/pairs/ files, space-separated), each timed
+#             beside cuBLAS, a JSON per file
 #   suite     bench/suite.py: the shapes of $TUNE (if any) tuned at $TRIALS, then the 13-shape
 #             suite timed from the library
 #   wgmma     bench/wgmma_vs_cublas.py (against cuBLAS and Triton)
@@ -79,7 +81,7 @@ for step in "$@"; do
   case $step in
     tests)
       timeout ${TEST_TIMEOUT:-540} python3 -m pytest -m gpu -v ${PYTEST_REPORT:--rfs} --durations=15 \
-        ${TESTS:-tests/} > "$OUT/gpu-tests.log" 2>&1
+        ${TESTS:-tests/} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/gpu-tests.log" 2>&1
       grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -30 ;;
     torch)
       timeout ${TORCH_TIMEOUT:-120} python3 -m pytest -q \
@@ -146,10 +148,12 @@ PY
       timeout ${RECORD_TIMEOUT:-300} python3 bench/record_and_tune.py --out "$OUT" \
         --budget ${RECORD_BUDGET:-150} 2>&1 | tail -25 ;;
     pairs)
-      args=(); while read -r shape kernel; do
-        [[ -z "$shape" || "$shape" == \#* ]] || args+=(--pair "$shape" "$kernel"); done < "$PAIRS"
-      timeout ${PAIRS_TIMEOUT:-300} python3 bench/default_vs_cublas.py \
-        --label "$(basename "$PAIRS" .txt)" --out "$OUT" "${args[@]}" 2>&1 | tail -30 ;;
+      for pairs in $PAIRS; do
+        args=(); while read -r shape kernel; do
+          [[ -z "$shape" || "$shape" == \#* ]] || args+=(--pair "$shape" "$kernel"); done < "$pairs"
+        timeout ${PAIRS_TIMEOUT:-300} python3 bench/default_vs_cublas.py \
+          --label "$(basename "$pairs" .txt)" --out "$OUT" "${args[@]}" 2>&1 | tail -30
+      done ;;
     suite)
       timeout ${SUITE_TIMEOUT:-580} python3 bench/suite.py ${TUNE:+--tune-shapes $TUNE --force} \
         --devices ${DEVICES:-0} --trials ${TRIALS:-150} ${SHAPES:+--shapes $SHAPES} \
