@@ -307,11 +307,15 @@ class DecodeConfig(SplitK, Serial, Named):
         return batch * self.grid(m, n)[0] if self.last else 0
 
 
-#: the family's default (the first batch's decode kernel): of the kernels without split-K,
-#: the best by geometric mean of its share of each recorded grid's best (0.80 over the nine
-#: grids of bench/results/search-quality-exhaustive-*decode*.json, M 1-64; the 16x64
-#: 4x2-warp 3-stage config it replaces: 0.57)
-DEFAULT_DECODE = DecodeConfig(bn=32, wk=8, wn=1, stages=2)
+#: the family's default (the first batch's decode kernel): 16x32 tiles of 8 warps along K,
+#: chosen of the register rings as the best by geometric mean of its share of each recorded
+#: grid's best (0.80 over the nine grids of bench/results/search-quality-exhaustive-*decode*.json,
+#: M 1-64; the 16x64 4x2-warp 3-stage config before it: 0.57), its ring in shared memory
+#: with 3 stages since both rings are searched: over the three recorded decode_roof runs of
+#: both rings (the five decode shapes, NT, fp16 and bf16 C), its share of each shape's best
+#: is 0.92, 0.92 and 0.97 where the 2-stage register ring's is 0.86, 0.86 and 0.93 (5 stages:
+#: 0.92, 0.92, 0.96)
+DEFAULT_DECODE = DecodeConfig(bn=32, wk=8, wn=1, stages=3, ring="async")
 
 
 # ---- validation -----------------------------------------------------------------------
