@@ -2,6 +2,7 @@
 
     python3 bench/decode_roof.py [--out DIR] [--dtypes f16,bf16] [--shapes MxNxK,...]
                                  [--epilogue] [--candidates NAME,...] [--prefetch-b [ring,l2]]
+                                 [--wave-tiles]
                                  [--back-to-back] [--list]
 
 The five decode shapes (M x N x K: 1x4096x4096, 16x4096x4096, 64x4096x14336,
@@ -23,7 +24,9 @@ programmatic dependent launch, so one's start overlaps the end of the one before
 model's consecutive layers run (torch's are timed the same way). --prefetch-b adds, for
 each decode candidate, its twins that fetch B's first chunks before that wait: into the
 ring (ring: prefetch_b=1, for a B the kernel before does not write) and into L2 (l2:
-prefetch_b=2, for any B); both where no list follows.
+prefetch_b=2, for any B); both where no list follows. --wave-tiles adds N tiles fitted to
+the SMs (wave_tiles: the least BN, a multiple of 8, whose panels fill at most one, or two,
+waves of them), where the fixed ones leave the busiest SM more columns than its share.
 
 Ours: candidates() below: per shape, the M tiles that cover M (the FMA path for M <= 8,
 mma tiles otherwise), a few warp arrangements and rings, split-K by the last block and
@@ -100,15 +103,27 @@ def splits(c: DecodeConfig, shape) -> list[tuple[int, str]]:
     return out
 
 
+def wave_tiles(shape) -> list[tuple[int, int, int]]:
+    """(BN, WK, WN=1) arrangements whose panels fill whole waves of the SMs: for 1 and 2
+    waves, the least BN, a multiple of 8 (at most 256), with ceil(N / BN) <= waves x SMS,
+    unless ARRANGEMENTS has it. At N = 14336 the fixed tiles leave the busiest SM 128
+    columns (448 panels of 32 on 132 SMs: 4 of them), where 112 and 56 leave it 112."""
+    have = {a[0] for a in ARRANGEMENTS}
+    bns = dict.fromkeys(8 * cdiv(shape[1], 8 * w * SMS) for w in (1, 2))
+    return [(bn, wk, 1) for bn in bns if bn not in have and bn <= 256 for wk in (4, 8)]
+
+
 def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90",
-               prefetch_b: tuple[int, ...] = ()) -> list:
+               prefetch_b: tuple[int, ...] = (), waves: bool = False) -> list:
     """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`; each
     also as its twin of each of `prefetch_b`'s modes, which fetch B's first chunks before
-    the wait for the kernel before (DecodeConfig.prefetch_b)."""
+    the wait for the kernel before (DecodeConfig.prefetch_b); with `waves`, also the N
+    tiles of wave_tiles."""
     variant = Variant(Layout.NT, dtype, *(("out", "gelu") if epilogue else ("none", "none")))
+    arrangements = ARRANGEMENTS + (wave_tiles(shape) if waves else [])
     out = []
     for (math_, mt), (bn, wk, wn), (ring, stages) in ((t, a, r) for t in m_tiles(shape[0])
-                                                      for a in ARRANGEMENTS for r in RINGS):
+                                                      for a in arrangements for r in RINGS):
         base = variant.apply(DecodeConfig(math=math_, mt=mt, bn=bn, wk=wk, wn=wn,
                                           stages=stages, ring=ring, dtype=dtype))
         for split, reduce in splits(base, shape):
@@ -286,6 +301,8 @@ def main(argv=None) -> int:
                     help="each decode candidate also with B's first chunks fetched before "
                          "the wait for the kernel before: into the ring, into L2, or both "
                          "(ring,l2: the default)")
+    ap.add_argument("--wave-tiles", action="store_true",
+                    help="also the N tiles fitted to whole waves of the SMs (wave_tiles)")
     ap.add_argument("--back-to-back", action="store_true",
                     help="time a call as the mean of a batch back to back between two "
                          "events (no event between the kernels), not each call alone")
@@ -301,7 +318,7 @@ def main(argv=None) -> int:
         if any(w not in PREFETCH_MODES for w in words):
             raise UsageError(f"--prefetch-b takes ring and l2, not {args.prefetch_b!r}")
         prefetch = tuple(PREFETCH_MODES[w] for w in words)
-        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, prefetch)
+        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, prefetch, args.wave_tiles)
                 for s in shapes for d in dtypes}
     except (ValueError, UsageError) as e:
         print(f"decode_roof: {e}", file=sys.stderr)
@@ -316,9 +333,9 @@ def main(argv=None) -> int:
 
 
 def _chosen(names: str, shape, dtype: DType, epilogue: bool,
-            prefetch_b: tuple[int, ...] = ()) -> list:
+            prefetch_b: tuple[int, ...] = (), waves: bool = False) -> list:
     if not names:
-        return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b)
+        return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b, waves=waves)
     from codegen.config import config_from_name
 
     cs = [config_from_name(n) for n in names.split(",") if n]

@@ -989,6 +989,14 @@ def test_the_bench_times_valid_candidates_of_each_shape():
             if isinstance(c, DecodeConfig)]
     assert {c.split for c in wide if c.bn == 32} == {1}
     assert {c.split for c in wide if c.bn == 128} == {1, 2, 4}
+    # --wave-tiles: N tiles whose panels fill one or two waves of the 132 SMs
+    assert bench.wave_tiles((16, 14336, 4096)) == [(112, 4, 1), (112, 8, 1), (56, 4, 1),
+                                                   (56, 8, 1)]
+    assert bench.wave_tiles((1, 8192, 28672)) == []  # 64 and 32: the fixed tiles
+    waved = [c for c in bench.candidates((16, 14336, 4096), DType.F16, waves=True)
+             if isinstance(c, DecodeConfig)]
+    assert waved[:len(wide)] == wide and {c.bn for c in waved[len(wide):]} == {112, 56}
+    assert all(not check(c, ARCH) for c in waved)
     # both rings; --prefetch-b: each decode candidate and its prefetching twin, all valid
     assert {(c.ring, c.stages) for c in one} == set(bench.RINGS)
     twins = [c for c in bench.candidates((1, 4096, 4096), DType.F16, prefetch_b=(1, 2))
