@@ -2,6 +2,7 @@
 use of the ranking (first batch, pruning margin) with a simulation benchmark (no nvcc)."""
 
 import dataclasses
+import gzip
 import math
 
 import optuna
@@ -404,9 +405,11 @@ def test_the_model_ranks_the_recorded_fp16_wgmma_grid():
     from codegen.families import config_from_name
 
     path = next((Path(__file__).parent.parent / "bench" / "results").glob(
-        "search-quality-exhaustive-f16-wgmma-h200-*.json"))
+        "search-quality-exhaustive-f16-wgmma-h200-*.json*"))
     rows = []
-    for r in json.loads(path.read_text())["exhaustive"]["records"]:
+    data = path.read_bytes()
+    for r in json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)[
+            "exhaustive"]["records"]:
         if r["outcome"] == "timed":
             c, res = config_from_name(r["kernel"]), r["resources"]
             occ = occupancy(c.threads, res["registers"], res["smem_dynamic"], H200)
