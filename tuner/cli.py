@@ -282,7 +282,7 @@ def build_subparsers() -> argparse.ArgumentParser:
                         "conflicts, next to the model's figures; stored in the library entry")
     q.add_argument("--arch", default=None,
                    help="a kernel the library does not hold is built for this architecture "
-                        "(default: this GPU's, else sm_90)")
+                        "(default sm_90)")
     q.add_argument("--json", action="store_true")
     q = common(sub.add_parser("export", help="a C/C++ bundle with gemm_tuned.h, CMake and make"))
     q.add_argument("--out", type=Path, required=True, help="directory for the bundle")

@@ -82,13 +82,14 @@ def cmd_list(args, console) -> int:
 
 
 def cmd_inspect(args, console) -> int:
+    lib = None
     if args.name and not args.shape:
         config_from_name(args.name)  # a malformed name is a usage error
-        held = (args.library / "manifest.json").is_file() and _entries(
-            Library.load(args.library), kernel=args.name)
-        if not held:
+        if (args.library / "manifest.json").is_file():
+            lib = Library.load(args.library)
+        if lib is None or not _entries(lib, kernel=args.name):
             return _inspect_built_here(args, console)
-    lib = Library.load(args.library)
+    lib = lib or Library.load(args.library)
     entries = _inspect_entries(args, lib)
     e = entries[0]
     info = lib.manifest["kernels"][f"{e['arch']}/{e['kernel']}"]
@@ -113,7 +114,7 @@ def cmd_inspect(args, console) -> int:
 
 def _inspect_built_here(args, console) -> int:
     """`inspect NAME` of a kernel the library does not hold: its source rendered, then
-    compiled here for --arch (default this GPU's, else sm_90; the compile cache keeps it):
+    compiled here for --arch (default sm_90, as --dry-run's; the compile cache keeps it):
     the SASS, the main loop's mix, or its parameters, resources and occupancy; nothing is
     timed (a tune or the library's first use times it)."""
     from codegen import render
@@ -129,7 +130,7 @@ def _inspect_built_here(args, console) -> int:
     if args.source:
         print(render(cfg), end="")
         return 0
-    arch = parse_arch(args.arch or _gpu_arch() or "sm_90")
+    arch = parse_arch(args.arch or "sm_90")
     why = check(cfg, arch)
     if why:
         raise UsageError(f"{cfg.name} is not in the library at {args.library}, and cannot be "
@@ -169,16 +170,6 @@ def _inspect_built_here(args, console) -> int:
         t.add_row(what, value)
     console.print(t)
     return 0
-
-
-def _gpu_arch() -> str | None:
-    """This machine's GPU's architecture (sm_XY), or None without one."""
-    try:
-        from tuner.gpu import device
-
-        return device().sm
-    except Exception:  # noqa: BLE001 - no GPU, no driver: build for the default
-        return None
 
 
 def _parameters(cfg) -> str:

@@ -28,7 +28,7 @@ from typing import Callable
 
 from codegen.config import DType
 from codegen.families import family_of
-from codegen.families.wgmma import c_tma_reasons, tma_reasons
+from codegen.families.wgmma import c_tma_reasons
 from tuner.runtime import driver, tma
 from tuner.runtime.errors import TmaUnsupported
 
@@ -233,7 +233,7 @@ class TmaRunner(Runner):
                 raise TmaUnsupported("; ".join(why))
             return self._bind_prep(g, m, n, k, lda, ldb, allocate_captured, maps, remember,
                                    c_map, packed, launch, batch, sa, sb, c3)
-        why = tma_reasons(cfg.dtype, lda, ldb, 0, 0, m, n, k, cfg.layout, sa, sb) + why
+        why = cfg.direct_tma_reasons(lda, ldb, 0, 0, m, n, k, sa, sb) + why
         if why:
             raise TmaUnsupported("; ".join(why))
         # the maps describe A and B as stored: a column-major A is K x M, a column-major B N x K
@@ -244,7 +244,7 @@ class TmaRunner(Runner):
         maps3 = (a_batch > 1) | (b_batch > 1) << 1 | c3 << 2
 
         def make_maps(a: int, b: int, c: int) -> tuple:
-            why = tma_reasons(cfg.dtype, lda, ldb, a, b, m, n, k, cfg.layout, sa, sb)
+            why = cfg.direct_tma_reasons(lda, ldb, a, b, m, n, k, sa, sb)
             if why:
                 raise TmaUnsupported("; ".join(why))
             # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit (the kernel rounds it),
