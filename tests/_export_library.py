@@ -11,7 +11,8 @@ Beside the plain fp32 entries of _library.build (BIG, SMALL), it holds:
   - fp32 TN, bf16 C, fp32 bias + tanh-GELU (SIMT); bf16 TT, fp32 C, SiLU (SIMT, batch 4);
   - bf16 NT, bf16 C, bias + GELU (WMMA);
   - bf16 NN, bf16 C, SiLU through the TMA-store epilogue (C's map in bf16, swizzled 64B;
-    N a multiple of 8), and fp16 TT, fp16 C, fp32 bias through it with a cluster of 2;
+    N a multiple of 8), and fp16 TT, fp16 C, fp32 bias through it with a cluster of 2
+    along N (A multicast: half of each M-major box's K rows a block);
   - fp16 TN (plain epilogue) with a cluster of 2: column-major A as TMA boxes of M;
   - fp16 NT, fp16 C, wgmma split-K summed by the last slice (batch 1 and 3);
   - decode kernels: fp16 NT, fp16 C, bias + GELU, split-K across a cluster of 4 (its
@@ -69,7 +70,8 @@ def kernels() -> dict:
             WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_ts_obf16_silu"),
             [((2048, 2048, 2048), 1, 600.0), ((512, 512, 512), 2, 300.0)]),
         "wgmma_ts_tt_f16_biasf32": (
-            dataclasses.replace(_W128, layout=Layout.TT, store=1, out=DType.F16, bias="f32"),
+            dataclasses.replace(_W128, layout=Layout.TT, store=1, out=DType.F16, bias="f32",
+                                cluster_n=1),
             [((1024, 1024, 1024), 2, 450.0)]),
         "wgmma_tn_f16": (dataclasses.replace(_W128, layout=Layout.TN),
                          [((2048, 2048, 2048), 1, 590.0)]),

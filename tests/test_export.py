@@ -87,6 +87,12 @@ def test_export_builds_with_nvcc(bundle):
     assert f"gemm_tuned_launch_{BIG.name}" in dispatch and "{ 4096, 4096, 4096, 1, " in dispatch
     assert "{ 512, 512, 512, 8, " in dispatch  # an entry's batch is part of its key
     assert (out / "libgemm_tuned.so").stat().st_size > 10000
+    # a cluster along N (A multicast) counts its tiles in pairs of columns, as tiles() does
+    xn = kernels()["wgmma_ts_tt_f16_biasf32"][0]
+    launcher = (out / "kernels" / f"{xn.name}.cu").read_text()
+    assert xn.cluster_shape == (1, 2) and "(a cluster's blocks lie along N)" in launcher
+    assert "const unsigned long long tiles = static_cast<unsigned long long>((tiles_m + 1 - 1) / 1)\n" \
+           "        * ((tiles_n + 2 - 1) / 2) * batch;" in launcher
     nm = subprocess.run(["nm", "-D", "--defined-only", str(out / "libgemm_tuned.so")],
                         capture_output=True, text=True).stdout
     for sym in ("gemm_tuned_gemm_ex", "gemm_tuned_kernel_name_ex", "gemm_tuned_sgemm",

@@ -382,6 +382,7 @@ BATCH_VARIANTS = [
     FP32_VARIANTS[len(PRESPLIT_VARIANTS)],  # the tf32 pre-pass, TN
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
     FP32_VARIANTS[-2],  # tf32 rounded by TMA, B copied by the pre-pass (NN)
+    WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16"),  # A multicast
 ]
 #: split-K (the last slice of a tile sums them): each layout, C type, one and two consumers,
 #: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones),
@@ -414,6 +415,19 @@ K_MAJOR_N_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_bf16_128x160x64_c2_s4_x1_p1_g16_ts_tt_obf16",
     "gemm_wgmma_f16_128x224x64_c2_s4_x1_p1_g8_nt",
 )]
+#: clusters along N (A multicast: each block loads half of A's rows, K-major or M-major)
+#: and ping-pong consumers in a cluster either way, in each layout, both stores and
+#: epilogues; tf32 converted in shared memory along N
+CLUSTER_VARIANTS = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_f16_128x128x64_c2_s5_x2_p1_g16_pp_ts_of16",
+    "gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16_gelut",
+    "gemm_wgmma_bf16_128x128x64_c2_s5_x2n_p1_g16_pp_tsm_nt_obf16_bias_silu",
+    "gemm_wgmma_bf16_128x64x64_c2_s6_x2_p1_g8_pp_tt_biasf32_relu",
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2n_p1_g8_ts_nt_obf16",
+    "gemm_wgmma_f16_128x256x64_c2_s4_x2n_p0_g1_tt",
+    "gemm_wgmma_bf16_128x112x64_c2_s5_x2n_p1_g16_pp_nt_obf16_silu",
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2n_p1_g8_nt_of16",
+)]
 REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
 #: the TMA store: N a whole number of 16 bytes of C
 TS_SHAPES = [(1, 8, 7), (17, 40, 131), (127, 136, 257), (300, 264, 1009)]
@@ -427,7 +441,8 @@ def compiled_variants(compile_cache):
 
     cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + TSM_VARIANTS + FP32_VARIANTS
                               + BATCH_VARIANTS
-                              + SPLITK_VARIANTS + PINGPONG_VARIANTS + K_MAJOR_N_VARIANTS))
+                              + SPLITK_VARIANTS + PINGPONG_VARIANTS + K_MAJOR_N_VARIANTS
+                              + CLUSTER_VARIANTS))
     out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
     failed = {c.name: r.error for c, r in out.items() if not r.ok}
     assert not failed, failed
@@ -460,6 +475,16 @@ def test_ping_pong_consumers_take_turns_over_many_tiles(cfg, compiled_variants):
     shapes = (TS_SHAPES if cfg.store else REG_SHAPES) + [(2100, 2056, 131)]
     for i, shape in enumerate(shapes):
         _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2], seed=i)
+
+
+@pytest.mark.parametrize("cfg", CLUSTER_VARIANTS, ids=lambda c: c.name)
+def test_clusters_along_n_and_ping_pong_in_a_cluster(cfg, compiled_variants):
+    """The odd shapes (one N tile or one M tile: a cluster's second block computes nothing
+    but still multicasts its half), then 2100 x 2056 (an odd count of tile columns or rows
+    for every tile here, many tiles a block: ping-pong's turns in both blocks)."""
+    shapes = (TS_SHAPES if cfg.store else REG_SHAPES) + [(2100, 2056, 131)]
+    for i, shape in enumerate(shapes):
+        _check_variant(cfg, compiled_variants[cfg], shape, beta=(0.5, 0.0)[i % 2], seed=40 + i)
 
 
 @pytest.mark.parametrize("cfg", K_MAJOR_N_VARIANTS, ids=lambda c: c.name)

@@ -12,6 +12,7 @@ import math
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,9 @@ def test_name_is_pinned_and_round_trips():
     pp = WgmmaConfig(bm=128, bn=128, stages=5, pingpong=1)
     assert pp.name == "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g8_pp"
     assert WgmmaConfig.from_name(pp.name) == pp and WgmmaConfig.from_dict(pp.to_dict()) == pp
+    xn = dataclasses.replace(pp, cluster=2, cluster_n=1, store=1, out=DType.F16)
+    assert xn.name == "gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g8_pp_ts_of16"
+    assert WgmmaConfig.from_name(xn.name) == xn and WgmmaConfig.from_dict(xn.to_dict()) == xn
     assert Family.WGMMA.template == "gemm_wgmma.cu.j2"
     for bad in ("gemm_wgmma_f99_64x64x64_c1_s4_x1_p0_g1", "gemm_wgmma_f16_64x64x64_c1_s4_p0_g1",
                 "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8"):
@@ -91,7 +95,12 @@ def test_pingpong_reasons_say_what_it_needs():
     assert check_wgmma(WgmmaConfig(bm=128, bn=128, pingpong=1), "sm_90") == []
     assert check_wgmma(WgmmaConfig(bm=128, bn=128, pingpong=1, persistent=0, cluster=2),
                        "sm_90") == ["pingpong=1 needs persistent=1: a block takes several tiles "
-                                    "(it has persistent=0), no cluster (it has cluster=2)"]
+                                    "(it has persistent=0)"]
+    # in a cluster (either way) each block's consumer of a stage releases it in both blocks
+    for cn in (0, 1):
+        ppc = WgmmaConfig(bm=128, bn=128, stages=5, pingpong=1, cluster=2, cluster_n=cn)
+        assert check_wgmma(ppc, "sm_90") == []
+        assert ppc.template_values()["EMPTY_ARRIVALS"] == 2
     assert check_wgmma(WgmmaConfig(bm=128, bn=128, pingpong=1, consumers=1), "sm_90")[0] == (
         "pingpong=1 needs two consumers (it has consumers=1)")
     # the whole 128 x 256 tile per consumer: 256 accumulators a thread
@@ -136,7 +145,11 @@ def test_pingpong_reasons_say_what_it_needs():
     (WgmmaConfig(bm=96), "sm_90", "BM=96 gives each of the 2 consumer warpgroups 48 rows"),
     (WgmmaConfig(bm=512, consumers=2), "sm_90", "BM=512 rows exceed the 256 of one TMA box"),
     (WgmmaConfig(consumers=3, bm=192), "sm_90", "consumers=3: one or two wgmma warpgroups"),
-    (WgmmaConfig(cluster=4), "sm_90", "cluster=4: 1, or 2 blocks sharing B"),
+    (WgmmaConfig(cluster=4), "sm_90", "cluster=4: 1, or 2 blocks sharing B (or A: cluster_n)"),
+    (WgmmaConfig(cluster_n=1), "sm_90",
+     "cluster_n=1 lays a cluster's blocks along N; it needs cluster=2"),
+    (WgmmaConfig(cluster=2, cluster_n=2), "sm_90",
+     "cluster_n=2 is not 0 (blocks along M) or 1 (along N)"),
     (WgmmaConfig(persistent=2), "sm_90", "persistent=2 is not 0 or 1"),
     (WgmmaConfig(group=0), "sm_90", "raster group 0 must be at least 1"),
     (WgmmaConfig(stages=0), "sm_90", "sizes must be positive (stages=0)"),
@@ -180,9 +193,13 @@ STORE_GOLDEN = dataclasses.replace(DEFAULT_WGMMA, store=1)
 #: a 2-byte C staged by stmatrix (store=2), ping-pong, the library's fp16 4096^3 entry's shape
 STMATRIX_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=16, pingpong=1, store=2,
                               out=DType.F16)
+#: ping-pong consumers in a cluster along N (A multicast), a column-major A (M-major boxes)
+CLUSTER_N_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=16, pingpong=1, cluster=2,
+                               cluster_n=1, store=1, out=DType.F16, layout=Layout.TN)
 
 
-@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN, STMATRIX_GOLDEN],
+@pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN, STMATRIX_GOLDEN,
+                                 CLUSTER_N_GOLDEN],
                          ids=lambda c: c.name)
 def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -423,6 +440,11 @@ class _Image:
 
     def launch(self, f, grid, block, stream, address):
         self.launches.append((f, grid, block))
+
+    def launcher(self, grid, block, cluster):
+        """A cluster launch: recorded with its cluster dimensions."""
+        return types.SimpleNamespace(
+            launch=lambda f, stream, address: self.launches.append((f, grid, block, cluster)))
 
 
 class _FakeTma:
@@ -1274,6 +1296,15 @@ VARIANT_NAMES = [
     "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_nt_of16",                      # tf32 B^T in place, cluster
     "gemm_wgmma_f32_128x128x32_c2_s2_x1_p1_g8_t3_nt_obf16_gelu",              # 3xTF32 NT, bf16 C
 ]
+#: clusters along N (A multicast) and ping-pong consumers in a cluster either way
+CLUSTER_NAMES = [
+    "gemm_wgmma_f16_128x128x64_c2_s5_x2_p1_g16_pp_ts_of16",                   # ping-pong, along M
+    "gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16_gelut",         # along N, M-major A
+    "gemm_wgmma_bf16_128x256x64_c2_s4_x2n_p1_g8_ts_nt_obf16",                 # cooperative, along N
+    "gemm_wgmma_bf16_128x112x64_c2_s5_x2n_p1_g16_pp_nt_obf16_silu",           # along N, BN 112
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2n_p1_g8_nt_of16",                     # tf32 in-loop
+]
+VARIANT_NAMES += CLUSTER_NAMES
 #: N tiles a K-major B allows beyond the 64-multiples: 112 (Llama's 14336 = 128 x 112), 96
 #: with a cluster and the TMA store, and the extremes, 8 and 248
 K_MAJOR_N_NAMES = [
@@ -2254,3 +2285,109 @@ def test_a_cluster_wider_than_the_m_tiles_is_not_searched():
     small = list(valid_configs("sm_90", DType.F16, (64, 4096, 4096)))
     assert small and all(c.cluster <= -(-64 // c.bm) for c in small)
     assert any(c.cluster == 2 for c in valid_configs("sm_90", DType.F16, (256, 4096, 4096)))
+
+
+# ---- clusters along N (A multicast), ping-pong consumers in a cluster -----------------------
+def test_a_cluster_along_n_splits_a_and_walks_pairs_of_tile_columns():
+    """cluster_n=1: the two blocks of a cluster take neighbouring N tiles of one M tile, each
+    loads half of A's rows (K-major: BM/2 rows; M-major: BK/2 rows of each 64-row box) and
+    multicasts them, and all of its own B; tiles count pairs of columns."""
+    c = WgmmaConfig(bm=128, bn=128, stages=5, pingpong=1, cluster=2, cluster_n=1)
+    assert c.cluster_shape == (1, 2) and (c.a_multicast, c.b_multicast) == (2, 1)
+    assert dataclasses.replace(c, cluster_n=0).cluster_shape == (2, 1)
+    assert c.tma_boxes() == {"A": (64, 64), "B": (64, 64)}
+    assert _at("tn", cluster=2, cluster_n=1).tma_boxes() == {"A": (32, 64), "B": (64, 64)}
+    assert _at("nt", cluster=2, cluster_n=1).tma_boxes()["B"] == (256, 64)  # all of BN
+    # 4095 x 4097: 32 M tiles x 33 N tiles -> 32 x 17 clusters; along M, 16 x 33
+    assert c.tiles(4095, 4097) == 32 * 17
+    assert dataclasses.replace(c, cluster_n=0).tiles(4095, 4097) == 16 * 33
+    assert c.grid(4095, 4097, 132) == (132, 1, 1) and c.cluster_dims() == (2, 1, 1)
+    assert dataclasses.replace(c, pingpong=0, bn=256, persistent=0).grid(128, 300) == (2, 1, 1)
+    v = c.template_values()
+    assert (v["CLUSTER_N"], v["A_BOX_ROWS"], v["B_BOX_ROWS"], v["EMPTY_ARRIVALS"]) == (1, 64, 64, 2)
+
+
+def test_a_cluster_along_n_renders_a_multicast_and_b_its_own():
+    nn = render(WgmmaConfig(bm=128, bn=256, cluster=2, cluster_n=1))
+    assert "tma_load_multicast(a_dst + a_part, &tmA, bar, kt * BK, m0 + static_cast<int>(rank) * A_BOX_ROWS," in nn
+    assert "const uint32_t b_dst = a_dst + A_STAGE_BYTES;\n" in nn
+    assert "tma_load(b_dst + j * B_CHUNK_BYTES, &tmB, bar, n0 + j * 64, kt * BK, bt, b3);" in nn
+    assert "tma_load_multicast(b_dst" not in nn
+    assert "const int ctiles_m = tiles_m, ctiles_n = (tiles_n + CLUSTER - 1) / CLUSTER;" in nn
+    assert nn.count("tile_coords(tile, ctiles_m, ctiles_n, bt, ctm, tn);") == 2
+    assert nn.count("const int m0 = ctm * BM, n0 = (tn * CLUSTER + static_cast<int>(rank)) * BN;") == 2
+    assert "CLUSTER=2 (along N)" in nn and "A box 64 x 64" in nn
+    assert "tiles = ceil(M / 128) * ceil(ceil(N / 256) / 2) * batch" in nn
+    along_m = render(WgmmaConfig(bm=128, bn=256, cluster=2))
+    assert "ctiles_n" not in along_m and "A_BOX_ROWS" not in along_m
+    tn = render(CLUSTER_N_GOLDEN)
+    assert ("tma_load_multicast(a_dst + j * A_CHUNK_BYTES + a_part, &tmA, bar, m0 + j * 64,\n"
+            "                                           kt * BK + static_cast<int>(rank) * A_BOX_ROWS,") in tn
+    # ping-pong in a cluster: stages released in both blocks, the order barrier local
+    assert "mbar_arrive_cluster(empty(s), cta);" in tn and "mbar_arrive(order);" in tn
+    assert "EMPTY_ARRIVALS = 2;" in tn and tn.count("cluster_sync();") == 2
+
+
+def test_sass_of_the_clusters(compiled_variants, compile_cache):
+    """Along N, A's boxes go out multicast and B's plain; along M the other way round; a
+    ping-pong consumer in a cluster arrives on both blocks' empty barriers (remote arrives);
+    168 registers, no spill."""
+    for name in CLUSTER_NAMES[:4]:
+        c = WgmmaConfig.from_name(name)
+        r = compiled_variants[c]
+        assert r.ok and r.resources.registers == 168 and r.resources.spill_stores == 0, name
+        code = _sass(c, compile_cache)
+        loads = [line for line in code.splitlines() if "UTMALDG" in line]
+        a_boxes = c.bm // 64 if c.a_mn_major else 1
+        b_boxes = c.bn // 64 if c.b_mn_major else 1
+        multicast = sum("MULTICAST" in line for line in loads)
+        # each box a rank-2 and a rank-3 (batched operand) load
+        assert multicast == 2 * (a_boxes if c.cluster_n else b_boxes), (name, loads)
+        assert len(loads) - multicast == 2 * (b_boxes if c.cluster_n else a_boxes), (name, loads)
+        assert "SYNCS.ARRIVE.TRANS64.RED" in code, name  # remote arrives on the peer's barriers
+
+
+def test_the_runner_maps_a_cluster_along_n_and_launches_the_cluster(monkeypatch):
+    """The maps' boxes are tma_boxes' (half of A's rows per block), the launch a cluster of
+    two along x."""
+    from tuner.runtime import driver, tma
+    from tuner.runtime.runners import TmaRunner
+
+    encoded = []
+
+    class Map:
+        def getPtr(self):
+            return 0
+
+    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+    monkeypatch.setattr(driver, "KernelImage", _Image)
+    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    cfg = WgmmaConfig.from_name(CLUSTER_NAMES[1])  # TN: A column-major, M-major boxes
+    r = TmaRunner(cfg, b"")
+    r.bind(g, 300, 520, 136, 304, 520, 520)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
+    a, b, c = encoded
+    assert a["boxDim"] == [64, 32] and b["boxDim"] == [64, 64] and c["boxDim"] == [32, 128]
+    # 3 M tiles x ceil(5 N tiles / 2) = 9 clusters of 2 blocks
+    assert r.main.launches == [(cfg.name, (18, 1, 1), (384, 1, 1), (2, 1, 1))]
+
+
+def test_the_search_leaves_ping_pong_clusters_out_until_measured():
+    """Buildable and CPU-tested, not searched: the reason says so; a cluster along N is not
+    in the searched space at all."""
+    from codegen.families.wgmma import problem_reasons, unproven_reasons, valid_configs
+
+    ppc = WgmmaConfig.from_name(CLUSTER_NAMES[0])
+    assert check_wgmma(ppc, "sm_90") == []
+    assert unproven_reasons(ppc) == problem_reasons(ppc, (4096, 4096, 4096)) == [
+        "ping-pong consumers in a cluster are not searched until measured on a GPU"]
+    grid = list(valid_configs("sm_90", DType.F16, (4096, 4096, 4096)))
+    assert grid and not any(c.pingpong and c.cluster > 1 for c in grid)
+    assert not any(c.cluster_n for c in grid)
+    assert any(c.pingpong for c in grid) and any(c.cluster == 2 for c in grid)
+    # along N, a cluster needs two N tiles as along M two M tiles
+    xn = WgmmaConfig(bm=128, bn=256, cluster=2, cluster_n=1)
+    assert problem_reasons(xn, (4096, 256, 4096)) == [
+        "a cluster of 2 blocks along N (A multicast) needs as many N tiles; N=256 makes 1 of "
+        "256 columns, so 1 of each cluster's blocks would compute nothing"]
+    assert problem_reasons(xn, (128, 264, 4096)) == []

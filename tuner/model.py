@@ -310,12 +310,13 @@ def tile_traffic(config: Config, shape: tuple[int, int, int], batch: int = 1) ->
     bb = c.bn * bias_bytes(c)
     flops = 2 * c.bm * c.bn * ks
     blocks = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split * batch
-    # a B tile multicast to the blocks of a cluster: what leaving the L2 once for all of
-    # them saves, as measured (MULTICAST_L2_CREDIT)
+    # an A or B tile multicast to the blocks of a cluster: what leaving the L2 once for all
+    # of them saves, as measured (MULTICAST_L2_CREDIT)
+    shared_a = a / (1 + (max(c.a_multicast, 1) - 1) * MULTICAST_L2_CREDIT)
     shared_b = b / (1 + (max(c.b_multicast, 1) - 1) * MULTICAST_L2_CREDIT)
     return dict(a_bytes=a, b_bytes=b, c_bytes=cb, bias_bytes=bb,
                 intensity=round(flops / (a + b + cb + bb), 2),
-                blocks=blocks, k_slice=ks, l2_bytes=int(blocks * (a + shared_b + cb + bb)))
+                blocks=blocks, k_slice=ks, l2_bytes=int(blocks * (shared_a + shared_b + cb + bb)))
 
 
 def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int,
@@ -340,8 +341,8 @@ def _dram_reads(c: Config, shape, arch: ArchLimits, resident: int) -> float:
     if once <= l2 / 2 or tm * tn <= resident:
         return once
     # tile rows per rasterisation group: the CUDA-core and WMMA families' swizzle; wgmma's
-    # group counts cluster tiles (a cluster's blocks are adjacent along M)
-    g = max(getattr(c, "swizzle", None) or getattr(c, "group", 1) * getattr(c, "cluster", 1), 1)
+    # group counts cluster tiles (the blocks of a cluster along M are adjacent rows)
+    g = max(getattr(c, "swizzle", None) or getattr(c, "group", 1) * c.b_multicast, 1)
     p = min(resident, tm * tn)
     if p <= g * tn:
         rows, cols = min(g, tm), min(_cdiv(p, g), tn)

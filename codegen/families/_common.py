@@ -104,7 +104,8 @@ class Serial:
     #: which of A, B and C a kernel needs 16-byte aligned in address and row stride (the
     #: wgmma family's TMA reads and writes them); the default: any alignment runs
     aligned_operands = (False, False, False)
-    #: blocks that receive each B tile from one load (TMA multicast in a cluster); 1: none
+    #: blocks that receive each A / B tile from one load (TMA multicast in a cluster); 1: none
+    a_multicast = 1
     b_multicast = 1
     #: C's type, the bias and the activation (EPILOGUE_NAME): a family whose template
     #: applies them declares them as fields; these are the values of one that does not

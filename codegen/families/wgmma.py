@@ -11,10 +11,12 @@ parameters, so that a simpler step still works if a fancier one fails on the GPU
     (a) consumers=1, cluster=1, persistent=0   one wgmma warpgroup, one tile per block
     (b) consumers=2                            two wgmma warpgroups share a block tile
     (c) persistent=1                           #SMs blocks walk the tiles (swizzled raster)
-    (d) cluster=2                              two blocks along M share B by TMA multicast
+    (d) cluster=2                              two blocks along M share B by TMA multicast;
+                                               with cluster_n=1 two along N share A
     (e) pingpong=1                             the two consumers take turns: each owns a whole
                                                tile, and one's epilogue overlaps the other's
-                                               wgmmas (needs persistent=1)
+                                               wgmmas (needs persistent=1; in a cluster,
+                                               not searched until measured)
     (f) prep=1 (tf32)                          a pre-pass kernel rounds A and transposes B
                                                into a workspace; no conversion in the loop
     (g) prep=1 (f32, terms=3: pre-split)       the pre-pass writes big and small K-major
@@ -150,15 +152,19 @@ class WgmmaConfig(_Serial, SplitK, Named):
             elements (128 bytes, the 128B swizzle span).
         stages: depth of the shared-memory ring the TMA producer fills ahead of the consumers.
         consumers: wgmma warpgroups (1 or 2), each owning BM/consumers rows of the tile.
-        cluster: 1, or 2 blocks along M in a thread-block cluster that load B once and
-            multicast it to both (each block loads half of B's rows).
+        cluster: 1, or 2 blocks in a thread-block cluster that load one operand once and
+            multicast it to both (each block loads half of its rows): along M sharing B, or
+            (cluster_n) along N sharing A.
+        cluster_n: 0 = the cluster's blocks are neighbours along M (B multicast, ``_x2``);
+            1 = along N (A multicast, ``_x2n``: where N has more tiles than M, or A is the
+            larger operand per tile).
         persistent: 0 = one (cluster) tile per block; 1 = min(#tiles, #SMs) blocks stride
             over the tiles (the kernel is the same; only the launch grid differs).
         group: cluster-tile rows per rasterisation group (1 = row order).
         pingpong: 0 = the consumers share each tile (BM/consumers rows each); 1 = two
             consumers take a block's tiles in turn, each the whole BM x BN tile, their main
             loops ordered by an mbarrier, so that one's epilogue overlaps the other's
-            wgmmas (fp16 / bf16, persistent, no cluster).
+            wgmmas (fp16 / bf16, persistent; in a cluster both blocks take the same turns).
         prep: fp32 data: 0 = the consumers convert each stage in shared memory; 1 = a
             pre-pass kernel (<name>_prep, launched first) writes A rounded to tf32 and B
             transposed and rounded into a workspace of (M + N) x prep_ld(K) floats, which
@@ -211,6 +217,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
     stages: int = 4
     consumers: int = 2
     cluster: int = 1
+    cluster_n: int = 0
     persistent: int = 1
     group: int = 8
     dtype: DType = DType.F16
@@ -228,9 +235,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it); the
     #: switches and 3xTF32's terms are marked only when on, so older names still read
-    NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
+    NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}[n{cluster_n}]"
                 "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}][_k{split}l]"
-                + EPILOGUE_NAME, pingpong=FLAG, prep=choice({1: "", 2: "t"}),
+                + EPILOGUE_NAME, cluster_n=FLAG, pingpong=FLAG, prep=choice({1: "", 2: "t"}),
                 store=choice({1: "", 2: "m"}),
                 **EPILOGUE_TEXTS)
 
@@ -442,9 +449,11 @@ class WgmmaConfig(_Serial, SplitK, Named):
             name=self.name, template=self.family.template, dtype=self.dtype.short,
             PTX_T=_PTX_TYPE.get(self.dtype, "f16"),
             BM=self.bm, BN=self.bn, BK=self.bk, STAGES=self.stages,
-            CONSUMERS=self.consumers, CLUSTER=self.cluster, PERSISTENT=self.persistent,
+            CONSUMERS=self.consumers, CLUSTER=self.cluster, CLUSTER_N=self.cluster_n,
+            PERSISTENT=self.persistent,
             GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
-            EMPTY_ARRIVALS=1 if self.pingpong else self.consumers * self.cluster,
+            EMPTY_ARRIVALS=(1 if self.pingpong else self.consumers) * self.cluster,
+            A_BOX_ROWS=self.tma_boxes()["A"][0],
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
             B_CHUNKS=self.bn // self.b_box_cols if self.b_mn_major else 1, B_BOX_ROWS=box_rows,
             A_MN=self.a_mn_major, B_MN=self.b_mn_major, A_CHUNKS=self.bm // 64,
@@ -467,11 +476,17 @@ class WgmmaConfig(_Serial, SplitK, Named):
         )
 
     # ---- launch geometry ------------------------------------------------------
+    @property
+    def cluster_shape(self) -> tuple[int, int]:
+        """(blocks along M, blocks along N) of one cluster."""
+        return (1, self.cluster) if self.cluster_n else (self.cluster, 1)
+
     def tiles(self, m: int, n: int, batch: int = 1) -> int:
-        """Cluster tiles of `batch` M x N outputs: (ceil(M/BM) rounded up to the cluster) x
-        ceil(N/BN) each, counted in clusters (the kernel walks them problem after problem)."""
-        tiles_m = -(-m // self.bm)
-        return -(-tiles_m // self.cluster) * -(-n // self.bn) * batch
+        """Cluster tiles of `batch` M x N outputs: ceil(M/BM) and ceil(N/BN) each rounded up
+        to the cluster's blocks along it, counted in clusters (the kernel walks them
+        problem after problem)."""
+        cm, cn = self.cluster_shape
+        return -(-(-(-m // self.bm)) // cm) * -(-(-(-n // self.bn)) // cn) * batch
 
     def grid(self, m: int, n: int, sms: int = 132, batch: int = 1) -> tuple[int, int, int]:
         """Blocks along x: a cluster per work item (a tile of the whole batch, or with
@@ -494,18 +509,19 @@ class WgmmaConfig(_Serial, SplitK, Named):
         (the runner's maps describe A, B and C as they are in memory):
 
         - A row-major (and the pre-pass's At): its BM x BK tile in one box (K-major);
-          column-major (M-major): BM/64 boxes of BK rows (K) by 64 columns (M).
-        - B row-major: BN/64 boxes of BK rows by 64 columns (BN/32 of 32 for fp32 data), each
-          block of a cluster loading BK/cluster rows of each and multicasting them;
-          column-major (and the pre-pass's Bt, N x K): one box of BN rows (N) by BK, each
-          block of a cluster loading BN/cluster of them.
+          column-major (M-major): BM/64 boxes of BK rows (K) by 64 columns (M). In a
+          cluster along N each block loads 1/cluster of those rows and multicasts them.
+        - B row-major: BN/64 boxes of BK rows by 64 columns (BN/32 of 32 for fp32 data);
+          column-major (and the pre-pass's Bt, N x K): one box of BN rows (N) by BK. In a
+          cluster along M each block loads 1/cluster of those rows and multicasts them.
         - C (store=1): a consumer's WM x 32 slice.
         """
-        a = (self.bk, self.b_box_cols) if self.a_mn_major else (self.bm, self.bk)
+        sa, sb = self.a_multicast, self.b_multicast
+        a = (self.bk // sa, self.b_box_cols) if self.a_mn_major else (self.bm // sa, self.bk)
         if self.b_mn_major:
-            b = (self.bk // self.cluster, self.b_box_cols)
+            b = (self.bk // sb, self.b_box_cols)
         else:
-            b = (self.bn // self.cluster, self.bk)
+            b = (self.bn // sb, self.bk)
         boxes = {"A": a, "B": b}
         if self.store:  # C in its type, written a consumer's WM x 32 slice per store
             boxes["C"] = (self.wm, C_SLICE)
@@ -518,8 +534,13 @@ class WgmmaConfig(_Serial, SplitK, Named):
 
     @property
     def b_multicast(self) -> int:
-        """The blocks of a cluster (along M) share each B tile: one load, multicast."""
-        return self.cluster
+        """The blocks of a cluster along M share each B tile: one load, multicast."""
+        return self.cluster_shape[0]
+
+    @property
+    def a_multicast(self) -> int:
+        """The blocks of a cluster along N share each A tile: one load, multicast."""
+        return self.cluster_shape[1]
 
     @property
     def aligned_operands(self) -> tuple[bool, bool, bool]:
@@ -641,7 +662,7 @@ def _tile_reasons(c: WgmmaConfig) -> list[str]:
     elif (c.b_mn_major or c.fp32_data) and c.bn % c.b_box_cols:
         why.append(f"BN={c.bn} is not a multiple of {c.b_box_cols}, the width of one 128-byte "
                    f"swizzled B box")
-    elif not c.b_mn_major and c.cluster > 1 and (c.bn // c.cluster) % 8:
+    elif not c.b_mn_major and c.b_multicast > 1 and (c.bn // c.cluster) % 8:
         why.append(f"BN={c.bn} rows of a K-major B split over a cluster of {c.cluster} into "
                    f"{c.bn / c.cluster:g}-row halves, not whole 8-row swizzle atoms")
     if c.store and c.bn % 8 == 0 and c.bn % 32:
@@ -658,9 +679,13 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
     ping-pong, the raster group and the stages."""
     why: list[str] = []
     if c.cluster not in (1, 2):
-        why.append(f"cluster={c.cluster}: 1, or 2 blocks sharing B")
-    elif c.cluster == 2 and (c.bk // 2) % 8:
+        why.append(f"cluster={c.cluster}: 1, or 2 blocks sharing B (or A: cluster_n)")
+    elif c.cluster == 2 and (c.bk // 2) % 8 and (c.a_mn_major if c.cluster_n else c.b_mn_major):
         why.append(f"BK={c.bk} splits into {c.bk / 2:g}-row halves, not whole 8-row swizzle atoms")
+    if c.cluster_n not in (0, 1):
+        why.append(f"cluster_n={c.cluster_n} is not 0 (blocks along M) or 1 (along N)")
+    elif c.cluster_n and c.cluster == 1:
+        why.append("cluster_n=1 lays a cluster's blocks along N; it needs cluster=2")
     if c.persistent not in (0, 1):
         why.append(f"persistent={c.persistent} is not 0 or 1")
     if c.prep not in (0, 1, 2):
@@ -690,7 +715,6 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
             ("two consumers", c.consumers == 2, f"consumers={c.consumers}"),
             ("persistent=1: a block takes several tiles", c.persistent == 1,
              f"persistent={c.persistent}"),
-            ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
             ("fp16 or bf16 data", not c.fp32_data, c.dtype.short)) if not ok]
         if need:
             why.append("pingpong=1 needs " + ", ".join(need))
@@ -1008,13 +1032,26 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
     why = config.direct_tma_reasons(lda, ldb, 0, 0, m, n, k)
     if config.store:  # the tuner's C: ldc = N
         why += c_tma_reasons(n, 0, n, config.out)
-    why = [f"TMA cannot describe the operands: {w}" for w in why]
-    tiles_m = -(-m // config.bm)
-    if config.cluster > tiles_m:  # measured at 128 rows: 30 us against 17 without the cluster
-        why.append(f"a cluster of {config.cluster} blocks along M (B multicast) needs as many "
-                   f"M tiles; M={m} makes {tiles_m} of {config.bm} rows, so "
-                   f"{config.cluster - tiles_m} of each cluster's blocks would compute nothing")
+    why = [f"TMA cannot describe the operands: {w}" for w in why] + unproven_reasons(config)
+    # measured at 128 rows: 30 us against 17 without the cluster
+    for blocks, dim, size, tile, shared in zip(config.cluster_shape, "MN", (m, n),
+                                               (config.bm, config.bn), "BA"):
+        tiles = -(-size // tile)
+        if blocks > tiles:
+            why.append(f"a cluster of {blocks} blocks along {dim} ({shared} multicast) needs as "
+                       f"many {dim} tiles; {dim}={size} makes {tiles} of {tile} "
+                       f"{'rows' if dim == 'M' else 'columns'}, so {blocks - tiles} of each "
+                       f"cluster's blocks would compute nothing")
     return why
+
+
+def unproven_reasons(config: WgmmaConfig) -> list[str]:
+    """Why the search leaves a buildable, CPU-tested `config` out until a GPU has run it
+    (tests/test_gpu_wgmma.py, then bench/pairs/wgmma-clusters.txt beside cuBLAS): ping-pong
+    consumers in a cluster. (A cluster along N is not in SEARCH_SPACE at all.)"""
+    if config.pingpong and config.cluster > 1:
+        return ["ping-pong consumers in a cluster are not searched until measured on a GPU"]
+    return []
 
 
 def valid_configs(arch, dtype: DType, shape=None):
@@ -1035,7 +1072,7 @@ def valid_configs(arch, dtype: DType, shape=None):
             base = _point(dtype, **{**params, "stages": ring})
             for split in SEARCH_SPLITS if _splits_wanted(base, shape, arch) else (1,):
                 c = dataclasses.replace(base, split=split)
-                if not check_wgmma(c, arch) and (shape is None or not (
+                if not (check_wgmma(c, arch) or unproven_reasons(c)) and (shape is None or not (
                         problem_reasons(c, shape, arch) or split_reasons(c, shape, arch))):
                     yield c
 

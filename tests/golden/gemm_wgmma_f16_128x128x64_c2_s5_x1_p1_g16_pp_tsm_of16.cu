@@ -35,7 +35,7 @@ constexpr uint32_t C_OFF = 163840, C_BUF_BYTES = 8192;
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
 static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
-static_assert(!PINGPONG || (CONSUMERS == 2 && CLUSTER == 1 && EMPTY_ARRIVALS == 1), "ping-pong: two consumers, one per stage, no cluster");
+static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(BN % 64 == 0 && BN <= 256 && B_CHUNKS * 64 == BN && ACC * 2 == BN, "BN: 64-column swizzled boxes (or one K-major box of whole 8-row atoms), wgmma N <= 256");
 static_assert(BK * ES == 128 && K_STEPS * 16 == BK, "BK must span the 128-byte swizzle");

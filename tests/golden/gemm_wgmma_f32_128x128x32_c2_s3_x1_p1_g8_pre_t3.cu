@@ -42,7 +42,7 @@ constexpr uint32_t BT_OFF = 16384, AS_OFF = 32768, BTS_OFF = 49152;  // Bt, As, 
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
 static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
-static_assert(!PINGPONG || (CONSUMERS == 2 && CLUSTER == 1 && EMPTY_ARRIVALS == 1), "ping-pong: two consumers, one per stage, no cluster");
+static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(ES == 4 && BN % 8 == 0 && BN <= 256 && B_CHUNKS == 1 && ACC * 2 == BN, "pre-pass: Bt in one box of BN rows, wgmma N <= 256");
 static_assert(BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "BK must span the 128-byte swizzle; tf32 k8");

@@ -37,7 +37,7 @@ constexpr uint32_t BT_OFF = 32768, AS_OFF = 49152, BTS_OFF = 65536;
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
 static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
-static_assert(!PINGPONG || (CONSUMERS == 2 && CLUSTER == 1 && EMPTY_ARRIVALS == 1), "ping-pong: two consumers, one per stage, no cluster");
+static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(ES == 4 && MMA_K == 8 && B_BOX_COLS == 32, "fp32 data: tf32 wgmma k8, 32-column B boxes");
 static_assert(BN % 32 == 0 && BN <= 256 && B_CHUNKS * 32 == BN && ACC * 2 == BN, "BN: 32-column swizzled boxes (or one K-major box), wgmma N <= 256");
