@@ -371,6 +371,15 @@ FP32_VARIANTS = PRESPLIT_VARIANTS + [
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p0_g8_pret_ts_nt_of16_bias_gelu"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_pret_tt_obf16_relu"),
+    # tf32 through registers (prep=3): NN computes C^T (B's tile through the registers, C
+    # written transposed), TT and NT feed A through them; one and two consumers, 64 and 128
+    # of wgmma's rows a consumer, each C type and an epilogue
+    WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_obf16_bias_silu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer_of16_biasf32_gelu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_tt"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_64x128x32_c1_s5_x1_p0_g1_prer_tt_of16_biasf32_relu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_nt_bias_gelut"),
 ]
 #: batches: the register and TMA-store epilogues, a cluster, ping-pong, the pre-pass
 BATCH_VARIANTS = [
@@ -383,6 +392,7 @@ BATCH_VARIANTS = [
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
     FP32_VARIANTS[-2],  # tf32 rounded by TMA, B copied by the pre-pass (NN)
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16"),  # A multicast
+    WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"),  # tf32 C^T, registers
 ]
 #: split-K (the last slice of a tile sums them): each layout, C type, one and two consumers,
 #: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones),

@@ -199,7 +199,9 @@ CLUSTER_N_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=16, pingpong=1, c
 
 
 @pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN, STMATRIX_GOLDEN,
-                                 CLUSTER_N_GOLDEN],
+                                 CLUSTER_N_GOLDEN, dataclasses.replace(
+                                     DEFAULT_WGMMA, dtype=DType.TF32, bk=32, bm=256, bn=128,
+                                     prep=3)],
                          ids=lambda c: c.name)
 def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -828,7 +830,7 @@ def test_tma_rounded_tf32_names_geometry_and_reasons():
                      (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
         assert any(w.startswith("prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32")
                    and why in w for w in check_wgmma(bad, "sm_90")), bad.name
-    assert check_wgmma(dataclasses.replace(c, prep=3), "sm_90")[0] == "prep=3 is not 0, 1 or 2"
+    assert check_wgmma(dataclasses.replace(c, prep=4), "sm_90")[0] == "prep=4 is not 0, 1, 2 or 3"
     src = render(c)
     assert "_prep(" not in src and "cvt.rna" not in src and "convert_stage" not in src
     assert "A by TMA as it loads it (a TFLOAT32 map);" in src
@@ -838,6 +840,166 @@ def test_tma_rounded_tf32_names_geometry_and_reasons():
     pre = render(dataclasses.replace(PREP_GOLDEN, layout=Layout.NT))
     body = lambda x: x[x.index("extern \"C\" __global__"):]  # noqa: E731
     assert body(src).split("\n")[3:] == body(pre).split("\n")[3:len(body(src).split("\n"))]
+
+
+#: tf32 through registers (prep=3): NN computes C^T (B's tile through the registers), TT and
+#: NT feed A through them
+RS_GOLDEN = dataclasses.replace(PREP_GOLDEN, bm=256, bn=128, prep=3)
+RS_SET = [RS_GOLDEN] + [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_tt",
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_nt",
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_obf16_bias_silu",
+    "gemm_wgmma_tf32_64x128x32_c1_s5_x1_p0_g1_prer_tt_of16_biasf32_relu",
+    "gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer",  # NN, 128 of wgmma's rows a consumer
+)]
+
+
+def test_register_fed_tf32_names_geometry_and_reasons():
+    """prep=3: no pre-pass, both operands as stored through TFLOAT32 maps; NN swaps the roles
+    (the consumers' rows are BN / consumers columns of C, wgmma's N the tile's BM rows), TT and
+    NT feed A through the registers; not TN, no cluster, the register epilogue only."""
+    c = RS_GOLDEN
+    assert c.name == "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"
+    assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
+    assert check_wgmma(c, "sm_90") == [] and not c.pre_pass and c.prep_bytes(4096, 4096, 4096) == 0
+    assert c.swap and c.rs and c.tma_dtype is DType.TF32 and c.aligned_operands == (True, True, False)
+    assert (c.wm, c.mma_n, c.acc_regs) == (64, 256, 128)  # 64 columns of C a consumer, all 256 rows
+    assert c.tma_boxes() == {"A": (256, 32), "B": (32, 32)}  # A K-major; B as stored, 32-column boxes
+    tt, nt = RS_SET[1], RS_SET[2]
+    assert not tt.swap and (tt.wm, tt.mma_n) == (64, 256) and tt.a_mn_major
+    assert tt.tma_boxes() == {"A": (32, 32), "B": (256, 32)}
+    assert nt.tma_boxes() == {"A": (128, 32), "B": (256, 32)} and not nt.a_mn_major
+    v, vt = c.template_values(), tt.template_values()
+    assert (v["RS"], v["SWAP"], v["R_MN"], v["MMA_N"], v["ACC"], v["PREP"], v["TF32"]) == \
+        (True, True, True, 256, 128, False, False)
+    assert (vt["SWAP"], vt["R_MN"], vt["A_CHUNKS"], nt.template_values()["R_MN"]) == (False, True, 4, False)
+    for bad, why in ((dataclasses.replace(c, layout=Layout.TN), "tn"),
+                     (dataclasses.replace(c, cluster=2), "cluster=2"),
+                     (dataclasses.replace(c, store=1), "store=1"),
+                     (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
+        assert any(w.startswith("prep=3 (tf32, one operand through registers) needs dtype tf32")
+                   and why in w for w in check_wgmma(bad, "sm_90")), bad.name
+    # NN: BN / consumers columns of C are a consumer's wgmma rows
+    assert check_wgmma(dataclasses.replace(c, bn=96, consumers=2), "sm_90")[0].startswith(
+        "BN=96 gives each of the 2 consumer warpgroups 48 columns of C")
+    # 128 of wgmma's rows by 256: 256 accumulators and two sets of fragments do not fit
+    assert "the 128x256 consumer tile holds 256 accumulators" in check_wgmma(
+        dataclasses.replace(c, bn=256, stages=3), "sm_90")[0]
+
+
+def _tma_swizzled(rows: int, k: int, kmajor: bool, box_cols: int = 32):
+    """The R tile as TMA writes it (fp32, SWIZZLE_128B), modelled apart from the template:
+    byte offset -> (tile row, k). K-major: one box of `rows` rows of 32 floats (k); MN-major:
+    rows/32 boxes of `k` rows (k) by 32 floats (tile rows). In each 128-byte row the 16-byte
+    chunk c is stored at chunk c ^ (row of the box % 8)."""
+    where = {}
+    if kmajor:
+        for r in range(rows):
+            for kk in range(k):
+                where[r * 128 + ((kk // 4) ^ (r % 8)) * 16 + (kk % 4) * 4] = (r, kk)
+    else:
+        for box in range(rows // box_cols):
+            for kk in range(k):
+                for col in range(box_cols):
+                    off = box * k * 128 + kk * 128 + ((col // 4) ^ (kk % 8)) * 16 + (col % 4) * 4
+                    where[off] = (box * box_cols + col, kk)
+    return where
+
+
+@pytest.mark.parametrize("cfg", [RS_SET[0], RS_SET[1], RS_SET[2]], ids=lambda c: c.name)
+def test_register_fragments_are_wgmmas_layout_and_conflict_free(cfg):
+    """The template's fragment loads (rs_row and load_fragments' offsets, read from the
+    rendered source) against TMA's swizzled tile and wgmma's register layout for tf32 A
+    (PTX ISA, m64nNk8: a_v of lane l in warp w is row 16 w + l/4 + 8 (v%2), column l%4 +
+    4 (v/2)): each thread's a_v is the element of tile row rs_row(w, l, v%2) + 64 i at that
+    k; the wgmma rows of a 64-row slice are its 64 tile rows once each (so the epilogue's
+    rs_row writes every accumulator where it belongs); each ld.shared of a warp touches 32
+    distinct banks (one wavefront)."""
+    src = render(cfg)
+    r_mn = cfg.template_values()["R_MN"]
+    if r_mn:
+        assert "return 32 * (warp / 2) + 16 * (g / 4) + 8 * (warp % 2) + 4 * h + g % 4;" in src
+        assert ("const int off = (row / 32) * 4096 + k * 128\n"
+                "                                  + ((((row % 32) / 4) ^ (k % 8)) * 16) + (row % 4) * 4;") in src
+        rs_row = lambda w, l, h: 32 * (w // 2) + 16 * (l // 4 // 4) + 8 * (w % 2) + 4 * h + (l // 4) % 4  # noqa: E731
+        off = lambda row, k: (row // 32) * 4096 + k * 128 + ((((row % 32) // 4) ^ (k % 8)) * 16) + (row % 4) * 4  # noqa: E731
+    else:
+        assert "return 16 * warp + lane / 4 + 8 * h;" in src
+        assert "const int off = row * 128 + (((k / 4) ^ (row % 8)) * 16) + (k % 4) * 4;" in src
+        rs_row = lambda w, l, h: 16 * w + l // 4 + 8 * h  # noqa: E731
+        off = lambda row, k: row * 128 + (((k // 4) ^ (row % 8)) * 16) + (k % 4) * 4  # noqa: E731
+    assert "fr[i][kk][h + 2 * q] = *reinterpret_cast<const uint32_t*>(r + off);" in src
+    assert "const int row = row0 + 64 * i + rs_row(warp, lane, h);" in src
+    assert "const int k = 8 * kk + lane % 4 + 4 * q;" in src
+    rows = cfg.wm * cfg.consumers  # the R tile's rows
+    tile = _tma_swizzled(rows, cfg.bk, kmajor=not r_mn)
+    for consumer in range(cfg.consumers):
+        row0 = consumer * cfg.wm
+        for i in range(cfg.wm // 64):
+            seen = set()
+            for w in range(4):
+                for h in range(2):
+                    seen |= {rs_row(w, l, h) for l in range(32)}
+                for kk in range(cfg.bk // 8):
+                    for h, q in itertools.product(range(2), range(2)):
+                        banks = []
+                        for lane in range(32):
+                            row = row0 + 64 * i + rs_row(w, lane, h)
+                            k = 8 * kk + lane % 4 + 4 * q
+                            got = tile[off(row, k)]
+                            # wgmma's a_v (v = h + 2q): row 16w + l/4 + 8h, col l%4 + 4q
+                            assert got == (row, k) and k == lane % 4 + 4 * q + 8 * kk
+                            banks.append(off(row, k) // 4 % 32)
+                        assert len(set(banks)) == 32, (cfg.name, w, kk, h, q, sorted(banks))
+            assert seen == set(range(64)), cfg.name
+
+
+def test_sass_of_the_register_fed_tf32_kernels(compile_cache):
+    """prep=3: the tf32 HGMMAs read A from registers (a register where the descriptor would
+    be), a k-tile's K_STEPS of them in one group, the fragments of two k-tiles in distinct
+    registers (ptxas waits for the group before last, never for each HGMMA), 4 ld.shared a
+    k-step and 64 rows; no local memory, one kernel."""
+    tool, env = find_cuobjdump()
+    if tool is None:
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    built = dict(compile_many(RS_SET, "sm_90", cache_dir=compile_cache))
+    _fp32_compile_checks(built)  # no spill, no serialisation, no warning
+    for c in RS_SET:
+        r = built[c]
+        sass = subprocess.run([tool, "-sass", str(r.cubin)], capture_output=True, text=True,
+                              env=env, check=True).stdout
+        assert re.findall(r"Function : (\w+)", sass) == [c.name]
+        hgmma = [l for l in sass.splitlines() if "HGMMA.64x" in l]
+        per_tile = (c.wm // 64) * (c.bk // 8)
+        assert len(hgmma) == 2 * per_tile, (c.name, len(hgmma))  # the k-tiles in pairs
+        assert all(re.search(rf"HGMMA\.64x{c.mma_n}x8\.F32\.TF32 R\d+, R\d+, gdesc", l) for l in hgmma), c.name
+        a_regs = {re.search(r"TF32 R\d+, (R\d+)", l).group(1) for l in hgmma}
+        assert len(a_regs) == 2 * per_tile, (c.name, a_regs)  # two sets of fragments
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" not in sass.split(hgmma[-1].strip()[:8])[0], c.name
+        assert sass.count("DEPBAR.LE gsb0, 0x1") == 2, c.name
+        assert len(re.findall(r"\bLDS\b", sass)) >= 2 * per_tile * 4, c.name
+        assert "STL" not in sass and "LDL" not in sass
+
+
+def test_the_runner_of_a_register_fed_kernel_maps_both_operands_as_stored(monkeypatch):
+    """prep=3: one kernel, no pre-pass and no workspace; A and B mapped as stored, TFLOAT32,
+    with tma_boxes' boxes (NN: A K-major BM x 32, B in 32 x 32 boxes of its rows)."""
+    from tuner.runtime.runners import TmaRunner
+
+    fake = _FakeTma(monkeypatch)
+    for cfg, lda, ldb, a_dim, b_dim in ((RS_GOLDEN, 204, 516, [200, 300], [512, 200]),
+                                        (RS_SET[1], 304, 208, [300, 200], [200, 512])):
+        fake.encoded.clear(), fake.launched.clear()
+        r = TmaRunner(cfg, b"")
+        assert r.prep is None
+        m, n, k = 300, 512, 200
+        r.bind(fake.g, m, n, k, lda, ldb, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
+        assert fake.launched == [(cfg.name, cfg.grid(m, n, 132), cfg.block(), 5)] and not fake.asked
+        boxes = cfg.tma_boxes()
+        assert [(e["tensorDataType"], e["globalDim"], e["globalStrides"], e["boxDim"])
+                for e in fake.encoded] == [
+            ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", a_dim, [lda * 4], list(boxes["A"][::-1])),
+            ("CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", b_dim, [ldb * 4], list(boxes["B"][::-1]))]
 
 
 def test_the_runner_of_a_tma_rounded_kernel_maps_the_callers_operands_as_tf32(monkeypatch):
@@ -996,7 +1158,7 @@ def test_fp32_conversion_covers_b_once_without_bank_conflicts(bn, nc):
 
 
 def _fp32_set() -> list[WgmmaConfig]:
-    return list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN, PRET_GOLDEN] +
+    return list(dict.fromkeys(sample_wgmma_tf32() + [TF32_GOLDEN, T3_GOLDEN, PRET_GOLDEN] + RS_SET +
                               [WgmmaConfig.from_name(n) for n in wgmma_probe.FP32_CONFIGS]))
 
 

@@ -96,6 +96,9 @@ TF32_OVERHEAD_REGS = 72
 #: error per element beside acc and part (64x192 with one consumer, 192 + 48, spilled 752
 #: bytes at 255 registers)
 PRESPLIT_OVERHEAD_REGS = 72
+#: ... and of prep=3, per 64 rows of its consumer tile: the register operand's fragments of
+#: two k-tiles (one read by the wgmmas in flight, one loaded), 4 k-steps of 4 tf32 each
+RS_OVERHEAD_REGS = 32
 
 #: the searchable values of each parameter (check_wgmma prunes the combinations)
 WGMMA_SPACE: dict[str, tuple] = {
@@ -175,7 +178,13 @@ class WgmmaConfig(_Serial, SplitK, Named):
             operands that are K-major as stored (a row-major A, a column-major B) to tf32 as
             it loads them (TFLOAT32 maps, round to nearest even), and the pre-pass copies
             only the others (:attr:`copies_a`, :attr:`copies_b`): none for NT (x @ W.t()),
-            B alone for NN, A alone for TT; the main loop is the pre-pass's.
+            B alone for NN, A alone for TT; the main loop is the pre-pass's. 3 (tf32,
+            ``_prer``) = no pre-pass and no copy: wgmma takes one operand from registers
+            (tf32's only way to read an MN-major tile), the other K-major from shared
+            memory, both rounded by TMA (TFLOAT32 maps): NT and TT feed A through the
+            registers; NN feeds B (the kernel computes C^T = B^T A^T tile by tile and
+            writes C transposed from its accumulators: :attr:`swap`). Not TN (neither
+            operand K-major: prep=1). The register epilogue only.
         store: the epilogue. 0 = each thread stores its accumulators to C from registers;
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
@@ -237,7 +246,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}[n{cluster_n}]"
                 "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}][_k{split}l]"
-                + EPILOGUE_NAME, cluster_n=FLAG, pingpong=FLAG, prep=choice({1: "", 2: "t"}),
+                + EPILOGUE_NAME, cluster_n=FLAG, pingpong=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
                 store=choice({1: "", 2: "m"}),
                 **EPILOGUE_TEXTS)
 
@@ -289,7 +298,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
         """The element type of the TMA tensor maps: fp32 data is copied bit for bit (the kernel
         or its pre-pass rounds it; 3xTF32 needs every bit), or with prep=2 rounded to tf32
         by TMA as it loads (a TFLOAT32 map)."""
-        if self.prep == 2:
+        if self.prep in (2, 3):
             return DType.TF32
         return DType.F32 if self.fp32_data else self.dtype
 
@@ -299,11 +308,30 @@ class WgmmaConfig(_Serial, SplitK, Named):
         return 128 * (1 + self.consumers)
 
     @property
+    def swap(self) -> bool:
+        """prep=3 on layout NN: the wgmmas compute C^T = B^T A^T (B's tile through the
+        registers, A's K-major tile from shared memory): the consumers' rows are columns of
+        C, wgmma's N runs along M, and the epilogue writes C transposed."""
+        return self.prep == 3 and self.layout is Layout.NN
+
+    @property
+    def rs(self) -> bool:
+        """prep=3: wgmma's A operand from registers (tf32 from an MN-major or K-major tile)."""
+        return self.prep == 3
+
+    @property
     def wm(self) -> int:
-        """Rows of the tile each consumer warpgroup owns (all of them in ping-pong)."""
+        """Rows of wgmma's M each consumer warpgroup owns (all of the tile's in ping-pong):
+        rows of C, or with :attr:`swap` columns of C."""
         if self.pingpong:
             return self.bm
-        return self.bm // self.consumers if self.consumers else 0
+        rows = self.bn if self.swap else self.bm
+        return rows // self.consumers if self.consumers else 0
+
+    @property
+    def mma_n(self) -> int:
+        """wgmma's N: the tile's columns, or with :attr:`swap` its rows."""
+        return self.bm if self.swap else self.bn
 
     @property
     def a_stage_bytes(self) -> int:
@@ -336,7 +364,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
         """A's tile in shared memory M-major (wgmma's transpose-A = 1): a column-major A of
         fp16 / bf16 as TMA reads it (BM/64 boxes of BK rows of K by 64 columns of M). A
         row-major A, and the pre-pass's copies, are K-major."""
-        return self.a_col and not self.prep
+        return self.a_col and self.prep in (0, 3)
 
     @property
     def b_mn_major(self) -> bool:
@@ -344,7 +372,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
         columns); a column-major B, and the pre-pass's Bt, come K-major (one box of BN rows
         by BK). fp16 / bf16 read an N-major B with transpose-B = 1; fp32 data's consumers
         transpose it into a K-major copy (tf32 has no transpose)."""
-        return not self.b_col and not self.prep
+        return not self.b_col and self.prep in (0, 3)
 
     @property
     def a_chunk_bytes(self) -> int:
@@ -417,7 +445,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
     def acc_regs(self) -> int:
         """FP32 accumulators per consumer thread: its rows (WM) x BN over 128 threads (twice
         that for 3xTF32: the k-tile's partial sums and the running total)."""
-        return self.wm * self.bn // 128 * (2 if self.terms == 3 else 1)
+        return self.wm * self.mma_n // 128 * (2 if self.terms == 3 else 1)
 
     @property
     def launch_regs(self) -> int:
@@ -454,9 +482,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
             GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
             EMPTY_ARRIVALS=(1 if self.pingpong else self.consumers) * self.cluster,
             A_BOX_ROWS=self.tma_boxes()["A"][0],
-            M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.bn // 2,
+            M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.mma_n // 2,
             B_CHUNKS=self.bn // self.b_box_cols if self.b_mn_major else 1, B_BOX_ROWS=box_rows,
-            A_MN=self.a_mn_major, B_MN=self.b_mn_major, A_CHUNKS=self.bm // 64,
+            A_MN=self.a_mn_major, B_MN=self.b_mn_major, A_CHUNKS=self.bm // self.b_box_cols, A_BOX_COLS=self.b_box_cols,
             A_CHUNK_BYTES=self.a_chunk_bytes,
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
             B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
@@ -464,7 +492,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
             PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=self.consumer_regs,
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
-            TF32=self.fp32_data and not self.prep, PREP=bool(self.prep),
+            TF32=self.fp32_data and not self.prep, PREP=self.prep in (1, 2),
+            RS=self.rs, SWAP=self.swap, R_MN=self.b_mn_major if self.swap else self.a_mn_major,
+            MMA_N=self.mma_n, R_CHUNK_BYTES=self.bk * SWIZZLE_BYTES,
             PREP_KERNEL=self.pre_pass, COPY_A=self.copies_a, COPY_B=self.copies_b,
             TERMS=self.terms,
             SPLIT=self.presplit,
@@ -652,7 +682,11 @@ def _tile_reasons(c: WgmmaConfig) -> list[str]:
     elif c.pingpong == 1 and c.bm not in (64, 128):
         why.append(f"BM={c.bm}: each ping-pong consumer owns the whole tile, and its rows "
                    f"must be 64 or 128 (wgmma's M is 64)")
-    elif c.bm % c.consumers or c.wm not in (64, 128):
+    elif c.swap and (c.bn % c.consumers or c.wm not in (64, 128)):
+        why.append(f"BN={c.bn} gives each of the {c.consumers} consumer warpgroups "
+                   f"{c.bn / c.consumers:g} columns of C (wgmma's rows: the kernel computes "
+                   f"C^T), not 64 or 128 (wgmma's M is 64)")
+    elif not c.swap and (c.bm % c.consumers or c.wm not in (64, 128)):
         why.append(f"BM={c.bm} gives each of the {c.consumers} consumer warpgroups "
                    f"{c.bm / c.consumers:g} rows, not 64 or 128 (wgmma's M is 64)")
     if c.bm > 256:
@@ -688,8 +722,14 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append("cluster_n=1 lays a cluster's blocks along N; it needs cluster=2")
     if c.persistent not in (0, 1):
         why.append(f"persistent={c.persistent} is not 0 or 1")
-    if c.prep not in (0, 1, 2):
-        why.append(f"prep={c.prep} is not 0, 1 or 2")
+    if c.prep not in (0, 1, 2, 3):
+        why.append(f"prep={c.prep} is not 0, 1, 2 or 3")
+    elif c.prep == 3 and (c.dtype is not DType.TF32 or c.layout is Layout.TN
+                          or c.cluster != 1 or c.store):
+        why.append(f"prep=3 (tf32, one operand through registers) needs dtype tf32, layout "
+                   f"nn, nt or tt (tn has no K-major operand: prep=1 copies both), no cluster "
+                   f"and the register epilogue (it has {c.dtype.short}, {c.layout.value}, "
+                   f"cluster={c.cluster}, store={c.store})")
     elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is Layout.TN
                           or c.cluster != 1 or c.pingpong):
         why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32, an operand "
@@ -755,10 +795,11 @@ def _resource_reasons(c: WgmmaConfig, a: ArchLimits) -> list[str]:
                    f"{c.consumer_regs} = {budget} registers exceeds the {a.regs_per_sm} of an SM")
     # the stage conversion's registers (pre-split 3xTF32 converts nothing in the loop, but
     # sums compensated)
-    overhead = PRESPLIT_OVERHEAD_REGS if c.presplit else TF32_OVERHEAD_REGS if c.fp32_data \
+    overhead = PRESPLIT_OVERHEAD_REGS if c.presplit else RS_OVERHEAD_REGS * (c.wm // 64) \
+        + CONSUMER_OVERHEAD_REGS if c.rs else TF32_OVERHEAD_REGS if c.fp32_data \
         else CONSUMER_OVERHEAD_REGS
     if c.acc_regs + overhead > c.consumer_regs:
-        why.append(f"the {c.wm}x{c.bn} consumer tile holds {c.acc_regs} accumulators per thread"
+        why.append(f"the {c.wm}x{c.mma_n} consumer tile holds {c.acc_regs} accumulators per thread"
                    f"{' (partial sums and totals: 3xTF32)' if c.terms == 3 else ''}; "
                    f"with {overhead} more that is over the {c.consumer_regs} "
                    f"registers a consumer thread gets")

@@ -248,7 +248,7 @@ class TmaRunner(Runner):
             if why:
                 raise TmaUnsupported("; ".join(why))
             # fp32 data (tf32, 3xTF32) travels as FLOAT32, bit for bit (the kernel rounds it),
-            # or as TFLOAT32 with prep=2 (TMA rounds it)
+            # or as TFLOAT32 with prep=2 or 3 (TMA rounds it)
             return (tma.encode(tma.tensor_map_args(cfg.tma_dtype, a, *a_dims, lda, *boxes["A"],
                                                    batch=a_batch, batch_stride=sa)),
                     tma.encode(tma.tensor_map_args(cfg.tma_dtype, b, *b_dims, ldb, *boxes["B"],
