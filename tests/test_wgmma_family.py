@@ -440,13 +440,13 @@ class _Image:
 
         return ParamBlock(signature)
 
-    def launch(self, f, grid, block, stream, address):
-        self.launches.append((f, grid, block))
+    def launch(self, f, grid, block, stream, address, cluster=None):
+        self.launches.append((f, grid, block) + ((cluster,) if cluster else ()))
 
     def launcher(self, grid, block, cluster):
         """A cluster launch: recorded with its cluster dimensions."""
         return types.SimpleNamespace(
-            launch=lambda f, stream, address: self.launches.append((f, grid, block, cluster)))
+            launch=lambda f, stream, address: self.launch(f, grid, block, stream, address, cluster))
 
 
 class _FakeTma:
@@ -471,8 +471,8 @@ class _FakeTma:
                 self.blk = super().params(signature)
                 return self.blk
 
-            def launch(self, f, grid, block, stream, address):
-                fake.launched.append((self.name, grid, block, stream))
+            def launch(self, f, grid, block, stream, address, cluster=None):
+                fake.launched.append((self.name, grid, block, stream) + ((cluster,) if cluster else ()))
                 if self.name.endswith("_prep"):
                     fake.prep_args.append(self.blk.fmt.unpack_from(self.blk.buf))
 
@@ -2512,26 +2512,16 @@ def test_sass_of_the_clusters(compiled_variants, compile_cache):
 def test_the_runner_maps_a_cluster_along_n_and_launches_the_cluster(monkeypatch):
     """The maps' boxes are tma_boxes' (half of A's rows per block), the launch a cluster of
     two along x."""
-    from tuner.runtime import driver, tma
     from tuner.runtime.runners import TmaRunner
 
-    encoded = []
-
-    class Map:
-        def getPtr(self):
-            return 0
-
-    monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
-    monkeypatch.setattr(driver, "KernelImage", _Image)
-    monkeypatch.setattr(tma, "encode", lambda args: encoded.append(args) or Map())
-    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
+    fake = _FakeTma(monkeypatch)
     cfg = WgmmaConfig.from_name(CLUSTER_NAMES[1])  # TN: A column-major, M-major boxes
-    r = TmaRunner(cfg, b"")
-    r.bind(g, 300, 520, 136, 304, 520, 520)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 0)
-    a, b, c = encoded
+    TmaRunner(cfg, b"").bind(fake.g, 300, 520, 136, 304, 520, 520)(0x10000, 0x20000, 0x30000,
+                                                                  1.0, 0.0, 0)
+    a, b, c = fake.encoded
     assert a["boxDim"] == [64, 32] and b["boxDim"] == [64, 64] and c["boxDim"] == [32, 128]
     # 3 M tiles x ceil(5 N tiles / 2) = 9 clusters of 2 blocks
-    assert r.main.launches == [(cfg.name, (18, 1, 1), (384, 1, 1), (2, 1, 1))]
+    assert fake.launched == [(cfg.name, (18, 1, 1), (384, 1, 1), 0, (2, 1, 1))]
 
 
 def test_the_search_leaves_ping_pong_clusters_out_until_measured():
