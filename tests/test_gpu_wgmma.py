@@ -413,7 +413,13 @@ PINGPONG_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_bf16_64x256x64_c2_s4_x1_p1_g8_pp_ts_nt_obf16_bias_gelu",
     "gemm_wgmma_f16_128x64x64_c2_s5_x1_p1_g16_pp_tt_biasf32_silu",
     "gemm_wgmma_bf16_128x128x64_c2_s4_x1_p1_g8_pp_ts_obf16_relu",
-    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g16_pp_tsm_nt_of16_bias_gelu")]
+    "gemm_wgmma_f16_128x128x64_c2_s5_x1_p1_g16_pp_tsm_nt_of16_bias_gelu",
+    # tf32 with nothing converted in the loop: the pre-pass (TMA store), TMA's rounding, and
+    # registers (NN: each consumer all 64 columns of C^T's tile; TT)
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_pp_pre_ts_tn_obf16_bias_gelu",
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_pp_pret_nt",
+    "gemm_wgmma_tf32_256x64x32_c2_s4_x1_p1_g8_pp_prer_of16_biasf32_silu",
+    "gemm_wgmma_tf32_64x256x32_c2_s4_x1_p1_g8_pp_prer_tt")]
 #: N tiles a K-major B allows that are not multiples of 64 (x @ W.t(): NT, TT): 112 from
 #: registers with ping-pong, a cluster (56-row halves of B) and split-K; 96 and 160 through
 #: TMA stores; 224 cooperative

@@ -108,6 +108,19 @@ def test_pingpong_reasons_say_what_it_needs():
     assert check_wgmma(WgmmaConfig(bm=256, bn=64, pingpong=1), "sm_90") == [
         "BM=256: each ping-pong consumer owns the whole tile, and its rows must be 64 or 128 "
         "(wgmma's M is 64)"]
+    # tf32 with nothing converted in the main loop (the pre-pass, TMA's rounding, registers);
+    # in-loop conversion keeps its consumers in step with a named barrier: no ping-pong
+    tf = dict(dtype=DType.TF32, bk=32, stages=4, pingpong=1)
+    for prep, layout, bm, bn in ((1, Layout.TN, 128, 128), (2, Layout.NT, 128, 128),
+                                 (3, Layout.TT, 64, 256)):  # (128 rows: fragments too)
+        assert check_wgmma(WgmmaConfig(bm=bm, bn=bn, prep=prep, layout=layout, **tf), "sm_90") == []
+    swap = WgmmaConfig(bm=256, bn=64, prep=3, **tf)  # NN: each consumer all 64 columns
+    assert check_wgmma(swap, "sm_90") == [] and (swap.wm, swap.mma_n) == (64, 256)
+    assert check_wgmma(dataclasses.replace(swap, bn=256, stages=3), "sm_90")[0].startswith(
+        "BN=256: each ping-pong consumer owns the whole tile, and its columns")
+    assert check_wgmma(WgmmaConfig(bm=128, bn=128, **tf), "sm_90") == [
+        "pingpong=1 needs fp16 or bf16 data, or tf32 with nothing converted in the main loop "
+        "(prep 1-3) (it has tf32, prep=0)"]
 
 
 # ---- validation -----------------------------------------------------------------------
@@ -851,6 +864,7 @@ RS_SET = [RS_GOLDEN] + [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_obf16_bias_silu",
     "gemm_wgmma_tf32_64x128x32_c1_s5_x1_p0_g1_prer_tt_of16_biasf32_relu",
     "gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer",  # NN, 128 of wgmma's rows a consumer
+    "gemm_wgmma_tf32_256x64x32_c2_s4_x1_p1_g8_pp_prer",  # NN, ping-pong consumers
 )]
 
 
@@ -1941,11 +1955,15 @@ def test_presplit_geometry_workspace_and_template_values():
      "the 64x192 consumer tile holds 192 accumulators per thread (partial sums and totals: "
      "3xTF32); with 72 more that is over the 256 registers a consumer thread gets"),
     (dataclasses.replace(PRESPLIT_GOLDEN, cluster=2, stages=2),
-     "prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), no cluster and no "
-     "ping-pong (it has f32, cluster=2, pingpong=0)"),
+     "prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32) and no cluster "
+     "(it has f32, cluster=2)"),
     (dataclasses.replace(PRESPLIT_GOLDEN, stages=1), "stages=1: fp32 data needs 2 or more"),
+    # the pre-split's consumers take turns of their own: no ping-pong
+    (dataclasses.replace(PRESPLIT_GOLDEN, pingpong=1),
+     "pingpong=1 needs fp16 or bf16 data, or tf32 with nothing converted in the main loop "
+     "(prep 1-3) (it has f32, prep=1)"),
 ], ids=["smem-128x128-s4", "smem-256x64", "registers-128x256", "registers-64x192", "cluster",
-        "one-stage"])
+        "one-stage", "ping-pong"])
 def test_presplit_rules_say_why_with_numbers(cfg, reason):
     assert any(w.startswith(reason) for w in check_wgmma(cfg, "sm_90")), check_wgmma(cfg, "sm_90")
 

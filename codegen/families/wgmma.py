@@ -167,7 +167,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
         pingpong: 0 = the consumers share each tile (BM/consumers rows each); 1 = two
             consumers take a block's tiles in turn, each the whole BM x BN tile, their main
             loops ordered by an mbarrier, so that one's epilogue overlaps the other's
-            wgmmas (fp16 / bf16, persistent; in a cluster both blocks take the same turns).
+            wgmmas (fp16 / bf16, or tf32 with nothing converted in the main loop: prep 1-3;
+            persistent; in a cluster both blocks take the same turns).
         prep: fp32 data: 0 = the consumers convert each stage in shared memory; 1 = a
             pre-pass kernel (<name>_prep, launched first) writes A rounded to tf32 and B
             transposed and rounded into a workspace of (M + N) x prep_ld(K) floats, which
@@ -323,9 +324,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
     def wm(self) -> int:
         """Rows of wgmma's M each consumer warpgroup owns (all of the tile's in ping-pong):
         rows of C, or with :attr:`swap` columns of C."""
-        if self.pingpong:
-            return self.bm
         rows = self.bn if self.swap else self.bm
+        if self.pingpong:
+            return rows
         return rows // self.consumers if self.consumers else 0
 
     @property
@@ -679,9 +680,10 @@ def _tile_reasons(c: WgmmaConfig) -> list[str]:
     why: list[str] = []
     if c.consumers not in (1, 2):
         why.append(f"consumers={c.consumers}: one or two wgmma warpgroups")
-    elif c.pingpong == 1 and c.bm not in (64, 128):
-        why.append(f"BM={c.bm}: each ping-pong consumer owns the whole tile, and its rows "
-                   f"must be 64 or 128 (wgmma's M is 64)")
+    elif c.pingpong == 1 and c.wm not in (64, 128):
+        why.append(f"{'BN' if c.swap else 'BM'}={c.wm}: each ping-pong consumer owns the whole "
+                   f"tile, and its {'columns (wgmma rows of C^T)' if c.swap else 'rows'} must be "
+                   f"64 or 128 (wgmma's M is 64)")
     elif c.swap and (c.bn % c.consumers or c.wm not in (64, 128)):
         why.append(f"BN={c.bn} gives each of the {c.consumers} consumer warpgroups "
                    f"{c.bn / c.consumers:g} columns of C (wgmma's rows: the kernel computes "
@@ -731,15 +733,13 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
                    f"and the register epilogue (it has {c.dtype.short}, {c.layout.value}, "
                    f"cluster={c.cluster}, store={c.store})")
     elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is Layout.TN
-                          or c.cluster != 1 or c.pingpong):
+                          or c.cluster != 1):
         why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32, an operand "
-                   f"K-major as stored (not layout tn: prep=1 copies both), no cluster and "
-                   f"no ping-pong (it has {c.dtype.short}, {c.layout.value}, "
-                   f"cluster={c.cluster}, pingpong={c.pingpong})")
-    elif c.prep and (not c.fp32_data or c.cluster != 1 or c.pingpong):
-        why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), no "
-                   f"cluster and no ping-pong (it has {c.dtype.short}, cluster={c.cluster}, "
-                   f"pingpong={c.pingpong})")
+                   f"K-major as stored (not layout tn: prep=1 copies both) and no cluster "
+                   f"(it has {c.dtype.short}, {c.layout.value}, cluster={c.cluster})")
+    elif c.prep and (not c.fp32_data or c.cluster != 1):
+        why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32) and "
+                   f"no cluster (it has {c.dtype.short}, cluster={c.cluster})")
     if c.fp32_data and not c.prep and c.a_col:
         why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
                    f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "
@@ -755,7 +755,9 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
             ("two consumers", c.consumers == 2, f"consumers={c.consumers}"),
             ("persistent=1: a block takes several tiles", c.persistent == 1,
              f"persistent={c.persistent}"),
-            ("fp16 or bf16 data", not c.fp32_data, c.dtype.short)) if not ok]
+            ("fp16 or bf16 data, or tf32 with nothing converted in the main loop (prep 1-3)",
+             not c.fp32_data or (c.prep and c.terms == 1),
+             f"{c.dtype.short}, prep={c.prep}")) if not ok]
         if need:
             why.append("pingpong=1 needs " + ", ".join(need))
     if c.split not in SPLITS:

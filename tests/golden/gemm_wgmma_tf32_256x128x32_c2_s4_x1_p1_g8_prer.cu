@@ -34,7 +34,7 @@ constexpr uint32_t TILES_BYTES = 196608, SMEM_BYTES = 198656;
 constexpr uint32_t C_BYTES = 0;  // the TMA-store epilogue's buffers (0: none)
 
 static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS == 2), "one producer and 1-2 consumer warpgroups");
-static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BN) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
+static_assert((PINGPONG ? WM == BN : WM * CONSUMERS == BN) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
 static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(ES == 4 && BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "tf32 k8 steps over one 128-byte swizzled row of K");
