@@ -63,8 +63,8 @@ import random
 from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
-    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, choice, epilogue_values,
-    SplitK, shape_reasons as split_reasons, wants_split,
+    EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, cdiv, choice,
+    epilogue_values, SplitK, shape_reasons as split_reasons, wants_split,
 )
 from codegen.families._common import Serial as _Serial
 
@@ -245,11 +245,11 @@ class WgmmaConfig(_Serial, SplitK, Named):
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it); the
     #: switches and 3xTF32's terms are marked only when on, so older names still read
-    NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}[n{cluster_n}]"
-                "_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}][_t{terms}][_k{split}l]"
-                + EPILOGUE_NAME, cluster_n=FLAG, pingpong=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
-                store=choice({1: "", 2: "m"}),
-                **EPILOGUE_TEXTS)
+    NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
+                "[n{cluster_n}]_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}]"
+                "[_t{terms}][_k{split}l]" + EPILOGUE_NAME,
+                cluster_n=FLAG, pingpong=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
+                store=choice({1: "", 2: "m"}), **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
     @property
@@ -485,7 +485,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
             A_BOX_ROWS=self.tma_boxes()["A"][0],
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.mma_n // 2,
             B_CHUNKS=self.bn // self.b_box_cols if self.b_mn_major else 1, B_BOX_ROWS=box_rows,
-            A_MN=self.a_mn_major, B_MN=self.b_mn_major, A_CHUNKS=self.bm // self.b_box_cols, A_BOX_COLS=self.b_box_cols,
+            A_MN=self.a_mn_major, B_MN=self.b_mn_major,
+            A_CHUNKS=self.bm // self.b_box_cols, A_BOX_COLS=self.b_box_cols,
             A_CHUNK_BYTES=self.a_chunk_bytes,
             ES=self.elem, A_STAGE_BYTES=self.a_stage_bytes, B_CHUNK_BYTES=self.b_chunk_bytes,
             B_STAGE_BYTES=self.b_stage_bytes, STAGE_BYTES=self.stage_bytes,
@@ -517,7 +518,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
         to the cluster's blocks along it, counted in clusters (the kernel walks them
         problem after problem)."""
         cm, cn = self.cluster_shape
-        return -(-(-(-m // self.bm)) // cm) * -(-(-(-n // self.bn)) // cn) * batch
+        return cdiv(cdiv(m, self.bm), cm) * cdiv(cdiv(n, self.bn), cn) * batch
 
     def grid(self, m: int, n: int, sms: int = 132, batch: int = 1) -> tuple[int, int, int]:
         """Blocks along x: a cluster per work item (a tile of the whole batch, or with
