@@ -471,7 +471,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
 
     def template_values(self) -> dict:
         """Every value the template uses, derived here so the template stays plain."""
-        box_rows, box_cols = self.tma_boxes()["B"]
+        boxes = self.tma_boxes()
+        box_rows, box_cols = boxes["B"]
         bt_off, as_off, bts_off = self.conv_offsets
         return dict(
             **epilogue_values(self), C_ES=self.out.size, C_ROW_BYTES=self.c_row_bytes,
@@ -482,7 +483,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
             PERSISTENT=self.persistent,
             GROUP=self.group, THREADS=self.threads, WM=self.wm, PINGPONG=self.pingpong,
             EMPTY_ARRIVALS=(1 if self.pingpong else self.consumers) * self.cluster,
-            A_BOX_ROWS=self.tma_boxes()["A"][0],
+            A_BOX_ROWS=boxes["A"][0],
             M_WGMMAS=self.wm // 64, K_STEPS=self.bk // self.mma_k, ACC=self.mma_n // 2,
             B_CHUNKS=self.bn // self.b_box_cols if self.b_mn_major else 1, B_BOX_ROWS=box_rows,
             A_MN=self.a_mn_major, B_MN=self.b_mn_major,
