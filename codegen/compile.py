@@ -32,7 +32,7 @@ from codegen.rendering import render, template_hash
 __all__ = [
     "Resources", "CompileResult", "ToolchainError", "nvcc_path", "nvcc_version",
     "parse_ptxas", "compile_source", "compile_config", "compile_many", "default_cache_dir",
-    "NVCC_FLAGS", "compile_task", "target_arch", "arch_target",
+    "NVCC_FLAGS", "compile_task", "target_arch", "arch_target", "config_flags",
 ]
 
 log = logging.getLogger(__name__)
@@ -239,6 +239,12 @@ def compile_source(
     )
 
 
+def config_flags(config: Config) -> tuple[str, ...]:
+    """nvcc's flags for `config`: NVCC_FLAGS, then any of its own (`nvcc_extra`: the SIMT
+    family's ptxas level)."""
+    return NVCC_FLAGS + tuple(getattr(config, "nvcc_extra", ()))
+
+
 def target_arch(config: Config, arch: str | int | ArchLimits) -> str:
     """The target `config` compiles for, and its artifacts' folder: the architecture, or
     its architecture-specific variant (sm_90a) for the wgmma family (wgmma, setmaxnreg)."""
@@ -256,7 +262,8 @@ def compile_config(
     The wgmma family always compiles for the architecture-specific target (sm_90a)."""
     arch = target_arch(config, arch)
     source = render(config)
-    result = compile_source(source, arch, config.name, cache_dir, smem_dynamic=config.smem_bytes)
+    result = compile_source(source, arch, config.name, cache_dir, config_flags(config),
+                            smem_dynamic=config.smem_bytes)
     if artifacts_dir is not None:
         write_artifacts(config, result, artifacts_dir)
     return result
@@ -275,7 +282,7 @@ def write_artifacts(config: Config, result: CompileResult, artifacts_dir: Path) 
         "ok": result.ok,
         "resources": result.resources.to_dict() if result.resources else None,
         "error": None if result.ok else result.error,
-        "flags": list(NVCC_FLAGS),
+        "flags": list(config_flags(config)),
         "nvcc": nvcc_version(),
         "template_hash": template_hash(),
         "compile_seconds": round(result.seconds, 3),

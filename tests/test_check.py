@@ -116,7 +116,13 @@ def test_the_interior_path_rules():
         "an interior path of two K tiles a turn pairs the double buffer's stages: stages "
         "2, not 1"]
     assert check(dataclasses.replace(ok, zigzag=1), "sm_90") == []
-    assert check(dataclasses.replace(ok, zigzag=2), "sm_90") == ["zigzag flag 2 must be 0 or 1"]
+    assert check(dataclasses.replace(ok, zigzag=2, ptxas=1), "sm_90") == []
+    assert check(dataclasses.replace(ok, zigzag=3), "sm_90") == ["FMA order 3 is not one of 0, 1, 2"]
+    assert check(dataclasses.replace(ok, ptxas=2), "sm_90") == ["ptxas level 2 is not one of 1, 3"]
+    odd = KernelConfig(bm=16, bn=16, bk=8, rm=1, rn=2, wt=4, pad=4, vec=1)
+    assert check(odd, "sm_90") == [] and check(dataclasses.replace(odd, zigzag=1), "sm_90") == []
+    assert check(dataclasses.replace(odd, zigzag=2), "sm_90") == [
+        "the 2x2-block FMA order needs an even micro-tile, not 1x2"]
 
 
 def test_epilogue_and_layout_rules():

@@ -141,3 +141,46 @@ def test_the_new_micro_tiles_run_without_spilling(built):
         assert r.attributes(dev)["registers"] == res.resources.registers, cfg.name
         occ = occupancy(cfg.threads, res.resources.registers, res.resources.smem, dev.arch)
         assert r.max_active_blocks(dev) == occ.blocks_per_sm, cfg.name
+
+
+#: the 8x16 winners of 4096^3 and 8192^3 (98f87cf), each FMA order at each ptxas level
+ORDER_BASES = [KernelConfig(bm=128, bn=256, bk=8, rm=8, rn=16, wt=16, interior=1),
+               KernelConfig(bm=128, bn=128, bk=8, rm=8, rn=16, wt=16, interior=1, frags=2)]
+ORDER_CONFIGS = [dataclasses.replace(b, zigzag=z, ptxas=o, layout=lay)
+                 for b in ORDER_BASES for lay in (Layout.NN, Layout.TT)
+                 for z, o in ((0, 1), (1, 1), (2, 1), (2, 3))]
+
+
+@pytest.fixture(scope="module")
+def built_orders(compile_cache):
+    from tuner.gpu import device
+
+    twins = [dataclasses.replace(c, zigzag=0, ptxas=3) for c in ORDER_CONFIGS]
+    res = dict(compile_many(ORDER_CONFIGS + twins, device().sm, cache_dir=compile_cache))
+    bad = {c.name: r.error for c, r in res.items() if not r.ok}
+    assert not bad, bad
+    return res
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fma_orders_and_ptxas_levels_compute_the_plain_kernels_bits(built_orders, shape):
+    """Each accumulator takes the same FMAs in the same K order whatever the order of a
+    k-step's FMAs across the micro-tile and whatever ptxas's level: C equals the plain
+    kernel's bit for bit, within the gate of float64, the columns past N untouched."""
+    import torch
+
+    from tuner.bench import tolerance
+
+    torch.manual_seed(torch.seed())
+    failures = {}
+    for cfg in ORDER_CONFIGS:
+        twin = dataclasses.replace(cfg, zigzag=0, ptxas=3)
+        a, lda, b, ldb, ref = _problem(torch, cfg, shape, True)
+        c, untouched = _run(torch, cfg, built_orders[cfg], shape, a, lda, b, ldb)
+        c0, _ = _run(torch, twin, built_orders[twin], shape, a, lda, b, ldb)
+        err = float(torch.linalg.norm(c.double() - ref) /
+                    max(float(torch.linalg.norm(ref)), 1e-30))
+        same = bool(torch.equal(c, c0))
+        if not (err <= tolerance(cfg, shape[2]) and untouched and same):
+            failures[cfg.name] = dict(error=err, untouched=untouched, bitwise_twin=same)
+    assert not failures, failures

@@ -30,6 +30,9 @@ from codegen.rendering import _env
     KernelConfig(bm=128, bn=64, bk=16, rm=8, rn=4, wt=8, pad=4, stages=1, swizzle=1,
                  interior=1, layout=Layout.TN, dtype=DType.F16, split=4, reduce="cluster",
                  zigzag=1),
+    # the FMAs in 2x2 blocks from double-buffered fragments, compiled at ptxas -O1
+    KernelConfig(bm=128, bn=256, bk=8, rm=8, rn=16, wt=16, interior=1, frags=2, zigzag=2,
+                 ptxas=1),
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -73,10 +76,39 @@ def test_interior_paths_render_what_they_use():
     assert "const size_t b_step = BK;" in single
 
 
-def test_the_serpentine_order_renders_in_both_fragment_loops():
+def test_the_fma_orders_render_in_both_fragment_loops():
     for frags in (1, 2):
-        plain, zz = (render(KernelConfig(frags=frags, zigzag=z)) for z in (0, 1))
+        plain, zz, blocks = (render(KernelConfig(frags=frags, zigzag=z)) for z in (0, 1, 2))
         assert "RN - 1 - jj" not in plain and zz.count("const int j = i % 2 ? RN - 1 - jj : jj;") == 1
+        assert blocks.count("const int jp = ip % 2 ? RN / 2 - 1 - jq : jq;") == 1
+        frag = "af[kk & 1]" if frags == 2 else "af"
+        for src in (plain, zz, blocks):  # the k-step's FMAs: one loop nest, of its order
+            assert src.count(f"acc[i][j] = fmaf({frag}[i], ") == 1
+
+
+def test_the_2x2_order_visits_each_fma_once_changing_one_pair_a_step():
+    """The 2x2 order as the template's loops lay it out (ip, jq, d): every (i, j) of the
+    micro-tile once; within a block both rows by both columns; between blocks one of the
+    two pairs (rows or columns) stays, so its registers are still in the reuse cache."""
+    for rm, rn in ((8, 16), (8, 8), (4, 4), (16, 8), (2, 2)):
+        order = [(2 * ip + d // 2, 2 * (rn // 2 - 1 - jq if ip % 2 else jq) + d % 2)
+                 for ip in range(rm // 2) for jq in range(rn // 2) for d in range(4)]
+        assert sorted(order) == [(i, j) for i in range(rm) for j in range(rn)]
+        blocks = [order[b:b + 4] for b in range(0, len(order), 4)]
+        for x, y in zip(blocks, blocks[1:]):
+            rows = lambda blk: {i for i, _ in blk}  # noqa: E731
+            cols = lambda blk: {j for _, j in blk}  # noqa: E731
+            assert (rows(x) == rows(y)) != (cols(x) == cols(y)), (x, y)
+
+
+def test_a_ptxas_level_is_in_the_header_and_the_flags():
+    from codegen.compile import NVCC_FLAGS, config_flags
+
+    o1 = KernelConfig(zigzag=2, ptxas=1)
+    assert "// Compile:    nvcc -Xptxas=-O1 (ptxas keeps the source's order of the FMAs)" in render(o1)
+    assert "// Compile:" not in render(DEFAULT_CONFIG)
+    assert config_flags(o1) == (*NVCC_FLAGS, "-Xptxas=-O1")
+    assert config_flags(DEFAULT_CONFIG) == NVCC_FLAGS
 
 
 def test_strict_undefined_catches_a_missing_value():

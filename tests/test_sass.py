@@ -83,6 +83,34 @@ def test_the_new_parameters_raise_the_ffma_share(tool, compile_cache):
     assert mixes[-1].per_kstep()["lds"] == 8 // 4 + 16 // 4  # 6 LDS.128 per 128 FFMAs
 
 
+#: the tuned 4096^3 fp32 winner of 98f87cf (bench/NOTES.md, "Strict fp32"), an 8x16 micro-tile
+WINNER_8X16 = "gemm_simt_f32_128x256x8_r8x16_w16x2_p4_v4_s2_g8_i1"
+
+
+def test_the_2x2_fma_order_at_ptxas_o1_reads_a_pair_of_each_block_from_the_reuse_cache(
+        tool, compile_cache):
+    """ptxas at -O3 schedules the FFMAs its own way, whatever the source's order (the 2x2
+    order changes the reuse flags by a tenth or less); at -O1 it keeps the source's order,
+    and the 2x2 blocks' pairs of registers (an even and an odd one) are served by the
+    reuse cache: at least 1.4x the winner's flags (measured, nvcc 13.0: 866 -> 1,314 of
+    1,024 FFMAs; cuBLAS's SGEMM 1,465), with the same FFMAs and shared loads, no spill,
+    one block of 256 threads an SM still (at most 255 registers), and nvcc given -O1."""
+    base = config_from_name(WINNER_8X16)
+    plain, r0 = _mix(base, compile_cache)
+    order, _ = _mix(dataclasses.replace(base, zigzag=2), compile_cache)
+    both_cfg = dataclasses.replace(base, zigzag=2, ptxas=1)
+    both, r = _mix(both_cfg, compile_cache)
+    assert both_cfg.name == WINNER_8X16 + "_z2_o1"
+    assert r.resources.spill_bytes == 0 and r.resources.registers <= 255, r.resources
+    flags = [json.loads(x.cubin.with_suffix(".json").read_text())["flags"] for x in (r0, r)]
+    assert "-Xptxas=-O1" in flags[1] and not any("-Xptxas=-O" in f for f in flags[0])
+    assert order.reuse_flags < 1.1 * plain.reuse_flags, (plain.reuse_flags, order.reuse_flags)
+    assert both.reuse_flags >= 1.4 * plain.reuse_flags, (plain.reuse_flags, both.reuse_flags)
+    assert both.counts["ffma"] == plain.counts["ffma"] == 1024 and both.complete
+    assert both.opcodes["LDS.128"] == plain.opcodes["LDS.128"] == 48
+    assert both.issued <= plain.issued + 8, (plain.opcodes, both.opcodes)
+
+
 def test_the_mix_of_a_cp_async_kernel_and_of_split_k(tool, compile_cache):
     """A 3-stage ring: the loop issues LDGSTS, not LDG / STS; a split-K pass kernel: the main
     kernel's loop, not the reduce kernel's (which has no FFMA loop)."""

@@ -79,11 +79,19 @@ class KernelConfig(SplitK, Serial, Named):
             two K tiles a turn, so the shared stages it reads and writes are constants.
             Fewer instructions besides the FFMAs in the main loop (bench/NOTES.md, "the
             main loop's instruction mix"). The name carries `_i<interior>` only above 0.
-        zigzag: 1 = a k-step's FMAs run in serpentine order (odd rows of the micro-tile
-            right to left), so that consecutive FFMAs share an operand at the turns too
-            (ptxas's .reuse flags: register-bank conflicts). The name carries `_z` only
-            when 1. Buildable and tested, not searched: it leaves the instruction count
-            as it is (bench/NOTES.md).
+        zigzag: the order of a k-step's FMAs. 1 = serpentine (odd rows of the
+            micro-tile right to left), so that consecutive FFMAs share an operand at the
+            turns too; 2 = 2x2 blocks, serpentine along the row pairs, so that the
+            operand-reuse cache (a value per register bank and operand slot) serves one
+            of each block's two pairs (ptxas's .reuse flags: fewer register-file reads).
+            The name carries `_z` for 1 and `_z2` for 2. Buildable and tested, not
+            searched until the GPU has timed them (bench/NOTES.md).
+        ptxas: ptxas's optimisation level (nvcc -Xptxas -O<n>): 3, its default, or 1.
+            At 3 ptxas schedules a k-step's FFMAs in an order of its own (by the
+            arrival of their shared loads), whatever the source's; at 1 it keeps the
+            source's order, and so the reuse that zigzag 2 lays out (nvcc 13.0, 8x16
+            micro-tile: 1,314 .reuse flags a main-loop iteration of 1,024 FFMAs, against
+            949 at 3, and cuBLAS's own SGEMM's 1,465). The name carries `_o1`.
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
             only when not the default).
@@ -110,6 +118,7 @@ class KernelConfig(SplitK, Serial, Named):
     swz: int = 0
     interior: int = 0
     zigzag: int = 0
+    ptxas: int = 3
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -124,9 +133,15 @@ class KernelConfig(SplitK, Serial, Named):
     #: those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
                 "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}][_sw{swz}]"
-                "[_i{interior}][_z{zigzag}]" + EPILOGUE_NAME, swz=FLAG, zigzag=FLAG,
+                "[_i{interior}][_z{zigzag}][_o{ptxas}]" + EPILOGUE_NAME, swz=FLAG,
+                zigzag=choice({1: "", 2: "2"}),
                 family=choice({f: f.value for f in Family}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
+
+    @property
+    def nvcc_extra(self) -> tuple[str, ...]:
+        """nvcc's flags for this kernel beyond codegen.compile.NVCC_FLAGS."""
+        return () if self.ptxas == 3 else (f"-Xptxas=-O{self.ptxas}",)
 
     # ---- derived geometry (computed here, passed to the template) -------------
     @property
@@ -206,7 +221,8 @@ class KernelConfig(SplitK, Serial, Named):
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
             LAST=self.last, REDUCE_PASS=self.reduce_pass,
-            MIN_BLOCKS=self.minb, INTERIOR=self.interior, ZIGZAG=bool(self.zigzag),
+            MIN_BLOCKS=self.minb, INTERIOR=self.interior, FMA_ORDER=self.zigzag,
+            NVCC_EXTRA=self.nvcc_extra,
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
@@ -238,6 +254,10 @@ REDUCES = ("pass", "last", "cluster")
 WARP_ARRANGEMENTS = (1, 2, 4, 8, 16, 32)
 #: the main loop's interior paths (KernelConfig.interior)
 INTERIORS = (0, 1, 2)
+#: the orders of a k-step's FMAs (KernelConfig.zigzag): rows, serpentine rows, 2x2 blocks
+FMA_ORDERS = (0, 1, 2)
+#: ptxas optimisation levels (KernelConfig.ptxas)
+PTXAS_LEVELS = (1, 3)
 
 
 def check(c: KernelConfig, a: ArchLimits) -> list[str]:
@@ -328,8 +348,12 @@ def _loop_reasons(c: KernelConfig) -> list[str]:
     """Why `c`'s main-loop switches (zigzag, interior path, fragment buffers) cannot be
     built."""
     why = []
-    if c.zigzag not in (0, 1):
-        why.append(f"zigzag flag {c.zigzag} must be 0 or 1")
+    if c.zigzag not in FMA_ORDERS:
+        why.append(f"FMA order {c.zigzag} is not one of {', '.join(map(str, FMA_ORDERS))}")
+    elif c.zigzag == 2 and (c.rm % 2 or c.rn % 2):
+        why.append(f"the 2x2-block FMA order needs an even micro-tile, not {c.rm}x{c.rn}")
+    if c.ptxas not in PTXAS_LEVELS:
+        why.append(f"ptxas level {c.ptxas} is not one of {', '.join(map(str, PTXAS_LEVELS))}")
     if c.interior not in INTERIORS:
         why.append(f"interior path {c.interior} is not one of "
                    f"{', '.join(map(str, INTERIORS))}")
