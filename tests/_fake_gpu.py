@@ -87,10 +87,11 @@ class FakeGpu:
                 return 0, 0x7000000 + len(world.allocs) * 0x100000
 
             def cuMemsetD32Async(self, ptr, value, count, stream):
+                world.memsets.append((ptr, value, count, stream))
                 return (0,)
 
         cu = self.cu = Cu()
-        self.allocs = []
+        self.allocs, self.memsets = [], []
 
         class Blas:
             version = 130100

@@ -452,3 +452,65 @@ def test_a_patched_layer_follows_its_weight_and_is_recorded(kernel_lib, empty_li
         assert (line["m"], line["n"], line["k"], line["calls"]) == (3 * m, n, k, 4), line
         assert line["runs"] == ("cuBLAS" if lib is empty_lib else _kernels()["nt_f16_none"].name)
         torch_ops.unpatch(lin)
+
+
+@pytest.mark.parametrize("caller", ["torch", "cupy"])
+def test_empty_problems_as_torch_takes_them(kernel_lib, caller):
+    """M, N or the batch 0: an empty C, nothing launched; K = 0: C = act(beta C + bias) (the
+    bias of C's type or fp32), C poisoned with NaN where beta is 0: torch's own ops for
+    torch, gemm-tune's epilogue kernel on a zeroed product for cupy; against float64."""
+    import torch
+
+    xp = torch if caller == "torch" else pytest.importorskip("cupy")
+
+    def dev(t):
+        return t if caller == "torch" else xp.asarray(t)
+
+    def back(t):
+        return t if caller == "torch" else torch.as_tensor(t, device="cuda")
+
+    m, n, k = 37, 29, 41
+    h = torch.float16
+    for a, b in (((0, k), (k, n)), ((m, k), (k, 0)), ((3, 0, k), (k, n)), ((0, m, k), (0, k, n))):
+        C = kernel_lib.gemm(dev(torch.randn(a, device="cuda").to(h)),
+                            dev(torch.randn(b, device="cuda").to(h)))
+        want = (*a[:-1], b[-1]) if len(a) == 3 else (a[0], b[-1])
+        assert tuple(C.shape) == want and C.dtype == (h if caller == "torch" else xp.float16)
+    A, B = torch.empty(m, 0, device="cuda", dtype=h), torch.empty(n, 0, device="cuda", dtype=h)
+    for bias_t in (h, torch.float32):
+        bias = torch.randn(n, device="cuda", dtype=bias_t)
+        for beta, act in ((0.0, "gelu"), (1.5, "silu"), (-2.0, None)):
+            C = torch.full((m, n), float("nan"), device="cuda", dtype=h) if beta == 0 \
+                else torch.randn(m, n, device="cuda", dtype=h)
+            r = beta * C.double() if beta != 0 else torch.zeros(m, n, device="cuda",
+                                                                 dtype=torch.double)
+            r = r + bias.double()
+            r = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+                 None: lambda t: t}[act](r)
+            Cd = dev(C)
+            out = kernel_lib.gemm(dev(A), dev(B.t()), Cd, alpha=3.0, beta=beta, bias=dev(bias),
+                                  activation=act)
+            assert out is Cd
+            assert _err(back(out), r) <= GATE["float16"], (bias_t, beta, act)
+    torch.cuda.synchronize()
+
+
+def test_a_patched_model_takes_an_empty_batch(kernel_lib):
+    """A patched model given no tokens (an expert with none routed to it) returns what the
+    unpatched one does: an empty output of the right shape and type."""
+    import torch
+
+    from tuner.runtime import torch_ops
+
+    nn = torch.nn
+    mlp = nn.Sequential(nn.Linear(64, 48), nn.GELU(), nn.Linear(48, 16)).cuda().half()
+    x = torch.randn(0, 64, device="cuda").half()
+    with torch.inference_mode():
+        want = mlp(x)
+        torch_ops.patch(mlp, kernel_lib)
+        got = mlp(x)
+        got3 = mlp(torch.randn(2, 0, 64, device="cuda").half())
+        y = torch_ops.linear(x, mlp[0].weight, mlp[0].bias, "gelu", library=kernel_lib)
+    torch_ops.unpatch(mlp)
+    assert got.shape == want.shape == (0, 16) and got.dtype == want.dtype
+    assert got3.shape == (2, 0, 16) and y.shape == (0, 48)

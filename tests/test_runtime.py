@@ -984,3 +984,74 @@ def test_alpha_and_beta_must_be_real_numbers():
             lib.gemm(a, b, **kw)
         except NoGPUError:
             pass  # past the check (CI has no GPU)
+
+
+def test_empty_outputs_run_nothing(lib, fake):
+    """M, N or the batch 0 (a mixture-of-experts layer with no tokens for an expert, say):
+    nothing to multiply, as torch.matmul and BLAS take it: C returned as given, or
+    allocated with no elements; no launch, no cuBLAS call, no first-use measurement; and
+    explain() says so."""
+    B = Dev((50, 70), 0x200000)
+    for A, B_, C in ((Dev((0, 50), 0x100000), B, Dev((0, 70), 0x300000)),
+                     (Dev((100, 50), 0x100000), Dev((50, 0), 0), Dev((100, 0), 0)),
+                     (Dev((0, 100, 50), 0x100000), B, Dev((0, 100, 70), 0x300000))):
+        assert lib.gemm(A, B_, C, alpha=2.0, beta=3.0, stream=7) is C
+    out = lib.gemm(np.ones((0, 50), np.float32), np.ones((50, 70), np.float32))
+    assert isinstance(out, np.ndarray) and out.shape == (0, 70) and out.dtype == np.float32
+    assert not fake.launches and not fake.blas and not fake.measured and not fake.memsets
+    assert lib.explain(Dev((0, 50), 0x100000), B) == (
+        "an empty problem (1 x 0 x 70 x 50, batch x M x N x K): no kernel and no cuBLAS "
+        "call; C has no elements")
+    with pytest.raises(LibraryError, match="A is 0x40 and B is 50x70"):
+        lib.gemm(Dev((0, 40), 0x100000), B)  # shapes are still checked
+    assert lib.explain(64, 64, 0, "fp16", bias="f32", activation="silu") == (
+        "an empty problem (1 x 64 x 64 x 0, batch x M x N x K): no kernel and no cuBLAS "
+        "call; A B has no terms: C = silu(beta * C + bias)")
+    with pytest.raises(LibraryError, match=r"^explain: no size may be negative \(m = -1\)$"):
+        lib.explain(-1, 4, 4)
+
+
+def test_k_zero_is_the_epilogue_on_a_zero_product(lib, fake, monkeypatch):
+    """K = 0: A B has no terms, so C = act(beta C + bias): on device arrays gemm-tune's
+    epilogue kernel on a zeroed fp32 product (the one rounding to C's type, the bias and
+    the activation as every epilogue applies them), on C's stream, and no cuBLAS call."""
+    monkeypatch.setattr(driver, "scratch", lambda s=driver.Scratch(): s)
+    m, n = 100, 70
+    A, B = Dev((m, 0), 0x100000, "<f2"), Dev((0, n), 0x200000, "<f2")
+    C, bias = Dev((m, n), 0x300000, "<f2"), Dev((n,), 0x400000)
+    assert lib.gemm(A, B, C, alpha=3.0, beta=2.0, bias=bias, activation="gelu", stream=7) is C
+    assert not fake.blas and not fake.measured
+    name, grid, block, stream, args = fake.launches[-1]
+    assert name == "gemm_tune_epilogue_of16_biasf32_gelu" and stream == 7
+    w = args[3]  # M N batch W ldw sW beta C ldc sC bias
+    assert args == (m, n, 1, w, n, m * n, 2.0, 0x300000, n, 0, 0x400000)
+    assert fake.memsets == [(w, 0, m * n, 7)]
+    assert "A B has no terms: C = gelu(beta * C + bias)" in lib.explain(A, B, C, bias=bias,
+                                                                      activation="gelu")
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+def test_k_zero_on_numpy_is_beta_c_then_the_activation(act, lib):
+    """numpy operands with K = 0 need no GPU: C = act(beta C) on the host (C NaN where beta
+    is 0 stays unread), against a float64 reference; C allocated is act(0)."""
+    import math
+
+    ref_act = {"none": lambda x: x, "relu": lambda x: max(x, 0.0),
+               "gelu": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
+               "gelu_tanh": lambda x: 0.5 * x * (1 + math.tanh(
+                   math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+               "silu": lambda x: x / (1 + math.exp(-x))}[act]
+    rng = np.random.default_rng()
+    A, B = np.ones((6, 0), np.float32), np.ones((0, 5), np.float32)
+    C = rng.standard_normal((6, 5)).astype(np.float32)
+    ref = np.vectorize(ref_act)(-1.5 * C.astype(np.float64))
+    out = lib.gemm(A, B, C, beta=-1.5, activation=None if act == "none" else act)
+    assert out is C and np.allclose(C, ref, rtol=1e-6, atol=1e-7), (C, ref)
+    poisoned = np.full((6, 5), np.nan, np.float32)
+    lib.gemm(A, B, poisoned, beta=0.0, activation=None if act == "none" else act)
+    assert np.array_equal(poisoned, np.zeros((6, 5), np.float32))
+    fresh = lib.gemm(A, B)
+    assert fresh.shape == (6, 5) and np.array_equal(fresh, np.zeros((6, 5), np.float32))
+    out, empty = lib.gemm_batch([(A, B), (np.ones((0, 3), np.float32), np.ones((3, 4),
+                                                                              np.float32))])
+    assert np.array_equal(out, np.zeros((6, 5), np.float32)) and empty.shape == (0, 4)

@@ -181,6 +181,47 @@ def test_the_torch_fallback_computes_the_variant(shapes, bias, alpha, beta, act)
         assert C.shape == out and torch.allclose(C, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("out", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_empty_product_in_torch_is_the_epilogue_alone(out, act):
+    """K = 0 for a torch C: act(beta C + bias) in FP32, one rounding to C's type (fp16 or
+    bf16 C with an fp32 bias too), C NaN-poisoned where beta is 0; C allocated where none
+    is given; M = 0: an empty C of the right shape. On CPU tensors (the operands as the
+    call reads them), against float64."""
+    from codegen.config import DType
+    from tuner.runtime import call
+    from tuner.runtime.operands import Operand
+
+    call._see_torch()
+    F = torch.nn.functional
+    ref_act = {"none": lambda x: x, "relu": torch.relu, "silu": F.silu, "gelu": F.gelu,
+               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[act]
+    dt = {torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16}[out]
+
+    def op(t, name, kind="torch"):
+        return Operand(name, t, t.shape[-2], t.shape[-1], max(t.shape[-1], 1), 0, kind=kind,
+                       dtype=dt)
+
+    A, B = torch.empty(6, 0, dtype=out), torch.empty(0, 5, dtype=out)
+    bias = torch.randn(5)
+    for beta, C in ((0.0, torch.full((6, 5), float("nan"), dtype=out)),
+                    (-1.5, torch.randn(6, 5).to(out)), (1.0, None)):
+        product = torch.zeros(6, 5, dtype=torch.float64) if not beta or C is None else \
+            beta * C.double()  # (a C the call allocates: beta is 0 whatever was asked)
+        want = ref_act(product + bias.double())
+        req = call.Request(6, 5, 0, 1, dt, Operand("bias", bias, 1, 5, 5, 0, dtype=DType.F32),
+                           "f32", act, False)
+        e = call.EmptyProblem(op(A, "A"), op(B, "B"), None if C is None else op(C, "C"), req)
+        got = call._empty_call(e, C, beta, None)
+        assert got.dtype == out and got.shape == (6, 5) and (C is None or got is C)
+        tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[out]
+        assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (beta, got, want)
+    empty = call.EmptyProblem(op(torch.empty(0, 3, dtype=out), "A"), op(B[:, :0], "B"), None,
+                              call.Request(0, 7, 3, 1, dt, None, "none", act, False))
+    got = call._empty_call(empty, None, 0.0, None)
+    assert got.shape == (0, 7) and got.dtype == out
+
+
 def test_the_torch_fallback_applies_the_activation_in_place_only_into_the_callers_c(monkeypatch):
     """Into a C the caller gave, the activation runs in place (it must land there); into a C
     the call allocated, out of place, as F.gelu(F.linear(...)) runs it (faster after a large

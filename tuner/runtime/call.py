@@ -38,8 +38,8 @@ from tuner.runtime.operands import (
     same_device, stream_handle,
 )
 
-__all__ = ["Plan", "Problem", "Request", "gemm", "gemm_batch", "fp32_request", "check_call",
-           "request", "torch_linear"]
+__all__ = ["Plan", "Problem", "Request", "EmptyProblem", "gemm", "gemm_batch", "fp32_request",
+           "check_call", "request", "torch_linear"]
 
 log = logging.getLogger(__name__)
 
@@ -232,12 +232,15 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
             and t.__name__ in ("Tensor", "Parameter"):
         _see_torch()
     tensors = _TENSORS
-    if t in tensors and type(B) in tensors and (C is None or type(C) in tensors) \
-            and (bias is None or type(bias) in tensors):
-        return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
-                           fast)
-    return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out, bias,
-                         act)
+    try:
+        if t in tensors and type(B) in tensors and (C is None or type(C) in tensors) \
+                and (bias is None or type(bias) in tensors):
+            return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias,
+                               act, fast)
+        return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out,
+                             bias, act)
+    except EmptyProblem as e:  # raised by request(), before any plan: nothing has run
+        return _empty_call(e, C, beta, stream)
 
 
 def fp32_request(dtype: DType, mode: DType | None) -> DType:
@@ -405,8 +408,11 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
         key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act)[0]
         plan = lib.plans.get(key)
         if plan is None:
-            plan = _torch_plan(lib, key, x2, B, None, None, None, lib.measure, None, bias,
-                               act)[0]
+            try:
+                plan = _torch_plan(lib, key, x2, B, None, None, None, lib.measure, None,
+                                   bias, act)[0]
+            except EmptyProblem:  # nothing to multiply: the caller's lib.gemm answers it
+                return None
         hit = (key, (*x.shape[:-1], B.shape[1]))
         if plan.memo:
             if len(memo) >= LINEAR_MEMO:
@@ -523,21 +529,26 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     outs = list(outs) if outs is not None else [None] * len(pairs)
     if len(outs) != len(pairs):
         raise LibraryError(f"{len(outs)} outputs for {len(pairs)} (A, B) pairs")
-    items = []
+    items, results = [], []
     for (A, B), C in zip(pairs, outs):
         for x, name in ((A, "A"), (B, "B"), (C, "C")):
             if x is not None and not isinstance(x, np.ndarray):
                 raise LibraryError(f"gemm_batch takes numpy arrays; {name} is "
                                    f"{type(x).__name__} (lib.gemm runs device arrays)")
-        plan, a, b, c, _, _ = _general_plan(lib, A, B, C, mode, None, measure)
+        try:
+            plan, a, b, c, _, _ = _general_plan(lib, A, B, C, mode, None, measure)
+        except EmptyProblem as e:  # nothing to multiply: answered here, on the host
+            results.append(_empty_call(e, C, beta, None))
+            continue
         if C is None:
             C = np.empty((plan.m, plan.n), _ELEMENT[plan.out])
         items.append((plan, a.host, b.host, C))
+        results.append(C)
     if items:
         g = items[0][0].gpu
         with driver.entered(g):
             run_batch(g, items, alpha, beta)
-    return [C for _, _, _, C in items]
+    return results
 
 
 def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int,
@@ -577,7 +588,7 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
         raise LibraryError(f"A is {_size(a)} and B is {_size(b)}: "
                            "A's columns must equal B's rows")
     m, n, k = a.rows, b.cols, a.cols
-    batch = max(a.batch, b.batch)
+    batch = 0 if 0 in (a.batch, b.batch) else max(a.batch, b.batch)
     if a.batch not in (1, batch) or b.batch not in (1, batch):
         raise LibraryError(f"A is a batch of {a.batch} and B a batch of {b.batch}: batches "
                            "must be of one size, or 1 (one matrix for every problem)")
@@ -621,7 +632,98 @@ def request(a: Operand, b: Operand, c: Operand | None, out=None, bias=None,
     act = _activation(act)
     bop, kind = (None, "none") if bias is None else bias_operand(bias, n, want)
     batched = a.batched or b.batched or (c is not None and c.batched)
-    return Request(m, n, k, batch, want, bop, kind, act, batched)
+    req = Request(m, n, k, batch, want, bop, kind, act, batched)
+    if not (m and n and k and batch):
+        raise EmptyProblem(a, b, c, req)
+    return req
+
+
+class EmptyProblem(Exception):
+    """A checked call with nothing to multiply: M, N, K or the batch is 0 (what `request`
+    raises instead of returning; gemm answers it with :func:`_empty_call`)."""
+
+    def __init__(self, a: Operand, b: Operand, c: Operand | None, req: Request):
+        super().__init__(f"an empty problem: {req.batch}x{req.m}x{req.n}x{req.k}")
+        self.a, self.b, self.c, self.req = a, b, c, req
+
+
+def _empty_call(e: EmptyProblem, C, beta: float, stream):
+    """What gemm returns for an empty problem, as torch.matmul and BLAS do: with M, N or
+    the batch 0, C as it is (or allocated, with no elements) and nothing run; with K = 0
+    (A B has no terms), C = act(beta C + bias), in FP32 before the one rounding to C's
+    type as the kernels' epilogue: through torch's own ops for a torch C, numpy's for a
+    numpy C, gemm-tune's epilogue kernel on a zero product for other device arrays."""
+    a, c, req = e.a, e.c, e.req
+    ops = tuple(o for o in (a, e.b, c, req.bias) if o is not None)
+    dev = same_device(*ops)
+    kind = a.kind if c is None else c.kind  # (a C the call allocates is of A's kind)
+    if C is None:
+        shape = (req.batch, req.m, req.n) if req.batched else (req.m, req.n)
+        on = dev if dev is not None or kind in ("torch", "numpy") else driver.current_device()
+        C, beta = empty_like(a, shape, on, req.out), 0.0
+    if not (req.m and req.n and req.batch):  # C has no elements: nothing to compute
+        return C
+    bias, act = req.bias, req.act
+    if kind == "torch":
+        if beta == 0:
+            C.zero_()  # (C unread: a NaN in it stays out)
+        if beta not in (0, 1) or bias is not None or act != "none":
+            R = C.float() * beta
+            if bias is not None:
+                R += bias.obj.float()
+            C.copy_(torch_epilogue(R, None, act))
+        return C
+    if kind == "numpy":
+        import numpy as np
+
+        R = C.astype(np.float32) * np.float32(beta) if beta != 0 else \
+            np.zeros(C.shape, np.float32)
+        if bias is not None:
+            R += _host_vector(bias)
+        C[...] = _numpy_activation(R, act)
+        return C
+    dev = driver.current_device() if dev is None else dev
+    g, s = driver.gpu(dev), resolve_stream(stream, ops[:3], dev)
+    c = c or operand(C, "C", writable=True)
+    from tuner.runtime.epilogue import epilogue_launcher
+
+    with driver.entered(g):
+        words = req.batch * req.m * req.n
+        w = driver.scratch().get(g, s, "a zero product", 4 * words)
+        driver.call("cuMemsetD32Async", w, 0, words, s)
+        epilogue_launcher(g, req.m, req.n, req.batch, req.variant(a, e.b))(
+            w, req.n, req.m * req.n, beta, c.ptr, c.ld, c.bstride if req.batch > 1 else 0,
+            0 if bias is None else bias.ptr, s)
+    return C
+
+
+def _host_vector(bias: Operand):
+    """A device vector's values on the host, as float32."""
+    import numpy as np
+
+    if bias.kind == "torch":
+        return bias.obj.float().cpu().numpy()
+    host = np.empty(bias.cols, _ELEMENT[bias.dtype])
+    with driver.entered(driver.gpu(bias.device)):
+        driver.call("cuMemcpyDtoH", host.ctypes.data, bias.ptr, host.nbytes)
+    return host.astype(np.float32)
+
+
+def _numpy_activation(x, act: str):
+    """The epilogue's activations (templates/macros.cu.j2) in numpy, in x's type."""
+    import numpy as np
+
+    if act == "relu":
+        return np.maximum(x, 0)
+    if act == "silu":
+        return x / (1 + np.exp(-x))
+    if act == "gelu":
+        import math
+
+        return 0.5 * x * (1 + np.vectorize(math.erf, otypes=[x.dtype])(x / math.sqrt(2)))
+    if act == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    return x
 
 
 def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,

@@ -222,8 +222,12 @@ class Library:
     def _explain_call(self, A, B, C=None, *, out_dtype=None, bias=None, activation=None,
                       allow_tf32: bool = False, allow_3xtf32: bool = False,
                       stream=None, gpu: str | None = None) -> str:
-        problem = call.problem_of(A, B, C, _mode(allow_tf32, allow_3xtf32), stream,
-                                  out_dtype, bias, activation, offline=gpu is not None)
+        try:
+            problem = call.problem_of(A, B, C, _mode(allow_tf32, allow_3xtf32), stream,
+                                      out_dtype, bias, activation, offline=gpu is not None)
+        except call.EmptyProblem as e:
+            r = e.req
+            return _explain_empty(r.m, r.n, r.k, r.batch, r.bias is not None, r.act)
         if gpu is not None:
             return self.dispatcher.explain_offline(gpu, problem.case)
         return self.dispatcher.explain(problem.gpu, problem.case)
@@ -234,6 +238,12 @@ class Library:
                        activation: str | None = None, batch: int = 1, ld: tuple | None = None,
                        align: tuple | None = None, route: str | None = None) -> str:
         dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        sizes = dict(m=m, n=n, k=k, batch=batch)
+        if any(v < 0 for v in sizes.values()):
+            bad = ", ".join(f"{name} = {v}" for name, v in sizes.items() if v < 0)
+            raise LibraryError(f"explain: no size may be negative ({bad})")
+        if not (m and n and k and batch):
+            return _explain_empty(m, n, k, batch, bias != "none", activation or "none")
         case = _case(dtype, m, n, k, layout, out_dtype, bias, activation, batch, ld, align,
                      route or "gemm-tune")
         if gpu is not None:
@@ -320,7 +330,8 @@ class Library:
         float32 for float32 ones; FP32 accumulation always, one rounding to C's type.
         `bias`: a vector of N elements of C's type or float32 (unit stride), added to every
         row; `activation`: "relu", "gelu" (erf), "gelu_tanh" or "silu", applied last, in
-        FP32.
+        FP32. Any dimension may be 0, as torch.matmul takes it: with M, N or the batch 0
+        nothing runs (C has no elements); with K = 0, C = act(beta * C + bias).
 
         Operands are torch tensors, cupy arrays, pycuda GPUArrays or any object exposing
         __cuda_array_interface__, used in place, or numpy matrices: when A, B and C are all
@@ -394,6 +405,15 @@ class _Plans(dict):
             if lib.fast is not None:
                 lib.fast.clear()
             lib.fast_keys.clear()
+
+
+def _explain_empty(m: int, n: int, k: int, batch: int, bias: bool, act: str) -> str:
+    """explain()'s line for a problem with nothing to multiply (call.EmptyProblem)."""
+    terms = "beta * C" + (" + bias" if bias else "")
+    what = "C has no elements" if not m * n * batch else \
+        f"A B has no terms: C = {terms if act == 'none' else f'{act}({terms})'}"
+    return (f"an empty problem ({batch} x {m} x {n} x {k}, batch x M x N x K): no kernel and "
+            f"no cuBLAS call; {what}")
 
 
 def _mode(allow_tf32: bool, allow_3xtf32: bool) -> DType | None:

@@ -114,17 +114,18 @@ def _dims(name, shape, strides, itemsize, column_major_ok: bool = True):
     elements apart) or, where `column_major_ok`, column-major (a transposed view: unit
     stride down a column, columns ld >= rows apart); a batch's problems bstride >= 0
     elements apart (0: one matrix for every problem). A matrix of one row or one column is
-    read as row-major."""
+    read as row-major, and so is an empty one (a dimension of 0: its strides say nothing)."""
     if len(shape) not in (2, 3):
         raise _error(f"{name} must be a 2-D matrix or a 3-D batch of them "
                      f"(got {len(shape)} dimensions)")
     dims = [int(x) for x in shape]
     batched = len(dims) == 3
     batch, rows, cols = dims if batched else [1] + dims
-    if min(dims) < 1:
+    if min(dims) < 0:
         what = "x".join(map(str, dims))
-        raise _error(f"{name} is {what}: every dimension must be at least 1")
-    if strides is None:
+        raise _error(f"{name} is {what}: no dimension may be negative")
+    if strides is None or not min(dims):  # (nothing of an empty operand is read)
+        return rows, cols, max(cols, 1), False, batch, rows * cols if batch > 1 else 0, batched
         return rows, cols, cols, False, batch, rows * cols if batch > 1 else 0, batched
     st = [int(x) for x in strides]
     bs, rs, cs = st if batched else [0] + st
@@ -197,7 +198,12 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
         raise _error(f"{name} must be a numpy array, a pycuda GPUArray, a torch tensor "
                      f"or expose __cuda_array_interface__ (got {type(x).__name__})")
     rows, cols, ld, colmajor, batch, bstride, batched = dims
-    device = int(x.device.id) if kind == "cupy" else _device_of(int(ptr), name)
+    if kind == "cupy":
+        device = int(x.device.id)
+    elif not ptr and not rows * cols * batch:  # an empty array may have no memory at all
+        device = None
+    else:
+        device = _device_of(int(ptr), name)
     return Operand(name, x, rows, cols, ld, int(ptr), device=device, dtype=dt, kind=kind,
                    stream=stream if isinstance(stream, int) and stream > 2 else None,
                    column_major=colmajor, batch=batch, bstride=bstride, batched=batched)
