@@ -106,7 +106,8 @@ def test_the_decode_prefetch_figures_are_those_of_the_file_cited():
     import gzip
 
     text = " ".join(README.split())
-    name = re.search(r"bench/results/(decode-roof-prefetch-b-[\w-]*\.json\.gz)", README).group(1)
+    name = re.search(r"bench/results/(decode-roof-prefetch-b-(?!bf16)[\w-]*\.json\.gz)",
+                     README).group(1)
     rows = json.loads(gzip.open(ROOT / "bench" / "results" / name).read())["rows"]
     at = {tuple(r["shape"]): r for r in rows if r["dtype"] == "f16"}
     one, sixteen = at[1, 4096, 4096], at[16, 4096, 4096]
@@ -114,6 +115,32 @@ def test_the_decode_prefetch_figures_are_those_of_the_file_cited():
         f"{one['ratio']:.2f}x torch.matmul" in text
     assert f"16x4096x4096 {sixteen['us']:.2f} us ({sixteen['roof']:.0%}, " \
         f"{sixteen['ratio']:.2f}x)" in text
+
+
+def _standing() -> str:
+    """The README's "Where it stands" table, one line a row, whitespace folded."""
+    table = README.split("## Where it stands", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(" ".join(line.split()) for line in table.splitlines() if line.startswith("|"))
+
+
+def test_where_it_stands_quotes_the_files_it_cites():
+    """Each row of the status table: the figures of the file it cites."""
+    rows = {line.split("|")[1].strip(): line for line in _standing().splitlines()}
+    fp32 = _tunes("tunes-4096-fp32-8192-")
+    big = _tunes("tunes-4096-fp32-8192-", "8192x8192x8192")
+    assert f"{fp32['fp32']['ratio']:.2f}x at 4096^3, {big['fp32']['ratio']:.2f}x at 8192^3" \
+        in rows["strict fp32, a fresh default tune"]
+    t3 = _tunes("tune-3xtf32-default-")["3xtf32"]
+    assert f"| {t3['ratio']:.2f}x (" in rows[
+        "3xTF32 (fp32's accuracy on tensor cores), a fresh tune at 4096^3"]
+    decode = _cited("decode-roof-prefetch-b-bf16-")["rows"]
+    at = {tuple(r["shape"]): r for r in decode}
+    line = rows["decode shapes, bf16, the weights read from DRAM, back to back"]
+    assert _span([r["ratio"] for r in decode]) + "; 1x4096x4096 at " \
+        f"{at[1, 4096, 4096]['roof']:.0%}, 16x4096x4096 at {at[16, 4096, 4096]['roof']:.0%}" in line
+    lib = _cited("library-vs-cublas-78fde77-")["summary"]
+    assert f"geometric mean {lib['geomean']:.2f}x torch.matmul, none below 0.95x" in rows[
+        "the library end to end, 64 shapes through `lib.gemm`"] and not lib["below_095"]
 
 
 def _cited(prefix: str) -> dict:
