@@ -1025,7 +1025,9 @@ def test_k_zero_is_the_epilogue_on_a_zero_product(lib, fake, monkeypatch):
     assert name == "gemm_tune_epilogue_of16_biasf32_gelu" and stream == 7
     w = args[3]  # M N batch W ldw sW beta C ldc sC bias
     assert args == (m, n, 1, w, n, m * n, 2.0, 0x300000, n, 0, 0x400000)
-    assert fake.memsets == [(w, 0, m * n, 7)]
+    assert fake.memsets == [(w, 0, m * n, 7)]  # zeroed as made, never written after
+    lib.gemm(A, B, C, beta=0.0, stream=7)
+    assert fake.memsets == [(w, 0, m * n, 7)] and fake.launches[-1][4][3] == w
     assert "A B has no terms: C = gelu(beta * C + bias)" in lib.explain(A, B, C, bias=bias,
                                                                       activation="gelu")
 

@@ -652,7 +652,8 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
     the batch 0, C as it is (or allocated, with no elements) and nothing run; with K = 0
     (A B has no terms), C = act(beta C + bias), in FP32 before the one rounding to C's
     type as the kernels' epilogue: through torch's own ops for a torch C, numpy's for a
-    numpy C, gemm-tune's epilogue kernel on a zero product for other device arrays."""
+    numpy C, gemm-tune's epilogue kernel on a zero product for other device arrays; on
+    the call's stream."""
     a, c, req = e.a, e.c, e.req
     ops = tuple(o for o in (a, e.b, c, req.bias) if o is not None)
     dev = same_device(*ops)
@@ -665,13 +666,19 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
         return C
     bias, act = req.bias, req.act
     if kind == "torch":
-        if beta == 0:
-            C.zero_()  # (C unread: a NaN in it stays out)
-        if beta not in (0, 1) or bias is not None or act != "none":
-            R = C.float() * beta
-            if bias is not None:
-                R += bias.obj.float()
-            C.copy_(torch_epilogue(R, None, act))
+        import contextlib
+
+        import torch
+
+        with contextlib.nullcontext() if stream is None else \
+                torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream))):
+            if beta == 0:
+                C.zero_()  # (C unread: a NaN in it stays out)
+            if beta not in (0, 1) or bias is not None or act != "none":
+                R = C.float() * beta
+                if bias is not None:
+                    R += bias.obj.float()
+                C.copy_(torch_epilogue(R, None, act))
         return C
     if kind == "numpy":
         import numpy as np
@@ -687,10 +694,9 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
     c = c or operand(C, "C", writable=True)
     from tuner.runtime.epilogue import epilogue_launcher
 
-    with driver.entered(g):
-        words = req.batch * req.m * req.n
-        w = driver.scratch().get(g, s, "a zero product", 4 * words)
-        driver.call("cuMemsetD32Async", w, 0, words, s)
+    with driver.entered(g):  # (the zero product is only ever read: zeroed once, as made)
+        w = driver.scratch().get(g, s, "a zero product", 4 * req.batch * req.m * req.n,
+                                 zero=True)
         epilogue_launcher(g, req.m, req.n, req.batch, req.variant(a, e.b))(
             w, req.n, req.m * req.n, beta, c.ptr, c.ld, c.bstride if req.batch > 1 else 0,
             0 if bias is None else bias.ptr, s)
