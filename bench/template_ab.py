@@ -35,7 +35,7 @@ import jinja2  # noqa: E402
 
 from _common import commit, problem_for, write  # noqa: E402
 from kernel_profile import kernel_call, sustained  # noqa: E402
-from codegen.compile import compile_source, target_arch  # noqa: E402
+from codegen.compile import compile_source, config_flags, target_arch  # noqa: E402
 from codegen.config import config_from_name  # noqa: E402
 from codegen.families import family_of  # noqa: E402
 from codegen.rendering import _env  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
         (shape, name), d = item
         cfg = config_from_name(name)
         src = envs[d].get_template(family_of(cfg).template).render(**cfg.template_values())
-        r = compile_source(src, target_arch(cfg, dev.sm), name)
+        r = compile_source(src, target_arch(cfg, dev.sm), name, flags=config_flags(cfg))
         assert r.ok, r.log[-2000:]
         return (shape, name, d), r
 
