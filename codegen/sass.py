@@ -234,6 +234,8 @@ class Mix:
         complete: does the hot path hold every FFMA of the loop's range?
         ffma_reuse: FFMAs on the path with at least one .reuse source operand.
         reuse_flags: .reuse flags on the path's FFMAs.
+        rf_reads: the path's FFMAs' source operands read from the register file, the rest
+            served by the operand-reuse cache (:func:`register_file_reads`).
     """
 
     kernel: str
@@ -247,6 +249,7 @@ class Mix:
     complete: bool
     ffma_reuse: int
     reuse_flags: int
+    rf_reads: int = 0
 
     @property
     def issued(self) -> int:
@@ -268,7 +271,8 @@ class Mix:
                                                    self.per_kstep().items()},
                     lds_widths=self.lds_widths, opcodes=self.opcodes, static=self.static,
                     complete=self.complete, ffma_reuse=self.ffma_reuse,
-                    reuse_flags=self.reuse_flags)
+                    reuse_flags=self.reuse_flags, rf_reads=self.rf_reads,
+                    rf_reads_per_ffma=round(self.rf_reads / max(self.counts["ffma"], 1), 3))
 
     def summary(self) -> str:
         """Three lines for a terminal."""
@@ -280,7 +284,8 @@ class Mix:
                 f"  FFMA {c['ffma']} ({self.ffma_share:.1%}), LDS {c['lds']} (128-bit {w[128]}, "
                 f"64-bit {w[64]}, 32-bit {w[32]}), {rest}\n"
                 f"  FFMAs with a .reuse operand: {self.ffma_reuse} of {c['ffma']} "
-                f"({self.reuse_flags} flags)")
+                f"({self.reuse_flags} flags); register-file reads per FFMA "
+                f"{self.rf_reads / max(c['ffma'], 1):.2f} (of 3)")
 
 
 def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
@@ -311,7 +316,45 @@ def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
                static=last - first + 1,
                complete=len(ffmas) == _count(code[first:last + 1]),
                ffma_reuse=sum(i.reuse > 0 for i in ffmas),
-               reuse_flags=sum(i.reuse for i in ffmas))
+               reuse_flags=sum(i.reuse for i in ffmas),
+               rf_reads=register_file_reads(ffmas))
+
+
+_REG = re.compile(r"^-?\|?R(\d+)\|?(\.reuse)?$")
+
+
+def register_file_reads(ffmas: list[Instr]) -> int:
+    """Source operands of `ffmas` (in issue order) read from the register file: the rest
+    come from the operand-reuse cache, modelled as one value per operand slot and
+    register bank (two banks, a register's number mod 2: the order cuBLAS's SGEMM walks
+    its micro-tile in 2x2 blocks shows it). A read is served when its slot and bank hold
+    that register; a .reuse flag leaves the value there, a read without one does not.
+    RZ and immediates read nothing.
+
+    Example:
+        >>> ffma = lambda ops: Instr(0, "", "FFMA", ops)
+        >>> register_file_reads([ffma("R8, R0.reuse, R2.reuse, R8"),
+        ...                      ffma("R9, R0.reuse, R3.reuse, R9"),
+        ...                      ffma("R10, R1.reuse, R2, R10"),
+        ...                      ffma("R11, R1, R3, R11")])
+        8
+    """
+    cache: dict[tuple[int, int], int] = {}
+    reads = 0
+    for i in ffmas:
+        for slot, text in enumerate(i.operands.split(",")[1:4]):
+            m = _REG.match(text.strip())
+            if m is None:
+                continue
+            reg, keep = int(m.group(1)), m.group(2) is not None
+            key = (slot, reg % 2)
+            if cache.get(key) != reg:
+                reads += 1
+            if keep:
+                cache[key] = reg
+            elif cache.get(key) == reg:
+                del cache[key]
+    return reads
 
 
 def kernel_mix(config, cubin: Path | str) -> Mix:

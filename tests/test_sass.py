@@ -106,6 +106,9 @@ def test_the_2x2_fma_order_at_ptxas_o1_reads_a_pair_of_each_block_from_the_reuse
     assert "-Xptxas=-O1" in flags[1] and not any("-Xptxas=-O" in f for f in flags[0])
     assert order.reuse_flags < 1.1 * plain.reuse_flags, (plain.reuse_flags, order.reuse_flags)
     assert both.reuse_flags >= 1.4 * plain.reuse_flags, (plain.reuse_flags, both.reuse_flags)
+    # the register file's reads per FFMA (cuBLAS's SGEMM: 1.57; measured 2.15 -> 1.72)
+    per = [m.rf_reads / m.counts["ffma"] for m in (plain, both)]
+    assert per[0] > 2.0 and per[1] < 1.8, per
     assert both.counts["ffma"] == plain.counts["ffma"] == 1024 and both.complete
     assert both.opcodes["LDS.128"] == plain.opcodes["LDS.128"] == 48
     assert both.issued <= plain.issued + 8, (plain.opcodes, both.opcodes)
