@@ -236,6 +236,8 @@ class Mix:
         reuse_flags: .reuse flags on the path's FFMAs.
         rf_reads: the path's FFMAs' source operands read from the register file, the rest
             served by the operand-reuse cache (:func:`register_file_reads`).
+        lds_lead: for each shared load, the instructions until the first use of what it
+            loads, sorted (:func:`load_to_use`).
     """
 
     kernel: str
@@ -250,6 +252,7 @@ class Mix:
     ffma_reuse: int
     reuse_flags: int
     rf_reads: int = 0
+    lds_lead: tuple = ()
 
     @property
     def issued(self) -> int:
@@ -272,10 +275,11 @@ class Mix:
                     lds_widths=self.lds_widths, opcodes=self.opcodes, static=self.static,
                     complete=self.complete, ffma_reuse=self.ffma_reuse,
                     reuse_flags=self.reuse_flags, rf_reads=self.rf_reads,
-                    rf_reads_per_ffma=round(self.rf_reads / max(self.counts["ffma"], 1), 3))
+                    rf_reads_per_ffma=round(self.rf_reads / max(self.counts["ffma"], 1), 3),
+                    lds_lead=list(self.lds_lead))
 
     def summary(self) -> str:
-        """Three lines for a terminal."""
+        """Four lines for a terminal."""
         c, w = self.counts, self.lds_widths
         rest = ", ".join(f"{k} {v}" for k, v in c.items() if k not in ("ffma", "lds"))
         return (f"{self.kernel}: main loop {self.start:#06x}-{self.end:#06x}, {self.k_steps} "
@@ -285,7 +289,12 @@ class Mix:
                 f"64-bit {w[64]}, 32-bit {w[32]}), {rest}\n"
                 f"  FFMAs with a .reuse operand: {self.ffma_reuse} of {c['ffma']} "
                 f"({self.reuse_flags} flags); register-file reads per FFMA "
-                f"{self.rf_reads / max(c['ffma'], 1):.2f} (of 3)")
+                f"{self.rf_reads / max(c['ffma'], 1):.2f} (of 3)\n"
+                f"  a shared load's first use comes {self._lead()} instructions after it")
+
+    def _lead(self) -> str:
+        lead = self.lds_lead
+        return f"{lead[0]} (least), {lead[len(lead) // 2]} (median)" if lead else "-"
 
 
 def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
@@ -317,10 +326,38 @@ def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
                complete=len(ffmas) == _count(code[first:last + 1]),
                ffma_reuse=sum(i.reuse > 0 for i in ffmas),
                reuse_flags=sum(i.reuse for i in ffmas),
-               rf_reads=register_file_reads(ffmas))
+               rf_reads=register_file_reads(ffmas), lds_lead=tuple(load_to_use(path)))
 
 
 _REG = re.compile(r"^-?\|?R(\d+)\|?(\.reuse)?$")
+
+
+def load_to_use(path: list[Instr]) -> list[int]:
+    """For each shared load (LDS) of a loop's hot path, the instructions issued after it up
+    to the first that reads a register it loads (around the loop's back branch), sorted:
+    how far ahead the loop issues its fragments' loads. A use a few instructions on waits
+    out the load's latency (some 30 clocks) unless another warp issues meanwhile.
+
+    Example:
+        >>> path = [Instr(0, "", "LDS.64", "R4, [R2]"), Instr(16, "", "FFMA", "R8, R1, R1, R8"),
+        ...         Instr(32, "", "FFMA", "R9, R5, R1, R9")]
+        >>> load_to_use(path)
+        [2]
+    """
+    out = []
+    for n, i in enumerate(path):
+        if i.base != "LDS":
+            continue
+        m = re.match(r"\s*R(\d+)", i.operands)
+        words = i.width // 32
+        loaded = {f"R{int(m.group(1)) + w}" for w in range(words)} if m else set()
+        for d in range(1, len(path)):
+            j = path[(n + d) % len(path)]
+            if any(op.strip().split(".")[0].lstrip("-|") in loaded
+                   for op in j.operands.split(",")[1:]):
+                out.append(d)
+                break
+    return sorted(out)
 
 
 def register_file_reads(ffmas: list[Instr]) -> int:

@@ -119,6 +119,11 @@ def test_the_interior_path_rules():
     assert check(dataclasses.replace(ok, zigzag=2, ptxas=1), "sm_90") == []
     assert check(dataclasses.replace(ok, zigzag=3), "sm_90") == ["FMA order 3 is not one of 0, 1, 2"]
     assert check(dataclasses.replace(ok, ptxas=2), "sm_90") == ["ptxas level 2 is not one of 1, 3"]
+    assert check(dataclasses.replace(ok, frags=3), "sm_90") == []
+    assert check(dataclasses.replace(ok, frags=4), "sm_90") == ["fragment buffers 4 must be 1, 2 or 3"]
+    assert check(dataclasses.replace(ok, frags=3, interior=0), "sm_90") == [
+        "fragments carried across tiles (frags 3) are built for the double buffer's interior "
+        "path (stages 2, interior 1-2), not stages 2, interior 0"]
     odd = KernelConfig(bm=16, bn=16, bk=8, rm=1, rn=2, wt=4, pad=4, vec=1)
     assert check(odd, "sm_90") == [] and check(dataclasses.replace(odd, zigzag=1), "sm_90") == []
     assert check(dataclasses.replace(odd, zigzag=2), "sm_90") == [

@@ -70,7 +70,12 @@ def test_fragment_double_buffering_is_named_and_checked():
     c = KernelConfig(frags=2, split=4)
     assert c.name == "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_k4_f2"
     assert KernelConfig.from_name(c.name) == c and KernelConfig.from_dict(c.to_dict()) == c
-    assert check(KernelConfig(frags=3), "sm_90") == ["fragment buffers 3 must be 1 or 2"]
+    assert check(KernelConfig(frags=4), "sm_90") == ["fragment buffers 4 must be 1, 2 or 3"]
+    assert check(KernelConfig(frags=3), "sm_90") == [  # (carried across tiles: below)
+        "fragments carried across tiles (frags 3) are built for the double buffer's interior "
+        "path (stages 2, interior 1-2), not stages 2, interior 0"]
+    carried = KernelConfig(frags=3, interior=1)
+    assert check(carried, "sm_90") == [] and carried.name.endswith("_f3_i1")
 
 
 def test_cluster_split_k_is_named_and_sized():

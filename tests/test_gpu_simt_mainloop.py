@@ -143,19 +143,27 @@ def test_the_new_micro_tiles_run_without_spilling(built):
         assert r.max_active_blocks(dev) == occ.blocks_per_sm, cfg.name
 
 
-#: the 8x16 winners of 4096^3 and 8192^3 (98f87cf), each FMA order at each ptxas level
+#: the 8x16 winners of 4096^3 and 8192^3 (98f87cf), each FMA order at each ptxas level,
+#: and with the fragments carried across tiles on both interior paths
 ORDER_BASES = [KernelConfig(bm=128, bn=256, bk=8, rm=8, rn=16, wt=16, interior=1),
                KernelConfig(bm=128, bn=128, bk=8, rm=8, rn=16, wt=16, interior=1, frags=2)]
-ORDER_CONFIGS = [dataclasses.replace(b, zigzag=z, ptxas=o, layout=lay)
+ORDER_CONFIGS = [dataclasses.replace(b, zigzag=z, ptxas=o, layout=lay, frags=f, interior=i)
                  for b in ORDER_BASES for lay in (Layout.NN, Layout.TT)
-                 for z, o in ((0, 1), (1, 1), (2, 1), (2, 3))]
+                 for z, o, f, i in ((0, 1, b.frags, 1), (1, 1, b.frags, 1), (2, 1, b.frags, 1),
+                                    (2, 3, b.frags, 1), (0, 3, 3, 1), (2, 1, 3, 2))]
+
+
+def _plain(cfg: KernelConfig) -> KernelConfig:
+    """The twin that computes the same FMAs in row order, fragments loaded a step at a
+    time, at ptxas's default level."""
+    return dataclasses.replace(cfg, zigzag=0, ptxas=3, frags=1)
 
 
 @pytest.fixture(scope="module")
 def built_orders(compile_cache):
     from tuner.gpu import device
 
-    twins = [dataclasses.replace(c, zigzag=0, ptxas=3) for c in ORDER_CONFIGS]
+    twins = [_plain(c) for c in ORDER_CONFIGS]
     res = dict(compile_many(ORDER_CONFIGS + twins, device().sm, cache_dir=compile_cache))
     bad = {c.name: r.error for c, r in res.items() if not r.ok}
     assert not bad, bad
@@ -165,8 +173,10 @@ def built_orders(compile_cache):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fma_orders_and_ptxas_levels_compute_the_plain_kernels_bits(built_orders, shape):
     """Each accumulator takes the same FMAs in the same K order whatever the order of a
-    k-step's FMAs across the micro-tile and whatever ptxas's level: C equals the plain
-    kernel's bit for bit, within the gate of float64, the columns past N untouched."""
+    k-step's FMAs across the micro-tile, however its fragments are loaded (carried across
+    tiles too, where the interior path hands over to the checked loop at the edges) and
+    whatever ptxas's level: C equals the plain kernel's bit for bit, within the gate of
+    float64, the columns past N untouched."""
     import torch
 
     from tuner.bench import tolerance
@@ -174,7 +184,7 @@ def test_fma_orders_and_ptxas_levels_compute_the_plain_kernels_bits(built_orders
     torch.manual_seed(torch.seed())
     failures = {}
     for cfg in ORDER_CONFIGS:
-        twin = dataclasses.replace(cfg, zigzag=0, ptxas=3)
+        twin = _plain(cfg)
         a, lda, b, ldb, ref = _problem(torch, cfg, shape, True)
         c, untouched = _run(torch, cfg, built_orders[cfg], shape, a, lda, b, ldb)
         c0, _ = _run(torch, twin, built_orders[twin], shape, a, lda, b, ldb)

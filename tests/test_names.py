@@ -87,6 +87,8 @@ def test_the_name_declares_every_field(family):
     (KernelConfig(bn=256, rn=16, wt=16, interior=1, zigzag=2, ptxas=1),
      "gemm_simt_f32_128x256x8_r8x16_w16x2_p4_v4_s2_g8_i1_z2_o1"),
     (KernelConfig(ptxas=1, layout=Layout.TN), "gemm_simt_f32_128x128x8_r8x8_w4x8_p4_v4_s2_g8_o1_tn"),
+    (KernelConfig(bn=256, bk=16, rn=16, wt=8, swizzle=1, frags=3, interior=2, zigzag=2, ptxas=1),
+     "gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g1_f3_i2_z2_o1"),
     (WmmaConfig(), "gemm_wmma_f16_128x128x32_w64x32_p8_v8_s3_g8"),
     (WmmaConfig(dtype=DType.TF32, bk=16, skew=4, vec=4),
      "gemm_wmma_tf32_128x128x16_w64x32_p4_v4_s3_g8"),

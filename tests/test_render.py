@@ -30,9 +30,12 @@ from codegen.rendering import _env
     KernelConfig(bm=128, bn=64, bk=16, rm=8, rn=4, wt=8, pad=4, stages=1, swizzle=1,
                  interior=1, layout=Layout.TN, dtype=DType.F16, split=4, reduce="cluster",
                  zigzag=1),
-    # the FMAs in 2x2 blocks from double-buffered fragments, compiled at ptxas -O1
+    # the FMAs in 2x2 blocks from double-buffered fragments, compiled at ptxas -O1 ...
     KernelConfig(bm=128, bn=256, bk=8, rm=8, rn=16, wt=16, interior=1, frags=2, zigzag=2,
                  ptxas=1),
+    # ... and the fragments carried across tiles on the paired interior path
+    KernelConfig(bm=128, bn=256, bk=16, rm=8, rn=16, wt=8, swizzle=1, interior=2, frags=3,
+                 zigzag=2, ptxas=1),
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""

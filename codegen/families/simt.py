@@ -63,8 +63,13 @@ class KernelConfig(SplitK, Serial, Named):
             "cluster".
         frags: 1 = each k-step loads its A and B fragments from shared memory and then
             does its FMAs; 2 = the fragments are double-buffered in registers (step
-            kk+1's loads are issued before step kk's FMAs). The name carries `_f2` only
-            when 2.
+            kk+1's loads are issued before step kk's FMAs); 3 = (the double buffer's
+            interior path) across tiles too: the next tile is stored and the barrier
+            passed before the last k-step's FMAs, so that the next tile's first
+            fragments load under them instead of after the barrier, where every warp
+            waits for them at once (cuBLAS's SGEMM issues each fragment load at least 67
+            instructions before its first use; the 4096^3 winner's first uses come 4-40
+            instructions after). The name carries `_f<frags>` only above 1.
         minb: the second argument of __launch_bounds__, the blocks per SM ptxas must
             leave room for (it caps the registers at 64K / (threads x minb)). The name
             carries `_b<minb>` only when above 1.
@@ -157,7 +162,7 @@ class KernelConfig(SplitK, Serial, Named):
     def tile_regs(self) -> int:
         """Registers a thread's RM x RN accumulators and its `frags` sets of A and B
         fragments take."""
-        return self.rm * self.rn + (self.rm + self.rn) * self.frags
+        return self.rm * self.rn + (self.rm + self.rn) * min(self.frags, 2)
 
     @property
     def threads(self) -> int:
@@ -363,8 +368,12 @@ def _loop_reasons(c: KernelConfig) -> list[str]:
     elif c.interior == 2 and c.stages != 2:
         why.append(f"an interior path of two K tiles a turn pairs the double buffer's "
                    f"stages: stages 2, not {c.stages}")
-    if c.frags not in (1, 2):
-        why.append(f"fragment buffers {c.frags} must be 1 or 2")
+    if c.frags not in (1, 2, 3):
+        why.append(f"fragment buffers {c.frags} must be 1, 2 or 3")
+    elif c.frags == 3 and (c.stages != 2 or not c.interior):
+        why.append("fragments carried across tiles (frags 3) are built for the double "
+                   f"buffer's interior path (stages 2, interior 1-2), not stages {c.stages}, "
+                   f"interior {c.interior}")
     return why
 
 

@@ -356,26 +356,26 @@ gemm_simt_f32_128x256x8_r8x16_w16x2_p4_v4_s2_g8_f2_i1_z2_o1(int M, int N, int K,
         for (int j = 0; j < RN; ++j)
             acc[i][j] = 0.0f;
 
-    // acc += the BK-deep slice of A and B in shared stage s.
-    auto compute_stage = [&](int s) {
+    // Fragments double-buffered in registers: step kk+1's shared loads are issued before
+    // step kk's FMAs, so they are in flight while the FMAs run.
+    float af[2][RM], bf[2][RN];
+    auto load_frags = [&](int s, int kk, float* a, float* b) {
         const float* as = As + s * BK * LDA_S;
         const float* bs = Bs + s * BK * LDB_S;
-        // Fragments double-buffered in registers: step kk+1's shared loads are issued
-        // before step kk's FMAs, so they are in flight while the FMAs run.
-        float af[2][RM], bf[2][RN];
-        auto load_frags = [&](int kk, float* a, float* b) {
 #pragma unroll
-            for (int c = 0; c < RM / VA; ++c)
-                ld_vec<VA>(&a[c * VA], &as[kk * LDA_S + row_base + c * WT_M * VA]);
+        for (int c = 0; c < RM / VA; ++c)
+            ld_vec<VA>(&a[c * VA], &as[kk * LDA_S + row_base + c * WT_M * VA]);
 #pragma unroll
-            for (int c = 0; c < RN / VB; ++c)
-                ld_vec<VB>(&b[c * VB], &bs[kk * LDB_S + col_base + c * WT_N * VB]);
-        };
-        load_frags(0, af[0], bf[0]);
+        for (int c = 0; c < RN / VB; ++c)
+            ld_vec<VB>(&b[c * VB], &bs[kk * LDB_S + col_base + c * WT_N * VB]);
+    };
+    // acc += the BK-deep slice of A and B in shared stage s.
+    auto compute_stage = [&](int s) {
+        load_frags(s, 0, af[0], bf[0]);
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             if (kk + 1 < BK)
-                load_frags(kk + 1, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
+                load_frags(s, kk + 1, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
 #pragma unroll
             for (int ip = 0; ip < RM / 2; ++ip)  // 2x2 blocks, serpentine along row pairs
 #pragma unroll
