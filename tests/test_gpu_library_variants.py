@@ -493,6 +493,16 @@ def test_empty_problems_as_torch_takes_them(kernel_lib, caller):
             assert out is Cd
             assert _err(back(out), r) <= GATE["float16"], (bias_t, beta, act)
     torch.cuda.synchronize()
+    if caller == "torch":  # captured into a CUDA graph and replayed: the epilogue alone
+        bias = torch.randn(n, device="cuda", dtype=h)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=h)
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.cuda.graph(graph):
+            kernel_lib.gemm(A, B.t(), out, bias=bias, activation="relu")
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _err(out, torch.relu(bias.double()).expand(m, n)) <= GATE["float16"]
 
 
 def test_a_patched_model_takes_an_empty_batch(kernel_lib):
