@@ -1,0 +1,406 @@
+"""Kernels run on the CPU: a rendered kernel compiled for the host by g++ (AddressSanitizer
+and UBSan on: an out-of-bounds or misaligned access aborts), its inline PTX (the streaming
+load, movmatrix, mma.sync m16n8k16, griddepcontrol) replaced by C++ that follows the PTX
+ISA, each CUDA thread a std::thread, each __syncthreads() a barrier of the block's
+threads and each warp-level operation an exchange among the warp's 32 threads (a warp
+that does not arrive whole hangs, and the test times out). Blocks run one after another,
+in a shuffled order (which slice of a split-K finishes last varies), their shared memory
+NaN at the start. It checks every index, edge, layout, split-K sum, barrier placement and
+epilogue of the source; what it cannot check (timing, the memory model, the real
+instructions' rounding) is the GPU tests'. Used by tests/test_decode_family.py and
+tests/test_simt_emulated.py."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from codegen import render
+from codegen.families import Family
+from codegen.families._common import Layout
+
+_SHIM = r"""
+// Host emulation of the CUDA the decode kernels use (tests/test_decode_family.py).
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+struct EmuWarp { std::barrier<> bar{32}; unsigned u[32][8]; float f[32]; };
+// a thread's cp.async groups (committed, oldest first) and the copies not yet committed;
+// a copy lands only when a wait_group retires its group: a read of a slot before its wait
+// sees what was there (NaN at first)
+struct EmuCopy { unsigned* dst; const unsigned short* src; int size, bytes; };
+thread_local std::vector<std::vector<EmuCopy>> emu_groups;
+thread_local std::vector<EmuCopy> emu_open;
+struct EmuBlock {
+    std::barrier<> bar;
+    std::vector<EmuWarp> warps;
+    explicit EmuBlock(int threads) : bar(threads), warps(threads / 32) {}
+};
+thread_local EmuBlock* emu_block;
+thread_local dim3 emu_tid, emu_bid;
+dim3 emu_grid, emu_bdim;
+#define threadIdx emu_tid
+#define blockIdx emu_bid
+#define gridDim emu_grid
+#define blockDim emu_bdim
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+using std::min;
+using std::max;
+
+static inline EmuWarp& emu_warp() { return emu_block->warps[emu_tid.x / 32]; }
+static inline int emu_lane() { return static_cast<int>(emu_tid.x % 32); }
+static inline void __syncthreads() { emu_block->bar.arrive_and_wait(); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline float __ldcg(const float* p) { return *p; }
+static inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+// the SFU's approximations (a few ulp on the GPU), exactly here
+#define __expf(x) std::exp(x)  // a macro: glibc declares a __expf of its own
+static inline float __fdividef(float x, float y) { return x / y; }
+static inline float __shfl_xor_sync(unsigned, float v, int x)
+{
+    EmuWarp& w = emu_warp();
+    const int l = emu_lane();
+    w.f[l] = v;
+    w.bar.arrive_and_wait();
+    const float r = w.f[l ^ x];
+    w.bar.arrive_and_wait();
+    return r;
+}
+"""
+
+#: the inline-PTX helpers, as the PTX ISA defines them
+_PTX = {
+    # griddepcontrol: the emulation runs one grid, block after block, nothing before it
+    "dependent_launch_begin": r"""inline void dependent_launch_begin() {}""",
+    # a hint the kernel reads nothing from; here a byte read at the address, so that the
+    # sanitizer catches one outside the operands
+    "prefetch_l2": r"""inline void prefetch_l2(const void* p)
+{
+    volatile unsigned char byte = *static_cast<const unsigned char*>(p);
+    (void)byte;
+}""",
+    "ld_stream": r"""template <int V>
+inline void ld_stream(unsigned* r, const unsigned short* p)
+{
+    if (reinterpret_cast<std::uintptr_t>(p) % (2 * V)) {
+        std::fprintf(stderr, "ld_stream: %p is not %d-byte aligned\n", (const void*)p, 2 * V);
+        std::abort();
+    }
+    std::memcpy(r, p, 2 * V);
+}""",
+    "cp_async_b16": r"""template <int V, bool STREAM>
+inline void cp_async_b16(unsigned* dst, const unsigned short* src, bool pred)
+{
+    if (reinterpret_cast<std::uintptr_t>(dst) % (2 * V)
+        || (pred && reinterpret_cast<std::uintptr_t>(src) % (2 * V))) {
+        std::fprintf(stderr, "cp_async_b16: %p <- %p is not %d-byte aligned\n", (void*)dst,
+                     (const void*)src, 2 * V);
+        std::abort();
+    }
+    emu_open.push_back({dst, src, 2 * V, pred ? 2 * V : 0});
+}""",
+    "ring_commit": r"""inline void ring_commit()
+{
+    emu_groups.push_back(std::move(emu_open));
+    emu_open.clear();
+}""",
+    "ring_wait": r"""template <int N>
+inline void ring_wait()
+{
+    while (emu_groups.size() > static_cast<size_t>(N)) {
+        for (const EmuCopy& c : emu_groups.front()) {  // src-size bytes, zeros to cp-size
+            std::memcpy(c.dst, c.src, c.bytes);
+            std::memset(reinterpret_cast<char*>(c.dst) + c.bytes, 0, c.size - c.bytes);
+        }
+        emu_groups.erase(emu_groups.begin());
+    }
+}""",
+    "transpose_b16": r"""inline unsigned transpose_b16(unsigned x)
+{
+    // lane l holds row l/4, columns 2(l%4) and 2(l%4)+1 (low half first) of an 8x8 matrix
+    EmuWarp& w = emu_warp();
+    const int l = emu_lane();
+    w.u[l][0] = x;
+    w.bar.arrive_and_wait();
+    auto at = [&](int row, int col) {
+        return (w.u[4 * row + col / 2][0] >> (16 * (col % 2))) & 0xffffu;
+    };
+    const int g = l / 4, t = l % 4;
+    const unsigned y = at(2 * t, g) | (at(2 * t + 1, g) << 16);  // the transpose's row g
+    w.bar.arrive_and_wait();
+    return y;
+}""",
+    "mma_16816": r"""inline void mma_16816(float* d, unsigned a0, unsigned a1, unsigned a2,
+                      unsigned a3, unsigned b0, unsigned b1)
+{
+    EmuWarp& w = emu_warp();
+    const int l = emu_lane();
+    const unsigned in[6] = {a0, a1, a2, a3, b0, b1};
+    std::memcpy(w.u[l], in, sizeof in);
+    w.bar.arrive_and_wait();
+    auto el = [&](int lane, int reg, int half) {
+        const unsigned short bits = (w.u[lane][reg] >> (16 * half)) & 0xffffu;
+        T v;
+        std::memcpy(&v, &bits, 2);
+        return static_cast<double>(static_cast<float>(v));
+    };
+    // A (16x16): row r, column k in lane 4(r%8) + (k%8)/2, register (r>=8) + 2(k>=8);
+    // B (16x8): row k, column n in lane 4n + (k%8)/2, register 4 + (k>=8); half k%2
+    auto a = [&](int r, int k) { return el(4 * (r % 8) + (k % 8) / 2, (r >= 8) + 2 * (k >= 8), k % 2); };
+    auto b = [&](int k, int n) { return el(4 * n + (k % 8) / 2, 4 + (k >= 8), k % 2); };
+    const int g = l / 4, t = l % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;  // d0, d1: row g; d2, d3: g+8
+        double s = 0.0;
+        for (int k = 0; k < 16; ++k)
+            s += a(row, k) * b(k, col);
+        d[e] = static_cast<float>(d[e] + s);
+    }
+    w.bar.arrive_and_wait();
+}""",
+}
+
+_HARNESS = r"""
+template <typename E>
+static std::vector<E> emu_read(const char* path)
+{
+    FILE* f = std::fopen(path, "rb");
+    if (!f) { std::perror(path); std::exit(2); }
+    std::fseek(f, 0, SEEK_END);
+    const long bytes = std::ftell(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::vector<E> v(bytes / sizeof(E));
+    if (std::fread(v.data(), 1, bytes, f) != static_cast<size_t>(bytes)) std::exit(2);
+    std::fclose(f);
+    return v;
+}
+
+template <typename F>
+static void emu_run_block(F&& body, dim3 bid, int threads)
+{
+    EmuBlock blk(threads);
+    std::vector<std::thread> ts;
+    ts.reserve(threads);
+    for (int i = 0; i < threads; ++i)
+        ts.emplace_back([&, i] { emu_block = &blk; emu_tid = dim3(i, 0, 0); emu_bid = bid; body(); });
+    for (auto& t : ts) t.join();
+}
+
+int main(int argc, char** argv)
+{
+    const int M = std::atoi(argv[1]), N = std::atoi(argv[2]), K = std::atoi(argv[3]);
+    const int batch = std::atoi(argv[4]), lda = std::atoi(argv[5]), ldb = std::atoi(argv[6]);
+    const int ldc = std::atoi(argv[7]);
+    const long long sA = std::atoll(argv[8]), sB = std::atoll(argv[9]), sC = std::atoll(argv[10]);
+    const float alpha = std::atof(argv[11]), beta = std::atof(argv[12]);
+    std::vector<T> A = emu_read<T>(argv[14]);
+    std::vector<T> B = emu_read<T>(argv[15]);
+    std::vector<OutT> C = emu_read<OutT>(argv[16]);
+    std::vector<BiasT> bias = emu_read<BiasT>(argv[17]);
+    const BiasT* const bp = bias.empty() ? nullptr : bias.data();
+    const int gx = ((M + TILE_M - 1) / TILE_M) * ((N + BN - 1) / BN);
+    std::vector<float> W(static_cast<size_t>(batch) * SPLIT_K * M * N, NAN);  // unwritten: NaN
+    std::vector<unsigned> tickets(static_cast<size_t>(gx) * batch, 0u);
+    std::vector<dim3> order;
+    for (int z = 0; z < SPLIT_K; ++z)
+        for (int y = 0; y < batch; ++y)
+            for (int x = 0; x < gx; ++x)
+                order.push_back(dim3(x, y, z));
+    std::shuffle(order.begin(), order.end(), std::mt19937(std::atoi(argv[13])));
+    emu_grid = dim3(gx, batch, SPLIT_K);
+    emu_bdim = dim3(THREADS, 1, 1);
+    for (const dim3& bid : order) {
+        std::fill(std::begin(emu_smem), std::end(emu_smem), NAN);  // shared memory: garbage
+        emu_run_block([&] { KERNEL(M, N, K, alpha, A.data(), lda, sA, B.data(), ldb, sB, beta,
+                                   C.data(), ldc, sC, bp EXTRA_ARGS); }, bid, THREADS);
+    }
+    REDUCE_PASS
+    for (unsigned x : tickets)
+        if (x) { std::fprintf(stderr, "a ticket was left at %u\n", x); return 3; }
+    FILE* f = std::fopen(argv[16], "wb");
+    std::fwrite(C.data(), sizeof(OutT), C.size(), f);
+    std::fclose(f);
+    return 0;
+}
+"""
+
+_REDUCE_PASS = r"""const int rx = (M * N + 255) / 256;
+    emu_grid = dim3(rx, batch, 1);
+    emu_bdim = dim3(256, 1, 1);
+    for (int y = 0; y < batch; ++y)
+        for (int x = 0; x < rx; ++x)
+            emu_run_block([&] { KERNEL_reduce(M, N, alpha, W.data(), beta, C.data(), ldc, sC,
+                                              bp); }, dim3(x, y, 0), 256);"""
+
+
+def _without(src: str, name: str) -> str:
+    """`src` with the definition of device function `name` replaced by its emulation."""
+    lines = src.split("\n")
+    start = next(i for i, line in enumerate(lines)
+                 if re.match(rf"__device__ __forceinline__ \w+ {name}\(", line))
+    if lines[start - 1].startswith("template"):
+        start -= 1
+    end = next(j for j in range(start, len(lines)) if lines[j] == "}")
+    return "\n".join(lines[:start] + _PTX[name].split("\n") + lines[end + 1:])
+
+
+def emulation_source(cfg) -> str:
+    """The rendered kernel (a decode or CUDA-core config) as a host program (see the module
+    doc): its dynamic shared memory a static array, its inline PTX replaced by _PTX's C++,
+    and a main() that runs every block of the grid."""
+    src = render(cfg)
+    for name in _PTX:
+        if re.search(rf"__forceinline__ \w+ {name}\(", src):
+            src = _without(src, name)
+    src, found = re.subn(r"extern __shared__ __align__\(16\) float (\w+)\[\];",
+                         r"float* const \1 = emu_smem;", src)
+    assert found == 1, "one dynamic shared array"
+    assert not re.search(r"\basm\b", re.sub(r"//.*", "", src)), "inline PTX left"
+    extra = (", W.data()" if cfg.has_workspace else "") + (", tickets.data()" if cfg.last else "")
+    harness = (_HARNESS.replace("REDUCE_PASS", _REDUCE_PASS if cfg.reduce_pass else "")
+               .replace("KERNEL", cfg.name).replace(" EXTRA_ARGS", extra)
+               .replace("SPLIT_K", str(cfg.split))
+               .replace("TILE_M", "MT" if cfg.family is Family.DECODE else "BM"))
+    return (_SHIM + f"alignas(16) static float emu_smem[{cfg.smem_bytes // 4}];\n" + src
+            + harness)
+
+
+def cuda_include() -> Path | None:
+    """The CUDA toolkit's headers (cuda_fp16.h, cuda_bf16.h: their host-side types): under
+    $CUDA_HOME, $CUDA_PATH, beside nvcc or in /usr/local/cuda; None where none is."""
+    import os
+
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.insert(2, str(Path(nvcc).resolve().parent.parent))
+    return next((Path(r) / "include" for r in roots
+                 if r and (Path(r) / "include" / "cuda_fp16.h").is_file()), None)
+
+
+CXX = ["g++", "-std=c++20", "-O1", "-pthread", "-w", "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all"]
+
+
+def build(cfg, where: Path) -> Path:
+    """`cfg`'s emulation compiled by g++ into `where`: the executable."""
+    cpp, exe = where / f"{cfg.name}.cpp", where / cfg.name
+    cpp.write_text(emulation_source(cfg))
+    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(exe)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return exe
+
+
+def _bits(x: np.ndarray, t: str) -> np.ndarray:
+    """Values exactly representable in `t` (f16, bf16), as their 16 bits."""
+    if t == "f16":
+        return np.asarray(x).astype(np.float16).view(np.uint16)
+    return (np.asarray(x).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _values(bits: np.ndarray, t: str) -> np.ndarray:
+    if t == "f16":
+        return bits.view(np.float16).astype(np.float64)
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _rounded(x: np.ndarray, t: str) -> np.ndarray:
+    """x rounded to C's type `t` (f32, f16; bf16 by truncation: any bf16 values do)."""
+    if t == "f32":
+        return x.astype(np.float32).astype(np.float64)
+    return _values(_bits(x, t), t)
+
+
+def _stored(x: np.ndarray, t: str) -> np.ndarray:
+    return x.astype(np.float32) if t == "f32" else _bits(x, t)
+
+
+def _operand(rng, batch, rows, cols, col_major, t, pad, broadcast=False):
+    """A batch x rows x cols operand stored row- or column-major with `pad` elements past
+    each stored row and 3 between problems: (its bits, float64 values, ld, stride)."""
+    srows, scols = (cols, rows) if col_major else (rows, cols)
+    ld, copies = scols + pad, 1 if broadcast else batch
+    stride = 0 if broadcast else srows * ld + 3
+    flat = np.zeros((copies - 1) * stride + srows * ld)
+    values = np.zeros((batch, rows, cols))
+    for i in range(copies):
+        v = _rounded(rng.standard_normal((srows, scols)), t)
+        for r in range(srows):
+            flat[i * stride + r * ld: i * stride + r * ld + scols] = v[r]
+        values[slice(None) if broadcast else i] = v.T if col_major else v
+    return _stored(flat, t), values, ld, stride
+
+
+def _activate(x: np.ndarray, act: str) -> np.ndarray:
+    if act == "relu":
+        return np.maximum(x, 0)
+    if act == "gelu":
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    if act == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    if act == "silu":
+        return x / (1 + np.exp(-x))
+    return x
+
+
+def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
+            pads=(0, 0, 2), broadcast_b=False, seed=0):
+    """Run `exe` on fresh operands of cfg's variant, C poisoned with NaN: (relative error
+    against the float64 reference, padding of C untouched?)."""
+    m, n, k = shape
+    rng = np.random.default_rng(seed)
+    t, out = cfg.dtype.short, cfg.out.short
+    a, av, lda, sa = _operand(rng, batch, m, k, cfg.layout in (Layout.TN, Layout.TT), t, pads[0])
+    b, bv, ldb, sb = _operand(rng, batch, k, n, cfg.layout in (Layout.NT, Layout.TT), t,
+                              pads[1], broadcast_b)
+    ldc = n + pads[2]
+    sc = m * ldc + 1
+    c0 = _rounded(rng.standard_normal((batch, m, n)), out)
+    cflat = np.full((batch - 1) * sc + m * ldc, np.nan)
+    for i in range(batch):
+        for r in range(m):
+            cflat[i * sc + r * ldc: i * sc + r * ldc + n] = c0[i, r] if beta else np.nan
+    bias_t = "f32" if cfg.bias == "f32" else out
+    bias = _rounded(rng.standard_normal(n if cfg.bias != "none" else 0), bias_t)
+    for name, x in (("a", a), ("b", b), ("c", _stored(cflat, out)), ("bias",
+                                                                       _stored(bias, bias_t))):
+        x.tofile(where / name)
+    args = (m, n, k, batch, lda, ldb, ldc, sa, sb, sc, alpha, beta, seed)
+    r = subprocess.run([str(exe), *map(str, args), *(str(where / x) for x in
+                                                     ("a", "b", "c", "bias"))],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = np.fromfile(where / "c", dtype=np.float32 if out == "f32" else np.uint16)
+    got = raw.astype(np.float64) if out == "f32" else _values(raw, out)
+    ref = alpha * np.matmul(av, bv) + (beta * c0 if beta else 0) + (bias if len(bias) else 0)
+    ref = _activate(ref, cfg.act)
+    rows = [got[i * sc + r * ldc: i * sc + (r + 1) * ldc] for i in range(batch)
+            for r in range(m)]
+    res = np.stack([row[:n] for row in rows]).reshape(batch, m, n)
+    untouched = all(np.isnan(row[n:]).all() for row in rows)
+    return float(np.linalg.norm(res - ref) / max(np.linalg.norm(ref), 1e-30)), untouched

@@ -1,0 +1,108 @@
+"""The CUDA-core family's kernels run on the CPU (tests/_emulation.py: each thread a
+std::thread, each __syncthreads() a barrier, AddressSanitizer and UBSan on, shared memory
+NaN at every block's start): the main loop's paths (the checked loop; the interior path,
+one K tile a turn and two; fragments loaded a step at a time, double-buffered, carried
+across tiles), the FMA orders, every layout, 2-byte inputs and C, the fused epilogue;
+on shapes that run the interior path whole, cut it at every edge and in K, and leave it
+for the checked loop at misaligned rows. Against float64 of the same inputs, C poisoned
+with NaN, its padding checked untouched. What the emulation cannot check (timing, the
+memory model, the real instructions' rounding) is tests/test_gpu_simt_mainloop.py's."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import shutil
+import subprocess
+
+import pytest
+from _emulation import CXX, build, cuda_include, emulate, emulation_source
+
+from codegen import DType, KernelConfig, check
+from codegen.config import Layout
+
+#: an 8x16 micro-tile (the fp32 winners') in a 64x128 block of 64 threads, and a 4x4 one
+BIG = KernelConfig(bm=64, bn=128, bk=8, rm=8, rn=16, wt=4, pad=4, swizzle=1)
+SMALL = KernelConfig(bm=32, bn=32, bk=8, rm=4, rn=4, wt=4, pad=4, swizzle=1)
+
+EMULATED = [
+    # fragments carried across tiles, the 2x2 FMA order: one K tile a turn, then two
+    KernelConfig(**{**BIG.__dict__, "interior": 1, "frags": 3, "zigzag": 2, "ptxas": 1}),
+    KernelConfig(**{**BIG.__dict__, "interior": 2, "frags": 3, "zigzag": 2,
+                    "layout": Layout.TT}),
+    KernelConfig(**{**SMALL.__dict__, "interior": 2, "frags": 3, "layout": Layout.NT,
+                    "dtype": DType.BF16, "out": DType.BF16, "bias": "f32", "act": "gelu"}),
+    # double-buffered fragments, the serpentine order; single-step fragments, the checked
+    # loop alone, an fp16 C with its own bias
+    KernelConfig(**{**BIG.__dict__, "interior": 1, "frags": 2, "zigzag": 1,
+                    "layout": Layout.TN}),
+    KernelConfig(**{**SMALL.__dict__, "dtype": DType.F16, "out": DType.F16, "bias": "out",
+                    "act": "silu"}),
+]
+
+#: (M, N, K): the interior path whole; interior blocks beside edge blocks; K cut (the
+#: interior path's whole tiles, then the checked loop); K under two tiles; one element;
+#: a K of many tiles in a row of edge blocks
+SHAPES = [(64, 128, 64), (130, 260, 72), (128, 256, 77), (64, 128, 12), (1, 1, 1),
+          (33, 130, 136)]
+#: the emulated products are exact in float64 but for FP32 accumulation, then C's rounding
+GATE = {"f32": 1e-6, "f16": 1e-6 + 2.0 ** -11, "bf16": 1e-6 + 2.0 ** -8}
+
+
+def _aligned(cfg: KernelConfig, shape) -> tuple:
+    """Padding that leaves every stored row of A and B a whole number of vectors (so the
+    interior path runs where a block's tile lies inside), and C's rows 2 elements apart."""
+    m, n, k = shape
+    a_row = m if cfg.layout in (Layout.TN, Layout.TT) else k
+    b_row = k if cfg.layout in (Layout.NT, Layout.TT) else n
+    return (4 + -a_row % 4, 4 + -b_row % 4, 2)
+
+
+def test_the_emulated_configs_are_valid_and_cover_the_main_loop():
+    assert all(not check(c, "sm_90") for c in EMULATED), [check(c, "sm_90") for c in EMULATED]
+    assert {c.layout for c in EMULATED} == set(Layout)
+    assert {c.frags for c in EMULATED} == {1, 2, 3} and {c.interior for c in EMULATED} == {
+        0, 1, 2} and {c.zigzag for c in EMULATED} == {0, 1, 2}
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    if not shutil.which("g++") or cuda_include() is None:
+        pytest.fail("the emulation needs g++ and the CUDA toolkit's headers")
+    where = tmp_path_factory.mktemp("simt-emulated")
+    with cf.ThreadPoolExecutor(2) as pool:
+        exes = dict(zip(EMULATED, pool.map(lambda c: build(c, where), EMULATED)))
+    return where, exes
+
+
+@pytest.mark.parametrize("cfg", EMULATED, ids=lambda c: c.name)
+def test_the_kernel_emulated_on_the_cpu(emulated, cfg):
+    where, exes = emulated
+    gate = GATE[cfg.out.short]
+    for seed, shape in enumerate(SHAPES):
+        err, untouched = emulate(exes[cfg], cfg, shape, where, pads=_aligned(cfg, shape),
+                                 seed=seed)
+        assert err <= gate and untouched, (shape, err)
+    # rows one element past a vector: the checked loop everywhere; alpha, beta, a batch
+    # of 2 with B shared
+    err, untouched = emulate(exes[cfg], cfg, (70, 140, 75), where, batch=2, alpha=0.5,
+                             beta=-2.0, pads=(1, 1, 3), broadcast_b=True, seed=9)
+    assert err <= gate and untouched, err
+
+
+def test_the_emulation_catches_a_handoff_without_its_barrier(emulated, tmp_path):
+    """The emulation is a test that can fail: the carried fragments' handoff without its
+    barrier reads the next tile's first fragments before every thread has stored them
+    (shared memory starts as NaN)."""
+
+    cfg = EMULATED[0]
+    src = emulation_source(cfg)
+    good = "compute_carried(kt & 1, [&] { store_tiles((kt + 1) & 1); __syncthreads(); });"
+    assert good in src
+    cpp = tmp_path / "racy.cpp"
+    cpp.write_text(src.replace(good, "compute_carried(kt & 1, [&] { store_tiles((kt + 1) & 1); });"))
+    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(tmp_path / "racy")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    errs = [emulate(tmp_path / "racy", cfg, (64, 128, 64), tmp_path,
+                    pads=_aligned(cfg, (64, 128, 64)), seed=s)[0] for s in range(3)]
+    assert not all(e <= GATE["f32"] for e in errs), errs
