@@ -123,6 +123,41 @@ inline void cp_async_b16(unsigned* dst, const unsigned short* src, bool pred)
     }
     emu_open.push_back({dst, src, 2 * V, pred ? 2 * V : 0});
 }""",
+    # the CUDA-core family's cp.async: a float, or V of them, landing at the wait that
+    # retires their group, as the decode ring's copies do
+    "cp_async_f32": r"""inline void cp_async_f32(float* dst, const float* src, bool pred)
+{
+    emu_open.push_back({reinterpret_cast<unsigned*>(dst),
+                        reinterpret_cast<const unsigned short*>(src), 4, pred ? 4 : 0});
+}""",
+    "cp_async_vec": r"""template <int V>
+inline void cp_async_vec(float* dst, const float* src)
+{
+    if (reinterpret_cast<std::uintptr_t>(dst) % (4 * V)
+        || reinterpret_cast<std::uintptr_t>(src) % (4 * V)) {
+        std::fprintf(stderr, "cp_async_vec: %p <- %p is not %d-byte aligned\n", (void*)dst,
+                     (const void*)src, 4 * V);
+        std::abort();
+    }
+    emu_open.push_back({reinterpret_cast<unsigned*>(dst),
+                        reinterpret_cast<const unsigned short*>(src), 4 * V, 4 * V});
+}""",
+    "cp_async_commit": r"""inline void cp_async_commit()
+{
+    emu_groups.push_back(std::move(emu_open));
+    emu_open.clear();
+}""",
+    "cp_async_wait": r"""template <int N>
+inline void cp_async_wait()
+{
+    while (emu_groups.size() > static_cast<size_t>(N)) {
+        for (const EmuCopy& c : emu_groups.front()) {  // src-size bytes, zeros to cp-size
+            std::memcpy(c.dst, c.src, c.bytes);
+            std::memset(reinterpret_cast<char*>(c.dst) + c.bytes, 0, c.size - c.bytes);
+        }
+        emu_groups.erase(emu_groups.begin());
+    }
+}""",
     "ring_commit": r"""inline void ring_commit()
 {
     emu_groups.push_back(std::move(emu_open));

@@ -1,8 +1,11 @@
 """The CUDA-core family's kernels run on the CPU (tests/_emulation.py: each thread a
-std::thread, each __syncthreads() a barrier, AddressSanitizer and UBSan on, shared memory
-NaN at every block's start): the main loop's paths (the checked loop; the interior path,
-one K tile a turn and two; fragments loaded a step at a time, double-buffered, carried
-across tiles), the FMA orders, every layout, 2-byte inputs and C, the fused epilogue;
+std::thread, each __syncthreads() a barrier, each cp.async landing at the wait that retires
+its group, AddressSanitizer and UBSan on, shared memory NaN at every block's start): the
+main loop's paths (the checked loop; the interior path, one K tile a turn and two;
+fragments loaded a step at a time, double-buffered, carried across tiles; a single
+buffer, the register double buffer, cp.async rings of 3 and 4 stages), the FMA orders,
+split-K summed by a reduce pass and by a tile's last slice, every layout, 2-byte inputs
+and C, the fused epilogue;
 on shapes that run the interior path whole, cut it at every edge and in K, and leave it
 for the checked loop at misaligned rows. Against float64 of the same inputs, C poisoned
 with NaN, its padding checked untouched. What the emulation cannot check (timing, the
@@ -37,6 +40,14 @@ EMULATED = [
                     "layout": Layout.TN}),
     KernelConfig(**{**SMALL.__dict__, "dtype": DType.F16, "out": DType.F16, "bias": "out",
                     "act": "silu"}),
+    # the cp.async rings (A transposed on the way: a float a copy), one stage a single
+    # buffer; split-K summed by a reduce pass and by each tile's last slice
+    KernelConfig(**{**BIG.__dict__, "stages": 3, "zigzag": 2}),
+    KernelConfig(**{**SMALL.__dict__, "stages": 4, "layout": Layout.TN, "act": "relu"}),
+    KernelConfig(**{**SMALL.__dict__, "stages": 1, "interior": 1, "layout": Layout.NT}),
+    KernelConfig(**{**SMALL.__dict__, "split": 4, "bias": "out", "act": "gelu_tanh"}),
+    KernelConfig(**{**SMALL.__dict__, "split": 2, "reduce": "last", "layout": Layout.TT,
+                    "dtype": DType.BF16, "out": DType.F32}),
 ]
 
 #: (M, N, K): the interior path whole; interior blocks beside edge blocks; K cut (the
@@ -62,6 +73,11 @@ def test_the_emulated_configs_are_valid_and_cover_the_main_loop():
     assert {c.layout for c in EMULATED} == set(Layout)
     assert {c.frags for c in EMULATED} == {1, 2, 3} and {c.interior for c in EMULATED} == {
         0, 1, 2} and {c.zigzag for c in EMULATED} == {0, 1, 2}
+    assert {c.stages for c in EMULATED} == {1, 2, 3, 4}
+    assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
+                                                           (True, "last")}
+    assert {c.dtype for c in EMULATED} == {c.out for c in EMULATED} == {
+        DType.F32, DType.F16, DType.BF16}
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +122,20 @@ def test_the_emulation_catches_a_handoff_without_its_barrier(emulated, tmp_path)
     errs = [emulate(tmp_path / "racy", cfg, (64, 128, 64), tmp_path,
                     pads=_aligned(cfg, (64, 128, 64)), seed=s)[0] for s in range(3)]
     assert not all(e <= GATE["f32"] for e in errs), errs
+
+
+def test_the_emulation_catches_a_ring_read_before_it_lands(emulated, tmp_path):
+    """The cp.async ring's wait one group short: a stage is read before its copies have
+    landed (the emulation lands them at the wait that retires their group)."""
+    cfg = next(c for c in EMULATED if c.stages == 3)
+    src = emulation_source(cfg)
+    good = "cp_async_wait<STAGES - 2>();"
+    assert good in src
+    cpp = tmp_path / "early.cpp"
+    cpp.write_text(src.replace(good, "cp_async_wait<STAGES - 1>();"))
+    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(tmp_path / "early")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    err, _ = emulate(tmp_path / "early", cfg, (64, 128, 64), tmp_path,
+                     pads=_aligned(cfg, (64, 128, 64)))
+    assert not err <= GATE["f32"], err
