@@ -387,6 +387,7 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g1_f3_i2_z2_o1(int M, int N, int K,
     // `handoff` stores the next tile into stage s ^ 1 and waits at the barrier, and its
     // k-step 0 loads while this tile's last FMAs run, where compute_stage would wait for
     // them after the barrier (its first FMAs need them). The caller loads tile 0's.
+    static_assert(BK % 2 == 0, "the carried fragments land in buffer 0: an even BK");
     auto compute_carried = [&](int s, auto&& handoff) {
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
@@ -394,7 +395,7 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g1_f3_i2_z2_o1(int M, int N, int K,
                 load_frags(s, kk + 1, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
             } else {
                 handoff();
-                load_frags(s ^ 1, 0, af[0], bf[0]);  // (BK is even: buffer 0 is free)
+                load_frags(s ^ 1, 0, af[0], bf[0]);  // buffer 0: its step BK-2 is done
             }
 #pragma unroll
             for (int ip = 0; ip < RM / 2; ++ip)  // 2x2 blocks, serpentine along row pairs
