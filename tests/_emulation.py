@@ -36,11 +36,17 @@ _SHIM = r"""
 #include <cstring>
 #include <random>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-struct EmuWarp { std::barrier<> bar{32}; unsigned u[32][8]; float f[32]; };
+struct EmuWarp {
+    std::barrier<> bar{32};
+    unsigned u[32][8];
+    float f[32];
+    double wa[256], wb[256], wc[256];  // a WMMA product's A, B and C, whole, while it runs
+};
 // a thread's cp.async groups (committed, oldest first) and the copies not yet committed;
 // a copy lands only when a wait_group retires its group: a read of a slot before its wait
 // sees what was there (NaN at first)
@@ -70,6 +76,7 @@ using std::max;
 static inline EmuWarp& emu_warp() { return emu_block->warps[emu_tid.x / 32]; }
 static inline int emu_lane() { return static_cast<int>(emu_tid.x % 32); }
 static inline void __syncthreads() { emu_block->bar.arrive_and_wait(); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar.arrive_and_wait(); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline unsigned atomicAdd(unsigned* p, unsigned v)
 {
@@ -158,6 +165,32 @@ inline void cp_async_wait()
         emu_groups.erase(emu_groups.begin());
     }
 }""",
+    # the WMMA family's helpers: cp.async of BYTES, the block and thread indices, the
+    # optimizer's fences (nothing here), fragments from shared memory (wmma's own load)
+    "cp_async_bytes": r"""template <int BYTES>
+inline void cp_async_bytes(void* dst, const void* src)
+{
+    if (reinterpret_cast<std::uintptr_t>(dst) % BYTES
+        || reinterpret_cast<std::uintptr_t>(src) % BYTES) {
+        std::fprintf(stderr, "cp_async_bytes: %p <- %p is not %d-byte aligned\n", dst, src,
+                     BYTES);
+        std::abort();
+    }
+    emu_open.push_back({static_cast<unsigned*>(dst),
+                        static_cast<const unsigned short*>(src), BYTES, BYTES});
+}""",
+    "ctaid_x": r"""inline int ctaid_x() { return static_cast<int>(emu_bid.x); }""",
+    "tid_x": r"""inline int tid_x() { return static_cast<int>(emu_tid.x); }""",
+    "opaque": r"""template <typename X>
+inline X opaque(X x) { return x; }""",
+    "load_a": r"""inline void load_a(FragA& f, const T* p, unsigned ldm)
+{
+    wmma::load_matrix_sync(f, p, ldm);
+}""",
+    "load_b": r"""inline void load_b(FragB& f, const T* p, unsigned ldm)
+{
+    wmma::load_matrix_sync(f, p, ldm);
+}""",
     "ring_commit": r"""inline void ring_commit()
 {
     emu_groups.push_back(std::move(emu_open));
@@ -218,6 +251,82 @@ inline void ring_wait()
     w.bar.arrive_and_wait();
 }""",
 }
+
+#: nvcuda::wmma on the emulated warps: a fragment holds R x C / 32 elements a lane (element
+#: e of lane l is element l * num_elements + e of its matrix, row by row: any bijection
+#: serves, the kernels touch fragments only through these calls and elementwise); the
+#: loads and stores are each lane's own, mma_sync an exchange through the warp
+_WMMA = r"""
+namespace nvcuda { namespace wmma {
+struct matrix_a; struct matrix_b; struct accumulator; struct row_major; struct col_major;
+enum layout_t { mem_row_major, mem_col_major };
+namespace precision { struct tf32; }
+template <typename X> struct emu_storage { using type = X; };
+template <> struct emu_storage<precision::tf32> { using type = float; };
+template <typename Use, int M, int N, int K> struct emu_shape;
+template <int M, int N, int K> struct emu_shape<matrix_a, M, N, K> { static constexpr int R = M, C = K; };
+template <int M, int N, int K> struct emu_shape<matrix_b, M, N, K> { static constexpr int R = K, C = N; };
+template <int M, int N, int K> struct emu_shape<accumulator, M, N, K> { static constexpr int R = M, C = N; };
+template <typename Use, int M, int N, int K, typename X, typename Layout = void>
+struct fragment {
+    static constexpr int R = emu_shape<Use, M, N, K>::R, C = emu_shape<Use, M, N, K>::C;
+    static constexpr int num_elements = R * C / 32;
+    static constexpr bool col = std::is_same_v<Layout, col_major>;
+    typename emu_storage<X>::type x[num_elements];
+    static int row(int e) { return (emu_lane() * num_elements + e) / C; }
+    static int column(int e) { return (emu_lane() * num_elements + e) % C; }
+};
+template <typename F, typename V> inline void fill_fragment(F& f, V v)
+{
+    for (int e = 0; e < F::num_elements; ++e) f.x[e] = v;
+}
+template <typename F, typename P> inline void load_matrix_sync(F& f, const P* p, unsigned ldm)
+{
+    for (int e = 0; e < F::num_elements; ++e)
+        f.x[e] = p[F::col ? F::column(e) * ldm + F::row(e) : F::row(e) * ldm + F::column(e)];
+}
+template <typename F> inline void load_matrix_sync(F& f, const float* p, unsigned ldm, layout_t l)
+{
+    for (int e = 0; e < F::num_elements; ++e)
+        f.x[e] = p[l == mem_col_major ? F::column(e) * ldm + F::row(e) : F::row(e) * ldm + F::column(e)];
+}
+template <typename F> inline void store_matrix_sync(float* p, const F& f, unsigned ldm, layout_t l)
+{
+    for (int e = 0; e < F::num_elements; ++e)
+        p[l == mem_col_major ? F::column(e) * ldm + F::row(e) : F::row(e) * ldm + F::column(e)] = f.x[e];
+}
+template <typename D, typename A, typename B, typename Cf>
+inline void mma_sync(D& d, const A& a, const B& b, const Cf& c)
+{
+    EmuWarp& w = emu_warp();
+    for (int e = 0; e < A::num_elements; ++e)
+        w.wa[A::row(e) * A::C + A::column(e)] = static_cast<double>(static_cast<float>(a.x[e]));
+    for (int e = 0; e < B::num_elements; ++e)
+        w.wb[B::row(e) * B::C + B::column(e)] = static_cast<double>(static_cast<float>(b.x[e]));
+    for (int e = 0; e < Cf::num_elements; ++e)
+        w.wc[Cf::row(e) * Cf::C + Cf::column(e)] = c.x[e];
+    w.bar.arrive_and_wait();
+    float out[D::num_elements];
+    for (int e = 0; e < D::num_elements; ++e) {
+        const int r = D::row(e), col = D::column(e);
+        double s = 0.0;
+        for (int k = 0; k < A::C; ++k)
+            s += w.wa[r * A::C + k] * w.wb[k * B::C + col];
+        out[e] = static_cast<float>(w.wc[r * D::C + col] + s);
+    }
+    w.bar.arrive_and_wait();
+    for (int e = 0; e < D::num_elements; ++e) d.x[e] = out[e];
+}
+inline float __float_to_tf32(float x)  // cvt.rna.tf32.f32: 10 mantissa bits, ties away
+{
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+} }  // namespace nvcuda::wmma
+"""
 
 _HARNESS = r"""
 template <typename E>
@@ -293,14 +402,19 @@ _REDUCE_PASS = r"""const int rx = (M * N + 255) / 256;
 
 
 def _without(src: str, name: str) -> str:
-    """`src` with the definition of device function `name` replaced by its emulation."""
-    lines = src.split("\n")
-    start = next(i for i, line in enumerate(lines)
-                 if re.match(rf"__device__ __forceinline__ \w+ {name}\(", line))
-    if lines[start - 1].startswith("template"):
-        start -= 1
-    end = next(j for j in range(start, len(lines)) if lines[j] == "}")
-    return "\n".join(lines[:start] + _PTX[name].split("\n") + lines[end + 1:])
+    """`src` with the definitions of device function `name` (each overload) replaced by
+    its emulation."""
+    lines, first = src.split("\n"), True
+    while True:
+        start = next((i for i, line in enumerate(lines)
+                      if re.match(rf"__device__ __forceinline__ [\w:]+ {name}\(", line)), None)
+        if start is None:
+            return "\n".join(lines)
+        if lines[start - 1].startswith("template"):
+            start -= 1
+        end = next(j for j in range(start, len(lines)) if lines[j] == "}")
+        lines[start:end + 1] = _PTX[name].split("\n") if first else []
+        first = False
 
 
 def emulation_source(cfg) -> str:
@@ -309,11 +423,13 @@ def emulation_source(cfg) -> str:
     and a main() that runs every block of the grid."""
     src = render(cfg)
     for name in _PTX:
-        if re.search(rf"__forceinline__ \w+ {name}\(", src):
+        if re.search(rf"__forceinline__ [\w:]+ {name}\(", src):
             src = _without(src, name)
-    src, found = re.subn(r"extern __shared__ __align__\(16\) float (\w+)\[\];",
-                         r"float* const \1 = emu_smem;", src)
+    src, found = re.subn(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];",
+                         r"\1* const \2 = reinterpret_cast<\1*>(emu_smem);", src)
     assert found == 1, "one dynamic shared array"
+    if "#include <mma.h>" in src:  # the WMMA family: wmma's API on the emulated warps
+        src = src.replace("#include <mma.h>", _WMMA)
     assert not re.search(r"\basm\b", re.sub(r"//.*", "", src)), "inline PTX left"
     extra = (", W.data()" if cfg.has_workspace else "") + (", tickets.data()" if cfg.last else "")
     harness = (_HARNESS.replace("REDUCE_PASS", _REDUCE_PASS if cfg.reduce_pass else "")
@@ -409,7 +525,7 @@ def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
     against the float64 reference, padding of C untouched?)."""
     m, n, k = shape
     rng = np.random.default_rng(seed)
-    t, out = cfg.dtype.short, cfg.out.short
+    t, out = {"tf32": "f32"}.get(cfg.dtype.short, cfg.dtype.short), cfg.out.short
     a, av, lda, sa = _operand(rng, batch, m, k, cfg.layout in (Layout.TN, Layout.TT), t, pads[0])
     b, bv, ldb, sb = _operand(rng, batch, k, n, cfg.layout in (Layout.NT, Layout.TT), t,
                               pads[1], broadcast_b)

@@ -7,9 +7,12 @@ buffer, the register double buffer, cp.async rings of 3 and 4 stages), the FMA o
 split-K summed by a reduce pass and by a tile's last slice, every layout, 2-byte inputs
 and C, the fused epilogue;
 on shapes that run the interior path whole, cut it at every edge and in K, and leave it
-for the checked loop at misaligned rows. Against float64 of the same inputs, C poisoned
-with NaN, its padding checked untouched. What the emulation cannot check (timing, the
-memory model, the real instructions' rounding) is tests/test_gpu_simt_mainloop.py's."""
+for the checked loop at misaligned rows. The WMMA family's too, its fragments, loads,
+stores and mma_sync emulated on the warps (tests/_emulation.py's _WMMA): fp16, bf16 and
+tf32 inputs, every layout, a single buffer and cp.async rings of 2-4 stages, 2-byte C
+and the epilogue. Against float64 of the same inputs, C poisoned with NaN, its padding
+checked untouched. What the emulation cannot check (timing, the memory model, the real
+instructions' rounding) is tests/test_gpu_simt_mainloop.py's and test_gpu_wmma.py's."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from _emulation import CXX, build, cuda_include, emulate, emulation_source
 
 from codegen import DType, KernelConfig, check
 from codegen.config import Layout
+from codegen.families.wmma import WmmaConfig
 
 #: an 8x16 micro-tile (the fp32 winners') in a 64x128 block of 64 threads, and a 4x4 one
 BIG = KernelConfig(bm=64, bn=128, bk=8, rm=8, rn=16, wt=4, pad=4, swizzle=1)
@@ -50,6 +54,19 @@ EMULATED = [
                     "dtype": DType.BF16, "out": DType.F32}),
 ]
 
+#: the WMMA family: 128-thread blocks of 16x16 or 32x16 warp tiles
+WMMA = [
+    WmmaConfig(bm=32, bn=32, bk=32, wm=16, wn=16, stages=2, swizzle=1),
+    WmmaConfig(bm=64, bn=32, bk=32, wm=32, wn=16, stages=3, swizzle=2, dtype=DType.BF16,
+               layout=Layout.NT, out=DType.BF16, bias="f32", act="gelu"),
+    WmmaConfig(bm=32, bn=32, bk=16, wm=16, wn=16, stages=2, swizzle=1, dtype=DType.TF32,
+               skew=4, vec=4, layout=Layout.TN, act="relu"),
+    WmmaConfig(bm=32, bn=64, bk=32, wm=16, wn=32, stages=1, swizzle=1, layout=Layout.TT,
+               out=DType.F16, bias="out", act="silu"),
+    WmmaConfig(bm=32, bn=32, bk=64, wm=16, wn=16, stages=4, swizzle=1, dtype=DType.BF16,
+               bias="out", act="gelu_tanh"),
+]
+
 #: (M, N, K): the interior path whole; interior blocks beside edge blocks; K cut (the
 #: interior path's whole tiles, then the checked loop); K under two tiles; one element;
 #: a K of many tiles in a row of edge blocks
@@ -57,15 +74,22 @@ SHAPES = [(64, 128, 64), (130, 260, 72), (128, 256, 77), (64, 128, 12), (1, 1, 1
           (33, 130, 136)]
 #: the emulated products are exact in float64 but for FP32 accumulation, then C's rounding
 GATE = {"f32": 1e-6, "f16": 1e-6 + 2.0 ** -11, "bf16": 1e-6 + 2.0 ** -8}
+#: ... and tf32's rounding of the inputs (10 mantissa bits), against the inputs as given
+TF32_GATE = 1e-3
 
 
-def _aligned(cfg: KernelConfig, shape) -> tuple:
-    """Padding that leaves every stored row of A and B a whole number of vectors (so the
-    interior path runs where a block's tile lies inside), and C's rows 2 elements apart."""
+def _gate(cfg) -> float:
+    return GATE[cfg.out.short] + (TF32_GATE if cfg.dtype is DType.TF32 else 0.0)
+
+
+def _aligned(cfg, shape) -> tuple:
+    """Padding that leaves every stored row of A and B a whole number of vectors (8
+    elements: so the interior path runs where a block's tile lies inside, and 2-byte
+    tiles move 16 bytes a copy), and C's rows 2 elements apart."""
     m, n, k = shape
     a_row = m if cfg.layout in (Layout.TN, Layout.TT) else k
     b_row = k if cfg.layout in (Layout.NT, Layout.TT) else n
-    return (4 + -a_row % 4, 4 + -b_row % 4, 2)
+    return (8 + -a_row % 8, 8 + -b_row % 8, 2)
 
 
 def test_the_emulated_configs_are_valid_and_cover_the_main_loop():
@@ -86,14 +110,22 @@ def emulated(tmp_path_factory):
         pytest.fail("the emulation needs g++ and the CUDA toolkit's headers")
     where = tmp_path_factory.mktemp("simt-emulated")
     with cf.ThreadPoolExecutor(2) as pool:
-        exes = dict(zip(EMULATED, pool.map(lambda c: build(c, where), EMULATED)))
+        exes = dict(zip(EMULATED + WMMA, pool.map(lambda c: build(c, where), EMULATED + WMMA)))
     return where, exes
 
 
-@pytest.mark.parametrize("cfg", EMULATED, ids=lambda c: c.name)
+def test_the_emulated_wmma_configs_are_valid_and_cover_the_family():
+    assert all(not check(c, "sm_90") for c in WMMA), [check(c, "sm_90") for c in WMMA]
+    assert {c.layout for c in WMMA} == set(Layout)
+    assert {c.dtype for c in WMMA} == {DType.F16, DType.BF16, DType.TF32}
+    assert {c.out for c in WMMA} == {DType.F32, DType.F16, DType.BF16}
+    assert {c.stages for c in WMMA} == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("cfg", EMULATED + WMMA, ids=lambda c: c.name)
 def test_the_kernel_emulated_on_the_cpu(emulated, cfg):
     where, exes = emulated
-    gate = GATE[cfg.out.short]
+    gate = _gate(cfg)
     for seed, shape in enumerate(SHAPES):
         err, untouched = emulate(exes[cfg], cfg, shape, where, pads=_aligned(cfg, shape),
                                  seed=seed)
@@ -124,10 +156,11 @@ def test_the_emulation_catches_a_handoff_without_its_barrier(emulated, tmp_path)
     assert not all(e <= GATE["f32"] for e in errs), errs
 
 
-def test_the_emulation_catches_a_ring_read_before_it_lands(emulated, tmp_path):
+@pytest.mark.parametrize("family", ["simt", "wmma"])
+def test_the_emulation_catches_a_ring_read_before_it_lands(emulated, tmp_path, family):
     """The cp.async ring's wait one group short: a stage is read before its copies have
     landed (the emulation lands them at the wait that retires their group)."""
-    cfg = next(c for c in EMULATED if c.stages == 3)
+    cfg = next(c for c in EMULATED + WMMA if c.stages == 3 and c.family.value == family)
     src = emulation_source(cfg)
     good = "cp_async_wait<STAGES - 2>();"
     assert good in src
@@ -138,4 +171,4 @@ def test_the_emulation_catches_a_ring_read_before_it_lands(emulated, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     err, _ = emulate(tmp_path / "early", cfg, (64, 128, 64), tmp_path,
                      pads=_aligned(cfg, (64, 128, 64)))
-    assert not err <= GATE["f32"], err
+    assert not err <= _gate(cfg), err
