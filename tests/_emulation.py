@@ -50,9 +50,36 @@ struct EmuWarp {
 // a thread's cp.async groups (committed, oldest first) and the copies not yet committed;
 // a copy lands only when a wait_group retires its group: a read of a slot before its wait
 // sees what was there (NaN at first)
-struct EmuCopy { unsigned* dst; const unsigned short* src; int size, bytes; };
+struct EmuCopy { void* dst; const void* src; int size, bytes; };
 thread_local std::vector<std::vector<EmuCopy>> emu_groups;
 thread_local std::vector<EmuCopy> emu_open;
+// a cp.async of `size` bytes, `bytes` of them read (the rest zeros); both ends aligned to
+// `size` where anything is read
+static inline void emu_copy(const char* what, void* dst, const void* src, int size, int bytes)
+{
+    if (reinterpret_cast<std::uintptr_t>(dst) % size
+        || (bytes && reinterpret_cast<std::uintptr_t>(src) % size)) {
+        std::fprintf(stderr, "%s: %p <- %p is not %d-byte aligned\n", what, dst, src, size);
+        std::abort();
+    }
+    emu_open.push_back({dst, src, size, bytes});
+}
+static inline void emu_commit()
+{
+    emu_groups.push_back(std::move(emu_open));
+    emu_open.clear();
+}
+template <int N>
+static inline void emu_wait()  // the groups beyond the newest N land, oldest first
+{
+    while (emu_groups.size() > static_cast<size_t>(N)) {
+        for (const EmuCopy& c : emu_groups.front()) {  // src-size bytes, zeros to cp-size
+            std::memcpy(c.dst, c.src, c.bytes);
+            std::memset(static_cast<char*>(c.dst) + c.bytes, 0, c.size - c.bytes);
+        }
+        emu_groups.erase(emu_groups.begin());
+    }
+}
 struct EmuBlock {
     std::barrier<> bar;
     std::vector<EmuWarp> warps;
@@ -122,62 +149,28 @@ inline void ld_stream(unsigned* r, const unsigned short* p)
     "cp_async_b16": r"""template <int V, bool STREAM>
 inline void cp_async_b16(unsigned* dst, const unsigned short* src, bool pred)
 {
-    if (reinterpret_cast<std::uintptr_t>(dst) % (2 * V)
-        || (pred && reinterpret_cast<std::uintptr_t>(src) % (2 * V))) {
-        std::fprintf(stderr, "cp_async_b16: %p <- %p is not %d-byte aligned\n", (void*)dst,
-                     (const void*)src, 2 * V);
-        std::abort();
-    }
-    emu_open.push_back({dst, src, 2 * V, pred ? 2 * V : 0});
+    emu_copy("cp_async_b16", dst, src, 2 * V, pred ? 2 * V : 0);
 }""",
     # the CUDA-core family's cp.async: a float, or V of them, landing at the wait that
     # retires their group, as the decode ring's copies do
     "cp_async_f32": r"""inline void cp_async_f32(float* dst, const float* src, bool pred)
 {
-    emu_open.push_back({reinterpret_cast<unsigned*>(dst),
-                        reinterpret_cast<const unsigned short*>(src), 4, pred ? 4 : 0});
+    emu_copy("cp_async_f32", dst, src, 4, pred ? 4 : 0);
 }""",
     "cp_async_vec": r"""template <int V>
 inline void cp_async_vec(float* dst, const float* src)
 {
-    if (reinterpret_cast<std::uintptr_t>(dst) % (4 * V)
-        || reinterpret_cast<std::uintptr_t>(src) % (4 * V)) {
-        std::fprintf(stderr, "cp_async_vec: %p <- %p is not %d-byte aligned\n", (void*)dst,
-                     (const void*)src, 4 * V);
-        std::abort();
-    }
-    emu_open.push_back({reinterpret_cast<unsigned*>(dst),
-                        reinterpret_cast<const unsigned short*>(src), 4 * V, 4 * V});
+    emu_copy("cp_async_vec", dst, src, 4 * V, 4 * V);
 }""",
-    "cp_async_commit": r"""inline void cp_async_commit()
-{
-    emu_groups.push_back(std::move(emu_open));
-    emu_open.clear();
-}""",
+    "cp_async_commit": r"""inline void cp_async_commit() { emu_commit(); }""",
     "cp_async_wait": r"""template <int N>
-inline void cp_async_wait()
-{
-    while (emu_groups.size() > static_cast<size_t>(N)) {
-        for (const EmuCopy& c : emu_groups.front()) {  // src-size bytes, zeros to cp-size
-            std::memcpy(c.dst, c.src, c.bytes);
-            std::memset(reinterpret_cast<char*>(c.dst) + c.bytes, 0, c.size - c.bytes);
-        }
-        emu_groups.erase(emu_groups.begin());
-    }
-}""",
+inline void cp_async_wait() { emu_wait<N>(); }""",
     # the WMMA family's helpers: cp.async of BYTES, the block and thread indices, the
     # optimizer's fences (nothing here), fragments from shared memory (wmma's own load)
     "cp_async_bytes": r"""template <int BYTES>
 inline void cp_async_bytes(void* dst, const void* src)
 {
-    if (reinterpret_cast<std::uintptr_t>(dst) % BYTES
-        || reinterpret_cast<std::uintptr_t>(src) % BYTES) {
-        std::fprintf(stderr, "cp_async_bytes: %p <- %p is not %d-byte aligned\n", dst, src,
-                     BYTES);
-        std::abort();
-    }
-    emu_open.push_back({static_cast<unsigned*>(dst),
-                        static_cast<const unsigned short*>(src), BYTES, BYTES});
+    emu_copy("cp_async_bytes", dst, src, BYTES, BYTES);
 }""",
     "ctaid_x": r"""inline int ctaid_x() { return static_cast<int>(emu_bid.x); }""",
     "tid_x": r"""inline int tid_x() { return static_cast<int>(emu_tid.x); }""",
@@ -191,22 +184,9 @@ inline X opaque(X x) { return x; }""",
 {
     wmma::load_matrix_sync(f, p, ldm);
 }""",
-    "ring_commit": r"""inline void ring_commit()
-{
-    emu_groups.push_back(std::move(emu_open));
-    emu_open.clear();
-}""",
+    "ring_commit": r"""inline void ring_commit() { emu_commit(); }""",
     "ring_wait": r"""template <int N>
-inline void ring_wait()
-{
-    while (emu_groups.size() > static_cast<size_t>(N)) {
-        for (const EmuCopy& c : emu_groups.front()) {  // src-size bytes, zeros to cp-size
-            std::memcpy(c.dst, c.src, c.bytes);
-            std::memset(reinterpret_cast<char*>(c.dst) + c.bytes, 0, c.size - c.bytes);
-        }
-        emu_groups.erase(emu_groups.begin());
-    }
-}""",
+inline void ring_wait() { emu_wait<N>(); }""",
     "transpose_b16": r"""inline unsigned transpose_b16(unsigned x)
 {
     // lane l holds row l/4, columns 2(l%4) and 2(l%4)+1 (low half first) of an 8x8 matrix
@@ -457,10 +437,26 @@ CXX = ["g++", "-std=c++20", "-O1", "-pthread", "-w", "-fsanitize=address,undefin
         "-fno-sanitize-recover=all"]
 
 
-def build(cfg, where: Path) -> Path:
-    """`cfg`'s emulation compiled by g++ into `where`: the executable."""
-    cpp, exe = where / f"{cfg.name}.cpp", where / cfg.name
-    cpp.write_text(emulation_source(cfg))
+def build_all(configs, where: Path) -> dict:
+    """{config: its emulation's executable}, compiled two at a time into `where` (pytest's
+    failure, not a skip, where g++ or the CUDA headers are missing: the emulation is this
+    machine's only run of these kernels)."""
+    import concurrent.futures as cf
+
+    import pytest
+
+    if not shutil.which("g++") or cuda_include() is None:
+        pytest.fail("the emulation needs g++ and the CUDA toolkit's headers")
+    with cf.ThreadPoolExecutor(2) as pool:
+        return dict(zip(configs, pool.map(lambda c: build(c, where), configs)))
+
+
+def build(cfg, where: Path, source: str | None = None, name: str | None = None) -> Path:
+    """`cfg`'s emulation (or `source`, an edited one) compiled by g++ into `where` as
+    `name` (default: the kernel's): the executable."""
+    name = name or cfg.name
+    cpp, exe = where / f"{name}.cpp", where / name
+    cpp.write_text(emulation_source(cfg) if source is None else source)
     r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(exe)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]

@@ -7,14 +7,11 @@ model and the real instructions' rounding, is tests/test_gpu_decode.py's, on a G
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from _emulation import CXX, build, cuda_include, emulate, emulation_source
+from _emulation import build, build_all, emulate, emulation_source
 from _golden import rendered_as_golden
 
 from codegen import DType, UsageError, check, compile_many, render
@@ -477,12 +474,8 @@ EMULATED = [
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    if not shutil.which("g++") or cuda_include() is None:
-        pytest.skip("the emulation needs g++ and the CUDA toolkit's headers")
     where = tmp_path_factory.mktemp("emulated")
-    with cf.ThreadPoolExecutor(2) as pool:
-        exes = dict(zip(EMULATED, pool.map(lambda c: build(c, where), EMULATED)))
-    return where, exes
+    return where, build_all(EMULATED, where)
 
 
 def test_the_emulated_configs_are_valid_and_cover_the_family():
@@ -533,13 +526,9 @@ def test_the_emulation_catches_a_wrong_fragment(emulated, tmp_path):
     src = emulation_source(cfg)
     good = "mma_16816(acc[i][j], as[2 * i][2 * u], as[2 * i + 1][2 * u],"
     assert good in src
-    cpp = tmp_path / "bad.cpp"
-    cpp.write_text(src.replace(good, "mma_16816(acc[i][j], as[2 * i + 1][2 * u], "
-                                     "as[2 * i][2 * u],"))
-    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(tmp_path / "bad")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    err, _ = emulate(tmp_path / "bad", cfg, (16, 64, 256), tmp_path)
+    bad = build(cfg, tmp_path, src.replace(good, "mma_16816(acc[i][j], as[2 * i + 1][2 * u], "
+                                                 "as[2 * i][2 * u],"), "bad")
+    err, _ = emulate(bad, cfg, (16, 64, 256), tmp_path)
     assert err > 0.1
 
 
@@ -550,12 +539,8 @@ def test_the_emulation_catches_a_chunk_read_before_it_lands(emulated, tmp_path):
     src = emulation_source(cfg)
     good = "ring_wait<STAGES - 1>();"
     assert good in src
-    cpp = tmp_path / "early.cpp"
-    cpp.write_text(src.replace(good, "ring_wait<STAGES>();"))
-    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(tmp_path / "early")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    err, _ = emulate(tmp_path / "early", cfg, (16, 64, 1024), tmp_path)
+    early = build(cfg, tmp_path, src.replace(good, "ring_wait<STAGES>();"), "early")
+    err, _ = emulate(early, cfg, (16, 64, 1024), tmp_path)
     assert not err <= _GATE[cfg.out.short], err
 
 

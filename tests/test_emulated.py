@@ -16,12 +16,9 @@ instructions' rounding) is tests/test_gpu_simt_mainloop.py's and test_gpu_wmma.p
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import shutil
-import subprocess
 
 import pytest
-from _emulation import CXX, build, cuda_include, emulate, emulation_source
+from _emulation import build, build_all, emulate, emulation_source
 
 from codegen import DType, KernelConfig, check
 from codegen.config import Layout
@@ -106,12 +103,8 @@ def test_the_emulated_configs_are_valid_and_cover_the_main_loop():
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    if not shutil.which("g++") or cuda_include() is None:
-        pytest.fail("the emulation needs g++ and the CUDA toolkit's headers")
     where = tmp_path_factory.mktemp("simt-emulated")
-    with cf.ThreadPoolExecutor(2) as pool:
-        exes = dict(zip(EMULATED + WMMA, pool.map(lambda c: build(c, where), EMULATED + WMMA)))
-    return where, exes
+    return where, build_all(EMULATED + WMMA, where)
 
 
 def test_the_emulated_wmma_configs_are_valid_and_cover_the_family():
@@ -146,12 +139,9 @@ def test_the_emulation_catches_a_handoff_without_its_barrier(emulated, tmp_path)
     src = emulation_source(cfg)
     good = "compute_carried(kt & 1, [&] { store_tiles((kt + 1) & 1); __syncthreads(); });"
     assert good in src
-    cpp = tmp_path / "racy.cpp"
-    cpp.write_text(src.replace(good, "compute_carried(kt & 1, [&] { store_tiles((kt + 1) & 1); });"))
-    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(tmp_path / "racy")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    errs = [emulate(tmp_path / "racy", cfg, (64, 128, 64), tmp_path,
+    racy = build(cfg, tmp_path, src.replace(
+        good, "compute_carried(kt & 1, [&] { store_tiles((kt + 1) & 1); });"), "racy")
+    errs = [emulate(racy, cfg, (64, 128, 64), tmp_path,
                     pads=_aligned(cfg, (64, 128, 64)), seed=s)[0] for s in range(3)]
     assert not all(e <= GATE["f32"] for e in errs), errs
 
@@ -164,11 +154,7 @@ def test_the_emulation_catches_a_ring_read_before_it_lands(emulated, tmp_path, f
     src = emulation_source(cfg)
     good = "cp_async_wait<STAGES - 2>();"
     assert good in src
-    cpp = tmp_path / "early.cpp"
-    cpp.write_text(src.replace(good, "cp_async_wait<STAGES - 1>();"))
-    r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(tmp_path / "early")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    err, _ = emulate(tmp_path / "early", cfg, (64, 128, 64), tmp_path,
+    early = build(cfg, tmp_path, src.replace(good, "cp_async_wait<STAGES - 1>();"), "early")
+    err, _ = emulate(early, cfg, (64, 128, 64), tmp_path,
                      pads=_aligned(cfg, (64, 128, 64)))
     assert not err <= _gate(cfg), err
