@@ -998,16 +998,23 @@ TWO_BYTE_SEARCH: dict[str, tuple] = {"pingpong": (0, 1)}
 #: 128x64 with the weights read from DRAM, bench/NOTES.md, twenty-fifth session)
 DEEP_STAGES = (3, 4, 5, 6, 7, 8)
 DEEP_TILE = 192
-#: fp32 data also chooses between the in-loop conversion and the pre-pass: tf32 (the pre-pass
-#: measured 0.77-0.94x cuBLAS TF32 against the conversion's 0.53-0.61x,
-#: bench/results/wgmma-probe-prep-h200-2026-12-01.json), and 3xTF32's split mode (in-loop,
-#: or pre-split: the pre-pass writes big and small copies)
-TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1)}
+#: tf32 data also chooses how its operands reach the tensor cores: converted in the main
+#: loop (0), a pre-pass (1), TMA's own rounding of what is K-major as stored (2), or one
+#: operand through registers (3). On the H200 (bench/results/pairs-tf32-registers-9ae7ca8-*,
+#: pairs-tf32-tma-rounded-9ae7ca8-*, each beside cuBLAS TF32): NN 256x128 prep 3 0.967x at
+#: 4096^3 and 0.981x at 8192^3 against the pre-pass's 0.78x and 0.87x; NT prep 2 1.02-1.04x,
+#: prep 3 1.02x; TT prep 3 1.00x; the conversion 0.40x
+TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1, 2, 3)}
+#: 3xTF32 (fp32 data on three tf32 products) chooses its split mode: in the main loop (0),
+#: or pre-split (1: the pre-pass writes big and small copies); TMA's rounding and the
+#: register operand keep only tf32's bits
+F32X3_SEARCH: dict[str, tuple] = {"prep": (0, 1)}
 
 
 def _searched(dtype: DType) -> dict[str, tuple]:
     """The searched parameters of a request in `dtype` and their values."""
-    return {**SEARCH_SPACE, **(TF32_SEARCH if dtype in FP32_DATA else TWO_BYTE_SEARCH)}
+    extra = {DType.TF32: TF32_SEARCH, DType.F32: F32X3_SEARCH}.get(dtype, TWO_BYTE_SEARCH)
+    return {**SEARCH_SPACE, **extra}
 
 
 def _point(dtype: DType, **params) -> WgmmaConfig:
@@ -1126,12 +1133,14 @@ def _default(dtype: DType) -> WgmmaConfig:
     """The best measured on the H200: fp16/bf16 128x128x64 with ping-pong consumers and the
     TMA store (bench/results/pingpong-wgmma-3ebe9b6-h200-2026-12-03.json: ahead of the
     cooperative winners at issue 23's shapes by 2-12%; the model ranks it low, so the search
-    times it first as the family's default); tf32 256x128x32 with the pre-pass (4 stages);
-    3xTF32 128x128x32 (2 stages: its split tiles take the room of the others;
-    bench/results/wgmma-probe*-h200-2026-12-01.json)."""
+    times it first as the family's default); tf32 256x128x32 with one operand through
+    registers (4 stages: 0.97x-0.98x cuBLAS TF32 in NN, 1.00x-1.02x in NT and TT;
+    bench/results/pairs-tf32-registers-9ae7ca8-h200-2026-12-05.json; no default for TN,
+    which prep 3 cannot take); 3xTF32 128x128x32 (2 stages: its split tiles take the room of
+    the others; bench/results/wgmma-probe*-h200-2026-12-01.json)."""
     if dtype is DType.TF32:
         return _point(dtype, bm=256, bn=128, stages=4, consumers=2, cluster=1, persistent=1,
-                      group=8, prep=1)
+                      group=8, prep=3)
     if dtype is DType.F32:
         return _point(dtype, bm=128, bn=128, stages=2, consumers=2, cluster=1, persistent=1,
                       group=8)
