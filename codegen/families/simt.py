@@ -69,7 +69,8 @@ class KernelConfig(SplitK, Serial, Named):
             fragments load under them instead of after the barrier, where every warp
             waits for them at once (cuBLAS's SGEMM issues each fragment load at least 67
             instructions before its first use; the 4096^3 winner's first uses come 4-40
-            instructions after). The name carries `_f<frags>` only above 1.
+            instructions after). The name carries `_f<frags>` only above 1. frags 3 ran
+            1-8% slower on the H200: not searched.
         minb: the second argument of __launch_bounds__, the blocks per SM ptxas must
             leave room for (it caps the registers at 64K / (threads x minb)). The name
             carries `_b<minb>` only when above 1.
@@ -90,13 +91,15 @@ class KernelConfig(SplitK, Serial, Named):
             operand-reuse cache (a value per register bank and operand slot) serves one
             of each block's two pairs (ptxas's .reuse flags: fewer register-file reads).
             The name carries `_z` for 1 and `_z2` for 2. Buildable and tested, not
-            searched until the GPU has timed them (bench/NOTES.md).
+            searched: both ran 1-5% behind row order on the H200 (bench/NOTES.md,
+            thirty-fifth session).
         ptxas: ptxas's optimisation level (nvcc -Xptxas -O<n>): 3, its default, or 1.
             At 3 ptxas schedules a k-step's FFMAs in an order of its own (by the
             arrival of their shared loads), whatever the source's; at 1 it keeps the
             source's order, and so the reuse that zigzag 2 lays out (nvcc 13.0, 8x16
             micro-tile: 1,314 .reuse flags a main-loop iteration of 1,024 FFMAs, against
-            949 at 3, and cuBLAS's own SGEMM's 1,465). The name carries `_o1`.
+            949 at 3, and cuBLAS's own SGEMM's 1,465). The name carries `_o1`. Not searched:
+            -O1 ran 1-4% slower on the H200, the 2x2 order with it no better.
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
             only when not the default).
