@@ -138,7 +138,7 @@ def test_where_it_stands_quotes_the_files_it_cites():
     line = rows["decode shapes, bf16, the weights read from DRAM, back to back"]
     assert _span([r["ratio"] for r in decode]) + "; 1x4096x4096 at " \
         f"{at[1, 4096, 4096]['roof']:.0%}, 16x4096x4096 at {at[16, 4096, 4096]['roof']:.0%}" in line
-    lib = _cited("library-vs-cublas-78fde77-")["summary"]
+    lib = _cited("library-vs-cublas-e81a9c9-")["summary"]
     assert f"geometric mean {lib['geomean']:.2f}x torch.matmul, none below 0.95x" in rows[
         "the library end to end, 64 shapes through `lib.gemm`"] and not lib["below_095"]
 
@@ -166,6 +166,11 @@ def test_the_wgmma_figures_are_those_of_the_files_cited():
     assert f"4096^3 fp16 {r['tflops']:.0f} against {r['peer_tflops']:.0f} TFLOP/s" in text
     tf32 = _cited("wgmma-vs-cublas-tf32")["rows"]
     assert f"reaches {_span([r['ratio'] for r in tf32])} cuBLAS TF32" in text
+    at = {tuple(r["shape"]): r for r in tf32}
+    for shape, said in (((4096, 4096, 4096), "4096^3"), ((8192, 8192, 8192), "8192^3")):
+        r = at[shape]
+        assert f"{r['tflops']:.0f} against {r['peer_tflops']:.0f} TFLOP/s at {said} " \
+            f"({r['ratio']:.2f}x)" in text, said
     wmma = [r for r in _cited("layouts-epilogues")["rows"] if r["part"] == "layouts"
             and r["family"] == "wmma" and r["layout"] == "nn"]
     assert f"WMMA family's default kernels reach {_span([r['ratio'] for r in wmma])} of " \
