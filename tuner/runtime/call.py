@@ -690,7 +690,8 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
         C[...] = _numpy_activation(R, act)
         return C
     dev = driver.current_device() if dev is None else dev
-    g, s = driver.gpu(dev), resolve_stream(stream, tuple(o for o in (a, e.b, c) if o is not None), dev)
+    g = driver.gpu(dev)
+    s = resolve_stream(stream, tuple(o for o in (a, e.b, c) if o is not None), dev)
     c = c or operand(C, "C", writable=True)
     from tuner.runtime.epilogue import epilogue_launcher
 
