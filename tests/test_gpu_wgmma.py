@@ -433,7 +433,7 @@ K_MAJOR_N_VARIANTS = [WgmmaConfig.from_name(n) for n in (
 )]
 #: clusters along N (A multicast: each block loads half of A's rows, K-major or M-major)
 #: and ping-pong consumers in a cluster either way, in each layout, both stores and
-#: epilogues; tf32 converted in shared memory along N
+#: epilogues; tf32 converted in shared memory along N, and tf32's other feeds
 CLUSTER_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_f16_128x128x64_c2_s5_x2_p1_g16_pp_ts_of16",
     "gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16_gelut",
@@ -443,6 +443,15 @@ CLUSTER_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_f16_128x256x64_c2_s4_x2n_p0_g1_tt",
     "gemm_wgmma_bf16_128x112x64_c2_s5_x2n_p1_g16_pp_nt_obf16_silu",
     "gemm_wgmma_tf32_128x128x32_c2_s4_x2n_p1_g8_nt_of16",
+    # tf32 with nothing converted in the loop, in clusters: C^T through registers (B's
+    # MN-major tile multicast along M, A's K-major one along N), TT along N, TMA's rounding
+    # (NT: B as stored; NN: the pre-pass's Bt), the pre-pass with ping-pong and TMA stores
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer",
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x2n_p1_g8_prer_obf16_bias_silu",
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2n_p1_g8_prer_tt",
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_pret_nt",
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_pret",
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_pp_pre_ts_tn_of16",
 )]
 REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
 #: the TMA store: N a whole number of 16 bytes of C

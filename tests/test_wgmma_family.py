@@ -762,11 +762,16 @@ def test_prep_names_geometry_and_reasons():
 
     assert problem_reasons(c, (4096, 4095, 4097)) == []
     assert problem_reasons(TF32_GOLDEN, (4096, 4095, 4097)) != []
-    for bad, why in ((dataclasses.replace(c, dtype=DType.BF16, bk=64), "has bf16"),
-                     (dataclasses.replace(c, cluster=2), "cluster=2"),
-                     (dataclasses.replace(c, dtype=DType.F32, terms=3, cluster=2), "cluster=2")):
-        assert any("prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32" in w and why in w
-                   for w in check_wgmma(bad, "sm_90")), bad.name
+    assert any("prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), not bf16"
+               in w for w in check_wgmma(dataclasses.replace(c, dtype=DType.BF16, bk=64), "sm_90"))
+    # a cluster multicasts the pre-pass's Bt (K-major) like any K-major B; the pre-split's
+    # small parts load apart, so 3xTF32 takes none
+    cl = dataclasses.replace(c, cluster=2)
+    assert check_wgmma(cl, "sm_90") == [] and cl.tma_boxes()["B"] == (c.bn // 2, 32)
+    assert "tma_load_multicast(b_dst, &tmB, bar, kt * BK, n0 + static_cast<int>(rank) * B_BOX_ROWS" in render(cl)
+    assert any(w.startswith("3xTF32 pre-split (prep=1, terms=3) loads its small parts apart: no "
+                            "cluster") for w in check_wgmma(
+        dataclasses.replace(c, dtype=DType.F32, terms=3, cluster=2), "sm_90"))
     src = render(c)
     assert f"{c.name}_prep(const float* __restrict__ A" in src and "cvt.rna.tf32.f32" in src
     assert "convert_stage" not in src and "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in src
@@ -839,10 +844,11 @@ def test_tma_rounded_tf32_names_geometry_and_reasons():
     assert problem_reasons(nn, (4096, 4096, 4095)) != []  # A's rows of 4095 floats: TMA's
     assert problem_reasons(tt, (4095, 4096, 4096)) == [] and problem_reasons(tt, (4096, 4096, 4095)) != []
     for bad, why in ((dataclasses.replace(c, layout=Layout.TN), "tn"),
-                     (dataclasses.replace(c, cluster=2), "cluster=2"),
                      (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
         assert any(w.startswith("prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32")
                    and why in w for w in check_wgmma(bad, "sm_90")), bad.name
+    for cl in (dataclasses.replace(c, cluster=2), dataclasses.replace(c, cluster=2, cluster_n=1)):
+        assert check_wgmma(cl, "sm_90") == [], cl.name  # TFLOAT32 maps multicast as any
     assert check_wgmma(dataclasses.replace(c, prep=4), "sm_90")[0] == "prep=4 is not 0, 1, 2 or 3"
     src = render(c)
     assert "_prep(" not in src and "cvt.rna" not in src and "convert_stage" not in src
@@ -871,7 +877,7 @@ RS_SET = [RS_GOLDEN] + [WgmmaConfig.from_name(n) for n in (
 def test_register_fed_tf32_names_geometry_and_reasons():
     """prep=3: no pre-pass, both operands as stored through TFLOAT32 maps; NN swaps the roles
     (the consumers' rows are BN / consumers columns of C, wgmma's N the tile's BM rows), TT and
-    NT feed A through the registers; not TN, no cluster, the register epilogue only."""
+    NT feed A through the registers; not TN, the register epilogue only; clusters either way."""
     c = RS_GOLDEN
     assert c.name == "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"
     assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
@@ -887,8 +893,13 @@ def test_register_fed_tf32_names_geometry_and_reasons():
     assert (v["RS"], v["SWAP"], v["R_MN"], v["MMA_N"], v["ACC"], v["PREP"], v["TF32"]) == \
         (True, True, True, 256, 128, False, False)
     assert (vt["SWAP"], vt["R_MN"], vt["A_CHUNKS"], nt.template_values()["R_MN"]) == (False, True, 4, False)
+    cl, cn = dataclasses.replace(c, cluster=2), dataclasses.replace(c, cluster=2, cluster_n=1)
+    assert check_wgmma(cl, "sm_90") == [] == check_wgmma(cn, "sm_90")
+    # along M the blocks share B's tile (C^T's register operand: BK/2 rows of each 32-column
+    # box a block); along N, A's (the K-major one the descriptors read: BM/2 rows a block)
+    assert cl.tma_boxes() == {"A": (256, 32), "B": (16, 32)}
+    assert cn.tma_boxes() == {"A": (128, 32), "B": (32, 32)}
     for bad, why in ((dataclasses.replace(c, layout=Layout.TN), "tn"),
-                     (dataclasses.replace(c, cluster=2), "cluster=2"),
                      (dataclasses.replace(c, store=1), "store=1"),
                      (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
         assert any(w.startswith("prep=3 (tf32, one operand through registers) needs dtype tf32")
@@ -1955,8 +1966,8 @@ def test_presplit_geometry_workspace_and_template_values():
      "the 64x192 consumer tile holds 192 accumulators per thread (partial sums and totals: "
      "3xTF32); with 72 more that is over the 256 registers a consumer thread gets"),
     (dataclasses.replace(PRESPLIT_GOLDEN, cluster=2, stages=2),
-     "prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32) and no cluster "
-     "(it has f32, cluster=2)"),
+     "3xTF32 pre-split (prep=1, terms=3) loads its small parts apart: no cluster (it has "
+     "cluster=2)"),
     (dataclasses.replace(PRESPLIT_GOLDEN, stages=1), "stages=1: fp32 data needs 2 or more"),
     # the pre-split's consumers take turns of their own: no ping-pong
     (dataclasses.replace(PRESPLIT_GOLDEN, pingpong=1),

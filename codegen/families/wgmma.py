@@ -728,20 +728,21 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"persistent={c.persistent} is not 0 or 1")
     if c.prep not in (0, 1, 2, 3):
         why.append(f"prep={c.prep} is not 0, 1, 2 or 3")
-    elif c.prep == 3 and (c.dtype is not DType.TF32 or c.layout is Layout.TN
-                          or c.cluster != 1 or c.store):
+    elif c.prep == 3 and (c.dtype is not DType.TF32 or c.layout is Layout.TN or c.store):
         why.append(f"prep=3 (tf32, one operand through registers) needs dtype tf32, layout "
-                   f"nn, nt or tt (tn has no K-major operand: prep=1 copies both), no cluster "
-                   f"and the register epilogue (it has {c.dtype.short}, {c.layout.value}, "
-                   f"cluster={c.cluster}, store={c.store})")
-    elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is Layout.TN
-                          or c.cluster != 1):
-        why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32, an operand "
-                   f"K-major as stored (not layout tn: prep=1 copies both) and no cluster "
-                   f"(it has {c.dtype.short}, {c.layout.value}, cluster={c.cluster})")
-    elif c.prep and (not c.fp32_data or c.cluster != 1):
-        why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32) and "
-                   f"no cluster (it has {c.dtype.short}, cluster={c.cluster})")
+                   f"nn, nt or tt (tn has no K-major operand: prep=1 copies both) and the "
+                   f"register epilogue (it has {c.dtype.short}, {c.layout.value}, "
+                   f"store={c.store})")
+    elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is Layout.TN):
+        why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32 and an operand "
+                   f"K-major as stored (not layout tn: prep=1 copies both; it has "
+                   f"{c.dtype.short}, {c.layout.value})")
+    elif c.prep and not c.fp32_data:
+        why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), "
+                   f"not {c.dtype.short}")
+    elif c.presplit and c.cluster != 1:
+        why.append(f"3xTF32 pre-split (prep=1, terms=3) loads its small parts apart: no "
+                   f"cluster (it has cluster={c.cluster})")
     if c.fp32_data and not c.prep and c.a_col:
         why.append(f"layout {c.layout.value}: fp32 data converted in shared memory needs a "
                    f"row-major A (wgmma's tf32 reads K-major operands only, and the consumers "

@@ -488,7 +488,7 @@ gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16(const __grid_constant__ CUte
                     const uint32_t a_dst = base + stage * STAGE_BYTES;
                     tma_load(a_dst, &tmA, bar, kt * BK, m0, bt, a3);
                     const uint32_t b_dst = a_dst + A_STAGE_BYTES + rank * (B_BOX_ROWS * 128);
-                    tma_load(b_dst, &tmB, bar, kt * BK, n0, bt, b3);  // B^T (K-major): BN rows of N
+                    tma_load(b_dst, &tmB, bar, kt * BK, n0, bt, b3);  // B^T (K-major, or the pre-pass's Bt): BN rows of N
                     if (++stage == STAGES) {
                         stage = 0;
                         phase ^= 1;

@@ -45,7 +45,7 @@ static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM ==
 static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(ES == 4 && BN % 8 == 0 && BN <= 256 && B_CHUNKS == 1 && ACC * 2 == BN, "pre-pass: Bt in one box of BN rows, wgmma N <= 256");
-static_assert(BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "BK must span the 128-byte swizzle; tf32 k8");
+static_assert(BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "BK must span the 128-byte swizzle; tf32 k8; the small parts load apart: no cluster");
 static_assert(TERMS == 3 && BT_OFF == A_STAGE_BYTES && AS_OFF == BT_OFF + B_STAGE_BYTES && BTS_OFF == AS_OFF + A_STAGE_BYTES, "pre-split stage: A, Bt, As, Bts");
 static_assert(STAGE_BYTES == 2 * (A_STAGE_BYTES + B_STAGE_BYTES) && AS_OFF % 1024 == 0 && BTS_OFF % 1024 == 0, "four tiles on 1024-byte swizzle boundaries");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 blocks");
@@ -493,7 +493,7 @@ gemm_wgmma_f32_128x128x32_c2_s3_x1_p1_g8_pre_t3(const __grid_constant__ CUtensor
                     const uint32_t a_dst = base + stage * STAGE_BYTES;
                     tma_load(a_dst, &tmA, bar, kt * BK, m0, bt, a3);
                     const uint32_t b_dst = a_dst + A_STAGE_BYTES + rank * (B_BOX_ROWS * 128);
-                    tma_load(b_dst, &tmB, bar, kt * BK, n0, bt, b3);  // Bt: BN rows of N, BK along K
+                    tma_load(b_dst, &tmB, bar, kt * BK, n0, bt, b3);  // B^T (K-major, or the pre-pass's Bt): BN rows of N
                     // the small parts: rows M + m0.. of [Abig; Asmall], N + n0.. of [Bbig; Bsmall]
                     tma_load(a_dst + AS_OFF, &tmA, bar, kt * BK, M + m0, bt, a3);
                     tma_load(a_dst + BTS_OFF, &tmB, bar, kt * BK, N + n0, bt, b3);

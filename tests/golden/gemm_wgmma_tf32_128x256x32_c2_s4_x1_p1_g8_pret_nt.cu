@@ -37,7 +37,7 @@ static_assert((PINGPONG ? WM == BM : WM * CONSUMERS == BM) && (WM == 64 || WM ==
 static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
 static_assert(ES == 4 && BN % 8 == 0 && BN <= 256 && B_CHUNKS == 1 && ACC * 2 == BN, "pre-pass: Bt in one box of BN rows, wgmma N <= 256");
-static_assert(BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "BK must span the 128-byte swizzle; tf32 k8");
+static_assert(BK * ES == 128 && K_STEPS * 8 == BK, "BK must span the 128-byte swizzle; tf32 k8");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 blocks");
 static_assert(B_BOX_ROWS * CLUSTER == BN && B_BOX_ROWS % 8 == 0, "a K-major B's rows (N) split into whole 8-row swizzle atoms");
 static_assert(A_STAGE_BYTES == BM * BK * ES && B_STAGE_BYTES == BK * BN * ES && B_CHUNK_BYTES == BK * 128, "stage bytes");
@@ -425,7 +425,7 @@ gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret_nt(const __grid_constant__ CUtens
                     const uint32_t a_dst = base + stage * STAGE_BYTES;
                     tma_load(a_dst, &tmA, bar, kt * BK, m0, bt, a3);
                     const uint32_t b_dst = a_dst + A_STAGE_BYTES + rank * (B_BOX_ROWS * 128);
-                    tma_load(b_dst, &tmB, bar, kt * BK, n0, bt, b3);  // Bt: BN rows of N, BK along K
+                    tma_load(b_dst, &tmB, bar, kt * BK, n0, bt, b3);  // B^T (K-major, or the pre-pass's Bt): BN rows of N
                     if (++stage == STAGES) {
                         stage = 0;
                         phase ^= 1;

@@ -37,7 +37,7 @@ static_assert(THREADS == 128 * (1 + CONSUMERS) && (CONSUMERS == 1 || CONSUMERS =
 static_assert((PINGPONG ? WM == BN : WM * CONSUMERS == BN) && (WM == 64 || WM == 128) && M_WGMMAS * 64 == WM, "each consumer owns 64 or 128 rows");
 static_assert(!PINGPONG || (CONSUMERS == 2 && EMPTY_ARRIVALS == CLUSTER), "ping-pong: two consumers, one per stage in each block of the cluster");
 static_assert(PINGPONG || EMPTY_ARRIVALS == CONSUMERS * CLUSTER, "every consumer of the cluster releases each stage");
-static_assert(ES == 4 && BK * ES == 128 && K_STEPS * 8 == BK && CLUSTER == 1, "tf32 k8 steps over one 128-byte swizzled row of K");
+static_assert(ES == 4 && BK * ES == 128 && K_STEPS * 8 == BK, "tf32 k8 steps over one 128-byte swizzled row of K");
 static_assert(ACC * 2 == MMA_N && MMA_N % 8 == 0 && MMA_N <= 256, "wgmma N: a multiple of 8 up to 256");
 static_assert(B_CHUNKS * 32 == BN, "B: 32-column swizzled boxes (or one K-major box)");
 static_assert(R_OFF % 1024 == 0 && D_OFF % 1024 == 0 && R_OFF + D_OFF == A_STAGE_BYTES, "A's tile, then B's, on 1024-byte swizzle boundaries");
