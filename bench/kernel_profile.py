@@ -11,7 +11,7 @@ issue (its pipeline) at the same clock.
 --ncu: a child process runs each pair's kernel, cuBLAS and torch once each between
 cuProfilerStart and cuProfilerStop under ncu (--clock-control none, --set detailed plus
 the tensor pipes' activity, and the warp-stall sampling by instruction: SourceCounters);
-its reports are written as text, one file per shape and run.
+its reports are written as text, one file per pair and run.
 
     python bench/kernel_profile.py --pair 4096x4096x4096 gemm_wgmma_f16_... [--pair ...]
         [--seconds 2] [--rounds 2] [--ncu] [--out DIR]
@@ -93,7 +93,9 @@ def sustained(fn, seconds: float, flops: float) -> dict:
 
 def torch_call(config, shape):
     """torch.matmul on the same problem (layout, input type) where C is the input's type
-    and there is no epilogue; None otherwise (or without torch)."""
+    and there is no epilogue; None otherwise (or without torch). fp32 data: tf32 with
+    torch's allow_tf32 (cuBLASLt as torch calls it, whose kernel may not be the one
+    cublasGemmEx picks), strict fp32 and 3xTF32 without."""
     try:
         import torch
     except ImportError:
@@ -101,18 +103,23 @@ def torch_call(config, shape):
     from codegen.families._common import Variant
 
     v = Variant.of(config)
-    if v.out is not config.dtype or v.bias != "none" or v.act != "none" or config.dtype not in (
-            DType.F16, DType.BF16):
+    if v.out is not config.dtype or v.bias != "none" or v.act != "none":
         return None
     m, n, k = shape
-    typ = {DType.F16: torch.float16, DType.BF16: torch.bfloat16}[config.dtype]
+    typ = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.TF32: torch.float32,
+           DType.F32: torch.float32}[config.dtype]
+    tf32 = config.dtype is DType.TF32
     a_col, b_col = v.layout.value[0] == "t", v.layout.value[1] == "t"
     a = torch.randn(k, m, device="cuda", dtype=typ).t() if a_col else \
         torch.randn(m, k, device="cuda", dtype=typ)
     b = torch.randn(n, k, device="cuda", dtype=typ).t() if b_col else \
         torch.randn(k, n, device="cuda", dtype=typ)
     c = torch.empty(m, n, device="cuda", dtype=typ)
-    return lambda: torch.matmul(a, b, out=c)
+
+    def run():
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.matmul(a, b, out=c)
+    return run
 
 
 def kernel_call(bench, config, cubin):
@@ -155,6 +162,7 @@ def child(argv) -> None:
 
 
 def ncu(text, name, cubin_path: Path, out: Path) -> None:
+    """Each run's report to kernel-profile-<shape>-<kernel>-<run>.txt."""
     from tuner.profile import ncu_path
 
     base = [ncu_path(), "--clock-control", "none", "--profile-from-start", "off"]
@@ -167,7 +175,7 @@ def ncu(text, name, cubin_path: Path, out: Path) -> None:
                        "--print-details", "all"]}
     for label, extra in runs.items():
         p = subprocess.run(base + extra + me, capture_output=True, text=True, timeout=300)
-        path = out / f"kernel-profile-{text}-{label}.txt"
+        path = out / f"kernel-profile-{text}-{name}-{label}.txt"
         path.write_text(p.stdout + "\n--- stderr ---\n" + p.stderr[-4000:])
         print(f"ncu {label}: rc {p.returncode}, {path}", flush=True)
 
