@@ -103,7 +103,8 @@ def torch_call(config, shape):
     from codegen.families._common import Variant
 
     v = Variant.of(config)
-    if v.out is not config.dtype or v.bias != "none" or v.act != "none":
+    data = DType.F32 if config.dtype is DType.TF32 else config.dtype  # tf32: fp32 data and C
+    if v.out is not data or v.bias != "none" or v.act != "none":
         return None
     m, n, k = shape
     typ = {DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.TF32: torch.float32,
