@@ -58,12 +58,14 @@ from codegen.families.wgmma import WgmmaConfig  # noqa: E402
 BAR_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 MORE_SHAPES = [(8192, 8192, 1024), (4096, 14336, 4096), (16384, 1024, 4096)]
 DTYPES = (DType.F16, DType.BF16)
-#: tf32 (--dtypes tf32): one operand through registers (prep 3, the family's default), TMA's
-#: rounding with B's pre-pass (prep 2), the pre-pass variants and the in-loop conversion's best
-TF32_CANDIDATES = ["256x128x32_c2_s4_x1_p1_g8_prer", "128x256x32_c2_s4_x1_p1_g8_prer",
-                   "256x128x32_c2_s3_x1_p1_g16_prer", "128x256x32_c2_s4_x1_p1_g8_pret",
-                   "256x128x32_c2_s4_x1_p1_g8_pre", "128x256x32_c2_s4_x1_p1_g8_pre",
-                   "256x128x32_c2_s3_x1_p1_g16_pre", "256x128x32_c2_s3_x1_p1_g8"]
+#: tf32 (--dtypes tf32): one operand through registers (prep 3, the family's default; the
+#: fresh tunes' winners of 2026-12-05 at 4096^3 and 8192^3, a block a tile: p0, and a cluster
+#: along N), TMA's rounding with B's pre-pass (prep 2, alone and in a cluster), the pre-pass
+#: and the in-loop conversion's best
+TF32_CANDIDATES = ["256x128x32_c2_s4_x1_p1_g8_prer", "256x128x32_c2_s4_x1_p0_g1_prer",
+                   "256x128x32_c2_s4_x1_p0_g8_prer", "256x128x32_c2_s4_x2n_p1_g8_prer",
+                   "128x256x32_c2_s4_x1_p1_g8_pret", "128x256x32_c2_s4_x2_p1_g8_pret",
+                   "256x128x32_c2_s4_x1_p1_g8_pre", "256x128x32_c2_s3_x1_p1_g8"]
 #: per dtype, FP32 C (--fp32-c): the probe's winners
 #: (bench/results/wgmma-probe-h200-2026-12-01.json) and neighbours (persistence, raster
 #: group, a shallower ring)
