@@ -447,7 +447,7 @@ CLUSTER_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     # MN-major tile multicast along M, A's K-major one along N), TT along N, TMA's rounding
     # (NT: B as stored; NN: the pre-pass's Bt), the pre-pass with ping-pong and TMA stores
     "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer",
-    "gemm_wgmma_tf32_256x128x32_c2_s4_x2n_p1_g8_prer_obf16_bias_silu",
+    "gemm_wgmma_tf32_128x128x32_c2_s4_x2n_p1_g8_prer_obf16_bias_silu",
     "gemm_wgmma_tf32_128x128x32_c2_s4_x2n_p1_g8_prer_tt",
     "gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_pret_nt",
     "gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_pret",
