@@ -177,6 +177,17 @@ __device__ __forceinline__ void finish_store(E* p, float* v, float beta, const B
 }
 static_assert(sizeof(OutT) == 4, "C's element");
 
+// Two adjacent elements of C (p aligned to both) to / from FP32; stores round to nearest.
+__device__ __forceinline__ float2 ld_pair(const OutT* p)
+{
+    return *reinterpret_cast<const float2*>(p);
+}
+
+__device__ __forceinline__ void st_pair(OutT* p, float x, float y)
+{
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p)
 {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -486,6 +497,7 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
         const int consumer = warpgroup - 1;
         const int lane = tid % 32, warp = (tid % 128) / 32;
         const bool leader = tid % 128 == 0;  // releases stages for its warpgroup
+        const bool c_vec2 = ldc % 2 == 0 && sC % 2 == 0 && reinterpret_cast<uintptr_t>(C) % (2 * sizeof(OutT)) == 0;
         float acc[M_WGMMAS][ACC];
         int stage = 0;
         uint32_t phase = 0;
@@ -554,27 +566,32 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                 release(previous);
 
             // Epilogue of C^T's tile: accumulator j of slice i holds C's column n0 + row0 + 64 i
-            // + rs_row(warp, lane, j%4/2), row m0 + 8 (j/4) + 2 (lane%4) + j%2; each element
-            // act(alpha * acc + beta * C + bias[column]) to C, rounded to C's type. Lanes of one
-            // store cover 8 columns (rs_row) of 8 rows: 32-byte pieces of rows for fp32 C.
-            // Two copies: this consumer's part of the tile wholly inside C with beta = 0 tests
-            // nothing per element; any other takes the edges and beta's reads.
-            if (beta == 0.0f && m0 + BM <= M && n0 + row0 + WM <= N) {
+            // + rs_row(warp, lane, j%4/2), row m0 + 8 (j/4) + 2 (lane%4) + j%2. The lanes 4
+            // apart (rs_row's g and g + 1) hold neighbouring columns of the same two rows: one
+            // exchange (shfl.xor 4) gives the even lane both columns of the upper row and the
+            // odd lane both of the lower, so each stores a pair (one 2-element access where C
+            // and ldc allow) of act(alpha * acc + beta * C + bias), rounded to C's type.
+            const int odd = (lane / 4) % 2;  // this lane keeps the lower row of its pair's two
+            // Two copies: this consumer's part of the tile wholly inside C, pair stores allowed,
+            // with beta = 0 tests nothing per element; any other takes the edges and beta's reads.
+            if (beta == 0.0f && c_vec2 && m0 + BM <= M && n0 + row0 + WM <= N) {
     #pragma unroll
                 for (int i = 0; i < M_WGMMAS; ++i) {
     #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int col = n0 + row0 + 64 * i + rs_row(warp, lane, h);
-                        const float b = bias_pair(bias, col, N).x;
+                        const int col = n0 + row0 + 64 * i + rs_row(warp, lane, h) - odd;  // the pair's first
+                        const float2 b = bias_pair(bias, col, N);
     #pragma unroll
                         for (int mb = 0; mb < ACC / 4; ++mb) {
-    #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int row = m0 + mb * 8 + (lane % 4) * 2 + e;
-                                OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
-                                float v = alpha * acc[i][mb * 4 + h * 2 + e];
-                                p[0] = static_cast<OutT>(finish_with(v, b));
-                            }
+                            const float x0 = acc[i][mb * 4 + h * 2], x1 = acc[i][mb * 4 + h * 2 + 1];
+                            const float got = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
+                            const int row = m0 + mb * 8 + (lane % 4) * 2 + odd;
+                            float v0 = alpha * (odd ? got : x0);
+                            float v1 = alpha * (odd ? x1 : got);
+                            OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
+                            v0 = finish_with(v0, b.x);
+                            v1 = finish_with(v1, b.y);
+                            st_pair(p, v0, v1);
                         }
                     }
                 }
@@ -583,22 +600,38 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                 for (int i = 0; i < M_WGMMAS; ++i) {
     #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int col = n0 + row0 + 64 * i + rs_row(warp, lane, h);
-                        if (col >= N)
-                            continue;
-                        const float b = bias_pair(bias, col, N).x;
+                        const int col = n0 + row0 + 64 * i + rs_row(warp, lane, h) - odd;  // the pair's first
+                        const bool pair = c_vec2 && col + 1 < N;
+                        const float2 b = bias_pair(bias, col, N);
     #pragma unroll
                         for (int mb = 0; mb < ACC / 4; ++mb) {
-    #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int row = m0 + mb * 8 + (lane % 4) * 2 + e;
-                                if (row >= M)
-                                    continue;
-                                OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
-                                float v = alpha * acc[i][mb * 4 + h * 2 + e];
-                                if (beta != 0.0f)
-                                    v = fmaf(beta, static_cast<float>(p[0]), v);
-                                p[0] = static_cast<OutT>(finish_with(v, b));
+                            const float x0 = acc[i][mb * 4 + h * 2], x1 = acc[i][mb * 4 + h * 2 + 1];
+                            const float got = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
+                            const int row = m0 + mb * 8 + (lane % 4) * 2 + odd;
+                            float v0 = alpha * (odd ? got : x0);
+                            float v1 = alpha * (odd ? x1 : got);
+                            if (row >= M || col >= N)
+                                continue;
+                            OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
+                            if (beta != 0.0f) {
+                                if (pair) {
+                                    const float2 old = ld_pair(p);
+                                    v0 = fmaf(beta, old.x, v0);
+                                    v1 = fmaf(beta, old.y, v1);
+                                } else {
+                                    v0 = fmaf(beta, static_cast<float>(p[0]), v0);
+                                    if (col + 1 < N)
+                                        v1 = fmaf(beta, static_cast<float>(p[1]), v1);
+                                }
+                            }
+                            v0 = finish_with(v0, b.x);
+                            v1 = finish_with(v1, b.y);
+                            if (pair) {
+                                st_pair(p, v0, v1);
+                            } else {
+                                p[0] = static_cast<OutT>(v0);
+                                if (col + 1 < N)
+                                    p[1] = static_cast<OutT>(v1);
                             }
                         }
                     }
