@@ -589,6 +589,8 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                             float v0 = alpha * (odd ? got : x0);
                             float v1 = alpha * (odd ? x1 : got);
                             OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
+                            // the bias and the activation once per element (one copy of the
+                            // activation's code per element: the unrolled epilogue stays small)
                             v0 = finish_with(v0, b.x);
                             v1 = finish_with(v1, b.y);
                             st_pair(p, v0, v1);
@@ -610,7 +612,7 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                             const int row = m0 + mb * 8 + (lane % 4) * 2 + odd;
                             float v0 = alpha * (odd ? got : x0);
                             float v1 = alpha * (odd ? x1 : got);
-                            if (row >= M || col >= N)
+                            if (row >= M)
                                 continue;
                             OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
                             if (beta != 0.0f) {
@@ -619,17 +621,21 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                                     v0 = fmaf(beta, old.x, v0);
                                     v1 = fmaf(beta, old.y, v1);
                                 } else {
-                                    v0 = fmaf(beta, static_cast<float>(p[0]), v0);
+                                    if (col < N)
+                                        v0 = fmaf(beta, static_cast<float>(p[0]), v0);
                                     if (col + 1 < N)
                                         v1 = fmaf(beta, static_cast<float>(p[1]), v1);
                                 }
                             }
+                            // the bias and the activation once per element (one copy of the
+                            // activation's code per element: the unrolled epilogue stays small)
                             v0 = finish_with(v0, b.x);
                             v1 = finish_with(v1, b.y);
                             if (pair) {
                                 st_pair(p, v0, v1);
                             } else {
-                                p[0] = static_cast<OutT>(v0);
+                                if (col < N)
+                                    p[0] = static_cast<OutT>(v0);
                                 if (col + 1 < N)
                                     p[1] = static_cast<OutT>(v1);
                             }
