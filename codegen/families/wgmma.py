@@ -172,10 +172,12 @@ class WgmmaConfig(_Serial, SplitK, Named):
         prep: fp32 data: 0 = the consumers convert each stage in shared memory; 1 = a
             pre-pass kernel (<name>_prep, launched first) writes A rounded to tf32 and B
             transposed and rounded into a workspace of (M + N) x prep_ld(K) floats, which
-            the tensor maps describe (no cluster, no ping-pong). For 3xTF32 (terms=3) it
+            the tensor maps describe (prep 1-3 take clusters, the pre-pass's Bt multicast
+            as any K-major B). For 3xTF32 (terms=3) it
             is the split mode: 1 = pre-split, the pre-pass writes the big and small parts
             of each, [Abig; Asmall] (2M rows) then [Bbig; Bsmall] (2N rows), and each stage
-            holds the four tiles (:attr:`presplit`). 2 (tf32, ``_pret``) = TMA rounds the
+            holds the four tiles (:attr:`presplit`; no cluster, no ping-pong: the small
+            parts load apart). 2 (tf32, ``_pret``) = TMA rounds the
             operands that are K-major as stored (a row-major A, a column-major B) to tf32 as
             it loads them (TFLOAT32 maps, round to nearest even), and the pre-pass copies
             only the others (:attr:`copies_a`, :attr:`copies_b`): none for NT (x @ W.t()),
@@ -184,7 +186,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
             (tf32's only way to read an MN-major tile), the other K-major from shared
             memory, both rounded by TMA (TFLOAT32 maps): NT and TT feed A through the
             registers; NN feeds B (the kernel computes C^T = B^T A^T tile by tile and
-            writes C transposed from its accumulators: :attr:`swap`). Not TN (neither
+            writes C transposed from its accumulators, pairs of columns gathered by a
+            lane exchange: :attr:`swap`). Not TN (neither
             operand K-major: prep=1). The register epilogue only.
         store: the epilogue. 0 = each thread stores its accumulators to C from registers;
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
