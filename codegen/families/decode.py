@@ -29,8 +29,12 @@ each thread's slots of shared memory, filled by cp.async and waited for with wai
 STAGES-1 chunks really in flight. On the H200 it runs the average config 4-23% faster
 than the register ring, and each decode shape's best by 1-5% back to back (bench/NOTES.md,
 "Thirty-first session", "Thirty-third session"); both rings are searched, the streaming
-model charging the register ring alone its stage cost. prefetch_b (B's first chunks before the wait for the kernel before: into the ring,
-or into L2) is built and tested, not searched.
+model charging the register ring alone its stage cost. prefetch_b (B's first chunks before
+the wait for the kernel before: into the ring, or into L2) is built and tested, not searched:
+a search times each kernel alone, where nothing runs before it to overlap. Back to back on
+the H200 (fp16, B rotated beyond L2) the best ring twin ran 1-11% faster than the best plain
+kernel of each decode shape and the best L2 twin 0.5-3% (bench/NOTES.md, "Thirty-sixth
+session").
 """
 
 from __future__ import annotations

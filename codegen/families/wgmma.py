@@ -195,7 +195,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
             runs on while the next slice is written and the next tile's wgmmas run (C must
             then meet TMA's 16-byte rules: :func:`c_tma_reasons`); 2 = the same, a 2-byte
             C written into the buffers by stmatrix (four 8x8 matrices an instruction,
-            where 1 stores a pair of elements an instruction; ``_tsm``).
+            where 1 stores a pair of elements an instruction; ``_tsm``; not searched: on
+            the H200 it ran 1-5% behind 1 on three of four kernels and 6% ahead on one,
+            bench/NOTES.md, "Thirty-sixth session").
         split: split-K: the K tiles of each tile of C are cut into `split` slices
             (whole k-tiles, as even as they divide), each a work item of its own; a slice's
             partial tile goes to a workspace W[split][M][N] (fp32) and the last of the
