@@ -380,6 +380,12 @@ FP32_VARIANTS = PRESPLIT_VARIANTS + [
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_tt"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_64x128x32_c1_s5_x1_p0_g1_prer_tt_of16_biasf32_relu"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_nt_bias_gelut"),
+    # ... with the register operand's rows in pairs (rs_pairs: one 8-byte load a k, NN's
+    # transposed epilogue with no lane exchange): NN, NN with 128 rows a consumer and an
+    # epilogue, TT with 64
+    WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer_rp_obf16_bias_silu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_64x128x32_c1_s5_x1_p0_g1_prer_rp_tt_of16_biasf32_relu"),
 ]
 #: batches: the register and TMA-store epilogues, a cluster, ping-pong, the pre-pass
 BATCH_VARIANTS = [
@@ -390,7 +396,7 @@ BATCH_VARIANTS = [
     WgmmaConfig.from_name("gemm_wgmma_bf16_128x256x64_c2_s4_x1_p1_g8_tsm_nt_obf16"),
     FP32_VARIANTS[len(PRESPLIT_VARIANTS)],  # the tf32 pre-pass, TN
     PRESPLIT_VARIANTS[3],  # 3xTF32 pre-split, TT, through TMA stores
-    FP32_VARIANTS[-2],  # tf32 rounded by TMA, B copied by the pre-pass (NN)
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret"),  # TMA's rounding, B's pre-pass (NN)
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16"),  # A multicast
     WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"),  # tf32 C^T, registers
 ]
@@ -419,7 +425,8 @@ PINGPONG_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_pp_pre_ts_tn_obf16_bias_gelu",
     "gemm_wgmma_tf32_128x128x32_c2_s4_x1_p1_g8_pp_pret_nt",
     "gemm_wgmma_tf32_256x64x32_c2_s4_x1_p1_g8_pp_prer_of16_biasf32_silu",
-    "gemm_wgmma_tf32_64x256x32_c2_s4_x1_p1_g8_pp_prer_tt")]
+    "gemm_wgmma_tf32_64x256x32_c2_s4_x1_p1_g8_pp_prer_tt",
+    "gemm_wgmma_tf32_256x64x32_c2_s4_x1_p1_g8_pp_prer_rp")]
 #: N tiles a K-major B allows that are not multiples of 64 (x @ W.t(): NT, TT): 112 from
 #: registers with ping-pong, a cluster (56-row halves of B) and split-K; 96 and 160 through
 #: TMA stores; 224 cooperative

@@ -214,7 +214,9 @@ CLUSTER_N_GOLDEN = WgmmaConfig(bm=128, bn=128, stages=5, group=16, pingpong=1, c
 @pytest.mark.parametrize("cfg", [GOLDEN_CFG, PINGPONG_GOLDEN, STORE_GOLDEN, STMATRIX_GOLDEN,
                                  CLUSTER_N_GOLDEN, dataclasses.replace(
                                      DEFAULT_WGMMA, dtype=DType.TF32, bk=32, bm=256, bn=128,
-                                     prep=3)],
+                                     prep=3), dataclasses.replace(
+                                     DEFAULT_WGMMA, dtype=DType.TF32, bk=32, bm=256, bn=128,
+                                     prep=3, rs_pairs=1)],
                          ids=lambda c: c.name)
 def test_golden_source(cfg):
     """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
@@ -872,6 +874,14 @@ RS_SET = [RS_GOLDEN] + [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer",  # NN, 128 of wgmma's rows a consumer
     "gemm_wgmma_tf32_256x64x32_c2_s4_x1_p1_g8_pp_prer",  # NN, ping-pong consumers
 )]
+#: the register operand's rows in pairs (rs_pairs=1): NN (C^T, B's tile) and TT (A's), one
+#: consumer of 128 wgmma rows, ping-pong
+RP_SET = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp",
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_rp_tt",
+    "gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer_rp_obf16_bias_silu",
+    "gemm_wgmma_tf32_256x64x32_c2_s4_x1_p1_g8_pp_prer_rp",
+)]
 
 
 def test_register_fed_tf32_names_geometry_and_reasons():
@@ -931,7 +941,8 @@ def _tma_swizzled(rows: int, k: int, kmajor: bool, box_cols: int = 32):
     return where
 
 
-@pytest.mark.parametrize("cfg", [RS_SET[0], RS_SET[1], RS_SET[2]], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [RS_SET[0], RS_SET[1], RS_SET[2], RP_SET[0], RP_SET[1]],
+                         ids=lambda c: c.name)
 def test_register_fragments_are_wgmmas_layout_and_conflict_free(cfg):
     """The template's fragment loads (rs_row and load_fragments' offsets, read from the
     rendered source) against TMA's swizzled tile and wgmma's register layout for tf32 A
@@ -939,10 +950,21 @@ def test_register_fragments_are_wgmmas_layout_and_conflict_free(cfg):
     4 (v/2)): each thread's a_v is the element of tile row rs_row(w, l, v%2) + 64 i at that
     k; the wgmma rows of a 64-row slice are its 64 tile rows once each (so the epilogue's
     rs_row writes every accumulator where it belongs); each ld.shared of a warp touches 32
-    distinct banks (one wavefront)."""
+    distinct banks (one wavefront). With the rows in pairs (rs_pairs) a thread's h = 0 and
+    1 are adjacent rows, loaded as one 8-byte ld.shared: its 64 words take each bank at most
+    twice (two wavefronts, as two 4-byte loads take)."""
     src = render(cfg)
-    r_mn = cfg.template_values()["R_MN"]
-    if r_mn:
+    r_mn, pairs = cfg.template_values()["R_MN"], cfg.rs_pairs
+    if pairs:
+        assert "return 32 * (warp / 2) + 16 * (g / 4) + 8 * (warp % 2) + 2 * (g % 4) + h;" in src
+        assert ("const int off = (row / 32) * 4096 + k * 128\n"
+                "                              + ((((row % 32) / 4) ^ (k % 8)) * 16) + (row % 4) * 4;") in src
+        assert "const uint2 v = *reinterpret_cast<const uint2*>(r + off);" in src
+        assert "fr[i][kk][2 * q] = v.x;" in src and "fr[i][kk][1 + 2 * q] = v.y;" in src
+        assert "const int row = row0 + 64 * i + rs_row(warp, lane, 0);" in src
+        rs_row = lambda w, l, h: 32 * (w // 2) + 16 * (l // 4 // 4) + 8 * (w % 2) + 2 * ((l // 4) % 4) + h  # noqa: E731
+        off = lambda row, k: (row // 32) * 4096 + k * 128 + ((((row % 32) // 4) ^ (k % 8)) * 16) + (row % 4) * 4  # noqa: E731
+    elif r_mn:
         assert "return 32 * (warp / 2) + 16 * (g / 4) + 8 * (warp % 2) + 4 * h + g % 4;" in src
         assert ("const int off = (row / 32) * 4096 + k * 128\n"
                 "                                  + ((((row % 32) / 4) ^ (k % 8)) * 16) + (row % 4) * 4;") in src
@@ -953,8 +975,9 @@ def test_register_fragments_are_wgmmas_layout_and_conflict_free(cfg):
         assert "const int off = row * 128 + (((k / 4) ^ (row % 8)) * 16) + (k % 4) * 4;" in src
         rs_row = lambda w, l, h: 16 * w + l // 4 + 8 * h  # noqa: E731
         off = lambda row, k: row * 128 + (((k // 4) ^ (row % 8)) * 16) + (k % 4) * 4  # noqa: E731
-    assert "fr[i][kk][h + 2 * q] = *reinterpret_cast<const uint32_t*>(r + off);" in src
-    assert "const int row = row0 + 64 * i + rs_row(warp, lane, h);" in src
+    if not pairs:
+        assert "fr[i][kk][h + 2 * q] = *reinterpret_cast<const uint32_t*>(r + off);" in src
+        assert "const int row = row0 + 64 * i + rs_row(warp, lane, h);" in src
     assert "const int k = 8 * kk + lane % 4 + 4 * q;" in src
     rows = cfg.wm * cfg.consumers  # the R tile's rows
     tile = _tma_swizzled(rows, cfg.bk, kmajor=not r_mn)
@@ -966,16 +989,24 @@ def test_register_fragments_are_wgmmas_layout_and_conflict_free(cfg):
                 for h in range(2):
                     seen |= {rs_row(w, l, h) for l in range(32)}
                 for kk in range(cfg.bk // 8):
-                    for h, q in itertools.product(range(2), range(2)):
-                        banks = []
+                    for q in range(2):
+                        banks = {h: [] for h in range(2)}
                         for lane in range(32):
-                            row = row0 + 64 * i + rs_row(w, lane, h)
-                            k = 8 * kk + lane % 4 + 4 * q
-                            got = tile[off(row, k)]
-                            # wgmma's a_v (v = h + 2q): row 16w + l/4 + 8h, col l%4 + 4q
-                            assert got == (row, k) and k == lane % 4 + 4 * q + 8 * kk
-                            banks.append(off(row, k) // 4 % 32)
-                        assert len(set(banks)) == 32, (cfg.name, w, kk, h, q, sorted(banks))
+                            for h in range(2):
+                                row = row0 + 64 * i + rs_row(w, lane, h)
+                                k = 8 * kk + lane % 4 + 4 * q
+                                # the pairs' load: h = 1 the word after h = 0's
+                                at = off(row - h, k) + 4 * h if pairs else off(row, k)
+                                got = tile[at]
+                                # wgmma's a_v (v = h + 2q): row 16w + l/4 + 8h, col l%4 + 4q
+                                assert got == (row, k) and k == lane % 4 + 4 * q + 8 * kk
+                                banks[h].append(at // 4 % 32)
+                        if pairs:  # one 8-byte load: 64 words, each bank twice at most
+                            both = banks[0] + banks[1]
+                            assert max(both.count(b) for b in both) == 2, (cfg.name, w, kk, q)
+                        else:
+                            for h in range(2):
+                                assert len(set(banks[h])) == 32, (cfg.name, w, kk, h, q, sorted(banks[h]))
             assert seen == set(range(64)), cfg.name
 
 
@@ -1004,6 +1035,44 @@ def test_sass_of_the_register_fed_tf32_kernels(compile_cache):
         assert sass.count("DEPBAR.LE gsb0, 0x1") == 2, c.name
         assert len(re.findall(r"\bLDS\b", sass)) >= 2 * per_tile * 4, c.name
         assert "STL" not in sass and "LDL" not in sass
+
+
+def test_register_operand_rows_in_pairs(compile_cache):
+    """rs_pairs=1 (``_rp``): prep 3 with an MN-major register operand (NN, TT) only, out of
+    the search until the GPU has run it; its fragments load as two LDS.64 a k-step where the
+    plain kernel takes four LDS, and NN's transposed epilogue stores each thread's own pairs
+    (h = 0 and 1: neighbouring columns of C) with no lane exchange."""
+    from codegen.families.wgmma import unproven_reasons, valid_configs
+
+    nn = RP_SET[0]
+    assert nn.name.endswith("_prer_rp") and WgmmaConfig.from_name(nn.name) == nn
+    assert WgmmaConfig.from_dict(nn.to_dict()) == nn and nn.rs_pairs == 1 and nn.r_mn
+    assert all(check_wgmma(c, "sm_90") == [] for c in RP_SET)
+    assert unproven_reasons(nn) == ["rs_pairs=1 (the register operand's rows in pairs) has "
+                                    "not run on a GPU yet"]
+    assert not any(c.rs_pairs for c in valid_configs("sm_90", DType.TF32, (4096, 4096, 4096)))
+    for bad, why in ((dataclasses.replace(nn, layout=Layout.NT), "nt"),
+                     (dataclasses.replace(nn, prep=2), "prep=2"),
+                     (dataclasses.replace(nn, rs_pairs=2), "rs_pairs=2")):
+        assert any(w.startswith("rs_pairs=") and why in w for w in check_wgmma(bad, "sm_90")), bad.name
+    src, plain = render(nn), render(RS_GOLDEN)
+    assert "__shfl_xor_sync" in plain and "__shfl_xor_sync" not in src
+    assert "float v0 = alpha * acc[i][mb * 4 + e];" in src
+    assert "float v1 = alpha * acc[i][mb * 4 + 2 + e];" in src
+    tool, env = find_cuobjdump()
+    if tool is None:
+        pytest.fail("no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    pairs = [RP_SET[0], RP_SET[1]]
+    built = dict(compile_many(pairs + [RS_GOLDEN, RS_SET[1]], "sm_90", cache_dir=compile_cache))
+    _fp32_compile_checks({c: built[c] for c in pairs})  # no spill, no serialisation, no warning
+    for c, before in zip(pairs, (RS_GOLDEN, RS_SET[1])):
+        sass, old = (subprocess.run([tool, "-sass", str(built[x].cubin)], capture_output=True,
+                                    text=True, env=env, check=True).stdout for x in (c, before))
+        per_tile = (c.wm // 64) * (c.bk // 8)  # wgmma k-steps a k-tile; two k-tiles' loops
+        assert len(re.findall(r"\bLDS\.64\b", sass)) == 2 * per_tile * 2, c.name
+        lds32 = r"\bLDS(?!\.)\b"  # a 4-byte ld.shared
+        assert not re.findall(lds32, sass) and len(re.findall(lds32, old)) == 2 * per_tile * 4
+        assert "SHFL.BFLY" not in sass, c.name
 
 
 def test_the_runner_of_a_register_fed_kernel_maps_both_operands_as_stored(monkeypatch):

@@ -189,6 +189,12 @@ class WgmmaConfig(_Serial, SplitK, Named):
             writes C transposed from its accumulators, pairs of columns gathered by a
             lane exchange: :attr:`swap`). Not TN (neither
             operand K-major: prep=1). The register epilogue only.
+        rs_pairs: prep=3 with an MN-major register operand (NN, TT): 1 (``_rp``) lays a
+            thread's two wgmma rows (g, g + 8) on adjacent rows of the tile, so each
+            k-step's fragments load as two 8-byte shared loads where 0 takes four 4-byte
+            ones (two wavefronts either way: conflict-free), and NN's transposed epilogue
+            finds both columns of a pair in one thread (no lane exchange). Built and
+            tested on the CPU; not searched until the GPU has run it.
         store: the epilogue. 0 = each thread stores its accumulators to C from registers;
             1 = per 32-column slice, the consumer warpgroup writes them into one of two
             swizzled WM x 32 shared-memory buffers and one thread issues a TMA store, which
@@ -239,6 +245,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
     terms: int = 1
     pingpong: int = 0
     prep: int = 0
+    rs_pairs: int = 0
     store: int = 0
     split: int = 1
     family: Family = Family.WGMMA
@@ -251,9 +258,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
     #: the procedural name, encoding every field (``Named`` writes and reads it); the
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
-                "[n{cluster_n}]_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_ts{store}]"
-                "[_t{terms}][_k{split}l]" + EPILOGUE_NAME,
-                cluster_n=FLAG, pingpong=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
+                "[n{cluster_n}]_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_rp{rs_pairs}]"
+                "[_ts{store}][_t{terms}][_k{split}l]" + EPILOGUE_NAME,
+                cluster_n=FLAG, pingpong=FLAG, rs_pairs=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
                 store=choice({1: "", 2: "m"}), **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
@@ -324,6 +331,11 @@ class WgmmaConfig(_Serial, SplitK, Named):
     def rs(self) -> bool:
         """prep=3: wgmma's A operand from registers (tf32 from an MN-major or K-major tile)."""
         return self.prep == 3
+
+    @property
+    def r_mn(self) -> bool:
+        """prep=3 with the register operand's tile MN-major (NN: B's, TT: A's)."""
+        return self.rs and (self.b_mn_major if self.swap else self.a_mn_major)
 
     @property
     def wm(self) -> int:
@@ -501,7 +513,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
             LAUNCH_REGS=self.launch_regs, SETMAXNREG_INC=self.setmaxnreg_inc,
             ACC_REGS=self.acc_regs,
             TF32=self.fp32_data and not self.prep, PREP=self.prep in (1, 2),
-            RS=self.rs, SWAP=self.swap, R_MN=self.b_mn_major if self.swap else self.a_mn_major,
+            RS=self.rs, SWAP=self.swap, R_MN=self.r_mn, RS_PAIRS=self.rs_pairs,
             MMA_N=self.mma_n, R_CHUNK_BYTES=self.bk * SWIZZLE_BYTES,
             PREP_KERNEL=self.pre_pass, COPY_A=self.copies_a, COPY_B=self.copies_b,
             TERMS=self.terms,
@@ -745,6 +757,9 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
     elif c.prep and not c.fp32_data:
         why.append(f"prep=1 (the pre-pass of fp32 data) needs dtype tf32 or f32 (3xTF32), "
                    f"not {c.dtype.short}")
+    elif c.rs_pairs not in (0, 1) or (c.rs_pairs and not c.r_mn):
+        why.append(f"rs_pairs={c.rs_pairs}: 0, or 1 with prep=3 and an MN-major register "
+                   f"operand (layouts nn, tt; it has prep={c.prep}, {c.layout.value})")
     elif c.presplit and c.cluster != 1:
         why.append(f"3xTF32 pre-split (prep=1, terms=3) loads its small parts apart: no "
                    f"cluster (it has cluster={c.cluster})")
@@ -1104,13 +1119,16 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
 
 
 def unproven_reasons(config: WgmmaConfig) -> list[str]:
-    """Why the search leaves a buildable, tested `config` out: ping-pong consumers in a
-    cluster, which ran 1-10% behind the same tile without one on the H200
-    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json). (A cluster along N,
-    -1% to -7%, is not in SEARCH_SPACE at all.)"""
+    """Why the search leaves a buildable config out: ping-pong consumers in a cluster, which
+    ran 1-10% behind the same tile without one on the H200
+    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json), and the register
+    operand's paired rows, not yet run on a GPU. (A cluster along N, -1% to -7%, is not in
+    SEARCH_SPACE at all.)"""
     if config.pingpong and config.cluster > 1:
         return ["ping-pong consumers in a cluster are not searched: they measured 1-10% "
                 "behind the same tile without a cluster"]
+    if config.rs_pairs:
+        return ["rs_pairs=1 (the register operand's rows in pairs) has not run on a GPU yet"]
     return []
 
 

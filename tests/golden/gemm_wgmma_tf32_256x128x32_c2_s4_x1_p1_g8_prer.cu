@@ -566,11 +566,12 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                 release(previous);
 
             // Epilogue of C^T's tile: accumulator j of slice i holds C's column n0 + row0 + 64 i
-            // + rs_row(warp, lane, j%4/2), row m0 + 8 (j/4) + 2 (lane%4) + j%2. The lanes 4
-            // apart (rs_row's g and g + 1) hold neighbouring columns of the same two rows: one
-            // exchange (shfl.xor 4) gives the even lane both columns of the upper row and the
-            // odd lane both of the lower, so each stores a pair (one 2-element access where C
-            // and ldc allow) of act(alpha * acc + beta * C + bias), rounded to C's type.
+            // + rs_row(warp, lane, j%4/2), row m0 + 8 (j/4) + 2 (lane%4) + j%2.
+            // The lanes 4 apart (rs_row's g and g + 1) hold neighbouring columns of the same
+            // two rows: one exchange (shfl.xor 4) gives the even lane both columns of the upper
+            // row and the odd lane both of the lower, so each stores a pair (one 2-element
+            // access where C and ldc allow) of act(alpha * acc + beta * C + bias), rounded to
+            // C's type.
             const int odd = (lane / 4) % 2;  // this lane keeps the lower row of its pair's two
             // Two copies: this consumer's part of the tile wholly inside C, pair stores allowed,
             // with beta = 0 tests nothing per element; any other takes the edges and beta's reads.
