@@ -42,15 +42,17 @@ def row(cfg, res) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| kernel | issued / iteration (k-steps) | FFMA share | LDS / k-step | rest / "
-             "k-step | FFMAs reusing an operand | RF reads / FFMA | LDS to use (least, "
-             "median) | regs, spill |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "k-step | FFMAs reusing an operand | RF reads / FFMA | bank conflicts / FFMA | "
+             "LDS to use (least, median) | regs, spill |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         w = r["lds_widths"]
         widths = ", ".join(f"{n} x {b}-bit" for b, n in w.items() if n)
         lines.append(f"| `{r['kernel'].removeprefix('gemm_simt_')}` | {r['issued']} ({r['k_steps']}) "
                      f"| {r['ffma_share']:.1%} | {r['per_kstep']['lds']:g} ({widths}) | "
                      f"{r['rest_per_kstep']:g} | {r['ffma_reuse']} of {r['counts']['ffma']} | "
-                     f"{r['rf_reads_per_ffma']:.2f} | {r['lds_lead'][0]}, "
+                     f"{r['rf_reads_per_ffma']:.2f} | {r['bank_conflicts_per_ffma']:.2f} | "
+                     f"{r['lds_lead'][0]}, "
                      f"{r['lds_lead'][len(r['lds_lead']) // 2]} | {r['registers']}, "
                      f"{r['spill_bytes']} B |")
     return "\n".join(lines)

@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 from codegen.errors import ToolchainError
 
@@ -238,6 +239,7 @@ class Mix:
             served by the operand-reuse cache (:func:`register_file_reads`).
         lds_lead: for each shared load, the instructions until the first use of what it
             loads, sorted (:func:`load_to_use`).
+        bank_conflicts: the path's FFMAs' register-bank conflicts (:func:`bank_conflicts`).
     """
 
     kernel: str
@@ -253,6 +255,7 @@ class Mix:
     reuse_flags: int
     rf_reads: int = 0
     lds_lead: tuple = ()
+    bank_conflicts: int = 0
 
     @property
     def issued(self) -> int:
@@ -276,6 +279,9 @@ class Mix:
                     complete=self.complete, ffma_reuse=self.ffma_reuse,
                     reuse_flags=self.reuse_flags, rf_reads=self.rf_reads,
                     rf_reads_per_ffma=round(self.rf_reads / max(self.counts["ffma"], 1), 3),
+                    bank_conflicts=self.bank_conflicts,
+                    bank_conflicts_per_ffma=round(
+                        self.bank_conflicts / max(self.counts["ffma"], 1), 3),
                     lds_lead=list(self.lds_lead))
 
     def summary(self) -> str:
@@ -289,7 +295,8 @@ class Mix:
                 f"64-bit {w[64]}, 32-bit {w[32]}), {rest}\n"
                 f"  FFMAs with a .reuse operand: {self.ffma_reuse} of {c['ffma']} "
                 f"({self.reuse_flags} flags); register-file reads per FFMA "
-                f"{self.rf_reads / max(c['ffma'], 1):.2f} (of 3)\n"
+                f"{self.rf_reads / max(c['ffma'], 1):.2f} (of 3), register-bank conflicts per "
+                f"FFMA {self.bank_conflicts / max(c['ffma'], 1):.2f}\n"
                 f"  a shared load's first use comes {self._lead()} instructions after it")
 
     def _lead(self) -> str:
@@ -326,7 +333,8 @@ def loop_mix(sass: str, kernel: str, ffma_per_step: int) -> Mix:
                complete=len(ffmas) == _count(code[first:last + 1]),
                ffma_reuse=sum(i.reuse > 0 for i in ffmas),
                reuse_flags=sum(i.reuse for i in ffmas),
-               rf_reads=register_file_reads(ffmas), lds_lead=tuple(load_to_use(path)))
+               rf_reads=register_file_reads(ffmas), lds_lead=tuple(load_to_use(path)),
+               bank_conflicts=bank_conflicts(ffmas))
 
 
 _REG = re.compile(r"^-?\|?R(\d+)\|?(\.reuse)?$")
@@ -360,13 +368,34 @@ def load_to_use(path: list[Instr]) -> list[int]:
     return sorted(out)
 
 
-def register_file_reads(ffmas: list[Instr]) -> int:
-    """Source operands of `ffmas` (in issue order) read from the register file: the rest
-    come from the operand-reuse cache, modelled as one value per operand slot and
-    register bank (two banks, a register's number mod 2: the order cuBLAS's SGEMM walks
+def _rf_operands(ffmas: list[Instr]) -> Iterator[list[int]]:
+    """For each of `ffmas` (in issue order), the registers its sources read from the register
+    file: the rest come from the operand-reuse cache, modelled as one value per operand slot
+    and register bank (two banks, a register's number mod 2: the order cuBLAS's SGEMM walks
     its micro-tile in 2x2 blocks shows it). A read is served when its slot and bank hold
     that register; a .reuse flag leaves the value there, a read without one does not.
-    RZ and immediates read nothing.
+    RZ and immediates read nothing."""
+    cache: dict[tuple[int, int], int] = {}
+    for i in ffmas:
+        reads = []
+        for slot, text in enumerate(i.operands.split(",")[1:4]):
+            m = _REG.match(text.strip())
+            if m is None:
+                continue
+            reg, keep = int(m.group(1)), m.group(2) is not None
+            key = (slot, reg % 2)
+            if cache.get(key) != reg:
+                reads.append(reg)
+            if keep:
+                cache[key] = reg
+            elif cache.get(key) == reg:
+                del cache[key]
+        yield reads
+
+
+def register_file_reads(ffmas: list[Instr]) -> int:
+    """Source operands of `ffmas` (in issue order) read from the register file
+    (:func:`_rf_operands`: the rest come from the operand-reuse cache).
 
     Example:
         >>> ffma = lambda ops: Instr(0, "", "FFMA", ops)
@@ -376,22 +405,26 @@ def register_file_reads(ffmas: list[Instr]) -> int:
         ...                      ffma("R11, R1, R3, R11")])
         8
     """
-    cache: dict[tuple[int, int], int] = {}
-    reads = 0
-    for i in ffmas:
-        for slot, text in enumerate(i.operands.split(",")[1:4]):
-            m = _REG.match(text.strip())
-            if m is None:
-                continue
-            reg, keep = int(m.group(1)), m.group(2) is not None
-            key = (slot, reg % 2)
-            if cache.get(key) != reg:
-                reads += 1
-            if keep:
-                cache[key] = reg
-            elif cache.get(key) == reg:
-                del cache[key]
-    return reads
+    return sum(len(reads) for reads in _rf_operands(ffmas))
+
+
+def bank_conflicts(ffmas: list[Instr]) -> int:
+    """Register-bank conflicts of `ffmas`: per FFMA, the distinct registers it reads from the
+    register file (:func:`_rf_operands`) beyond one in the same bank (two banks, number mod
+    2), each a read the bank serves a cycle late. A model, not a measurement: it does not rank
+    the CUDA-core variants the H200 timed (those with the fewest ran slower; bench/NOTES.md,
+    "Thirty-sixth session").
+
+    Example:
+        >>> ffma = lambda ops: Instr(0, "", "FFMA", ops)
+        >>> bank_conflicts([ffma("R8, R0, R2, R8"),        # R0, R2, R8: all even
+        ...                 ffma("R9, R0, R3, R9"),        # R0 | R3, R9
+        ...                 ffma("R10, R1.reuse, R2, R10"),  # R1 | R2, R10
+        ...                 ffma("R11, R1, R3, R11")])     # R1 cached; R3, R11
+        5
+    """
+    return sum(max(0, sum(r % 2 == b for r in set(reads)) - 1)
+               for reads in _rf_operands(ffmas) for b in (0, 1))
 
 
 def kernel_mix(config, cubin: Path | str) -> Mix:
