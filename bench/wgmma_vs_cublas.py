@@ -58,14 +58,16 @@ from codegen.families.wgmma import WgmmaConfig  # noqa: E402
 BAR_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 MORE_SHAPES = [(8192, 8192, 1024), (4096, 14336, 4096), (16384, 1024, 4096)]
 DTYPES = (DType.F16, DType.BF16)
-#: tf32 (--dtypes tf32): one operand through registers (prep 3, the family's default; the
-#: fresh tunes' winners of 2026-12-05 at 4096^3 and 8192^3, a block a tile: p0, and a cluster
-#: along N), TMA's rounding with B's pre-pass (prep 2, alone and in a cluster), the pre-pass
-#: and the in-loop conversion's best
-TF32_CANDIDATES = ["256x128x32_c2_s4_x1_p1_g8_prer", "256x128x32_c2_s4_x1_p0_g1_prer",
-                   "256x128x32_c2_s4_x1_p0_g8_prer", "256x128x32_c2_s4_x2n_p1_g8_prer",
+#: tf32 (--dtypes tf32): one operand through registers (prep 3), its rows in pairs (_rp, the
+#: family's default: bench/results/tf32-register-pairs-770481b-h200-2026-12-05.json) with
+#: the fresh tunes' winners of 2026-12-05 at 4096^3 and 8192^3 (a block a tile: p0) and
+#: clusters along M and N, and without the pairs; TMA's rounding with B's pre-pass (prep 2,
+#: alone and in a cluster) and the pre-pass
+TF32_CANDIDATES = ["256x128x32_c2_s4_x1_p1_g8_prer_rp", "256x128x32_c2_s4_x1_p0_g1_prer_rp",
+                   "256x128x32_c2_s4_x1_p0_g8_prer_rp", "256x128x32_c2_s4_x2_p1_g8_prer_rp",
+                   "256x128x32_c2_s4_x2n_p1_g8_prer_rp", "256x128x32_c2_s4_x1_p1_g8_prer",
                    "128x256x32_c2_s4_x1_p1_g8_pret", "128x256x32_c2_s4_x2_p1_g8_pret",
-                   "256x128x32_c2_s4_x1_p1_g8_pre", "256x128x32_c2_s3_x1_p1_g8"]
+                   "256x128x32_c2_s4_x1_p1_g8_pre"]
 #: per dtype, FP32 C (--fp32-c): the probe's winners
 #: (bench/results/wgmma-probe-h200-2026-12-01.json) and neighbours (persistence, raster
 #: group, a shallower ring)

@@ -169,7 +169,7 @@ TOY = FamilySpec(
     suggest=lambda trial, dtype, shape, arch: ToyConfig(
         bm=trial.suggest_categorical("toy_bm", TOY_SPACE["toy_bm"])),
     params_of=lambda c, shape, arch: {"toy_bm": c.bm},
-    valid_configs=_toy_valid, default=lambda dtype: ToyConfig(),
+    valid_configs=_toy_valid, default=lambda dtype, variant=None: ToyConfig(),
     issue_efficiency=lambda c: 0.5,
 )
 

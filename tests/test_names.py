@@ -141,6 +141,8 @@ PARAMETERS = {
                             "wgmma_cluster", "wgmma_persistent", "wgmma_group", "wgmma_store",
                             "wgmma_prep"],
 }
+#: ... and prep 3 (one operand through registers) whether its rows come in pairs
+PREP3_PARAMETERS = PARAMETERS["wgmma", DType.TF32] + ["wgmma_rs_pairs"]
 
 
 @pytest.mark.parametrize("family,dtype", list(PARAMETERS))
@@ -163,3 +165,8 @@ def test_search_parameter_names_are_pinned(family, dtype):
     if family == "wgmma" and dtype is DType.F16:  # a tile of more than 24 KB a stage
         large = dataclasses.replace(c, bm=128, bn=256, stages=4)
         assert list(spec.params_of(large, (8192, 8192, 8192), arch))[2] == "wgmma_stages"
+    if family == "wgmma" and dtype is DType.TF32:  # prep 3 asks whether its rows are paired
+        for rp in (0, 1):
+            p3 = dataclasses.replace(c, bm=256, bn=128, stages=4, prep=3, rs_pairs=rp)
+            p = spec.params_of(p3, (8192, 8192, 8192), arch)
+            assert list(p) == PREP3_PARAMETERS and p["wgmma_rs_pairs"] == rp

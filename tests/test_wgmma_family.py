@@ -24,7 +24,8 @@ from tuner.commands import find_cuobjdump
 from codegen import DType, UsageError, compile_many, render
 from codegen.compile import arch_target, compile_config
 from codegen.config import Family
-from codegen.families._common import Layout
+from codegen.families import FAMILIES
+from codegen.families._common import Layout, Variant
 from codegen.families.wgmma import (DEFAULT_WGMMA, WGMMA_SPACE, WgmmaConfig, check_wgmma, sample_wgmma,
                            tma_reasons)
 from tuner.runtime.errors import TmaUnsupported
@@ -1038,19 +1039,37 @@ def test_sass_of_the_register_fed_tf32_kernels(compile_cache):
 
 
 def test_register_operand_rows_in_pairs(compile_cache):
-    """rs_pairs=1 (``_rp``): prep 3 with an MN-major register operand (NN, TT) only, out of
-    the search until the GPU has run it; its fragments load as two LDS.64 a k-step where the
-    plain kernel takes four LDS, and NN's transposed epilogue stores each thread's own pairs
-    (h = 0 and 1: neighbouring columns of C) with no lane exchange."""
-    from codegen.families.wgmma import unproven_reasons, valid_configs
+    """rs_pairs=1 (``_rp``): prep 3 with an MN-major register operand (NN, TT) only,
+    searched beside rs_pairs=0 and taken by the tf32 default wherever the variant allows it;
+    its fragments load as two LDS.64 a k-step where the plain kernel takes four LDS, and NN's
+    transposed epilogue stores each thread's own pairs (h = 0 and 1: neighbouring columns of
+    C) with no lane exchange."""
+    import optuna
+
+    from codegen.arch import parse_arch
+    from codegen.families.wgmma import params_of, suggest, unproven_reasons, valid_configs
 
     nn = RP_SET[0]
     assert nn.name.endswith("_prer_rp") and WgmmaConfig.from_name(nn.name) == nn
     assert WgmmaConfig.from_dict(nn.to_dict()) == nn and nn.rs_pairs == 1 and nn.r_mn
     assert all(check_wgmma(c, "sm_90") == [] for c in RP_SET)
-    assert unproven_reasons(nn) == ["rs_pairs=1 (the register operand's rows in pairs) has "
-                                    "not run on a GPU yet"]
-    assert not any(c.rs_pairs for c in valid_configs("sm_90", DType.TF32, (4096, 4096, 4096)))
+    assert unproven_reasons(nn) == []
+    valid = list(valid_configs("sm_90", DType.TF32, (4096, 4096, 4096)))
+    paired = [c for c in valid if c.rs_pairs]
+    # every paired point is prep 3 (NN: the plain problem), beside its twin without pairs
+    assert paired and all(c.prep == 3 and c.r_mn for c in paired)
+    assert all(dataclasses.replace(c, rs_pairs=0) in valid for c in paired)
+    assert len(paired) == sum(c.prep == 3 and not c.rs_pairs for c in valid)
+    # the trial parameters round-trip, rs_pairs asked of prep 3 alone
+    arch = parse_arch("sm_90")
+    for c in valid:
+        p = params_of(c, (4096, 4096, 4096), arch)
+        assert ("wgmma_rs_pairs" in p) is (c.prep == 3), c.name
+        assert suggest(optuna.trial.FixedTrial(p), DType.TF32) == c, c.name
+    spec = FAMILIES["wgmma"]
+    for layout, pairs in ((Layout.NN, 1), (Layout.TT, 1), (Layout.NT, 0)):
+        d = spec.default(DType.TF32, Variant(layout=layout))
+        assert (d.layout, d.prep, d.rs_pairs) == (layout, 3, pairs) and not check_wgmma(d, "sm_90")
     for bad, why in ((dataclasses.replace(nn, layout=Layout.NT), "nt"),
                      (dataclasses.replace(nn, prep=2), "prep=2"),
                      (dataclasses.replace(nn, rs_pairs=2), "rs_pairs=2")):

@@ -76,7 +76,7 @@ def defaults(dtype: DType, arch: ArchLimits, variant: Variant | None = None,
     (default: the plain one) searches (of those in `only`, if given), built as that
     variant."""
     variant = variant or Variant()
-    out = [variant.apply(spec.default(spec.dtypes[dtype]))
+    out = [variant.apply(spec.default(spec.dtypes[dtype], variant))
            for spec in searched(dtype, arch, variant, only)]
     return [c for c in out if not check(c, arch)]
 

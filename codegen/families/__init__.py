@@ -43,8 +43,8 @@ What a family module ``codegen/families/<name>.py`` provides:
 
 * ``dtypes``: the requests it serves, request dtype -> the dtype of its configs (the
   CUDA-core family serves a tf32 request with fp32 kernels); ``min_cc`` / ``max_cc``:
-  the compute capabilities it runs on; ``default(dtype)``: the config it recommends
-  before tuning.
+  the compute capabilities it runs on; ``default(dtype, variant=None)``: the config it
+  recommends before tuning (for the variant, if given: the tuner builds it as that variant).
 
 * ``math``: CUDA cores or tensor cores - the model's peak and the precision gate follow
   from it - and ``issue_efficiency(config)``, the fraction of issue slots its inner loop
@@ -159,7 +159,7 @@ class FamilySpec:
     suggest: Callable[..., Any]  # (trial, dtype, shape, arch) -> config
     params_of: Callable[[Any, Shape, ArchLimits], dict]
     valid_configs: Callable[[ArchLimits, DType, Shape | None], Iterator[Any]]
-    default: Callable[[DType], Any]
+    default: Callable[..., Any]  # (dtype, variant=None) -> config
     issue_efficiency: Callable[[Any], float] = _full_issue
     #: ``arch_efficiency(config, arch)``: the share of the math's peak on `arch` that the
     #: family's instructions can reach at all (WMMA's mma.sync on Hopper, whose tensor peak

@@ -519,7 +519,7 @@ DECODE = register(FamilySpec(
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
-    default=lambda dtype: dataclasses.replace(DEFAULT_DECODE, dtype=dtype),
+    default=lambda dtype, variant=None: dataclasses.replace(DEFAULT_DECODE, dtype=dtype),
     issue_efficiency=issue_efficiency,
     shape_reasons=problem_reasons,
     min_cc=80,

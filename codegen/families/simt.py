@@ -576,7 +576,7 @@ SIMT = register(FamilySpec(
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
-    default=lambda dtype: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
+    default=lambda dtype, variant=None: dataclasses.replace(DEFAULT_CONFIG, dtype=dtype),
     issue_efficiency=issue_efficiency,
     micro_tile=True,
     layouts=frozenset(Layout),

@@ -64,7 +64,7 @@ from codegen.arch import ArchLimits, parse_arch
 from codegen.families import Family, FamilySpec, Math, register
 from codegen.families._common import (
     EPILOGUE_NAME, EPILOGUE_TEXTS, FLAG, DType, Layout, Name, Named, cdiv, choice,
-    epilogue_values, SplitK, shape_reasons as split_reasons, wants_split,
+    epilogue_values, SplitK, Variant, shape_reasons as split_reasons, wants_split,
 )
 from codegen.families._common import Serial as _Serial
 
@@ -1024,8 +1024,12 @@ DEEP_TILE = 192
 #: operand through registers (3). On the H200 (bench/results/pairs-tf32-registers-9ae7ca8-*,
 #: pairs-tf32-tma-rounded-9ae7ca8-*, each beside cuBLAS TF32): NN 256x128 prep 3 0.967x at
 #: 4096^3 and 0.981x at 8192^3 against the pre-pass's 0.78x and 0.87x; NT prep 2 1.02-1.04x,
-#: prep 3 1.02x; TT prep 3 1.00x; the conversion 0.40x
-TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1, 2, 3)}
+#: prep 3 1.02x; TT prep 3 1.00x; the conversion 0.40x. With prep 3 and an MN-major register
+#: operand (NN, TT) it also chooses whether that operand's rows come in pairs (rs_pairs):
+#: 1.01x-1.06x cuBLAS TF32, 0.3-22% ahead of the same kernels without
+#: (bench/results/tf32-register-pairs-770481b-h200-2026-12-05.json); asked of prep 3 only
+#: (_conditional), and check_wgmma rejects 1 for a K-major register operand (NT)
+TF32_SEARCH: dict[str, tuple] = {"prep": (0, 1, 2, 3), "rs_pairs": (0, 1)}
 #: 3xTF32 (fp32 data on three tf32 products) chooses its split mode: in the main loop (0),
 #: or pre-split (1: the pre-pass writes big and small copies); TMA's rounding and the
 #: register operand keep only tf32's bits
@@ -1036,6 +1040,11 @@ def _searched(dtype: DType) -> dict[str, tuple]:
     """The searched parameters of a request in `dtype` and their values."""
     extra = {DType.TF32: TF32_SEARCH, DType.F32: F32X3_SEARCH}.get(dtype, TWO_BYTE_SEARCH)
     return {**SEARCH_SPACE, **extra}
+
+
+def _conditional(k: str, params: dict) -> bool:
+    """Is parameter `k` asked, given the ones asked before it? (rs_pairs only of prep 3.)"""
+    return k != "rs_pairs" or params.get("prep") == 3
 
 
 def _point(dtype: DType, **params) -> WgmmaConfig:
@@ -1069,7 +1078,8 @@ def suggest(trial, dtype: DType, shape=None, arch: ArchLimits | None = None) -> 
         name = f"wgmma_{k}"
         if k == "stages":
             name, values = _stages_param(dtype, params["bm"], params["bn"])
-        params[k] = trial.suggest_categorical(name, values)
+        if _conditional(k, params):
+            params[k] = trial.suggest_categorical(name, values)
     c = _point(dtype, **params)
     if _splits_wanted(c, shape, arch):
         c = dataclasses.replace(c, split=trial.suggest_categorical("wgmma_split",
@@ -1081,7 +1091,7 @@ def params_of(config: WgmmaConfig, shape, arch: ArchLimits) -> dict:
     """The trial parameters that make `suggest` return `config`."""
     deep = _stages_param(config.dtype, config.bm, config.bn)[0]
     p = {deep if k == "stages" else f"wgmma_{k}": getattr(config, k)
-         for k in _searched(config.dtype)}
+         for k in _searched(config.dtype) if _conditional(k, vars(config))}
     if _splits_wanted(config, shape, arch):
         p["wgmma_split"] = config.split
     return p
@@ -1121,14 +1131,11 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
 def unproven_reasons(config: WgmmaConfig) -> list[str]:
     """Why the search leaves a buildable config out: ping-pong consumers in a cluster, which
     ran 1-10% behind the same tile without one on the H200
-    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json), and the register
-    operand's paired rows, not yet run on a GPU. (A cluster along N, -1% to -7%, is not in
-    SEARCH_SPACE at all.)"""
+    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json). (A cluster along N,
+    -1% to -7%, is not in SEARCH_SPACE at all.)"""
     if config.pingpong and config.cluster > 1:
         return ["ping-pong consumers in a cluster are not searched: they measured 1-10% "
                 "behind the same tile without a cluster"]
-    if config.rs_pairs:
-        return ["rs_pairs=1 (the register operand's rows in pairs) has not run on a GPU yet"]
     return []
 
 
@@ -1155,23 +1162,34 @@ def valid_configs(arch, dtype: DType, shape=None):
                     yield c
 
 
-def _default(dtype: DType) -> WgmmaConfig:
-    """The best measured on the H200: fp16/bf16 128x128x64 with ping-pong consumers and the
-    TMA store (bench/results/pingpong-wgmma-3ebe9b6-h200-2026-12-03.json: ahead of the
-    cooperative winners at issue 23's shapes by 2-12%; the model ranks it low, so the search
-    times it first as the family's default); tf32 256x128x32 with one operand through
-    registers (4 stages: 0.97x-0.98x cuBLAS TF32 in NN, 1.00x-1.02x in NT and TT;
+def _default(dtype: DType, variant: Variant | None = None) -> WgmmaConfig:
+    """The best measured on the H200, built as `variant` (default: the plain one):
+    fp16/bf16 128x128x64 with ping-pong consumers and the TMA store
+    (bench/results/pingpong-wgmma-3ebe9b6-h200-2026-12-03.json: ahead of the cooperative
+    winners at issue 23's shapes by 2-12%; the model ranks it low, so the search times it
+    first as the family's default); tf32 256x128x32 with one operand through registers (4
+    stages: 0.97x-0.98x cuBLAS TF32 in NN; 128x256 where A is the register operand,
+    1.00x-1.02x in NT and TT;
     bench/results/pairs-tf32-registers-9ae7ca8-h200-2026-12-05.json; no default for TN,
-    which prep 3 cannot take); 3xTF32 128x128x32 (2 stages: its split tiles take the room of
-    the others; bench/results/wgmma-probe*-h200-2026-12-01.json)."""
+    which prep 3 cannot take), its rows in pairs where the register operand's tile is
+    MN-major (NN, TT: 1.01x-1.06x cuBLAS TF32, +0.3% to +22% on the same kernel without,
+    bench/results/tf32-register-pairs-770481b-h200-2026-12-05.json); 3xTF32 128x128x32 (2
+    stages: its split tiles take the room of the others;
+    bench/results/wgmma-probe*-h200-2026-12-01.json)."""
+    variant = variant or Variant()
     if dtype is DType.TF32:
-        return _point(dtype, bm=256, bn=128, stages=4, consumers=2, cluster=1, persistent=1,
-                      group=8, prep=3)
+        c = variant.apply(_point(dtype, bm=256, bn=128, stages=4, consumers=2, cluster=1,
+                                 persistent=1, group=8, prep=3))
+        if not c.swap:  # the register operand is A: a consumer's 128 rows of it fit as 128x256
+            c = dataclasses.replace(c, bm=128, bn=256)
+        return dataclasses.replace(c, rs_pairs=1) if c.r_mn else c
     if dtype is DType.F32:
-        return _point(dtype, bm=128, bn=128, stages=2, consumers=2, cluster=1, persistent=1,
-                      group=8)
-    return _point(dtype, bm=128, bn=128, stages=5, consumers=2, cluster=1, persistent=1,
-                  group=16, pingpong=1, store=1)
+        c = _point(dtype, bm=128, bn=128, stages=2, consumers=2, cluster=1, persistent=1,
+                   group=8)
+    else:
+        c = _point(dtype, bm=128, bn=128, stages=5, consumers=2, cluster=1, persistent=1,
+                   group=16, pingpong=1, store=1)
+    return variant.apply(c)
 
 
 #: fp32 data converted in the main loop (prep=0: the consumers round A and transpose B in
@@ -1258,7 +1276,7 @@ WGMMA = register(FamilySpec(
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
-    default=lambda dtype: _default(dtype),
+    default=_default,
     shape_reasons=problem_reasons,
     # launched through tensor maps (and cuLaunchKernelEx for clusters)
     runner="tuner.runtime.runners:TmaRunner",

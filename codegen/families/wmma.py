@@ -314,8 +314,8 @@ WMMA = register(FamilySpec(
     suggest=suggest,
     params_of=params_of,
     valid_configs=valid_configs,
-    default=lambda dtype: dataclasses.replace(DEFAULT_WMMA, dtype=dtype, vec=16 // dtype.size,
-                                              skew=16 // dtype.size),
+    default=lambda dtype, variant=None: dataclasses.replace(
+        DEFAULT_WMMA, dtype=dtype, vec=16 // dtype.size, skew=16 // dtype.size),
     min_cc=70,
     layouts=frozenset(Layout),
     epilogue=True,
