@@ -399,6 +399,7 @@ BATCH_VARIANTS = [
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_pret"),  # TMA's rounding, B's pre-pass (NN)
     WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s5_x2n_p1_g16_pp_ts_tn_of16"),  # A multicast
     WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"),  # tf32 C^T, registers
+    WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp"),  # ... rows in pairs
 ]
 #: split-K (the last slice of a tile sums them): each layout, C type, one and two consumers,
 #: persistent or a block per slice, 2 to 16 slices (more slices than k-tiles: empty ones),
@@ -459,6 +460,9 @@ CLUSTER_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_pret_nt",
     "gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_pret",
     "gemm_wgmma_tf32_128x128x32_c2_s4_x2_p1_g8_pp_pre_ts_tn_of16",
+    # ... the register operand's rows in pairs (the tf32 default's) along M and N
+    "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer_rp",
+    "gemm_wgmma_tf32_128x256x32_c2_s4_x2n_p1_g8_prer_rp_tt",
 )]
 REG_SHAPES = [(1, 1, 7), (17, 33, 131), (127, 129, 257), (300, 263, 1009)]
 #: the TMA store: N a whole number of 16 bytes of C
