@@ -386,6 +386,12 @@ FP32_VARIANTS = PRESPLIT_VARIANTS + [
     WgmmaConfig.from_name("gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer_rp_obf16_bias_silu"),
     WgmmaConfig.from_name("gemm_wgmma_tf32_64x128x32_c1_s5_x1_p0_g1_prer_rp_tt_of16_biasf32_relu"),
+    # ... on TN: A (M-major) through the registers, B transposed by the pre-pass; with and
+    # without the pairs, a cluster, ping-pong, an epilogue
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_rp_tn"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_tn"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x2_p1_g8_prer_rp_tn_of16_biasf32_gelu"),
+    WgmmaConfig.from_name("gemm_wgmma_tf32_64x256x32_c2_s4_x1_p1_g8_pp_prer_rp_tn"),
 ]
 #: batches: the register and TMA-store epilogues, a cluster, ping-pong, the pre-pass
 BATCH_VARIANTS = [

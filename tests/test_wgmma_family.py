@@ -888,7 +888,8 @@ RP_SET = [WgmmaConfig.from_name(n) for n in (
 def test_register_fed_tf32_names_geometry_and_reasons():
     """prep=3: no pre-pass, both operands as stored through TFLOAT32 maps; NN swaps the roles
     (the consumers' rows are BN / consumers columns of C, wgmma's N the tile's BM rows), TT and
-    NT feed A through the registers; not TN, the register epilogue only; clusters either way."""
+    NT feed A through the registers (TN too, with B's pre-pass: below); the register
+    epilogue only; clusters either way."""
     c = RS_GOLDEN
     assert c.name == "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer"
     assert WgmmaConfig.from_name(c.name) == c and WgmmaConfig.from_dict(c.to_dict()) == c
@@ -910,8 +911,7 @@ def test_register_fed_tf32_names_geometry_and_reasons():
     # box a block); along N, A's (the K-major one the descriptors read: BM/2 rows a block)
     assert cl.tma_boxes() == {"A": (256, 32), "B": (16, 32)}
     assert cn.tma_boxes() == {"A": (128, 32), "B": (32, 32)}
-    for bad, why in ((dataclasses.replace(c, layout=Layout.TN), "tn"),
-                     (dataclasses.replace(c, store=1), "store=1"),
+    for bad, why in ((dataclasses.replace(c, store=1), "store=1"),
                      (dataclasses.replace(c, dtype=DType.F32, terms=3), "f32")):
         assert any(w.startswith("prep=3 (tf32, one operand through registers) needs dtype tf32")
                    and why in w for w in check_wgmma(bad, "sm_90")), bad.name
@@ -921,6 +921,74 @@ def test_register_fed_tf32_names_geometry_and_reasons():
     # 128 of wgmma's rows by 256: 256 accumulators and two sets of fragments do not fit
     assert "the 128x256 consumer tile holds 256 accumulators" in check_wgmma(
         dataclasses.replace(c, bn=256, stages=3), "sm_90")[0]
+
+
+#: prep=3 on TN: A (M-major) through the registers, B transposed by the pre-pass
+RS_TN = WgmmaConfig.from_name("gemm_wgmma_tf32_128x256x32_c2_s4_x1_p1_g8_prer_rp_tn")
+
+
+def _main_kernel(source: str, name: str) -> str:
+    """The text of kernel `name`'s definition in `source`, the name replaced by K."""
+    start = source.index(f"{name}(", source.index('extern "C" __global__'))
+    return source[start:source.index("\n}\n", start) + 3].replace(name, "K")
+
+
+def test_register_fed_tf32_on_tn_copies_b_alone(compile_cache):
+    """prep=3 on TN (neither operand K-major as stored): A, M-major, through the registers
+    as on TT, read as stored through a TFLOAT32 map; the pre-pass transposes and rounds B
+    alone (a_blocks = 0) into Bt, K-major, which the descriptors read. The main kernel is
+    TT's, line for line; out of the search until the GPU has run it."""
+    from codegen.families.wgmma import unproven_reasons, valid_configs
+
+    tn, tt = RS_TN, dataclasses.replace(RS_TN, layout=Layout.TT)
+    assert WgmmaConfig.from_name(tn.name) == tn and check_wgmma(tn, "sm_90") == []
+    assert check_wgmma(dataclasses.replace(tn, rs_pairs=0), "sm_90") == []
+    assert (tn.copies_a, tn.copies_b, tn.a_mn_major, tn.b_mn_major, tn.r_mn, tn.swap) == \
+        (False, True, True, False, True, False)
+    assert tn.tma_boxes() == tt.tma_boxes() == {"A": (32, 32), "B": (256, 32)}
+    assert tn.aligned_operands == (True, False, False)
+    m, n, k = 300, 500, 200
+    assert tn.prep_grid(m, n, k) == (7 * 16, 0)  # B's 32 x 32 tiles only
+    assert tn.prep_bytes(m, n, k) == n * k * 4 + n * tn.prep_ld(k) * 4
+    assert unproven_reasons(tn) == [
+        "prep=3 on TN (A through registers, B's pre-pass) has not run on a GPU yet"]
+    assert not any(c.prep == 3 for c in valid_configs("sm_90", DType.TF32, (4096, 4096, 4096))
+                   if c.layout is Layout.TN)
+    src_tn, src_tt = render(tn), render(tt)
+    assert _main_kernel(src_tn, tn.name) == _main_kernel(src_tt, tt.name)
+    prep = _main_kernel(src_tn, f"{tn.name}_prep")
+    assert "prep_transpose(B, ldb, K, N, bid - a_blocks, Bt, ldw, tile);" in prep
+    assert f"{tt.name}_prep" not in src_tt and "tf32_rna" in src_tn
+    built = dict(compile_many([tn, tt], "sm_90", cache_dir=compile_cache))
+    r_tn, r_tt = built[tn].resources, built[tt].resources
+    assert r_tn.spill_stores == 0 and r_tn.registers == r_tt.registers
+    assert r_tn.smem_dynamic == r_tt.smem_dynamic
+
+
+def test_the_runner_of_a_register_fed_tn_kernel_maps_a_as_stored_and_bt(monkeypatch):
+    """prep=3 on TN: the pre-pass (B's tiles, a_blocks = 0) writes Bt into the stream's
+    workspace; A's map is over the caller's column-major A (K x M as stored) as TFLOAT32,
+    Bt's over the workspace as FLOAT32; A's leading dimension is TMA's, B's free."""
+    from tuner.runtime.runners import TmaRunner
+
+    fake = _FakeTma(monkeypatch)
+    g, cfg = fake.g, RS_TN
+    m, n, k = 300, 500, 200
+    r = TmaRunner(cfg, b"")
+    assert [x[0] for x in fake.loaded] == [cfg.name, f"{cfg.name}_prep"]
+    ldw, (blocks, a_blocks) = cfg.prep_ld(k), cfg.prep_grid(m, n, k)
+    r.bind(g, m, n, k, 304, 501, 512)(0x10000, 0x20000, 0x30000, 1.0, 0.0, 5)
+    assert [x[:2] for x in fake.launched] == [(f"{cfg.name}_prep", (blocks, 1, 1)),
+                                              (cfg.name, cfg.grid(m, n, 132))]
+    assert fake.prep_args[-1] == (0x10000, 304, 0x20000, 501, m, n, k, 0x4000000, 0x4000000,
+                                  ldw, a_blocks) and a_blocks == 0
+    boxes = cfg.tma_boxes()
+    assert [(e["tensorDataType"][len("CU_TENSOR_MAP_DATA_TYPE_"):], e["globalAddress"],
+             e["globalDim"], e["globalStrides"], e["boxDim"]) for e in fake.encoded] == [
+        ("TFLOAT32", 0x10000, [m, k], [304 * 4], list(boxes["A"][::-1])),
+        ("FLOAT32", 0x4000000, [k, n], [ldw * 4], list(boxes["B"][::-1]))]
+    with pytest.raises(TmaUnsupported, match="lda=301"):
+        r.bind(g, m, n, k, 301, 501, 512)
 
 
 def _tma_swizzled(rows: int, k: int, kmajor: bool, box_cols: int = 32):

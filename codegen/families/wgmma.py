@@ -187,8 +187,9 @@ class WgmmaConfig(_Serial, SplitK, Named):
             memory, both rounded by TMA (TFLOAT32 maps): NT and TT feed A through the
             registers; NN feeds B (the kernel computes C^T = B^T A^T tile by tile and
             writes C transposed from its accumulators, pairs of columns gathered by a
-            lane exchange: :attr:`swap`). Not TN (neither
-            operand K-major: prep=1). The register epilogue only.
+            lane exchange: :attr:`swap`). TN has neither operand K-major: A (M-major)
+            goes through the registers and the pre-pass writes B transposed (Bt, K-major),
+            as prep=2 does for NN's B. The register epilogue only.
         rs_pairs: prep=3 with an MN-major register operand (NN, TT): 1 (``_rp``) lays a
             thread's two wgmma rows (g, g + 8) on adjacent rows of the tile, so each
             k-step's fragments load as two 8-byte shared loads where 0 takes four 4-byte
@@ -288,8 +289,10 @@ class WgmmaConfig(_Serial, SplitK, Named):
 
     @property
     def copies_b(self) -> bool:
-        """B goes through the pre-pass: prep=1, or prep=2 with B N-major (row-major)."""
-        return self.prep == 1 or (self.prep == 2 and not self.b_col)
+        """B goes through the pre-pass: prep=1, or prep=2 with B N-major (row-major), or
+        prep=3 on TN (A, M-major, through the registers; B transposed to K-major)."""
+        return self.prep == 1 or (self.prep == 2 and not self.b_col) or (
+            self.prep == 3 and self.layout is Layout.TN)
 
     @property
     def pre_pass(self) -> bool:
@@ -390,7 +393,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
         columns); a column-major B, and the pre-pass's Bt, come K-major (one box of BN rows
         by BK). fp16 / bf16 read an N-major B with transpose-B = 1; fp32 data's consumers
         transpose it into a K-major copy (tf32 has no transpose)."""
-        return not self.b_col and self.prep in (0, 3)
+        return not self.b_col and self.prep in (0, 3) and not self.copies_b
 
     @property
     def a_chunk_bytes(self) -> int:
@@ -745,11 +748,9 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
         why.append(f"persistent={c.persistent} is not 0 or 1")
     if c.prep not in (0, 1, 2, 3):
         why.append(f"prep={c.prep} is not 0, 1, 2 or 3")
-    elif c.prep == 3 and (c.dtype is not DType.TF32 or c.layout is Layout.TN or c.store):
-        why.append(f"prep=3 (tf32, one operand through registers) needs dtype tf32, layout "
-                   f"nn, nt or tt (tn has no K-major operand: prep=1 copies both) and the "
-                   f"register epilogue (it has {c.dtype.short}, {c.layout.value}, "
-                   f"store={c.store})")
+    elif c.prep == 3 and (c.dtype is not DType.TF32 or c.store):
+        why.append(f"prep=3 (tf32, one operand through registers) needs dtype tf32 and the "
+                   f"register epilogue (it has {c.dtype.short}, store={c.store})")
     elif c.prep == 2 and (c.dtype is not DType.TF32 or c.layout is Layout.TN):
         why.append(f"prep=2 (tf32 rounded by TMA as it loads) needs dtype tf32 and an operand "
                    f"K-major as stored (not layout tn: prep=1 copies both; it has "
@@ -1131,11 +1132,14 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
 def unproven_reasons(config: WgmmaConfig) -> list[str]:
     """Why the search leaves a buildable config out: ping-pong consumers in a cluster, which
     ran 1-10% behind the same tile without one on the H200
-    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json). (A cluster along N,
-    -1% to -7%, is not in SEARCH_SPACE at all.)"""
+    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json), and tf32 through
+    registers on TN (B's pre-pass), built and tested on the CPU only. (A cluster along N, -1%
+    to -7%, is not in SEARCH_SPACE at all.)"""
     if config.pingpong and config.cluster > 1:
         return ["ping-pong consumers in a cluster are not searched: they measured 1-10% "
                 "behind the same tile without a cluster"]
+    if config.prep == 3 and config.layout is Layout.TN:
+        return ["prep=3 on TN (A through registers, B's pre-pass) has not run on a GPU yet"]
     return []
 
 

@@ -309,7 +309,6 @@ __device__ __forceinline__ float tf32_rna(float x)
     return __uint_as_float(r);
 }
 
-
 // d[64 x BN] (+)= A[64 x 8] * B[8 x BN], tf32, both K-major (desc a, desc b): scale-d =
 // accumulate (0: d = A*B), no negation; tf32 has no transpose immediates.
 __device__ __forceinline__ void wgmma_m64k8(float (&d)[ACC], uint64_t a, uint64_t b, int accumulate)

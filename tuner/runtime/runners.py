@@ -283,9 +283,9 @@ class TmaRunner(Runner):
         each pair; the GEMM also gets their address, ldw and a problem's stride (its slow
         path for sums that are not finite reads them). A batch gets a set of copies per
         problem (one pre-pass launch each, at the problem's A and B), the maps rank 3 over
-        them; one set when what is copied is shared. With prep=2 the pre-pass copies one
-        operand (config.copies_a, copies_b): the other's map is over the caller's matrix as
-        stored, of type TFLOAT32 (TMA rounds it), under TMA's rules."""
+        them; one set when what is copied is shared. With prep=2 (and prep=3 on TN) the
+        pre-pass copies one operand (config.copies_a, copies_b): the other's map is over the
+        caller's matrix as stored, of type TFLOAT32 (TMA rounds it), under TMA's rules."""
         cfg, prep = self.config, self.prep
         fp = prep.prepare(g)
         why = cfg.direct_tma_reasons(lda, ldb, 0, 0, m, n, k, sa, sb)
@@ -311,8 +311,9 @@ class TmaRunner(Runner):
         def make_maps(w: int, a: int, b: int, c: int) -> tuple:
             ma = (tma.tensor_map_args(DType.F32, w, rows * m, k, ldw, *boxes["A"],
                                       batch=copies, batch_stride=per) if ca else
-                  tma.tensor_map_args(cfg.tma_dtype, a, m, k, lda, *boxes["A"],
-                                      batch=a_batch, batch_stride=sa))  # a row-major A
+                  tma.tensor_map_args(cfg.tma_dtype, a, *((k, m) if cfg.a_col else (m, k)),
+                                      lda, *boxes["A"], batch=a_batch,
+                                      batch_stride=sa))  # A as stored (prep 2, 3)
             mb = (tma.tensor_map_args(DType.F32, w + bt_off, rows * n, k, ldw, *boxes["B"],
                                       batch=copies, batch_stride=per) if cb else
                   tma.tensor_map_args(cfg.tma_dtype, b, n, k, ldb, *boxes["B"],
