@@ -303,3 +303,57 @@ def test_kernels_prefetching_into_l2_read_a_b_that_the_kernel_before_writes(buil
             err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
             assert not torch.isnan(y).any() and err <= tolerance(cfg, n1) + ROUNDOFF[cfg.out], \
                 (cfg.name, err)
+
+
+@pytest.mark.gpu
+def test_a_library_serves_a_constant_weight_through_the_decode_entrys_twin(tmp_path,
+                                                                           compile_cache):
+    """A library holding a decode entry and its static-B twin (stored as the tuner stores
+    them: tune._static_b_twins): two patched layers back to back, y = (x @ W1.t()) @
+    W2.t(), with and without static_weights, the second layer's input the first's output
+    (no sync between): the same result as torch's in float64 either way, the twin loaded
+    only where the weights were promised constant, and lib.gemm(static_b=True) likewise
+    (the C++ path's later calls too)."""
+    import torch
+
+    from _library import entry
+    from codegen import compile_config
+    from tuner.bench import tolerance
+    from tuner.gpu import device
+    from tuner.runtime import torch_ops
+    from tuner.runtime.library import Library, load_library
+    from tuner.runtime.manifest import static_b_twin
+    from tuner.tune import _static_b_twins
+
+    sm, art = device().sm, tmp_path / "art"
+    m, k = 16, 4096
+    cfg = Variant(Layout.NT, DType.F16).apply(DecodeConfig(dtype=DType.F16, bn=32, wk=8, wn=1,
+                                                           stages=3, ring="async"))
+    res = compile_config(cfg, sm, compile_cache, art)
+    assert res.ok, res.error
+    lib = Library.create_or_open(tmp_path / "library")
+    lib.add(entry(cfg, res, (m, k, k), 20.0, 10.0, dtype="f16"),
+            art / sm / f"{cfg.name}.cu", res.cubin, twins=_static_b_twins(cfg.name, sm, art))
+    twin = static_b_twin(cfg.name)
+    layers = torch.nn.Sequential(torch.nn.Linear(k, k, bias=False),
+                                 torch.nn.Linear(k, k, bias=False)).cuda().half()
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        ref = (x.double() @ layers[0].weight.double().t()).half().double() \
+            @ layers[1].weight.double().t()
+    for static in (False, True):
+        lib = load_library(tmp_path / "library", measure=False)
+        torch_ops.patch(layers, lib, static_weights=static)
+        with torch.inference_mode():
+            for _ in range(3):  # the second and third calls of a key: the C++ path
+                y = layers(x)
+                torch.cuda.synchronize()
+                err = float(torch.linalg.norm(y.double() - ref) / torch.linalg.norm(ref))
+                assert err <= 2 * tolerance(cfg, k) + ROUNDOFF[cfg.out], (static, err)
+            assert (twin in lib._runners) == static  # loaded only where promised
+            z = lib.gemm(x, layers[1].weight.t(), static_b=static)
+            torch.cuda.synchronize()
+            want = x.double() @ layers[1].weight.double().t()
+            err = float(torch.linalg.norm(z.double() - want) / torch.linalg.norm(want))
+            assert err <= tolerance(cfg, k) + ROUNDOFF[cfg.out], (static, err)
+        torch_ops.unpatch(layers)

@@ -83,3 +83,32 @@ def test_a_current_library_has_its_missing_or_altered_kernels_rebuilt(tmp_path, 
     assert upgrade(lib.path, jobs=1) == 1
     assert upgrade(lib.path, jobs=1) == 0
     assert Manifest.load(lib.path).entries == data["entries"]
+
+
+def test_upgrade_adds_the_static_b_twins_a_library_lacks(tmp_path, compile_cache):
+    """A library whose decode entry was stored before twins were: upgrade compiles the
+    entry kernel's static-B twin and adds it (the other kernels' bytes kept); a second
+    upgrade has nothing to do, and the library verifies."""
+    import dataclasses
+
+    from _library import entry
+
+    from codegen import compile_config
+    from codegen.config import DType
+    from codegen.families.decode import DEFAULT_DECODE
+    from tuner.runtime.manifest import static_b_twin
+
+    lib = build(tmp_path / "lib", compile_cache, tmp_path / "art")
+    dec = dataclasses.replace(DEFAULT_DECODE, dtype=DType.F16, out=DType.F16)
+    res = compile_config(dec, "sm_90", compile_cache, tmp_path / "art")
+    lib.add(entry(dec, res, (16, 4096, 4096), 30.0, 20.0, dtype="f16"),
+            tmp_path / "art" / "sm_90" / f"{dec.name}.cu", res.cubin)
+    before = json.loads((lib.path / "manifest.json").read_text())
+    twin = f"sm_90/{static_b_twin(dec.name)}"
+    assert twin not in before["kernels"] and len(before["kernels"]) == 3
+    assert upgrade(lib.path, jobs=1) == 1
+    m = Manifest.load(lib.path)  # verifies every file's sha256
+    assert set(m.data["kernels"]) == set(before["kernels"]) | {twin}
+    assert all(m.data["kernels"][k] == v for k, v in before["kernels"].items())
+    assert m.data["kernels"][twin]["config"]["prefetch_b"] == 1
+    assert m.entries == before["entries"] and upgrade(lib.path, jobs=1) == 0

@@ -1057,3 +1057,53 @@ def test_k_zero_on_numpy_is_beta_c_then_the_activation(act, lib):
     out, empty = lib.gemm_batch([(A, B), (np.ones((0, 3), np.float32), np.ones((3, 4),
                                                                               np.float32))])
     assert np.array_equal(out, np.zeros((6, 5), np.float32)) and empty.shape == (0, 4)
+
+
+def test_a_static_b_call_runs_the_decode_entrys_twin_which_the_library_keeps(
+        tmp_path, compile_cache, fake, monkeypatch):
+    """A decode entry is stored with its twin for a constant B (the tuner compiles it:
+    tune._static_b_twins); a call that promises a constant B (static_b) launches the twin,
+    one that does not the entry's own kernel, each under a plan of its own; a kernel with no
+    twin runs itself either way. Replacing the entry's kernel drops its twin too."""
+    from _library import entry
+    from codegen import compile_config
+    from codegen.families.decode import DEFAULT_DECODE
+    from tuner.runtime.manifest import static_b_twin
+    from tuner.tune import _static_b_twins
+
+    art = tmp_path / "art"
+    lib = build(tmp_path / "library", compile_cache, art)
+    dec = dataclasses.replace(DEFAULT_DECODE, dtype=DType.F16, out=DType.F16)
+    twin = static_b_twin(dec.name)
+    assert twin == dataclasses.replace(dec, prefetch_b=1).name and twin.endswith("_a3_pb_of16")
+    assert static_b_twin(twin) is None and static_b_twin(SMALL.name) is None
+    res = compile_config(dec, "sm_90", compile_cache, art)
+    assert res.ok, res.log[-2000:]
+    twins = _static_b_twins(dec.name, "sm_90", art)
+    assert [t[0] for t in twins] == [twin] and all(p.is_file() for p in twins[0][1:3])
+    shape = (16, 4096, 4096)
+    lib.add(entry(dec, res, shape, 30.0, 20.0, dtype="f16"), art / "sm_90" / f"{dec.name}.cu",
+            res.cubin, twins=twins)
+    lib = load_library(tmp_path / "library")
+    assert f"sm_90/{twin}" in lib.manifest["kernels"]
+    m, n, k = shape
+    A, B = Dev((m, k), 0x100000, "<f2"), Dev((k, n), 0x200000, "<f2")
+    C = Dev((m, n), 0x300000, "<f2")
+    for static_b, runs in ((False, dec.name), (True, twin), (False, dec.name)):
+        lib.gemm(A, B, C, stream=5, static_b=static_b)
+        assert fake.launches[-1][0] == runs and fake.launches[-1][3] == 5
+    assert fake.measured == [] and fake.blas == []  # the exact entry decided each
+    # the decode entry re-tuned to another kernel (stored without a twin): the old kernel
+    # and its twin leave, and the new kernel runs itself with or without the promise
+    other = dataclasses.replace(dec, stages=4)
+    res2 = compile_config(other, "sm_90", compile_cache, art)
+    lib.add(entry(other, res2, shape, 31.0, 20.0, dtype="f16"),
+            art / "sm_90" / f"{other.name}.cu", res2.cubin)
+    lib = load_library(tmp_path / "library")
+    kernels = lib.manifest["kernels"]
+    assert f"sm_90/{other.name}" in kernels
+    assert f"sm_90/{dec.name}" not in kernels and f"sm_90/{twin}" not in kernels
+    assert not list((tmp_path / "library" / "kernels" / "sm_90").glob(f"{twin}.*"))
+    for static_b in (True, False):
+        lib.gemm(A, B, C, stream=5, static_b=static_b)
+        assert fake.launches[-1][0] == other.name

@@ -315,10 +315,13 @@ def test_an_eager_linear_passes_the_layers_parameters_to_the_library_as_they_are
         a, b, kw = rec.calls[-1]
         assert a.shape == (10, 3) and a.data_ptr() == x.data_ptr()
         assert b.shape == (3, 4) and b.stride() == (1, 3) and b.data_ptr() == lin.weight.data_ptr()
-        assert kw["bias"] is lin.bias and kw["activation"] == "gelu"
+        assert kw["bias"] is lin.bias and kw["activation"] == "gelu" and not kw["static_b"]
         x2 = torch.randn(6, 3)  # a 2-D x goes as it is, and its result comes back as it is
         y2 = torch_ops.linear(x2, lin.weight, None, library=rec)
         assert rec.calls[-1][0] is x2 and y2.shape == (6, 4)
+        # the promise that the weight is constant goes to the library as static_b
+        torch_ops.linear(x, lin.weight, lin.bias, library=rec, static_weight=True)
+        assert rec.calls[-1][2]["static_b"] is True
 
 
 

@@ -403,7 +403,27 @@ def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> 
                  date=w["date"], stats=result["stats"], top=result["top"])
     source = Path(w["source"])
     Library.create_or_open(args.library or artifacts / "library").add(
-        entry, source, Path(w["cubin"]), source.with_suffix(".json"))
+        entry, source, Path(w["cubin"]), source.with_suffix(".json"),
+        _static_b_twins(w["name"], dev.sm, artifacts))
+
+
+def _static_b_twins(name: str, arch: str, artifacts: Path) -> tuple:
+    """The winner's twin for a constant B (manifest.static_b_twin), compiled beside it, as
+    Manifest.add's `twins`; none where it has none or it does not compile (logged)."""
+    from codegen.compile import compile_config
+    from codegen.config import config_from_name
+    from tuner.runtime.manifest import static_b_twin
+
+    twin = static_b_twin(name)
+    if twin is None:
+        return ()
+    res = compile_config(config_from_name(twin), arch, artifacts_dir=artifacts)
+    if not res.ok:
+        print(f"gemm-tune: the static-B twin {twin} did not compile (the entry is stored "
+              f"without it): {(res.error or '').strip().splitlines()[:1]}", file=sys.stderr)
+        return ()
+    source = artifacts / res.arch / f"{twin}.cu"
+    return ((twin, source, Path(res.cubin), source.with_suffix(".json")),)
 
 
 def _library_seeds(args, artifacts: Path, task: Task, dev) -> tuple:

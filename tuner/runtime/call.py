@@ -33,6 +33,7 @@ from codegen.config import DType, Layout
 from codegen.families._common import ACTIVATIONS, Variant
 from tuner.runtime import driver, fast
 from tuner.runtime.errors import LibraryError, Unsupported
+from tuner.runtime.manifest import static_b_twin
 from tuner.runtime.operands import (
     Operand, align_class, bias_operand, empty_like, operand, out_dtype, resolve_stream,
     same_device, stream_handle,
@@ -221,9 +222,10 @@ def _scalars(alpha, beta) -> None:
 
 
 def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
-         bias=None, act=None, fast: int | None = None):
+         bias=None, act=None, fast: int | None = None, static_b: bool = False):
     """Library.gemm (see its doc). `fast`: the context word of a call the C++ path
-    (tuner.runtime.fast) may serve next time: its plan is offered to it."""
+    (tuner.runtime.fast) may serve next time: its plan is offered to it. `static_b`: the
+    caller's promise that B is not written by the work ahead of the call on its stream."""
     _scalars(alpha, beta)
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
@@ -236,9 +238,9 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
         if t in tensors and type(B) in tensors and (C is None or type(C) in tensors) \
                 and (bias is None or type(bias) in tensors):
             return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias,
-                               act, fast)
+                               act, fast, static_b)
         return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out,
-                             bias, act)
+                             bias, act, static_b)
     except EmptyProblem as e:  # raised by request(), before any plan: nothing has run
         return _empty_call(e, C, beta, stream)
 
@@ -263,7 +265,8 @@ def _see_torch() -> None:
     _ADDMM_ACT = torch._addmm_activation
 
 
-def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
+def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None,
+               static_b=False):
     """The memo key of a torch call: what the call reads off its tensors anyway, and the
     request's arguments as given."""
     pa, pb = A.data_ptr(), B.data_ptr()
@@ -276,16 +279,19 @@ def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None):
            B.get_device(), pa & 15, pb & 15, ckey, mode, measure, stream is None,
            _TF32(), out, act,
            None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.get_device()))
+    if static_b:
+        key += ("static B",)
     return key, pa, pb, pc
 
 
 def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
-                fast=None):
-    key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream, out, bias, act)
+                fast=None, static_b=False):
+    key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream, out, bias, act, static_b)
     plan = lib.plans.get(key)
     s = None
     if plan is None:
-        plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast)
+        plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast,
+                              static_b)
     R = _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s)
     if fast is not None:
         _offer(lib, key, plan, A, B, C, bias, fast)
@@ -325,7 +331,8 @@ def _operand_features(*tensors) -> tuple:
                  for t in tensors)
 
 
-def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=None):
+def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=None,
+                static_b=False):
     """(the plan of a torch call of memo key `key`, memoised where it may be; its stream).
     `fast`: the context word under which later calls of the key may take the C++ path
     (its candidates are timed so)."""
@@ -335,7 +342,7 @@ def _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast=N
     dev = same_device(*(o for o in ops + (req.bias,) if o is not None))
     s = resolve_stream(stream, ops[:2], dev)
     plan = _plan(lib, *ops, req, mode, measure, dev, s, allocate=_torch_allocator(A),
-                 torch_stream=stream is None, torch_tf32=key[15], fast=fast)
+                 torch_stream=stream is None, torch_tf32=key[15], fast=fast, static_b=static_b)
     if plan.memo:
         lib.plans[key] = plan
     return plan, s
@@ -376,7 +383,8 @@ def _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s=None):
 LINEAR_MEMO = 256
 
 
-def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None):
+def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None,
+                 static_b: bool = False):
     """act(x @ W.t() + bias) through the library for a caller that passes the same weight W
     (B: its view W.t(), the same object while W's storage and shape stay) and bias on
     every call, as a patched nn.Linear does; x of any rank whose leading dimensions fold
@@ -391,7 +399,7 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
     F.gelu(F.linear(...)) (out of place: see torch_epilogue), except ReLU and GELU(tanh)
     with a bias: one cuBLASLt call with both in its epilogue (LT_ACTIVATIONS).
     `w_at`: (W.data_ptr(), W.shape), where the caller has read them already (B a view of
-    W: the same pointer)."""
+    W: the same pointer). `static_b`: the caller's promise that W is constant (gemm's)."""
     if not _TENSORS:
         _see_torch()
     pb, wshape = w_at if w_at is not None else (B.data_ptr(), W.shape)
@@ -405,12 +413,12 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
             x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
         except RuntimeError:  # not one matrix without a copy
             return None
-        key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act)[0]
+        key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act, static_b)[0]
         plan = lib.plans.get(key)
         if plan is None:
             try:
                 plan = _torch_plan(lib, key, x2, B, None, None, None, lib.measure, None,
-                                   bias, act)[0]
+                                   bias, act, static_b=static_b)[0]
             except EmptyProblem:  # nothing to multiply: the caller's lib.gemm answers it
                 return None
         hit = (key, (*x.shape[:-1], B.shape[1]))
@@ -418,7 +426,7 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
             if len(memo) >= LINEAR_MEMO:
                 memo.clear()
             memo[mkey] = hit
-    _offer(lib, hit[0], plan, x, W, None, bias, fast.context(lib.measure, act, True))
+    _offer(lib, hit[0], plan, x, W, None, bias, fast.context(lib.measure, act, True, static_b))
     if plan.torch_run is not None:
         if bias is None or bias.dtype is x.dtype:
             if plan.tally is not None:
@@ -434,7 +442,7 @@ def torch_linear(lib, memo: dict, x, W, B, bias, act, w_at: tuple | None = None)
     return _torch_run(plan, x, B, C, 1.0, 0.0, bias, px, pb, C.data_ptr(), None)
 
 
-def offer_linear(lib, x, W, bias, act) -> None:
+def offer_linear(lib, x, W, bias, act, static_b: bool = False) -> None:
     """After a linear call the Python path served through lib.gemm(x's rows, W.t(), bias,
     act) (torch_ops.linear), offer its plan to the C++ path under the linear call's key."""
     if getattr(lib, "fast_keys", None) is None or x.dim() < 2:
@@ -444,10 +452,11 @@ def offer_linear(lib, x, W, bias, act) -> None:
         x2 = x if x.dim() == 2 else x.view(-1, x.shape[-1])
     except RuntimeError:  # not one matrix without a copy: no linear key
         return
-    key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act)[0]
+    key = _torch_key(x2, B, None, None, lib.measure, None, None, bias, act, static_b)[0]
     plan = lib.plans.get(key)
     if plan is not None:
-        _offer(lib, key, plan, x, W, None, bias, fast.context(lib.measure, act, True))
+        _offer(lib, key, plan, x, W, None, bias,
+               fast.context(lib.measure, act, True, static_b))
 
 
 def _torch_allocator(A):
@@ -464,7 +473,8 @@ def _torch_allocator(A):
     return allocate
 
 
-def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=None):
+def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=None,
+                  static_b=False):
     """(plan, operands a, b, c, bias, stream) of a call with operands of any kind but
     torch's fast path: each parsed in full, the plan memoised on what the parse found."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
@@ -482,19 +492,21 @@ def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=
            None if c is None else (c.rows, c.cols, c.ld, c.host is None, c.batch, c.bstride,
                                    c.batched, c.dtype), host,
            tuple(align_class(o.ptr or 0, o.ld, o.dtype.size, o.bstride) for o in ops),
-           mode, measure, req.out, req.bias_kind, req.act)
+           mode, measure, req.out, req.bias_kind, req.act, static_b)
     plan = lib.plans.get(key)
     if plan is None:
         allocate = _torch_allocator(A) if a.kind == "torch" else None
-        plan = _plan(lib, a, b, c, req, mode, measure, dev, s, allocate=allocate)
+        plan = _plan(lib, a, b, c, req, mode, measure, dev, s, allocate=allocate,
+                     static_b=static_b)
         if plan.memo:
             lib.plans[key] = plan
     return plan, a, b, c, req.bias, s
 
 
 def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
-                  bias=None, act=None):
-    plan, a, b, c, bop, s = _general_plan(lib, A, B, C, mode, stream, measure, out, bias, act)
+                  bias=None, act=None, static_b=False):
+    plan, a, b, c, bop, s = _general_plan(lib, A, B, C, mode, stream, measure, out, bias, act,
+                                          static_b)
     if plan.tally is not None:
         plan.tally[0] += 1
     if C is None:
@@ -766,12 +778,12 @@ def _problem(a: Operand, b: Operand, c: Operand | None, req: Request, mode: DTyp
 
 def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DType | None,
           measure: bool, dev: int, stream: int, allocate=None, torch_stream: bool = False,
-          torch_tf32: bool = False, fast: int | None = None) -> Plan:
+          torch_tf32: bool = False, fast: int | None = None, static_b: bool = False) -> Plan:
     """Decide a checked call (dispatch.py's rule; the arguments as _problem's)."""
     problem = _problem(a, b, c, req, mode, measure, driver.gpu(dev), stream, allocate,
                        torch_stream, torch_tf32)
-    if fast is not None:
-        problem = dataclasses.replace(problem, fast=fast)
+    if fast is not None or static_b:
+        problem = dataclasses.replace(problem, fast=fast, static_b=static_b)
     g = problem.gpu
     with driver.entered(g):
         choice = lib.choose(problem, problem.timer(lib) if measure else None)
@@ -865,6 +877,9 @@ class Problem:
     #: the context word of a torch call the C++ path serves once planned
     #: (tuner.runtime.fast), or None: its candidates are timed through it
     fast: int | None = None
+    #: the caller's promise that B is not written by the work ahead of the call on its
+    #: stream: a kernel with a static-B twin in the library runs the twin (build)
+    static_b: bool = False
 
     @property
     def layout(self) -> Layout:
@@ -964,7 +979,7 @@ class Problem:
         g, dtype, m, n, k = self.gpu, self.dtype, self.m, self.n, self.k
         run = torch_run = None
         if choice.kernel is not None:
-            run = lib.runner(choice.kernel, g.sm).bind(
+            run = lib.runner(self.runs(lib, choice.kernel), g.sm).bind(
                 g, m, n, k, self.lda, self.ldb, self.ldc, self.allocate, batch=self.batch,
                 strides=self.strides)
         elif self.via_torch:
@@ -975,6 +990,16 @@ class Problem:
             run = self._blas(capturing)
         return Plan(g, dtype, m, n, k, choice, run, True, torch_run, self, self.variant.out,
                     self.shapes[2][0])
+
+    def runs(self, lib, kernel: str) -> str:
+        """The kernel that runs where the decision is `kernel`: its static-B twin where the
+        caller promised a constant B (static_b) and the library holds the twin for this
+        GPU (manifest.static_b_twin), else `kernel`."""
+        if self.static_b:
+            twin = static_b_twin(kernel)
+            if twin is not None and lib.store.holds(twin, self.gpu.sm):
+                return twin
+        return kernel
 
     def _blas(self, capturing: bool) -> Callable:
         """cuBLAS through gemm-tune's binding, and the epilogue kernel after it where cuBLAS

@@ -67,11 +67,15 @@ _OUT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # C's type, by DType.short
 #: an activation's code in the context word (fast.cpp's Entry::act)
 ACT_CODES = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _LINEAR = 2  # the context word's bit of a linear call's key
+#: ... of a call whose B the caller promised constant (static_b: its plan may run a twin)
+STATIC_B = 1 << 5
 
 
-def context(measure: bool, act: str | None = None, linear: bool = False) -> int:
-    """The context word of a call's key: measuring on or off, the activation, linear."""
-    return int(measure) | _LINEAR * linear | ACT_CODES[act] << 2
+def context(measure: bool, act: str | None = None, linear: bool = False,
+            static_b: bool = False) -> int:
+    """The context word of a call's key: measuring on or off, the activation, linear, a
+    constant B (only ever part of the key: fast.cpp reads nothing else of it)."""
+    return int(measure) | _LINEAR * linear | ACT_CODES[act] << 2 | STATIC_B * static_b
 
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "error": None, "thread": None}

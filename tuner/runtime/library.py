@@ -40,7 +40,7 @@ from tuner.runtime.dispatch import (
     FULL_ALIGN, Case, Choice, Dispatcher, MBuckets, ld_class, packed_ld,
 )
 from tuner.runtime.errors import LibraryError, NoGPUError, env_flag
-from tuner.runtime.fast import ACT_CODES as _ACT_CODES
+from tuner.runtime.fast import ACT_CODES as _ACT_CODES, STATIC_B as _STATIC_B
 from tuner.runtime.manifest import SCHEMA, Manifest, as_variant
 from tuner.runtime.operands import align_class
 from tuner.runtime.operands import out_dtype as _out_dtype
@@ -132,9 +132,11 @@ class Library:
     def verify(self) -> None:
         self.store.verify()
 
-    def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None) -> None:
-        """Add (or replace) a tuned entry and its kernel's files (see Manifest.add)."""
-        self.store.add(entry, source, cubin, meta)
+    def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None,
+            twins: tuple = ()) -> None:
+        """Add (or replace) a tuned entry and its kernel's files, and its twins' (see
+        Manifest.add)."""
+        self.store.add(entry, source, cubin, meta, twins)
 
     def update_entry(self, entry: dict, **fields) -> dict:
         return self.store.update_entry(entry, **fields)
@@ -313,7 +315,7 @@ class Library:
     def gemm(self, A, B, C=None, alpha: float = 1.0, beta: float = 0.0,
              allow_tf32: bool = False, stream=None, measure: bool | None = None,
              pipeline: bool | str = True, allow_3xtf32: bool = False, out_dtype=None,
-             bias=None, activation: str | None = None):
+             bias=None, activation: str | None = None, static_b: bool = False):
         """C = act(alpha * A @ B + beta * C + bias) with the tuned kernels, or cuBLAS where
         it is faster or no kernel was tuned for the call's variant (see
         tuner.runtime.dispatch for the rule, tuner.runtime.call for what runs instead).
@@ -356,6 +358,14 @@ class Library:
         is passed).
         Raises LibraryError, before any launch, for what it cannot serve.
 
+        `static_b`: the caller's promise that B is not written by the work ahead of this
+        call on its stream (a weight matrix under inference, the usual case of a decode
+        shape). A kernel with a twin that starts loading B before that work has finished
+        (the decode family's ``_pb1``: its loads of B overlap the previous kernel's tail
+        under programmatic dependent launch), which the tuner stores beside each decode
+        entry, then runs in its place; without the promise it never does, since the
+        work ahead may be what writes B.
+
         On torch tensors, a call with no `stream`, `out_dtype`, `measure` or TF32 flags is
         served from the second call of its key on by the C++ call path (tuner.runtime.fast;
         `self.fast`, once built), the same plan with no Python frame in between.
@@ -367,14 +377,14 @@ class Library:
         if stream is None and measure is None and out_dtype is None and not allow_tf32 \
                 and not allow_3xtf32 and (activation is None or type(activation) is str) \
                 and activation in _ACT_CODES:
-            fast = self.measure | _ACT_CODES[activation] << 2
+            fast = self.measure | _ACT_CODES[activation] << 2 | _STATIC_B * bool(static_b)
             if self.fast is not None:
                 R = self.fast.call(A, B, C, bias, alpha, beta, fast)
                 if R is not None:
                     return R
         return call.gemm(self, A, B, C, alpha, beta, _mode(allow_tf32, allow_3xtf32),
                          stream, self.measure if measure is None else measure, pipeline,
-                         out_dtype, bias, activation, fast)
+                         out_dtype, bias, activation, fast, bool(static_b))
 
     def gemm_batch(self, pairs, alpha: float = 1.0, beta: float = 0.0, out=None,
                    allow_tf32: bool = False, measure: bool | None = None,

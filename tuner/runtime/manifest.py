@@ -26,7 +26,7 @@ from codegen.families._common import Variant
 from tuner.runtime.errors import LibraryError
 
 __all__ = ["SCHEMA", "Manifest", "ENTRY_KEY", "ENTRY_DEFAULTS", "entry_variant", "entry_batch",
-           "as_variant", "upgrade"]
+           "as_variant", "upgrade", "static_b_twin"]
 
 SCHEMA = 2
 #: the fields that identify an entry: one per GPU model, dtype, variant (layout, C's type,
@@ -69,6 +69,22 @@ def as_variant(v) -> Variant:
 @functools.lru_cache(maxsize=4096)
 def _kernel_variant(name: str) -> Variant:
     return Variant.of(config_from_name(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def static_b_twin(name: str) -> str | None:
+    """The name of kernel `name`'s twin for a constant B, or None: a kernel that starts
+    loading B before the kernel ahead of it on the stream has finished (the decode family's
+    prefetch_b=1, ``_pb1``), right only where that kernel does not write B (a weight matrix
+    under inference: the caller's promise, Library.gemm's `static_b`). A library keeps it
+    beside the entry kernel it is the twin of (Manifest.add's `twins`)."""
+    cfg = config_from_name(name)
+    if getattr(cfg, "prefetch_b", None) != 0:
+        return None
+    import dataclasses
+
+    twin = dataclasses.replace(cfg, prefetch_b=1)  # (griddepcontrol: sm_90 and later)
+    return None if check(twin, "sm_90") else twin.name
 
 
 class Manifest:
@@ -170,6 +186,10 @@ class Manifest:
         """The path of kernel `name`'s .cubin (or .cu: field "source") for `arch`."""
         return self.path / self.data["kernels"][f"{arch}/{name}"][field]
 
+    def holds(self, name: str, arch: str) -> bool:
+        """Does the library hold kernel `name` for `arch`?"""
+        return f"{arch}/{name}" in self.data["kernels"]
+
     # ---- writing -----------------------------------------------------------------------
     def _lock(self):
         return file_lock(self.path / ".lock")
@@ -178,28 +198,29 @@ class Manifest:
         if (self.path / "manifest.json").exists():
             self.data = Manifest.load(self.path, verify=False).data
 
-    def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None) -> None:
-        """Add (or replace) a tuned entry and its kernel's files; the manifest is rewritten
-        atomically under a lock, and re-read first so concurrent writers lose nothing."""
-        arch, name = entry["arch"], entry["kernel"]
-        rel = Path("kernels") / arch
+    def add(self, entry: dict, source: Path, cubin: Path, meta: Path | None = None,
+            twins: tuple = ()) -> None:
+        """Add (or replace) a tuned entry and its kernel's files, and `twins`: (name, source,
+        cubin, meta) of kernels kept beside it (its static_b_twin); the manifest is rewritten
+        atomically under a lock, and re-read first so concurrent writers lose nothing. A
+        kernel that no entry uses, and that is not the twin of one that does, is dropped."""
+        arch = entry["arch"]
         with self._lock():
-            d = self.path / rel
+            d = self.path / "kernels" / arch
             d.mkdir(parents=True, exist_ok=True)
-            atomic_write(d / f"{name}.cu", Path(source).read_bytes())
-            atomic_write(d / f"{name}.cubin", Path(cubin).read_bytes())
-            if meta is not None and Path(meta).is_file():
-                atomic_write(d / f"{name}.json", Path(meta).read_bytes())
+            files = [(entry["kernel"], source, cubin, meta), *twins]
+            for name, src, cub, met in files:
+                atomic_write(d / f"{name}.cu", Path(src).read_bytes())
+                atomic_write(d / f"{name}.cubin", Path(cub).read_bytes())
+                if met is not None and Path(met).is_file():
+                    atomic_write(d / f"{name}.json", Path(met).read_bytes())
             self._reread()
-            self.data["kernels"][f"{arch}/{name}"] = dict(
-                name=name, arch=arch, config=config_from_name(name).to_dict(),
-                source=str(rel / f"{name}.cu"), source_sha256=_sha256(d / f"{name}.cu"),
-                cubin=str(rel / f"{name}.cubin"), cubin_sha256=_sha256(d / f"{name}.cubin"),
-                meta=str(rel / f"{name}.json"),
-            )
+            for name, *_ in files:
+                self.data["kernels"][f"{arch}/{name}"] = _kernel_record(self.path, arch, name)
             self.data["entries"] = [e for e in self.entries if not _same(e, entry)] + [entry]
             self.data["schema"] = SCHEMA
             used = {f"{e['arch']}/{e['kernel']}" for e in self.entries}
+            used |= {f"{e['arch']}/{static_b_twin(e['kernel'])}" for e in self.entries}
             orphans = [k for k in self.data["kernels"] if k not in used]
             for key in orphans:
                 del self.data["kernels"][key]
@@ -231,7 +252,9 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
     entries (and their timings) are kept. A library already of this schema has only the
     kernels whose files are missing or do not match their sha256 recompiled (one that
     travelled as its manifest alone, or was copied in part), every one with `force`.
-    Returns the number of kernels recompiled. Raises LibraryError for what it cannot do."""
+    The static-B twins of its entries' kernels that it lacks (static_b_twin: a library
+    tuned before they were stored) are compiled and added too.
+    Returns the number of kernels compiled. Raises LibraryError for what it cannot do."""
     import tempfile
 
     from codegen.compile import compile_many
@@ -242,7 +265,7 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
             Manifest.load(path, verify=False)
             data = json.loads((path / "manifest.json").read_text())
             todo = [key for key, k in data["kernels"].items() if force or not _intact(path, k)]
-            if not todo:
+            if not todo and not _missing_twins(data):
                 return 0
         except LibraryError:
             data = json.loads((path / "manifest.json").read_text()) \
@@ -255,21 +278,52 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
         for key in todo:
             k = data["kernels"][key]
             by_arch.setdefault(k["arch"], []).append(config_from_name(k["name"]))
+        twins = _missing_twins(data)
+        for arch, name in twins:
+            by_arch.setdefault(arch, []).append(config_from_name(name))
         with tempfile.TemporaryDirectory() as tmp:
             for arch, configs in by_arch.items():
                 for cfg, res in compile_many(configs, arch, jobs=jobs, cache_dir=Path(tmp),
                                              on_done=on_done):
+                    key = f"{arch}/{cfg.name}"
+                    if not res.ok and key not in data["kernels"]:  # a twin: the entry runs
+                        continue  # without it
                     if not res.ok:
                         raise LibraryError(f"recompiling {cfg.name} for {arch} failed: "
                                            f"{res.error.splitlines()[0] if res.error else ''}")
-                    k = data["kernels"][f"{arch}/{cfg.name}"]
+                    k = data["kernels"].get(key)
+                    if k is None:  # a twin, stored as Manifest.add stores one
+                        d = path / "kernels" / arch
+                        d.mkdir(parents=True, exist_ok=True)
+                        atomic_write(d / f"{cfg.name}.cu", res.source.encode())
+                        atomic_write(d / f"{cfg.name}.cubin", Path(res.cubin).read_bytes())
+                        data["kernels"][key] = _kernel_record(path, arch, cfg.name)
+                        continue
                     atomic_write(path / k["source"], res.source.encode())
                     atomic_write(path / k["cubin"], Path(res.cubin).read_bytes())
                     k.update(source_sha256=_sha256(path / k["source"]),
                              cubin_sha256=_sha256(path / k["cubin"]))
         data["schema"] = SCHEMA
         atomic_write_json(path / "manifest.json", data)
-    return len(todo)
+    return len(todo) + sum(f"{arch}/{t}" in data["kernels"] for arch, t in twins)
+
+
+def _kernel_record(path: Path, arch: str, name: str) -> dict:
+    """The manifest's record of kernel `name` for `arch`, its files in place under `path`."""
+    rel = Path("kernels") / arch
+    return dict(name=name, arch=arch, config=config_from_name(name).to_dict(),
+                source=str(rel / f"{name}.cu"), source_sha256=_sha256(path / rel / f"{name}.cu"),
+                cubin=str(rel / f"{name}.cubin"),
+                cubin_sha256=_sha256(path / rel / f"{name}.cubin"),
+                meta=str(rel / f"{name}.json"))
+
+
+def _missing_twins(data: dict) -> list[tuple[str, str]]:
+    """(arch, name) of the static-B twins (static_b_twin) of entry kernels that the library
+    does not hold (a library stored before twins were)."""
+    want = {(e["arch"], static_b_twin(e["kernel"])) for e in data["entries"]}
+    return sorted((arch, t) for arch, t in want
+                  if t is not None and f"{arch}/{t}" not in data["kernels"])
 
 
 def _intact(path: Path, kernel: dict) -> bool:

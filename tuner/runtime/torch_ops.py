@@ -122,21 +122,23 @@ def gemm(a: Tensor, b: Tensor, c: Tensor | None = None, alpha: float = 1.0,
 
 
 # ---- linear: act(x W^T + b), x of any leading dimensions -------------------------------------
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, lib) -> Tensor:
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, lib,
+            static: bool = False) -> Tensor:
     act = None if activation == "none" else activation
     w = _served(weight.t())  # (in, out): weight as nn.Linear keeps it, read by columns (NT)
+    kw = dict(bias=bias, activation=act, static_b=static)
     if x.dim() == 2:  # no view in, none out
-        return lib.gemm(_served(x), w, bias=bias, activation=act)
+        return lib.gemm(_served(x), w, **kw)
     k, n = x.shape[-1], weight.shape[0]
     try:
         x2 = x.view(-1, k)  # the leading dimensions flattened: a view, no copy
     except RuntimeError:  # not expressible as one matrix; a 3-D x runs as a batch
         x2 = None
     if x2 is not None:
-        return lib.gemm(_served(x2), w, bias=bias, activation=act).view(*x.shape[:-1], n)
+        return lib.gemm(_served(x2), w, **kw).view(*x.shape[:-1], n)
     if x.dim() == 3:
-        return lib.gemm(_served(x), w, bias=bias, activation=act)
-    return lib.gemm(x.reshape(-1, k), w, bias=bias, activation=act).view(*x.shape[:-1], n)
+        return lib.gemm(_served(x), w, **kw)
+    return lib.gemm(x.reshape(-1, k), w, **kw).view(*x.shape[:-1], n)
 
 
 def _linear_call(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
@@ -154,13 +156,15 @@ def _(x, weight, bias, activation, library):
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
-           activation: str | None = None, *, library) -> Tensor:
+           activation: str | None = None, *, library, static_weight: bool = False) -> Tensor:
     """act(x @ weight.t() + bias), as torch.nn.functional.linear then the activation:
     x (*, in) with any leading dimensions (flattened as a view), weight (out, in) as
     nn.Linear keeps it (multiplied in place as a column-major B: the NT layout), bias
     (out) of x's type or float32; `activation` None, "relu", "gelu", "gelu_tanh" or
     "silu". Returns (*, out) in x's type. `library`: a Library, or the string of
-    :func:`library_key` (pass the string inside torch.compile)."""
+    :func:`library_key` (pass the string inside torch.compile). `static_weight`: the
+    promise that no work ahead of the call on its stream writes `weight` (patch's
+    `static_weights`; eager calls only)."""
     act = None if activation == "none" else activation
     if not _eager(x, weight, bias):
         return torch.ops.gemm_tune.linear(x, weight, bias, activation or "none",
@@ -168,11 +172,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     lib = _library(library) if isinstance(library, str) else library
     t = getattr(lib, "fast", None)
     if t is not None and act in fast.ACT_CODES:  # the C++ path: a key it has seen
-        y = t.linear(x, weight, bias, fast.context(lib.measure, act, True))
+        y = t.linear(x, weight, bias, fast.context(lib.measure, act, True, static_weight))
         if y is not None:
             return y
-    y = _linear(x, weight, bias, activation or "none", lib)
-    call.offer_linear(lib, x, weight, bias, act)
+    y = _linear(x, weight, bias, activation or "none", lib, static_weight)
+    call.offer_linear(lib, x, weight, bias, act, static_weight)
     return y
 
 
@@ -293,12 +297,12 @@ _TORCH_ACT = {
 }
 
 
-def _patched_forward(key: str, activation: str):
+def _patched_forward(key: str, activation: str, static: bool = False):
     torch_act = _TORCH_ACT[activation]
     act = None if activation == "none" else activation
     memo: dict = {}  # this layer's call keys (tuner.runtime.call.torch_linear)
     served = [None, None, None, False]  # W's pointer and shape, W.t(), "a view of W"
-    ctx = fast.context(False, act, True)  # the C++ path's context word, measuring off
+    ctx = fast.context(False, act, True, static)  # the C++ path's context word, measuring off
 
     def forward(self, x: Tensor) -> Tensor:
         params = self._parameters
@@ -323,9 +327,9 @@ def _patched_forward(key: str, activation: str):
             served[:] = ptr, shape, wt, wt.data_ptr() == ptr
         # (a W neither row- nor column-major is copied on every call: a kept copy would
         # miss writes to W)
-        y = call.torch_linear(lib, memo, x, w, served[2], b, act, served[:2]) \
+        y = call.torch_linear(lib, memo, x, w, served[2], b, act, served[:2], static) \
             if served[3] else None
-        return _linear(x, w, b, activation, lib) if y is None else y
+        return _linear(x, w, b, activation, lib, static) if y is None else y
     return forward
 
 
@@ -333,7 +337,8 @@ def _identity(self, x):
     return x
 
 
-def patch(model: torch.nn.Module, lib, fuse: bool = True) -> torch.nn.Module:
+def patch(model: torch.nn.Module, lib, fuse: bool = True,
+          static_weights: bool = False) -> torch.nn.Module:
     """Route every nn.Linear of `model` (the module itself or any below it) through `lib`:
     each one's forward is replaced, on the instance, by :func:`linear`'s computation (its
     parameters are kept and used in place; the layer keeps W.t() and its call keys between
@@ -353,6 +358,11 @@ def patch(model: torch.nn.Module, lib, fuse: bool = True) -> torch.nn.Module:
     weight, autocast, or autograd recording the call (the ops have no backward: run
     inference under torch.no_grad() or torch.inference_mode()).
 
+    `static_weights`: the promise that no work ahead of a layer's call on its stream
+    writes its weight (inference with weights loaded once: Library.gemm's `static_b`), so
+    that a decode entry's twin may start loading the weight while that work finishes. Not
+    under torch.compile, whose op takes no such promise.
+
     Example:
         >>> torch_ops.patch(model, lib)                  # doctest: +SKIP
         >>> with torch.inference_mode():                 # doctest: +SKIP
@@ -365,7 +375,7 @@ def patch(model: torch.nn.Module, lib, fuse: bool = True) -> torch.nn.Module:
                 and "forward" not in m.__dict__:
             name, act = fused.get(m, ("none", None))
             setattr(m, _MARK, None)
-            m.forward = types.MethodType(_patched_forward(key, name), m)
+            m.forward = types.MethodType(_patched_forward(key, name, static_weights), m)
             if act is not None:
                 setattr(act, _MARK, None)
                 act.forward = types.MethodType(_identity, act)
