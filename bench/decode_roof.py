@@ -2,7 +2,7 @@
 
     python3 bench/decode_roof.py [--out DIR] [--dtypes f16,bf16] [--shapes MxNxK,...]
                                  [--epilogue] [--candidates NAME,...] [--prefetch-b [ring,l2]]
-                                 [--wave-tiles]
+                                 [--wave-tiles] [--library DIR]
                                  [--back-to-back] [--list]
 
 The five decode shapes (M x N x K: 1x4096x4096, 16x4096x4096, 64x4096x14336,
@@ -27,6 +27,11 @@ ring (ring: prefetch_b=1, for a B the kernel before does not write) and into L2 
 prefetch_b=2, for any B); both where no list follows. --wave-tiles adds N tiles fitted to
 the SMs (wave_tiles: the least BN, a multiple of 8, whose panels fill at most one, or two,
 waves of them), where the fixed ones leave the busiest SM more columns than its share.
+--library DIR also times the calls as a program makes them through a tuned library:
+lib.gemm(x, W.t(), y) as it decides (its first use measured, as in a program), and the
+same with static_b=True (the promise that no work ahead writes W: a decode entry runs as
+its twin that loads W before the kernel ahead ends; Library.gemm), rows "library" and
+"library static_b"; --candidates none leaves the generated kernels out.
 
 Ours: candidates() below: per shape, the M tiles that cover M (the FMA path for M <= 8,
 mma tiles otherwise), a few warp arrangements and rings, split-K by the last block and
@@ -247,6 +252,14 @@ class Problem:
         b = self.b.data_ptr() if self.b is not None else 0
         return lambda i: bound(x, ws[i % self.copies], y, 1.0, 0.0, stream, bias=b)
 
+    def library_call(self, lib, static_b: bool):
+        """lib.gemm(x, W.t(), y): the library's decision, as a program calls it; with
+        `static_b` the promise that nothing ahead writes W."""
+        x, y, ws, b = self.x, self.y, self.ws, self.b
+        act = "gelu" if self.epilogue else None
+        return lambda i: lib.gemm(x, ws[i % self.copies].t(), y, bias=b, activation=act,
+                                  static_b=static_b)
+
     def error(self, fn) -> float:
         """Relative error of fn's y (copy 0 of W) against float64, y poisoned first."""
         self.y.fill_(float("nan"))
@@ -306,6 +319,8 @@ def main(argv=None) -> int:
     ap.add_argument("--back-to-back", action="store_true",
                     help="time a call as the mean of a batch back to back between two "
                          "events (no event between the kernels), not each call alone")
+    ap.add_argument("--library", type=Path, default=None,
+                    help="also lib.gemm through this library, with and without static_b")
     ap.add_argument("--list", action="store_true", help="print the candidates and exit")
     args = ap.parse_args(argv)
     try:
@@ -336,6 +351,8 @@ def _chosen(names: str, shape, dtype: DType, epilogue: bool,
             prefetch_b: tuple[int, ...] = (), waves: bool = False) -> list:
     if not names:
         return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b, waves=waves)
+    if names == "none":
+        return []
     from codegen.config import config_from_name
 
     cs = [config_from_name(n) for n in names.split(",") if n]
@@ -365,7 +382,8 @@ def _run(args, plan: dict) -> int:
                method=__doc__, rows=[])
     print(f"{gpu}: device copy {roof:.0f} GB/s; L2 {props.L2_cache_size >> 20} MiB", flush=True)
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
-    tag = ("-epilogue" if args.epilogue else "") + ("-back-to-back" if args.back_to_back else "")
+    tag = ("-epilogue" if args.epilogue else "") + ("-back-to-back" if args.back_to_back else "") \
+        + ("-library" if args.library else "")
     path = args.out / f"decode-roof{tag}-{slug}-{doc['date'][:10]}.json"
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -381,12 +399,26 @@ def _run(args, plan: dict) -> int:
 
     stream = torch.cuda.current_stream().cuda_stream
     g = driver.gpu(torch.cuda.current_device())  # torch made its primary context current
+    lib = None
+    if args.library is not None:
+        from tuner.runtime.library import load_library
+
+        lib = load_library(args.library)
+        doc["library"] = str(args.library)
     torch_how = ("F.gelu(F.linear(x, W, b))" if args.epilogue else
                  "torch.matmul(x, W.t(), out=y)") + ", C in the input type"
     for (shape, dtype), cfgs in plan.items():
         problem = Problem(torch, shape, dtype, props.L2_cache_size, args.epilogue)
         runs, errors = {"torch": problem.torch_call()}, {}
         errors["torch"] = problem.error(runs["torch"])
+        if lib is not None:
+            for name, static in (("library", False), ("library static_b", True)):
+                run = problem.library_call(lib, static)
+                err = errors[name] = problem.error(run)
+                if err <= 1e-2:
+                    runs[name] = run
+                else:
+                    print(f"{name} {shape}: WRONG, error {err:.2e}", flush=True)
         for cfg in (c for c in cfgs if c in built):
             run = problem.ours(built[cfg], g, stream)
             err = errors[cfg.name] = problem.error(run)
