@@ -304,8 +304,9 @@ def build_subparsers() -> argparse.ArgumentParser:
     q = common(sub.add_parser(
         "upgrade", help="recompile an older library's kernels for this gemm-tune's argument "
                         "list, or a current one's kernels whose files are missing or do not "
-                        "match their sha256 (a library carried as its manifest alone); nvcc "
-                        "needed, its entries are kept"))
+                        "match their sha256 (a library carried as its manifest alone), and "
+                        "compile the static-B twins its decode entries lack; nvcc needed, its "
+                        "entries are kept"))
     q.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPUs)")
     q.add_argument("--force", action="store_true",
                    help="recompile a current library's kernels too, from this gemm-tune's "
