@@ -1093,6 +1093,11 @@ def test_a_static_b_call_runs_the_decode_entrys_twin_which_the_library_keeps(
         lib.gemm(A, B, C, stream=5, static_b=static_b)
         assert fake.launches[-1][0] == runs and fake.launches[-1][3] == 5
     assert fake.measured == [] and fake.blas == []  # the exact entry decided each
+    said = lib.explain(A, B, C, gpu="H200", static_b=True).splitlines()
+    assert said[0].startswith(f"{dec.name} (exact, for NVIDIA H200 without a GPU here)")
+    assert said[1] == f"static_b: {dec.name} runs as its twin {twin} (it loads B before the " \
+        "work ahead of the call has finished)"
+    assert len(lib.explain(A, B, C, gpu="H200").splitlines()) == 1
     # the decode entry re-tuned to another kernel (stored without a twin): the old kernel
     # and its twin leave, and the new kernel runs itself with or without the promise
     other = dataclasses.replace(dec, stages=4)
@@ -1107,3 +1112,5 @@ def test_a_static_b_call_runs_the_decode_entrys_twin_which_the_library_keeps(
     for static_b in (True, False):
         lib.gemm(A, B, C, stream=5, static_b=static_b)
         assert fake.launches[-1][0] == other.name
+    assert lib.explain(A, B, C, gpu="H200", static_b=True).splitlines()[1] == \
+        "static_b: no kernel named above has a static-B twin here: each runs itself"

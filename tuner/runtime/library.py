@@ -29,6 +29,7 @@ import contextlib
 import logging
 import numbers
 import os
+import re
 import threading
 import weakref
 from pathlib import Path
@@ -41,7 +42,7 @@ from tuner.runtime.dispatch import (
 )
 from tuner.runtime.errors import LibraryError, NoGPUError, env_flag
 from tuner.runtime.fast import ACT_CODES as _ACT_CODES, STATIC_B as _STATIC_B
-from tuner.runtime.manifest import SCHEMA, Manifest, as_variant
+from tuner.runtime.manifest import SCHEMA, Manifest, as_variant, static_b_twin
 from tuner.runtime.operands import align_class
 from tuner.runtime.operands import out_dtype as _out_dtype
 from tuner.runtime.record import Recorder
@@ -193,10 +194,11 @@ class Library:
         measured for its M-bucket (naming the bucket), or the estimates. Two forms:
 
         ``explain(A, B, C=None, *, out_dtype=None, bias=None, activation=None,
-        allow_tf32=False, allow_3xtf32=False, stream=None, gpu=None)``: the call lib.gemm
-        would make of these operands (read as gemm reads them: layout, leading dimensions,
-        alignment, batch, C's type, the epilogue, the route to cuBLAS); exactly that call's
-        decision.
+        allow_tf32=False, allow_3xtf32=False, stream=None, gpu=None, static_b=False)``: the
+        call lib.gemm would make of these operands (read as gemm reads them: layout, leading
+        dimensions, alignment, batch, C's type, the epilogue, the route to cuBLAS); exactly
+        that call's decision; with `static_b`, also which of the kernels named runs as its
+        static-B twin.
 
         ``explain(m, n, k, dtype="fp32", device=None, gpu=None, *, layout="nn",
         out_dtype=None, bias="none", activation=None, batch=1, ld=None, align=None,
@@ -223,7 +225,7 @@ class Library:
 
     def _explain_call(self, A, B, C=None, *, out_dtype=None, bias=None, activation=None,
                       allow_tf32: bool = False, allow_3xtf32: bool = False,
-                      stream=None, gpu: str | None = None) -> str:
+                      stream=None, gpu: str | None = None, static_b: bool = False) -> str:
         try:
             problem = call.problem_of(A, B, C, _mode(allow_tf32, allow_3xtf32), stream,
                                       out_dtype, bias, activation, offline=gpu is not None)
@@ -231,8 +233,22 @@ class Library:
             r = e.req
             return _explain_empty(r.m, r.n, r.k, r.batch, r.bias is not None, r.act)
         if gpu is not None:
-            return self.dispatcher.explain_offline(gpu, problem.case)
-        return self.dispatcher.explain(problem.gpu, problem.case)
+            text = self.dispatcher.explain_offline(gpu, problem.case)
+        else:
+            text = self.dispatcher.explain(problem.gpu, problem.case)
+        return text + "\n" + self._twins_named(text) if static_b else text
+
+    def _twins_named(self, text: str) -> str:
+        """static_b's line of explain(): which kernels named in `text` run as the static-B
+        twin the library holds for them (Problem.runs)."""
+        held = {key.split("/", 1)[1] for key in self.manifest["kernels"]}
+        twins = {name: static_b_twin(name) for name in sorted(held)
+                 if re.search(rf"\b{re.escape(name)}\b", text)}
+        runs = [f"{k} runs as its twin {t}" for k, t in twins.items() if t in held]
+        if not runs:
+            return "static_b: no kernel named above has a static-B twin here: each runs itself"
+        return ("static_b: " + "; ".join(runs) + " (it loads B before the work ahead of the "
+                "call has finished)")
 
     def _explain_shape(self, m: int, n: int, k: int, dtype: DType | str = DType.F32,
                        device: int | None = None, gpu: str | None = None, *,
