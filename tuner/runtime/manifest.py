@@ -265,8 +265,6 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
             Manifest.load(path, verify=False)
             data = json.loads((path / "manifest.json").read_text())
             todo = [key for key, k in data["kernels"].items() if force or not _intact(path, k)]
-            if not todo and not _missing_twins(data):
-                return 0
         except LibraryError:
             data = json.loads((path / "manifest.json").read_text()) \
                 if (path / "manifest.json").is_file() else None
@@ -274,11 +272,13 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
                     or data["schema"] > SCHEMA or not isinstance(data.get("kernels"), dict):
                 raise
             todo = list(data["kernels"])
+        twins = _missing_twins(data)
+        if not todo and not twins and data["schema"] == SCHEMA:
+            return 0
         by_arch: dict[str, list] = {}
         for key in todo:
             k = data["kernels"][key]
             by_arch.setdefault(k["arch"], []).append(config_from_name(k["name"]))
-        twins = _missing_twins(data)
         for arch, name in twins:
             by_arch.setdefault(arch, []).append(config_from_name(name))
         with tempfile.TemporaryDirectory() as tmp:
