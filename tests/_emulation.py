@@ -8,7 +8,7 @@ in a shuffled order (which slice of a split-K finishes last varies), their share
 NaN at the start. It checks every index, edge, layout, split-K sum, barrier placement and
 epilogue of the source; what it cannot check (timing, the memory model, the real
 instructions' rounding) is the GPU tests'. Used by tests/test_decode_family.py and
-tests/test_simt_emulated.py."""
+tests/test_emulated.py (tests/_wgmma_emulation.py builds on it for the wgmma family)."""
 
 from __future__ import annotations
 
@@ -381,9 +381,10 @@ _REDUCE_PASS = r"""const int rx = (M * N + 255) / 256;
                                               bp); }, dim3(x, y, 0), 256);"""
 
 
-def _without(src: str, name: str) -> str:
+def _without(src: str, name: str, table: dict | None = None) -> str:
     """`src` with the definitions of device function `name` (each overload) replaced by
-    its emulation."""
+    its emulation (in `table`, default _PTX)."""
+    table = _PTX if table is None else table
     lines, first = src.split("\n"), True
     while True:
         start = next((i for i, line in enumerate(lines)
@@ -393,7 +394,7 @@ def _without(src: str, name: str) -> str:
         if lines[start - 1].startswith("template"):
             start -= 1
         end = next(j for j in range(start, len(lines)) if lines[j] == "}")
-        lines[start:end + 1] = _PTX[name].split("\n") if first else []
+        lines[start:end + 1] = table[name].split("\n") if first else []
         first = False
 
 
