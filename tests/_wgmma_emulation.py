@@ -1040,14 +1040,15 @@ def _script(memory: _Memory, rec, kernels: dict) -> str:
 
 
 # ---- operands and the reference ---------------------------------------------------------
-def _matrix(rng, batch, rows, cols, col_major, t, pad, shared=False):
+def _matrix(rng, batch, rows, cols, col_major, t, pad, shared=False, unaligned=False):
     """A batch x rows x cols operand stored row- or column-major, each stored row padded to
     a 16-byte multiple plus `pad` 16-byte units, problems a 16-byte multiple apart (TMA's
-    rules): (stored values, float64 values, ld, stride; stride 0 where `shared`)."""
+    rules), or (`unaligned`) each one element more: (stored values, float64 values, ld,
+    stride; stride 0 where `shared`)."""
     es = 4 if t == "f32" else 2
     srows, scols = (cols, rows) if col_major else (rows, cols)
-    ld = (-(-scols // (16 // es)) + pad) * (16 // es)
-    stride = 0 if shared else -(-(srows * ld + 5) // (16 // es)) * (16 // es)
+    ld = (-(-scols // (16 // es)) + pad) * (16 // es) + unaligned
+    stride = 0 if shared else -(-(srows * ld + 5) // (16 // es)) * (16 // es) + unaligned
     copies = 1 if shared else batch
     flat = np.zeros(max(stride * (copies - 1), 0) + srows * ld)
     values = np.zeros((batch, rows, cols))
@@ -1060,20 +1061,23 @@ def _matrix(rng, batch, rows, cols, col_major, t, pad, shared=False):
 
 
 def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared_b=False,
-        sms=3, seed=0, pads=(0, 0, 0), land="lazy") -> tuple[float, bool]:
+        sms=3, seed=0, pads=(0, 0, 0), land="lazy", unaligned=False) -> tuple[float, bool]:
     """cfg's kernel on fresh operands, launched as its runner launches it on a GPU of `sms`
     SMs, C poisoned with NaN, TMA's loads landing `land` ("lazy" or "eager", the module
-    doc): (relative error against the float64 reference of the inputs as stored (tf32
-    data: rounded to tf32), the elements past N in each row untouched?)."""
+    doc); `unaligned`: A and B each one element past a 16-byte boundary, their leading
+    dimensions and strides odd (a pre-pass's operands): (relative error against the
+    float64 reference of the inputs as stored (tf32 data: rounded to tf32), the elements
+    past N in each row untouched?)."""
     from tuner.runtime.runners import TmaRunner
 
     m, n, k = shape
     rng = np.random.default_rng(seed)
     t = "f32" if cfg.dtype.short in ("tf32", "f32") else cfg.dtype.short
     out = cfg.out.short
-    a, av, lda, sa = _matrix(rng, batch, m, k, cfg.layout in (Layout.TN, Layout.TT), t, pads[0])
+    a, av, lda, sa = _matrix(rng, batch, m, k, cfg.layout in (Layout.TN, Layout.TT), t, pads[0],
+                             unaligned=unaligned)
     b, bv, ldb, sb = _matrix(rng, batch, k, n, cfg.layout in (Layout.NT, Layout.TT), t, pads[1],
-                             shared_b)
+                             shared_b, unaligned)
     ces = 4 if out == "f32" else 2
     ldc = -(-n // (16 // ces)) * (16 // ces) + pads[2] * (16 // ces)
     sc = m * ldc + 16 // ces if batch > 1 else 0
@@ -1085,7 +1089,8 @@ def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared
     bias_t = "f32" if cfg.bias == "f32" else out
     bias = _rounded(rng.standard_normal(n if cfg.bias != "none" else 0), bias_t)
     memory = _Memory(where)
-    pa, pb = memory.add("a", a), memory.add("b", b)
+    skew = a.itemsize if unaligned else 0
+    pa, pb = memory.add("a", a, skew), memory.add("b", b, skew)
     pc = memory.add("c", _stored(cflat, out))
     pbias = memory.add("bias", _stored(bias, bias_t)) if len(bias) else 0
     kernels = kernels_of(cfg)

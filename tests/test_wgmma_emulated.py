@@ -108,6 +108,19 @@ def test_the_wgmma_kernel_emulated_on_the_cpu(emulated, cfg):
     assert err <= gate and untouched, err
 
 
+@pytest.mark.parametrize("terms", [1, 3])
+def test_the_pre_pass_takes_operands_tma_cannot_describe(emulated, terms):
+    """The pre-pass reads A and B as stored, so its kernels take what TMA refuses: both
+    operands one element past a 16-byte boundary, odd leading dimensions and batch
+    strides (a slice of a larger fp32 tensor, as torch hands it over)."""
+    where, exes = emulated
+    cfg = next(c for c in EMULATED if c.pre_pass and c.terms == terms)
+    for seed, batch in enumerate((1, 2)):
+        err, untouched = run(exes[cfg], cfg, (77, 150, 99), where, batch=batch, seed=seed,
+                             unaligned=True, land=("lazy", "eager")[seed])
+        assert err <= _gate(cfg) and untouched, err
+
+
 def _sabotaged(cfg, where, good: str, bad: str, name: str):
     src = emulation_source(cfg, kernels_of(cfg))
     assert good in src, good
