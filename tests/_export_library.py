@@ -14,7 +14,8 @@ Beside the plain fp32 entries of _library.build (BIG, SMALL), it holds:
     N a multiple of 8), and fp16 TT, fp16 C, fp32 bias through it with a cluster of 2
     along N (A multicast: half of each M-major box's K rows a block);
   - fp16 TN (plain epilogue) with a cluster of 2: column-major A as TMA boxes of M;
-  - fp16 NT, fp16 C, wgmma split-K summed by the last slice (batch 1 and 3);
+  - fp16 NT, fp16 C, wgmma split-K summed by the last slice (batch 1 and 3), and stream-K
+    with the TMA-store epilogue;
   - decode kernels: fp16 NT, fp16 C, bias + GELU, split-K across a cluster of 4 (its
     shape compiled in), and fp16 NT, fp16 C, split-K by the last block, at one row.
 """
@@ -79,6 +80,10 @@ def kernels() -> dict:
         "wgmma_nt_f16_split": (
             WgmmaConfig.from_name("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16"),
             [((16, 4096, 4096), 1, 40.0), ((64, 1024, 4096), 3, 30.0)]),
+        # stream-K (TMA stores): two partial tiles a block of the grid, sized at run time
+        "wgmma_nt_f16_streamk": (
+            WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16"),
+            [((4096, 4096, 4096), 1, 600.0)]),
         # the decode family: split-K across a cluster, and by the last block
         "decode_nt_f16_bias_gelu_cluster": (
             DecodeConfig(mt=16, bn=64, wk=4, wn=2, split=4, reduce="cluster", **nt16),

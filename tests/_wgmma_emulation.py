@@ -1061,13 +1061,15 @@ def _matrix(rng, batch, rows, cols, col_major, t, pad, shared=False, unaligned=F
 
 
 def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared_b=False,
-        sms=3, seed=0, pads=(0, 0, 0), land="lazy", unaligned=False) -> tuple[float, bool]:
+        sms=3, seed=0, pads=(0, 0, 0), land="lazy", unaligned=False, order=None,
+        raw=None) -> tuple[float, bool]:
     """cfg's kernel on fresh operands, launched as its runner launches it on a GPU of `sms`
     SMs, C poisoned with NaN, TMA's loads landing `land` ("lazy" or "eager", the module
     doc); `unaligned`: A and B each one element past a 16-byte boundary, their leading
-    dimensions and strides odd (a pre-pass's operands): (relative error against the
-    float64 reference of the inputs as stored (tf32 data: rounded to tf32), the elements
-    past N in each row untouched?)."""
+    dimensions and strides odd (a pre-pass's operands); `order`: the seed of the blocks'
+    order (default `seed`, the operands'); `raw`: a list C's bits are appended to:
+    (relative error against the float64 reference of the inputs as stored (tf32 data:
+    rounded to tf32), the elements past N in each row untouched?)."""
     from tuner.runtime.runners import TmaRunner
 
     m, n, k = shape
@@ -1101,11 +1103,14 @@ def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared
         launch(pa, pb, pc, alpha, beta, 0, bias=pbias)
         script = _script(memory, rec, kernels)
     (where / "script").write_text(script)
-    r = subprocess.run([str(exe), str(where / "script"), str(seed), land], capture_output=True,
+    r = subprocess.run([str(exe), str(where / "script"), str(seed if order is None else order),
+                        land], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    raw = memory.read(pc, np.float32 if out == "f32" else np.uint16)
-    got = raw.astype(np.float64) if out == "f32" else _values(raw, out)
+    bits = memory.read(pc, np.float32 if out == "f32" else np.uint16)
+    if raw is not None:
+        raw.append(bits)
+    got = bits.astype(np.float64) if out == "f32" else _values(bits, out)
     if cfg.dtype.short == "tf32":  # the reference of tf32's inputs: rounded to tf32
         av, bv = _tf32(av), _tf32(bv)
     ref = alpha * np.matmul(av, bv) + (beta * c0 if beta else 0) + (bias if len(bias) else 0)

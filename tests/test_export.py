@@ -93,6 +93,11 @@ def test_export_builds_with_nvcc(bundle):
     assert xn.cluster_shape == (1, 2) and "(a cluster's blocks lie along N)" in launcher
     assert "const unsigned long long tiles = static_cast<unsigned long long>((tiles_m + 1 - 1) / 1)\n" \
            "        * ((tiles_n + 2 - 1) / 2) * batch;" in launcher
+    # stream-K sizes its workspace by the grid it launches (the SMs, persistent)
+    sk = kernels()["wgmma_nt_f16_streamk"][0]
+    launcher = (out / "kernels" / f"{sk.name}.cu").read_text()
+    assert "const size_t w_floats = static_cast<size_t>(clusters) * 2 * 128 * 128;" in launcher
+    assert "tmA, tmB, tmC, M, N, K, alpha, beta, C, ldc,\n                               bias, batch, maps3, sC, W, tickets);" in launcher
     nm = subprocess.run(["nm", "-D", "--defined-only", str(out / "libgemm_tuned.so")],
                         capture_output=True, text=True).stdout
     for sym in ("gemm_tuned_gemm_ex", "gemm_tuned_kernel_name_ex", "gemm_tuned_sgemm",
@@ -136,7 +141,8 @@ def test_the_header_declares_the_variant_api(bundle):
     assert f"Exported ({len(_variants(lib))} variants;" in h
     assert ("// f16 nt, f16 C, bias + gelu: 512x512x512, 512x512x512 x 8, 128x128x256, "
             "1024x1024x1024 x 4, 2048x2048x2048, 16x4096x4096 //") in h
-    assert "// f16 nt, f16 C: 16x4096x4096, 64x1024x4096 x 3, 1x4096x4096 //" in h
+    assert ("// f16 nt, f16 C: 16x4096x4096, 64x1024x4096 x 3, 4096x4096x4096, 1x4096x4096 //"
+            in h)
     assert "// f32 tn, bf16 C, fp32 bias + gelu_tanh: 256x384x512 //" in h
 
 

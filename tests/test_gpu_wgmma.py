@@ -418,6 +418,14 @@ SPLITK_VARIANTS = [WgmmaConfig.from_name(n) for n in (
     "gemm_wgmma_f16_64x256x64_c1_s4_x1_p0_g8_k4l_nt_of16_bias_gelut",
     "gemm_wgmma_bf16_128x64x64_c1_s7_x1_p1_g1_k2l_nt_obf16",
 )]
+#: stream-K: fp32 C from registers with the largest tile, 2-byte C through TMA stores, a
+#: 256-row tile with a bias and GELU, one consumer
+STREAMK_VARIANTS = [WgmmaConfig.from_name(n) for n in (
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_sk",
+    "gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16",
+    "gemm_wgmma_bf16_256x128x64_c2_s4_x1_p1_g8_ts_sk_obf16_bias_gelu",
+    "gemm_wgmma_bf16_64x128x64_c1_s6_x1_p1_g8_sk_tt_obf16",
+)]
 #: odd shapes TMA takes (leading dimensions padded): M = 1, M and N below a tile, prime K
 #: ping-pong consumers (searched): tiles of 64 and 128 rows, N 64-256, both stores, a layout
 #: and an epilogue each
@@ -483,7 +491,8 @@ def compiled_variants(compile_cache):
 
     cfgs = list(dict.fromkeys(REG_VARIANTS + TS_VARIANTS + TSM_VARIANTS + FP32_VARIANTS
                               + BATCH_VARIANTS
-                              + SPLITK_VARIANTS + PINGPONG_VARIANTS + K_MAJOR_N_VARIANTS
+                              + SPLITK_VARIANTS + STREAMK_VARIANTS + PINGPONG_VARIANTS
+                              + K_MAJOR_N_VARIANTS
                               + CLUSTER_VARIANTS))
     out = dict(compile_many(cfgs, "sm_90", jobs=os.cpu_count(), cache_dir=compile_cache))
     failed = {c.name: r.error for c, r in out.items() if not r.ok}
@@ -548,6 +557,19 @@ def test_split_k_slices_summed_by_the_last(cfg, compiled_variants):
                                seed=i) for _ in range(2)}
         assert len(errs) == 1, (cfg.name, shape, errs)
     _check_variant(cfg, compiled_variants[cfg], (33, 200, 1000), batch=3, shared="b", seed=9)
+
+
+@pytest.mark.parametrize("cfg", STREAMK_VARIANTS, ids=lambda c: c.name)
+def test_stream_k_shares_out_the_last_waves(cfg, compiled_variants):
+    """Shapes whose tiles leave a partial last wave on the GPU's SMs (so the kernel shares
+    the last wave and the remainder out as runs of k-tiles, tiles cut between blocks), beta
+    on and off, a batch; launched twice, so the tile tickets must have been left at zero,
+    and the cut tiles summed in k order: the same bits from both launches."""
+    for i, shape in enumerate([(2100, 2056, 131), (4096, 4096, 1000), (4000, 4104, 4160)]):
+        errs = {_check_variant(cfg, compiled_variants[cfg], shape, beta=(0.0, 0.5)[i % 2],
+                               seed=i) for _ in range(2)}
+        assert len(errs) == 1, (cfg.name, shape, errs)
+    _check_variant(cfg, compiled_variants[cfg], (1000, 1032, 700), batch=3, shared="b", seed=9)
 
 
 @pytest.mark.parametrize("cfg", BATCH_VARIANTS, ids=lambda c: c.name)

@@ -6,7 +6,7 @@ them (its grids, clusters, tensor maps, pre-pass and split-K workspace): every l
 fp16, bf16, tf32 (converted in the loop, a pre-pass, TMA's rounding, one operand through
 registers) and 3xTF32 (in the loop, pre-split), the register, TMA-store and stmatrix
 epilogues, ping-pong consumers, clusters along M and N, split-K, batches with a shared B,
-persistent blocks walking several tiles each. Each config runs twice: TMA's loads landing
+persistent blocks walking several tiles each, stream-K. Each config runs twice: TMA's loads landing
 as late as the ISA allows (when waited for) and as early (when issued). Against float64 of
 the same inputs, C poisoned with NaN, its padding checked untouched. What the emulation
 cannot check (timing, the memory model, the real instructions' rounding) is
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from _wgmma_emulation import build, build_all, emulation_source, kernels_of, run
 
@@ -54,6 +55,8 @@ EMULATED = [
     _tf32(prep=3, rs_pairs=1, layout=Layout.TN),
     _v(dtype=F32, terms=3, bk=32, bn=64, stages=2),              # 3xTF32 in the loop
     _v(dtype=F32, terms=3, bk=32, prep=1, layout=Layout.NT),     # 3xTF32 pre-split
+    _v(streamk=1, layout=Layout.NT, out=F16, store=1),           # stream-K, TMA stores
+    _v(streamk=1, bm=64, consumers=1, dtype=BF16, out=BF16, bias="out", act="gelu"),
 ]
 
 #: the emulated products are exact in float64 but for FP32 accumulation, then C's rounding
@@ -84,7 +87,7 @@ def test_the_emulated_configs_are_valid_and_cover_the_family():
     assert {c.rs_pairs for c in EMULATED if c.prep == 3} == {0, 1}
     assert {(c.cluster, c.cluster_n) for c in EMULATED} == {(1, 0), (2, 0), (2, 1)}
     assert {c.pingpong for c in EMULATED} == {0, 1} and {c.split for c in EMULATED} == {1, 2}
-    assert {c.wm for c in EMULATED} == {64, 128}
+    assert {c.wm for c in EMULATED} == {64, 128} and {c.streamk for c in EMULATED} == {0, 1}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,28 @@ def test_the_pre_pass_takes_operands_tma_cannot_describe(emulated, terms):
         err, untouched = run(exes[cfg], cfg, (77, 150, 99), where, batch=batch, seed=seed,
                              unaligned=True, land=("lazy", "eager")[seed])
         assert err <= _gate(cfg) and untouched, err
+
+
+#: (M, N, K, SMs, batch) that share the tiles out differently: every tile stream-K's (fewer
+#: than two waves), whole waves then a wave and the remainder, a batch, one k-tile a tile,
+#: a block's run inside one tile (a tile cut three ways)
+STREAMK_RUNS = [(200, 296, 150, 4, 1), (520, 264, 600, 4, 1), (300, 200, 64, 5, 2),
+                (130, 136, 8, 3, 1), (64, 64, 1000, 7, 1)]
+
+
+@pytest.mark.parametrize("cfg", [c for c in EMULATED if c.streamk], ids=lambda c: c.name)
+def test_stream_k_shares_the_tiles_out_and_sums_them_the_same_way_every_time(emulated, cfg):
+    """Every way the grid can share the tiles out gives the product; and the cut tiles are
+    summed in k order, so the bits of C do not depend on which block finishes last (the
+    blocks' order shuffled, TMA's loads landing early or late)."""
+    where, exes = emulated
+    for m, n, k, sms, batch in STREAMK_RUNS:
+        shape, outs = (m, _n(cfg, n), k), []
+        for order, land in ((0, "lazy"), (1, "eager"), (2, "lazy")):
+            err, untouched = run(exes[cfg], cfg, shape, where, batch=batch, beta=0.5, sms=sms,
+                                 seed=3, order=order, land=land, raw=outs)
+            assert err <= _gate(cfg) and untouched, (shape, sms, err)
+        assert all(np.array_equal(o, outs[0], equal_nan=o.dtype.kind == "f") for o in outs), shape
 
 
 def _sabotaged(cfg, where, good: str, bad: str, name: str):

@@ -1657,6 +1657,14 @@ K_MAJOR_N_NAMES = [
     "gemm_wgmma_bf16_64x248x64_c1_s4_x1_p1_g8_tt_obf16_bias",
 ]
 VARIANT_NAMES += K_MAJOR_N_NAMES
+#: stream-K: the largest tile's accumulators with the fix-up (fp32 C from registers), TMA
+#: stores of 2-byte C, a 256-row tile with a bias and GELU
+STREAMK_NAMES = [
+    "gemm_wgmma_f16_128x256x64_c2_s4_x1_p1_g8_sk",
+    "gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16",
+    "gemm_wgmma_bf16_256x128x64_c2_s4_x1_p1_g8_ts_sk_obf16_bias_gelu",
+]
+VARIANT_NAMES += STREAMK_NAMES
 
 
 @pytest.fixture(scope="module")
@@ -2614,6 +2622,104 @@ def test_split_k_source_and_runner_arguments(monkeypatch):
     assert packed[-1][-2:] == (0x100000, 0x200000)
     assert r.main.launches == [("gemm_wgmma_f16_64x128x64_c1_s6_x1_p1_g1_k4l_nt_of16",
                                 (128, 1, 1), (256, 1, 1))]
+
+
+# ---- stream-K (streamk=1): the last waves' k-tiles shared out evenly -------------------------
+SK_GOLDEN = WgmmaConfig.from_name("gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16")
+
+
+def test_stream_k_name_geometry_workspace_and_reasons():
+    """A stream-K config names it (``_sk``), launches the persistent grid, and asks a
+    workspace of two BM x BN partial tiles per block of that grid (the SMs it launches on)
+    and a counter per tile; it needs fp16 / bf16, no cluster, no ping-pong, no split-K and
+    persistent blocks; it is built and tested on the CPU only, so the search leaves it out."""
+    from codegen.families.wgmma import unproven_reasons
+
+    c = SK_GOLDEN
+    assert (c.streamk, c.split, c.has_workspace, c.last) == (1, 1, True, False)
+    assert WgmmaConfig.from_name(c.name) == c and "_sk" not in DEFAULT_WGMMA.name
+    assert c.grid(4096, 4096, 132) == (132, 1, 1) and c.grid(200, 300, 3) == (3, 1, 1)
+    assert c.workspace_floats(4096, 4096) == 132 * 2 * 128 * 128
+    assert c.workspace_floats(4096, 4096, sms=7) == 7 * 2 * 128 * 128
+    assert c.workspace_floats(100, 100, batch=2, sms=132) == 2 * 2 * 128 * 128  # 2 tiles
+    assert c.ticket_count(4096, 4096, batch=2) == 2 * 32 * 32
+    assert check_wgmma(c, "sm_90") == []
+    assert check_wgmma(dataclasses.replace(c, streamk=2), "sm_90") == ["streamk=2 is not 0 or 1"]
+    why = check_wgmma(dataclasses.replace(c, cluster=2, pingpong=1, persistent=0), "sm_90")
+    assert why[-1] == ("streamk=1 needs no cluster (it has cluster=2), no ping-pong (it has "
+                       "pingpong=1), persistent=1: each block walks a range of k-tiles (it "
+                       "has persistent=0)"), why
+    assert check_wgmma(dataclasses.replace(c, split=2, store=0), "sm_90") == [
+        "streamk=1 needs no split-K (it has split=2)"]
+    tf32 = WgmmaConfig(dtype=DType.TF32, bk=32, bm=128, bn=128, stages=3, prep=1, streamk=1)
+    assert check_wgmma(tf32, "sm_90") == ["streamk=1 needs fp16 or bf16 data (it has tf32)"]
+    assert unproven_reasons(c) == ["stream-K has not run on a GPU yet"]
+
+
+def test_stream_k_golden_source():
+    """Regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""
+    rendered_as_golden(SK_GOLDEN)
+
+
+def test_stream_k_source_and_runner_arguments(monkeypatch):
+    """The kernel takes C's map, then the workspace and the tickets after the scalars; the
+    runner passes a per-stream workspace of two partial tiles per block of its grid on the
+    GPU's SMs and zeroed tickets, a counter per tile."""
+    import types
+
+    from tuner.runtime import driver, runners, tma
+    from tuner.runtime.runners import TmaRunner
+
+    src = render(SK_GOLDEN)
+    assert ("int batch, int maps3, long long sC,\n    float* __restrict__ Wk, unsigned* "
+            "__restrict__ tickets)") in src and "const __grid_constant__ CUtensorMap tmC" in src
+    assert "const int sk_tiles = " in src and "atomicAdd(&tickets[ts], 1u) == parts - 1" in src
+    assert "sk_tiles" not in render(SPLIT_GOLDEN) and "sk_tiles" not in render(DEFAULT_WGMMA)
+    for sms, blocks in ((132, 132), (7, 7)):
+        asked, packed = [], []
+
+        class _Scratch:
+            def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
+                asked.append((purpose, nbytes, zero))
+                return 0x100000 * len(asked)
+
+        monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
+        monkeypatch.setattr(driver, "KernelImage", _Image)
+        monkeypatch.setattr(driver, "scratch", lambda: _Scratch())
+        monkeypatch.setattr(tma, "encode", lambda args: object())
+        r = TmaRunner(SK_GOLDEN, b"")
+        assert r.signature == TmaRunner.SIGNATURE + "PP"
+        g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=sms))
+        run = r.bind(g, 4096, 4096, 4096, 4096, 4096, 4096)
+        monkeypatch.setattr(runners._MapParams, "pack",
+                            lambda self, maps, *scalars: packed.append(scalars) or 0)
+        run(0x1000, 0x2000, 0x3000, 1.0, 0.0, 7)
+        assert asked == [("split-K workspace", blocks * 2 * 128 * 128 * 4, False),
+                         ("split-K tickets", 32 * 32 * 4, True)]
+        assert packed[-1][-2:] == (0x100000, 0x200000)
+        assert r.main.launches == [(SK_GOLDEN.name, (blocks, 1, 1), (384, 1, 1))]
+
+
+def test_the_model_evens_out_stream_k_and_charges_its_cut_tiles():
+    """Where the tiles leave a partial wave, stream-K's busiest SM does blocks x k-tiles /
+    SMs k-tiles over as many units as it has tiles (whole or cut), its wave efficiency is
+    1, and the cut tiles' partial sums cost it their L2 traffic; at whole waves, or with
+    fewer tiles than SMs, nothing changes."""
+    from codegen.arch import parse_arch
+    from tuner.model import bound_tflops, predict_before_compile, streamk_cut
+
+    a = parse_arch("sm_90")
+    sk, plain = SK_GOLDEN, dataclasses.replace(SK_GOLDEN, streamk=0)
+    assert streamk_cut(sk, 1024, 64, 132) == (-(-1024 * 64 // 132) / 8, [(1, 8)])
+    assert streamk_cut(plain, 1024, 64, 132) is None
+    assert streamk_cut(sk, 1056, 64, 132) is None and streamk_cut(sk, 100, 64, 132) is None
+    assert bound_tflops(sk, (4096, 4096, 4096), a)[1]["wave_eff"] == 1.0
+    assert bound_tflops(plain, (4096, 4096, 4096), a)[1]["wave_eff"] == round(1024 / 1056, 4)
+    shape = (4096, 4096, 4096)
+    p_sk, p_plain = (predict_before_compile(c, shape, a) for c in (sk, plain))
+    assert p_sk.terms["fixed"] > p_plain.terms["fixed"]
+    whole = (128 * 132, 128, 4096)  # 132 tiles: one whole wave
+    assert predict_before_compile(sk, whole, a).seconds == predict_before_compile(plain, whole, a).seconds
 
 
 def test_a_cluster_wider_than_the_m_tiles_is_not_searched():

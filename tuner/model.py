@@ -69,6 +69,11 @@ times one problem's. The epilogue's bias and activation cost their instructions
   fixed    ``LAUNCH_S`` per kernel launched (split-K's second pass is a second one; a
            pre-pass of fp32 data, tf32 or pre-split 3xTF32, another per problem), and the
            pre-pass's DRAM traffic (``prep_bytes``: A and B read, their copies written).
+  stream-K (the wgmma family's ``streamk``) evens the busiest SM's share out: past a
+           whole number of waves, each SM does blocks x k-tiles / SMs of the k-tiles (up
+           to one more), in as many units as it has tiles whole or cut; the cut tiles cost
+           the busiest SM two partial tiles written and two read at its share of the L2's
+           rate (its first and last units'), plus ``STREAMK_FIXUP_S``.
 
 **The streaming model** (:func:`_predict_stream`, families with ``streams_b``: decode). A
 skinny kernel (M <= 64) reads B once from DRAM and does little with it; its warps stream B
@@ -197,6 +202,8 @@ STREAM_CLUSTER_S = 2.0e-6
 STREAM_PASS_S = 1.0e-6
 #: seconds of every launch (the launch, the warps' partial tiles summed, the epilogue) [2e-6]
 STREAM_FIXED_S = 2.0e-6
+#: seconds stream-K's cut tiles add besides their bytes: tickets and fences [1e-6]
+STREAMK_FIXUP_S = 1.0e-6
 
 #: A K tile's instructions issued by the interior path (KernelConfig.interior: 1 unchecked,
 #: 2 paired) over those of the checked loop, as read from the SASS (codegen.sass, nvcc
@@ -237,6 +244,16 @@ class Verdict:
     occupancy: Occupancy
 
 
+def streamk_cut(c, blocks: int, k_tiles: int, sms: int, per_sm: int = 1):
+    """(k-tiles of a unit, [(1, units)]) of the busiest SM under stream-K where the tiles
+    leave a partial wave (one block an SM), else None: blocks x k-tiles / SMs k-tiles (up
+    to one more), over ceil(blocks / SMs) units, whole tiles or cut."""
+    if not getattr(c, "streamk", 0) or per_sm != 1 or blocks <= sms or blocks % sms == 0:
+        return None
+    units = _cdiv(blocks, sms)
+    return _cdiv(blocks * k_tiles, sms) / units, [(1, units)]
+
+
 def bound_tflops(config: Config, shape: tuple[int, int, int],
                  arch: ArchLimits, batch: int = 1) -> tuple[float, dict]:
     """Upper bound on the TFLOP/s of `config` at `shape` (a batch of `batch` problems) on
@@ -246,7 +263,7 @@ def bound_tflops(config: Config, shape: tuple[int, int, int],
     tile = (m * n * k) / (_cdiv(m, c.bm) * c.bm * _cdiv(n, c.bn) * c.bn * _cdiv(k, c.bk) * c.bk)
     tiles = _cdiv(m, c.bm) * _cdiv(n, c.bn) * c.split * batch
     sms = max(arch.sm_count, 1)
-    wave = tiles / (sms * _cdiv(tiles, sms))
+    wave = 1.0 if getattr(c, "streamk", 0) and tiles > sms else tiles / (sms * _cdiv(tiles, sms))
     family = family_of(c)
     issue = family.issue_efficiency(c) * family.arch_efficiency(c, arch)
     peak = family.math.peak_tflops(c.dtype, arch)
@@ -327,7 +344,8 @@ def _dram_bytes(config: Config, shape, arch: ArchLimits, resident: int,
     m, n, k = shape
     c = config
     out = batch * m * n * out_bytes(c) + n * bias_bytes(c) + (
-        2 * c.split * m * n * 4 * batch if getattr(c, "has_workspace", False) else 0)
+        2 * c.split * m * n * 4 * batch if getattr(c, "has_workspace", False)
+        and not getattr(c, "streamk", 0) else 0)  # (stream-K's partial tiles stay in L2)
     return batch * _dram_reads(c, shape, arch, resident) + out
 
 
@@ -493,6 +511,9 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     # its waves: `full` of r blocks, then one of rem (counted, not listed: a shape of
     # 2^31-sized sides has some 10^16 waves)
     chunks = [(j, count) for j, count in ((r, full), (rem, 1)) if j and count]
+    cut = streamk_cut(c, blocks, k_tiles, sms, r)
+    if cut:  # stream-K: the busiest SM's k-tiles evened out, over its units
+        k_tiles, chunks = cut
 
     # a family slower on this arch than its instructions' own rate (WMMA's mma.sync on
     # Hopper, whose tensor peak is wgmma's) has its whole time scaled by that share: its
@@ -542,6 +563,8 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     fixed += LAUNCH_S * launches
     if getattr(c, "reduce_pass", False):  # the second pass reads every slice, writes C
         fixed += (c.split * 4 + out_bytes(c)) * m * n * batch / dram_bw
+    if cut:  # two partial tiles written and two read at the SM's share of the L2
+        fixed += 4 * c.bm * c.bn * 4 / (_l2_bw(arch) / sms) + STREAMK_FIXUP_S
     if getattr(c, "cluster", False):  # partial tiles summed through distributed shared memory
         fixed += (c.split - 1) * c.bm * c.bn / max(c.threads, 1) * 8 / hz
     # an epilogue the math waits for, on the busiest SM's waves of one block (where two or

@@ -213,6 +213,15 @@ class WgmmaConfig(_Serial, SplitK, Named):
             and runs the epilogue (fp16 / bf16, register epilogue, no cluster, no
             ping-pong). For shapes whose tiles of C alone leave SMs idle: decode-like M
             (a 64-row tile, B streamed once by TMA) and short, wide K.
+        streamk: 1 (``_sk``) = stream-K over the tiles a last, partial wave would leave
+            to some SMs: the tiles up to the last whole wave but one go a tile to a block, as
+            without it; the rest (a wave and the remainder, or every tile where there are
+            fewer than two waves) are shared out as one range of k-tiles per block, cut at
+            tile boundaries, so every block does the same number of k-tiles. A tile cut
+            between blocks is summed by the last of them to finish (a ticket per tile), in
+            k order, from a workspace of two partial tiles per block (FP32; its first and
+            its last, the only ones of a block's range that can be cut). fp16 / bf16, no
+            cluster, no ping-pong, no split-K, persistent blocks.
         terms: TF32 products per multiply: 1 (fp16, bf16, tf32), or 3 (dtype f32: 3xTF32,
             Abig*Bbig + Abig*Bsmall + Asmall*Bbig, each k-tile's sum added into the FP32
             accumulators with round-to-nearest FADDs).
@@ -250,6 +259,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
     rs_pairs: int = 0
     store: int = 0
     split: int = 1
+    streamk: int = 0
     family: Family = Family.WGMMA
     layout: Layout = Layout.NN
     out: DType = DType.F32
@@ -261,8 +271,8 @@ class WgmmaConfig(_Serial, SplitK, Named):
     #: switches and 3xTF32's terms are marked only when on, so older names still read
     NAME = Name("gemm_wgmma_{dtype}_{bm}x{bn}x{bk}_c{consumers}_s{stages}_x{cluster}"
                 "[n{cluster_n}]_p{persistent}_g{group}[_pp{pingpong}][_pre{prep}][_rp{rs_pairs}]"
-                "[_ts{store}][_t{terms}][_k{split}l]" + EPILOGUE_NAME,
-                cluster_n=FLAG, pingpong=FLAG, rs_pairs=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
+                "[_ts{store}][_t{terms}][_k{split}l][_sk{streamk}]" + EPILOGUE_NAME,
+                cluster_n=FLAG, pingpong=FLAG, streamk=FLAG, rs_pairs=FLAG, prep=choice({1: "", 2: "t", 3: "r"}),
                 store=choice({1: "", 2: "m"}), **EPILOGUE_TEXTS)
 
     # ---- derived geometry -----------------------------------------------------
@@ -526,7 +536,7 @@ class WgmmaConfig(_Serial, SplitK, Named):
             BT_OFF=bt_off, AS_OFF=as_off, BTS_OFF=bts_off,
             NC=128 * self.consumers, STORE=self.store, C_SLICE=C_SLICE,
             C_OFF=self.stages * self.stage_bytes, C_BUF_BYTES=self.c_buf_bytes,
-            C_BYTES=self.c_bytes, KSPLIT=self.split,
+            C_BYTES=self.c_bytes, KSPLIT=self.split, STREAMK=self.streamk,
         )
 
     # ---- launch geometry ------------------------------------------------------
@@ -646,16 +656,24 @@ class WgmmaConfig(_Serial, SplitK, Named):
 
     # ---- split-K: the launch interface shared with the other families ------------------
     #: the slices of a tile are summed by the last one to finish (one launch; no reduce
-    #: pass): SplitK's last, reduce_pass and has_workspace follow
+    #: pass): SplitK's last and reduce_pass follow
     reduce = "last"
 
-    def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
-        """The partial tiles: W[batch][split][M][N] floats (0 without split-K)."""
+    @property
+    def has_workspace(self) -> bool:
+        """Partial tiles through a workspace: split-K's slices, stream-K's cut tiles."""
+        return self.split > 1 or bool(self.streamk)
+
+    def workspace_floats(self, m: int, n: int, batch: int = 1, sms: int = 132) -> int:
+        """The partial tiles: W[batch][split][M][N] floats for split-K; for stream-K, two
+        BM x BN tiles per block of the grid on `sms` SMs; 0 for neither."""
+        if self.streamk:
+            return self.grid(m, n, sms, batch)[0] * 2 * self.bm * self.bn
         return batch * self.split * m * n if self.split > 1 else 0
 
     def ticket_count(self, m: int, n: int, batch: int = 1) -> int:
-        """A counter per tile of C of each problem (0 without split-K)."""
-        return self.tiles(m, n, batch) if self.split > 1 else 0
+        """A counter per tile of C of each problem (0 without split-K or stream-K)."""
+        return self.tiles(m, n, batch) if self.has_workspace else 0
 
 
 DEFAULT_WGMMA = WgmmaConfig()
@@ -795,6 +813,18 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
             ("no ping-pong", not c.pingpong, "pingpong=1")) if not ok]
         if need:
             why.append(f"split-K {c.split} needs " + ", ".join(need))
+    if c.streamk not in (0, 1):
+        why.append(f"streamk={c.streamk} is not 0 or 1")
+    elif c.streamk:
+        need = [f"{what} (it has {have})" for what, ok, have in (
+            ("fp16 or bf16 data", not c.fp32_data, c.dtype.short),
+            ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
+            ("no ping-pong", not c.pingpong, "pingpong=1"),
+            ("no split-K", c.split == 1, f"split={c.split}"),
+            ("persistent=1: each block walks a range of k-tiles", c.persistent == 1,
+             f"persistent={c.persistent}")) if not ok]
+        if need:
+            why.append("streamk=1 needs " + ", ".join(need))
     if c.group < 1:
         why.append(f"raster group {c.group} must be at least 1")
     if not 1 <= c.stages <= 8:
@@ -1134,13 +1164,15 @@ def unproven_reasons(config: WgmmaConfig) -> list[str]:
     """Why the search leaves a buildable config out: ping-pong consumers in a cluster, which
     ran 1-10% behind the same tile without one on the H200
     (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json), and tf32 through
-    registers on TN (B's pre-pass), built and tested on the CPU only. (A cluster along N, -1%
-    to -7%, is not in SEARCH_SPACE at all.)"""
+    registers on TN (B's pre-pass) and stream-K, built and tested on the CPU only. (A cluster
+    along N, -1% to -7%, is not in SEARCH_SPACE at all.)"""
     if config.pingpong and config.cluster > 1:
         return ["ping-pong consumers in a cluster are not searched: they measured 1-10% "
                 "behind the same tile without a cluster"]
     if config.prep == 3 and config.layout is Layout.TN:
         return ["prep=3 on TN (A through registers, B's pre-pass) has not run on a GPU yet"]
+    if config.streamk:
+        return ["stream-K has not run on a GPU yet"]
     return []
 
 

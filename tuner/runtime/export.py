@@ -95,7 +95,7 @@ def _kernel_values(cfg, res: dict, limits) -> dict:
                  b_dims=("N", "K") if cfg.b_col else ("K", "N"),
                  a_box=boxes["A"], b_box=boxes["B"], cluster=cfg.cluster,
                  cluster_n=cfg.cluster_n, cluster_shape=cfg.cluster_shape,
-                 persistent=cfg.persistent, c_box=boxes.get("C"),
+                 persistent=cfg.persistent, streamk=cfg.streamk, c_box=boxes.get("C"),
                  c_tma_dtype=_TMA_DTYPE[cfg.out], c_es=cfg.out.size,
                  c_swizzle=f"CU_TENSOR_MAP_SWIZZLE_{cfg.c_row_bytes}B")
     return v

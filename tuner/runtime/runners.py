@@ -255,8 +255,9 @@ class TmaRunner(Runner):
                                                    batch=b_batch, batch_stride=sb)),
                     *c_map(c))
 
-        if cfg.has_workspace:  # split-K: the partial tiles and a counter per tile, per stream
-            scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n, batch) * 4
+        if cfg.has_workspace:  # split- or stream-K: partial tiles, a counter a tile, per stream
+            scratch = driver.scratch()
+            wbytes = cfg.workspace_floats(m, n, batch, g.arch.sm_count) * 4
             tbytes = cfg.ticket_count(m, n, batch) * 4
 
             def run(a, b, c, alpha, beta, stream, bias=0):
