@@ -5,7 +5,8 @@ ISA, each CUDA thread a std::thread, each __syncthreads() a barrier of the block
 threads and each warp-level operation an exchange among the warp's 32 threads (a warp
 that does not arrive whole hangs, and the test times out). Blocks run one after another,
 in a shuffled order (which slice of a split-K finishes last varies), their shared memory
-NaN at the start. It checks every index, edge, layout, split-K sum, barrier placement and
+NaN at the start; the blocks of a cluster (a split-K summed across one) run together,
+cooperative_groups' cluster barrier and distributed shared memory emulated. It checks every index, edge, layout, split-K sum, barrier placement and
 epilogue of the source; what it cannot check (timing, the memory model, the real
 instructions' rounding) is the GPU tests'. Used by tests/test_decode_family.py and
 tests/test_emulated.py (tests/_wgmma_emulation.py builds on it for the wgmma family)."""
@@ -34,6 +35,7 @@ _SHIM = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -80,10 +82,20 @@ static inline void emu_wait()  // the groups beyond the newest N land, oldest fi
         emu_groups.erase(emu_groups.begin());
     }
 }
+struct EmuCluster;
 struct EmuBlock {
     std::barrier<> bar;
     std::vector<EmuWarp> warps;
-    explicit EmuBlock(int threads) : bar(threads), warps(threads / 32) {}
+    std::vector<float> smem;  // its dynamic shared memory: NaN, nothing written yet
+    int rank = 0;             // in its cluster
+    EmuCluster* cluster = nullptr;
+    EmuBlock(int threads, size_t floats) : bar(threads), warps(threads / 32), smem(floats, NAN) {}
+};
+// a cluster's blocks run together: one barrier of all their threads
+struct EmuCluster {
+    std::barrier<> bar;
+    std::vector<EmuBlock*> blocks;
+    explicit EmuCluster(int threads) : bar(threads) {}
 };
 thread_local EmuBlock* emu_block;
 thread_local dim3 emu_tid, emu_bid;
@@ -308,6 +320,26 @@ inline float __float_to_tf32(float x)  // cvt.rna.tf32.f32: 10 mantissa bits, ti
 } }  // namespace nvcuda::wmma
 """
 
+#: cooperative_groups' cluster on the emulated one: its barrier, this block's rank, and a
+#: peer's shared memory at the same offset (distributed shared memory)
+_CG = r"""
+namespace cooperative_groups {
+struct cluster_group {
+    void sync() const { emu_block->cluster->bar.arrive_and_wait(); }
+    unsigned block_rank() const { return static_cast<unsigned>(emu_block->rank); }
+    template <typename T>
+    T* map_shared_rank(T* p, int r) const
+    {
+        const auto off = reinterpret_cast<const char*>(p)
+                         - reinterpret_cast<const char*>(emu_block->smem.data());
+        return reinterpret_cast<T*>(
+            reinterpret_cast<char*>(emu_block->cluster->blocks.at(r)->smem.data()) + off);
+    }
+};
+inline cluster_group this_cluster() { return {}; }
+}  // namespace cooperative_groups
+"""
+
 _HARNESS = r"""
 template <typename E>
 static std::vector<E> emu_read(const char* path)
@@ -326,11 +358,35 @@ static std::vector<E> emu_read(const char* path)
 template <typename F>
 static void emu_run_block(F&& body, dim3 bid, int threads)
 {
-    EmuBlock blk(threads);
+    EmuBlock blk(threads, EMU_SMEM_FLOATS);
     std::vector<std::thread> ts;
     ts.reserve(threads);
     for (int i = 0; i < threads; ++i)
         ts.emplace_back([&, i] { emu_block = &blk; emu_tid = dim3(i, 0, 0); emu_bid = bid; body(); });
+    for (auto& t : ts) t.join();
+}
+
+// the `size` blocks (x, y, 0 .. size-1) of a cluster along z, their threads together
+template <typename F>
+static void emu_run_cluster(F&& body, dim3 origin, int threads, int size)
+{
+    EmuCluster cl(threads * size);
+    std::vector<std::unique_ptr<EmuBlock>> blks;
+    for (int r = 0; r < size; ++r) {
+        blks.push_back(std::make_unique<EmuBlock>(threads, EMU_SMEM_FLOATS));
+        blks.back()->rank = r;
+        blks.back()->cluster = &cl;
+        cl.blocks.push_back(blks.back().get());
+    }
+    std::vector<std::thread> ts;
+    for (int r = 0; r < size; ++r)
+        for (int i = 0; i < threads; ++i)
+            ts.emplace_back([&, r, i] {
+                emu_block = blks[r].get();
+                emu_tid = dim3(i, 0, 0);
+                emu_bid = dim3(origin.x, origin.y, r);
+                body();
+            });
     for (auto& t : ts) t.join();
 }
 
@@ -349,18 +405,21 @@ int main(int argc, char** argv)
     const int gx = ((M + TILE_M - 1) / TILE_M) * ((N + BN - 1) / BN);
     std::vector<float> W(static_cast<size_t>(batch) * SPLIT_K * M * N, NAN);  // unwritten: NaN
     std::vector<unsigned> tickets(static_cast<size_t>(gx) * batch, 0u);
-    std::vector<dim3> order;
-    for (int z = 0; z < SPLIT_K; ++z)
+    std::vector<dim3> order;  // blocks, or with a cluster of the slices, its first block
+    for (int z = 0; z < (CLUSTER_Z > 1 ? 1 : SPLIT_K); ++z)
         for (int y = 0; y < batch; ++y)
             for (int x = 0; x < gx; ++x)
                 order.push_back(dim3(x, y, z));
     std::shuffle(order.begin(), order.end(), std::mt19937(std::atoi(argv[13])));
     emu_grid = dim3(gx, batch, SPLIT_K);
     emu_bdim = dim3(THREADS, 1, 1);
+    const auto body = [&] { KERNEL(M, N, K, alpha, A.data(), lda, sA, B.data(), ldb, sB, beta,
+                                   C.data(), ldc, sC, bp EXTRA_ARGS); };
     for (const dim3& bid : order) {
-        std::fill(std::begin(emu_smem), std::end(emu_smem), NAN);  // shared memory: garbage
-        emu_run_block([&] { KERNEL(M, N, K, alpha, A.data(), lda, sA, B.data(), ldb, sB, beta,
-                                   C.data(), ldc, sC, bp EXTRA_ARGS); }, bid, THREADS);
+        if (CLUSTER_Z > 1)
+            emu_run_cluster(body, bid, THREADS, CLUSTER_Z);
+        else
+            emu_run_block(body, bid, THREADS);
     }
     REDUCE_PASS
     for (unsigned x : tickets)
@@ -407,17 +466,21 @@ def emulation_source(cfg) -> str:
         if re.search(rf"__forceinline__ [\w:]+ {name}\(", src):
             src = _without(src, name)
     src, found = re.subn(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];",
-                         r"\1* const \2 = reinterpret_cast<\1*>(emu_smem);", src)
+                         r"\1* const \2 = reinterpret_cast<\1*>(emu_block->smem.data());", src)
     assert found == 1, "one dynamic shared array"
     if "#include <mma.h>" in src:  # the WMMA family: wmma's API on the emulated warps
         src = src.replace("#include <mma.h>", _WMMA)
+    # a cluster split-K: cooperative_groups' cluster calls on the emulated cluster
+    src = src.replace("#include <cooperative_groups.h>", _CG).replace(
+        "__cluster_dims__(1, 1, SPLIT) ", "")
     assert not re.search(r"\basm\b", re.sub(r"//.*", "", src)), "inline PTX left"
     extra = (", W.data()" if cfg.has_workspace else "") + (", tickets.data()" if cfg.last else "")
     harness = (_HARNESS.replace("REDUCE_PASS", _REDUCE_PASS if cfg.reduce_pass else "")
                .replace("KERNEL", cfg.name).replace(" EXTRA_ARGS", extra)
                .replace("SPLIT_K", str(cfg.split))
+               .replace("CLUSTER_Z", str(cfg.split if getattr(cfg, "cluster", False) else 1))
                .replace("TILE_M", "MT" if cfg.family is Family.DECODE else "BM"))
-    return (_SHIM + f"alignas(16) static float emu_smem[{cfg.smem_bytes // 4}];\n" + src
+    return (_SHIM + f"constexpr size_t EMU_SMEM_FLOATS = {-(-cfg.smem_bytes // 4)};\n" + src
             + harness)
 
 

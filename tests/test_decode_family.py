@@ -469,6 +469,13 @@ EMULATED = [
                      prefetch_b=1, split=2, reduce="last")),
     Variant(Layout.NT, DType.F32).apply(
         DecodeConfig(math="fma", mt=2, bn=32, wk=2, wn=2, vec=4, stages=5, ring="async")),
+    # split-K across a cluster of the slices (its blocks run together, distributed shared
+    # memory a peer's at the same offset): mma and FMAs, 4 and 8 slices
+    Variant(Layout.NT, DType.F16, "out", "gelu").apply(
+        DecodeConfig(mt=16, bn=64, wk=4, wn=2, split=4, reduce="cluster")),
+    Variant(Layout.TN, DType.BF16).apply(
+        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=32, wk=8, wn=1, split=8,
+                     reduce="cluster")),
 ]
 
 
@@ -483,7 +490,7 @@ def test_the_emulated_configs_are_valid_and_cover_the_family():
     assert {c.layout for c in EMULATED} == set(Layout)
     assert {c.out for c in EMULATED} == {DType.F32, DType.F16, DType.BF16}
     assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
-                                                           (True, "last")}
+                                                           (True, "last"), (True, "cluster")}
     assert {c.math for c in EMULATED} == {"mma", "fma"} and {c.vec for c in EMULATED} == {4, 8}
     assert {c.prefetch_b for c in EMULATED} == {0, 1, 2}
     async_ = [c for c in EMULATED if c.is_async]
@@ -518,6 +525,18 @@ def test_the_kernel_emulated_on_the_cpu(emulated, cfg):
     err, untouched = emulate(exes[cfg], cfg, (7, 64, 512), where, batch=2, alpha=-1.5,
                              beta=0.5, pads=(8, 8, 2), seed=8)
     assert err <= gate and untouched, err
+
+
+def test_the_emulation_catches_a_cluster_sum_without_its_barrier(emulated, tmp_path):
+    """A cluster's blocks run together: without the barrier after each block's own sum,
+    a peer reads its partial tile before it is written (shared memory starts as NaN)."""
+    cfg = next(c for c in EMULATED if c.cluster)
+    src = emulation_source(cfg)
+    good = "cluster.sync();  // every block's partial tile is in its red[0] (release / acquire)"
+    assert good in src
+    racy = build(cfg, tmp_path, src.replace(good, ""), "racy")
+    errs = [emulate(racy, cfg, (16, 200, 300), tmp_path, seed=s)[0] for s in range(3)]
+    assert not all(e <= _GATE[cfg.out.short] for e in errs), errs
 
 
 def test_the_emulation_catches_a_wrong_fragment(emulated, tmp_path):

@@ -4,7 +4,8 @@ its group, AddressSanitizer and UBSan on, shared memory NaN at every block's sta
 main loop's paths (the checked loop; the interior path, one K tile a turn and two;
 fragments loaded a step at a time, double-buffered, carried across tiles; a single
 buffer, the register double buffer, cp.async rings of 3 and 4 stages), the FMA orders,
-split-K summed by a reduce pass and by a tile's last slice, every layout, 2-byte inputs
+split-K summed by a reduce pass, by a tile's last slice and across a cluster (its blocks
+run together), every layout, 2-byte inputs
 and C, the fused epilogue;
 on shapes that run the interior path whole, cut it at every edge and in K, and leave it
 for the checked loop at misaligned rows. The WMMA family's too, its fragments, loads,
@@ -49,6 +50,9 @@ EMULATED = [
     KernelConfig(**{**SMALL.__dict__, "split": 4, "bias": "out", "act": "gelu_tanh"}),
     KernelConfig(**{**SMALL.__dict__, "split": 2, "reduce": "last", "layout": Layout.TT,
                     "dtype": DType.BF16, "out": DType.F32}),
+    # ... and across a cluster of the slices, summed through distributed shared memory
+    KernelConfig(**{**SMALL.__dict__, "split": 4, "reduce": "cluster", "layout": Layout.NT,
+                    "out": DType.BF16, "bias": "f32", "act": "silu"}),
 ]
 
 #: the WMMA family: 128-thread blocks of 16x16 or 32x16 warp tiles
@@ -96,7 +100,7 @@ def test_the_emulated_configs_are_valid_and_cover_the_main_loop():
         0, 1, 2} and {c.zigzag for c in EMULATED} == {0, 1, 2}
     assert {c.stages for c in EMULATED} == {1, 2, 3, 4}
     assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
-                                                           (True, "last")}
+                                                           (True, "last"), (True, "cluster")}
     assert {c.dtype for c in EMULATED} == {c.out for c in EMULATED} == {
         DType.F32, DType.F16, DType.BF16}
 
