@@ -551,20 +551,29 @@ def _stored(x: np.ndarray, t: str) -> np.ndarray:
     return x.astype(np.float32) if t == "f32" else _bits(x, t)
 
 
-def _operand(rng, batch, rows, cols, col_major, t, pad, broadcast=False):
-    """A batch x rows x cols operand stored row- or column-major with `pad` elements past
-    each stored row and 3 between problems: (its bits, float64 values, ld, stride)."""
+def laid_out(rng, batch, rows, cols, col_major, t, ld, stride):
+    """A batch x rows x cols operand of random values of type `t`, stored row- or
+    column-major with leading dimension `ld`, problems `stride` elements apart (0: one
+    matrix the batch shares): (its bits, float64 values)."""
     srows, scols = (cols, rows) if col_major else (rows, cols)
-    ld, copies = scols + pad, 1 if broadcast else batch
-    stride = 0 if broadcast else srows * ld + 3
+    copies = batch if stride else 1
     flat = np.zeros((copies - 1) * stride + srows * ld)
     values = np.zeros((batch, rows, cols))
     for i in range(copies):
         v = _rounded(rng.standard_normal((srows, scols)), t)
         for r in range(srows):
             flat[i * stride + r * ld: i * stride + r * ld + scols] = v[r]
-        values[slice(None) if broadcast else i] = v.T if col_major else v
-    return _stored(flat, t), values, ld, stride
+        values[i if stride else slice(None)] = v.T if col_major else v
+    return _stored(flat, t), values
+
+
+def _operand(rng, batch, rows, cols, col_major, t, pad, broadcast=False):
+    """A batch x rows x cols operand stored row- or column-major with `pad` elements past
+    each stored row and 3 between problems: (its bits, float64 values, ld, stride)."""
+    srows, scols = (cols, rows) if col_major else (rows, cols)
+    ld = scols + pad
+    stride = 0 if broadcast else srows * ld + 3
+    return (*laid_out(rng, batch, rows, cols, col_major, t, ld, stride), ld, stride)
 
 
 def _activate(x: np.ndarray, act: str) -> np.ndarray:

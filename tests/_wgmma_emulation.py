@@ -49,7 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from _emulation import CXX, _activate, _rounded, _stored, _values, _without, cuda_include
+from _emulation import (CXX, _activate, _rounded, _stored, _values, _without, cuda_include,
+                        laid_out)
 from codegen import render
 from codegen.families._common import Layout
 
@@ -327,6 +328,13 @@ static void emu_queue(EmuCta* c, uint32_t dst, const EmuMap& m, uint32_t bar, in
     emu_cv.notify_all();
 }
 
+template <class X>  // a thread's open group of async operations, committed
+static void emu_close(std::vector<std::vector<X>>& groups, std::vector<X>& open)
+{
+    groups.push_back(std::move(open));
+    open.clear();
+}
+
 struct EmuStore {
     EmuMap map;
     int c[3];
@@ -571,11 +579,7 @@ _PTX = {
 }""",
     "tma_prefetch_map": r"""inline void tma_prefetch_map(const CUtensorMap*) {}""",
     "wgmma_fence": r"""inline void wgmma_fence() {}""",
-    "wgmma_commit": r"""inline void wgmma_commit()
-{
-    emu_mma_groups.push_back(std::move(emu_mma_open));
-    emu_mma_open.clear();
-}""",
+    "wgmma_commit": r"""inline void wgmma_commit() { emu_close(emu_mma_groups, emu_mma_open); }""",
     "wgmma_wait": r"""template <int N>
 inline void wgmma_wait() { emu_mma_wait(N); }""",
     "fence_acc": r"""inline void fence_acc(float (&)[ACC]) {}""",
@@ -660,11 +664,7 @@ inline void wgmma_wait() { emu_mma_wait(N); }""",
 {
     emu_bulk_open.push_back({emu_map(map, batched), {c0, c1, c2}, src});
 }""",
-    "bulk_commit": r"""inline void bulk_commit()
-{
-    emu_bulk_groups.push_back(std::move(emu_bulk_open));
-    emu_bulk_open.clear();
-}""",
+    "bulk_commit": r"""inline void bulk_commit() { emu_close(emu_bulk_groups, emu_bulk_open); }""",
     "bulk_wait_read": r"""template <int N>
 inline void bulk_wait_read() { emu_bulk_retire(N); }""",
     "bulk_wait_all": r"""inline void bulk_wait_all() { emu_bulk_retire(0); }""",
@@ -1049,15 +1049,7 @@ def _matrix(rng, batch, rows, cols, col_major, t, pad, shared=False, unaligned=F
     srows, scols = (cols, rows) if col_major else (rows, cols)
     ld = (-(-scols // (16 // es)) + pad) * (16 // es) + unaligned
     stride = 0 if shared else -(-(srows * ld + 5) // (16 // es)) * (16 // es) + unaligned
-    copies = 1 if shared else batch
-    flat = np.zeros(max(stride * (copies - 1), 0) + srows * ld)
-    values = np.zeros((batch, rows, cols))
-    for i in range(copies):
-        v = _rounded(rng.standard_normal((srows, scols)), t)
-        for r in range(srows):
-            flat[i * stride + r * ld: i * stride + r * ld + scols] = v[r]
-        values[slice(None) if shared else i] = v.T if col_major else v
-    return _stored(flat, t), values, ld, stride
+    return (*laid_out(rng, batch, rows, cols, col_major, t, ld, stride), ld, stride)
 
 
 def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared_b=False,

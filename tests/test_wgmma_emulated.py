@@ -139,7 +139,7 @@ def test_stream_k_shares_the_tiles_out_and_sums_them_the_same_way_every_time(emu
     where, exes = emulated
     for m, n, k, sms, batch in STREAMK_RUNS:
         shape, outs = (m, _n(cfg, n), k), []
-        for order, land in ((0, "lazy"), (1, "eager"), (2, "lazy")):
+        for order, land in ((0, "lazy"), (1, "eager")):
             err, untouched = run(exes[cfg], cfg, shape, where, batch=batch, beta=0.5, sms=sms,
                                  seed=3, order=order, land=land, raw=outs)
             assert err <= _gate(cfg) and untouched, (shape, sms, err)

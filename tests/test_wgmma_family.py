@@ -2585,20 +2585,16 @@ def test_split_k_sass_loads_a_row_of_partial_sums_before_adding_them(compile_cac
         assert longest >= c.bn // 8, (c.name, longest)
 
 
-def test_split_k_source_and_runner_arguments(monkeypatch):
-    """The kernel takes the workspace and the tickets after the scalars; the runner passes a
-    per-stream workspace of split x M x N floats and zeroed tickets, a counter per tile."""
+def _ran_with_a_workspace(monkeypatch, cfg, sms: int, m: int, n: int, k: int):
+    """cfg's TmaRunner bound on a GPU of `sms` SMs and run once (maps and launches
+    recorded): (the runner, the scratch it asked for (purpose, bytes, zeroed), the scalars
+    it packed at each launch)."""
     import types
 
     from tuner.runtime import driver, runners, tma
     from tuner.runtime.runners import TmaRunner
 
-    src = render(SPLIT_GOLDEN)
-    assert ("int batch, int maps3, long long sC,\n    float* __restrict__ Wk, unsigned* "
-            "__restrict__ tickets)") in src
-    assert "constexpr int KSPLIT = 4;" in src and "atomicAdd(&tickets[tile], 1u)" in src
-    assert "KSPLIT" not in render(DEFAULT_WGMMA) and "Wk" not in render(DEFAULT_WGMMA)
-    asked = []
+    asked, packed = [], []
 
     class _Scratch:
         def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
@@ -2609,14 +2605,27 @@ def test_split_k_source_and_runner_arguments(monkeypatch):
     monkeypatch.setattr(driver, "KernelImage", _Image)
     monkeypatch.setattr(driver, "scratch", lambda: _Scratch())
     monkeypatch.setattr(tma, "encode", lambda args: object())
-    packed = []
-    r = TmaRunner(SPLIT_GOLDEN, b"")
-    assert r.signature == TmaRunner.SIGNATURE + "PP"
-    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=132))
-    run = r.bind(g, 16, 4096, 4096, 4096, 4096, 4096)
+    r = TmaRunner(cfg, b"")
+    g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=sms))
+    run = r.bind(g, m, n, k, m if cfg.a_col else k, k if cfg.b_col else n, n)
     monkeypatch.setattr(runners._MapParams, "pack",
                         lambda self, maps, *scalars: packed.append(scalars) or 0)
     run(0x1000, 0x2000, 0x3000, 1.0, 0.0, 7)
+    return r, asked, packed
+
+
+def test_split_k_source_and_runner_arguments(monkeypatch):
+    """The kernel takes the workspace and the tickets after the scalars; the runner passes a
+    per-stream workspace of split x M x N floats and zeroed tickets, a counter per tile."""
+    from tuner.runtime.runners import TmaRunner
+
+    src = render(SPLIT_GOLDEN)
+    assert ("int batch, int maps3, long long sC,\n    float* __restrict__ Wk, unsigned* "
+            "__restrict__ tickets)") in src
+    assert "constexpr int KSPLIT = 4;" in src and "atomicAdd(&tickets[tile], 1u)" in src
+    assert "KSPLIT" not in render(DEFAULT_WGMMA) and "Wk" not in render(DEFAULT_WGMMA)
+    r, asked, packed = _ran_with_a_workspace(monkeypatch, SPLIT_GOLDEN, 132, 16, 4096, 4096)
+    assert r.signature == TmaRunner.SIGNATURE + "PP"
     assert asked == [("split-K workspace", 4 * 16 * 4096 * 4, False),
                      ("split-K tickets", 32 * 4, True)]
     assert packed[-1][-2:] == (0x100000, 0x200000)
@@ -2665,9 +2674,6 @@ def test_stream_k_source_and_runner_arguments(monkeypatch):
     """The kernel takes C's map, then the workspace and the tickets after the scalars; the
     runner passes a per-stream workspace of two partial tiles per block of its grid on the
     GPU's SMs and zeroed tickets, a counter per tile."""
-    import types
-
-    from tuner.runtime import driver, runners, tma
     from tuner.runtime.runners import TmaRunner
 
     src = render(SK_GOLDEN)
@@ -2676,24 +2682,8 @@ def test_stream_k_source_and_runner_arguments(monkeypatch):
     assert "const int sk_tiles = " in src and "atomicAdd(&tickets[ts], 1u) == parts - 1" in src
     assert "sk_tiles" not in render(SPLIT_GOLDEN) and "sk_tiles" not in render(DEFAULT_WGMMA)
     for sms, blocks in ((132, 132), (7, 7)):
-        asked, packed = [], []
-
-        class _Scratch:
-            def get(self, g, stream, purpose, nbytes, zero=False, allocate_captured=None):
-                asked.append((purpose, nbytes, zero))
-                return 0x100000 * len(asked)
-
-        monkeypatch.setattr(driver, "load_cubin", lambda cubin, what: None)
-        monkeypatch.setattr(driver, "KernelImage", _Image)
-        monkeypatch.setattr(driver, "scratch", lambda: _Scratch())
-        monkeypatch.setattr(tma, "encode", lambda args: object())
-        r = TmaRunner(SK_GOLDEN, b"")
+        r, asked, packed = _ran_with_a_workspace(monkeypatch, SK_GOLDEN, sms, 4096, 4096, 4096)
         assert r.signature == TmaRunner.SIGNATURE + "PP"
-        g = types.SimpleNamespace(index=0, arch=types.SimpleNamespace(sm_count=sms))
-        run = r.bind(g, 4096, 4096, 4096, 4096, 4096, 4096)
-        monkeypatch.setattr(runners._MapParams, "pack",
-                            lambda self, maps, *scalars: packed.append(scalars) or 0)
-        run(0x1000, 0x2000, 0x3000, 1.0, 0.0, 7)
         assert asked == [("split-K workspace", blocks * 2 * 128 * 128 * 4, False),
                          ("split-K tickets", 32 * 32 * 4, True)]
         assert packed[-1][-2:] == (0x100000, 0x200000)
