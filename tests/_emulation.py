@@ -457,11 +457,12 @@ def _without(src: str, name: str, table: dict | None = None) -> str:
         first = False
 
 
-def emulation_source(cfg) -> str:
-    """The rendered kernel (a decode or CUDA-core config) as a host program (see the module
-    doc): its dynamic shared memory a static array, its inline PTX replaced by _PTX's C++,
-    and a main() that runs every block of the grid."""
-    src = render(cfg)
+def emulation_source(cfg, src: str | None = None) -> str:
+    """The rendered kernel (a decode, CUDA-core or WMMA config), or `src` (its source as a
+    library ships it), as a host program (see the module doc): its dynamic shared memory
+    the block's, its inline PTX replaced by _PTX's C++, and a main() that runs every block
+    of the grid."""
+    src = render(cfg) if src is None else src
     for name in _PTX:
         if re.search(rf"__forceinline__ [\w:]+ {name}\(", src):
             src = _without(src, name)

@@ -866,10 +866,11 @@ def _calls(cfg, kernels: dict) -> str:
             "    emu_fail(\"no kernel %d\", which);\n}")
 
 
-def emulation_source(cfg, kernels: dict) -> str:
-    """The rendered wgmma kernel (and its pre-pass) as a host program (see the module doc)
-    that runs the launches of a script; `kernels`: name -> (which, signature, maps)."""
-    src = render(cfg)
+def emulation_source(cfg, kernels: dict, src: str | None = None) -> str:
+    """The rendered wgmma kernel (and its pre-pass), or `src` (its source as a library
+    ships it), as a host program (see the module doc) that runs the launches of a script;
+    `kernels`: name -> (which, signature, maps)."""
+    src = render(cfg) if src is None else src
     table = _helpers(cfg)
     for name in table:
         if re.search(rf"__forceinline__ [\w:]+ {name}\(", src):
