@@ -617,9 +617,17 @@ def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     raw = np.fromfile(where / "c", dtype=np.float32 if out == "f32" else np.uint16)
-    got = raw.astype(np.float64) if out == "f32" else _values(raw, out)
+    return compared(raw, out, av, bv, c0, bias, alpha, beta, cfg.act, ldc, sc)
+
+
+def compared(bits, out: str, av, bv, c0, bias, alpha, beta, act, ldc, sc) -> tuple:
+    """C's `bits` (type `out`; batch x M rows of ldc, problems sc apart) against
+    act(alpha A B + beta C0 + bias) in float64: (relative error, the elements past N in
+    each row still NaN?)."""
+    batch, m, n = c0.shape
+    got = bits.astype(np.float64) if out == "f32" else _values(bits, out)
     ref = alpha * np.matmul(av, bv) + (beta * c0 if beta else 0) + (bias if len(bias) else 0)
-    ref = _activate(ref, cfg.act)
+    ref = _activate(ref, act)
     rows = [got[i * sc + r * ldc: i * sc + (r + 1) * ldc] for i in range(batch)
             for r in range(m)]
     res = np.stack([row[:n] for row in rows]).reshape(batch, m, n)

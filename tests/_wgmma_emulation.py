@@ -49,8 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _emulation import (CXX, _activate, _rounded, _stored, _values, _without, cuda_include,
-                        laid_out)
+from _emulation import CXX, _rounded, _stored, _without, compared, cuda_include, laid_out
 from codegen import render
 from codegen.families._common import Layout
 
@@ -1103,16 +1102,9 @@ def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared
     bits = memory.read(pc, np.float32 if out == "f32" else np.uint16)
     if raw is not None:
         raw.append(bits)
-    got = bits.astype(np.float64) if out == "f32" else _values(bits, out)
     if cfg.dtype.short == "tf32":  # the reference of tf32's inputs: rounded to tf32
         av, bv = _tf32(av), _tf32(bv)
-    ref = alpha * np.matmul(av, bv) + (beta * c0 if beta else 0) + (bias if len(bias) else 0)
-    ref = _activate(ref, cfg.act)
-    rows = [got[i * sc + r * ldc: i * sc + (r + 1) * ldc] for i in range(batch)
-            for r in range(m)]
-    res = np.stack([row[:n] for row in rows]).reshape(batch, m, n)
-    untouched = all(np.isnan(row[n:]).all() for row in rows)
-    return float(np.linalg.norm(res - ref) / max(np.linalg.norm(ref), 1e-30)), untouched
+    return compared(bits, out, av, bv, c0, bias, alpha, beta, cfg.act, ldc, sc)
 
 
 def _tf32(x: np.ndarray) -> np.ndarray:
