@@ -751,6 +751,13 @@ def _tile_reasons(c: WgmmaConfig) -> list[str]:
     return why
 
 
+def _needs(switch: str, rules) -> list[str]:
+    """One reason naming what `switch` needs and lacks: "<switch> needs <what> (it has
+    <have>), ..." over the (what, ok, have) rules that fail; none if all hold."""
+    unmet = [f"{what} (it has {have})" for what, ok, have in rules if not ok]
+    return [f"{switch} needs " + ", ".join(unmet)] if unmet else []
+
+
 def _switch_reasons(c: WgmmaConfig) -> list[str]:
     """check_wgmma's rules of the switches: cluster, persistence, the pre-pass, TMA stores,
     ping-pong, the raster group and the stages."""
@@ -794,37 +801,31 @@ def _switch_reasons(c: WgmmaConfig) -> list[str]:
     if c.pingpong not in (0, 1):
         why.append(f"pingpong={c.pingpong} is not 0 or 1")
     elif c.pingpong:
-        need = [f"{what} (it has {have})" for what, ok, have in (
+        why += _needs("pingpong=1", (
             ("two consumers", c.consumers == 2, f"consumers={c.consumers}"),
             ("persistent=1: a block takes several tiles", c.persistent == 1,
              f"persistent={c.persistent}"),
             ("fp16 or bf16 data, or tf32 with nothing converted in the main loop (prep 1-3)",
              not c.fp32_data or (c.prep and c.terms == 1),
-             f"{c.dtype.short}, prep={c.prep}")) if not ok]
-        if need:
-            why.append("pingpong=1 needs " + ", ".join(need))
+             f"{c.dtype.short}, prep={c.prep}")))
     if c.split not in SPLITS:
         why.append(f"split-K {c.split} is not one of {', '.join(map(str, SPLITS))}")
     elif c.split > 1:
-        need = [f"{what} (it has {have})" for what, ok, have in (
+        why += _needs(f"split-K {c.split}", (
             ("fp16 or bf16 data", not c.fp32_data, c.dtype.short),
             ("the register epilogue", not c.store, f"store={c.store}"),
             ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
-            ("no ping-pong", not c.pingpong, "pingpong=1")) if not ok]
-        if need:
-            why.append(f"split-K {c.split} needs " + ", ".join(need))
+            ("no ping-pong", not c.pingpong, "pingpong=1")))
     if c.streamk not in (0, 1):
         why.append(f"streamk={c.streamk} is not 0 or 1")
     elif c.streamk:
-        need = [f"{what} (it has {have})" for what, ok, have in (
+        why += _needs("streamk=1", (
             ("fp16 or bf16 data", not c.fp32_data, c.dtype.short),
             ("no cluster", c.cluster == 1, f"cluster={c.cluster}"),
             ("no ping-pong", not c.pingpong, "pingpong=1"),
             ("no split-K", c.split == 1, f"split={c.split}"),
             ("persistent=1: each block walks a range of k-tiles", c.persistent == 1,
-             f"persistent={c.persistent}")) if not ok]
-        if need:
-            why.append("streamk=1 needs " + ", ".join(need))
+             f"persistent={c.persistent}")))
     if c.group < 1:
         why.append(f"raster group {c.group} must be at least 1")
     if not 1 <= c.stages <= 8:
