@@ -122,6 +122,8 @@ static inline unsigned atomicAdd(unsigned* p, unsigned v)
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 static inline float __ldcg(const float* p) { return *p; }
+static inline float2 __ldcg(const float2* p) { return *p; }
+static inline float4 __ldcg(const float4* p) { return *p; }
 static inline float __uint_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
 // the SFU's approximations (a few ulp on the GPU), exactly here
 #define __expf(x) std::exp(x)  // a macro: glibc declares a __expf of its own
@@ -402,9 +404,12 @@ int main(int argc, char** argv)
     std::vector<OutT> C = emu_read<OutT>(argv[16]);
     std::vector<BiasT> bias = emu_read<BiasT>(argv[17]);
     const BiasT* const bp = bias.empty() ? nullptr : bias.data();
-    const int gx = ((M + TILE_M - 1) / TILE_M) * ((N + BN - 1) / BN);
-    std::vector<float> W(static_cast<size_t>(batch) * SPLIT_K * M * N, NAN);  // unwritten: NaN
-    std::vector<unsigned> tickets(static_cast<size_t>(gx) * batch, 0u);
+    const int tiles = ((M + TILE_M - 1) / TILE_M) * ((N + BN - 1) / BN);
+    const int gx = GRID_X;  // the tiles, or stream-K's block slots
+    // unwritten: NaN (split-K's partial tiles, or stream-K's two a block)
+    std::vector<float> W(std::max(static_cast<size_t>(batch) * SPLIT_K * M * N,
+                                  static_cast<size_t>(batch) * gx * 2 * W_TILE), NAN);
+    std::vector<unsigned> tickets(static_cast<size_t>(tiles) * batch, 0u);
     std::vector<dim3> order;  // blocks, or with a cluster of the slices, its first block
     for (int z = 0; z < (CLUSTER_Z > 1 ? 1 : SPLIT_K); ++z)
         for (int y = 0; y < batch; ++y)
@@ -457,11 +462,11 @@ def _without(src: str, name: str, table: dict | None = None) -> str:
         first = False
 
 
-def emulation_source(cfg, src: str | None = None) -> str:
+def emulation_source(cfg, src: str | None = None, slots: int = 3) -> str:
     """The rendered kernel (a decode, CUDA-core or WMMA config), or `src` (its source as a
     library ships it), as a host program (see the module doc): its dynamic shared memory
     the block's, its inline PTX replaced by _PTX's C++, and a main() that runs every block
-    of the grid."""
+    of the grid (a stream-K kernel's: `slots` blocks, the GPU's block slots)."""
     src = render(cfg) if src is None else src
     for name in _PTX:
         if re.search(rf"__forceinline__ [\w:]+ {name}\(", src):
@@ -479,6 +484,8 @@ def emulation_source(cfg, src: str | None = None) -> str:
     harness = (_HARNESS.replace("REDUCE_PASS", _REDUCE_PASS if cfg.reduce_pass else "")
                .replace("KERNEL", cfg.name).replace(" EXTRA_ARGS", extra)
                .replace("SPLIT_K", str(cfg.split))
+               .replace("GRID_X", str(slots) if getattr(cfg, "streamk", 0) else "tiles")
+               .replace("W_TILE", str(cfg.bm * cfg.bn) if getattr(cfg, "streamk", 0) else "0")
                .replace("CLUSTER_Z", str(cfg.split if getattr(cfg, "cluster", False) else 1))
                .replace("TILE_M", "MT" if cfg.family is Family.DECODE else "BM"))
     return (_SHIM + f"constexpr size_t EMU_SMEM_FLOATS = {-(-cfg.smem_bytes // 4)};\n" + src
@@ -516,12 +523,13 @@ def build_all(configs, where: Path) -> dict:
         return dict(zip(configs, pool.map(lambda c: build(c, where), configs)))
 
 
-def build(cfg, where: Path, source: str | None = None, name: str | None = None) -> Path:
-    """`cfg`'s emulation (or `source`, an edited one) compiled by g++ into `where` as
-    `name` (default: the kernel's): the executable."""
+def build(cfg, where: Path, source: str | None = None, name: str | None = None,
+          slots: int = 3) -> Path:
+    """`cfg`'s emulation (or `source`, an edited one; a stream-K kernel on `slots` blocks)
+    compiled by g++ into `where` as `name` (default: the kernel's): the executable."""
     name = name or cfg.name
     cpp, exe = where / f"{name}.cpp", where / name
-    cpp.write_text(emulation_source(cfg) if source is None else source)
+    cpp.write_text(emulation_source(cfg, slots=slots) if source is None else source)
     r = subprocess.run(CXX + [f"-I{cuda_include()}", str(cpp), "-o", str(exe)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]

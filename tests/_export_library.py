@@ -9,6 +9,7 @@ Beside the plain fp32 entries of _library.build (BIG, SMALL), it holds:
   - fp32 NN, bias + ReLU: SIMT kernels without split-K, with a reduce pass and by the last
     block, tuned at batches 2 and 3 (a workspace and tile tickets per problem);
   - fp32 TN, bf16 C, fp32 bias + tanh-GELU (SIMT); bf16 TT, fp32 C, SiLU (SIMT, batch 4);
+  - fp32 TT, ReLU, SIMT stream-K (a block in each of the GPU's block slots);
   - bf16 NT, bf16 C, bias + GELU (WMMA);
   - bf16 NN, bf16 C, SiLU through the TMA-store epilogue (C's map in bf16, swizzled 64B;
     N a multiple of 8), and fp16 TT, fp16 C, fp32 bias through it with a cluster of 2
@@ -50,6 +51,10 @@ def kernels() -> dict:
                                  reduce="cluster"), [((16, 4096, 4096), None, 4.0)]),
         "last": (KernelConfig(bm=16, bn=32, bk=16, rm=4, rn=4, wt=4, stages=2, split=32,
                               reduce="last"), [((129, 127, 4097), None, 7.0)]),
+        # stream-K on CUDA cores: the GPU's block slots, two partial tiles a block
+        "simt_streamk": (KernelConfig(bm=64, bn=64, bk=16, rm=4, rn=4, streamk=1,
+                                      layout=Layout.TT, act="relu"),
+                         [((640, 1280, 512), None, 15.0)]),
         # the same with a bias and ReLU, tuned at batches: workspaces per problem
         "simt_nn_f32_bias_relu": (dataclasses.replace(SMALL, **relu), [
             ((512, 512, 512), 1, 12.0), ((256, 256, 256), 2, 9.5)]),

@@ -41,6 +41,7 @@ class FakeGpu:
 
     def __init__(self, monkeypatch):
         self.launches, self.blas, self.capturing, self.measured = [], [], set(), []
+        self.blocks_per_sm = 1  # what the driver's occupancy query answers of every kernel
         self.blas_layouts = []  # the layout each cuBLAS call was given
         self.blas_kw = []  # its out type, batch and strides
         self.scratch_problems = []  # the problems first-use measurements made scratch for
@@ -72,6 +73,9 @@ class FakeGpu:
 
             def launch(self, f, grid, block, stream, address):
                 cu.cuLaunchKernel(f, *grid, *block, self.smem, stream, address, 0)
+
+            def max_active_blocks(self, g, threads):
+                return world.blocks_per_sm
 
         class Cu:
             def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, address, extra):

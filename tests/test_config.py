@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from codegen import DEFAULT_CONFIG, DType, KernelConfig, UsageError
@@ -104,6 +106,26 @@ def test_last_block_split_k_is_named_and_sized():
     assert c.smem_bytes == KernelConfig(split=32).smem_bytes
     # reduce only means something with a split: no mark on the name without one
     assert KernelConfig(reduce="last").name == KernelConfig().name
+
+
+def test_stream_k_is_named_sized_and_checked():
+    """Stream-K: the grid is the GPU's block slots, the workspace two partial tiles a
+    block of each problem, a counter per tile of each problem; not with split-K."""
+    from codegen import check
+    from codegen.config import config_from_name
+
+    c = KernelConfig(bm=128, bn=256, bk=16, rm=8, rn=16, wt=8, interior=1, streamk=1)
+    assert c.name == "gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk"
+    assert config_from_name(c.name) == c and not check(c, "sm_90")
+    assert c.last and c.has_workspace and not c.reduce_pass and not c.cluster
+    assert c.grid(4096, 4096, slots=132) == (132, 1, 1)
+    with pytest.raises(ValueError, match="slots"):
+        c.grid(4096, 4096)
+    assert c.workspace_floats(4096, 4096, batch=3, slots=132) == 3 * 132 * 2 * 128 * 256
+    assert c.ticket_count(4096, 4096, batch=3) == 3 * 32 * 16
+    assert check(dataclasses.replace(c, split=4), "sm_90") == [
+        "stream-K shares out k-tiles itself: not with split-K 4"]
+    assert check(dataclasses.replace(c, streamk=2), "sm_90") == ["streamk=2 is not 0 or 1"]
 
 
 def test_launch_bounds_minimum_is_named_and_checked():

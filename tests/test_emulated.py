@@ -5,7 +5,8 @@ main loop's paths (the checked loop; the interior path, one K tile a turn and tw
 fragments loaded a step at a time, double-buffered, carried across tiles; a single
 buffer, the register double buffer, cp.async rings of 3 and 4 stages), the FMA orders,
 split-K summed by a reduce pass, by a tile's last slice and across a cluster (its blocks
-run together), every layout, 2-byte inputs
+run together), stream-K (runs of k-tiles cut across tiles, summed by each tile's last
+block), every layout, 2-byte inputs
 and C, the fused epilogue;
 on shapes that run the interior path whole, cut it at every edge and in K, and leave it
 for the checked loop at misaligned rows. The WMMA family's too, its fragments, loads,
@@ -53,6 +54,12 @@ EMULATED = [
     # ... and across a cluster of the slices, summed through distributed shared memory
     KernelConfig(**{**SMALL.__dict__, "split": 4, "reduce": "cluster", "layout": Layout.NT,
                     "out": DType.BF16, "bias": "f32", "act": "silu"}),
+    # stream-K on 3 blocks (the harness's slots): whole tiles, then runs of k-tiles cut
+    # across tiles, summed by each cut tile's last block; on the interior path, and on a
+    # cp.async ring with 2-byte C and the epilogue
+    KernelConfig(**{**BIG.__dict__, "interior": 1, "streamk": 1, "layout": Layout.TN}),
+    KernelConfig(**{**SMALL.__dict__, "stages": 3, "streamk": 1, "layout": Layout.NT,
+                    "out": DType.F16, "bias": "f32", "act": "gelu"}),
 ]
 
 #: the WMMA family: 128-thread blocks of 16x16 or 32x16 warp tiles
@@ -101,6 +108,7 @@ def test_the_emulated_configs_are_valid_and_cover_the_main_loop():
     assert {c.stages for c in EMULATED} == {1, 2, 3, 4}
     assert {(c.split > 1, c.reduce) for c in EMULATED} == {(False, "pass"), (True, "pass"),
                                                            (True, "last"), (True, "cluster")}
+    assert {c.streamk for c in EMULATED} == {0, 1}
     assert {c.dtype for c in EMULATED} == {c.out for c in EMULATED} == {
         DType.F32, DType.F16, DType.BF16}
 

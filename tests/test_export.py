@@ -6,6 +6,7 @@ alignment; bad requests are refused with a status code, not launched."""
 
 import ctypes
 import itertools
+import re
 import subprocess
 from pathlib import Path
 
@@ -98,6 +99,12 @@ def test_export_builds_with_nvcc(bundle):
     launcher = (out / "kernels" / f"{sk.name}.cu").read_text()
     assert "const size_t w_floats = static_cast<size_t>(clusters) * 2 * 128 * 128;" in launcher
     assert "tmA, tmB, tmC, M, N, K, alpha, beta, C, ldc,\n                               bias, batch, maps3, sC, W, tickets);" in launcher
+    # the CUDA-core family's stream-K: a block in each of the GPU's block slots
+    sk = kernels()["simt_streamk"][0]
+    launcher = (out / "kernels" / f"{sk.name}.cu").read_text()
+    slots = re.search(r"const dim3 grid\(static_cast<unsigned>\(sms \* (\d+)\), "
+                      r"static_cast<unsigned>\(batch\), 1\);", launcher)
+    assert slots and int(slots[1]) >= 1 and "sC, bias, W, tickets);" in launcher
     nm = subprocess.run(["nm", "-D", "--defined-only", str(out / "libgemm_tuned.so")],
                         capture_output=True, text=True).stdout
     for sym in ("gemm_tuned_gemm_ex", "gemm_tuned_kernel_name_ex", "gemm_tuned_sgemm",

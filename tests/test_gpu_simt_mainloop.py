@@ -194,3 +194,41 @@ def test_fma_orders_and_ptxas_levels_compute_the_plain_kernels_bits(built_orders
         if not (err <= tolerance(cfg, shape[2]) and untouched and same):
             failures[cfg.name] = dict(error=err, untouched=untouched, bitwise_twin=same)
     assert not failures, failures
+
+
+#: stream-K: the fp32 winners' tiles (4096^3: 128x256 8x16, one block an SM; 8192^3:
+#: 128x128 8x8), a cp.async ring with A column-major, bf16 inputs transposed
+STREAMK = [KernelConfig.from_name(n) for n in (
+    "gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk",
+    "gemm_simt_f32_128x128x8_r8x8_w16x2_p4_v4_s2_g8_i1_sk_tt",
+    "gemm_simt_f32_64x128x16_r4x8_w8x4_p0_v4_s3_g1_sk_tn",
+    "gemm_simt_bf16_128x128x8_r8x8_w4x8_p4_v4_s2_g8_sk_nt")]
+#: whole waves and a partial one on 132 SMs (4096 x 4096: 512 tiles of 128x256), fewer
+#: tiles than blocks, a deep K cut many ways, and the edges
+STREAMK_SHAPES = [(4096, 4096, 256), (1000, 3000, 777), (130, 1030, 2056), (515, 260, 517)]
+
+
+@pytest.mark.parametrize("shape", STREAMK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_stream_k_shares_out_the_last_waves(compile_cache, shape):
+    """Stream-K kernels on the GPU's block slots against float64, and bit for bit the same
+    on a second launch (the cut tiles summed in k order, whichever block ends last)."""
+    import torch
+
+    from tuner.bench import tolerance
+    from tuner.gpu import device
+
+    res = dict(compile_many(STREAMK, device().sm, cache_dir=compile_cache))
+    assert all(r.ok and r.resources.spill_bytes == 0 for r in res.values()), {
+        c.name: (r.error if not r.ok else r.resources) for c, r in res.items()}
+    torch.manual_seed(torch.seed())
+    failures = {}
+    for cfg in STREAMK:
+        a, lda, b, ldb, ref = _problem(torch, cfg, shape, True)
+        c, untouched = _run(torch, cfg, res[cfg], shape, a, lda, b, ldb)
+        again, _ = _run(torch, cfg, res[cfg], shape, a, lda, b, ldb)
+        err = float(torch.linalg.norm(c.double() - ref) /
+                    max(float(torch.linalg.norm(ref)), 1e-30))
+        if not (err <= tolerance(cfg, shape[2]) and untouched and torch.equal(c, again)):
+            failures[cfg.name] = dict(error=err, untouched=untouched,
+                                      same_bits=bool(torch.equal(c, again)))
+    assert not failures, failures

@@ -36,6 +36,8 @@ from codegen.rendering import _env
     # ... and the fragments carried across tiles on the paired interior path
     KernelConfig(bm=128, bn=256, bk=16, rm=8, rn=16, wt=8, swizzle=1, interior=2, frags=3,
                  zigzag=2, ptxas=1),
+    # stream-K: persistent blocks on the interior path, the cut tiles summed by their last
+    KernelConfig(bm=128, bn=256, bk=16, rm=8, rn=16, wt=8, interior=1, streamk=1),
 ])
 def test_golden_source(cfg):
     """The rendered source is pinned; regenerate with GEMM_TUNE_UPDATE_GOLDEN=1 after a deliberate change."""

@@ -215,6 +215,33 @@ def test_split_k_workspaces_are_per_stream(lib, fake, monkeypatch, compile_cache
     assert [r[4] for r in reduce[:1]] == [(128, 128, 0.5, w[0], 2.0, 0x30000, 128, 0, 0)]
 
 
+def test_a_stream_k_kernel_launches_on_the_gpus_block_slots(lib, fake, monkeypatch,
+                                                            compile_cache, tmp_path):
+    """A CUDA-core stream-K kernel's grid is the GPU's block slots (SMs x what the driver's
+    occupancy query says), its workspace two partial tiles a block of each problem, its
+    tickets one a tile of each problem, zeroed once per stream."""
+    from _library import entry
+    from codegen import KernelConfig, compile_config
+
+    monkeypatch.setattr(driver, "scratch", lambda s=driver.Scratch(): s)
+    fake.blocks_per_sm = 2
+    sk = KernelConfig(bm=64, bn=64, bk=16, rm=4, rn=4, streamk=1)
+    res = compile_config(sk, "sm_90", compile_cache, tmp_path / "art")
+    assert res.ok, res.log[-2000:]
+    lib.add(entry(sk, res, (640, 1280, 512), 20.0, 10.0),
+            tmp_path / "art" / "sm_90" / f"{sk.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+    ops = Cai(640, 512, 0x10000), Cai(512, 1280, 0x20000), Cai(640, 1280, 0x30000)
+    lib.gemm(*ops, alpha=0.5, beta=2.0, stream=1)
+    lib.gemm(*ops, alpha=0.5, beta=2.0, stream=1)
+    main = [x for x in fake.launches if x[0] == sk.name]
+    assert len(main) == 2 and main[0][1] == (132 * 2, 1, 1)  # 200 tiles on 264 slots
+    w, tickets = main[0][4][15:17]
+    assert main[1][4][15:17] == (w, tickets)  # the stream's own, reused
+    assert fake.allocs == [264 * 2 * 64 * 64 * 4, 10 * 20 * 4]
+    assert [m[0] for m in fake.memsets] == [tickets]  # zeroed once: each launch leaves zeros
+
+
 def test_wgmma_kernels_get_tensor_maps_and_only_aligned_operands(
         lib, fake, monkeypatch, compile_cache, tmp_path):
     import ctypes

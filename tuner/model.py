@@ -245,13 +245,15 @@ class Verdict:
 
 
 def streamk_cut(c, blocks: int, k_tiles: int, sms: int, per_sm: int = 1):
-    """(k-tiles of a unit, [(1, units)]) of the busiest SM under stream-K where the tiles
-    leave a partial wave (one block an SM), else None: blocks x k-tiles / SMs k-tiles (up
-    to one more), over ceil(blocks / SMs) units, whole tiles or cut."""
-    if not getattr(c, "streamk", 0) or per_sm != 1 or blocks <= sms or blocks % sms == 0:
+    """(k-tiles of a unit, [(per_sm, units)]) of the busiest SM under stream-K where the
+    tiles leave a partial wave of the grid's sms x per_sm block slots, else None: each slot
+    blocks x k-tiles / slots k-tiles (up to one more), over ceil(blocks / slots) units,
+    whole tiles or cut, its SM's per_sm slots side by side."""
+    slots = sms * per_sm
+    if not getattr(c, "streamk", 0) or blocks <= slots or blocks % slots == 0:
         return None
-    units = _cdiv(blocks, sms)
-    return _cdiv(blocks * k_tiles, sms) / units, [(1, units)]
+    units = _cdiv(blocks, slots)
+    return _cdiv(blocks * k_tiles, slots) / units, [(per_sm, units)]
 
 
 def bound_tflops(config: Config, shape: tuple[int, int, int],

@@ -100,6 +100,20 @@ class KernelConfig(SplitK, Serial, Named):
             micro-tile: 1,314 .reuse flags a main-loop iteration of 1,024 FFMAs, against
             949 at 3, and cuBLAS's own SGEMM's 1,465). The name carries `_o1`. Not searched:
             -O1 ran 1-4% slower on the H200, the 2x2 order with it no better.
+        streamk: 1 = stream-K (``_sk``): the grid is the GPU's block slots (SMs x blocks
+            an SM), each block persistent. The tiles up to the last whole wave but one go
+            a tile to a block; the rest (a wave and the remainder, or every tile below two
+            waves) are one run of k-tiles shared out evenly over the blocks, cut at tile
+            boundaries; a cut tile's blocks leave partial tiles in a workspace (two slots
+            a block) and the last of them to finish sums them in k order (deterministic)
+            and runs the epilogue. A partial last wave costs the CUDA-core kernels 3% at
+            4096^3 (512 tiles of 128x256 on 132 SMs: 3.88 waves) and 8192^3 (2048 tiles
+            of 128x256, 4096 of 128x128 two an SM: 15.5 waves either way); the model
+            predicts stream-K takes back 2.9-3.1% there. Not with split-K. Built, emulated
+            on the CPU, and not searched until a GPU has timed it
+            (bench/pairs/simt-stream-k.txt). The schedule sits in shared memory, so the
+            loop over units holds few registers: 255 -> 255 without spills for 128x256
+            8x16, but 128 -> 130 for 128x128 8x8 (two blocks an SM become one).
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation of the epilogue (see _common.EPILOGUE_NAME: each is named
             only when not the default).
@@ -127,6 +141,7 @@ class KernelConfig(SplitK, Serial, Named):
     interior: int = 0
     zigzag: int = 0
     ptxas: int = 3
+    streamk: int = 0
     dtype: DType = DType.F32
     family: Family = Family.SIMT
     layout: Layout = Layout.NN
@@ -137,11 +152,12 @@ class KernelConfig(SplitK, Serial, Named):
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it): split-K
     #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
-    #: ``_b`` only above 1, ``_sw``, ``_i`` and ``_z`` only above 0, so that names from before
+    #: ``_b`` only above 1, ``_sw``, ``_i``, ``_z`` and ``_sk`` only above 0, so that names from before
     #: those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
                 "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}][_sw{swz}]"
-                "[_i{interior}][_z{zigzag}][_o{ptxas}]" + EPILOGUE_NAME, swz=FLAG,
+                "[_i{interior}][_z{zigzag}][_o{ptxas}][_sk{streamk}]" + EPILOGUE_NAME, swz=FLAG,
+                streamk=FLAG,
                 zigzag=choice({1: "", 2: "2"}),
                 family=choice({f: f.value for f in Family}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
@@ -156,6 +172,18 @@ class KernelConfig(SplitK, Serial, Named):
     def cluster(self) -> bool:
         """Split-K summed across a thread-block cluster (one launch, no workspace)."""
         return self.split > 1 and self.reduce == "cluster"
+
+    @property
+    def last(self) -> bool:
+        """Partial tiles summed by the last block of their tile (a ticket each): split-K's
+        "last" reduction, and stream-K's cut tiles."""
+        return (self.split > 1 and self.reduce == "last") or bool(self.streamk)
+
+    @property
+    def has_workspace(self) -> bool:
+        """Partial tiles through a workspace: split-K's pass and last, stream-K's cut
+        tiles."""
+        return self.reduce_pass or self.last
 
     @property
     def wt_n(self) -> int:
@@ -228,24 +256,38 @@ class KernelConfig(SplitK, Serial, Named):
             B_LOADS=(self.bk * self.bn) // (self.vec * self.threads) if self.threads else 0,
             SMEM_BYTES=self.smem_bytes,
             SPLIT=self.split, FRAGS=self.frags, CLUSTER=self.cluster,
-            LAST=self.last, REDUCE_PASS=self.reduce_pass,
+            LAST=self.last and not self.streamk, REDUCE_PASS=self.reduce_pass,
+            STREAMK=self.streamk,
             MIN_BLOCKS=self.minb, INTERIOR=self.interior, FMA_ORDER=self.zigzag,
             NVCC_EXTRA=self.nvcc_extra,
             MAIN_SMEM_BYTES=self.stages * self.bk * (self.lda_s + self.ldb_s) * 4,
         )
 
-    def grid(self, m: int, n: int) -> tuple[int, int, int]:
-        """Launch grid for an M x N output: tiles along x (the kernel swizzles), K slices along z."""
-        return (-(-m // self.bm)) * (-(-n // self.bn)), 1, self.split
+    def tiles(self, m: int, n: int) -> int:
+        """Tiles of an M x N output."""
+        return (-(-m // self.bm)) * (-(-n // self.bn))
 
-    def workspace_floats(self, m: int, n: int, batch: int = 1) -> int:
-        """Floats of workspace a split-K launch needs (0 without split, or in a cluster)."""
+    def grid(self, m: int, n: int, slots: int = 0) -> tuple[int, int, int]:
+        """Launch grid for an M x N output: tiles along x (the kernel swizzles), K slices
+        along z; with stream-K, the GPU's `slots` (SMs x blocks an SM) along x."""
+        if self.streamk:
+            if slots < 1:
+                raise ValueError("a stream-K grid is the GPU's block slots: give slots")
+            return slots, 1, 1
+        return self.tiles(m, n), 1, self.split
+
+    def workspace_floats(self, m: int, n: int, batch: int = 1, slots: int = 0) -> int:
+        """Floats of workspace a launch needs: split-K's partial tiles (0 without split, or
+        in a cluster), or stream-K's two partial tiles a block of `slots` a problem."""
+        if self.streamk:
+            return batch * self.grid(m, n, slots)[0] * 2 * self.bm * self.bn
         return batch * self.split * m * n if self.has_workspace else 0
 
     def ticket_count(self, m: int, n: int, batch: int = 1) -> int:
-        """Zeroed tile counters a "last" split-K launch needs (one per tile of C and
-        problem of the batch; each is reset to zero by the block that sums its tile)."""
-        return batch * self.grid(m, n)[0] if self.last else 0
+        """Zeroed tile counters a "last" split-K or a stream-K launch needs (one per tile
+        of C and problem of the batch; each is reset to zero by the block that sums its
+        tile)."""
+        return batch * self.tiles(m, n) if self.last else 0
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
@@ -381,8 +423,14 @@ def _loop_reasons(c: KernelConfig) -> list[str]:
 
 
 def _split_reasons(c: KernelConfig, a: ArchLimits) -> list[str]:
-    """Why `c`'s split-K (the slices and how they are summed) cannot be built for `a`."""
-    return split_k_reasons(c, a, SPLITS, REDUCES)
+    """Why `c`'s split-K (the slices and how they are summed) or stream-K cannot be built
+    for `a`."""
+    why = split_k_reasons(c, a, SPLITS, REDUCES)
+    if c.streamk not in (0, 1):
+        why.append(f"streamk={c.streamk} is not 0 or 1")
+    elif c.streamk and c.split > 1:
+        why.append(f"stream-K shares out k-tiles itself: not with split-K {c.split}")
+    return why
 
 
 def _swizzle_reasons(c: KernelConfig) -> list[str]:

@@ -85,7 +85,8 @@ def _kernel_values(cfg, res: dict, limits) -> dict:
              reduce_pass=cfg.reduce_pass, workspace=cfg.has_workspace, tma=tma,
              store=bool(need_c), needs=int(need_a) | int(need_b) << 1 | int(need_c) << 2,
              n_multiple=16 // cfg.out.size if need_c else 1,
-             blocks_per_sm=occupancy(cfg.threads, res["registers"], smem, limits).blocks_per_sm)
+             blocks_per_sm=occupancy(cfg.threads, res["registers"], smem, limits).blocks_per_sm,
+             streamk=getattr(cfg, "streamk", 0))
     if tma:
         boxes = cfg.tma_boxes()
         # the maps describe A and B as stored: a column-major A is K x M, a column-major B

@@ -77,7 +77,9 @@ class Runner:
         but the pointers, scalars and stream fixed now."""
         cfg, main, sig = self.config, self.main, self.signature
         f = main.prepare(g)
-        gx, _, gz = cfg.grid(m, n)
+        # a stream-K kernel's grid: the GPU's block slots (its SMs x the kernel's blocks an SM)
+        slots = g.arch.sm_count * self.max_active_blocks(g) if getattr(cfg, "streamk", 0) else 0
+        gx, _, gz = cfg.grid(m, n, slots) if slots else cfg.grid(m, n)
         grid, block = (gx, batch, gz), cfg.block()
         sa, sb, sc = strides
         if not cfg.has_workspace and main.dependent:  # one cuLaunchKernelEx
@@ -97,7 +99,9 @@ class Runner:
             return run
         reduce = self.reduce
         fr = reduce.prepare(g) if reduce is not None else None
-        scratch, wbytes = driver.scratch(), cfg.workspace_floats(m, n, batch) * 4
+        scratch = driver.scratch()
+        wbytes = (cfg.workspace_floats(m, n, batch, slots) if slots else
+                  cfg.workspace_floats(m, n, batch)) * 4
         tickets = cfg.ticket_count(m, n, batch) * 4
 
         def run(a, b, c, alpha, beta, stream, bias=0):
