@@ -598,9 +598,11 @@ def _activate(x: np.ndarray, act: str) -> np.ndarray:
 
 
 def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
-            pads=(0, 0, 2), broadcast_b=False, seed=0):
-    """Run `exe` on fresh operands of cfg's variant, C poisoned with NaN: (relative error
-    against the float64 reference, padding of C untouched?)."""
+            pads=(0, 0, 2), broadcast_b=False, seed=0, order=None, raw=None):
+    """Run `exe` on fresh operands of cfg's variant (drawn from `seed`), C poisoned with
+    NaN, its blocks in the order `order` shuffles them to (default: `seed`): (relative
+    error against the float64 reference, padding of C untouched?). C's bits are appended
+    to `raw` where given."""
     m, n, k = shape
     rng = np.random.default_rng(seed)
     t, out = {"tf32": "f32"}.get(cfg.dtype.short, cfg.dtype.short), cfg.out.short
@@ -619,13 +621,16 @@ def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
     for name, x in (("a", a), ("b", b), ("c", _stored(cflat, out)), ("bias",
                                                                        _stored(bias, bias_t))):
         x.tofile(where / name)
-    args = (m, n, k, batch, lda, ldb, ldc, sa, sb, sc, alpha, beta, seed)
+    args = (m, n, k, batch, lda, ldb, ldc, sa, sb, sc, alpha, beta,
+            seed if order is None else order)
     r = subprocess.run([str(exe), *map(str, args), *(str(where / x) for x in
                                                      ("a", "b", "c", "bias"))],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    raw = np.fromfile(where / "c", dtype=np.float32 if out == "f32" else np.uint16)
-    return compared(raw, out, av, bv, c0, bias, alpha, beta, cfg.act, ldc, sc)
+    bits = np.fromfile(where / "c", dtype=np.float32 if out == "f32" else np.uint16)
+    if raw is not None:
+        raw.append(bits)
+    return compared(bits, out, av, bv, c0, bias, alpha, beta, cfg.act, ldc, sc)
 
 
 def compared(bits, out: str, av, bv, c0, bias, alpha, beta, act, ldc, sc) -> tuple:

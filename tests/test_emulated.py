@@ -19,6 +19,7 @@ instructions' rounding) is tests/test_gpu_simt_mainloop.py's and test_gpu_wmma.p
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 from _emulation import build, build_all, emulate, emulation_source
 
@@ -170,3 +171,45 @@ def test_the_emulation_catches_a_ring_read_before_it_lands(emulated, tmp_path, f
     err, _ = emulate(early, cfg, (64, 128, 64), tmp_path,
                      pads=_aligned(cfg, (64, 128, 64)))
     assert not err <= _gate(cfg), err
+
+
+#: (M tiles, N tiles, K, slots), edges cut in M and N: every tile in the stream-K run (8
+#: tiles on 5 blocks), whole waves then a run cut across tiles (24 on 5: 15 whole, 9 in the
+#: run), K of one tile (no tile is cut), and a deep K cut into many units (one tile on 3)
+STREAMK_RUNS = [(2, 4, 72, 5), (4, 6, 77, 5), (2, 5, 8, 3), (1, 1, 400, 3)]
+
+
+def _sk_shape(cfg, tiles_m, tiles_n, k):
+    return tiles_m * cfg.bm - 3, tiles_n * cfg.bn - 5, k
+
+
+@pytest.mark.parametrize("cfg", [c for c in EMULATED if c.streamk], ids=lambda c: c.name)
+def test_stream_k_sums_the_cut_tiles_the_same_way_whatever_ends_last(cfg, tmp_path):
+    """Stream-K on several grids gives the product with beta on (a tile stored twice
+    would fold C in twice), and the same bits whichever block of a cut tile ends last:
+    its partial tiles are summed in k order (the blocks run in three shuffled orders)."""
+    exes = {}
+    for tiles_m, tiles_n, k, slots in STREAMK_RUNS:
+        shape = _sk_shape(cfg, tiles_m, tiles_n, k)
+        exe = exes.get(slots) or exes.setdefault(slots, build(cfg, tmp_path,
+                                                              name=f"sk{slots}", slots=slots))
+        outs = []
+        for order in range(3):
+            err, untouched = emulate(exe, cfg, shape, tmp_path, beta=0.5, seed=4,
+                                     order=order, raw=outs)
+            assert err <= _gate(cfg) and untouched, (shape, slots, order, err)
+        assert all(np.array_equal(o, outs[0], equal_nan=True) for o in outs), (shape, slots)
+
+
+def test_the_emulation_catches_a_cut_tile_stored_by_a_block_that_is_not_its_last(tmp_path):
+    """The emulation can fail here too: a block storing its cut tile without holding the
+    last ticket stores a sum that lacks (or is NaN for) the parts still to come, and with
+    beta on, the tile's last block then folds that C in."""
+    cfg = next(c for c in EMULATED if c.streamk)
+    src = emulation_source(cfg, slots=5)
+    good = "            if (!*is_last)\n                continue;\n"
+    assert good in src
+    eager = build(cfg, tmp_path, src.replace(good, ""), "eager")
+    errs = [emulate(eager, cfg, _sk_shape(cfg, 4, 6, 77), tmp_path, beta=0.5, seed=4,
+                    order=order)[0] for order in range(3)]
+    assert not all(e <= _gate(cfg) for e in errs), errs
