@@ -162,7 +162,8 @@ def _count(code: list[Instr], base: str = "FFMA") -> int:
 def main_loop(code: list[Instr], base: str = "FFMA") -> tuple[int, int]:
     """(first, last) indices of the main loop: from the target of the backward branch
     whose body holds the most `base` instructions (FFMA: the CUDA-core family's; HGMMA: a
-    wgmma consumer's) to that branch.
+    wgmma consumer's) to that branch, among the innermost such loops (a persistent
+    kernel's loop over its tiles holds every main loop).
 
     Raises:
         ValueError: no loop holds one.
@@ -170,7 +171,10 @@ def main_loop(code: list[Instr], base: str = "FFMA") -> tuple[int, int]:
     at = {i.addr: n for n, i in enumerate(code)}
     loops = [(at[i.target], n) for n, i in enumerate(code)
              if i.target is not None and i.target <= i.addr and i.target in at]
-    best = max(loops, key=lambda lo_hi: _count(code[lo_hi[0]:lo_hi[1] + 1], base), default=None)
+    loops = [lo for lo in loops if _count(code[lo[0]:lo[1] + 1], base)]
+    inner = [(a, b) for a, b in loops
+             if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    best = max(inner, key=lambda lo_hi: _count(code[lo_hi[0]:lo_hi[1] + 1], base), default=None)
     if best is None or not _count(code[best[0]:best[1] + 1], base):
         raise ValueError(f"no loop of {base}s in this function (the mix reads the CUDA-core "
                          "family's main loop)")

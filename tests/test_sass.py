@@ -215,6 +215,27 @@ def test_classes():
     assert Instr(0, "@P0", "BRA", "0x1a0").target == 0x1a0 and Instr(0, "", "FFMA", "").target is None
 
 
+PERSISTENT = """
+        Function : p
+        /*0000*/                   MOV R1, RZ ;
+        /*0010*/                   FFMA R2, R3, R4, R2 ;
+        /*0020*/                   FFMA R5, R3, R4, R5 ;
+        /*0030*/                   FFMA R6, R3, R4, R6 ;
+        /*0040*/               @P0 BRA 0x20 ;
+        /*0050*/                   FFMA R7, R3, R4, R7 ;
+        /*0060*/               @P1 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_the_main_loop_of_a_persistent_kernel_is_its_innermost():
+    """A persistent kernel's loop over its tiles (stream-K's units) holds the main loop and
+    more FFMAs than it: the main loop is the innermost loop of FFMAs."""
+    code = functions(PERSISTENT)["p"]
+    first, last = main_loop(code)
+    assert (code[first].addr, code[last].addr) == (0x20, 0x40)
+
+
 def test_a_function_without_a_loop_is_refused():
     with pytest.raises(ValueError, match="no loop of FFMAs"):
         loop_mix(DUMP, "other", 1)
