@@ -156,6 +156,33 @@ def test_a_shape_of_many_waves_is_modelled_by_counting_them():
     assert p.terms["latency"] == pytest.approx(clocks / 1.98e9)
 
 
+def test_stream_k_on_cuda_cores_evens_out_the_block_slots():
+    """CUDA-core stream-K: the last partial wave of the grid's SMs x blocks-an-SM slots is
+    shared out, each slot blocks x k-tiles / slots k-tiles over ceil(blocks / slots)
+    units, its SM's slots side by side; at 4096^3 (512 tiles of 128x256, one block an SM:
+    3.88 waves) and 8192^3 (4096 of 128x128, two an SM: 15.5) the prediction gains what
+    the partial wave idles (3%), and at whole waves nothing changes."""
+    from tuner.model import predict_before_compile, streamk_cut
+
+    sk = KernelConfig(bm=128, bn=128, bk=8, rm=8, rn=8, wt=16, interior=1, streamk=1)
+    plain = dataclasses.replace(sk, streamk=0)
+    assert streamk_cut(sk, 4096, 1024, 132, 2) == (-(-4096 * 1024 // 264) / 16, [(2, 16)])
+    assert streamk_cut(sk, 264 * 15, 1024, 132, 2) is None  # whole waves
+    assert streamk_cut(sk, 200, 1024, 132, 2) is None and streamk_cut(plain, 4096, 1024,
+                                                                      132, 2) is None
+    occ = occupancy(sk.threads, 128, sk.smem_bytes, H200)
+    assert occ.blocks_per_sm == 2
+    p_sk, p_plain = (predict(c, (8192,) * 3, H200, occ) for c in (sk, plain))
+    assert 1.02 < p_plain.seconds / p_sk.seconds < 1.035
+    wide = KernelConfig(bm=128, bn=256, bk=16, rm=8, rn=16, wt=8, interior=1, streamk=1)
+    gain = (predict_before_compile(dataclasses.replace(wide, streamk=0), BIG, H200).seconds
+            / predict_before_compile(wide, BIG, H200).seconds)
+    assert 1.02 < gain < 1.035
+    whole = (128 * 132 // 2, 256 * 2, 4096)  # 66 x 2 tiles: one whole wave
+    assert predict_before_compile(wide, whole, H200).seconds == pytest.approx(
+        predict_before_compile(dataclasses.replace(wide, streamk=0), whole, H200).seconds)
+
+
 def test_the_model_orders_what_it_should():
     """Fewer shared loads per FMA, more stages over one, and no partial wave all help."""
     occ = lambda c: occupancy(c.threads, estimate_registers(c), c.smem_bytes, H200)  # noqa
