@@ -152,12 +152,12 @@ class KernelConfig(SplitK, Serial, Named):
     # ---- identity -----------------------------------------------------------
     #: the procedural name, encoding every field (``Named`` writes and reads it): split-K
     #: and its reduction's mark (none, ``l`` or ``c``) only with a split, ``_f`` and
-    #: ``_b`` only above 1, ``_sw``, ``_i``, ``_z`` and ``_sk`` only above 0, so that names from before
-    #: those fields still read
+    #: ``_b`` only above 1, ``_sw``, ``_i``, ``_z`` and ``_sk`` only above 0, so that
+    #: names from before those fields still read
     NAME = Name("gemm_{family}_{dtype}_{bm}x{bn}x{bk}_r{rm}x{rn}_w{wt}x{wt_n}_p{pad}_v{vec}"
                 "_s{stages}_g{swizzle}[_k{split}{reduce}][_f{frags}][_b{minb}][_sw{swz}]"
-                "[_i{interior}][_z{zigzag}][_o{ptxas}][_sk{streamk}]" + EPILOGUE_NAME, swz=FLAG,
-                streamk=FLAG,
+                "[_i{interior}][_z{zigzag}][_o{ptxas}][_sk{streamk}]" + EPILOGUE_NAME,
+                swz=FLAG, streamk=FLAG,
                 zigzag=choice({1: "", 2: "2"}),
                 family=choice({f: f.value for f in Family}),
                 reduce=choice({"pass": "", "last": "l", "cluster": "c"}), **EPILOGUE_TEXTS)
