@@ -214,7 +214,9 @@ __device__ __forceinline__ void finish_store(E* p, float* v, float beta, const B
 // item t = tile t; the rest (a wave and the remainder, or every tile where there are fewer
 // than two waves) are one run of `iters` k-tiles, block c taking iterations
 // start(c) .. start(c + 1) - 1, as units cut at tile boundaries: work item
-// dp_tiles + j * blocks + c is block c's unit j (kt0 == kt1: it has none).
+// dp_tiles + j * blocks + c is block c's unit j (kt0 == kt1: it has none). A unit that is
+// not a whole tile leaves its partial tile in its block's workspace slot (slot()), and the
+// last of the blocks whose runs meet the tile (meets()) sums them in k order.
 struct StreamK {
     long long iters;  // k-tiles of the stream-K tiles, all together
     int dp_tiles;     // tiles taken whole, a tile a work item
@@ -223,12 +225,12 @@ struct StreamK {
     int blocks;       // the grid's blocks
     int tiles;        // tiles of C
 
-    __device__ __forceinline__ void plan(int M, int N, int K, int grid)
+    __device__ __forceinline__ void plan(int tiles_of_c, int k_tiles, int grid)
     {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+        tiles = tiles_of_c;
         const int sk_tiles = tiles % grid == 0 ? 0 : tiles < 2 * grid ? tiles : tiles % grid + grid;
         blocks = grid;
-        k_all = (K + BK - 1) / BK;
+        k_all = k_tiles;
         dp_tiles = tiles - sk_tiles;
         iters = static_cast<long long>(sk_tiles) * k_all;
         // a block's units: at most its share's whole tiles plus the two it may cut
@@ -260,6 +262,23 @@ struct StreamK {
         tile = dp_tiles + static_cast<int>(g0 / k_all);
         kt0 = static_cast<int>(g0 % k_all);
         kt1 = g0 >= e ? kt0 : static_cast<int>(min(e, (g0 / k_all + 1) * k_all) - g0) + kt0;
+    }
+    // stream-K tile ts (tile dp_tiles + ts): the blocks whose runs meet it, first..last,
+    // and how many of them hold k-tiles of it (a run may be empty)
+    __device__ __forceinline__ void meets(int ts, int& first, int& last, int& parts) const
+    {
+        const long long g0 = static_cast<long long>(ts) * k_all;
+        first = owner(g0);
+        last = owner(g0 + k_all - 1);
+        parts = 0;
+        for (int c = first; c <= last; ++c)
+            parts += start(c) < start(c + 1);
+    }
+    // block c's workspace slot (of two a block) for its partial of stream-K tile ts: 1 if
+    // its run began in an earlier tile (its last unit), else 0 (its first)
+    __device__ __forceinline__ int slot(int c, int ts) const
+    {
+        return c * 2 + (start(c) < static_cast<long long>(ts) * k_all);
     }
 };
 
@@ -303,7 +322,8 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk(int M, int N, int K, float
     // across the main loop.
     __shared__ StreamK sk_shared;
     if (threadIdx.x == 0)
-        sk_shared.plan(M, N, K, static_cast<int>(gridDim.x));
+        sk_shared.plan(((M + BM - 1) / BM) * ((N + BN - 1) / BN), (K + BK - 1) / BK,
+                       static_cast<int>(gridDim.x));
     __syncthreads();
     for (int t = static_cast<int>(blockIdx.x); t < sk_shared.items; t += gridDim.x) {
         int tile, kt0, kt1;
@@ -507,17 +527,12 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk(int M, int N, int K, float
         sk.item(t, tile_of, kt0_of, kt1_of);
         if (kt1_of - kt0_of != sk.k_all) {
             const int ts = tile_of - sk.dp_tiles;  // the tile among the stream-K ones
-            const long long g0 = static_cast<long long>(ts) * sk.k_all;
-            const int first = sk.owner(g0), last = sk.owner(g0 + sk.k_all - 1);
+            int first, last, parts;
+            sk.meets(ts, first, last, parts);
             // this problem's workspace: block c's two partial tiles at 2c, 2c + 1
             float* const Wp = W + static_cast<size_t>(blockIdx.y) * sk.blocks * 2 * BM * BN;
-            auto part = [&](int c) {
-                return Wp + (static_cast<size_t>(c) * 2 + (sk.start(c) < g0)) * (BM * BN);
-            };
+            auto part = [&](int c) { return Wp + static_cast<size_t>(sk.slot(c, ts)) * (BM * BN); };
             unsigned* const ticket = tickets + static_cast<size_t>(blockIdx.y) * sk.tiles + ts;
-            int parts = 0;  // the blocks with k-tiles of this tile (a run may be empty)
-            for (int c = first; c <= last; ++c)
-                parts += sk.start(c) < sk.start(c + 1);
             float* const mine = part(static_cast<int>(blockIdx.x));
 #pragma unroll
             for (int c = 0; c < RM / VA; ++c)

@@ -476,6 +476,79 @@ __device__ __forceinline__ void split_tile(float (&acc)[M_WGMMAS][ACC], float* w
     }
 }
 
+// Stream-K's schedule of one problem on `blocks` persistent blocks. The tiles up to the
+// last whole wave but one (dp_tiles, whole waves of the grid) go a tile to a block, work
+// item t = tile t; the rest (a wave and the remainder, or every tile where there are fewer
+// than two waves) are one run of `iters` k-tiles, block c taking iterations
+// start(c) .. start(c + 1) - 1, as units cut at tile boundaries: work item
+// dp_tiles + j * blocks + c is block c's unit j (kt0 == kt1: it has none). A unit that is
+// not a whole tile leaves its partial tile in its block's workspace slot (slot()), and the
+// last of the blocks whose runs meet the tile (meets()) sums them in k order.
+struct StreamK {
+    long long iters;  // k-tiles of the stream-K tiles, all together
+    int dp_tiles;     // tiles taken whole, a tile a work item
+    int k_all;        // k-tiles of a tile
+    int items;        // work items: dp_tiles, then each block's units
+    int blocks;       // the grid's blocks
+    int tiles;        // tiles of C
+
+    __device__ __forceinline__ void plan(int tiles_of_c, int k_tiles, int grid)
+    {
+        tiles = tiles_of_c;
+        const int sk_tiles = tiles % grid == 0 ? 0 : tiles < 2 * grid ? tiles : tiles % grid + grid;
+        blocks = grid;
+        k_all = k_tiles;
+        dp_tiles = tiles - sk_tiles;
+        iters = static_cast<long long>(sk_tiles) * k_all;
+        // a block's units: at most its share's whole tiles plus the two it may cut
+        const long long share = (iters + grid - 1) / grid;
+        items = dp_tiles + (sk_tiles ? static_cast<int>(share / k_all) + 2 : 0) * grid;
+    }
+    // the first iteration of block c's run
+    __device__ __forceinline__ long long start(int c) const
+    {
+        return static_cast<long long>(c) * iters / blocks;
+    }
+    // the block whose run holds iteration g: the last c with start(c) <= g
+    __device__ __forceinline__ int owner(long long g) const
+    {
+        return static_cast<int>(((g + 1) * blocks + iters - 1) / iters) - 1;
+    }
+    // work item t: its tile and k-tiles [kt0, kt1)
+    __device__ __forceinline__ void item(int t, int& tile, int& kt0, int& kt1) const
+    {
+        if (t < dp_tiles) {
+            tile = t;
+            kt0 = 0;
+            kt1 = k_all;
+            return;
+        }
+        const int c = (t - dp_tiles) % blocks, j = (t - dp_tiles) / blocks;
+        const long long s = start(c), e = start(c + 1);
+        const long long g0 = j == 0 ? s : (s / k_all + j) * k_all;
+        tile = dp_tiles + static_cast<int>(g0 / k_all);
+        kt0 = static_cast<int>(g0 % k_all);
+        kt1 = g0 >= e ? kt0 : static_cast<int>(min(e, (g0 / k_all + 1) * k_all) - g0) + kt0;
+    }
+    // stream-K tile ts (tile dp_tiles + ts): the blocks whose runs meet it, first..last,
+    // and how many of them hold k-tiles of it (a run may be empty)
+    __device__ __forceinline__ void meets(int ts, int& first, int& last, int& parts) const
+    {
+        const long long g0 = static_cast<long long>(ts) * k_all;
+        first = owner(g0);
+        last = owner(g0 + k_all - 1);
+        parts = 0;
+        for (int c = first; c <= last; ++c)
+            parts += start(c) < start(c + 1);
+    }
+    // block c's workspace slot (of two a block) for its partial of stream-K tile ts: 1 if
+    // its run began in an earlier tile (its last unit), else 0 (its first)
+    __device__ __forceinline__ int slot(int c, int ts) const
+    {
+        return c * 2 + (start(c) < static_cast<long long>(ts) * k_all);
+    }
+};
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -501,36 +574,12 @@ gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16(const __grid_constant__ C
     const int num_tiles = ctiles_m * tiles_n * batch;  // in clusters, over the whole batch
     const bool a3 = maps3 & 1, b3 = maps3 & 2;  // batched A, B: maps of rank 3 (else shared)
     const int k_tiles = (K + BK - 1) / BK;
-    // Stream-K: the tiles up to the last whole wave but one (dp_tiles, a whole number of
-    // waves of the grid's blocks) go a tile to a block, work item t = tile t; the rest
-    // (sk_tiles: a wave and the remainder, or every tile where there are fewer than two
-    // waves) are one run of sk_iters k-tiles, block c taking iterations sk_start(c) ..
-    // sk_start(c + 1) - 1, as units cut at tile boundaries: work item dp_tiles + j * blocks
-    // + c is block c's unit j (kt0 == kt1: it has none). A unit that is not a whole tile
-    // leaves a partial tile to the workspace (see the consumers' end of a unit).
-    const int sk_blocks = static_cast<int>(gridDim.x);
-    const int sk_tiles = num_tiles % sk_blocks == 0 ? 0
-                       : num_tiles < 2 * sk_blocks ? num_tiles : num_tiles % sk_blocks + sk_blocks;
-    const int dp_tiles = num_tiles - sk_tiles;
-    const long long sk_iters = static_cast<long long>(sk_tiles) * k_tiles;
-    auto sk_start = [&](int c) { return static_cast<long long>(c) * sk_iters / sk_blocks; };
-    // a block's units: at most its share's whole tiles plus the two it may cut
-    const long long sk_share = (sk_iters + sk_blocks - 1) / sk_blocks;
-    const int num_items = dp_tiles + (sk_tiles ? static_cast<int>(sk_share / k_tiles) + 2 : 0) * sk_blocks;
-    auto item = [&](int t, int& tile, int& kt0, int& kt1) {
-        if (t < dp_tiles) {
-            tile = t;
-            kt0 = 0;
-            kt1 = k_tiles;
-            return;
-        }
-        const int c = (t - dp_tiles) % sk_blocks, j = (t - dp_tiles) / sk_blocks;
-        const long long s = sk_start(c), e = sk_start(c + 1);
-        const long long g0 = j == 0 ? s : (s / k_tiles + j) * k_tiles;
-        tile = dp_tiles + static_cast<int>(g0 / k_tiles);
-        kt0 = static_cast<int>(g0 % k_tiles);
-        kt1 = g0 >= e ? kt0 : static_cast<int>(min(e, (g0 / k_tiles + 1) * k_tiles) - g0) + kt0;
-    };
+    // Stream-K (StreamK: the schedule over the grid's blocks). A unit that is not a whole
+    // tile leaves a partial tile to the workspace (see the consumers' end of a unit).
+    StreamK sk;
+    sk.plan(num_tiles, k_tiles, static_cast<int>(gridDim.x));
+    const int num_items = sk.items;
+    auto item = [&](int t, int& tile, int& kt0, int& kt1) { sk.item(t, tile, kt0, kt1); };
     const uint32_t rank = 0;
     const int cluster_id = blockIdx.x / CLUSTER, clusters = gridDim.x / CLUSTER;
 
@@ -648,19 +697,10 @@ gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16(const __grid_constant__ C
             // order (deterministic) into acc, resets the tile's counter and runs the
             // epilogue below; the others take their next unit.
             if (kt1 - kt0 != k_tiles) {
-                const int ts = tile - dp_tiles;  // the tile among the stream-K ones
-                const long long g0 = static_cast<long long>(ts) * k_tiles;
-                // the block whose run holds iteration g: the last c with sk_start(c) <= g
-                auto owner = [&](long long g) {
-                    return static_cast<int>(((g + 1) * sk_blocks + sk_iters - 1) / sk_iters) - 1;
-                };
-                const int first = owner(g0), last = owner(g0 + k_tiles - 1);
-                auto part = [&](int c) {
-                    return Wk + (static_cast<size_t>(c) * 2 + (sk_start(c) < g0)) * (BM * BN);
-                };
-                int parts = 0;  // the blocks with k-tiles of this tile (a run may be empty)
-                for (int c = first; c <= last; ++c)
-                    parts += sk_start(c) < sk_start(c + 1);
+                const int ts = tile - sk.dp_tiles;  // the tile among the stream-K ones
+                int first, last, parts;
+                sk.meets(ts, first, last, parts);
+                auto part = [&](int c) { return Wk + static_cast<size_t>(sk.slot(c, ts)) * (BM * BN); };
                 split_tile(acc, part(cluster_id), row0, 0, BM, BN, true, -1, 0);
                 // the flag in the ping-pong order barrier's word (stream-K has no ping-pong)
                 volatile uint32_t* const last_flag = reinterpret_cast<volatile uint32_t*>(
@@ -689,7 +729,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16(const __grid_constant__ C
                 }
 #pragma unroll 1
                 for (int c = first; c <= last; ++c)  // in k order: the same bits every launch
-                    if (sk_start(c) < sk_start(c + 1))
+                    if (sk.start(c) < sk.start(c + 1))
                         split_tile(acc, part(c), row0, 0, BM, BN, true, 0, 0);
                 if (tid == 128)
                     tickets[ts] = 0;  // ready for the next launch
