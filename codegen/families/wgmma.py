@@ -1164,7 +1164,7 @@ def problem_reasons(config: WgmmaConfig, shape, arch: ArchLimits | None = None) 
 def unproven_reasons(config: WgmmaConfig) -> list[str]:
     """Why the search leaves a buildable config out: ping-pong consumers in a cluster, which
     ran 1-10% behind the same tile without one on the H200
-    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json), and stream-K, 9-29%
+    (bench/results/pairs-wgmma-clusters-9ae7ca8-h200-2026-12-05.json), and stream-K, 10-28%
     behind the same tile without it on an H100
     (bench/results/stream-k-a6e4fb2-h100-2026-12-05.json). (A cluster along N, -1% to -7%,
     is not in SEARCH_SPACE at all.)"""
