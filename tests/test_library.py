@@ -6,7 +6,7 @@ import json
 import pytest
 
 from _library import BIG, SMALL, build
-from codegen import DType
+from codegen import DType, compile_config
 from tuner import LibraryError, load_library
 from tuner.cli import main
 from tuner.runtime.library import SCHEMA
@@ -43,7 +43,6 @@ def test_the_committed_library_loads_with_every_file_as_its_manifest_records():
 
 def test_adding_the_same_shape_replaces_its_entry(lib, tmp_path, compile_cache):
     from _library import entry
-    from codegen import compile_config
 
     res = compile_config(SMALL, "sm_90", compile_cache, tmp_path / "art")
     cu = tmp_path / "art" / "sm_90" / f"{SMALL.name}.cu"
@@ -55,6 +54,29 @@ def test_adding_the_same_shape_replaces_its_entry(lib, tmp_path, compile_cache):
     # BIG is used by no entry now: it leaves the manifest and the disk
     assert set(again.manifest["kernels"]) == {f"sm_90/{SMALL.name}"}
     assert not list((lib.path / "kernels" / "sm_90").glob(f"{BIG.name}.*"))
+
+
+def test_a_kernel_that_would_not_load_again_is_refused_before_anything_is_written(
+        lib, tmp_path, compile_cache):
+    """An entry whose kernel does not validate (here tf32's register rows in pairs on the
+    pre-pass kernel, which has no register operand) is refused at add, naming why, and the
+    library stays as it was and loads: before, it was written and every later load failed."""
+    import dataclasses
+
+    from _library import entry
+    from codegen.families.wgmma import _default
+
+    bad = dataclasses.replace(_default(DType.TF32), prep=1, rs_pairs=1)
+    res = compile_config(SMALL, "sm_90", compile_cache, tmp_path / "art")  # files never read
+    before = (lib.path / "manifest.json").read_bytes()
+    files = sorted(p.name for p in (lib.path / "kernels" / "sm_90").iterdir())
+    with pytest.raises(LibraryError, match=r"does not validate for sm_90: rs_pairs=1: .*the "
+                                           r"library is unchanged"):
+        lib.add(entry(bad, res, (512, 512, 512), 300.0, 250.0, dtype="tf32"),
+                tmp_path / "art" / "sm_90" / f"{SMALL.name}.cu", res.cubin)
+    assert (lib.path / "manifest.json").read_bytes() == before
+    assert sorted(p.name for p in (lib.path / "kernels" / "sm_90").iterdir()) == files
+    assert len(load_library(lib.path).manifest["entries"]) == 2
 
 
 def test_tampered_cubin_is_refused_naming_it(lib):
@@ -253,7 +275,6 @@ def test_entries_of_a_variant_or_a_batch_are_their_own(lib, tmp_path, compile_ca
     import hashlib
 
     from _library import entry
-    from codegen import compile_config
     from codegen.config import Layout
     from codegen.families._common import Variant
     from tuner.runtime.export import export

@@ -205,6 +205,12 @@ class Manifest:
         atomically under a lock, and re-read first so concurrent writers lose nothing. A
         kernel that no entry uses, and that is not the twin of one that does, is dropped."""
         arch = entry["arch"]
+        for name, *_ in (entry["kernel"], source, cubin, meta), *twins:
+            # a kernel the library could not load again is refused before anything is written
+            why = check(config_from_name(name), arch)
+            if why:
+                raise LibraryError(f"kernel {name} does not validate for {arch}: "
+                                   f"{'; '.join(why)}; the library is unchanged")
         with self._lock():
             d = self.path / "kernels" / arch
             d.mkdir(parents=True, exist_ok=True)
