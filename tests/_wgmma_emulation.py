@@ -498,6 +498,7 @@ static inline unsigned __float_as_uint(float f) { unsigned x; std::memcpy(&x, &f
 static inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 static inline float __ldcg(const float* p) { return *p; }
 static inline float2 __ldcg(const float2* p) { return *p; }
+static inline float4 __ldcg(const float4* p) { return *p; }
 #define __expf(x) std::exp(x)
 static inline float __fdividef(float x, float y) { return x / y; }
 """

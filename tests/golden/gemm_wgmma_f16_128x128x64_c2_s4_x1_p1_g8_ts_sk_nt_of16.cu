@@ -410,71 +410,6 @@ __device__ __forceinline__ void split_sync()
     asm volatile("bar.sync 6, %0;\n" :: "n"(NC) : "memory");
 }
 
-// Split-K's workspace and this consumer's accumulators (the register epilogue's mapping:
-// accumulator j of slice i holds row 16 warp + lane/4 (+8 for j%4 >= 2) of the 64-row
-// slice, column 8 (j/4) + 2 (lane%4) + j%2), rows >= M and columns >= N never touched.
-// z < 0: store acc into the partial tile at w (rows of N floats); z >= 0: acc += partial
-// tile z at w + z * mn, read from L2 (other SMs wrote it). A row's BN/4 floats are loaded
-// together before they are added: one L2 round trip a row, not one a float2 (with the
-// column tests between them, ptxas issued each load only after the add before it, and a
-// 128x64 tile's sum of two slices took some 13 us on the H200).
-__device__ __forceinline__ void split_tile(float (&acc)[M_WGMMAS][ACC], float* w, int row0,
-                                           int n0, int M, int N, bool pair, int z, size_t mn)
-{
-    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const int col0 = n0 + (lane % 4) * 2;  // this thread's first column; block nb adds 8 nb
-    const bool full = pair && n0 + BN <= N;  // every column pair of the tile inside C
-    if (z >= 0)
-        w += z * mn;
-#pragma unroll
-    for (int i = 0; i < M_WGMMAS; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + i * 64 + warp * 16 + lane / 4 + h * 8;
-            if (row >= M)
-                continue;
-            // one address a row (the columns are offsets from it: few live registers)
-            float* const p = w + static_cast<size_t>(row) * N + col0;
-            if (full) {
-                if (z < 0) {
-#pragma unroll
-                    for (int nb = 0; nb < BN / 8; ++nb)
-                        *reinterpret_cast<float2*>(p + nb * 8) =
-                            make_float2(acc[i][nb * 4 + h * 2], acc[i][nb * 4 + h * 2 + 1]);
-                } else {
-                    float2 x[BN / 8];
-#pragma unroll
-                    for (int nb = 0; nb < BN / 8; ++nb)
-                        x[nb] = __ldcg(reinterpret_cast<const float2*>(p + nb * 8));
-#pragma unroll
-                    for (int nb = 0; nb < BN / 8; ++nb) {
-                        acc[i][nb * 4 + h * 2] += x[nb].x;
-                        acc[i][nb * 4 + h * 2 + 1] += x[nb].y;
-                    }
-                }
-                continue;
-            }
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; ++nb) {  // a tile on C's right edge, or N odd
-                const int col = col0 + nb * 8;
-                float& v0 = acc[i][nb * 4 + h * 2];
-                float& v1 = acc[i][nb * 4 + h * 2 + 1];
-                if (col < N) {
-                    if (z < 0)
-                        p[nb * 8] = v0;
-                    else
-                        v0 += __ldcg(p + nb * 8);
-                }
-                if (col + 1 < N) {
-                    if (z < 0)
-                        p[nb * 8 + 1] = v1;
-                    else
-                        v1 += __ldcg(p + nb * 8 + 1);
-                }
-            }
-        }
-    }
-}
 
 // Stream-K's schedule of one problem on `blocks` persistent blocks. The tiles up to the
 // last whole wave but one (dp_tiles, whole waves of the grid) go a tile to a block, work
@@ -548,6 +483,34 @@ struct StreamK {
         return c * 2 + (start(c) < static_cast<long long>(ts) * k_all);
     }
 };
+
+// Stream-K's partial tile in the consumers' own order: consumer thread ct's accumulators
+// acc[i][4q .. 4q + 3] are float4 (i * ACC / 4 + q) * NC + ct of the slot at w. Only this
+// kernel reads it back, with the same mapping, so a warp stores and loads 512 contiguous
+// bytes an instruction (in C's row-major order, split_tile's, a warp's 8-byte pairs fall
+// in 8 rows a row of BN floats apart). add: acc += the tile at w, read from L2 (another SM
+// wrote it); else acc is stored to w.
+__device__ __forceinline__ void partial_tile(float (&acc)[M_WGMMAS][ACC], float* w, bool add)
+{
+    float4* const p = reinterpret_cast<float4*>(w) + (threadIdx.x - 128);
+#pragma unroll
+    for (int i = 0; i < M_WGMMAS; ++i) {
+#pragma unroll
+        for (int q = 0; q < ACC / 4; ++q) {
+            float4* const f = p + (i * (ACC / 4) + q) * NC;
+            float* const a = &acc[i][4 * q];
+            if (add) {
+                const float4 v = __ldcg(f);
+                a[0] += v.x;
+                a[1] += v.y;
+                a[2] += v.z;
+                a[3] += v.w;
+            } else {
+                *f = make_float4(a[0], a[1], a[2], a[3]);
+            }
+        }
+    }
+}
 
 }  // namespace
 
@@ -690,7 +653,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16(const __grid_constant__ C
                 release(previous);
 
             // Stream-K: a unit that is not a whole tile leaves its partial tile (acc, no
-            // alpha; all BM x BN of it, rows of BN floats) in its block's workspace: slot 1
+            // alpha; all BM x BN of it, in partial_tile's order) in its block's workspace: slot 1
             // if the block's run of k-tiles began in an earlier tile (this is its last
             // unit), else slot 0 (its first). Then a ticket for the tile among the blocks
             // whose runs meet it; the holder of the last sums their partial tiles in k
@@ -701,7 +664,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16(const __grid_constant__ C
                 int first, last, parts;
                 sk.meets(ts, first, last, parts);
                 auto part = [&](int c) { return Wk + static_cast<size_t>(sk.slot(c, ts)) * (BM * BN); };
-                split_tile(acc, part(cluster_id), row0, 0, BM, BN, true, -1, 0);
+                partial_tile(acc, part(cluster_id), false);
                 // the flag in the ping-pong order barrier's word (stream-K has no ping-pong)
                 volatile uint32_t* const last_flag = reinterpret_cast<volatile uint32_t*>(
                     smem_raw + (bars + 16u * STAGES - smem_u32(smem_raw)));
@@ -730,7 +693,7 @@ gemm_wgmma_f16_128x128x64_c2_s4_x1_p1_g8_ts_sk_nt_of16(const __grid_constant__ C
 #pragma unroll 1
                 for (int c = first; c <= last; ++c)  // in k order: the same bits every launch
                     if (sk.start(c) < sk.start(c + 1))
-                        split_tile(acc, part(c), row0, 0, BM, BN, true, 0, 0);
+                        partial_tile(acc, part(c), true);
                 if (tid == 128)
                     tickets[ts] = 0;  // ready for the next launch
             }
