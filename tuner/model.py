@@ -73,7 +73,9 @@ times one problem's. The epilogue's bias and activation cost their instructions
            whole number of waves, each SM does blocks x k-tiles / SMs of the k-tiles (up
            to one more), in as many units as it has tiles whole or cut; the cut tiles cost
            the busiest SM two partial tiles written and two read at its share of the L2's
-           rate (its first and last units'), plus ``STREAMK_FIXUP_S``.
+           rate (its first and last units'), plus ``STREAMK_FIXUP_S``. (Measured, it ran
+           8-47% behind the same tiles without it, where this predicts 2.5-3.1% ahead:
+           bench/NOTES.md, fortieth session; stream-K is not searched.)
 
 **The streaming model** (:func:`_predict_stream`, families with ``streams_b``: decode). A
 skinny kernel (M <= 64) reads B once from DRAM and does little with it; its warps stream B
