@@ -516,7 +516,7 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk(int M, int N, int K, float
         }
 
         // Stream-K: a unit that is not a whole tile leaves its partial tile (acc, no alpha;
-        // all BM x BN of it, rows of BN floats) in its block's workspace: slot 1 if the
+        // all BM x BN of it, in the threads' own order) in its block's workspace: slot 1 if the
         // block's run of k-tiles began in an earlier tile (this is its last unit), else slot
         // 0 (its first). Then a ticket for the tile among the blocks whose runs meet it; the
         // holder of the last sums their partial tiles in k order (deterministic) into acc and
@@ -533,15 +533,16 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk(int M, int N, int K, float
             float* const Wp = W + static_cast<size_t>(blockIdx.y) * sk.blocks * 2 * BM * BN;
             auto part = [&](int c) { return Wp + static_cast<size_t>(sk.slot(c, ts)) * (BM * BN); };
             unsigned* const ticket = tickets + static_cast<size_t>(blockIdx.y) * sk.tiles + ts;
+            // in the threads' own order (only this kernel reads it, the same way): thread tid's
+            // acc[r][VB d .. VB d + VB - 1] at vector (r * RN / VB + d) * THREADS + tid, so a
+            // warp stores and loads 32 x VB contiguous floats an instruction
+            auto at = [&](int r, int d) { return ((r * (RN / VB) + d) * THREADS + tid) * VB; };
             float* const mine = part(static_cast<int>(blockIdx.x));
 #pragma unroll
-            for (int c = 0; c < RM / VA; ++c)
+            for (int r = 0; r < RM; ++r)
 #pragma unroll
-                for (int i = 0; i < VA; ++i)
-#pragma unroll
-                    for (int d = 0; d < RN / VB; ++d)
-                        st_vec<VB>(&mine[(row_base + c * WT_M * VA + i) * BN + col_base + d * WT_N * VB],
-                                   &acc[c * VA + i][d * VB]);
+                for (int d = 0; d < RN / VB; ++d)
+                    st_vec<VB>(&mine[at(r, d)], &acc[r][d * VB]);
             unsigned* const is_last = reinterpret_cast<unsigned*>(smem);  // the buffers are free now
         // Split-K's ticket: once every thread has stored its partial tile (the
             // barrier), one thread publishes them with one fence (cumulative: it covers
@@ -570,17 +571,15 @@ gemm_simt_f32_128x256x16_r8x16_w8x4_p4_v4_s2_g8_i1_sk(int M, int N, int K, float
                     continue;
                 const float* const w = part(p);
 #pragma unroll
-                for (int c = 0; c < RM / VA; ++c)
+                for (int r = 0; r < RM; ++r)
 #pragma unroll
-                    for (int i = 0; i < VA; ++i)
+                    for (int d = 0; d < RN / VB; ++d) {
+                        float v[VB];
+                        ld_cg<VB>(v, &w[at(r, d)]);
 #pragma unroll
-                        for (int d = 0; d < RN / VB; ++d) {
-                            float v[VB];
-                            ld_cg<VB>(v, &w[(row_base + c * WT_M * VA + i) * BN + col_base + d * WT_N * VB]);
-#pragma unroll
-                            for (int e = 0; e < VB; ++e)
-                                acc[c * VA + i][d * VB + e] += v[e];
-                        }
+                        for (int e = 0; e < VB; ++e)
+                            acc[r][d * VB + e] += v[e];
+                    }
             }
             if (tid == 0)
                 *ticket = 0;  // ready for the next launch
