@@ -73,9 +73,12 @@ SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 14336), (16, 14336, 4096
           (1, 8192, 28672)]
 DTYPES = (DType.F16, DType.BF16)
 #: (BN, WK, WN) of the candidates
-ARRANGEMENTS = [(32, 4, 1), (32, 8, 1), (64, 4, 2), (64, 2, 4), (128, 2, 4), (128, 4, 2)]
-#: (ring, stages) of the candidates: registers, or shared memory filled by cp.async
-RINGS = (("reg", 2), ("reg", 3), ("async", 3), ("async", 5))
+ARRANGEMENTS = [(32, 4, 1), (32, 8, 1), (32, 16, 1), (64, 4, 2), (64, 2, 4), (128, 2, 4),
+                (128, 4, 2)]
+#: (ring, stages) of the candidates: registers, or shared memory filled by cp.async (as
+#: deep as fits: a short call's ramp wants the bytes in flight, bench/NOTES.md,
+#: "Forty-first session")
+RINGS = (("reg", 2), ("async", 3), ("async", 5), ("async", 7))
 #: --prefetch-b's words: B's first chunks into the ring, or into L2 (DecodeConfig.prefetch_b)
 PREFETCH_MODES = {"ring": 1, "l2": 2}
 SMS = 132

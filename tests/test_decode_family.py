@@ -192,11 +192,17 @@ def test_the_family_is_registered_and_searched_for_fp16_and_bf16():
 
 
 def test_both_rings_are_searched():
-    """The shared-memory ring beside the register one, 5 stages its alone; a study's
-    params from before the ring was searched read as the register ring."""
+    """The shared-memory ring beside the register one, 5 to 8 stages its alone (as deep
+    as its shared memory allows), 16 warps along K; a study's params from before the ring
+    was searched read as the register ring."""
     cs = list(valid_configs(ARCH, DType.F16, (16, 4096, 4096)))
     assert {(c.ring, c.stages) for c in cs} == {("reg", s) for s in (2, 3, 4)} | {
-        ("async", s) for s in (2, 3, 4, 5)}
+        ("async", s) for s in range(2, 9)}
+    assert all(c.smem_bytes <= ARCH.smem_per_block_optin for c in cs)
+    deep = {(c.wk, c.wn, c.stages) for c in cs if c.bn == 32 and c.is_async}
+    assert {(8, 1, 8), (16, 1, 3)} <= deep and (16, 1, 4) not in deep  # A's slots overflow
+    one_row = list(valid_configs(ARCH, DType.F16, (1, 4096, 4096)))
+    assert (16, 1, 5) in {(c.wk, c.wn, c.stages) for c in one_row if c.mt == 1 and c.bn == 32}
     old = {"mt": 16, "bn": 32, "wk": 8, "wn": 1, "stages": 3}
     assert from_params(old, DType.F16) == DecodeConfig(bn=32, wk=8, wn=1, stages=3)
 

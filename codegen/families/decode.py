@@ -435,14 +435,18 @@ def problem_reasons(c: DecodeConfig, shape: Shape, arch: ArchLimits) -> list[str
 #: plain problem whose check the grid asks, reads 32 columns a warp). Both rings are
 #: searched: back to back with W beyond L2 the shared-memory ring's best ran 1-5% ahead of
 #: the register ring's at each decode shape (bench/NOTES.md, "Thirty-third session"); 5
-#: stages are the shared-memory ring's alone (check refuses a register ring of 5).
+#: stages and more are the shared-memory ring's alone (check refuses a register ring of 5).
+#: Deep rings and 16 warps: back to back on an H100 (W beyond L2) 16x4096x4096 ran 1.2%
+#: faster at 6-7 stages than at 5, and 1x4096x4096 15% faster with 16 warps of 4 stages
+#: than with 8 of 5: the bytes in flight an SM holds decide the ramp of a short call
+#: (bench/NOTES.md, "Forty-first session").
 SPACE: dict[str, tuple] = {
     "mt": FMA_ROWS + MMA_TILES,
     "bn": (32, 64, 128),
-    "wk": (2, 4, 8),
+    "wk": (2, 4, 8, 16),
     "wn": (1, 2, 4),
     "ring": RINGS,
-    "stages": (2, 3, 4, 5),
+    "stages": (2, 3, 4, 5, 6, 7, 8),
 }
 SEARCH_SPLITS = (1, 2, 4, 8, 16)
 SEARCH_VEC = 8
