@@ -2,7 +2,7 @@
 // Kernel:     gemm_decode_f16_mma16x32_w8x1_v8_s2_k2c_nt_of16
 // Computes:   C = alpha * A * B + beta * C; A (M x K) row-major, B (K x N) column-major, C (M x N) row-major;
 //             fp16 inputs, mma.sync m16n8k16, fp32 accumulation, fp16 output; any M, N, K >= 1, any ld >= row length
-// Parameters: MT=16 BN=32 warps 8x1 (K x N) VEC=8 (K chunk 32) STAGES=2 SPLIT=2
+// Parameters: MT=16 BN=32 warps 8x1 (K x N) VEC=8 (K chunk 32) STAGES=2 (registers) SPLIT=2
 // In flight:  2048 bytes of B per warp (1 chunks x 4 loads x 512), 16384 per block
 // Registers:  16 accumulators, 2 x 16 in B's ring, 16 in A's
 // Launch:     grid  = (ceil(M / 16) * ceil(N / 32), batch, 2)
@@ -22,7 +22,7 @@ constexpr int MT = 16, BN = 32;
 constexpr int WK = 8, WN = 1, WARPS = 8, THREADS = 256;
 constexpr int BNW = 32, NB = 4;  // a warp's columns and n8 blocks
 constexpr int VEC = 8, KC = 32, STAGES = 2;
-constexpr int A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // A's ring; a pass
+constexpr int B_RING = STAGES, A_STAGES = 2, ROUND = STAGES % 2 ? 2 * STAGES : STAGES;  // the rings; a pass
 constexpr int A_LOADS = 2;  // loads of A per lane and chunk
 constexpr int LDR = 40, SV = 4;  // partial tiles' row; outputs per store
 constexpr int MTILES = 1;  // m16 tiles
@@ -34,7 +34,7 @@ static_assert(WARPS == WK * WN && THREADS == 32 * WARPS && THREADS <= 1024, "thr
 static_assert(BNW * WN == BN && BNW % 8 == 0 && NB == BNW / 8, "a warp's columns are n8 blocks");
 static_assert(VEC == 4 || VEC == 8, "a lane loads 8 or 16 bytes");
 static_assert(KC == 4 * VEC, "a K chunk is 4 lanes x VEC deep");
-static_assert(STAGES >= 1 && STAGES <= 4, "a ring of 1..4 stages");
+static_assert(STAGES >= 1 && STAGES <= 4, "a register ring of 1..4 stages");
 static_assert(MT == 16 * MTILES && (MT == 16 || MT == 32 || MT == 64), "mma tiles of 16, 32 or 64 rows");
 static_assert(A_LOADS == 2 * MTILES, "A: rows g and g+8 of each m16 tile");
 static_assert(MTILES * NB * 4 <= 64, "at most 64 accumulator registers");
@@ -325,7 +325,7 @@ gemm_decode_f16_mma16x32_w8x1_v8_s2_k2c_nt_of16(int M, int N, int K, float alpha
     // one); A's A_STAGES = 2, each its A_LOADS loads at the column form's k's (A comes from
     // L2 or L1, not DRAM: one chunk ahead hides that, and a deeper ring would cost as many
     // registers again as B's for MT = 64).
-    unsigned bq[STAGES][NB][VEC / 2];
+    unsigned bq[B_RING][NB][VEC / 2];
     unsigned aq[A_STAGES][A_LOADS][VEC / 2];
 
     // The rows of A this lane loads: a_row0 + a_drow(i), i < A_LOADS: rows g, g+8 of each
@@ -409,8 +409,8 @@ gemm_decode_f16_mma16x32_w8x1_v8_s2_k2c_nt_of16(int M, int N, int K, float alpha
     // of them, those loaded whole (chunks below c_whole: inside K; none unless the operands
     // allow vectors): chunk it's B is loaded into stage
     // it % STAGES, STAGES-1 steps before it is computed, its A into it % A_STAGES, one step
-    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant). The
-    // rest (the end of K; all of them with misaligned operands) go one at a time.
+    // before (a pass of ROUND steps, a multiple of both, keeps every index a constant).
+    // The rest (the end of K; all of them with misaligned operands) go one at a time.
     const bool vectors = b_vec && a_vec;
     const int c_whole = vectors ? min(c_end, K / KC) : c_begin;
     const int whole = first < c_whole ? (c_whole - first + WK - 1) / WK : 0;
