@@ -2,7 +2,7 @@
 
     python3 bench/decode_roof.py [--out DIR] [--dtypes f16,bf16] [--shapes MxNxK,...]
                                  [--epilogue] [--candidates NAME,...] [--prefetch-b [ring,l2]]
-                                 [--wave-tiles] [--library DIR]
+                                 [--wave-tiles] [--library DIR] [--alias-a]
                                  [--back-to-back] [--list]
 
 The five decode shapes (M x N x K: 1x4096x4096, 16x4096x4096, 64x4096x14336,
@@ -32,6 +32,9 @@ lib.gemm(x, W.t(), y) as it decides (its first use measured, as in a program), a
 same with static_b=True (the promise that no work ahead writes W: a decode entry runs as
 its twin that loads W before the kernel ahead ends; Library.gemm), rows "library" and
 "library static_b"; --candidates none leaves the generated kernels out.
+--alias-a is a diagnostic of what reading A costs: x's M rows alias one row (our kernels
+get lda = 0, torch an expanded view), so every block's reads of A from the L2 are one
+row's and the rest of each kernel is unchanged; torch's figure there is not a peer's.
 
 Ours: candidates() below: per shape, the M tiles that cover M (the FMA path for M <= 8,
 mma tiles otherwise), a few warp arrangements and rings, split-K by the last block and
@@ -226,13 +229,15 @@ def copy_roof(torch, timer: Timer) -> float:
 class Problem:
     """One shape and dtype: x, the rotating copies of W, y, the reference."""
 
-    def __init__(self, torch, shape, dtype: DType, l2_bytes: int, epilogue: bool):
+    def __init__(self, torch, shape, dtype: DType, l2_bytes: int, epilogue: bool,
+                 alias_a: bool = False):
         m, n, k = shape
         self.torch, self.shape, self.dtype, self.epilogue = torch, shape, dtype, epilogue
         t = _tdt(torch, dtype)
         w_bytes = n * k * 2
         self.copies = max(2, math.ceil(3 * l2_bytes / w_bytes))
-        self.x = torch.randn(m, k, device="cuda").to(t)
+        self.alias_a = alias_a  # x's rows alias one row (--alias-a)
+        self.x = torch.randn(1 if alias_a else m, k, device="cuda").to(t).expand(m, k)
         self.ws = [torch.randn(n, k, device="cuda").to(t) for _ in range(self.copies)]
         self.b = torch.randn(n, device="cuda").to(t) if epilogue else None
         self.y = torch.empty(m, n, device="cuda", dtype=t)
@@ -250,7 +255,7 @@ class Problem:
 
     def ours(self, runner, g, stream):
         m, n, k = self.shape
-        bound = runner.bind(g, m, n, k, k, k, n)
+        bound = runner.bind(g, m, n, k, 0 if self.alias_a else k, k, n)
         x, y, ws = self.x.data_ptr(), self.y.data_ptr(), [w.data_ptr() for w in self.ws]
         b = self.b.data_ptr() if self.b is not None else 0
         return lambda i: bound(x, ws[i % self.copies], y, 1.0, 0.0, stream, bias=b)
@@ -324,6 +329,9 @@ def main(argv=None) -> int:
                          "events (no event between the kernels), not each call alone")
     ap.add_argument("--library", type=Path, default=None,
                     help="also lib.gemm through this library, with and without static_b")
+    ap.add_argument("--alias-a", action="store_true",
+                    help="a diagnostic: x's rows alias one row (lda = 0 for ours), so A's "
+                         "reads from the L2 are one row's")
     ap.add_argument("--list", action="store_true", help="print the candidates and exit")
     args = ap.parse_args(argv)
     try:
@@ -379,14 +387,14 @@ def _run(args, plan: dict) -> int:
     roof = copy_roof(torch, timer)
     doc = dict(benchmark="decode-roof", gpu=gpu, torch=torch.__version__, nvcc=nvcc_version(),
                commit=commit(), rounds=ROUNDS, calls=CALLS, l2_bytes=props.L2_cache_size,
-               copy_roof_gbs=round(roof, 1), epilogue=args.epilogue,
+               copy_roof_gbs=round(roof, 1), epilogue=args.epilogue, alias_a=args.alias_a,
                back_to_back=args.back_to_back,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                method=__doc__, rows=[])
     print(f"{gpu}: device copy {roof:.0f} GB/s; L2 {props.L2_cache_size >> 20} MiB", flush=True)
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     tag = ("-epilogue" if args.epilogue else "") + ("-back-to-back" if args.back_to_back else "") \
-        + ("-library" if args.library else "")
+        + ("-library" if args.library else "") + ("-alias-a" if args.alias_a else "")
     path = args.out / f"decode-roof{tag}-{slug}-{doc['date'][:10]}.json"
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -413,7 +421,8 @@ def _run(args, plan: dict) -> int:
     torch_how = ("F.gelu(F.linear(x, W, b))" if args.epilogue else
                  "torch.matmul(x, W.t(), out=y)") + ", C in the input type"
     for (shape, dtype), cfgs in plan.items():
-        problem = Problem(torch, shape, dtype, props.L2_cache_size, args.epilogue)
+        problem = Problem(torch, shape, dtype, props.L2_cache_size, args.epilogue,
+                          args.alias_a)
         runs, errors = {"torch": problem.torch_call()}, {}
         errors["torch"] = problem.error(runs["torch"])
         if lib is not None:

@@ -133,11 +133,18 @@ def test_where_it_stands_quotes_the_files_it_cites():
     t3 = _tunes("tune-3xtf32-default-")["3xtf32"]
     assert f"| {t3['ratio']:.2f}x (" in rows[
         "3xTF32 (fp32's accuracy on tensor cores), a fresh tune at 4096^3"]
-    decode = _cited("decode-roof-prefetch-b-bf16-")["rows"]
-    at = {tuple(r["shape"]): r for r in decode}
-    line = rows["decode shapes, bf16, the weights read from DRAM, back to back"]
-    assert _span([r["ratio"] for r in decode]) + "; 1x4096x4096 at " \
-        f"{at[1, 4096, 4096]['roof']:.0%}, 16x4096x4096 at {at[16, 4096, 4096]['roof']:.0%}" in line
+    decode = _cited("decode-roof-library-[0-9a-f]{7}-")["rows"]
+    line = rows["decode shapes through the library, fp16 and bf16, the weights read from DRAM, "
+                "back to back"]
+    roofs = {s: _span([r["roof"] for r in decode if r["shape"] == [s, 4096, 4096]], ".0%", "")
+             for s in (1, 16)}
+    assert _span([r["ratio"] for r in decode]) + f"; 1x4096x4096 at {roofs[1]}, " \
+        f"16x4096x4096 at {roofs[16]}" in line
+    assert {r["kernel"] for r in decode} <= {"library", "library static_b"}
+    depth = _cited("decode-depth-f16-bf16-")["rows"]
+    best = {s: _span([max(c["roof"] for c in r["candidates"].values()) for r in depth
+                      if r["shape"] == [s, 4096, 4096]], ".0%", "") for s in (1, 16)}
+    assert f"the best kernels reach {best[1]} and {best[16]}" in line
     lib = _cited("library-vs-cublas-[0-9a-f]{7}-")["summary"]  # the latest run, cited first
     assert f"geometric mean {lib['geomean']:.2f}x torch.matmul, none below 0.95x" in rows[
         "the library end to end, 64 shapes through `lib.gemm`"] and not lib["below_095"]
@@ -155,7 +162,7 @@ def _span(xs, fmt=".2f", unit="x") -> str:
 
 def test_the_wgmma_figures_are_those_of_the_files_cited():
     text = " ".join(README.split())
-    rows = _cited("wgmma-vs-cublas-[0-9a-f]{7}-h200")["rows"]
+    rows = _cited("wgmma-vs-cublas-[0-9a-f]{7}-h[12]00")["rows"]
     at = {(r["dtype"], *r["shape"]): r for r in rows}
     assert len(rows) == 10 and {r["peer"].split()[0] for r in rows} == {"torch.matmul"}
     assert f"runs fp16 and bf16 at {_span([r['ratio'] for r in rows])} of torch.matmul " \
