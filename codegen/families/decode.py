@@ -436,10 +436,11 @@ def problem_reasons(c: DecodeConfig, shape: Shape, arch: ArchLimits) -> list[str
 #: searched: back to back with W beyond L2 the shared-memory ring's best ran 1-5% ahead of
 #: the register ring's at each decode shape (bench/NOTES.md, "Thirty-third session"); 5
 #: stages and more are the shared-memory ring's alone (check refuses a register ring of 5).
-#: Deep rings and 16 warps: back to back on an H100 (W beyond L2) 16x4096x4096 ran 1.2%
-#: faster at 6-7 stages than at 5, and 1x4096x4096 15% faster with 16 warps of 4 stages
-#: than with 8 of 5: the bytes in flight an SM holds decide the ramp of a short call
-#: (bench/NOTES.md, "Forty-first session").
+#: Deep rings and 16 warps: back to back (W beyond L2) 1x4096x4096 with 16 warps of 4
+#: stages against 8 of 5 went from 77% to 87-88% of the DRAM roof on the H200 (83% to 97%
+#: on an H100), 16x4096x4096 at 6 stages or 12 warps from 77% to 78-79%: the bytes in
+#: flight an SM holds decide the ramp of a short call (bench/NOTES.md, "Forty-first
+#: session").
 SPACE: dict[str, tuple] = {
     "mt": FMA_ROWS + MMA_TILES,
     "bn": (32, 64, 128),
