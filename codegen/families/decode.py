@@ -130,8 +130,9 @@ class DecodeConfig(SplitK, Serial, Named):
             one thread-block cluster and sum through distributed shared memory, ``c``:
             sm_90, split 2, 4 or 8).
         share_a: blocks of a thread-block cluster along N that share A's reads (1: none;
-            2, ``_sa2``: sm_90, the mma tiles, the shared-memory ring, no split). Each block loads half of every chunk's A, the rows g of
-            each m16 tile or the rows g + 8, and reads the other half from its partner's
+            2, ``_sa2``: sm_90, the mma tiles, the shared-memory ring, no split). Each
+            block loads half of every chunk's A, the rows g of each m16 tile or the rows
+            g + 8, and reads the other half from its partner's
             ring through distributed shared memory, each thread with the partner's thread
             of its own index: a flag in shared memory says the partner's half has landed,
             another that it was read, so a slot is refilled only after both blocks read it.
@@ -310,7 +311,6 @@ class DecodeConfig(SplitK, Serial, Named):
             B_FLIGHT=self.b_in_flight,
             SPLIT=self.split, LAST=self.last, REDUCE_PASS=self.reduce_pass,
             WORKSPACE=self.has_workspace, CLUSTER=self.cluster, SHARE_A=self.share_a,
-            FLAGS_AT=self.wk * self.mt * self.ldr * 4 + self.ring_bytes,
         )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
