@@ -15,12 +15,13 @@ def test_every_shape_gets_a_kernel_and_says_where_cublas_runs():
     from codegen import parse_arch
     from tuner import load_library
     from tuner._shape import parse_shape
+    from tuner.runtime.manifest import ENTRY_DEFAULTS
 
     lib = load_library(ROOT / "artifacts" / "library")
     dev = SimpleNamespace(cc=90, arch=parse_arch("sm_90"))
+    plain = {f: ENTRY_DEFAULTS[f] for f in ("layout", "out", "bias", "act", "batch")}
     exact = {(e["m"], e["n"], e["k"]): e["kernel"] for e in lib.manifest["entries"]
-             if e["dtype"] == "f32" and e.get("layout", "nn") == "nn" and "out" not in e
-             and not e.get("batch")}
+             if e["dtype"] == "f32" and {f: e.get(f, v) for f, v in plain.items()} == plain}
     ran_cublas = 0
     for s in suite.SHAPES:
         m, n, k = parse_shape(s)
