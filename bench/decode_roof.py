@@ -2,7 +2,7 @@
 
     python3 bench/decode_roof.py [--out DIR] [--dtypes f16,bf16] [--shapes MxNxK,...]
                                  [--epilogue] [--candidates NAME,...] [--prefetch-b [ring,l2]]
-                                 [--wave-tiles] [--share-a] [--library DIR] [--alias-a]
+                                 [--wave-tiles] [--library DIR] [--alias-a]
                                  [--back-to-back] [--list]
 
 The five decode shapes (M x N x K: 1x4096x4096, 16x4096x4096, 64x4096x14336,
@@ -32,9 +32,7 @@ lib.gemm(x, W.t(), y) as it decides (its first use measured, as in a program), a
 same with static_b=True (the promise that no work ahead writes W: a decode entry runs as
 its twin that loads W before the kernel ahead ends; Library.gemm), rows "library" and
 "library static_b"; --candidates none leaves the generated kernels out.
---share-a adds, for each candidate that can, its twin whose pair of panels share A's
-reads across a cluster (`_sa2`: each block loads half of each chunk's A). --alias-a is a
-diagnostic of what reading A costs: x's M rows alias one row (our kernels
+--alias-a is a diagnostic of what reading A costs: x's M rows alias one row (our kernels
 get lda = 0, torch an expanded view), so every block's reads of A from the L2 are one
 row's and the rest of each kernel is unchanged; torch's figure there is not a peer's.
 
@@ -127,13 +125,11 @@ def wave_tiles(shape) -> list[tuple[int, int, int]]:
 
 
 def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90",
-               prefetch_b: tuple[int, ...] = (), waves: bool = False,
-               share_a: bool = False) -> list:
+               prefetch_b: tuple[int, ...] = (), waves: bool = False) -> list:
     """The decode configs timed at `shape` (see the module doc), NT, C in `dtype`; each
     also as its twin of each of `prefetch_b`'s modes, which fetch B's first chunks before
     the wait for the kernel before (DecodeConfig.prefetch_b); with `waves`, also the N
-    tiles of wave_tiles; with `share_a`, each also as its twin sharing A's reads across a
-    pair of panels (DecodeConfig.share_a), where one can."""
+    tiles of wave_tiles."""
     variant = Variant(Layout.NT, dtype, *(("out", "gelu") if epilogue else ("none", "none")))
     arrangements = ARRANGEMENTS + (wave_tiles(shape) if waves else [])
     out = []
@@ -145,9 +141,7 @@ def candidates(shape, dtype: DType, epilogue: bool = False, arch: str = "sm_90",
             c = dataclasses.replace(base, split=split, reduce=reduce)
             if not check(c, arch) and not problem_reasons(c, shape, arch) and \
                     c.split <= cdiv(shape[2], c.bk):
-                twins = [c] + [dataclasses.replace(c, prefetch_b=p) for p in prefetch_b]
-                shared = [dataclasses.replace(t, share_a=2) for t in twins] if share_a else []
-                out += twins + [t for t in shared if not check(t, arch)]
+                out += [c] + [dataclasses.replace(c, prefetch_b=p) for p in prefetch_b]
     return list(dict.fromkeys(out + wgmma_candidates(shape, dtype, variant, arch)))
 
 
@@ -328,9 +322,6 @@ def main(argv=None) -> int:
                     help="each decode candidate also with B's first chunks fetched before "
                          "the wait for the kernel before: into the ring, into L2, or both "
                          "(ring,l2: the default)")
-    ap.add_argument("--share-a", action="store_true",
-                    help="each candidate also as its twin that shares A's reads across a "
-                         "pair of panels (_sa2), where one can")
     ap.add_argument("--wave-tiles", action="store_true",
                     help="also the N tiles fitted to whole waves of the SMs (wave_tiles)")
     ap.add_argument("--back-to-back", action="store_true",
@@ -353,8 +344,7 @@ def main(argv=None) -> int:
         if any(w not in PREFETCH_MODES for w in words):
             raise UsageError(f"--prefetch-b takes ring and l2, not {args.prefetch_b!r}")
         prefetch = tuple(PREFETCH_MODES[w] for w in words)
-        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, prefetch, args.wave_tiles,
-                                args.share_a)
+        plan = {(s, d): _chosen(args.candidates, s, d, args.epilogue, prefetch, args.wave_tiles)
                 for s in shapes for d in dtypes}
     except (ValueError, UsageError) as e:
         print(f"decode_roof: {e}", file=sys.stderr)
@@ -369,11 +359,9 @@ def main(argv=None) -> int:
 
 
 def _chosen(names: str, shape, dtype: DType, epilogue: bool,
-            prefetch_b: tuple[int, ...] = (), waves: bool = False,
-            share_a: bool = False) -> list:
+            prefetch_b: tuple[int, ...] = (), waves: bool = False) -> list:
     if not names:
-        return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b, waves=waves,
-                          share_a=share_a)
+        return candidates(shape, dtype, epilogue, prefetch_b=prefetch_b, waves=waves)
     if names == "none":
         return []
     from codegen.config import config_from_name

@@ -30,7 +30,6 @@ _SHIM = r"""
 #include <algorithm>
 #include <atomic>
 #include <barrier>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -200,22 +199,6 @@ inline X opaque(X x) { return x; }""",
     wmma::load_matrix_sync(f, p, ldm);
 }""",
     "ring_commit": r"""inline void ring_commit() { emu_commit(); }""",
-    # a shared A's flags (the decode family's share_a): release and acquire on the word
-    # (with EMU_SKEW set, a cluster's odd blocks pause after each, so that their partners
-    # run ahead: a read the flags do not order then comes too early)
-    "flag_set": r"""inline void flag_set(unsigned* word, unsigned v)
-{
-    static const bool skew = std::getenv("EMU_SKEW") != nullptr;
-    std::atomic_ref<unsigned>(*word).store(v, std::memory_order_release);
-    if (skew && emu_block->rank % 2)
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-}""",
-    "flag_wait": r"""inline void flag_wait(const unsigned* word, unsigned v)
-{
-    while (std::atomic_ref<unsigned>(*const_cast<unsigned*>(word)).load(
-               std::memory_order_acquire) < v)
-        std::this_thread::yield();
-}""",
     "ring_wait": r"""template <int N>
 inline void ring_wait() { emu_wait<N>(); }""",
     "transpose_b16": r"""inline unsigned transpose_b16(unsigned x)
@@ -385,10 +368,9 @@ static void emu_run_block(F&& body, dim3 bid, int threads)
     for (auto& t : ts) t.join();
 }
 
-// the `size` blocks (x, y, 0 .. size-1) of a cluster along z, or along x (x .. x + size
-// - 1, y, 0), their threads together
+// the `size` blocks (x, y, 0 .. size-1) of a cluster along z, their threads together
 template <typename F>
-static void emu_run_cluster(F&& body, dim3 origin, int threads, int size, bool along_x = false)
+static void emu_run_cluster(F&& body, dim3 origin, int threads, int size)
 {
     EmuCluster cl(threads * size);
     std::vector<std::unique_ptr<EmuBlock>> blks;
@@ -404,7 +386,7 @@ static void emu_run_cluster(F&& body, dim3 origin, int threads, int size, bool a
             ts.emplace_back([&, r, i] {
                 emu_block = blks[r].get();
                 emu_tid = dim3(i, 0, 0);
-                emu_bid = along_x ? dim3(origin.x + r, origin.y, 0) : dim3(origin.x, origin.y, r);
+                emu_bid = dim3(origin.x, origin.y, r);
                 body();
             });
     for (auto& t : ts) t.join();
@@ -431,7 +413,7 @@ int main(int argc, char** argv)
     std::vector<dim3> order;  // blocks, or with a cluster of the slices, its first block
     for (int z = 0; z < (CLUSTER_Z > 1 ? 1 : SPLIT_K); ++z)
         for (int y = 0; y < batch; ++y)
-            for (int x = 0; x < gx; x += CLUSTER_X)
+            for (int x = 0; x < gx; ++x)
                 order.push_back(dim3(x, y, z));
     std::shuffle(order.begin(), order.end(), std::mt19937(std::atoi(argv[13])));
     emu_grid = dim3(gx, batch, SPLIT_K);
@@ -439,9 +421,7 @@ int main(int argc, char** argv)
     const auto body = [&] { KERNEL(M, N, K, alpha, A.data(), lda, sA, B.data(), ldb, sB, beta,
                                    C.data(), ldc, sC, bp EXTRA_ARGS); };
     for (const dim3& bid : order) {
-        if (CLUSTER_X > 1)
-            emu_run_cluster(body, bid, THREADS, CLUSTER_X, true);
-        else if (CLUSTER_Z > 1)
+        if (CLUSTER_Z > 1)
             emu_run_cluster(body, bid, THREADS, CLUSTER_Z);
         else
             emu_run_block(body, bid, THREADS);
@@ -455,9 +435,6 @@ int main(int argc, char** argv)
     return 0;
 }
 """
-
-#: a shared A's grid (DecodeConfig.grid): the panels a whole number of clusters
-_SHARED_A_GRID = "((M + TILE_M - 1) / TILE_M) * (((N + BN - 1) / BN + CLUSTER_X - 1) / CLUSTER_X * CLUSTER_X)"
 
 _REDUCE_PASS = r"""const int rx = (M * N + 255) / 256;
     emu_grid = dim3(rx, batch, 1);
@@ -501,17 +478,15 @@ def emulation_source(cfg, src: str | None = None, slots: int = 3) -> str:
         src = src.replace("#include <mma.h>", _WMMA)
     # a cluster split-K: cooperative_groups' cluster calls on the emulated cluster
     src = src.replace("#include <cooperative_groups.h>", _CG).replace(
-        "__cluster_dims__(1, 1, SPLIT) ", "").replace("__cluster_dims__(SHARE_A, 1, 1) ", "")
+        "__cluster_dims__(1, 1, SPLIT) ", "")
     assert not re.search(r"\basm\b", re.sub(r"//.*", "", src)), "inline PTX left"
     extra = (", W.data()" if cfg.has_workspace else "") + (", tickets.data()" if cfg.last else "")
     harness = (_HARNESS.replace("REDUCE_PASS", _REDUCE_PASS if cfg.reduce_pass else "")
                .replace("KERNEL", cfg.name).replace(" EXTRA_ARGS", extra)
                .replace("SPLIT_K", str(cfg.split))
-               .replace("GRID_X", str(slots) if getattr(cfg, "streamk", 0) else
-                        _SHARED_A_GRID if getattr(cfg, "share_a", 1) > 1 else "tiles")
+               .replace("GRID_X", str(slots) if getattr(cfg, "streamk", 0) else "tiles")
                .replace("W_TILE", str(cfg.bm * cfg.bn) if getattr(cfg, "streamk", 0) else "0")
                .replace("CLUSTER_Z", str(cfg.split if getattr(cfg, "cluster", False) else 1))
-               .replace("CLUSTER_X", str(getattr(cfg, "share_a", 1)))
                .replace("TILE_M", "MT" if cfg.family is Family.DECODE else "BM"))
     return (_SHIM + f"constexpr size_t EMU_SMEM_FLOATS = {-(-cfg.smem_bytes // 4)};\n" + src
             + harness)

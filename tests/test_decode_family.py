@@ -482,13 +482,6 @@ EMULATED = [
     Variant(Layout.TN, DType.BF16).apply(
         DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=32, wk=8, wn=1, split=8,
                      reduce="cluster")),
-    # A shared by a pair of panels across a cluster along N: one M tile and two (the
-    # pairs within each), a column-major and a row-major B
-    NT16.apply(DecodeConfig(bn=32, wk=2, wn=1, stages=4, ring="async", prefetch_b=1,
-                            share_a=2)),
-    Variant(Layout.NN, DType.BF16, "out", "gelu").apply(
-        DecodeConfig(dtype=DType.BF16, mt=32, bn=64, wk=2, wn=2, stages=3, ring="async",
-                     share_a=2)),
 ]
 
 
@@ -506,8 +499,6 @@ def test_the_emulated_configs_are_valid_and_cover_the_family():
                                                            (True, "last"), (True, "cluster")}
     assert {c.math for c in EMULATED} == {"mma", "fma"} and {c.vec for c in EMULATED} == {4, 8}
     assert {c.prefetch_b for c in EMULATED} == {0, 1, 2}
-    assert {c.share_a for c in EMULATED} == {1, 2} and {c.b_col for c in EMULATED
-                                                         if c.share_a > 1} == {True, False}
     async_ = [c for c in EMULATED if c.is_async]
     assert {c.math for c in async_} == {"mma", "fma"} and {c.b_col for c in async_} == {
         True, False} and {c.vec for c in async_} == {4, 8}
@@ -552,24 +543,6 @@ def test_the_emulation_catches_a_cluster_sum_without_its_barrier(emulated, tmp_p
     racy = build(cfg, tmp_path, src.replace(good, ""), "racy")
     errs = [emulate(racy, cfg, (16, 200, 300), tmp_path, seed=s)[0] for s in range(3)]
     assert not all(e <= _GATE[cfg.out.short] for e in errs), errs
-
-
-def test_the_emulation_catches_a_shared_a_read_before_it_lands(emulated, tmp_path,
-                                                               monkeypatch):
-    """A shared A's half is read from the partner's ring only once the partner's landed
-    flag says it is there: without that wait, a block that runs ahead of its partner
-    (EMU_SKEW: the odd block pauses after each flag it sets) reads the partner's slot
-    before its copy lands, an older chunk's A. With the wait the skewed run is right."""
-    wait = "flag_wait(landed + s * THREADS, it + 1);"
-    monkeypatch.setenv("EMU_SKEW", "1")
-    cfg = next(c for c in EMULATED if c.share_a > 1)
-    shape, gate = (16, 96, 2048), _GATE[cfg.out.short]
-    src = emulation_source(cfg)
-    assert wait in src
-    assert emulate(emulated[1][cfg], cfg, shape, tmp_path) == (pytest.approx(0, abs=gate), True)
-    racy = build(cfg, tmp_path, src.replace(wait, ""), "racy")
-    results = [emulate(racy, cfg, shape, tmp_path, seed=s) for s in range(3)]
-    assert not all(err <= gate and ok for err, ok in results), results
 
 
 def test_the_emulation_catches_a_wrong_fragment(emulated, tmp_path):

@@ -31,9 +31,7 @@ from codegen.families.decode import DecodeConfig
 #: rows, FMAs on 2 rows with 8-byte copies summed across a cluster, 6 stages of a 64-row
 #: tile summed by the last block; B's first chunks before the wait for the kernel before,
 #: loaded (prefetch_b=1) or prefetched into L2 (2), in a register ring and in a
-#: shared-memory one summed across a cluster; A shared by a pair of panels across a cluster
-#: (share_a: 6 stages of 16 rows with B's first chunks before the wait, 3 of 32 rows over
-#: 4 x 2 warps)
+#: shared-memory one summed across a cluster
 BASES = [
     DecodeConfig(),
     DecodeConfig(mt=64, bn=32, wk=4, wn=1, stages=2),
@@ -53,8 +51,6 @@ BASES = [
     DecodeConfig(math="fma", mt=1, bn=32, wk=8, wn=1, stages=4, prefetch_b=2),
     DecodeConfig(bn=32, wk=8, wn=1, stages=5, ring="async", prefetch_b=2, split=2,
                  reduce="last"),
-    DecodeConfig(bn=32, wk=8, wn=1, stages=6, ring="async", prefetch_b=1, share_a=2),
-    DecodeConfig(mt=32, bn=64, wk=4, wn=2, stages=3, ring="async", share_a=2),
 ]
 MS = (1, 7, 16, 33, 64)
 

@@ -471,8 +471,7 @@ def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occup
         counted = c.mt * nb * c.vec + nb * c.vec + 2 * c.a_loads + 6
     steps = _cdiv(ks, c.kc * c.wk)
     issue_s = STREAM_ISSUE_SCALE * per_sm * c.warps * steps * counted / (4 * hz)
-    # every panel's block reads its rows of A from the L2 (a pair sharing A: half of them)
-    a_l2 = blocks * c.mt * ks * es // getattr(c, "share_a", 1)
+    a_l2 = blocks * c.mt * ks * es  # every panel's block reads its rows of A from the L2
     l2_s = (a_l2 + batch * n * k * es) / _l2_bw(arch)
     terms = dict(stream=stream_s, issue=issue_s, l2=l2_s)
     limiter = max(terms, key=terms.get)

@@ -66,8 +66,6 @@ FMA_ROWS = (1, 2, 4, 8)
 VECS = (4, 8)
 SPLITS = (1, 2, 4, 8, 16, 32)
 REDUCES = ("pass", "last", "cluster")
-#: blocks of a cluster along N that share A's reads (share_a)
-SHARE_A = (1, 2)
 #: where a warp's ring lives: registers, or its threads' slots of shared memory (cp.async)
 RINGS = ("reg", "async")
 #: the name's text of each prefetch_b (0, none, is never written): into the ring, into L2
@@ -129,15 +127,6 @@ class DecodeConfig(SplitK, Serial, Named):
             workspace and a ticket, ``l``) or "cluster" (the SPLIT blocks of a tile are
             one thread-block cluster and sum through distributed shared memory, ``c``:
             sm_90, split 2, 4 or 8).
-        share_a: blocks of a thread-block cluster along N that share A's reads (1: none;
-            2, ``_sa2``: sm_90, the mma tiles, the shared-memory ring, no split). Each
-            block loads half of every chunk's A, the rows g of each m16 tile or the rows
-            g + 8, and reads the other half from its partner's
-            ring through distributed shared memory, each thread with the partner's thread
-            of its own index: a flag in shared memory says the partner's half has landed,
-            another that it was read, so a slot is refilled only after both blocks read it.
-            A's reads from the L2 halve (the 16 rows of a decode GEMM read by every panel:
-            bench/NOTES.md, "Forty-first session").
         layout, out, bias, act: how A and B are stored, C's type, the bias vector and
             the activation (see _common.EPILOGUE_NAME).
 
@@ -161,7 +150,6 @@ class DecodeConfig(SplitK, Serial, Named):
     prefetch_b: int = 0
     split: int = 1
     reduce: str = "pass"
-    share_a: int = 1
     dtype: DType = DType.F16
     family: Family = Family.DECODE
     layout: Layout = Layout.NN
@@ -171,7 +159,7 @@ class DecodeConfig(SplitK, Serial, Named):
 
     #: the procedural name, encoding every field (``Named`` writes and reads it)
     NAME = Name("gemm_decode_{dtype}_{math}{mt}x{bn}_w{wk}x{wn}_v{vec}_{ring}{stages}"
-                "[_pb{prefetch_b}][_sa{share_a}][_k{split}{reduce}]" + EPILOGUE_NAME,
+                "[_pb{prefetch_b}][_k{split}{reduce}]" + EPILOGUE_NAME,
                 prefetch_b=choice(PREFETCH_TEXTS),
                 math=choice({"mma": "mma", "fma": "fma"}),
                 ring=choice({"reg": "s", "async": "a"}),
@@ -236,15 +224,10 @@ class DecodeConfig(SplitK, Serial, Named):
         return self.stages * (self.bnw // 8 + self.a_loads) * self.threads * 2 * self.vec
 
     @property
-    def flag_bytes(self) -> int:
-        """A shared A's flags (share_a > 1): a landed and a read word per stage and thread."""
-        return 2 * self.stages * self.threads * 4 if self.share_a > 1 else 0
-
-    @property
     def smem_bytes(self) -> int:
-        """The partial tiles of the WK warps of each column, [WK][MT][LDR] floats, the ring
-        (async) after them and a shared A's flags after that (dynamic)."""
-        return self.wk * self.mt * self.ldr * 4 + self.ring_bytes + self.flag_bytes
+        """The partial tiles of the WK warps of each column, [WK][MT][LDR] floats, and the
+        ring (async) after them (dynamic)."""
+        return self.wk * self.mt * self.ldr * 4 + self.ring_bytes
 
     @property
     def acc_regs(self) -> int:
@@ -310,16 +293,13 @@ class DecodeConfig(SplitK, Serial, Named):
             ACC_REGS=self.acc_regs, STAGE_REGS=self.stage_regs, A_RING_REGS=self.a_ring_regs,
             B_FLIGHT=self.b_in_flight,
             SPLIT=self.split, LAST=self.last, REDUCE_PASS=self.reduce_pass,
-            WORKSPACE=self.has_workspace, CLUSTER=self.cluster, SHARE_A=self.share_a,
+            WORKSPACE=self.has_workspace, CLUSTER=self.cluster,
         )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         """M tiles fastest along x (the blocks of one panel of B run together), the K
-        slices along z; the runner puts the batch along y. A shared A's clusters are
-        neighbouring panels of one M tile (x = (pair x M tiles + M tile) x SHARE_A + rank),
-        so x is a whole number of them (a block past N still loads its half of A)."""
-        panels = cdiv(cdiv(n, self.bn), self.share_a) * self.share_a
-        return cdiv(m, self.mt) * panels, 1, self.split
+        slices along z; the runner puts the batch along y."""
+        return cdiv(m, self.mt) * cdiv(n, self.bn), 1, self.split
 
     def block(self) -> tuple[int, int, int]:
         return self.threads, 1, 1
@@ -390,8 +370,6 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
         why.append("a shared-memory ring copies rows of A 2 x VEC bytes at a time: a "
                    f"column-major A ({c.layout.value}) takes the register ring")
     why += _split_reasons(c, a)
-    if c.share_a != 1:
-        why += _share_a_reasons(c, a)
     if why:
         return why
     if c.acc_regs > MAX_ACC_REGS:
@@ -404,20 +382,6 @@ def check(c: DecodeConfig, a: ArchLimits) -> list[str]:
                    f"{c.regs_estimate} registers per thread, over the {c.register_cap(a)} a "
                    f"block of {c.threads} threads leaves each")
     why += smem_reasons(c.smem_bytes, a)
-    return why
-
-
-def _share_a_reasons(c: DecodeConfig, a: ArchLimits) -> list[str]:
-    why = []
-    if c.share_a not in SHARE_A:
-        why.append(f"share_a is {' or '.join(map(str, SHARE_A))}, not {c.share_a!r}")
-    if a.cc < 90:
-        why.append(f"sharing A across a cluster needs sm_90 (clusters); {a.sm} has none")
-    if c.math != "mma" or not c.is_async:
-        why.append("a shared A is the mma tiles' with the shared-memory ring (a half of "
-                   "each chunk's A loads, rows g or g + 8, lives in a partner's ring)")
-    if c.split != 1:
-        why.append("a shared A takes no split-K (its cluster pairs panels, not slices)")
     return why
 
 
