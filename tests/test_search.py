@@ -355,24 +355,34 @@ def test_a_variants_candidates_compile_with_nvcc(run):
     assert all(r.cubin.read_bytes()[:4] == b"\x7fELF" for r in res.records)
 
 
-def test_a_3xtf32_search_spends_its_budget_on_valid_3xtf32_candidates():
+@pytest.mark.parametrize("model", [True, False])
+def test_a_3xtf32_search_spends_its_budget_on_valid_3xtf32_candidates(model):
     """3xTF32's wgmma points are valid at about 7% of the family's searched space (the
     pre-split ones, which the model ranks first, at about 3%); the default TPE models each
-    family's parameters jointly, so its asks land near valid points seen: the search
-    compiles its budget in some ten asks per candidate (invalid points and repeats), and
-    times mostly the 3xTF32 kernels the model ranks far above the CUDA-core ones. The
-    independent TPE asked 943 points for these 50 candidates (2514 for 80; 93 of 150
-    compiled in 300 s)."""
+    family's parameters jointly, so its asks land near valid points seen, and times mostly
+    the 3xTF32 kernels the model ranks far above the CUDA-core ones. Once it has converged
+    on a few points it asks for invalid points and repeats on and on (2718 asks for the
+    default 150 candidates on an H100, 183 s: each ask costs more as they pile up): after
+    MISS_STREAK misses running the search answers an ask itself with an unasked valid
+    point (the model's best predicted; without the model, one drawn by the seed), so a
+    candidate costs at most MISS_STREAK + 1 asks."""
     from _fakes import ModelledBenchmark
 
     from codegen.families._common import DType
+    from tuner.search import MISS_STREAK
 
     shape = (4096, 4096, 4096)
     bench = ModelledBenchmark(shape=shape)
-    res = search(shape, bench, dtype=DType.F32X3, trials=50, seed=0, jobs=1, timeout=300)
-    assert res.stats.compiled == 50 and res.stats.asked <= 12 * 50, res.stats
+    res = search(shape, bench, dtype=DType.F32X3, trials=150, seed=0, jobs=1, timeout=300,
+                 model=model)
+    s = res.stats
+    assert s.compiled == 150 and s.filled > 0, s
+    assert s.asked <= (MISS_STREAK + 1) * (s.compiled + 1), s
+    assert s.asked == s.compiled + s.rejected + s.duplicates, s
+    assert len({r.config.name for r in res.records}) == 150
     t3 = [c for c in bench.measured if c.name.endswith("_t3")]
-    assert len(t3) >= 0.8 * len(bench.measured), [c.name for c in bench.measured]
+    assert len(t3) >= (0.8 if model else 0.5) * len(bench.measured), \
+        [c.name for c in bench.measured]
 
 
 @pytest.mark.parametrize("sampler", ["grid", "tpe"])

@@ -57,6 +57,14 @@ __all__ = ["Benchmark", "TrialRecord", "SearchStats", "SearchResult", "search", 
 
 log = logging.getLogger(__name__)
 
+#: consecutive asks that brought no new valid candidate (invalid, or asked before) after
+#: which the search answers the next ask itself with an unasked valid configuration: the
+#: model's best predicted (with the model), else one drawn by the seed. A sampler that has
+#: converged on a few points in a sparse space (3xTF32's wgmma points: 7% valid) otherwise
+#: asks on and on, and each ask costs more as the rejected ones pile up (TPE: 2718 asks,
+#: 183 s, for 150 candidates at 4096^3 on an H100; bench/NOTES.md, "Forty-third session")
+MISS_STREAK = 8
+
 #: candidates timed before the model may prune on its prediction (a tune never times fewer,
 #: budget permitting): the first best is a weak yardstick, and the margins were calibrated
 #: against a study's best, not its first
@@ -114,6 +122,7 @@ class SearchStats:
     interrupted: bool = False  # stopped by Ctrl-C; the study keeps every finished trial
     lost: int = 0  # own claims another process released (this one fell silent too long)
     model_first: int = 0  # candidates enqueued first from the model's ranking
+    filled: int = 0  # asks the search answered itself after the sampler's MISS_STREAK misses
     rank_rho: float | None = None  # Spearman: predicted against measured time, timed ones
 
     @property
@@ -315,6 +324,9 @@ class _Search:
         self.grid = (_GridAsker(self.study, self.arch, dtype, shape, seed, self.variant, only)
                      if sampler == "grid" else None)
         self.max_asks = trials * 50 + 2000
+        self.misses = 0  # consecutive asks that brought no new candidate (MISS_STREAK)
+        self.fill_seed = seed
+        self.unasked: list | None = None  # without the model: the valid points, shuffled
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
         self.retrying: set[str] = set()
         self.synced_at, self.synced_once = 0.0, False  # the last sync; the first one done
@@ -461,7 +473,10 @@ class _Search:
             if asked is None:  # the grid is done
                 break
             if self.admit(*asked):
+                self.misses = 0
                 self.compile(*asked)
+            else:
+                self.misses += 1
 
     def ask(self):
         """The next (trial, config): a released candidate of the shared study first, else
@@ -477,6 +492,8 @@ class _Search:
                     self.retrying.add(name)
                     self.study.enqueue_trial(t.params, skip_if_exists=False)
         grid = self.grid
+        if not grid and self.misses >= MISS_STREAK:
+            self.fill()
         trial = grid.ask() if grid else self.study.ask()
         if trial is None:
             return None
@@ -485,6 +502,30 @@ class _Search:
         if grid and grid.last is not None and cfg.name != grid.last.name:
             grid.todo.append(grid.last)  # a retry came first: the grid's turn waits
         return trial, cfg
+
+    def fill(self):
+        """The sampler missed MISS_STREAK times running: enqueue an unasked valid point
+        (the model's best predicted, or with the model off one drawn by the seed), which
+        the next ask returns, so the sampler learns from it as from its own."""
+        import random
+
+        taken = set(self.seen) | (self.shared.held() if self.shared is not None else set())
+        if self.model:
+            cfg = next(iter(model_first(self.shape, self.dtype, self.arch, 1, taken,
+                                        self.variant, self.batch, self.only)), None)
+        else:
+            if self.unasked is None:
+                self.unasked = list(valid_configs(self.arch, self.dtype, self.shape,
+                                                  self.variant, self.only))
+                random.Random(self.fill_seed).shuffle(self.unasked)
+            while self.unasked and self.unasked[-1].name in taken:
+                self.unasked.pop()
+            cfg = self.unasked.pop() if self.unasked else None
+        if cfg is not None:
+            self.stats.filled += 1
+            self.misses = 0
+            self.study.enqueue_trial(params_of(cfg, self.dtype, self.shape, self.arch,
+                                               self.only), skip_if_exists=False)
 
     def admit(self, trial, cfg) -> bool:
         """Whether `cfg` is to be compiled. If not (invalid, asked before, or claimed by

@@ -533,7 +533,7 @@ def _tune_with(args, task: Task, artifacts, dev, key, workers, began: float | No
                    launch_failed=s.launch_failed, wrong=s.wrong, timed=s.timed,
                    failed=s.failed, resumed=s.resumed, from_others=s.from_others,
                    seconds=round(s.seconds, 1), sampler=args.sampler,
-                   rank_rho=s.rank_rho, model_first=s.model_first,
+                   rank_rho=s.rank_rho, model_first=s.model_first, filled=s.filled,
                    trials=args.trials, seed=args.seed,
                    # seconds of each step: the timing workers' start, the search, the
                    # study's copy to studies.db, the best re-timed beside cuBLAS
