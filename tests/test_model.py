@@ -156,6 +156,28 @@ def test_a_shape_of_many_waves_is_modelled_by_counting_them():
     assert p.terms["latency"] == pytest.approx(clocks / 1.98e9)
 
 
+def test_a_micro_tile_of_more_ffmas_saturates_the_schedulers_with_fewer_warps(monkeypatch):
+    """8 warps of an 8x16 micro-tile (128 FFMAs a k-step, one block an SM at 255
+    registers) issue at the full rate, 4 a clock: SATURATING_WARPS x 64 / 128 = 6 warps
+    saturate; without the rule (SATURATING_FMAS = 0) 8 of 12, so the same issue term is
+    12/8 as long. An 8x8 micro-tile is not moved."""
+    from codegen.config import config_from_name
+
+    wide = config_from_name("gemm_simt_f32_128x256x16_r8x16_w2x16_p4_v4_s2_g8_i1")
+    occ = occupancy(wide.threads, 255, wide.smem_bytes, H200)
+    assert (occ.blocks_per_sm, occ.warps_per_block) == (1, 8)
+    square = KernelConfig()  # 8x8, 8 warps a block
+    square_occ = occupancy(square.threads, 255, square.smem_bytes, H200)
+    with_rule = [predict(c, BIG, H200, o).terms["issue"]
+                 for c, o in ((wide, occ), (square, square_occ))]
+    monkeypatch.setattr(model, "SATURATING_FMAS", 0)
+    without = [predict(c, BIG, H200, o).terms["issue"]
+               for c, o in ((wide, occ), (square, square_occ))]
+    assert model.SATURATING_WARPS * 64 / 128 <= 8
+    assert without[0] == pytest.approx(with_rule[0] * model.SATURATING_WARPS / 8)
+    assert without[1] == with_rule[1]
+
+
 def test_stream_k_on_cuda_cores_evens_out_the_block_slots():
     """CUDA-core stream-K: the last partial wave of the grid's SMs x blocks-an-SM slots is
     shared out, each slot blocks x k-tiles / slots k-tiles over ceil(blocks / slots)

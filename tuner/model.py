@@ -37,7 +37,8 @@ plus an epilogue the math waits for, plus the fixed costs of the launch:
            tensor-core ones) issues its FLOP at its math's peak rate over its own
            issue efficiency (FamilySpec.issue_efficiency). An SM issues 4 warp
            instructions a clock (one per scheduler) when it holds ``SATURATING_WARPS``
-           warps or more, proportionally less below (occupancy).
+           warps or more, proportionally less below (occupancy); a micro-tile of more
+           than ``SATURATING_FMAS`` FFMAs a k-step needs proportionally fewer warps.
   latency  per K tile the wait for global memory, ``MEM_LATENCY_CLK`` clocks, hidden
            by the STAGES-1 tiles in flight (stages >= 2); with one stage the wait adds
            to the tile's compute. An SM runs its blocks in waves of blocks/SM
@@ -143,6 +144,13 @@ __all__ = ["Verdict", "judge", "bound_tflops", "shape_reasons", "wants_split", "
 #: from the physical guesses in brackets) on the recorded H200 studies:
 #: warps per SM at which the schedulers issue every clock (latency of FFMA, LDS hidden) [8]
 SATURATING_WARPS = 12
+#: a micro-tile's FFMAs a k-step (RM x RN, independent) up to which SATURATING_WARPS holds;
+#: a warp with more keeps its scheduler busy longer on its own, so fewer warps saturate
+#: (x SATURATING_FMAS / (RM x RN); 0: none). Set from the recorded studies where the 8x16
+#: and 16x8 micro-tiles (8 warps, one block an SM) won: at 12 warps the model put them 17%
+#: slower than they ran and 64th-71st in its order at 4096^3; at 64 FFMAs, 4th-5th
+#: (bench/NOTES.md, "Forty-third session")
+SATURATING_FMAS = 64
 #: clocks from a global load to its data in shared memory or registers, under load [1000]
 MEM_LATENCY_CLK = 1500
 #: instructions per thread and K tile besides FFMA, LDS and the tile's loads and stores [12]
@@ -222,7 +230,8 @@ INTERIOR_ISSUE = {0: 1.0, 1: 0.96, 2: 0.93}
 #: study's candidates once its best was known.
 PRUNE_MARGIN = 1.25
 
-CONSTANTS = dict(SATURATING_WARPS=SATURATING_WARPS, MEM_LATENCY_CLK=MEM_LATENCY_CLK,
+CONSTANTS = dict(SATURATING_WARPS=SATURATING_WARPS, SATURATING_FMAS=SATURATING_FMAS,
+                 MEM_LATENCY_CLK=MEM_LATENCY_CLK,
                  K_TILE_OVERHEAD=K_TILE_OVERHEAD, LAUNCH_S=LAUNCH_S, PRUNE_MARGIN=PRUNE_MARGIN,
                  STREAM_LATENCY_S=STREAM_LATENCY_S, SM_DRAM_SHARE=SM_DRAM_SHARE,
                  STREAM_ISSUE_SCALE=STREAM_ISSUE_SCALE, STREAM_STAGE_COST=STREAM_STAGE_COST,
@@ -541,8 +550,11 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     stages = getattr(c, "stages", 2)
 
     issue_clk = lat_clk = 0.0
+    saturating = SATURATING_WARPS
+    if spec.micro_tile and SATURATING_FMAS:  # more independent FFMAs a warp: fewer warps
+        saturating *= min(1.0, SATURATING_FMAS / (c.rm * c.rn))
     for j, count in chunks:
-        rate = 4.0 * min(1.0, j * warps / SATURATING_WARPS)  # warp instructions per clock
+        rate = 4.0 * min(1.0, j * warps / saturating)  # warp instructions per clock
         step_issue = max(j * step_instr / rate, j * step_smem)
         if stages >= 2:
             step_lat = MEM_LATENCY_CLK / (stages - 1)
