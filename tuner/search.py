@@ -326,7 +326,7 @@ class _Search:
         self.max_asks = trials * 50 + 2000
         self.misses = 0  # consecutive asks that brought no new candidate (MISS_STREAK)
         self.fill_seed = seed
-        self.unasked: list | None = None  # without the model: the valid points, shuffled
+        self.unasked: dict | None = None  # without the model: each family's valid points
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
         self.retrying: set[str] = set()
         self.synced_at, self.synced_once = 0.0, False  # the last sync; the first one done
@@ -505,22 +505,28 @@ class _Search:
 
     def fill(self):
         """The sampler missed MISS_STREAK times running: enqueue an unasked valid point
-        (the model's best predicted, or with the model off one drawn by the seed), which
-        the next ask returns, so the sampler learns from it as from its own."""
+        (the model's best predicted; with the model off, one of a family drawn by the
+        seed), which the next ask returns, so the sampler learns from it as from its own."""
         import random
 
         taken = set(self.seen) | (self.shared.held() if self.shared is not None else set())
         if self.model:
             cfg = next(iter(model_first(self.shape, self.dtype, self.arch, 1, taken,
                                         self.variant, self.batch, self.only)), None)
-        else:
+        else:  # a family drawn first, as a trial asks "family" first, then one of its points
             if self.unasked is None:
-                self.unasked = list(valid_configs(self.arch, self.dtype, self.shape,
-                                                  self.variant, self.only))
-                random.Random(self.fill_seed).shuffle(self.unasked)
-            while self.unasked and self.unasked[-1].name in taken:
-                self.unasked.pop()
-            cfg = self.unasked.pop() if self.unasked else None
+                self.rng = random.Random(self.fill_seed)
+                self.unasked = collections.defaultdict(list)
+                for c in valid_configs(self.arch, self.dtype, self.shape, self.variant,
+                                       self.only):
+                    self.unasked[c.family].append(c)
+                for pool in self.unasked.values():
+                    self.rng.shuffle(pool)
+            for pool in self.unasked.values():
+                while pool and pool[-1].name in taken:
+                    pool.pop()
+            families = sorted((f for f, pool in self.unasked.items() if pool), key=str)
+            cfg = self.unasked[self.rng.choice(families)].pop() if families else None
         if cfg is not None:
             self.stats.filled += 1
             self.misses = 0
