@@ -364,7 +364,8 @@ def test_a_3xtf32_search_spends_its_budget_on_valid_3xtf32_candidates(model):
     on a few points it asks for invalid points and repeats on and on (2718 asks for the
     default 150 candidates on an H100, 183 s: each ask costs more as they pile up): after
     MISS_STREAK misses running the search answers an ask itself with an unasked valid
-    point (the model's best predicted; without the model, one drawn by the seed), so a
+    point (the model's best predicted; without the model, one of a family drawn by the
+    seed, so that 3xTF32's few points are not lost among the CUDA-core family's many), so a
     candidate costs at most MISS_STREAK + 1 asks."""
     from _fakes import ModelledBenchmark
 

@@ -28,6 +28,7 @@ import heapq
 import logging
 import multiprocessing
 import os
+import random
 import statistics
 import time
 import warnings
@@ -59,10 +60,11 @@ log = logging.getLogger(__name__)
 
 #: consecutive asks that brought no new valid candidate (invalid, or asked before) after
 #: which the search answers the next ask itself with an unasked valid configuration: the
-#: model's best predicted (with the model), else one drawn by the seed. A sampler that has
-#: converged on a few points in a sparse space (3xTF32's wgmma points: 7% valid) otherwise
-#: asks on and on, and each ask costs more as the rejected ones pile up (TPE: 2718 asks,
-#: 183 s, for 150 candidates at 4096^3 on an H100; bench/NOTES.md, "Forty-third session")
+#: model's best predicted (with the model), else one of a family drawn by the seed. A
+#: sampler that has converged on a few points in a sparse space (3xTF32's wgmma points: 7%
+#: valid) otherwise asks on and on, and each ask costs more as the rejected ones pile up
+#: (TPE: 2718 asks, 183 s, for 150 candidates at 4096^3 on an H100; bench/NOTES.md,
+#: "Forty-third session")
 MISS_STREAK = 8
 
 #: candidates timed before the model may prune on its prediction (a tune never times fewer,
@@ -325,7 +327,7 @@ class _Search:
                      if sampler == "grid" else None)
         self.max_asks = trials * 50 + 2000
         self.misses = 0  # consecutive asks that brought no new candidate (MISS_STREAK)
-        self.fill_seed = seed
+        self.fill_rng = random.Random(seed)  # without the model: the family and its point
         self.unasked: dict | None = None  # without the model: each family's valid points
         self.own: dict[int, int] = {}  # local trial number -> shared trial id
         self.retrying: set[str] = set()
@@ -507,26 +509,23 @@ class _Search:
         """The sampler missed MISS_STREAK times running: enqueue an unasked valid point
         (the model's best predicted; with the model off, one of a family drawn by the
         seed), which the next ask returns, so the sampler learns from it as from its own."""
-        import random
-
         taken = set(self.seen) | (self.shared.held() if self.shared is not None else set())
         if self.model:
             cfg = next(iter(model_first(self.shape, self.dtype, self.arch, 1, taken,
                                         self.variant, self.batch, self.only)), None)
         else:  # a family drawn first, as a trial asks "family" first, then one of its points
             if self.unasked is None:
-                self.rng = random.Random(self.fill_seed)
                 self.unasked = collections.defaultdict(list)
                 for c in valid_configs(self.arch, self.dtype, self.shape, self.variant,
                                        self.only):
                     self.unasked[c.family].append(c)
                 for pool in self.unasked.values():
-                    self.rng.shuffle(pool)
+                    self.fill_rng.shuffle(pool)
             for pool in self.unasked.values():
                 while pool and pool[-1].name in taken:
                     pool.pop()
             families = sorted((f for f, pool in self.unasked.items() if pool), key=str)
-            cfg = self.unasked[self.rng.choice(families)].pop() if families else None
+            cfg = self.unasked[self.fill_rng.choice(families)].pop() if families else None
         if cfg is not None:
             self.stats.filled += 1
             self.misses = 0
