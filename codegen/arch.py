@@ -41,6 +41,10 @@ class ArchLimits:
     mem_gbs: int = 1000  # DRAM bandwidth of the typical part, GB/s (a lower bound for H200)
     clock_mhz: int = 0  # boost clock of the typical part; the device's own overrides it
     name: str = ""
+    #: clusters of 1, 2, ... blocks that run at once, one block to an SM
+    #: (cuOccupancyMaxActiveClusters): a cluster's blocks share one GPC, and GPCs of SMs
+    #: not divisible by the size leave some idle. Empty: every SM usable (sm_count // size)
+    cluster_slots_1: tuple[int, ...] = ()
 
     @property
     def sm(self) -> str:
@@ -60,6 +64,17 @@ class ArchLimits:
         (tf32, and the f32 of 3xTF32 kernels, whose products are tf32) half of it."""
         per_clk = self.tc_fp16_flops_per_clk // (2 if dtype.short in ("tf32", "f32") else 1)
         return self.sm_count * per_clk * self.clock_mhz * 1e6 / 1e12
+
+    def cluster_slots(self, size: int, blocks_per_sm: int = 1) -> int:
+        """Clusters of `size` blocks that run at once with `blocks_per_sm` to an SM. Exact
+        where one of the two divides the other (a GPC of g SMs holds g r / s of them); a
+        lower bound otherwise (r times the clusters of one block an SM)."""
+        r, s, table = max(blocks_per_sm, 1), max(size, 1), self.cluster_slots_1
+        if s % r == 0 and s // r <= len(table):
+            return table[s // r - 1]
+        if r % s == 0 or s > len(table):
+            return self.sm_count * r // s
+        return r * table[s - 1]
 
     @property
     def has_cp_async(self) -> bool:

@@ -160,6 +160,38 @@ def test_occupancy_model_equals_the_driver(dev, compile_cache):
     assert not disagree, disagree
 
 
+def test_cluster_slots_the_model_counts_equal_the_driver(dev, compile_cache):
+    """The clusters that run at once, as the model counts them from the table measured at
+    one block an SM (ArchLimits.cluster_slots), equal cuOccupancyMaxActiveClusters at 1-4
+    blocks an SM where it claims to be exact (a lower bound elsewhere), for the probe kernel
+    and for split-K kernels summed across clusters of 4 and 8."""
+    from codegen.families import config_from_name
+    from tuner.runtime import driver
+
+    arch = driver.arch_with_clusters(dev)
+    table = arch.cluster_slots_1
+    print(f"{dev.name}: clusters of 1-{len(table)} at one block an SM: {table}")
+    assert len(table) >= 8 and table[0] == arch.sm_count
+    assert list(table) == sorted(table, reverse=True)
+    for r in (1, 2, 3, 4):
+        for size, got in enumerate(driver.cluster_slots(dev.index, r), 1):
+            est = arch.cluster_slots(size, r)
+            if size % r == 0 or r % size == 0:
+                assert est == got, (size, r, est, got)
+            else:
+                assert est <= got, (size, r, est, got)
+    names = ["gemm_simt_f32_128x256x16_r16x8_w4x8_p4_v4_s2_g1_k8c_i2",
+             "gemm_simt_f32_128x128x16_r8x8_w16x2_p4_v4_s2_g1_k4c_i2"]
+    configs = [config_from_name(n) for n in names]
+    for cfg, res in compile_many(configs, dev.sm, cache_dir=compile_cache):
+        assert res.ok, res.error
+        runner = _runner(cfg, res)
+        r = runner.max_active_blocks(dev)
+        got = runner.max_active_clusters(dev, cfg.split)
+        print(f"{cfg.name}: {r} an SM, {got} clusters of {cfg.split} at once")
+        assert got == arch.cluster_slots(cfg.split, r), (cfg.name, r, got)
+
+
 @pytest.mark.parametrize("shape", [(512, 512, 512), (127, 129, 257)])
 def test_cublas_baseline_is_fp32_accurate(shape):
     from tuner.bench import GpuBenchmark

@@ -205,6 +205,42 @@ def test_stream_k_on_cuda_cores_evens_out_the_block_slots():
         predict_before_compile(dataclasses.replace(wide, streamk=0), whole, H200).seconds)
 
 
+def test_clusters_that_fit_at_once_and_their_waves_by_hand():
+    """A cluster's blocks share a GPC: with GPCs of 18, 18, 18, 16, 16, 16, 16 and 14 SMs
+    (132), clusters of s blocks, r an SM, that fit at once are sum(g r // s) over the GPCs.
+    From the table at one block an SM (what the tuner measures) the arch gets that exactly
+    where s divides r or r divides s, and a lower bound elsewhere. A split-K of 8 summed
+    across a cluster (16 clusters of 8 at 128x4096x4096, one block an SM) then needs two
+    waves (15 fit), where the same 128 blocks without a cluster need one."""
+    from codegen.config import config_from_name
+    from tuner.model import busiest_sm, cluster_size
+
+    gpcs = (18, 18, 18, 16, 16, 16, 16, 14)
+    table = tuple(sum(g // s for g in gpcs) for s in range(1, 17))
+    arch = H200.replace(cluster_slots_1=table)
+    assert table[:8] == (132, 66, 42, 31, 23, 19, 16, 15)
+    for s in range(1, 17):
+        for r in (1, 2, 3, 4):
+            truth = sum(g * r // s for g in gpcs)
+            if s % r == 0 or r % s == 0:
+                assert arch.cluster_slots(s, r) == truth, (s, r)
+            else:
+                assert arch.cluster_slots(s, r) <= truth, (s, r)
+    assert H200.replace(cluster_slots_1=()).cluster_slots(8, 1) == 16  # unknown: every SM
+    assert busiest_sm(128, 1, 1, arch) == 1 and busiest_sm(128, 8, 1, arch) == 2
+    assert busiest_sm(120, 8, 1, arch) == 1 and busiest_sm(128, 4, 1, arch) == 2  # 31 of 32
+    assert busiest_sm(264, 2, 2, arch) == 2  # 132 clusters of 2, two an SM: one wave
+    k8c = config_from_name("gemm_simt_f32_128x256x16_r16x8_w4x8_p4_v4_s2_g1_k8c_i2")
+    k8 = config_from_name("gemm_simt_f32_128x256x16_r16x8_w4x8_p4_v4_s2_g1_k8_i1")
+    assert (cluster_size(k8c), cluster_size(k8)) == (8, 1)
+    occ = occupancy(k8c.threads, 250, 131072, arch)
+    shape = (128, 4096, 4096)
+    assert predict(k8c, shape, arch, occ).waves == 2
+    assert predict(k8c, shape, H200.replace(cluster_slots_1=(132,) + (16,) * 7), occ).waves == 1
+    assert predict(k8c, shape, arch, occ).seconds > predict(
+        k8, shape, arch, occupancy(k8.threads, 250, 50176, arch)).seconds
+
+
 def test_the_model_orders_what_it_should():
     """Fewer shared loads per FMA, more stages over one, and no partial wave all help."""
     occ = lambda c: occupancy(c.threads, estimate_registers(c), c.smem_bytes, H200)  # noqa

@@ -549,7 +549,7 @@ class GpuBenchmark:
                  target_ms: float = 50.0, *, variant: Variant | None = None, batch: int = 1,
                  broadcast_b: bool = False):
         self.dev = device()
-        self.arch = self.dev.arch
+        self.arch = driver.arch_with_clusters(self.dev)
         self.shape, self.dtype, self.target_ms = tuple(shape), dtype, target_ms
         self.problem = Problem(shape, dtype, seed, variant=variant, batch=batch,
                                broadcast_b=broadcast_b)

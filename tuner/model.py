@@ -448,6 +448,40 @@ def _l2_bw(arch: ArchLimits) -> float:
     return L2_GBS.get(arch.cc, 2.5 * arch.mem_gbs) * 1e9
 
 
+def cluster_size(c) -> int:
+    """Blocks of one thread-block cluster of `c` (1 without one): the split of a split-K
+    summed across a cluster, or the wgmma family's cluster."""
+    size = getattr(c, "cluster", 1)
+    if isinstance(size, bool):
+        return c.split if size else 1
+    return max(int(size or 1), 1)
+
+
+def busiest_sm(blocks: int, size: int, r: int, arch: ArchLimits) -> int:
+    """The blocks the busiest SM runs, `r` at a time: the grid spread over the SMs; in
+    clusters of `size`, whole waves of the clusters that fit at once
+    (ArchLimits.cluster_slots: a GPC of SMs not divisible by the size leaves some idle),
+    then the rest spread.
+
+    Example (H100: 8 clusters of 8 one block an SM fit 7 GPCs of 16-18 SMs twice and one of
+    14 once, 15 in all):
+        >>> from codegen.arch import parse_arch
+        >>> a = parse_arch("sm_90").replace(cluster_slots_1=(132, 66, 44, 32, 24, 22, 17, 15))
+        >>> busiest_sm(128, 1, 1, a), busiest_sm(128, 8, 1, a), busiest_sm(120, 8, 1, a)
+        (1, 2, 1)
+    """
+    sms = max(arch.sm_count, 1)
+    per_sm = _cdiv(blocks, sms)
+    if size <= 1:
+        return per_sm
+    slots = max(arch.cluster_slots(size, r), 1)
+    waves = _cdiv(_cdiv(blocks, size), slots)
+    if waves <= 1:
+        return per_sm
+    rest = blocks - (waves - 1) * slots * size
+    return max(per_sm, (waves - 1) * r + _cdiv(rest, sms))
+
+
 def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occupancy,
                     batch: int = 1) -> Prediction:
     """The streaming model's time of a skinny kernel (module doc)."""
@@ -460,7 +494,7 @@ def _predict_stream(c, shape: tuple[int, int, int], arch: ArchLimits, occ: Occup
     es = _elem(c)
     block_b = c.bn * ks * es  # the B panel slice one block streams
     r = max(occ.blocks_per_sm, 1)
-    per_sm = _cdiv(blocks, sms)
+    per_sm = busiest_sm(blocks, cluster_size(c), r, arch)
     full, rem = divmod(per_sm, r)
     chunks = [(j, count) for j, count in ((r, full), (rem, 1)) if j and count]
     dram_bw = _dram_bw(arch)
@@ -519,7 +553,7 @@ def predict(config: Config, shape: tuple[int, int, int], arch: ArchLimits,
     r = max(occ.blocks_per_sm, 1)
     warps = max(occ.warps_per_block, 1)
     k_tiles = max(ks // c.bk, 1)
-    per_sm = _cdiv(blocks, sms)  # wave quantisation: the busiest SM's blocks
+    per_sm = busiest_sm(blocks, cluster_size(c), r, arch)  # wave quantisation
     full, rem = divmod(per_sm, r)
     # its waves: `full` of r blocks, then one of rem (counted, not listed: a shape of
     # 2^31-sized sides has some 10^16 waves)

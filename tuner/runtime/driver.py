@@ -34,7 +34,7 @@ from tuner.runtime.errors import DriverError, NoGPUError
 __all__ = ["DriverError", "NoGPUError", "api", "call", "DeviceInfo", "Gpu", "gpu",
            "device_count", "current_device", "entered", "KernelImage", "load_cubin",
            "ParamBlock", "LaunchEx", "DEPENDENT_MARKER", "is_capturing", "recording", "recorder",
-           "launch_function", "Scratch", "scratch", "sync",
+           "launch_function", "Scratch", "scratch", "sync", "cluster_slots", "arch_with_clusters",
            "synchronize", "Buffer", "Event", "spin", "L2Flush"]
 
 
@@ -157,6 +157,72 @@ def current_device() -> int:
     if not int(ctx):
         return 0
     return int(_check(cu.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+#: a kernel that does nothing, for the driver's occupancy questions (JIT-compiled from PTX
+#: for whatever GPU of sm_90 or newer asks)
+_PROBE_PTX = (b".version 7.8\n.target sm_90\n.address_size 64\n"
+              b".visible .entry gemm_tune_probe() { ret; }\n\0")
+MAX_CLUSTER = 16  # the largest (non-portable) cluster size any GPU allows so far
+
+
+@functools.cache
+def _probe_kernel():
+    lib = _check(api().cuLibraryLoadData(_PROBE_PTX, None, None, 0, None, None, 0),
+                 "cuLibraryLoadData(probe)")
+    return _check(api().cuLibraryGetKernel(lib, b"gemm_tune_probe"), "cuLibraryGetKernel")
+
+
+@functools.cache
+def cluster_slots(index: int, blocks_per_sm: int = 1) -> tuple[int, ...]:
+    """How many clusters of 1, 2, ... blocks GPU `index` runs at once with `blocks_per_sm`
+    blocks to an SM (cuOccupancyMaxActiveClusters of a kernel whose dynamic shared memory
+    allows no more), up to the largest size the GPU takes; () before sm_90. A cluster's
+    blocks share one GPC, so a GPC of SMs not divisible by the size leaves some idle:
+    what the model's waves of cluster kernels need (ArchLimits.cluster_slots)."""
+    g = gpu(index)
+    if g.cc < 90:
+        return ()
+    cu = api()
+    with entered(g):
+        f = _check(cu.cuKernelGetFunction(_probe_kernel()), "cuKernelGetFunction(probe)")
+        a = g.arch
+        smem = (a.smem_per_sm // max(blocks_per_sm, 1) - a.smem_reserved_per_block) // 128 * 128
+        smem = min(smem, a.smem_per_block_optin)
+        F = cu.CUfunction_attribute
+        call("cuFuncSetAttribute", f, F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        call("cuFuncSetAttribute", f, F.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        out = []
+        for size in range(1, MAX_CLUSTER + 1):
+            n = _max_clusters(f, a.sm_count, 32, smem, size)
+            if n < 1:  # past the largest cluster the GPU takes
+                break
+            out.append(n)
+    return tuple(out)
+
+
+def _max_clusters(f, sms: int, threads: int, smem: int, size: int, compiled: bool = False) -> int:
+    """cuOccupancyMaxActiveClusters of CUfunction `f` in clusters of `size` blocks (`compiled`:
+    the kernel's own __cluster_dims__ say so); 0 where the driver refuses the size."""
+    cu = api()
+    lc = cu.CUlaunchConfig()
+    lc.gridDimX, lc.gridDimY, lc.gridDimZ = size * sms, 1, 1
+    lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
+    lc.sharedMemBytes = smem
+    attrs = []
+    if not compiled:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = size, 1, 1
+        attrs.append(attr)
+    lc.attrs, lc.numAttrs = attrs, len(attrs)
+    err, n = cu.cuOccupancyMaxActiveClusters(f, lc)
+    return int(n) if err == 0 else 0
+
+
+def arch_with_clusters(g: "Gpu") -> ArchLimits:
+    """g's limits with the clusters it runs at once measured (the model's waves)."""
+    return g.arch.replace(cluster_slots_1=cluster_slots(g.index))
 
 
 class entered:
@@ -424,6 +490,14 @@ class KernelImage:
         memory this kernel launches with (the truth the occupancy model must match)."""
         return int(call("cuOccupancyMaxActiveBlocksPerMultiprocessor", self.prepare(g),
                         threads, self.smem))
+
+    def max_active_clusters(self, g: Gpu, threads: int, size: int) -> int:
+        """cuOccupancyMaxActiveClusters on GPU g in clusters of `size` blocks (the kernel's
+        own __cluster_dims__ where it has them), with its dynamic shared memory."""
+        f = self.prepare(g)
+        width = call("cuFuncGetAttribute",
+                     api().CUfunction_attribute.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, f)
+        return _max_clusters(f, g.arch.sm_count, threads, self.smem, size, compiled=width > 0)
 
     def attributes(self, g: Gpu) -> dict:
         """What the driver says of the kernel on GPU g (to check against ptxas)."""

@@ -70,6 +70,10 @@ class Runner:
         """Blocks of the main kernel per SM on GPU g, as the driver computes it."""
         return self.main.max_active_blocks(g, self.config.threads)
 
+    def max_active_clusters(self, g, size: int) -> int:
+        """Clusters of `size` blocks of the main kernel that run at once on GPU g (driver)."""
+        return self.main.max_active_clusters(g, self.config.threads, size)
+
     def bind(self, g, m: int, n: int, k: int, lda: int, ldb: int, ldc: int,
              allocate_captured=None, batch: int = 1, strides: tuple = (0, 0, 0)) -> Callable:
         """A launcher of this kernel for one problem on GPU g (its context current while
