@@ -41,10 +41,10 @@ class ArchLimits:
     mem_gbs: int = 1000  # DRAM bandwidth of the typical part, GB/s (a lower bound for H200)
     clock_mhz: int = 0  # boost clock of the typical part; the device's own overrides it
     name: str = ""
-    #: clusters of 1, 2, ... blocks that run at once, one block to an SM
-    #: (cuOccupancyMaxActiveClusters): a cluster's blocks share one GPC, and GPCs of SMs
-    #: not divisible by the size leave some idle. Empty: every SM usable (sm_count // size)
-    cluster_slots_1: tuple[int, ...] = ()
+    #: clusters of 1, 2, ... blocks that run at once (cuOccupancyMaxActiveClusters), a row
+    #: for each count of blocks an SM from one: a cluster's blocks share one GPC, and a GPC
+    #: whose SMs the size does not divide leaves some idle. Empty: every SM usable
+    cluster_slots_table: tuple[tuple[int, ...], ...] = ()
 
     @property
     def sm(self) -> str:
@@ -66,15 +66,15 @@ class ArchLimits:
         return self.sm_count * per_clk * self.clock_mhz * 1e6 / 1e12
 
     def cluster_slots(self, size: int, blocks_per_sm: int = 1) -> int:
-        """Clusters of `size` blocks that run at once with `blocks_per_sm` to an SM. Exact
-        where one of the two divides the other (a GPC of g SMs holds g r / s of them); a
-        lower bound otherwise (r times the clusters of one block an SM)."""
-        r, s, table = max(blocks_per_sm, 1), max(size, 1), self.cluster_slots_1
-        if s % r == 0 and s // r <= len(table):
-            return table[s // r - 1]
-        if r % s == 0 or s > len(table):
+        """Clusters of `size` blocks that run at once with `blocks_per_sm` to an SM: the
+        table's figure; past its rows, r times its figure at one block an SM (a lower
+        bound, as every measured row is); without a table, sm_count x r / size."""
+        r, s, rows = max(blocks_per_sm, 1), max(size, 1), self.cluster_slots_table
+        if not rows or s > len(rows[0]):
             return self.sm_count * r // s
-        return r * table[s - 1]
+        if r <= len(rows):
+            return rows[r - 1][s - 1]
+        return r * rows[0][s - 1]
 
     @property
     def has_cp_async(self) -> bool:
@@ -124,6 +124,14 @@ ARCHS: dict[int, ArchLimits] = {
         _arch(90, 2048, 32, 228 * 1024, 227 * 1024, 1024, 128, 132, 128, 4096, 1980, 3350, "H100/H200 SXM"),
     )
 }
+#: an H100 SXM's clusters that run at once (bench/results/cluster-slots-*-h100-*; a GPU's
+#: own table replaces it where the tuner runs): 15 clusters of 8 at one block an SM, so 16
+#: of them (128 blocks) take two waves where 128 blocks without a cluster take one
+ARCHS[90] = ARCHS[90].replace(cluster_slots_table=(
+    (132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7),
+    (264, 132, 79, 62, 47, 39, 32, 30, 23, 21, 16, 16, 14, 14, 14, 14),
+    (396, 198, 124, 92, 69, 62, 47, 45, 37, 30, 28, 28, 23, 21, 21, 21),
+    (528, 264, 163, 124, 94, 79, 69, 62, 51, 44, 37, 37, 30, 30, 28, 28)))
 
 _ARCH_RE = re.compile(r"^(?:sm_?|compute_)?(\d)(\d)a?$")
 

@@ -206,39 +206,35 @@ def test_stream_k_on_cuda_cores_evens_out_the_block_slots():
 
 
 def test_clusters_that_fit_at_once_and_their_waves_by_hand():
-    """A cluster's blocks share a GPC: with GPCs of 18, 18, 18, 16, 16, 16, 16 and 14 SMs
-    (132), clusters of s blocks, r an SM, that fit at once are sum(g r // s) over the GPCs.
-    From the table at one block an SM (what the tuner measures) the arch gets that exactly
-    where s divides r or r divides s, and a lower bound elsewhere. A split-K of 8 summed
-    across a cluster (16 clusters of 8 at 128x4096x4096, one block an SM) then needs two
-    waves (15 fit), where the same 128 blocks without a cluster need one."""
+    """A cluster's blocks share a GPC. sm_90's table (an H100 SXM's, measured) fits 15
+    clusters of 8 at one block an SM and 30 of 4; past its rows the model takes r times the
+    first row (a lower bound); without a table every SM counts. A split-K of 8 summed across
+    a cluster (16 clusters of 8 at 128x4096x4096, one block an SM) then needs two waves,
+    where the same 128 blocks without a cluster need one, and is predicted behind them."""
     from codegen.config import config_from_name
     from tuner.model import busiest_sm, cluster_size
 
-    gpcs = (18, 18, 18, 16, 16, 16, 16, 14)
-    table = tuple(sum(g // s for g in gpcs) for s in range(1, 17))
-    arch = H200.replace(cluster_slots_1=table)
-    assert table[:8] == (132, 66, 42, 31, 23, 19, 16, 15)
-    for s in range(1, 17):
-        for r in (1, 2, 3, 4):
-            truth = sum(g * r // s for g in gpcs)
-            if s % r == 0 or r % s == 0:
-                assert arch.cluster_slots(s, r) == truth, (s, r)
-            else:
-                assert arch.cluster_slots(s, r) <= truth, (s, r)
-    assert H200.replace(cluster_slots_1=()).cluster_slots(8, 1) == 16  # unknown: every SM
-    assert busiest_sm(128, 1, 1, arch) == 1 and busiest_sm(128, 8, 1, arch) == 2
-    assert busiest_sm(120, 8, 1, arch) == 1 and busiest_sm(128, 4, 1, arch) == 2  # 31 of 32
-    assert busiest_sm(264, 2, 2, arch) == 2  # 132 clusters of 2, two an SM: one wave
+    rows = H200.cluster_slots_table
+    assert (rows[0][7], rows[0][3], rows[1][3], H200.cluster_slots(8, 2)) == (15, 30, 62, 30)
+    assert H200.cluster_slots(4, len(rows) + 2) == (len(rows) + 2) * 30  # past the rows
+    assert H200.cluster_slots(1, 7) == 7 * 132
+    bare = H200.replace(cluster_slots_table=())
+    assert bare.cluster_slots(8, 1) == 16 and bare.cluster_slots(3, 2) == 88  # every SM
+    assert busiest_sm(128, 1, 1, H200) == 1 and busiest_sm(128, 8, 1, H200) == 2
+    assert busiest_sm(120, 8, 1, H200) == 1 and busiest_sm(128, 4, 1, H200) == 2  # 30 of 32
+    assert busiest_sm(128, 8, 1, bare) == 1
+    assert busiest_sm(264, 2, 2, H200) == 2  # 132 clusters of 2, two an SM: one wave
+    # 3 waves of 15 clusters of 8, then 2 left over: 3 + 1 on the busiest SM
+    assert busiest_sm(8 * 47, 8, 1, H200) == 4
     k8c = config_from_name("gemm_simt_f32_128x256x16_r16x8_w4x8_p4_v4_s2_g1_k8c_i2")
     k8 = config_from_name("gemm_simt_f32_128x256x16_r16x8_w4x8_p4_v4_s2_g1_k8_i1")
     assert (cluster_size(k8c), cluster_size(k8)) == (8, 1)
-    occ = occupancy(k8c.threads, 250, 131072, arch)
+    occ = occupancy(k8c.threads, 250, 131072, H200)
     shape = (128, 4096, 4096)
-    assert predict(k8c, shape, arch, occ).waves == 2
-    assert predict(k8c, shape, H200.replace(cluster_slots_1=(132,) + (16,) * 7), occ).waves == 1
-    assert predict(k8c, shape, arch, occ).seconds > predict(
-        k8, shape, arch, occupancy(k8.threads, 250, 50176, arch)).seconds
+    assert predict(k8c, shape, H200, occ).waves == 2
+    assert predict(k8c, shape, bare, occ).waves == 1
+    assert predict(k8c, shape, H200, occ).seconds > predict(
+        k8, shape, H200, occupancy(k8.threads, 250, 50176, H200)).seconds
 
 
 def test_the_model_orders_what_it_should():

@@ -43,7 +43,10 @@ plus an epilogue the math waits for, plus the fixed costs of the launch:
            by the STAGES-1 tiles in flight (stages >= 2); with one stage the wait adds
            to the tile's compute. An SM runs its blocks in waves of blocks/SM
            (occupancy); the busiest SM gets ceil(blocks / SMs) of them (wave
-           quantisation), so a wave's time is max(issue of its blocks, latency).
+           quantisation), so a wave's time is max(issue of its blocks, latency). Blocks
+           in clusters run in waves of the clusters that fit at once
+           (ArchLimits.cluster_slots: a cluster's blocks share a GPC, and a GPC whose
+           SMs the size does not divide leaves some idle; :func:`busiest_sm`).
   dram     the tiled DRAM traffic over the DRAM bandwidth: the blocks resident at once
            (one wave over the GPU, rasterised in swizzle groups) read the A panels of
            their block rows and the B panels of their block columns; waves read again
@@ -463,10 +466,10 @@ def busiest_sm(blocks: int, size: int, r: int, arch: ArchLimits) -> int:
     (ArchLimits.cluster_slots: a GPC of SMs not divisible by the size leaves some idle),
     then the rest spread.
 
-    Example (H100: 8 clusters of 8 one block an SM fit 7 GPCs of 16-18 SMs twice and one of
-    14 once, 15 in all):
+    Example (an H100 SXM, whose table is sm_90's: 15 clusters of 8 fit at one block an SM,
+    30 of 4):
         >>> from codegen.arch import parse_arch
-        >>> a = parse_arch("sm_90").replace(cluster_slots_1=(132, 66, 44, 32, 24, 22, 17, 15))
+        >>> a = parse_arch("sm_90")
         >>> busiest_sm(128, 1, 1, a), busiest_sm(128, 8, 1, a), busiest_sm(120, 8, 1, a)
         (1, 2, 1)
     """

@@ -220,9 +220,15 @@ def _max_clusters(f, sms: int, threads: int, smem: int, size: int, compiled: boo
     return int(n) if err == 0 else 0
 
 
+#: blocks an SM up to which the tuner measures the clusters that fit (past it the model
+#: takes a lower bound: ArchLimits.cluster_slots)
+CLUSTER_ROWS = 8
+
+
 def arch_with_clusters(g: "Gpu") -> ArchLimits:
     """g's limits with the clusters it runs at once measured (the model's waves)."""
-    return g.arch.replace(cluster_slots_1=cluster_slots(g.index))
+    rows = tuple(cluster_slots(g.index, r) for r in range(1, CLUSTER_ROWS + 1))
+    return g.arch.replace(cluster_slots_table=rows if rows[0] else ())
 
 
 class entered:
