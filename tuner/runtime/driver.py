@@ -194,26 +194,28 @@ def cluster_slots(index: int, blocks_per_sm: int = 1) -> tuple[int, ...]:
         call("cuFuncSetAttribute", f, F.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
         out = []
         for size in range(1, MAX_CLUSTER + 1):
-            n = _max_clusters(f, a.sm_count, 32, smem, size)
+            n = _max_clusters(f, a.sm_count, 32, smem, (size, 1, 1))
             if n < 1:  # past the largest cluster the GPU takes
                 break
             out.append(n)
     return tuple(out)
 
 
-def _max_clusters(f, sms: int, threads: int, smem: int, size: int, compiled: bool = False) -> int:
-    """cuOccupancyMaxActiveClusters of CUfunction `f` in clusters of `size` blocks (`compiled`:
-    the kernel's own __cluster_dims__ say so); 0 where the driver refuses the size."""
+def _max_clusters(f, sms: int, threads: int, smem: int, dims: tuple[int, int, int],
+                  compiled: bool = False) -> int:
+    """cuOccupancyMaxActiveClusters of CUfunction `f` in clusters of `dims` blocks (`compiled`:
+    the kernel's own __cluster_dims__, which the launch must not restate); 0 where the
+    driver refuses them."""
     cu = api()
     lc = cu.CUlaunchConfig()
-    lc.gridDimX, lc.gridDimY, lc.gridDimZ = size * sms, 1, 1
+    lc.gridDimX, lc.gridDimY, lc.gridDimZ = dims[0] * sms, dims[1], dims[2]
     lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
     lc.sharedMemBytes = smem
     attrs = []
     if not compiled:
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = size, 1, 1
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = dims
         attrs.append(attr)
     lc.attrs, lc.numAttrs = attrs, len(attrs)
     err, n = cu.cuOccupancyMaxActiveClusters(f, lc)
@@ -498,12 +500,17 @@ class KernelImage:
                         threads, self.smem))
 
     def max_active_clusters(self, g: Gpu, threads: int, size: int) -> int:
-        """cuOccupancyMaxActiveClusters on GPU g in clusters of `size` blocks (the kernel's
-        own __cluster_dims__ where it has them), with its dynamic shared memory."""
+        """cuOccupancyMaxActiveClusters on GPU g in clusters of `size` blocks along x, or of
+        the kernel's own __cluster_dims__ where it has them, with its dynamic shared memory."""
         f = self.prepare(g)
-        width = call("cuFuncGetAttribute",
-                     api().CUfunction_attribute.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, f)
-        return _max_clusters(f, g.arch.sm_count, threads, self.smem, size, compiled=width > 0)
+        F = api().CUfunction_attribute
+        dims = tuple(call("cuFuncGetAttribute",
+                          getattr(F, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{d}"), f)
+                     for d in ("WIDTH", "HEIGHT", "DEPTH"))
+        compiled = any(dims)
+        return _max_clusters(f, g.arch.sm_count, threads, self.smem,
+                             tuple(max(d, 1) for d in dims) if compiled else (size, 1, 1),
+                             compiled)
 
     def attributes(self, g: Gpu) -> dict:
         """What the driver says of the kernel on GPU g (to check against ptxas)."""
