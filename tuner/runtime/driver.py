@@ -133,9 +133,12 @@ def _open(index: int) -> Gpu:
         + get("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
     name = _check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0")[0].decode()
     base = ARCHS.get(cc) or ARCHS[max(ARCHS)]
+    sms = get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
     arch = base.replace(
-        cc=cc, name=name,
-        sm_count=get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+        cc=cc, name=name, sm_count=sms,
+        # the table's clusters are its typical part's: another part measures its own
+        cluster_slots_table=base.cluster_slots_table if (cc, sms) == (base.cc, base.sm_count)
+        else (),
         max_threads_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR"),
         max_blocks_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR"),
         regs_per_sm=get("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR"),
