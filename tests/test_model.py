@@ -749,3 +749,36 @@ def test_the_streaming_model_is_read_against_a_decode_roof_run():
         ratio = r["measured_over_predicted"]
         assert set(ratio) == {"reg", "async"} and all(0.66 < v < 1.5 for v in ratio.values()), r
         assert r["rho"] >= 0.35 and r["first_near_in_model_order"] < 50, r
+
+
+def test_the_first_batch_spreads_near_ties_over_tiles():
+    """Within a first batch, a candidate predicted within NEAR_TIE of one of its tile already
+    in it (the same block and micro-tile, K-split and stages: another padding, raster group
+    or warp shape) waits until each tile has had its turn; a batch of one (the fill's next
+    point) is the plain ranking. At 128x4096x4096 fp32 the plain top 16 hold twelve 128x256
+    variants within 0.4% of one another."""
+    from tuner.model import predict_before_compile
+    from tuner.search import NEAR_TIE, _ranking, _spread, _tile
+
+    a, b = KernelConfig(pad=0), KernelConfig(pad=4)
+    c = KernelConfig(bm=64)
+    assert _tile(a) == _tile(b) != _tile(c)
+    ranked = [(1.0, a), (1.0 + NEAR_TIE / 2, b), (1.1, c)]
+    assert list(_spread(ranked, 3)) == [a, c, b]
+    assert list(_spread([(1.0, a), (1.0 + 2 * NEAR_TIE, b), (1.1, c)], 3)) == [a, b, c]
+    assert next(_spread(ranked, 1)) == a
+
+    arch, shape = parse_arch("sm_90"), (128, 4096, 4096)
+    first = model_first(shape, DType.F32, arch, 16)
+    t = {cfg: predict_before_compile(cfg, shape, arch).seconds for cfg in first}
+    _, plain, _ = _ranking(shape, DType.F32, arch, None, 1)
+    plain = sorted(plain, key=lambda r: (r[0], r[1].name))  # ties by name, as the batch's
+    tiles = {_tile(cfg) for _, cfg in plain[:16]}
+    assert len({_tile(cfg) for cfg in first}) > len(tiles)
+    for i, x in enumerate(first):
+        for y in first[i + 1:]:
+            if _tile(x) == _tile(y):
+                assert t[y] > t[x] * (1 + NEAR_TIE)
+    fill = model_first(shape, DType.F32, arch, 1, exclude={cfg.name for cfg in first})
+    rest = [cfg for _, cfg in plain if cfg.name not in {f.name for f in first}]
+    assert fill == rest[:1]

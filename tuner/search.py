@@ -33,7 +33,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from codegen.arch import ArchLimits
 from codegen.check import check
@@ -865,9 +865,9 @@ def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
     yet tell from its neighbours: within the wgmma family it predicts nearly every tile at
     the tensor-core peak) predicted within FIRST_BATCH_MARGIN of the best prediction, then
     the ones the model predicts fastest, before compiling (registers estimated; those
-    likely to spill left out), fastest first (ties by name). Spreading the batch over
-    distinct predicted times instead was tried on the 4096^3 replay and did worse
-    (bench/NOTES.md). Every one is built as `variant` (default: the plain problem) and
+    likely to spill left out), fastest first (ties by name), near ties of one tile after
+    the other tiles (_spread). Spreading the batch over distinct predicted times instead
+    was tried on the 4096^3 replay and did worse (bench/NOTES.md). Every one is built as `variant` (default: the plain problem) and
     predicted at a batch of `batch`; of the families in `only`, if given. The ranking is
     kept between calls (_ranking)."""
     return _first(tuple(shape), dtype, arch, n, exclude, variant, batch, RANKING_KEPT, only)
@@ -881,14 +881,16 @@ def _first(shape, dtype, arch, n, exclude, variant, batch, keep, only=None) -> l
     ranked = sorted([*ranked, *((t, c) for t, c in known if c not in first)],
                     key=lambda r: r[0])
     out = [c for c in first if c.name not in exclude]
-    order = [c for _, c in sorted(ranked, key=lambda r: (r[0], r[1].name))]  # ties by name
+    ranked_order = sorted(ranked, key=lambda r: (r[0], r[1].name))  # ties by name
+    order = [c for _, c in ranked_order]
     # the families predicted within FAMILY_TURN_MARGIN of the best take turns, each its
     # own fastest first: the model orders a family's kernels better than it weighs one
     # family against another (at 1x14336x4096 bf16 it put 128x128 wgmma tiles at 3.4
     # TFLOP/s, measured 1.9, beside decode kernels predicted 3.3 and measured 3.5, and a
     # first batch of wgmma alone left the tune three decode kernels)
     leaders = list(dict.fromkeys(c.family for t, c in ranked if t <= FAMILY_TURN_MARGIN * best))
-    turns = {f: iter([c for c in order if c.family is f and c.name not in exclude])
+    turns = {f: _spread([(t, c) for t, c in ranked_order if c.family is f
+                         and c.name not in exclude], n)
              for f in leaders}
     rest = [c for c in order if c.family not in leaders and c.name not in exclude]
     taken = {c.name for c in out}
@@ -904,6 +906,43 @@ def _first(shape, dtype, arch, n, exclude, variant, batch, keep, only=None) -> l
     if len(out) < n and not whole:  # more tried than the kept ranking holds: all of it
         return _first(shape, dtype, arch, n, exclude, variant, batch, None, only)
     return out
+
+
+#: within a first batch, a candidate predicted within this fraction of one already in it of
+#: the same tile (the same block and micro-tile, K-split and stages: it differs only in
+#: padding, raster group or warp shape, which the model weighs at a fraction of a percent)
+#: waits until the batch holds one of each such tile: at 128x4096x4096 fp32 a dozen 128x256
+#: variants 0.4% apart filled the batch ahead of the 64x256 tile measured fastest
+NEAR_TIE = 0.005
+
+
+def _tile(c):
+    """What a near tie shares: the block and micro-tile, K-split and stages. A streaming
+    kernel (the decode family) has none: its warps' arrangement sets the bytes it keeps in
+    flight, which is what the model times it by, so each is its own."""
+    if family_of(c).streams_b:
+        return c
+    return (c.family, c.bm, c.bn, c.bk, c.split, getattr(c, "rm", 0), getattr(c, "rn", 0),
+            getattr(c, "stages", 0))
+
+
+def _spread(ranked: list, n: int) -> Iterator:
+    """`ranked` ((seconds, config), fastest first) with, among its first `n`, each near tie
+    of a tile already taken (NEAR_TIE) put after them: the first batch spreads over tiles,
+    and a batch of one (the fill's next point) is the plain ranking."""
+    head, waits, times = [], [], {}
+    for t, c in ranked:
+        if len(head) >= n:
+            break
+        k = _tile(c)
+        if k in times and t <= times[k] * (1 + NEAR_TIE):
+            waits.append(c)
+        else:
+            times.setdefault(k, t)
+            head.append(c)
+    yield from head
+    yield from waits
+    yield from (c for _, c in ranked[len(head) + len(waits):])
 
 
 def rank_correlation(records: list[TrialRecord]) -> float | None:
