@@ -480,7 +480,7 @@ EMULATED = [
     Variant(Layout.NT, DType.F16, "out", "gelu").apply(
         DecodeConfig(mt=16, bn=64, wk=4, wn=2, split=4, reduce="cluster")),
     Variant(Layout.TN, DType.BF16).apply(
-        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=32, wk=8, wn=1, split=8,
+        DecodeConfig(dtype=DType.BF16, math="fma", mt=1, bn=32, wk=4, wn=1, split=8,
                      reduce="cluster")),
 ]
 
