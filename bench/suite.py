@@ -52,15 +52,17 @@ def _kernel(lib, dev, m: int, n: int, k: int) -> tuple[str | None, str]:
     """(the library's fp32 kernel for the shape, the rule that names it): what it runs, or
     where it runs cuBLAS (its kernel lost where it was tuned), its exact entry's kernel,
     else the best estimate among its kernels: the suite times our kernel beside cuBLAS
-    either way, and says which."""
+    either way, and says which. An exact entry is this GPU model's (a library may hold
+    the same shape tuned on an H100 and an H200: both sm_90 with 132 SMs)."""
     from codegen.config import DType
 
-    choice = lib.select(m, n, k, cc=dev.cc, sms=dev.arch.sm_count)
+    choice = lib.select(m, n, k, cc=dev.cc, sms=dev.arch.sm_count, gpu=dev.name)
     if choice.kernel is not None:
         return choice.kernel, choice.rule
     ranked = [e["kernel"] for _, e in lib.ranked(m, n, k, DType.F32, dev.cc, dev.arch.sm_count)]
     exact = [e["kernel"] for e in lib.manifest["entries"]  # ranked: one entry per kernel
-             if (e["m"], e["n"], e["k"]) == (m, n, k) and e["kernel"] in ranked]
+             if (e["m"], e["n"], e["k"]) == (m, n, k) and e["kernel"] in ranked
+             and e["gpu"] == dev.name]
     if exact:
         return exact[0], "cuBLAS runs; the exact entry's kernel"
     return (ranked[0], "cuBLAS runs; the best estimate") if ranked else (None, "")
@@ -94,6 +96,7 @@ def main() -> None:
                    ["--force"] if args.force else [])
         p = subprocess.run(cmd, capture_output=True, text=True)
         print(f"tuned {s}: exit {p.returncode} {p.stderr.strip()[-200:]}", flush=True)
+        print(p.stdout.strip()[-3000:], flush=True)  # the winner, its ratio and the stats
     dev = device()
     lib = load_library(args.artifacts / "library")
     rows = []
