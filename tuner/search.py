@@ -867,9 +867,9 @@ def model_first(shape, dtype: DType, arch: ArchLimits, n: int,
     the ones the model predicts fastest, before compiling (registers estimated; those
     likely to spill left out), fastest first (ties by name), near ties of one tile after
     the other tiles (_spread). Spreading the batch over distinct predicted times instead
-    was tried on the 4096^3 replay and did worse (bench/NOTES.md). Every one is built as `variant` (default: the plain problem) and
-    predicted at a batch of `batch`; of the families in `only`, if given. The ranking is
-    kept between calls (_ranking)."""
+    was tried on the 4096^3 replay and did worse (bench/NOTES.md). Every one is built as
+    `variant` (default: the plain problem) and predicted at a batch of `batch`; of the
+    families in `only`, if given. The ranking is kept between calls (_ranking)."""
     return _first(tuple(shape), dtype, arch, n, exclude, variant, batch, RANKING_KEPT, only)
 
 
