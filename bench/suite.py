@@ -54,17 +54,17 @@ def _kernel(lib, dev, m: int, n: int, k: int) -> tuple[str | None, str]:
     else the best estimate among its kernels: the suite times our kernel beside cuBLAS
     either way, and says which. An exact entry is this GPU model's (a library may hold
     the same shape tuned on an H100 and an H200: both sm_90 with 132 SMs)."""
-    from codegen.config import DType
+    from codegen.config import DType, Layout
+    from tuner.runtime.dispatch import FULL_ALIGN, exact_entry
 
     choice = lib.select(m, n, k, cc=dev.cc, sms=dev.arch.sm_count, gpu=dev.name)
     if choice.kernel is not None:
         return choice.kernel, choice.rule
+    exact = exact_entry(lib.store.serving(DType.F32, dev.cc, Layout.NN), (m, n, k), 1,
+                        FULL_ALIGN, dev.name)
+    if exact is not None:
+        return exact["kernel"], "cuBLAS runs; the exact entry's kernel"
     ranked = [e["kernel"] for _, e in lib.ranked(m, n, k, DType.F32, dev.cc, dev.arch.sm_count)]
-    exact = [e["kernel"] for e in lib.manifest["entries"]  # ranked: one entry per kernel
-             if (e["m"], e["n"], e["k"]) == (m, n, k) and e["kernel"] in ranked
-             and e["gpu"] == dev.name]
-    if exact:
-        return exact[0], "cuBLAS runs; the exact entry's kernel"
     return (ranked[0], "cuBLAS runs; the best estimate") if ranked else (None, "")
 
 
