@@ -41,19 +41,52 @@ def test_the_committed_library_loads_with_every_file_as_its_manifest_records():
     assert {e["kernel"] for e in doc["entries"]} <= {k.split("/", 1)[1] for k in doc["kernels"]}
 
 
-def test_adding_the_same_shape_replaces_its_entry(lib, tmp_path, compile_cache):
-    from _library import entry
+def test_adding_the_same_shape_replaces_its_entry_and_keeps_the_replaced_one(
+        lib, tmp_path, compile_cache, capsys):
+    """A re-tune's entry replaces the shape's entry; the replaced entry is kept, with its
+    kernel, as a candidate of the estimate and the first-use measurement, never of the
+    exact rule; a later replacement of the same shape drops it (and its kernel, when
+    nothing else uses that)."""
+    import dataclasses
 
-    res = compile_config(SMALL, "sm_90", compile_cache, tmp_path / "art")
-    cu = tmp_path / "art" / "sm_90" / f"{SMALL.name}.cu"
-    lib.add(entry(SMALL, res, (4096, 4096, 4096), 30.0, 51.3), cu, res.cubin)
-    again = load_library(lib.path)
-    entries = again.manifest["entries"]
-    assert len(entries) == 2
-    assert [e["kernel"] for e in entries if e["m"] == 4096] == [SMALL.name]
-    # BIG is used by no entry now: it leaves the manifest and the disk
-    assert set(again.manifest["kernels"]) == {f"sm_90/{SMALL.name}"}
+    from _library import entry
+    from tuner.runtime.dispatch import FULL_ALIGN, exact_entry
+
+    def add(cfg, tflops):
+        res = compile_config(cfg, "sm_90", compile_cache, tmp_path / "art")
+        assert res.ok, res.error
+        lib.add(entry(cfg, res, (4096, 4096, 4096), tflops, 51.3),
+                tmp_path / "art" / "sm_90" / f"{cfg.name}.cu", res.cubin)
+        return load_library(lib.path)
+
+    before = lib.fingerprint
+    again = add(SMALL, 30.0)
+    assert [(e["m"], e["kernel"]) for e in again.manifest["entries"]] == [
+        (512, SMALL.name), (4096, SMALL.name)]
+    assert [(e["m"], e["kernel"], e["tflops"]) for e in again.manifest["replaced"]] == [
+        (4096, BIG.name, 46.1)]
+    assert set(again.manifest["kernels"]) == {f"sm_90/{BIG.name}", f"sm_90/{SMALL.name}"}
+    assert again.fingerprint != before
+    assert main(["list", "--library", str(lib.path)]) == 0
+    assert "and 1 replaced entries" in " ".join(capsys.readouterr().out.split())
+    # the exact rule sees the new entry alone; the ranking holds the replaced kernel too
+    exact = exact_entry(again.store.serving(DType.F32, 90), (4096,) * 3, 1, FULL_ALIGN, None)
+    assert exact["kernel"] == SMALL.name
+    assert {e["kernel"] for _, e in again.ranked(4096, 4096, 4096, DType.F32, 90, 132)} \
+        == {BIG.name, SMALL.name}
+    # a second replacement keeps only the latest replaced entry; BIG, now used by nothing,
+    # leaves the manifest and the disk
+    third = dataclasses.replace(SMALL, stages=2)
+    again = add(third, 35.0)
+    assert [e["kernel"] for e in again.manifest["replaced"]] == [SMALL.name]
+    assert set(again.manifest["kernels"]) == {f"sm_90/{SMALL.name}", f"sm_90/{third.name}"}
     assert not list((lib.path / "kernels" / "sm_90").glob(f"{BIG.name}.*"))
+    # the same kernel again keeps what was replaced; a replaced kernel back as the winner
+    # replaces the entry and is no longer kept as replaced
+    assert [e["kernel"] for e in add(third, 36.0).manifest["replaced"]] == [SMALL.name]
+    again = add(SMALL, 37.0)
+    assert [e["kernel"] for e in again.manifest["replaced"]] == [third.name]
+    assert [e["kernel"] for e in again.manifest["entries"]] == [SMALL.name, SMALL.name]
 
 
 def test_a_kernel_that_would_not_load_again_is_refused_before_anything_is_written(

@@ -1111,7 +1111,8 @@ def test_a_static_b_call_runs_the_decode_entrys_twin_which_the_library_keeps(
     """A decode entry is stored with its twin for a constant B (the tuner compiles it:
     tune._static_b_twins); a call that promises a constant B (static_b) launches the twin,
     one that does not the entry's own kernel, each under a plan of its own; a kernel with no
-    twin runs itself either way. Replacing the entry's kernel drops its twin too."""
+    twin runs itself either way. Replacing the entry's kernel keeps the replaced kernel
+    (manifest's replaced) and its twin; a second replacement drops both."""
     from _library import entry
     from codegen import compile_config
     from codegen.families.decode import DEFAULT_DECODE
@@ -1145,17 +1146,21 @@ def test_a_static_b_call_runs_the_decode_entrys_twin_which_the_library_keeps(
     assert said[1] == f"static_b: {dec.name} runs as its twin {twin} (it loads B before the " \
         "work ahead of the call has finished)"
     assert len(lib.explain(A, B, C, gpu="H200").splitlines()) == 1
-    # the decode entry re-tuned to another kernel (stored without a twin): the old kernel
-    # and its twin leave, and the new kernel runs itself with or without the promise
-    other = dataclasses.replace(dec, stages=4)
-    res2 = compile_config(other, "sm_90", compile_cache, art)
-    lib.add(entry(other, res2, shape, 31.0, 20.0, dtype="f16"),
-            art / "sm_90" / f"{other.name}.cu", res2.cubin)
-    lib = load_library(tmp_path / "library")
-    kernels = lib.manifest["kernels"]
-    assert f"sm_90/{other.name}" in kernels
-    assert f"sm_90/{dec.name}" not in kernels and f"sm_90/{twin}" not in kernels
-    assert not list((tmp_path / "library" / "kernels" / "sm_90").glob(f"{twin}.*"))
+    # the decode entry re-tuned to another kernel (stored without a twin), then to a third:
+    # the first kernel and its twin stay as replaced, then leave, and the entry's kernel
+    # runs itself with or without the promise
+    for stages in (4, 5):
+        other = dataclasses.replace(dec, stages=stages)
+        res2 = compile_config(other, "sm_90", compile_cache, art)
+        lib.add(entry(other, res2, shape, 31.0 + stages, 20.0, dtype="f16"),
+                art / "sm_90" / f"{other.name}.cu", res2.cubin)
+        lib = load_library(tmp_path / "library")
+        kernels = lib.manifest["kernels"]
+        assert f"sm_90/{other.name}" in kernels
+        kept = stages == 4
+        assert (f"sm_90/{dec.name}" in kernels) == kept == (f"sm_90/{twin}" in kernels)
+        assert bool(list((tmp_path / "library" / "kernels" / "sm_90").glob(f"{twin}.*"))) \
+            == kept
     for static_b in (True, False):
         lib.gemm(A, B, C, stream=5, static_b=static_b)
         assert fake.launches[-1][0] == other.name

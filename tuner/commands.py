@@ -65,8 +65,11 @@ def cmd_list(args, console) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    kept = len(lib.store.replaced)
     t = Table(title=f"gemm-tune library {args.library} ({len(rows)} entries; problem: input "
-                    "type, layout, C's type, epilogue, batch)")
+                    "type, layout, C's type, epilogue, batch)", caption=(
+                        f"and {kept} replaced entries, their kernels kept as candidates of "
+                        "first-use measurement" if kept else None))
     for col in ("shape", "problem", "GPU", "kernel", "TFLOP/s", "% of cuBLAS", "date"):
         t.add_column(col, justify="right" if col in ("TFLOP/s", "% of cuBLAS") else "left",
                      no_wrap=col in ("kernel", "shape"))

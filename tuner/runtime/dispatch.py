@@ -493,12 +493,13 @@ class Dispatcher:
                align: tuple = FULL_ALIGN, batch: int = 1) -> list[tuple[float, dict]]:
         """(estimated TFLOP/s, entry) of every kernel tuned on this cc for this dtype and
         variant (a Variant, or a Layout) that takes operands of alignment class `align`,
-        best first, one per kernel."""
+        best first, one per kernel; the kernels of replaced entries among them (a kernel a
+        re-tune replaced may still serve the problems around its shape best)."""
         arch = ARCHS.get(cc) or parse_arch("sm_90")
         best: dict[str, tuple[float, dict]] = {}
         if batch > MAX_KERNEL_BATCH:
             return []
-        for e in self.manifest.serving(dtype, cc, variant):
+        for e in self.manifest.serving(dtype, cc, variant, replaced=True):
             cfg = config_from_name(e["kernel"])
             if not cfg.takes(m, n, k, align):
                 continue

@@ -2,10 +2,17 @@
 in the manifest) and its metadata. Read, verified, and added to atomically.
 
 Layout:
-    library/manifest.json                 {"schema": 2, "kernels": {...}, "entries": [...]}
+    library/manifest.json                 {"schema": 2, "kernels": {...}, "entries": [...],
+                                           "replaced": [...]}
     library/kernels/<arch>/<name>.cu      the generated source
     library/kernels/<arch>/<name>.cubin   nvcc's output (sha256 checked on load)
     library/kernels/<arch>/<name>.json    config, resources, flags, nvcc, template hash
+
+An entry a re-tune replaced with another kernel is kept under "replaced" (one per entry key,
+the latest) with its kernel: the exact rule and the exported C++ table never use it, but
+the estimate and the first-use measurement rank it with the entries' kernels. A kernel that
+wins a tune after an L2 flush can lose in a loop, and the one it replaced may have been the
+better kernel for the problems around it.
 
 Schema 2: the kernels take the argument list with batch strides and a bias (see
 tuner/runtime/runners.py). A schema-1 library's kernels were compiled for the list before;
@@ -148,7 +155,7 @@ class Manifest:
             if why or cfg.name != k["name"]:
                 raise LibraryError(f"kernel {key} in {where} does not validate: "
                                    f"{'; '.join(why) or 'name does not match config'}")
-        for e in self.data["entries"]:
+        for e in self.entries + self.replaced:
             if f"{e['arch']}/{e['kernel']}" not in self.data["kernels"]:
                 raise LibraryError(f"entry {e['m']}x{e['n']}x{e['k']} in {where} names a "
                                    "missing kernel")
@@ -157,16 +164,24 @@ class Manifest:
     def entries(self) -> list[dict]:
         return self.data["entries"]
 
-    def serving(self, dtype: DType, cc: int,
-                variant: Variant | Layout | None = None) -> list[dict]:
+    @property
+    def replaced(self) -> list[dict]:
+        """Entries that re-tunes replaced with another kernel, kept as candidates of the
+        estimate and the first-use measurement (this module's doc); [] in a manifest from
+        before they were kept."""
+        return self.data.get("replaced", [])
+
+    def serving(self, dtype: DType, cc: int, variant: Variant | Layout | None = None,
+                replaced: bool = False) -> list[dict]:
         """Entries that serve a request of `variant` (a Layout: that layout, fp32 C, no
         epilogue): its dtype's, and for an f32x3 request (3xTF32 allowed) the fp32 ones too
         (they are as accurate); only those whose kernel builds exactly that variant (a
         kernel tuned for NN and fp32 C cannot serve NT or fp16 C). Any batch: a kernel runs
-        any batch (its entry's batch says where it was measured)."""
+        any batch (its entry's batch says where it was measured). With `replaced`, the
+        replaced entries that would serve it follow."""
         variant = as_variant(variant)
         shorts = {dtype.short, DType.F32.short} if dtype is DType.F32X3 else {dtype.short}
-        return [e for e in self.entries
+        return [e for e in self.entries + (self.replaced if replaced else [])
                 if e["cc"] == cc and e["dtype"] in shorts and entry_variant(e) == variant
                 and _kernel_variant(e["kernel"]) == variant]
 
@@ -179,7 +194,8 @@ class Manifest:
             extra = ("" if v.plain else f"|{v.key}") + ("" if batch == 1 else f"|batch {batch}")
             return f"{e['gpu']}|{e['dtype']}|{e['m']}x{e['n']}x{e['k']}|{e['kernel']}{extra}"
 
-        rows = sorted(row(e) for e in self.entries)
+        rows = sorted([row(e) for e in self.entries]
+                      + [f"replaced|{row(e)}" for e in self.replaced])
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:12]
 
     def file(self, name: str, arch: str, field: str = "cubin") -> Path:
@@ -202,8 +218,10 @@ class Manifest:
             twins: tuple = ()) -> None:
         """Add (or replace) a tuned entry and its kernel's files, and `twins`: (name, source,
         cubin, meta) of kernels kept beside it (its static_b_twin); the manifest is rewritten
-        atomically under a lock, and re-read first so concurrent writers lose nothing. A
-        kernel that no entry uses, and that is not the twin of one that does, is dropped."""
+        atomically under a lock, and re-read first so concurrent writers lose nothing. An
+        entry replaced by one of another kernel is kept as replaced (this module's doc), in
+        place of any replaced before it. A kernel that no entry or replaced entry uses, and
+        that is not the twin of one that does, is dropped."""
         arch = entry["arch"]
         for name, *_ in (entry["kernel"], source, cubin, meta), *twins:
             # a kernel the library could not load again is refused before anything is written
@@ -223,10 +241,16 @@ class Manifest:
             self._reread()
             for name, *_ in files:
                 self.data["kernels"][f"{arch}/{name}"] = _kernel_record(self.path, arch, name)
+            old = next((e for e in self.entries if _same(e, entry)), None)
+            replaced = self.replaced
+            if old is not None and old["kernel"] != entry["kernel"]:
+                replaced = [e for e in replaced if not _same(e, entry)] + [old]
+            self.data["replaced"] = replaced
             self.data["entries"] = [e for e in self.entries if not _same(e, entry)] + [entry]
             self.data["schema"] = SCHEMA
-            used = {f"{e['arch']}/{e['kernel']}" for e in self.entries}
-            used |= {f"{e['arch']}/{static_b_twin(e['kernel'])}" for e in self.entries}
+            kept = self.entries + replaced
+            used = {f"{e['arch']}/{e['kernel']}" for e in kept}
+            used |= {f"{e['arch']}/{static_b_twin(e['kernel'])}" for e in kept}
             orphans = [k for k in self.data["kernels"] if k not in used]
             for key in orphans:
                 del self.data["kernels"][key]
