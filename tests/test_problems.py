@@ -429,6 +429,16 @@ def test_recorded_variants_are_tuned_through_a_fake_gpu_into_the_cache_and_libra
     assert tt._library_seeds(_tune_args(tmp_path), art, task, dev) == (held,)
     other = SimpleNamespace(**{**vars(dev), "name": "Fake H100"})
     assert tt._library_seeds(_tune_args(tmp_path), art, task, other) == ()
+    # ... and the kernel the entry replaced, second (a replaced entry of another shape: none)
+    manifest = art / "library" / "manifest.json"
+    saved, doc = manifest.read_text(), json.loads(manifest.read_text())
+    was = dataclasses.replace(held, stages=held.stages + 1)
+    entry = next(e for e in doc["entries"] if e["kernel"] == held.name)
+    elsewhere = dataclasses.replace(held, stages=held.stages + 2)
+    doc["replaced"] = [dict(entry, kernel=was.name), dict(entry, kernel=elsewhere.name, m=8)]
+    manifest.write_text(json.dumps(doc))
+    assert tt._library_seeds(_tune_args(tmp_path), art, task, dev) == (held, was)
+    manifest.write_text(saved)
     assert tt.run_problems(_tune_args(tmp_path, force=True, sampler="tpe"), merge(lines[:1]),
                            art) == 0
     assert benches[-1].measured[0] == held

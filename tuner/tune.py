@@ -427,9 +427,10 @@ def _static_b_twins(name: str, arch: str, artifacts: Path) -> tuple:
 
 
 def _library_seeds(args, artifacts: Path, task: Task, dev) -> tuple:
-    """The kernel the target library holds for exactly this problem on this GPU model, if
-    any: the search times it first, so a re-tune (a wider space, more trials) replaces the
-    entry only with a kernel that beats it in the same run."""
+    """The kernels the target library holds for exactly this problem on this GPU model, if
+    any: its entry's and the one that entry replaced (Manifest.replaced). The search times
+    them first, so a re-tune (a wider space, more trials) replaces the entry only with a
+    kernel that beats both in the same run."""
     from codegen.config import config_from_name
     from tuner.runtime.dispatch import FULL_ALIGN, exact_entry
     from tuner.runtime.errors import LibraryError
@@ -439,9 +440,11 @@ def _library_seeds(args, artifacts: Path, task: Task, dev) -> tuple:
     if not (path / "manifest.json").is_file():
         return ()
     try:
-        entries = Manifest.load(path, verify=False).serving(task.dtype, dev.cc, task.variant)
-        e = exact_entry(entries, tuple(task.shape), task.batch, FULL_ALIGN, dev.name)
-        return () if e is None else (config_from_name(e["kernel"]),)
+        held = Manifest.load(path, verify=False).serving(task.dtype, dev.cc, task.variant,
+                                                          replaced=True)
+        names = [e["kernel"] for e in held if exact_entry(
+            [e], tuple(task.shape), task.batch, FULL_ALIGN, dev.name) is not None]
+        return tuple(config_from_name(name) for name in dict.fromkeys(names))
     except (LibraryError, ValueError, UsageError):  # a library that cannot seed: none
         return ()
 
