@@ -414,6 +414,18 @@ def test_recorded_variants_are_tuned_through_a_fake_gpu_into_the_cache_and_libra
     assert tt.run_problems(_tune_args(tmp_path), merge(lines), art) == 0
     assert [r["from_cache"] for r in json.loads(capsys.readouterr().out)] == [True, True]
     assert len(benches) == 2
+    # ... into another library: the cache's winners are added to it, which lacked them (the
+    # first's files compiled again: the artifacts no longer hold them)
+    gone = list((art / "sm_90").glob(f"{rows[0]['kernel']}.*"))
+    assert {f.suffix for f in gone} >= {".cu", ".cubin"}
+    for f in gone:
+        f.unlink()
+    other = tmp_path / "other-library"
+    assert tt.run_problems(_tune_args(tmp_path, library=other), merge(lines), art) == 0
+    assert [r["from_cache"] for r in json.loads(capsys.readouterr().out)] == [True, True]
+    assert sorted(e["kernel"] for e in Library.load(other).manifest["entries"]) == sorted(
+        r["kernel"] for r in rows)
+    assert len(benches) == 2
     # the tune's table says the problem (C's type among it) and what cuBLAS was timed doing
     task = merge(lines)[0].task
     assert tt.run_cli(_tune_args(tmp_path, json=False), [task], art) == 0

@@ -145,7 +145,10 @@ class _Session:
         key = self.key(task)
         entry = self.cache.get(key)
         if entry and not self.args.force:
-            return dict(entry["result"], from_cache=True)
+            result = dict(entry["result"], from_cache=True)
+            # a library that lacks it (another --library than the tune's) gets it too
+            _add_to_library(self.args, self.artifacts, self.dev, key, result, missing=True)
+            return result
         _check_fits(self.dev, task.shape, task.dtype, task)
         # stdout carries the result alone (--json): what libraries print goes to stderr
         args = self.args
@@ -387,7 +390,14 @@ def _devices(ids: list[int] | None) -> list[int]:
     return ids
 
 
-def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> None:
+def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict,
+                    missing: bool = False) -> None:
+    """Add the tune's winner to the library (--library, or the artifacts' one); with
+    `missing`, only where the library has no entry for the problem on this GPU model (a
+    cached winner: the entry a library holds stays), the winner's files compiled again
+    where the artifacts no longer hold them."""
+    from codegen.compile import compile_config
+    from codegen.config import config_from_name
     from tuner.runtime.library import Library
 
     w = result["winner"]
@@ -401,10 +411,19 @@ def _add_to_library(args, artifacts: Path, dev, key: CacheKey, result: dict) -> 
                  ratio=w["ratio"], error=w["error"],
                  resources=w["resources"], occupancy=w["occupancy"], limiter=w["limiter"],
                  date=w["date"], stats=result["stats"], top=result["top"])
-    source = Path(w["source"])
-    Library.create_or_open(args.library or artifacts / "library").add(
-        entry, source, Path(w["cubin"]), source.with_suffix(".json"),
-        _static_b_twins(w["name"], dev.sm, artifacts))
+    lib = Library.create_or_open(args.library or artifacts / "library")
+    if missing and lib.store.entry_for(entry) is not None:
+        return
+    source, cubin = Path(w["source"]), Path(w["cubin"])
+    if not (source.is_file() and cubin.is_file()):
+        res = compile_config(config_from_name(w["name"]), dev.sm, artifacts_dir=artifacts)
+        if not res.ok:
+            print(f"gemm-tune: {w['name']} did not compile again, so it is not added to "
+                  f"{lib.path}", file=sys.stderr)
+            return
+        source, cubin = artifacts / res.arch / f"{w['name']}.cu", Path(res.cubin)
+    lib.add(entry, source, cubin, source.with_suffix(".json"),
+            _static_b_twins(w["name"], dev.sm, artifacts))
 
 
 def _static_b_twins(name: str, arch: str, artifacts: Path) -> tuple:

@@ -164,6 +164,11 @@ class Manifest:
     def entries(self) -> list[dict]:
         return self.data["entries"]
 
+    def entry_for(self, entry: dict) -> dict | None:
+        """The stored entry of `entry`'s ENTRY_KEY (gpu, cc, dtype, variant, batch, shape),
+        or None."""
+        return next((e for e in self.entries if _same(e, entry)), None)
+
     @property
     def replaced(self) -> list[dict]:
         """Entries that re-tunes replaced with another kernel, kept as candidates of the
@@ -241,7 +246,7 @@ class Manifest:
             self._reread()
             for name, *_ in files:
                 self.data["kernels"][f"{arch}/{name}"] = _kernel_record(self.path, arch, name)
-            old = next((e for e in self.entries if _same(e, entry)), None)
+            old = self.entry_for(entry)
             replaced = self.replaced
             if old is not None and old["kernel"] != entry["kernel"]:
                 replaced = [e for e in replaced if not _same(e, entry)] + [old]
