@@ -69,6 +69,12 @@ def test_adding_the_same_shape_replaces_its_entry_and_keeps_the_replaced_one(
     assert again.fingerprint != before
     assert main(["list", "--library", str(lib.path)]) == 0
     assert "and 1 replaced entries" in " ".join(capsys.readouterr().out.split())
+    assert main(["inspect", BIG.name, "--library", str(lib.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tuned_for"] == [
+        "4096x4096x4096 f32 (nn, C f32, none) on NVIDIA H200: 46.1 TFLOP/s, cuBLAS 51.3 "
+        "(replaced there by a re-tune; kept as a first-use candidate)"]
+    assert main(["inspect", BIG.name, "--profile", "--library", str(lib.path)]) == 2
+    assert "kept only as a replaced entry's kernel" in capsys.readouterr().err
     # the exact rule sees the new entry alone; the ranking holds the replaced kernel too
     exact = exact_entry(again.store.serving(DType.F32, 90), (4096,) * 3, 1, FULL_ALIGN, None)
     assert exact["kernel"] == SMALL.name

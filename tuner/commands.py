@@ -16,10 +16,12 @@ from tuner.runtime.library import Library
 
 
 def _entries(lib: Library, shape=None, dtype: DType | None = None, kernel: str | None = None,
-             variant: dict | None = None):
-    """The entries of a shape, input type, kernel and (the fields given of) a variant."""
+             variant: dict | None = None, replaced: bool = False):
+    """The entries of a shape, input type, kernel and (the fields given of) a variant; with
+    `replaced`, then the replaced entries' (Manifest.replaced), marked replaced=True."""
     out = []
-    for e in lib.manifest["entries"]:
+    kept = [dict(e, replaced=True) for e in lib.store.replaced] if replaced else []
+    for e in lib.manifest["entries"] + kept:
         if shape and (e["m"], e["n"], e["k"]) != tuple(shape):
             continue
         if dtype and e["dtype"] != dtype.short:
@@ -90,7 +92,7 @@ def cmd_inspect(args, console) -> int:
         config_from_name(args.name)  # a malformed name is a usage error
         if (args.library / "manifest.json").is_file():
             lib = Library.load(args.library)
-        if lib is None or not _entries(lib, kernel=args.name):
+        if lib is None or not _entries(lib, kernel=args.name, replaced=True):
             return _inspect_built_here(args, console)
     lib = lib or Library.load(args.library)
     entries = _inspect_entries(args, lib)
@@ -187,9 +189,14 @@ def _inspect_entries(args, lib: Library) -> list[dict]:
         raise UsageError("inspect takes a kernel name or --shape MxNxK (one of them)")
     if args.name:
         config_from_name(args.name)  # a malformed name is a usage error
-        entries = _entries(lib, kernel=args.name)
+        entries = _entries(lib, kernel=args.name, replaced=True)
         if not entries:
             raise UsageError(f"kernel {args.name} is not in the library at {args.library}")
+        if args.profile and all(e.get("replaced") for e in entries):
+            raise UsageError(f"--profile runs a library entry at its tuned shape; {args.name} "
+                             "is kept only as a replaced entry's kernel (a first-use "
+                             "candidate)")
+        entries = [e for e in entries if not e.get("replaced")] or entries
     else:
         shape, dtype = parse_shape(args.shape), DType.parse(args.dtype)
         entries = _entries(lib, shape, dtype, variant=variant_filter(args, dtype))
@@ -239,7 +246,9 @@ def _inspect_doc(e: dict, info: dict, entries: list[dict], source, cubin) -> dic
                 stack_frame=res["stack_frame"], occupancy=e["occupancy"], limiter=e["limiter"],
                 tuned_for=[f"{x['m']}x{x['n']}x{x['k']} {x['dtype']} ({variant_text(x)}) "
                            f"on {x['gpu']}: {x['tflops']:.1f} TFLOP/s, cuBLAS "
-                           f"{x['cublas_tflops']:.1f}" for x in entries],
+                           f"{x['cublas_tflops']:.1f}" + (
+                               " (replaced there by a re-tune; kept as a first-use candidate)"
+                               if x.get("replaced") else "") for x in entries],
                 timing=e["timing"], cublas_timing=e["cublas_timing"],
                 source=str(source), cubin=str(cubin), cubin_sha256=info["cubin_sha256"],
                 model=_model_figures(e, info), rank_rho=(e.get("stats") or {}).get("rank_rho"),
