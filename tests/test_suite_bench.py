@@ -20,11 +20,13 @@ def test_every_shape_gets_a_kernel_and_says_where_cublas_runs():
     from tuner.runtime.manifest import entry_batch, entry_variant
 
     lib = load_library(ROOT / "artifacts" / "library")
+    gpus = {e["gpu"] for e in lib.manifest["entries"]}
+    assert gpus == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}  # the committed library's models
     dev = SimpleNamespace(cc=90, arch=parse_arch("sm_90"), name="NVIDIA H200")
     plain = Variant(Layout.NN, DType.F32)  # the suite's problem: NN, fp32 C, no epilogue
     exact = {(e["m"], e["n"], e["k"]): e["kernel"] for e in lib.manifest["entries"]
              if e["dtype"] == "f32" and entry_variant(e) == plain and entry_batch(e) == 1
-             and e["gpu"] == dev.name}  # (the library holds the H100's entries too)
+             and e["gpu"] == dev.name}
     ran_cublas = 0
     for s in suite.SHAPES:
         m, n, k = parse_shape(s)
