@@ -451,6 +451,32 @@ def test_an_exact_entry_close_to_cublas_is_measured_with_its_kernel(
     assert "M-bucket 257-384" in lib.explain(301, 256, 256)
 
 
+def test_an_exact_entry_does_not_decide_for_padded_rows(lib, fake, compile_cache, tmp_path):
+    """An exact entry speaks for the operands it was tuned on: fully aligned, rows of exactly
+    their length. Padded rows (still 16-byte aligned) change what cuBLAS runs, so a trusted
+    entry's shape called with them is measured at its M-bucket's ends, as an untuned shape
+    is, and explain names the padding, not the entry."""
+    from _library import entry
+    from codegen import compile_config
+
+    res = compile_config(BIG, "sm_90", compile_cache, tmp_path / "art")
+    lib.add(entry(BIG, res, (300, 256, 256), 20.0, 10.0),
+            tmp_path / "art" / "sm_90" / f"{BIG.name}.cu", res.cubin)
+    lib = load_library(lib.path)
+    fake.times = {SMALL.name: 2.0, BIG.name: 1.5, "cublas": 1.0}
+    b, c = Cai(256, 256, 0x200000), Cai(300, 256, 0x300000)
+    lib.gemm(Cai(300, 256, 0x100000), b, c)  # tight rows: the entry runs, unmeasured
+    assert fake.measured == [] and fake.launches[-1][0] == BIG.name
+    assert lib.explain(300, 256, 256).startswith(f"{BIG.name} (exact)")
+    lib.gemm(Cai(300, 256, 0x100000, ld=260), b, c)  # A's rows padded by 4 floats
+    assert [(x[0][0], x[1][0]) for x in fake.measured] == [(257, 260), (384, 260)]
+    assert BIG.name in fake.measured[0][-1]
+    assert "(M-bucket 257-384), operands 16.16.16-byte aligned, A padded" in lib.explain(
+        300, 256, 256, ld=(260, 256, 256))
+    assert len(fake.blas) == 1  # cuBLAS measured faster: it ran
+    assert fake.launches[-1][0] == BIG.name  # the tight call's launch was the last
+
+
 @pytest.mark.parametrize("ratio", [0.99, 1.05])
 def test_an_exact_entrys_kernel_is_measured_first_however_its_estimate_ranks(
         tmp_path, fake, ratio):

@@ -8,7 +8,8 @@ codegen.families._common.Variant):
      NN with fp32 C cannot serve NT or fp16 C); with none, cuBLAS runs (and the bias and
      activation after it: tuner.runtime.call).
   1. exact: an entry tuned for exactly this GPU model, dtype, variant, batch and shape,
-     called with fully aligned operands, runs its kernel if it beat cuBLAS by
+     called with operands laid out as the tune's (fully aligned, rows of exactly their
+     length: padded rows were not timed), runs its kernel if it beat cuBLAS by
      EXACT_TRUSTED (1.10x) where it was tuned; a closer one is measured as in rule 2 (the
      tuner times a kernel alone, a caller pays its call), with its kernel among the
      candidates, at its own M alone and kept for that M (its bucket's other end may cost
@@ -448,10 +449,14 @@ def measured_choice(d: dict) -> Choice:
                   f"{who} runs", None, ms, (lo, hi) if hi else None, low)
 
 
-def exact_entry(entries, shape: tuple, batch: int, align: tuple, gpu: str | None):
+def exact_entry(entries, shape: tuple, batch: int, align: tuple, gpu: str | None,
+                ld: tuple = TIGHT):
     """Of `entries` (a dtype's and variant's), the one tuned for exactly `shape` and `batch`
-    on GPU model `gpu` (None: any), if the operands are fully aligned; else None."""
-    if align != FULL_ALIGN:
+    on GPU model `gpu` (None: any), if the operands are laid out as the tune's were: fully
+    aligned, rows of exactly their length (`ld`, the leading-dimension class); else None.
+    Neither the entry's kernel nor cuBLAS was timed on padded rows (cuBLAS picks its kernel
+    by the leading dimensions too), so such a call is decided as an untuned shape is."""
+    if align != FULL_ALIGN or ld != TIGHT:
         return None
     return next((e for e in entries if (e["m"], e["n"], e["k"], entry_batch(e)) ==
                  (*shape, batch) and gpu in (None, e["gpu"])), None)
@@ -513,13 +518,14 @@ class Dispatcher:
 
     def select(self, m: int, n: int, k: int, dtype, cc: int = 90, sms: int | None = None,
                variant=None, gpu: str | None = None, align: tuple = FULL_ALIGN,
-               batch: int = 1) -> Choice:
+               batch: int = 1, ld: tuple = TIGHT) -> Choice:
         """The rule without measuring (rules 0, 1 and 3): exact, estimate or cuBLAS.
         `variant`: the request's Variant (or a Layout: fp32 C, no epilogue); `gpu`: the
         GPU's name (an exact entry must come from the same model); `align`: the operands'
         alignment class (an exact entry runs only on fully aligned ones; a kernel that
         needs 16-byte operands is no candidate for others); `batch`: the problems of a
-        strided batch (an exact entry was tuned at that batch)."""
+        strided batch (an exact entry was tuned at that batch); `ld`: the leading-dimension
+        class (an exact entry runs only on tight rows, as it was tuned)."""
         variant = as_variant(variant)
         entries = self.manifest.serving(dtype, cc, variant)
         what = f"{m}x{n}x{k} {describe(dtype, variant, batch)}"
@@ -529,7 +535,7 @@ class Dispatcher:
         if batch > MAX_KERNEL_BATCH:
             return Choice(None, "cublas", f"a batch of {batch} is more than a kernel launch "
                                           f"takes ({MAX_KERNEL_BATCH}): cuBLAS runs")
-        e = exact_entry(entries, (m, n, k), batch, align, gpu)
+        e = exact_entry(entries, (m, n, k), batch, align, gpu, ld)
         if e is not None and e["ratio"] >= 1.0:
             return Choice(e["kernel"], "exact",
                           f"tuned for exactly {what} on {e['gpu']}: {e['tflops']:.1f} "
@@ -576,12 +582,13 @@ class Dispatcher:
 
     def _exact(self, g, case: Case) -> dict | None:
         return exact_entry(self.manifest.serving(case.dtype, g.cc, case.variant),
-                           (case.m, case.n, case.k), case.batch, case.align, g.name)
+                           (case.m, case.n, case.k), case.batch, case.align, g.name,
+                           case.ld)
 
     def select_case(self, case: Case, cc: int, sms: int | None, gpu: str | None) -> Choice:
         """select() of a case (on a GPU of compute capability cc, `sms` SMs, model `gpu`)."""
         return self.select(case.m, case.n, case.k, case.dtype, cc, sms, case.variant, gpu,
-                           case.align, case.batch)
+                           case.align, case.batch, case.ld)
 
     def decide(self, g, case: Case, measure=None) -> Choice:
         """The rule for `case` on GPU g. An exact entry that beat cuBLAS by EXACT_TRUSTED
