@@ -1,7 +1,8 @@
 """Kernels run on the CPU: a rendered kernel compiled for the host by g++ (AddressSanitizer
 and UBSan on: an out-of-bounds or misaligned access aborts), its inline PTX (the streaming
 load, movmatrix, mma.sync m16n8k16, griddepcontrol) replaced by C++ that follows the PTX
-ISA, each CUDA thread a std::thread, each __syncthreads() a barrier of the block's
+ISA, each CUDA thread one of a pool of std::threads (kept for the run, one for each CUDA
+thread of a block or cluster), each __syncthreads() a barrier of the block's
 threads and each warp-level operation an exchange among the warp's 32 threads (a warp
 that does not arrive whole hangs, and the test times out). Blocks run one after another,
 in a shuffled order (which slice of a split-K finishes last varies), their shared memory
@@ -14,6 +15,7 @@ tests/test_emulated.py (tests/_wgmma_emulation.py builds on it for the wgmma fam
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -25,26 +27,105 @@ from codegen import render
 from codegen.families import Family
 from codegen.families._common import Layout
 
+#: the C++ both emulations run their CUDA threads on (tests/_wgmma_emulation.py too)
+THREADS = r"""
+// a barrier whose waiters sleep at once: std::barrier spins on sched_yield first, and with
+// hundreds of emulated threads on two cores those spins took three quarters of the time
+struct EmuBarrier {
+    std::mutex mu;
+    std::condition_variable cv;
+    const int count;
+    int arrived = 0;
+    unsigned long long gen = 0;
+    explicit EmuBarrier(int n) : count(n) {}
+    void arrive_and_wait()
+    {
+        std::unique_lock<std::mutex> lk(mu);
+        const unsigned long long g = gen;
+        if (++arrived == count) {
+            arrived = 0;
+            ++gen;
+            cv.notify_all();
+            return;
+        }
+        cv.wait(lk, [&] { return gen != g; });
+    }
+};
+// the OS threads that run the emulated ones, kept for the whole run: emu_pool.run(n, fn)
+// runs fn(0) ... fn(n - 1) at once, one on each (a thread created per CUDA thread and block
+// cost most of a run under AddressSanitizer)
+struct EmuPool {
+    std::mutex mu;
+    std::condition_variable go, done;
+    std::vector<std::thread> ts;
+    const std::function<void(int)>* job = nullptr;
+    int n = 0, left = 0;
+    unsigned long long round = 0;
+    bool quit = false;
+    void run(int count, const std::function<void(int)>& fn)
+    {
+        std::unique_lock<std::mutex> lk(mu);
+        while (static_cast<int>(ts.size()) < count)
+            ts.emplace_back([this, i = static_cast<int>(ts.size())] { work(i); });
+        job = &fn;
+        n = left = count;
+        ++round;
+        go.notify_all();
+        done.wait(lk, [&] { return left == 0; });
+    }
+    void work(int i)
+    {
+        unsigned long long seen = 0;
+        std::unique_lock<std::mutex> lk(mu);
+        for (;;) {
+            go.wait(lk, [&] { return quit || (round != seen && i < n); });
+            if (quit)
+                return;
+            seen = round;
+            const std::function<void(int)>& fn = *job;
+            lk.unlock();
+            fn(i);
+            lk.lock();
+            if (--left == 0)
+                done.notify_one();
+        }
+    }
+    ~EmuPool()
+    {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            quit = true;
+        }
+        go.notify_all();
+        for (auto& t : ts)
+            t.join();
+    }
+};
+static EmuPool emu_pool;
+"""
+
 _SHIM = r"""
 // Host emulation of the CUDA the decode kernels use (tests/test_decode_family.py).
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <type_traits>
 #include <vector>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-
+""" + THREADS + r"""
 struct EmuWarp {
-    std::barrier<> bar{32};
+    EmuBarrier bar{32};
     unsigned u[32][8];
     float f[32];
     double wa[256], wb[256], wc[256];  // a WMMA product's A, B and C, whole, while it runs
@@ -84,7 +165,7 @@ static inline void emu_wait()  // the groups beyond the newest N land, oldest fi
 }
 struct EmuCluster;
 struct EmuBlock {
-    std::barrier<> bar;
+    EmuBarrier bar;
     std::vector<EmuWarp> warps;
     std::vector<float> smem;  // its dynamic shared memory: NaN, nothing written yet
     int rank = 0;             // in its cluster
@@ -93,7 +174,7 @@ struct EmuBlock {
 };
 // a cluster's blocks run together: one barrier of all their threads
 struct EmuCluster {
-    std::barrier<> bar;
+    EmuBarrier bar;
     std::vector<EmuBlock*> blocks;
     explicit EmuCluster(int threads) : bar(threads) {}
 };
@@ -361,11 +442,14 @@ template <typename F>
 static void emu_run_block(F&& body, dim3 bid, int threads)
 {
     EmuBlock blk(threads, EMU_SMEM_FLOATS);
-    std::vector<std::thread> ts;
-    ts.reserve(threads);
-    for (int i = 0; i < threads; ++i)
-        ts.emplace_back([&, i] { emu_block = &blk; emu_tid = dim3(i, 0, 0); emu_bid = bid; body(); });
-    for (auto& t : ts) t.join();
+    emu_pool.run(threads, [&](int i) {
+        emu_groups.clear();  // a fresh thread's: nothing in flight
+        emu_open.clear();
+        emu_block = &blk;
+        emu_tid = dim3(i, 0, 0);
+        emu_bid = bid;
+        body();
+    });
 }
 
 // the `size` blocks (x, y, 0 .. size-1) of a cluster along z, their threads together
@@ -380,16 +464,15 @@ static void emu_run_cluster(F&& body, dim3 origin, int threads, int size)
         blks.back()->cluster = &cl;
         cl.blocks.push_back(blks.back().get());
     }
-    std::vector<std::thread> ts;
-    for (int r = 0; r < size; ++r)
-        for (int i = 0; i < threads; ++i)
-            ts.emplace_back([&, r, i] {
-                emu_block = blks[r].get();
-                emu_tid = dim3(i, 0, 0);
-                emu_bid = dim3(origin.x, origin.y, r);
-                body();
-            });
-    for (auto& t : ts) t.join();
+    emu_pool.run(threads * size, [&](int j) {
+        const int r = j / threads, i = j % threads;
+        emu_groups.clear();
+        emu_open.clear();
+        emu_block = blks[r].get();
+        emu_tid = dim3(i, 0, 0);
+        emu_bid = dim3(origin.x, origin.y, r);
+        body();
+    });
 }
 
 int main(int argc, char** argv)
@@ -597,6 +680,17 @@ def _activate(x: np.ndarray, act: str) -> np.ndarray:
     return x
 
 
+def one_cpu():
+    """A preexec_fn that keeps an emulation's process on one CPU, this pytest-xdist worker's
+    (gwN: the Nth of the CPUs allowed, so two workers take two). Its hundreds of threads
+    meet at barriers all the time: spread over two CPUs, the wakeups and migrations cost
+    twice the CPU time (14.4 against 6.7 CPU-s for one run of a cluster split-K kernel)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    cpu = cpus[int(worker[2:] or 0) % len(cpus)]
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
 def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
             pads=(0, 0, 2), broadcast_b=False, seed=0, order=None, raw=None):
     """Run `exe` on fresh operands of cfg's variant (drawn from `seed`), C poisoned with
@@ -625,7 +719,7 @@ def emulate(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0,
             seed if order is None else order)
     r = subprocess.run([str(exe), *map(str, args), *(str(where / x) for x in
                                                      ("a", "b", "c", "bias"))],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, preexec_fn=one_cpu())
     assert r.returncode == 0, r.stderr[-3000:]
     bits = np.fromfile(where / "c", dtype=np.float32 if out == "f32" else np.uint16)
     if raw is not None:

@@ -3,8 +3,9 @@
 launched as the family's own runner launches it.
 
 What is emulated, and how (the C++ below, `_SHIM`):
-- Each CUDA thread is a std::thread; a cluster's blocks run together, clusters one after
-  another in a shuffled order, each block's shared memory NaN at the start.
+- Each CUDA thread is one of a pool of std::threads (tests/_emulation.py's THREADS); a
+  cluster's blocks run together, clusters one after another in a shuffled order, each
+  block's shared memory NaN at the start.
 - TMA (cp.async.bulk.tensor, tensor maps): a load lands in its block (each block of a
   multicast's mask) at one of the two ends of what the ISA allows, as the run says:
   "lazy", only when a thread waits on the mbarrier it signals and the phase is not
@@ -49,14 +50,14 @@ from pathlib import Path
 
 import numpy as np
 
-from _emulation import CXX, _rounded, _stored, _without, compared, cuda_include, laid_out
+from _emulation import (CXX, THREADS, _rounded, _stored, _without, compared, cuda_include,
+                        laid_out, one_cpu)
 from codegen import render
 from codegen.families._common import Layout
 
 _SHIM = r"""
 // Host emulation of the wgmma family's CUDA (tests/_wgmma_emulation.py)
 #include <algorithm>
-#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -65,6 +66,7 @@ _SHIM = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -135,8 +137,9 @@ struct EmuLoad {
     int c[3];
     uint32_t dst, bar;
 };
+""" + THREADS + r"""
 struct EmuWarp {
-    std::barrier<> bar{32};
+    EmuBarrier bar{32};
     uint32_t u[32][5];
 };
 struct EmuCluster;
@@ -739,21 +742,19 @@ static void emu_run(int which, dim3 grid, dim3 block, int cx, unsigned smem, con
             cl.ctas.push_back(c.get());
             ctas.push_back(std::move(c));
         }
-        std::vector<std::thread> ts;
-        for (int r = 0; r < cx; ++r)
-            for (unsigned i = 0; i < block.x; ++i)
-                ts.emplace_back([&, r, i] {
-                    emu_cta = cl.ctas[r];
-                    emu_tid = dim3(i, 0, 0);
-                    emu_bid = dim3(o.x + r, o.y, o.z);
-                    emu_call(which, maps.data(), vals.data());
-                    if (!emu_mma_open.empty() || !emu_mma_groups.empty())
-                        emu_fail("thread %u of block %u ends with wgmmas in flight", i, o.x + r);
-                    if (!emu_bulk_open.empty() || !emu_bulk_groups.empty())
-                        emu_fail("thread %u of block %u ends with TMA stores in flight", i, o.x + r);
-                });
-        for (auto& t : ts)
-            t.join();
+        emu_pool.run(cx * block.x, [&](int j) {
+            const int r = j / block.x;
+            const unsigned i = j % block.x;
+            emu_rs_seq = 0;  // a fresh thread's
+            emu_cta = cl.ctas[r];
+            emu_tid = dim3(i, 0, 0);
+            emu_bid = dim3(o.x + r, o.y, o.z);
+            emu_call(which, maps.data(), vals.data());
+            if (!emu_mma_open.empty() || !emu_mma_groups.empty())
+                emu_fail("thread %u of block %u ends with wgmmas in flight", i, o.x + r);
+            if (!emu_bulk_open.empty() || !emu_bulk_groups.empty())
+                emu_fail("thread %u of block %u ends with TMA stores in flight", i, o.x + r);
+        });
         for (auto& c : ctas) {
             ASAN_UNPOISON_MEMORY_REGION(c->smem + smem, bytes - smem);
             std::free(c->smem);
@@ -1098,7 +1099,7 @@ def run(exe: Path, cfg, shape, where: Path, batch=1, alpha=1.0, beta=0.0, shared
     (where / "script").write_text(script)
     r = subprocess.run([str(exe), str(where / "script"), str(seed if order is None else order),
                         land], capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, preexec_fn=one_cpu())
     assert r.returncode == 0, r.stderr[-3000:]
     bits = memory.read(pc, np.float32 if out == "f32" else np.uint16)
     if raw is not None:
