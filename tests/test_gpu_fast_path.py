@@ -138,6 +138,41 @@ def test_the_cpp_path_calls_cublas_through_aten(dtype, fast_on, tmp_path):
     assert _calls(torch, lib, shape, dtype, dtype, Layout.NT) == 2
 
 
+def test_x_at_w_over_a_batch_runs_as_one_product_of_its_rows(fast_on, tmp_path,
+                                                            compile_cache):
+    """x (batch x T x K) @ W (K x N) folds x's rows into one matrix, as torch.matmul does: a
+    library whose exact entry is at (batch * T) x N x K runs it, C allocated of x's leading
+    dimensions or given, and C++ serves the repeated calls; an x whose rows do not fold
+    without a copy (each problem stored by columns) stays a batch of problems. Each result
+    against float64, C poisoned."""
+    torch = pytest.importorskip("torch")
+    cfg = KernelConfig()
+    lib = _library(tmp_path, cfg, SHAPE, compile_cache)
+    m, n, k = SHAPE
+    batch = 4
+    w = torch.randn(k, n, device="cuda")
+    hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+    for given in (False, True, True, False, False):
+        x = torch.randn(batch, m // batch, k, device="cuda")
+        c = torch.full((batch, m // batch, n), float("nan"), device="cuda") if given else None
+        got = lib.gemm(x, w, c)
+        torch.cuda.synchronize()
+        assert tuple(got.shape) == (batch, m // batch, n) and (c is None or got is c)
+        ref = x.double() @ w.double()
+        assert ((got.double() - ref).norm() / ref.norm()).item() <= _gate(DType.F32, DType.F32, k)
+    assert {(p.choice.kernel, p.problem.m, p.problem.batch) for p in lib.plans.values()} == {
+        (cfg.name, m, 1)}
+    assert f"{cfg.name} (exact)" in lib.explain(x, w)
+    assert lib.fast.stats()["hits"] == hits + 3  # the second call of each key on
+    xt = torch.randn(batch, k, m // batch, device="cuda").transpose(1, 2)  # by columns
+    got = lib.gemm(xt, w)
+    ref = xt.double() @ w.double()
+    assert ((got.double() - ref).norm() / ref.norm()).item() <= _gate(DType.F32, DType.F32, k)
+    assert tuple(got.shape) == (batch, m // batch, n)
+    assert any((p.problem.m, p.problem.batch) == (m // batch, batch)
+               for p in lib.plans.values())
+
+
 def _calls_cublas(report: dict | None, dtype: DType) -> bool:
     """Would the C++ path call cuBLAS itself for a plain product of this type, as torch
     would (fast.blas_report: every condition of fast.cpp's Blas::as_torch and blas_call)?"""
@@ -187,8 +222,9 @@ def test_a_plain_product_on_cublas_has_torchs_bits(dtype, shape, fast_on, tmp_pa
 def test_a_batch_on_cublas_takes_the_cpp_path_with_torchs_bits(dtype, fast_on, tmp_path):
     """An empty library: batched products (both operands 3-D, or a 2-D one shared by the
     other's batch), C given (alpha and beta, C poisoned where beta is 0) or allocated (alpha
-    1 or not). From each key's second call on C++ serves them (torch.bmm / baddbmm through
-    ATen), and C is what those write on the same operands, bit for bit."""
+    1 or not). From each key's second call on C++ serves them, and C is what torch writes on
+    the same operands, bit for bit: torch.bmm / baddbmm, but for x @ W (B 2-D), whose rows
+    fold into one matrix as torch.matmul folds them: torch.mm / addmm on x's rows."""
     torch = pytest.importorskip("torch")
     from tuner.runtime.library import Library
 
@@ -209,8 +245,15 @@ def test_a_batch_on_cublas_takes_the_cpp_path_with_torchs_bits(dtype, fast_on, t
                     else None
                 got = lib.gemm(a, b, c, alpha=alpha, beta=beta)
                 a3, b3 = (x if x.dim() == 3 else x.expand(batch, -1, -1) for x in (a, b))
-                want = torch.bmm(a3, b3) if alpha == 1.0 and beta == 0.0 else \
-                    torch.baddbmm(c0, a3, b3, beta=beta, alpha=alpha)
+                if form == "B shared":  # x's rows, as torch.matmul(a, b) runs it
+                    rows, c_rows = a.view(-1, k), c0.view(-1, n)
+                    want = (torch.mm(rows, b) if alpha == 1.0 and beta == 0.0 else
+                            torch.addmm(c_rows, rows, b, beta=beta, alpha=alpha)).view(
+                                batch, m, n)
+                    assert alpha != 1.0 or beta != 0.0 or torch.equal(want, a @ b)
+                else:
+                    want = torch.bmm(a3, b3) if alpha == 1.0 and beta == 0.0 else \
+                        torch.baddbmm(c0, a3, b3, beta=beta, alpha=alpha)
                 assert got.shape == (batch, m, n) and torch.equal(got, want), \
                     (form, alpha, beta, given)
         # two keys a form (C given, whatever alpha and beta; C allocated): the first call of

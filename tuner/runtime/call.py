@@ -286,16 +286,34 @@ def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None,
 
 def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
                 fast=None, static_b=False):
-    key, pa, pb, pc = _torch_key(A, B, C, mode, measure, stream, out, bias, act, static_b)
+    rows = _rows(A, B, C)
+    A2, C2 = (A, C) if rows is None else rows
+    key, pa, pb, pc = _torch_key(A2, B, C2, mode, measure, stream, out, bias, act, static_b)
     plan = lib.plans.get(key)
     s = None
     if plan is None:
-        plan, s = _torch_plan(lib, key, A, B, C, mode, stream, measure, out, bias, act, fast,
+        plan, s = _torch_plan(lib, key, A2, B, C2, mode, stream, measure, out, bias, act, fast,
                               static_b)
-    R = _torch_run(plan, A, B, C, alpha, beta, bias, pa, pb, pc, stream, s)
+    R = _torch_run(plan, A2, B, C2, alpha, beta, bias, pa, pb, pc, stream, s)
     if fast is not None:
         _offer(lib, key, plan, A, B, C, bias, fast)
-    return R
+    if rows is not None and C is None:  # x's leading dimensions again
+        return R.view(*A.shape[:-1], R.shape[-1])
+    return C if rows is not None else R
+
+
+def _rows(A, B, C):
+    """(A's rows as one matrix, C's likewise) for a batch of x (3-D) times one matrix W
+    (2-D), where both fold without a copy; else None. torch.matmul runs x @ W so, one
+    product of all of x's rows: W is read once, and the rows fill whole tiles, where a
+    batch of problems each M rows high (B shared at a batch stride of 0) would read W per
+    problem and round each M up to a tile. fast.cpp's torch_call folds the same calls."""
+    if A.dim() != 3 or B.dim() != 2 or (C is not None and C.dim() != 3):
+        return None
+    try:
+        return A.view(-1, A.shape[-1]), None if C is None else C.view(-1, C.shape[-1])
+    except RuntimeError:  # not one matrix without a copy: a batch of problems
+        return None
 
 
 def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
@@ -817,6 +835,8 @@ def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, b
     """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
     call reads them; nothing runs): Library.explain's view of a call. `offline`: without
     a GPU (the problem's gpu is None; its stream 0)."""
+    if all(type(x).__module__.startswith("torch") for x in (A, B, C, bias) if x is not None):
+        A, C = _rows(A, B, C) or (A, C)  # x @ W over a batch, as _torch_call runs it
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
     ops = (a, b) if c is None else (a, b, c)

@@ -406,6 +406,16 @@ class Table {
     return it == table_.end() ? nullptr : it->second;
   }
 
+  // x's rows as one matrix (x.view(-1, K)); false where that needs a copy
+  static bool rows_of(const at::Tensor& x, at::Tensor& rows) {
+    try {
+      rows = x.view({-1, x.size(-1)});
+      return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }
+
   // y, a product of x's rows folded into one matrix, with x's leading dimensions again
   static at::Tensor rows_to(const at::Tensor& y, const at::Tensor& x) {
     if (x.dim() == 2) return y;
@@ -518,6 +528,15 @@ class Table {
   static bool torch_call(const Entry& e, const at::Tensor& a, const at::Tensor& b,
                          const at::Tensor* c, const at::Tensor* bias, double alpha,
                          double beta, at::Tensor& out) {
+    if (a.dim() == 3 && b.dim() == 2 && (!c || c->dim() == 3)) {
+      // x @ W: x's rows as one matrix where they fold without a copy, as call._rows does
+      at::Tensor a2, c2, out2;
+      if (rows_of(a, a2) && (!c || rows_of(*c, c2))) {
+        if (!torch_call(e, a2, b, c ? &c2 : nullptr, bias, alpha, beta, out2)) return false;
+        out = c ? *c : rows_to(out2, a);
+        return true;
+      }
+    }
     if (a.dim() != 2 || b.dim() != 2 || (c && c->dim() != 2)) {
       if (bias) return false;
       torch_batch(e, a, b, c, alpha, beta, out);
