@@ -549,7 +549,10 @@ class Table {
       if (alpha == 1.0 && !bias) out = at::mm(a, b);
       else if (bias && bias->scalar_type() == a.scalar_type())
         out = at::addmm(*bias, a, b, 1.0, alpha);
-      else return false;
+      else if (!bias) {  // as _torch_fallback: C of the plan's shape, then addmm into it
+        out = at::empty(e.out_shape, a.options());
+        at::addmm_out(out, out, a, b, 0.0, alpha);
+      } else return false;
       return true;
     }
     at::Tensor& cc = const_cast<at::Tensor&>(*c);
