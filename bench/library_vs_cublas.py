@@ -2,8 +2,8 @@
 
 Sweep (the default): SWEEP's shapes, each from a family of its own (GEMV both ways,
 skinny both ways, padded rows, misaligned pointers, odd and prime sizes, K-heavy, tall,
-wide, tiny, medium, large, x @ W.t(); fp32 and fp16), on torch tensors with fresh random
-values. For each:
+wide, tiny, medium, large, x @ W.t(), x @ W over a batch of sequences; fp32 and fp16), on
+torch tensors with fresh random values. For each:
   - the first call of lib.gemm, wall clock (it measures the call's case once: its
     M-bucket, leading-dimension and alignment classes, route), then torch's first call;
   - C (poisoned with NaN first) against a float64 product;
@@ -58,7 +58,9 @@ sys.path.insert(0, str(HERE))
 from _common import RESULTS, commit, cpp_path, write  # noqa: E402
 
 #: (spec, family): "MxNxK", "+p" every row padded by p elements, "@e" A starting e elements
-#: past its allocation, "/nt" B a transposed view (x @ W.t()), ":f16" / ":bf16" the type
+#: past its allocation, "/nt" B a transposed view (x @ W.t()), ":f16" / ":bf16" the type,
+#: "b*MxNxK" A (and C) a batch of b matrices of M rows each, B one matrix (x @ W as a model's
+#: activations of b sequences meet a weight: torch.matmul folds x's rows into one product)
 SWEEP = [
     ("4096x1x4096", "gemv n=1"), ("8192x1x8192:f16", "gemv n=1 f16"),
     ("1x4096x4096", "gemv m=1"), ("1x8192x8192:f16", "gemv m=1 f16"),
@@ -93,6 +95,9 @@ SWEEP = [
     ("4096x4096x4096/nt:f16", "x @ W.t() f16"), ("8192x1024x4096/nt", "x @ W.t() mlp"),
     ("16x4096x4096/nt:f16", "x @ W.t() decode f16"), ("128x11008x4096/nt:bf16",
                                                       "x @ W.t() bf16"),
+    ("8*100x4096x4096/nt:f16", "x @ W.t() over a batch f16"),
+    ("64*1x4096x4096/nt:bf16", "x @ W.t() a batch of rows bf16"),
+    ("6*77x1024x1024", "x @ W over a batch fp32"),
 ]
 #: the Ms of the M-sweep: every M up to 64, then some larger (bucket ends and between)
 M_SWEEP = list(range(1, 65)) + [65, 96, 100, 128, 129, 200, 256, 257, 384, 512, 777, 1000,
@@ -110,24 +115,27 @@ def parse(spec: str) -> dict:
     spec, _, layout = spec.partition("/")
     spec, _, off = spec.partition("@")
     shape, _, pad = spec.partition("+")
+    batch, _, shape = shape.rpartition("*")
     m, n, k = (int(v) for v in shape.split("x"))
     name = {"": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]
     return dict(m=m, n=n, k=k, pad=int(pad or 0), offset=int(off or 0), nt=layout == "nt",
-                dtype=name)
+                dtype=name, batch=int(batch or 1))
 
 
 def operands(torch, case: dict):
-    """A, B and C (poisoned with NaN) of a case, fresh random values."""
+    """A, B and C (poisoned with NaN) of a case, fresh random values; A and C 3-D where
+    the case is a batch of matrices (B shared)."""
     m, n, k, pad, typ = case["m"], case["n"], case["k"], case["pad"], getattr(torch,
                                                                               case["dtype"])
 
-    def mat(r, c, skip=0):
-        flat = torch.randn(skip + r * (c + pad), device="cuda", dtype=typ)
-        return flat[skip:].view(r, c + pad)[:, :c]
+    def mat(r, c, skip=0, batch=1):
+        flat = torch.randn(skip + batch * r * (c + pad), device="cuda", dtype=typ)
+        x = flat[skip:].view(batch * r, c + pad)[:, :c]
+        return x if batch == 1 else x.view(batch, r, c)
 
-    a = mat(m, k, case["offset"])
+    a = mat(m, k, case["offset"], case["batch"])
     b = mat(n, k).t() if case["nt"] else mat(k, n)
-    c = mat(m, n)
+    c = mat(m, n, batch=case["batch"])
     c.fill_(float("nan"))
     return a, b, c
 
@@ -203,12 +211,13 @@ def ran(lib, a, b, c):
     """The Choice lib.gemm(a, b, c) ran."""
     from tuner.runtime import call
 
+    a, c = call._rows(a, b, c) or (a, c)  # x @ W over a batch: x's rows, as the call folds them
     return lib.plans[call._torch_key(a, b, c, None, lib.measure, None)[0]].choice
 
 
 def run_case(torch, lib, spec: str, family: str) -> dict:
     case = parse(spec)
-    m, n, k = case["m"], case["n"], case["k"]
+    m, n, k = case["batch"] * case["m"], case["n"], case["k"]
     a, b, c = operands(torch, case)
     first = first_ms(torch, lambda: lib.gemm(a, b, c))
     err = error(a, b, c)

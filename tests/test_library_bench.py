@@ -26,15 +26,19 @@ def test_the_sweep_has_60_shapes_of_distinct_families_covering_the_issue():
     assert sum(all(v % 2 for v in (c["m"], c["n"], c["k"])) for c in cases) >= 6  # odd
     assert {c["dtype"] for c in cases} == {"float32", "float16", "bfloat16"}
     assert any(c["nt"] for c in cases)
+    assert sum(c["batch"] > 1 for c in cases) >= 2  # x @ W over a batch of sequences
     assert bench.M_SWEEP[:64] == list(range(1, 65)) and max(bench.M_SWEEP) >= 4096
 
 
 def test_specs_parse_into_their_parts():
     assert bench.parse("777x555x333+1") == dict(m=777, n=555, k=333, pad=1, offset=0,
-                                                nt=False, dtype="float32")
+                                                nt=False, dtype="float32", batch=1)
     assert bench.parse("2048x2048x2048@2:f16")["offset"] == 2
     assert bench.parse("16x4096x4096/nt:bf16") == dict(m=16, n=4096, k=4096, pad=0, offset=0,
-                                                       nt=True, dtype="bfloat16")
+                                                       nt=True, dtype="bfloat16", batch=1)
+    assert bench.parse("8*100x4096x4096/nt:f16") == dict(m=100, n=4096, k=4096, pad=0,
+                                                         offset=0, nt=True, dtype="float16",
+                                                         batch=8)
 
 
 @pytest.mark.parametrize("spec", ["4096x4096", "axbxc", "1x2x3:f64"])
