@@ -128,7 +128,9 @@ def test_explain_of_operands_reads_them_as_gemm_does(lib, fake):
     nt = lib.explain(A, Dev((64, 70), 0x200000, strides=(1, 64)), C, bias=Dev((70,), 0x400000),
                      activation="gelu")
     assert "f32 nt, bias + gelu" in nt and "no kernel tuned" in nt
-    assert "batch 3" in lib.explain(Dev((3, 100, 64), 0x100000), B)
+    assert "batch 3" in lib.explain(Dev((3, 100, 64), 0x100000), Dev((3, 64, 70), 0x200000))
+    # one B for a batch of A whose rows fold: x @ W, one product of its 300 rows
+    assert "300x70x64 f32 nn (M-bucket 257-384)" in lib.explain(Dev((3, 100, 64), 0x100000), B)
     assert fake.launches[-1][0] == SMALL.name and len(fake.measured) == 2  # explain runs nothing
 
 

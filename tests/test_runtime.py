@@ -853,13 +853,22 @@ def test_batched_calls_launch_one_grid_row_per_problem(lib, fake, monkeypatch):
     assert name == SMALL.name and grid == (SMALL.grid(100, 70)[0], 4, 1)
     assert args == (100, 70, 50, 0.5, 0x100000, 50, 5000, 0x200000, 70, 0, 0.0, 0x300000, 70,
                     7200, 0)
-    # cuBLAS where it wins: strided batched, B's stride 0
+    # cuBLAS where it wins: strided batched, B's stride 0 (C's problems 400 elements apart
+    # past their rows: they do not fold into one matrix)
     fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
-    lib.gemm(Dev((4, 200, 50), 0x100000), B, Dev((4, 200, 70), 0x300000), stream=3)
-    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=4, strides=(10000, 0, 14000))
+    lib.gemm(Dev((4, 200, 50), 0x100000), B, Dev((4, 200, 70), 0x300000, strides=(14400, 70, 1)),
+             stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=4, strides=(10000, 0, 14400))
     keys = list(json.loads((lib.path / "dispatch.json").read_text())["decisions"])
     assert any("|65-128x70x50|batch 4|" in key for key in keys)
     assert any("|129-256x70x50|batch 4|" in key for key in keys)
+    # A's and C's problems one after another: x @ W as torch.matmul runs it, one product of
+    # the 800 rows (W read once), decided in 800's M-bucket
+    lib.gemm(Dev((4, 200, 50), 0x100000), B, Dev((4, 200, 70), 0x300000), stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=1, strides=(0, 0, 0))
+    assert fake.blas[-1][1:4] == (800, 70, 50) and fake.blas[-1][10:12] == (0x300000, 70)
+    assert "800x70x50 f32 nn (M-bucket 769-896)" in lib.explain(
+        Dev((4, 200, 50), 0x100000), B, Dev((4, 200, 70), 0x300000))
 
 
 def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):
@@ -885,7 +894,8 @@ def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):
         lib.gemm(A, B, C, activation=act)
     lib.gemm(A, B, C, bias=bias)
     lib.gemm(A, B, Dev((100, 70), 0x300000, "<f2"))
-    lib.gemm(Dev((3, 100, 50), 0x100000), B, Dev((3, 100, 70), 0x300000))
+    lib.gemm(Dev((3, 100, 50), 0x100000), Dev((3, 50, 70), 0x200000),
+             Dev((3, 100, 70), 0x300000))
     assert len(lib.plans) == 6
     assert sorted((p.problem.variant.key, p.problem.batch) for p in lib.plans.values()) == [
         ("nn|f16|none|none", 1), ("nn|f32|none|gelu", 1), ("nn|f32|none|none", 1),
@@ -902,8 +912,8 @@ def test_record_lines_name_the_variant_and_the_batch(vlib, fake, tmp_path, monke
     with vlib.record(path):
         for _ in range(3):
             vlib.gemm(A, B, C, bias=bias, activation="gelu")
-        vlib.gemm(Dev((2, m, k), 0x100000), B, Dev((2, m, n), 0x300000), bias=Dev((n,), 0x4000),
-                  activation="silu")
+        vlib.gemm(Dev((2, m, k), 0x100000), Dev((2, k, n), 0x200000, strides=(k * n, 1, k)),
+                  Dev((2, m, n), 0x300000), bias=Dev((n,), 0x4000), activation="silu")
         vlib.gemm(Dev(VSHAPE[::2], 0x100000), Dev(VSHAPE[:0:-1], 0x200000, strides=(1, 64)),
                   Dev(VSHAPE[:2], 0x300000, "<f2"), bias=bias, activation="gelu")  # exact
     rows = sorted((json.loads(line) for line in path.read_text().splitlines()),

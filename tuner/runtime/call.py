@@ -308,12 +308,37 @@ def _rows(A, B, C):
     product of all of x's rows: W is read once, and the rows fill whole tiles, where a
     batch of problems each M rows high (B shared at a batch stride of 0) would read W per
     problem and round each M up to a tile. fast.cpp's torch_call folds the same calls."""
-    if A.dim() != 3 or B.dim() != 2 or (C is not None and C.dim() != 3):
+    if A.dim() != 3 or B.dim() != 2 or (C is not None and C.dim() != 3) or not A.numel() \
+            or not B.numel():  # (an empty problem answers as the batch it is)
         return None
     try:
         return A.view(-1, A.shape[-1]), None if C is None else C.view(-1, C.shape[-1])
     except RuntimeError:  # not one matrix without a copy: a batch of problems
         return None
+
+
+def _fold_rows(a: Operand, b: Operand, c: Operand | None):
+    """_rows for operands of any kind: (a, c) with a batch of A (and of C) that meets one B
+    folded into one matrix of their rows, where they fold without a copy (row-major, each
+    problem's rows right after the last one's, as x.view(-1, K) takes them); else None.
+    (A batch is of device arrays: numpy operands are matrices.)"""
+    def rows(o: Operand) -> Operand | None:
+        if o.column_major:
+            return None
+        if o.batch == 1 or o.bstride == o.rows * o.ld:
+            ld = o.ld
+        elif o.rows == 1:  # one row a problem: the problems are the rows
+            ld = o.bstride
+        else:
+            return None
+        return dataclasses.replace(o, rows=o.batch * o.rows, ld=ld, batch=1, bstride=0,
+                                   batched=False)
+
+    if not a.batched or b.batched or (c is not None and not c.batched) \
+            or 0 in (a.batch, a.rows, a.cols, b.cols):  # (an empty problem stays a batch)
+        return None
+    a2, c2 = rows(a), None if c is None else rows(c)
+    return None if a2 is None or (c is not None and c2 is None) else (a2, c2)
 
 
 def _offer(lib, key, plan, A, B, C, bias, ctx: int) -> None:
@@ -497,6 +522,10 @@ def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=
     torch's fast path: each parsed in full, the plan memoised on what the parse found."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
+    rows, batched = _fold_rows(a, b, c), None
+    if rows is not None:  # x @ W over a batch: one product of x's rows, as torch.matmul
+        batched = (a.batch, a.rows, b.cols)
+        a, c = rows
     ops = (a, b) if c is None else (a, b, c)
     req = request(a, b, c, out, bias, act)
     dev = same_device(*ops, *(() if req.bias is None else (req.bias,)))
@@ -518,18 +547,20 @@ def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=
                      static_b=static_b)
         if plan.memo:
             lib.plans[key] = plan
-    return plan, a, b, c, req.bias, s
+    return plan, a, b, c, req.bias, s, batched
 
 
 def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
                   bias=None, act=None, static_b=False):
-    plan, a, b, c, bop, s = _general_plan(lib, A, B, C, mode, stream, measure, out, bias, act,
-                                          static_b)
+    plan, a, b, c, bop, s, batched = _general_plan(lib, A, B, C, mode, stream, measure, out,
+                                                   bias, act, static_b)
     if plan.tally is not None:
         plan.tally[0] += 1
     if C is None:
         C = empty_like(a, plan.out_shape, plan.gpu.index, plan.out)
         c = operand(C, "C", writable=True)
+        if batched is not None:  # a batch's C, allocated as its rows (_fold_rows)
+            C = C.reshape(batched)
     pbias = 0 if bop is None else bop.ptr
     g = plan.gpu
     with driver.entered(g):
@@ -566,7 +597,7 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
                 raise LibraryError(f"gemm_batch takes numpy arrays; {name} is "
                                    f"{type(x).__name__} (lib.gemm runs device arrays)")
         try:
-            plan, a, b, c, _, _ = _general_plan(lib, A, B, C, mode, None, measure)
+            plan, a, b, c, _, _, _ = _general_plan(lib, A, B, C, mode, None, measure)
         except EmptyProblem as e:  # nothing to multiply: answered here, on the host
             results.append(_empty_call(e, C, beta, None))
             continue
@@ -835,10 +866,9 @@ def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, b
     """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
     call reads them; nothing runs): Library.explain's view of a call. `offline`: without
     a GPU (the problem's gpu is None; its stream 0)."""
-    if all(type(x).__module__.startswith("torch") for x in (A, B, C, bias) if x is not None):
-        A, C = _rows(A, B, C) or (A, C)  # x @ W over a batch, as _torch_call runs it
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
+    a, c = _fold_rows(a, b, c) or (a, c)  # x @ W over a batch, as the call runs it
     ops = (a, b) if c is None else (a, b, c)
     req = request(a, b, c, out, bias, act)
     every = ops + (() if req.bias is None else (req.bias,))

@@ -342,10 +342,13 @@ class Library:
         layout serve it); or batches of them, 3-D (batch x rows x cols, torch.bmm's and
         torch.matmul's shapes), each at a batch stride of its own: a stride of 0 (an
         expanded tensor) or a 2-D operand beside a 3-D one is shared by every problem of
-        the batch. C (M x N, or batch x M x N) is row-major; its type is a given C's, or
-        `out_dtype` (float32, float16, bfloat16: a torch, numpy or cupy dtype, or a name),
-        else the inputs' type for float16 and bfloat16 inputs (as torch.matmul) and
-        float32 for float32 ones; FP32 accumulation always, one rounding to C's type.
+        the batch; a 3-D A whose problems' rows lie one after another (x.view(-1, K)
+        takes them) times a 2-D B runs as one product of all its rows, as torch.matmul
+        runs x @ W (C, given or made, likewise). C (M x N, or batch x M x N) is row-major;
+        its type is a given C's, or `out_dtype` (float32, float16, bfloat16: a torch, numpy
+        or cupy dtype, or a name), else the inputs' type for float16 and bfloat16 inputs
+        (as torch.matmul) and float32 for float32 ones; FP32 accumulation always, one
+        rounding to C's type.
         `bias`: a vector of N elements of C's type or float32 (unit stride), added to every
         row; `activation`: "relu", "gelu" (erf), "gelu_tanh" or "silu", applied last, in
         FP32. Any dimension may be 0, as torch.matmul takes it: with M, N or the batch 0
