@@ -869,6 +869,13 @@ def test_batched_calls_launch_one_grid_row_per_problem(lib, fake, monkeypatch):
     assert fake.blas[-1][1:4] == (800, 70, 50) and fake.blas[-1][10:12] == (0x300000, 70)
     assert "800x70x50 f32 nn (M-bucket 769-896)" in lib.explain(
         Dev((4, 200, 50), 0x100000), B, Dev((4, 200, 70), 0x300000))
+    # one row a problem, the problems 64 and 72 elements apart: they are the rows of one
+    # matrix at those leading dimensions
+    lib.gemm(Dev((4, 1, 50), 0x100000, strides=(64, 50, 1)), B,
+             Dev((4, 1, 70), 0x300000, strides=(72, 70, 1)), stream=3)
+    assert fake.blas_kw[-1]["batch"] == 1
+    assert fake.blas[-1][1:4] == (4, 70, 50) and fake.blas[-1][6] == 64 \
+        and fake.blas[-1][10:12] == (0x300000, 72)
 
 
 def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):
