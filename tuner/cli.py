@@ -108,7 +108,9 @@ def _variant_arguments(g) -> None:
                         "C (default 1)")
     g.add_argument("--broadcast-b", action="store_true",
                    help="with --batch: one B shared by the batch (stride 0), as x @ W for a "
-                        "batch of x")
+                        "batch of x whose problems lie apart (where x's rows lie one after "
+                        "another the library runs one product of them: tune "
+                        "(batch*M)xNxK instead)")
     g.add_argument("--allow-tf32", action="store_true",
                    help="with fp32 data, let TF32 tensor cores compete (the tf32 error gate "
                         "then applies to them, and cuBLAS runs with TF32 too): --dtype tf32")
