@@ -1123,6 +1123,40 @@ def test_k_zero_on_numpy_is_beta_c_then_the_activation(act, lib):
     assert np.array_equal(out, np.zeros((6, 5), np.float32)) and empty.shape == (0, 4)
 
 
+def test_a_static_b_calls_first_use_is_its_own_decision(tmp_path, compile_cache, fake):
+    """A first use under the promise of a constant B times each candidate as it would run,
+    a decode kernel as its static-B twin: its decision is kept apart from the same case's
+    without the promise (its dispatch key says "static B"), and each call measures once."""
+    from _library import entry
+    from codegen import compile_config
+    from codegen.families.decode import DEFAULT_DECODE
+    from tuner.runtime.manifest import static_b_twin
+    from tuner.tune import _static_b_twins
+
+    art = tmp_path / "art"
+    lib = build(tmp_path / "library", compile_cache, art)
+    dec = dataclasses.replace(DEFAULT_DECODE, dtype=DType.F16, out=DType.F16)
+    twin = static_b_twin(dec.name)
+    res = compile_config(dec, "sm_90", compile_cache, art)
+    shape = (16, 4096, 4096)  # 1.05x cuBLAS where tuned: measured on first use
+    lib.add(entry(dec, res, shape, 21.0, 20.0, dtype="f16"), art / "sm_90" / f"{dec.name}.cu",
+            res.cubin, twins=_static_b_twins(dec.name, "sm_90", art))
+    lib = load_library(tmp_path / "library")
+    fake.times = {dec.name: 0.5, "cublas": 1.0}
+    m, n, k = shape
+    A, B = Dev((m, k), 0x100000, "<f2"), Dev((k, n), 0x200000, "<f2")
+    C = Dev((m, n), 0x300000, "<f2")
+    for static_b, runs in ((True, twin), (False, dec.name), (True, twin), (False, dec.name)):
+        lib.gemm(A, B, C, stream=5, static_b=static_b)
+        assert fake.launches[-1][0] == runs
+    # measured once each, at the entry's own M, the first on a problem whose plans run twins
+    assert [(p.m, p.static_b) for p in fake.scratch_problems] == [(16, True), (16, False)]
+    keys = list(json.loads((lib.path / "dispatch.json").read_text())["decisions"])
+    assert len(keys) == 2 and sum(key.endswith("|static B") for key in keys) == 1
+    assert "B constant (static_b)" in lib.explain(A, B, C, stream=5, static_b=True)
+    assert "static_b" not in lib.explain(A, B, C, stream=5).splitlines()[0]
+
+
 def test_a_static_b_call_runs_the_decode_entrys_twin_which_the_library_keeps(
         tmp_path, compile_cache, fake, monkeypatch):
     """A decode entry is stored with its twin for a constant B (the tuner compiles it:

@@ -862,10 +862,10 @@ def _plan(lib, a: Operand, b: Operand, c: Operand | None, req: Request, mode: DT
 
 
 def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, bias=None,
-               act=None, offline: bool = False) -> "Problem":
+               act=None, offline: bool = False, static_b: bool = False) -> "Problem":
     """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
     call reads them; nothing runs): Library.explain's view of a call. `offline`: without
-    a GPU (the problem's gpu is None; its stream 0)."""
+    a GPU (the problem's gpu is None; its stream 0); `static_b`: gemm's."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
     a, c = _fold_rows(a, b, c) or (a, c)  # x @ W over a batch, as the call runs it
@@ -876,11 +876,14 @@ def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, b
     torch_call = all(o.kind == "torch" for o in every) and stream is None
     tf32 = torch_call and _torch_tf32()
     if offline:
-        return _problem(a, b, c, req, mode, False, None, 0, torch_stream=torch_call,
-                        torch_tf32=tf32)
-    dev = driver.current_device() if dev is None else dev
-    return _problem(a, b, c, req, mode, False, driver.gpu(dev), resolve_stream(stream, ops, dev),
-                    torch_stream=torch_call, torch_tf32=tf32)
+        problem = _problem(a, b, c, req, mode, False, None, 0, torch_stream=torch_call,
+                           torch_tf32=tf32)
+    else:
+        dev = driver.current_device() if dev is None else dev
+        problem = _problem(a, b, c, req, mode, False, driver.gpu(dev),
+                           resolve_stream(stream, ops, dev), torch_stream=torch_call,
+                           torch_tf32=tf32)
+    return dataclasses.replace(problem, static_b=static_b) if static_b else problem
 
 
 def _span(shape, strides) -> int:
@@ -954,7 +957,7 @@ class Problem:
         from tuner.runtime.dispatch import Case
 
         return Case(self.dtype, self.m, self.n, self.k, self.variant, self.batch, self.align,
-                    self.ld_class, self.route)
+                    self.ld_class, self.route, self.static_b)
 
     def at_m(self, m: int) -> "Problem":
         """This problem with `m` rows (another M of its bucket, to measure there): the same

@@ -37,8 +37,10 @@ codegen.families._common.Variant):
 A case, what a decision is made for and keyed by (:class:`Case`): dtype, variant, batch,
 N, K, the M-bucket, the operands' alignment class (the widest access each of A, B and C
 allows), their leading-dimension class (each "tight": rows of exactly their length, or
-"padded") and the route by which the caller reaches cuBLAS ("torch": torch.matmul and
-friends on torch's current stream; "gemm-tune": gemm-tune's own binding).
+"padded"), the route by which the caller reaches cuBLAS ("torch": torch.matmul and
+friends on torch's current stream; "gemm-tune": gemm-tune's own binding), and whether the
+caller promised a constant B (static_b: its candidates run, and are timed, as their
+static-B twins).
 
 M-buckets (:class:`MBuckets`): problems that differ only in M share a decision. By
 default the buckets are 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64 (powers of two up to 64) and
@@ -213,6 +215,7 @@ class Case:
     align: tuple = (16, 16, 16)  # the widest access each of A, B and C allows (bytes)
     ld: tuple = TIGHT  # "tight" or "padded", for A, B and C
     route: str = "gemm-tune"  # how the caller reaches cuBLAS: "torch" or "gemm-tune"
+    static_b: bool = False  # the caller promised a constant B (a kernel runs as its twin)
 
     def words(self, buckets: "MBuckets | None" = None) -> str:
         """"300x100x200 f32 nn (M-bucket 257-384), rows 4.16.16-byte aligned, A padded"."""
@@ -220,7 +223,8 @@ class Case:
         padded = [name for name, c in zip("ABC", self.ld) if c == "padded"]
         return (f"{self.m}x{self.n}x{self.k} {describe(self.dtype, self.variant, self.batch)}"
                 f"{bucket}, operands {'.'.join(map(str, self.align))}-byte aligned"
-                + (f", {' '.join(padded)} padded" if padded else ""))
+                + (f", {' '.join(padded)} padded" if padded else "")
+                + (", B constant (static_b)" if self.static_b else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,10 +355,12 @@ class DispatchTable:
     @staticmethod
     def key(gpu_name: str, driver: int, cublas: int | str, fingerprint: str, dtype: str,
             layout, m: int | str, n: int, k: int, align: tuple, batch: int = 1,
-            ld: tuple | None = None, pace: str = "either") -> str:
+            ld: tuple | None = None, pace: str = "either", static_b: bool = False) -> str:
         """`layout`: a Variant (or a Layout, or its text "nn"); `m`: an M or an M-bucket's
         text ("33-64"); `ld`: the leading-dimension classes of A, B and C (None: unnamed);
-        `pace`: what the program said sets its pace (named unless "either")."""
+        `pace`: what the program said sets its pace (named unless "either"); `static_b`:
+        the caller's promise of a constant B (its candidates were timed as their static-B
+        twins, so the decision is kept apart)."""
         if not isinstance(layout, str):
             v = as_variant(layout)
             layout = v.layout.value if (v.out.short, v.bias, v.act) == ("f32", "none", "none") \
@@ -362,8 +368,9 @@ class DispatchTable:
         shape = f"{m}x{n}x{k}" + (f"|batch {batch}" if batch != 1 else "")
         rows = f"|ld {'.'.join(ld)}" if ld is not None else ""
         paced = f"|pace {pace}" if pace != "either" else ""
+        static = "|static B" if static_b else ""
         return (f"{gpu_name}|driver {driver}|cublas {cublas}|lib {fingerprint}|{dtype}|{layout}"
-                f"|{shape}|align {'.'.join(map(str, align))}{rows}{paced}")
+                f"|{shape}|align {'.'.join(map(str, align))}{rows}{paced}{static}")
 
     def get(self, key: str) -> dict | None:
         if not self._loaded:
@@ -578,7 +585,8 @@ class Dispatcher:
                                  f"{cublas_version()} via {case.route}",
                                  self.manifest.fingerprint, case.dtype.short, case.variant,
                                  case.m if apart else self.buckets.text(case.m), case.n,
-                                 case.k, case.align, case.batch, case.ld, self.pace)
+                                 case.k, case.align, case.batch, case.ld, self.pace,
+                                 case.static_b)
 
     def _exact(self, g, case: Case) -> dict | None:
         return exact_entry(self.manifest.serving(case.dtype, g.cc, case.variant),
@@ -687,7 +695,8 @@ class Dispatcher:
         and route."""
         want = DispatchTable.key(gpu, 0, 0, self.manifest.fingerprint, case.dtype.short,
                                  case.variant, self.buckets.text(case.m), case.n, case.k,
-                                 case.align, case.batch, case.ld, self.pace).split("|")
+                                 case.align, case.batch, case.ld, self.pace,
+                                 case.static_b).split("|")
         self.table.get("")  # loads it
         lines = []
         for key, d in sorted(self.table.decisions.items()):

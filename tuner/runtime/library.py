@@ -228,7 +228,8 @@ class Library:
                       stream=None, gpu: str | None = None, static_b: bool = False) -> str:
         try:
             problem = call.problem_of(A, B, C, _mode(allow_tf32, allow_3xtf32), stream,
-                                      out_dtype, bias, activation, offline=gpu is not None)
+                                      out_dtype, bias, activation, offline=gpu is not None,
+                                      static_b=static_b)
         except call.EmptyProblem as e:
             r = e.req
             return _explain_empty(r.m, r.n, r.k, r.batch, r.bias is not None, r.act)
