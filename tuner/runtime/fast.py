@@ -210,13 +210,15 @@ def offer(t, lib, plan, A, B, C, bias, ctx: int, stream: int) -> bool:
     if plan.tally is not None or not plan.memo:
         return False
     act, linear = plan.problem.variant.act, bool(ctx & _LINEAR)
+    # x @ W with x's batch folded into one matrix of rows (call._rows): fast.cpp folds it
+    # alike, and a C it allocates has x's leading dimensions
+    folded = A.dim() == 3 and len(plan.out_shape) == 2
     if plan.torch_run is not None:  # torch's ops, as the Python path calls them
         if linear:
             if bias is not None and bias.dtype != A.dtype:
                 return False
-        else:  # fast.cpp's torch_call: matrices by mm/addmm (x @ W with x's batch folded
-            # into rows among them, as call._rows folds it), a batch (no bias) by bmm/baddbmm
-            folded = A.dim() == 3 and len(plan.out_shape) == 2
+        else:  # fast.cpp's torch_call: matrices by mm/addmm (folded ones among them), a
+            # batch (no bias) by bmm/baddbmm
             matrices = B.dim() == 2 and len(plan.out_shape) == 2
             as_cpp = B.dim() == 2 and (folded or A.dim() == 2 and (C is None or C.dim() == 2))
             if act != "none" or matrices != as_cpp or (bias is not None and not matrices):
@@ -227,10 +229,7 @@ def offer(t, lib, plan, A, B, C, bias, ctx: int, stream: int) -> bool:
     if plan.choice.kernel is None or driver.is_capturing(stream):
         return False  # cuBLAS through gemm-tune's binding: not a kernel launch
     launches = record(lib, plan, stream, bias is not None)
-    # a linear's, or x @ W with x's batch folded into rows (call._rows): C has x's leading
-    # dimensions
-    folded = linear or A.dim() > len(plan.out_shape)
-    shape = list(A.shape[:-1]) + [plan.n] if folded else list(plan.out_shape)
+    shape = list(A.shape[:-1]) + [plan.n] if linear or folded else list(plan.out_shape)
     t.add(A, B, C, bias, ctx, False, _OUT_CODE[plan.out.short], shape, launches, 0, linear)
     return True
 

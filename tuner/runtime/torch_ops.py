@@ -183,16 +183,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 
 # ---- matmul: a @ b, 2-D or batched ------------------------------------------------------------
 def _matmul(a: Tensor, b: Tensor, out_dtype: str, lib) -> Tensor:
-    out = _OUT[out_dtype]
-    if a.dim() == 3 and b.dim() == 2:
-        try:  # a batch times one matrix: one GEMM of batch x M rows where a allows it
-            a2 = a.view(-1, a.shape[-1])
-        except RuntimeError:
-            a2 = None
-        if a2 is not None:
-            return lib.gemm(_served(a2), _served(b), out_dtype=out).view(
-                a.shape[0], a.shape[1], b.shape[1])
-    return lib.gemm(_served(a), _served(b), out_dtype=out)
+    # (a batch times one matrix runs as one GEMM of all its rows where they fold: lib.gemm)
+    return lib.gemm(_served(a), _served(b), out_dtype=_OUT[out_dtype])
 
 
 def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
