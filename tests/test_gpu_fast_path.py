@@ -173,6 +173,62 @@ def test_x_at_w_over_a_batch_runs_as_one_product_of_its_rows(fast_on, tmp_path,
                for p in lib.plans.values())
 
 
+def test_several_batch_dimensions_as_torch_matmul_takes_them(fast_on, tmp_path,
+                                                             compile_cache):
+    """Operands of 4-D (attention's batch x heads x rows x cols), from torch and cupy: x @ W
+    folds all of x's rows into the exact entry's product (C++ serving the repeats); a batch
+    against a batch of the same dimensions, or of one problem (broadcast), runs as one
+    batch of 6; C allocated of the batch dimensions or given (poisoned). A batch whose
+    dimensions do not fold into one stride is refused in one line by lib.gemm, and copied
+    by torch_ops.matmul, which broadcasts (2 x 3) against (3) as torch.matmul does. Each
+    result against float64."""
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    from tuner.runtime import torch_ops
+    from tuner.runtime.errors import LibraryError
+
+    cfg = KernelConfig()
+    lib = _library(tmp_path, cfg, SHAPE, compile_cache)
+    m, n, k = SHAPE
+    gate = _gate(DType.F32, DType.F32, k)
+
+    def check(got, a, b, shape):
+        torch.cuda.synchronize()
+        ref = torch.matmul(a.double(), b.double())
+        assert tuple(got.shape) == shape == tuple(ref.shape)
+        assert ((torch.as_tensor(got).double() - ref).norm() / ref.norm()).item() <= gate
+
+    w = torch.randn(k, n, device="cuda")
+    hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
+    for given in (False, False, True, True):
+        x = torch.randn(2, 2, m // 4, k, device="cuda")
+        c = torch.full((2, 2, m // 4, n), float("nan"), device="cuda") if given else None
+        got = lib.gemm(x, w, c)
+        assert c is None or got is c
+        check(got, x, w, (2, 2, m // 4, n))
+    assert lib.fast.stats()["hits"] == hits + 2  # the second call of each key
+    assert {(p.choice.kernel, p.problem.m) for p in lib.plans.values()} == {(cfg.name, m)}
+    x = torch.randn(2, 3, 40, 72, device="cuda")
+    for b in (torch.randn(2, 3, 72, 56, device="cuda"), torch.randn(1, 1, 72, 56, device="cuda"),
+              torch.randn(2, 3, 56, 72, device="cuda").transpose(-1, -2)):
+        check(lib.gemm(x, b), x, b, (2, 3, 40, 56))
+        c = torch.full((2, 3, 40, 56), float("nan"), device="cuda")
+        assert lib.gemm(x, b, c) is c
+        check(c, x, b, (2, 3, 40, 56))
+        xc, bc = cupy.asarray(x), cupy.asarray(b)
+        got = lib.gemm(xc, bc)
+        assert isinstance(got, cupy.ndarray)
+        check(torch.as_tensor(got, device="cuda"), x, b, (2, 3, 40, 56))
+    assert any(p.problem.batch == 6 for p in lib.plans.values())
+    xp = torch.randn(3, 2, 40, 72, device="cuda").transpose(0, 1)  # batch dimensions swapped
+    with pytest.raises(LibraryError, match="batch dimensions do not fold into one") as e:
+        lib.gemm(xp, torch.randn(2, 3, 72, 56, device="cuda"))
+    assert "\n" not in str(e.value)
+    b3 = torch.randn(3, 72, 56, device="cuda")
+    check(torch_ops.matmul(xp, b3, library=lib), xp, b3, (2, 3, 40, 56))
+    check(torch_ops.matmul(x, b3, library=lib), x, b3, (2, 3, 40, 56))
+
+
 def _calls_cublas(report: dict | None, dtype: DType) -> bool:
     """Would the C++ path call cuBLAS itself for a plain product of this type, as torch
     would (fast.blas_report: every condition of fast.cpp's Blas::as_torch and blas_call)?"""

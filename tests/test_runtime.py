@@ -675,6 +675,15 @@ def test_3d_operands_are_batches_with_a_stride_each(fake):
     assert call.request(a, one, None).batch == 4
     assert a.geometry() == ((4, 100, 50), (5000, 50, 1))
     assert t.geometry() == ((4, 100, 50), (6000, 1, 100))
+    # several batch dimensions, as torch.matmul takes them: one batch of their problems,
+    # wherever they fold into one stride (a dimension of 1 has any stride)
+    nd = op(Dev((2, 1, 3, 100, 50), 0x10000, strides=(15000, 7, 5000, 50, 1)), "A", inputs=True)
+    assert (nd.batch, nd.bstride, nd.lead, nd.batched) == (6, 5000, (2, 1, 3), True)
+    assert nd.geometry() == ((6, 100, 50), (5000, 50, 1))
+    en = op(Dev((2, 3, 50, 70), 0x20000, strides=(0, 0, 70, 1)), "B", inputs=True)
+    assert (en.batch, en.bstride) == (6, 0)  # expanded throughout: one B for every problem
+    req = call.request(nd, op(Dev((1, 50, 70), 0x20000), "B", inputs=True), None)
+    assert (req.batch, req.lead) == (6, (2, 1, 3))  # B's batch of one broadcast over A's
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -686,8 +695,15 @@ def test_3d_operands_are_batches_with_a_stride_each(fake):
       Dev((4, 100, 70), 0x30000, strides=(0, 70, 1))),
      "C's problems are 0 elements apart and each spans 7000: every problem of the batch "
      "needs a C of its own"),
-    ((Dev((2, 4, 100, 50), 0x10000), Dev((50, 70), 0x20000)),
-     "A must be a 2-D matrix or a 3-D batch of them"),
+    ((Dev((100,), 0x10000), Dev((100, 70), 0x20000)),
+     r"A must be a 2-D matrix or a batch of them \(got 1 dimension\)"),
+    ((Dev((2, 3, 100, 50), 0x10000, strides=(20000, 5000, 50, 1)), Dev((50, 70), 0x20000)),
+     r"A is 2x3x100x50 with strides \(80000, 20000, 200, 4\) bytes: its batch dimensions "
+     "do not fold into one"),
+    ((Dev((2, 3, 100, 50), 0x10000), Dev((3, 2, 50, 70), 0x20000)),
+     "A is 2x3x100x50 and B is 3x2x50x70: their batch dimensions do not broadcast"),
+    ((Dev((2, 3, 100, 50), 0x10000), Dev((50, 70), 0x20000), Dev((6, 100, 70), 0x30000)),
+     "C is 6x100x70; A @ B is 2x3x100x70"),
     ((Dev((4, 100, 50), 0x10000, strides=(-5000, 50, 1)), Dev((50, 70), 0x20000)),
      r"A is 4x100x50 with strides \(-20000, 200, 4\) bytes: it must be row-major or "
      r"column-major \(each problem of the batch\) with a unit stride"),
@@ -876,6 +892,39 @@ def test_batched_calls_launch_one_grid_row_per_problem(lib, fake, monkeypatch):
     assert fake.blas_kw[-1]["batch"] == 1
     assert fake.blas[-1][1:4] == (4, 70, 50) and fake.blas[-1][6] == 64 \
         and fake.blas[-1][10:12] == (0x300000, 72)
+
+
+def test_several_batch_dimensions_run_as_one_batch_or_one_product_of_rows(lib, fake,
+                                                                            monkeypatch):
+    """An A of 2 x 3 problems (attention's batch x heads): times one B, one product of all
+    600 rows, as torch.matmul runs it; times B of the same batch dimensions (or of one
+    problem), a strided batch of the 6 problems; C of those batch dimensions."""
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    A, C = Dev((2, 3, 100, 50), 0x100000), Dev((2, 3, 100, 70), 0x300000)
+    lib.gemm(A, Dev((50, 70), 0x200000), C, stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=1, strides=(0, 0, 0))
+    assert fake.blas[-1][1:4] == (600, 70, 50)
+    lib.gemm(A, Dev((2, 3, 50, 70), 0x200000), C, stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=6, strides=(5000, 3500, 7000))
+    assert fake.blas[-1][1:4] == (100, 70, 50)
+    lib.gemm(A, Dev((1, 1, 50, 70), 0x200000), C, stream=3)
+    assert fake.blas_kw[-1] == dict(out=DType.F32, batch=6, strides=(5000, 0, 7000))
+    assert "batch 6" in lib.explain(A, Dev((2, 3, 50, 70), 0x200000), C)
+
+    class Made(Dev):  # a C the call allocates (as a cupy array would be), reshaped after
+        def reshape(self, shape):
+            self.reshaped = tuple(shape)
+            return self
+
+    monkeypatch.setattr(call, "empty_like", lambda a, shape, dev, dtype: Made(shape, 0x400000))
+    for B, rows in ((Dev((2, 3, 50, 70), 0x200000), 100), (Dev((50, 70), 0x200000), 600)):
+        made = lib.gemm(A, B, stream=3)
+        assert made.reshaped == (2, 3, 100, 70) and fake.blas[-1][1] == rows
+    # an empty batch: C of the batch dimensions, nothing run
+    launches, blas = len(fake.launches), len(fake.blas)
+    made = lib.gemm(Dev((2, 0, 4, 5), 0x100000), Dev((5, 6), 0x200000))
+    assert made.__cuda_array_interface__["shape"] == (2, 0, 4, 6)
+    assert (len(fake.launches), len(fake.blas)) == (launches, blas)
 
 
 def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):

@@ -68,6 +68,11 @@ def test_fake_linear_and_matmul_return_what_the_ops_return():
         assert torch_ops.matmul(a2, torch.empty(6, 32, 9, device="cuda"),
                                 library=KEY).shape == (6, 7, 9)
         assert torch_ops.matmul(a2, m, library=KEY).dtype == torch.float32
+        a4 = torch.empty(2, 3, 7, 32, device="cuda")  # batch dimensions broadcast
+        assert torch_ops.matmul(a4, torch.empty(3, 32, 9, device="cuda"),
+                                library=KEY).shape == (2, 3, 7, 9)
+        assert torch_ops.matmul(torch.empty(1, 7, 32, device="cuda"), a4.transpose(-1, -2),
+                                library=KEY).shape == (2, 3, 7, 7)
         h = torch.empty(7, 32, dtype=torch.bfloat16, device="cuda")
         hm = torch.empty(32, 9, dtype=torch.bfloat16, device="cuda")
         assert torch_ops.matmul(h, hm, library=KEY).dtype == torch.bfloat16

@@ -29,6 +29,8 @@ import logging
 import numbers
 from typing import Callable
 
+import numpy as np
+
 from codegen.config import DType, Layout
 from codegen.families._common import ACTIVATIONS, Variant
 from tuner.runtime import driver, fast
@@ -93,7 +95,8 @@ class Request:
     bias: Operand | None
     bias_kind: str  # "none", "out" (of C's type) or "f32"
     act: str
-    batched: bool  # a 3-D operand: C (allocated) is batch x M x N
+    batched: bool  # an operand of 3-D or more: C (allocated) is lead x M x N
+    lead: tuple = ()  # C's batch dimensions, those of A and B broadcast (() for matrices)
 
     def variant(self, a: Operand, b: Operand) -> Variant:
         return Variant(Layout.of(a.column_major, b.column_major), self.out, self.bias_kind,
@@ -287,6 +290,9 @@ def _torch_key(A, B, C, mode, measure, stream, out=None, bias=None, act=None,
 def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
                 fast=None, static_b=False):
     rows = _rows(A, B, C)
+    if rows is None and max(A.dim(), B.dim(), 0 if C is None else C.dim()) > 3:
+        return _torch_batches(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias,
+                              act, static_b)
     A2, C2 = (A, C) if rows is None else rows
     key, pa, pb, pc = _torch_key(A2, B, C2, mode, measure, stream, out, bias, act, static_b)
     plan = lib.plans.get(key)
@@ -302,15 +308,35 @@ def _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act
     return C if rows is not None else R
 
 
+def _torch_batches(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias, act,
+                   static_b):
+    """A torch call with several batch dimensions (2 x 3 problems, say) that do not fold
+    into x's rows: one batch of their problems, each operand viewed as a 3-D batch (its
+    batch dimensions checked first: one stride between its problems, and broadcasting as
+    torch.matmul's); C, if allocated, of the batch dimensions again. The Python path
+    serves it (the C++ path takes matrices and x @ W)."""
+    ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True),
+           None if C is None else operand(C, "C", writable=True))
+    lead = check_call(*ops)[4]
+
+    def as_batch(X):
+        return X if X is None or X.dim() < 4 else X.view(-1, *X.shape[-2:])
+
+    R = _torch_call(lib, as_batch(A), as_batch(B), as_batch(C), alpha, beta, mode, stream,
+                    measure, out, bias, act, static_b=static_b)
+    return C if C is not None else R.view(*lead, *R.shape[-2:])
+
+
 def _rows(A, B, C):
-    """(A's rows as one matrix, C's likewise) for a batch of x (3-D) times one matrix W
-    (2-D), where both fold without a copy; else None. torch.matmul runs x @ W so, one
-    product of all of x's rows: W is read once, and the rows fill whole tiles, where a
+    """(A's rows as one matrix, C's likewise) for a batch of x (3-D or more) times one
+    matrix W (2-D), where both fold without a copy; else None. torch.matmul runs x @ W so,
+    one product of all of x's rows: W is read once, and the rows fill whole tiles, where a
     batch of problems each M rows high (B shared at a batch stride of 0) would read W per
     problem and round each M up to a tile. fast.cpp's torch_call folds the same calls."""
-    if A.dim() != 3 or B.dim() != 2 or (C is not None and C.dim() != 3) or not A.numel() \
-            or not B.numel():  # (an empty problem answers as the batch it is)
-        return None
+    if A.dim() < 3 or B.dim() != 2 or not A.numel() or not B.numel() \
+            or (C is not None and C.shape[:-1] != A.shape[:-1]):
+        return None  # (an empty problem answers as the batch it is; a C of another shape
+        # is refused as one)
     try:
         return A.view(-1, A.shape[-1]), None if C is None else C.view(-1, C.shape[-1])
     except RuntimeError:  # not one matrix without a copy: a batch of problems
@@ -332,9 +358,9 @@ def _fold_rows(a: Operand, b: Operand, c: Operand | None):
         else:
             return None
         return dataclasses.replace(o, rows=o.batch * o.rows, ld=ld, batch=1, bstride=0,
-                                   batched=False)
+                                   batched=False, lead=())
 
-    if not a.batched or b.batched or (c is not None and not c.batched) \
+    if not a.batched or b.batched or (c is not None and (c.lead, c.rows) != (a.lead, a.rows)) \
             or 0 in (a.batch, a.rows, a.cols, b.cols):  # (an empty problem stays a batch)
         return None
     a2, c2 = rows(a), None if c is None else rows(c)
@@ -522,12 +548,14 @@ def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=
     torch's fast path: each parsed in full, the plan memoised on what the parse found."""
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
-    rows, batched = _fold_rows(a, b, c), None
+    rows, shape = _fold_rows(a, b, c), None
     if rows is not None:  # x @ W over a batch: one product of x's rows, as torch.matmul
-        batched = (a.batch, a.rows, b.cols)
+        shape = (*a.lead, a.rows, b.cols)
         a, c = rows
     ops = (a, b) if c is None else (a, b, c)
     req = request(a, b, c, out, bias, act)
+    if len(req.lead) > 1:  # several batch dimensions, run as one batch of their problems
+        shape = (*req.lead, req.m, req.n)
     dev = same_device(*ops, *(() if req.bias is None else (req.bias,)))
     host = a.host is not None or b.host is not None or (c is not None and c.host is not None)
     if dev is None:
@@ -547,20 +575,20 @@ def _general_plan(lib, A, B, C, mode, stream, measure, out=None, bias=None, act=
                      static_b=static_b)
         if plan.memo:
             lib.plans[key] = plan
-    return plan, a, b, c, req.bias, s, batched
+    return plan, a, b, c, req.bias, s, shape
 
 
 def _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=None,
                   bias=None, act=None, static_b=False):
-    plan, a, b, c, bop, s, batched = _general_plan(lib, A, B, C, mode, stream, measure, out,
-                                                   bias, act, static_b)
+    plan, a, b, c, bop, s, shape = _general_plan(lib, A, B, C, mode, stream, measure, out,
+                                                 bias, act, static_b)
     if plan.tally is not None:
         plan.tally[0] += 1
     if C is None:
         C = empty_like(a, plan.out_shape, plan.gpu.index, plan.out)
         c = operand(C, "C", writable=True)
-        if batched is not None:  # a batch's C, allocated as its rows (_fold_rows)
-            C = C.reshape(batched)
+        if shape is not None:  # C of the caller's batch dimensions (a fold's rows, or a
+            C = C.reshape(shape)  # batch of several dimensions run as one)
     pbias = 0 if bop is None else bop.ptr
     g = plan.gpu
     with driver.entered(g):
@@ -583,9 +611,6 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     from tuner.runtime.host import run_batch
 
     _scalars(alpha, beta)
-
-    import numpy as np
-
     pairs = list(pairs)
     outs = list(outs) if outs is not None else [None] * len(pairs)
     if len(outs) != len(pairs):
@@ -615,7 +640,6 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
 def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int,
             bias: int = 0) -> None:
     """Host operands copied into per-stream device buffers, C copied back; synchronous."""
-    import numpy as np
 
     ptrs = []
     for o in (a, b, c):
@@ -638,10 +662,12 @@ def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int,
         driver.sync(s)  # the host inputs' staging buffers are reused by the next call
 
 
-def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int, int]:
-    """M, N, K and the batch of a call whose operands agree; LibraryError otherwise (no GPU
-    touched). Batches: A's and B's of one size, or 1 (that operand shared by every
-    problem); C holds one M x N problem each, none overlapping another."""
+def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int, int, tuple]:
+    """M, N, K, the batch and C's batch dimensions of a call whose operands agree;
+    LibraryError otherwise (no GPU touched). Batches: A's and B's of one size, or 1 (that
+    operand shared by every problem); their batch dimensions broadcast as torch.matmul's
+    (A of 2 x 3 problems with one B: C is 2 x 3 x M x N); C holds one M x N problem each,
+    none overlapping another, under those batch dimensions where there are several."""
     if a.dtype is not b.dtype:
         raise LibraryError(f"A is {a.dtype.short} and B is {b.dtype.short}: "
                            "they must be of one type")
@@ -653,19 +679,27 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
     if a.batch not in (1, batch) or b.batch not in (1, batch):
         raise LibraryError(f"A is a batch of {a.batch} and B a batch of {b.batch}: batches "
                            "must be of one size, or 1 (one matrix for every problem)")
+    try:
+        lead = a.lead if a.lead == b.lead or not b.lead else b.lead if not a.lead \
+            else np.broadcast_shapes(a.lead, b.lead)
+    except ValueError:  # (2 x 3 problems against 3 x 2: as many, but not the same ones)
+        raise LibraryError(f"A is {_size(a)} and B is {_size(b)}: their batch dimensions "
+                           "do not broadcast") from None
     if c is not None:
-        if (c.rows, c.cols) != (m, n) or c.batch != batch or (batch > 1 and not c.batched):
-            want = f"{batch}x{m}x{n}" if batch > 1 else f"{m}x{n}"
+        nd = max(len(lead), len(c.lead)) > 1  # several batch dimensions: C must have them
+        if (c.rows, c.cols) != (m, n) or c.batch != batch or (batch > 1 and not c.batched) \
+                or (nd and c.lead != lead):
+            want = "x".join(map(str, (*lead, m, n))) if batch > 1 or nd else f"{m}x{n}"
             raise LibraryError(f"C is {_size(c)}; A @ B is {want}")
         span = (m - 1) * c.ld + n
         if batch > 1 and c.bstride < span:
             raise LibraryError(f"C's problems are {c.bstride} elements apart and each spans "
                                f"{span}: every problem of the batch needs a C of its own")
-    return m, n, k, batch
+    return m, n, k, batch, lead
 
 
 def _size(o: Operand) -> str:
-    return f"{o.batch}x{o.rows}x{o.cols}" if o.batched else f"{o.rows}x{o.cols}"
+    return "x".join(map(str, (*o.lead, o.rows, o.cols)))
 
 
 def _activation(act) -> str:
@@ -681,7 +715,7 @@ def request(a: Operand, b: Operand, c: Operand | None, out=None, bias=None,
     """The checked request of a call. C's type: a given C's own (out_dtype, if given too,
     must name it), else `out` (out_dtype), else the inputs' type for fp16 and bf16 data
     (as torch.matmul) and fp32 for fp32 data."""
-    m, n, k, batch = check_call(a, b, c)
+    m, n, k, batch, lead = check_call(a, b, c)
     want = out_dtype(out)
     if c is not None:
         if want is not None and c.dtype is not want:
@@ -693,7 +727,7 @@ def request(a: Operand, b: Operand, c: Operand | None, out=None, bias=None,
     act = _activation(act)
     bop, kind = (None, "none") if bias is None else bias_operand(bias, n, want)
     batched = a.batched or b.batched or (c is not None and c.batched)
-    req = Request(m, n, k, batch, want, bop, kind, act, batched)
+    req = Request(m, n, k, batch, want, bop, kind, act, batched, lead)
     if not (m and n and k and batch):
         raise EmptyProblem(a, b, c, req)
     return req
@@ -720,7 +754,7 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
     dev = same_device(*ops)
     kind = a.kind if c is None else c.kind  # (a C the call allocates is of A's kind)
     if C is None:
-        shape = (req.batch, req.m, req.n) if req.batched else (req.m, req.n)
+        shape = (*req.lead, req.m, req.n)
         on = dev if dev is not None or kind in ("torch", "numpy") else driver.current_device()
         C, beta = empty_like(a, shape, on, req.out), 0.0
     if not (req.m and req.n and req.batch):  # C has no elements: nothing to compute
@@ -742,7 +776,6 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
                 C.copy_(torch_epilogue(R, None, act))
         return C
     if kind == "numpy":
-        import numpy as np
 
         R = C.astype(np.float32) * np.float32(beta) if beta != 0 else \
             np.zeros(C.shape, np.float32)
@@ -767,8 +800,6 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
 
 def _host_vector(bias: Operand):
     """A device vector's values on the host, as float32."""
-    import numpy as np
-
     if bias.kind == "torch":
         return bias.obj.float().cpu().numpy()
     host = np.empty(bias.cols, _ELEMENT[bias.dtype])
@@ -779,8 +810,6 @@ def _host_vector(bias: Operand):
 
 def _numpy_activation(x, act: str):
     """The epilogue's activations (templates/macros.cu.j2) in numpy, in x's type."""
-    import numpy as np
-
     if act == "relu":
         return np.maximum(x, 0)
     # as the epilogue, in forms free of cancellation for negative x: gelu through erfc,

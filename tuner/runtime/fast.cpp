@@ -528,7 +528,7 @@ class Table {
   static bool torch_call(const Entry& e, const at::Tensor& a, const at::Tensor& b,
                          const at::Tensor* c, const at::Tensor* bias, double alpha,
                          double beta, at::Tensor& out) {
-    if (a.dim() == 3 && b.dim() == 2 && (!c || c->dim() == 3)) {
+    if (a.dim() >= 3 && b.dim() == 2 && (!c || c->dim() == a.dim())) {
       // x @ W: x's rows as one matrix where they fold without a copy, as call._rows does
       at::Tensor a2, c2, out2;
       if (rows_of(a, a2) && (!c || rows_of(*c, c2))) {

@@ -212,7 +212,7 @@ def offer(t, lib, plan, A, B, C, bias, ctx: int, stream: int) -> bool:
     act, linear = plan.problem.variant.act, bool(ctx & _LINEAR)
     # x @ W with x's batch folded into one matrix of rows (call._rows): fast.cpp folds it
     # alike, and a C it allocates has x's leading dimensions
-    folded = A.dim() == 3 and len(plan.out_shape) == 2
+    folded = A.dim() >= 3 and len(plan.out_shape) == 2
     if plan.torch_run is not None:  # torch's ops, as the Python path calls them
         if linear:
             if bias is not None and bias.dtype != A.dtype:

@@ -340,12 +340,15 @@ class Library:
         A (M x K) and B (K x N) are matrices of one type, float32, float16 or bfloat16,
         each row-major or column-major (a transposed view such as torch's ``W.t()``: the
         layout is read off the strides, nothing is copied, and only kernels tuned for that
-        layout serve it); or batches of them, 3-D (batch x rows x cols, torch.bmm's and
-        torch.matmul's shapes), each at a batch stride of its own: a stride of 0 (an
-        expanded tensor) or a 2-D operand beside a 3-D one is shared by every problem of
-        the batch; a 3-D A whose problems' rows lie one after another (x.view(-1, K)
-        takes them) times a 2-D B runs as one product of all its rows, as torch.matmul
-        runs x @ W (C, given or made, likewise). C (M x N, or batch x M x N) is row-major;
+        layout serve it); or batches of them (batch x rows x cols, torch.bmm's and
+        torch.matmul's shapes; several batch dimensions, 2 x 3 x rows x cols, where they
+        fold into one stride as a view of them as one would), each at a batch stride of
+        its own: a stride of 0 (an expanded tensor), a batch of one or a 2-D operand
+        beside a batch is shared by every problem of it (batch dimensions broadcast as
+        torch.matmul's, a batch of one against many); an A whose problems' rows lie one
+        after another (x.view(-1, K) takes them) times a 2-D B runs as one product of all
+        its rows, as torch.matmul runs x @ W (C, given or made, likewise). C (M x N, or
+        the batch dimensions x M x N) is row-major;
         its type is a given C's, or `out_dtype` (float32, float16, bfloat16: a torch, numpy
         or cupy dtype, or a name), else the inputs' type for float16 and bfloat16 inputs
         (as torch.matmul) and float32 for float32 ones; FP32 accumulation always, one

@@ -56,9 +56,10 @@ class Operand:
     kind: str = "cai"  # "torch", "cupy", "pycuda", "cai" or "numpy"
     stream: int | None = None  # a stream the producer names (__cuda_array_interface__ v3)
     column_major: bool = False  # stored by columns: a transposed view of a row-major matrix
-    batch: int = 1  # problems in a 3-D operand (1: a matrix, or a batch of one)
+    batch: int = 1  # problems in a batch (1: a matrix, or a batch of one)
     bstride: int = 0  # elements between its problems (0: one matrix for the whole batch)
-    batched: bool = False  # 3-D (batch x rows x cols), even with a batch of one
+    batched: bool = False  # 3-D or more (batch dimensions x rows x cols), even of one problem
+    lead: tuple = ()  # the batch dimensions as given (batch: their product)
 
     @property
     def stored(self) -> tuple[int, int]:
@@ -109,39 +110,59 @@ def _np_dtype(kind):
 
 
 def _dims(name, shape, strides, itemsize, column_major_ok: bool = True):
-    """(rows, cols, ld, column_major, batch, bstride, batched) of a matrix, or of a batch of
-    them (3-D: batch x rows x cols): row-major (unit stride along a row, rows ld >= cols
-    elements apart) or, where `column_major_ok`, column-major (a transposed view: unit
-    stride down a column, columns ld >= rows apart); a batch's problems bstride >= 0
-    elements apart (0: one matrix for every problem). A matrix of one row or one column is
+    """(rows, cols, ld, column_major, batch, bstride, lead) of a matrix, or of a batch of
+    them (3-D or more: batch dimensions, then rows x cols, as torch.matmul takes them):
+    row-major (unit stride along a row, rows ld >= cols elements apart) or, where
+    `column_major_ok`, column-major (a transposed view: unit stride down a column, columns
+    ld >= rows apart); a batch's problems bstride >= 0 elements apart (0: one matrix for
+    every problem). `lead`: the batch dimensions as given (() for a matrix); several of them
+    must fold into one stride (as a view of them as one dimension would: an expanded one
+    may be folded only with its stride 0 throughout). A matrix of one row or one column is
     read as row-major, and so is an empty one (a dimension of 0: its strides say nothing)."""
-    if len(shape) not in (2, 3):
-        raise _error(f"{name} must be a 2-D matrix or a 3-D batch of them "
-                     f"(got {len(shape)} dimensions)")
+    if len(shape) < 2:
+        raise _error(f"{name} must be a 2-D matrix or a batch of them "
+                     f"(got {len(shape)} dimension{'s' * (len(shape) != 1)})")
     dims = [int(x) for x in shape]
-    batched = len(dims) == 3
-    batch, rows, cols = dims if batched else [1] + dims
+    lead, (rows, cols) = tuple(dims[:-2]), dims[-2:]
+    batch = 1
+    for d in lead:
+        batch *= d
     if min(dims) < 0:
         what = "x".join(map(str, dims))
         raise _error(f"{name} is {what}: no dimension may be negative")
     if strides is None or not min(dims):  # (nothing of an empty operand is read)
-        return rows, cols, max(cols, 1), False, batch, rows * cols if batch > 1 else 0, batched
-        return rows, cols, cols, False, batch, rows * cols if batch > 1 else 0, batched
+        return rows, cols, max(cols, 1), False, batch, rows * cols if batch > 1 else 0, lead
     st = [int(x) for x in strides]
-    bs, rs, cs = st if batched else [0] + st
+    bs = _batch_stride(name, dims, st) if lead else 0
+    rs, cs = st[-2:]
     if not (rs % itemsize or cs % itemsize or bs % itemsize) and bs >= 0:
         bstride = bs // itemsize if batch > 1 else 0
         if (cs == itemsize or cols == 1) and (rs // itemsize >= cols or rows == 1):
-            return rows, cols, max(rs // itemsize, cols), False, batch, bstride, batched
+            return rows, cols, max(rs // itemsize, cols), False, batch, bstride, lead
         if column_major_ok and (rs == itemsize or rows == 1) and cs // itemsize >= rows:
-            return rows, cols, max(cs // itemsize, rows), True, batch, bstride, batched
+            return rows, cols, max(cs // itemsize, rows), True, batch, bstride, lead
     what = "row-major" + (" or column-major" if column_major_ok else "")
     size = "x".join(map(str, dims))
     strides_text = ", ".join(map(str, st))
-    each = " (each problem of the batch)" if batched else ""
+    each = " (each problem of the batch)" if lead else ""
     raise _error(f"{name} is {size} with strides ({strides_text}) bytes: it must be "
                  f"{what}{each} with a unit stride (a contiguous array, or a transposed view "
-                 "of one)" + (", at a batch stride >= 0" if batched else ""))
+                 "of one)" + (", at a batch stride >= 0" if lead else ""))
+
+
+def _batch_stride(name, dims, strides) -> int:
+    """The one stride (bytes) between the problems of a batch whose batch dimensions are
+    dims[:-2]: each dimension's stride the next one's times its size (dimensions of size
+    1 aside), as x.view(-1, rows, cols) needs; LibraryError where they do not fold."""
+    kept = [(d, s) for d, s in zip(dims[:-2], strides[:-2]) if d != 1]
+    for (_, outer), (d, inner) in zip(kept, kept[1:]):
+        if outer != inner * d:
+            size = "x".join(map(str, dims))
+            raise _error(f"{name} is {size} with strides ({', '.join(map(str, strides))}) "
+                         f"bytes: its batch dimensions do not fold into one (each "
+                         "dimension's stride must be the next one's times its size; "
+                         "a contiguous copy will do)")
+    return kept[-1][1] if kept else 0
 
 
 def _device_of(ptr: int, name: str) -> int:
@@ -174,11 +195,11 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
         if not x.is_cuda:
             raise _error(f"{name} is a CPU torch tensor; pass a CUDA tensor or numpy")
         size = x.element_size()
-        rows, cols, ld, colmajor, batch, bstride, batched = _dims(
+        rows, cols, ld, colmajor, batch, bstride, lead = _dims(
             name, x.shape, [st * size for st in x.stride()], size, inputs)
         return Operand(name, x, rows, cols, ld, int(x.data_ptr()), device=x.get_device(),
                        dtype=dt, kind="torch", column_major=colmajor, batch=batch,
-                       bstride=bstride, batched=batched)
+                       bstride=bstride, batched=bool(lead), lead=lead)
     cai = getattr(x, "__cuda_array_interface__", None)
     stream = None
     if hasattr(x, "gpudata"):  # a pycuda GPUArray (which also exports the interface)
@@ -197,7 +218,7 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
     else:
         raise _error(f"{name} must be a numpy array, a pycuda GPUArray, a torch tensor "
                      f"or expose __cuda_array_interface__ (got {type(x).__name__})")
-    rows, cols, ld, colmajor, batch, bstride, batched = dims
+    rows, cols, ld, colmajor, batch, bstride, lead = dims
     if kind == "cupy":
         device = int(x.device.id)
     elif not ptr and not rows * cols * batch:  # an empty array may have no memory at all
@@ -206,7 +227,8 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
         device = _device_of(int(ptr), name)
     return Operand(name, x, rows, cols, ld, int(ptr), device=device, dtype=dt, kind=kind,
                    stream=stream if isinstance(stream, int) and stream > 2 else None,
-                   column_major=colmajor, batch=batch, bstride=bstride, batched=batched)
+                   column_major=colmajor, batch=batch, bstride=bstride, batched=bool(lead),
+                   lead=lead)
 
 
 def bias_operand(x, n: int, out: DType) -> tuple[Operand, str]:

@@ -41,10 +41,14 @@ __all__ = ["gemm", "linear", "matmul", "library_key", "patch", "unpatch", "ACTIV
 
 
 def _served(x: Tensor) -> Tensor:
-    """x as the library takes it: each matrix row- or column-major with a unit stride (a
-    copy only of one that is neither)."""
+    """x as the library takes it: each matrix row- or column-major with a unit stride, its
+    batch dimensions (if several) one stride apart (a copy only of one that is not so)."""
     rows, cols = x.shape[-2], x.shape[-1]
     rs, cs = x.stride(-2), x.stride(-1)
+    if x.dim() > 3:  # batch dimensions that x.view(-1, rows, cols) would not take
+        kept = [(d, st) for d, st in zip(x.shape[:-2], x.stride()[:-2]) if d != 1]
+        if any(outer != inner * d for (_, outer), (d, inner) in zip(kept, kept[1:])):
+            return x.contiguous()
     if (cs == 1 or cols == 1) and (rs >= cols or rows == 1):
         return x
     if (rs == 1 or rows == 1) and cs >= rows:
@@ -184,15 +188,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 # ---- matmul: a @ b, 2-D or batched ------------------------------------------------------------
 def _matmul(a: Tensor, b: Tensor, out_dtype: str, lib) -> Tensor:
     # (a batch times one matrix runs as one GEMM of all its rows where they fold: lib.gemm)
+    if a.dim() > 2 and b.dim() > 2 and a.shape[:-2] != b.shape[:-2]:
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])  # as torch.matmul: each
+        a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])  # over all
     return lib.gemm(_served(a), _served(b), out_dtype=_OUT[out_dtype])
 
 
 def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
-    m, n = a.shape[-2], b.shape[-1]
-    if a.dim() == 2 and b.dim() == 2:
-        return (m, n)
-    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-    return (batch, m, n)
+    return (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
 
 
 def _matmul_call(a: Tensor, b: Tensor, out_dtype: str, library: str) -> Tensor:
@@ -209,9 +212,9 @@ def _(a, b, out_dtype, library):
 
 
 def matmul(a: Tensor, b: Tensor, *, library, out_dtype=None) -> Tensor:
-    """a @ b as torch.matmul for 2-D and 3-D operands: (M x K) @ (K x N), or batches
-    (B x M x K) @ (B x K x N), a 2-D operand (or a batch of 1) shared by the other's whole
-    batch. C is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16,
+    """a @ b as torch.matmul for operands of 2-D or more: (M x K) @ (K x N), or batches
+    (... x M x K) @ (... x K x N), a 2-D operand (or a batch of 1) shared by the other's
+    whole batch (lib.gemm's rules). C is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16,
     bfloat16) asks for another. `library`: a Library, or the string of
     :func:`library_key`."""
     call = _matmul_call if _eager(a, b) else torch.ops.gemm_tune.matmul
