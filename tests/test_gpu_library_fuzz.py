@@ -2,11 +2,12 @@
 problems drawn at random each run: any input type (fp32 strict, tf32, 3xTF32, fp16, bf16),
 any layout, padded and misaligned rows, C of any type (given and poisoned, or allocated),
 alpha and beta, a bias of C's type or fp32, each activation, 2-D or strided batches with a
-shared operand, torch and cupy callers, first-use measuring on, off or the library's
-default; each problem called twice, on fresh operands (the second call of a torch caller's
-key with no flags is served by the C++ path, tuner.runtime.fast). No problem is one
-the library was tuned for, so each call goes through the dispatch rule for shapes nobody
-listed: M-buckets, neighbouring entries, the estimate, cuBLAS and the epilogue after it.
+shared operand (of one batch dimension or two: batch x heads), torch and cupy callers,
+first-use measuring on, off or the library's default; each problem called twice, on fresh
+operands (the second call of a torch caller's key with no flags is served by the C++ path,
+tuner.runtime.fast). No problem is one the library was tuned for, so each call goes through
+the dispatch rule for shapes nobody listed: M-buckets, neighbouring entries, the estimate,
+cuBLAS and the epilogue after it.
 
 Each result is checked against a float64 product of the inputs as given, within the
 request's gate (tuner.bench: the accumulation's, growing with K on tensor cores, plus two
@@ -46,6 +47,7 @@ class Problem:
     n: int
     k: int
     batch: int  # 0: 2-D operands
+    heads: int  # 0: one batch dimension; else two, (batch // heads) x heads
     shared: str  # "", "a" or "b": that operand is one matrix (2-D) for the whole batch
     a_cols: bool  # A stored by columns (a transposed view)
     b_cols: bool
@@ -85,11 +87,13 @@ def draw(rng: random.Random) -> Problem:
         m, n, k = rng.randint(1, 64), rng.choice((1024, 2048, 4096)), rng.choice((1024, 4096))
     while m * n * k > 2**31:  # the float64 reference and the buffers stay small
         k = max(1, k // 2)
-    batch = rng.choice((0, 0, 0, 2, 3))
+    batch = rng.choice((0, 0, 0, 2, 3, 4, 6))
     shared = rng.choice(("", "", "a", "b")) if batch else ""
+    heads = rng.choice((0, 2)) if batch in (4, 6) else 0
     given_c = rng.random() < 0.6
     beta = rng.choice((0.0, 0.0, 0.5)) if given_c else 0.0
-    p = Problem(request, m, n, k, batch, shared, False, False, rng.choice((0, 0, 0, 1, 3, 8)),
+    p = Problem(request, m, n, k, batch, heads, shared, False, False,
+                rng.choice((0, 0, 0, 1, 3, 8)),
                 rng.choice((0, 0, 0, 0, 1)), None, given_c, rng.choice((1.0, 1.0, 0.75)), beta,
                 None, None, caller, rng.choice((True, True, False, None, None)))
     if rng.random() < 0.5:
@@ -132,6 +136,8 @@ def _matrix(torch, p: Problem, rows: int, cols: int, by_columns: bool, dtype, ba
     x = flat[offset:].view(nb, lead, inner + p.pad)[:, :, :inner]
     if by_columns:
         x = x.transpose(1, 2)
+    if batched and p.heads:
+        return x.unflatten(0, (nb // p.heads, p.heads))
     return x if batched else x[0]
 
 
@@ -140,7 +146,8 @@ def operands(torch, p: Problem):
     ctype = getattr(torch, c_type(p))
     a = _matrix(torch, p, p.m, p.k, p.a_cols, dtype, p.batch > 0 and p.shared != "a", p.offset)
     b = _matrix(torch, p, p.k, p.n, p.b_cols, dtype, p.batch > 0 and p.shared != "b")
-    shape = (p.batch, p.m, p.n) if p.batch else (p.m, p.n)
+    lead = ((p.batch // p.heads, p.heads) if p.heads else (p.batch,)) if p.batch else ()
+    shape = (*lead, p.m, p.n)
     c0 = torch.randn(shape, device="cuda").to(ctype)
     bias = None
     if p.bias is not None:

@@ -213,10 +213,11 @@ def _(a, b, out_dtype, library):
 
 def matmul(a: Tensor, b: Tensor, *, library, out_dtype=None) -> Tensor:
     """a @ b as torch.matmul for operands of 2-D or more: (M x K) @ (K x N), or batches
-    (... x M x K) @ (... x K x N), a 2-D operand (or a batch of 1) shared by the other's
-    whole batch (lib.gemm's rules). C is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16,
-    bfloat16) asks for another. `library`: a Library, or the string of
-    :func:`library_key`."""
+    (... x M x K) @ (... x K x N) whose batch dimensions broadcast (a 2-D operand, or a batch
+    of 1, shared by the other's whole batch; batch dimensions that lib.gemm cannot take as
+    one stride, a broadcast one among them, copied first, as torch.matmul copies them). C
+    is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16, bfloat16) asks for
+    another. `library`: a Library, or the string of :func:`library_key`."""
     call = _matmul_call if _eager(a, b) else torch.ops.gemm_tune.matmul
     return call(a, b, _out_name(out_dtype), _key(library))
 
