@@ -229,6 +229,59 @@ def test_several_batch_dimensions_as_torch_matmul_takes_them(fast_on, tmp_path,
     check(torch_ops.matmul(x, b3, library=lib), x, b3, (2, 3, 40, 56))
 
 
+def test_a_call_that_autograd_records_runs_torchs_ops_and_its_gradients_flow(
+        fast_on, tmp_path, compile_cache):
+    """With gradients on and an input requiring one, lib.gemm runs torch's own ops, so the
+    result has a grad_fn and backward gives x's, W's and the bias's gradients (against
+    float64, with the activation after alpha x W + bias), also on the second call of a key
+    (the C++ path serves none of them) and after that key was served by the tuned kernel
+    under torch.no_grad(); C's type other than the inputs' too. A C passed in is refused
+    in one line there, as torch.matmul refuses out=."""
+    torch = pytest.importorskip("torch")
+    from tuner.runtime.errors import LibraryError
+
+    cfg = KernelConfig()
+    lib = _library(tmp_path, cfg, SHAPE, compile_cache)
+    m, n, k = SHAPE
+
+    def leaf(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device="cuda").to(dtype).requires_grad_()
+
+    def check(x, w, b, alpha, act, out=None):
+        y = lib.gemm(x, w, bias=b, alpha=alpha, activation=act, out_dtype=out)
+        assert y.grad_fn is not None and y.dtype == (out or x.dtype)
+        g = torch.randn_like(y)
+        y.backward(g)
+        leaves = [t for t in (x, w, b) if t is not None]
+        ref = [t.detach().double().requires_grad_() for t in leaves]
+        yd = _reference(torch, ref[0], ref[1], alpha, 0.0, None, ref[2] if b is not None
+                        else None, act)
+        yd.backward(g.double())
+        gate = 1e-5 if x.dtype == torch.float32 else 2e-3
+        for got, want in ((y, yd), *((t.grad, r.grad) for t, r in zip(leaves, ref))):
+            assert ((got.double() - want).norm() / want.norm()).item() <= gate
+        for t in leaves:
+            t.grad = None
+
+    x, w, b = leaf(m, k), leaf(k, n), leaf(n)
+    hits = lib.fast.stats()["hits"]
+    for act in (None, None, "gelu", "gelu"):  # each key twice
+        check(x, w, b, 0.5, act)
+    assert not lib.plans  # nothing planned: torch's ops ran
+    with torch.no_grad():  # the tuned kernel, the second call through the C++ path
+        for _ in range(2):
+            assert lib.gemm(x, w).grad_fn is None
+    assert lib.fast.stats()["hits"] == hits + 1
+    assert {p.choice.kernel for p in lib.plans.values()} == {cfg.name}
+    check(x, w, None, 1.0, None)  # the same key again, recorded: torch's ops, not C++'s
+    assert lib.fast.stats()["hits"] == hits + 1
+    h = leaf(64, 96, dtype=torch.float16)
+    check(h, leaf(96, 80, dtype=torch.float16), leaf(80), 1.0, "silu", out=torch.float32)
+    with pytest.raises(LibraryError, match="C is given while autograd records the call") as e:
+        lib.gemm(x, w, torch.empty(m, n, device="cuda"))
+    assert "\n" not in str(e.value)
+
+
 def _calls_cublas(report: dict | None, dtype: DType) -> bool:
     """Would the C++ path call cuBLAS itself for a plain product of this type, as torch
     would (fast.blas_report: every condition of fast.cpp's Blas::as_torch and blas_call)?"""

@@ -209,6 +209,7 @@ def _torch_fallback(batch: int, act: str, matrices: bool, out_shape: tuple = ())
 #: a torch tensor has been seen
 _TENSORS: tuple = ()
 _TF32 = None  # torch's fp32-matmul TF32 flag, read cheaply, once torch has been seen
+_GRAD = None  # torch.is_grad_enabled, once torch has been seen
 _DEVICE = None  # torch's current device (torch._C._cuda_getDevice), once torch has been seen
 _TORCH_OUT = {}  # DType -> torch dtype, once torch has been seen
 _F_LINEAR = None  # torch.nn.functional.linear, once torch has been seen
@@ -240,12 +241,52 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
     try:
         if t in tensors and type(B) in tensors and (C is None or type(C) in tensors) \
                 and (bias is None or type(bias) in tensors):
+            if _GRAD() and (A.requires_grad or B.requires_grad or (
+                    C is not None and C.requires_grad) or (
+                    bias is not None and bias.requires_grad)):
+                return _autograd_call(A, B, C, alpha, stream, out, bias, act)
             return _torch_call(lib, A, B, C, alpha, beta, mode, stream, measure, out, bias,
                                act, fast, static_b)
         return _general_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out,
                              bias, act, static_b)
     except EmptyProblem as e:  # raised by request(), before any plan: nothing has run
         return _empty_call(e, C, beta, stream)
+
+
+def _autograd_call(A, B, C, alpha, stream, out, bias, act):
+    """A torch call that autograd records (gradients enabled, an input requiring one): run
+    by torch's own ops, so that gradients flow as through torch.matmul: act(alpha A @ B +
+    bias), in C's type (a C of another type than the inputs' computed in fp32). The call is
+    checked as any other first; a C passed in is refused, as torch.matmul refuses out=
+    where autograd records. (The tuned kernels have no backward; under torch.no_grad() or
+    torch.inference_mode() they run.)"""
+    import contextlib
+
+    import torch
+
+    ops = (operand(A, "A", inputs=True), operand(B, "B", inputs=True))
+    try:
+        req = request(*ops, None, out, bias, act)
+    except EmptyProblem as e:  # (torch's ops answer an empty problem as torch.matmul)
+        req = e.req
+    if C is not None:
+        raise LibraryError("C is given while autograd records the call (an input requires "
+                           "grad): a C passed in takes no gradient, as torch.matmul's out= "
+                           "takes none; pass no C, or call under torch.no_grad()")
+    dtype = _TORCH_OUT[req.out]
+    with contextlib.nullcontext() if stream is None else \
+            torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream))):
+        if dtype is not A.dtype:  # one rounding, to C's type, as the kernels round
+            A, B = A.float(), B.float()
+        y = torch.matmul(A, B)
+        if alpha != 1:
+            y = y * alpha
+        if bias is not None:
+            y = y + bias
+        F = torch.nn.functional
+        y = {"none": lambda x: x, "relu": F.relu, "silu": F.silu, "gelu": F.gelu,
+             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[req.act](y)
+        return y.to(dtype)
 
 
 def fp32_request(dtype: DType, mode: DType | None) -> DType:
@@ -256,9 +297,10 @@ def fp32_request(dtype: DType, mode: DType | None) -> DType:
 
 def _see_torch() -> None:
     """Bind torch's cheap accessors, once torch tensors are seen."""
-    global _TENSORS, _TF32, _DEVICE, _F_LINEAR, _ADDMM_ACT
+    global _TENSORS, _TF32, _DEVICE, _F_LINEAR, _ADDMM_ACT, _GRAD
     import torch
 
+    _GRAD = torch.is_grad_enabled
     _TF32 = getattr(torch._C, "_get_cublas_allow_tf32", _torch_tf32)
     _DEVICE = torch._C._cuda_getDevice
     _TORCH_OUT.update({DType.F32: torch.float32, DType.F16: torch.float16,

@@ -245,6 +245,14 @@ class Table {
     return false;
   }
 
+  // Would autograd record a call on these tensors? (Python then runs torch's own ops.)
+  static bool records_grad(const at::Tensor& a, const at::Tensor& b, const at::Tensor* c,
+                           const at::Tensor* bias) {
+    return at::GradMode::is_enabled() &&
+           (a.requires_grad() || b.requires_grad() || (c && c->requires_grad()) ||
+            (bias && bias->requires_grad()));
+  }
+
   // The key of a call on these tensors; false where the call is not one the table serves.
   bool key_of(std::vector<int64_t>& key, const at::Tensor& a, const at::Tensor& b,
               const at::Tensor* c, const at::Tensor* bias, int64_t ctx) const {
@@ -268,9 +276,7 @@ class Table {
                   const at::Tensor* bias, int64_t ctx) const {
     if (!x.is_cuda() || x.dim() < 2 || w.dim() != 2 || x.scalar_type() != w.scalar_type())
       return false;
-    if (at::GradMode::is_enabled() &&
-        (x.requires_grad() || w.requires_grad() || (bias && bias->requires_grad())))
-      return false;
+    if (records_grad(x, w, nullptr, bias)) return false;
     if (at::autocast::is_autocast_enabled(at::kCUDA) ||
         c10::impl::TorchDispatchModeTLS::stack_len() > 0)
       return false;
@@ -333,6 +339,7 @@ class Table {
     const at::Tensor* c = C.is_none() ? nullptr : &THPVariable_Unpack(C.ptr());
     const at::Tensor* bs = bias.is_none() ? nullptr : &THPVariable_Unpack(bias.ptr());
     if (!c && beta != 0.0) return py::none();  // the Python path says why
+    if (records_grad(a, b, c, bs)) return py::none();  // torch's own ops: a gradient
     thread_local std::vector<int64_t> key;
     if (!key_of(key, a, b, c, bs, ctx)) return py::none();
     std::shared_ptr<const Entry> e = find(key);

@@ -389,6 +389,12 @@ class Library:
         entry, then runs in its place; without the promise it never does, since the
         work ahead may be what writes B.
 
+        Where autograd records a torch call (gradients on, an input requiring one),
+        torch's own ops run it (torch.matmul, alpha, the bias and the activation after),
+        so that gradients flow as through torch.matmul; a C passed in is refused there, as
+        torch.matmul refuses out=. The tuned kernels have no backward: under
+        torch.no_grad() or torch.inference_mode() they run.
+
         On torch tensors, a call with no `stream`, `out_dtype`, `measure` or TF32 flags is
         served from the second call of its key on by the C++ call path (tuner.runtime.fast;
         `self.fast`, once built), the same plan with no Python frame in between.
