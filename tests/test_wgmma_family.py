@@ -1164,6 +1164,28 @@ def test_register_operand_rows_in_pairs(compile_cache):
         assert "SHFL.BFLY" not in sass, c.name
 
 
+def test_the_transposed_epilogue_keeps_its_row_addresses_out_of_local_memory(compile_cache):
+    """NN's C^T epilogue (prep 3) walks 32 rows of C a thread, 8 apart: their addresses are
+    one 64-bit offset stepped by 8 ldc, not a sign extension and a 64-bit multiply a row,
+    which nvcc computed up front wherever the tile's first row was not a constant (a
+    cluster's rank) and ptxas then spilled beside 128 accumulators (248 bytes in the
+    256x128 pairs in a cluster, 52 with one consumer of 128x128, 272 in 256x64's cluster)."""
+    names = ["gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer_rp",
+             "gemm_wgmma_tf32_256x128x32_c2_s4_x2n_p1_g8_prer_rp",
+             "gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer_rp",
+             "gemm_wgmma_tf32_256x64x32_c1_s4_x2_p1_g8_prer_rp",
+             "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer"]
+    cfgs = [WgmmaConfig.from_name(n) for n in names]
+    assert all(check_wgmma(c, "sm_90") == [] for c in cfgs)
+    src = render(cfgs[0])
+    assert "OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;" in src
+    assert "static_cast<size_t>(row) * ldc" not in src
+    built = dict(compile_many(cfgs, "sm_90", cache_dir=compile_cache))
+    for c in cfgs:
+        r = built[c].resources
+        assert built[c].ok and r.spill_stores == 0 and r.stack_frame == 0, (c.name, r)
+
+
 def test_the_runner_of_a_register_fed_kernel_maps_both_operands_as_stored(monkeypatch):
     """prep=3: one kernel, no pre-pass and no workspace; A and B mapped as stored, TFLOAT32,
     with tma_boxes' boxes (NN: A K-major BM x 32, B in 32 x 32 boxes of its rows)."""
