@@ -264,7 +264,7 @@ def test_a_call_that_autograd_records_runs_torchs_ops_and_its_gradients_flow(
             t.grad = None
 
     x, w, b = leaf(m, k), leaf(k, n), leaf(n)
-    hits = lib.fast.stats()["hits"]
+    hits = lib.fast.stats()["hits"] if lib.fast is not None else 0
     for act in (None, None, "gelu", "gelu"):  # each key twice
         check(x, w, b, 0.5, act)
     assert not lib.plans  # nothing planned: torch's ops ran

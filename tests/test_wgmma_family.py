@@ -1169,12 +1169,16 @@ def test_the_transposed_epilogue_keeps_its_row_addresses_out_of_local_memory(com
     one 64-bit offset stepped by 8 ldc, not a sign extension and a 64-bit multiply a row,
     which nvcc computed up front wherever the tile's first row was not a constant (a
     cluster's rank) and ptxas then spilled beside 128 accumulators (248 bytes in the
-    256x128 pairs in a cluster, 52 with one consumer of 128x128, 272 in 256x64's cluster)."""
+    256x128 pairs in a cluster, 100 with bias + SiLU into bf16, 52 with one consumer of
+    128x128, 272 in 256x64's cluster). The lane-exchange form (no pairs) keeps its row
+    products: stepped, one with bias + SiLU into bf16 spilled 4 bytes."""
     names = ["gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer_rp",
              "gemm_wgmma_tf32_256x128x32_c2_s4_x2n_p1_g8_prer_rp",
              "gemm_wgmma_tf32_128x128x32_c1_s4_x1_p1_g8_prer_rp",
              "gemm_wgmma_tf32_256x64x32_c1_s4_x2_p1_g8_prer_rp",
-             "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer"]
+             "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer_rp_obf16_bias_silu",
+             "gemm_wgmma_tf32_256x128x32_c2_s4_x2_p1_g8_prer",
+             "gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_obf16_bias_silu"]
     cfgs = [WgmmaConfig.from_name(n) for n in names]
     assert all(check_wgmma(c, "sm_90") == [] for c in cfgs)
     src = render(cfgs[0])

@@ -582,18 +582,14 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                     for (int h = 0; h < 2; ++h) {
                         const int col = n0 + row0 + 64 * i + rs_row(warp, lane, h) - odd;  // the pair's first
                         const float2 b = bias_pair(bias, col, N);
-                        // C's offset of this thread's row for mb = 0, in size_t: the rows below are
-                        // 8 ldc apart (one 64-bit add each), not one sign extension and 64-bit
-                        // multiply per row, whose 32 addresses nvcc computes up front and spills
-                        const size_t off0 =
-                            static_cast<size_t>(m0 + (lane % 4) * 2 + odd) * ldc + col;
     #pragma unroll
                         for (int mb = 0; mb < ACC / 4; ++mb) {
                             const float x0 = acc[i][mb * 4 + h * 2], x1 = acc[i][mb * 4 + h * 2 + 1];
                             const float got = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
+                            const int row = m0 + mb * 8 + (lane % 4) * 2 + odd;
                             float v0 = alpha * (odd ? got : x0);
                             float v1 = alpha * (odd ? x1 : got);
-                            OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;  // = Cb + row * ldc + col
+                            OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
                             // the bias and the activation once per element (one copy of the
                             // activation's code per element: the unrolled epilogue stays small)
                             v0 = finish_with(v0, b.x);
@@ -610,11 +606,6 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                         const int col = n0 + row0 + 64 * i + rs_row(warp, lane, h) - odd;  // the pair's first
                         const bool pair = c_vec2 && col + 1 < N;
                         const float2 b = bias_pair(bias, col, N);
-                        // C's offset of this thread's row for mb = 0, in size_t: the rows below are
-                        // 8 ldc apart (one 64-bit add each), not one sign extension and 64-bit
-                        // multiply per row, whose 32 addresses nvcc computes up front and spills
-                        const size_t off0 =
-                            static_cast<size_t>(m0 + (lane % 4) * 2 + odd) * ldc + col;
     #pragma unroll
                         for (int mb = 0; mb < ACC / 4; ++mb) {
                             const float x0 = acc[i][mb * 4 + h * 2], x1 = acc[i][mb * 4 + h * 2 + 1];
@@ -624,7 +615,7 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer(const __grid_constant__ CUtensorM
                             float v1 = alpha * (odd ? x1 : got);
                             if (row >= M)
                                 continue;
-                            OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;  // = Cb + row * ldc + col
+                            OutT* const p = Cb + static_cast<size_t>(row) * ldc + col;
                             if (beta != 0.0f) {
                                 if (pair) {
                                     const float2 old = ld_pair(p);

@@ -579,15 +579,15 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp(const __grid_constant__ CUtens
                         const int col = n0 + row0 + 64 * i + rs_row(warp, lane, 0);  // h = 0; h = 1 the next
                         const float2 b = bias_pair(bias, col, N);
                         // C's offset of this thread's row for mb = 0, in size_t: the rows below are
-                        // 8 ldc apart (one 64-bit add each), not one sign extension and 64-bit
-                        // multiply per row, whose 32 addresses nvcc computes up front and spills
-                        const size_t off0 =
-                            static_cast<size_t>(m0 + (lane % 4) * 2 + e) * ldc + col;
+                        // 8 ldc apart (a 64-bit offset of a constant multiple of ldc each), not a
+                        // sign extension and a 64-bit multiply a row, whose 32 addresses nvcc
+                        // computes up front where m0 is not a constant (a cluster's rank): spilled
+                        const size_t off0 = static_cast<size_t>(m0 + (lane % 4) * 2 + e) * ldc + col;
     #pragma unroll
                         for (int mb = 0; mb < ACC / 4; ++mb) {
                             float v0 = alpha * acc[i][mb * 4 + e];
                             float v1 = alpha * acc[i][mb * 4 + 2 + e];
-                            OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;  // = Cb + row * ldc + col
+                            OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;  // row's
                             // the bias and the activation once per element (one copy of the
                             // activation's code per element: the unrolled epilogue stays small)
                             v0 = finish_with(v0, b.x);
@@ -605,10 +605,10 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp(const __grid_constant__ CUtens
                         const bool pair = c_vec2 && col + 1 < N;
                         const float2 b = bias_pair(bias, col, N);
                         // C's offset of this thread's row for mb = 0, in size_t: the rows below are
-                        // 8 ldc apart (one 64-bit add each), not one sign extension and 64-bit
-                        // multiply per row, whose 32 addresses nvcc computes up front and spills
-                        const size_t off0 =
-                            static_cast<size_t>(m0 + (lane % 4) * 2 + e) * ldc + col;
+                        // 8 ldc apart (a 64-bit offset of a constant multiple of ldc each), not a
+                        // sign extension and a 64-bit multiply a row, whose 32 addresses nvcc
+                        // computes up front where m0 is not a constant (a cluster's rank): spilled
+                        const size_t off0 = static_cast<size_t>(m0 + (lane % 4) * 2 + e) * ldc + col;
     #pragma unroll
                         for (int mb = 0; mb < ACC / 4; ++mb) {
                             const int row = m0 + mb * 8 + (lane % 4) * 2 + e;
@@ -616,7 +616,7 @@ gemm_wgmma_tf32_256x128x32_c2_s4_x1_p1_g8_prer_rp(const __grid_constant__ CUtens
                             float v1 = alpha * acc[i][mb * 4 + 2 + e];
                             if (row >= M)
                                 continue;
-                            OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;  // = Cb + row * ldc + col
+                            OutT* const p = Cb + off0 + static_cast<size_t>(mb * 8) * ldc;  // row's
                             if (beta != 0.0f) {
                                 if (pair) {
                                     const float2 old = ld_pair(p);
