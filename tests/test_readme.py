@@ -300,7 +300,8 @@ def test_the_gpu_suite_figures_are_those_of_the_logs_cited():
     para = text[text.index("The latest whole GPU suite, at "):]
     para = para[:para.index("## ")]
     commit = re.match(r"The latest whole GPU suite, at ([0-9a-f]{7}) ", para).group(1)
-    logs = re.findall(r"bench/results/(gpu-tests-[\w-]*?" + commit + r"-h200-[\w-]+\.log)", para)
+    logs = re.findall(r"bench/results/(gpu-tests-[\w-]*?" + commit + r"-h[12]00-[\w-]+\.log)",
+                      para)
     assert logs
     total = {"passed": 0, "failed": 0}
     for name in dict.fromkeys(logs):
