@@ -682,7 +682,6 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
 def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int,
             bias: int = 0) -> None:
     """Host operands copied into per-stream device buffers, C copied back; synchronous."""
-
     ptrs = []
     for o in (a, b, c):
         if o.host is None:
@@ -818,7 +817,6 @@ def _empty_call(e: EmptyProblem, C, beta: float, stream):
                 C.copy_(torch_epilogue(R, None, act))
         return C
     if kind == "numpy":
-
         R = C.astype(np.float32) * np.float32(beta) if beta != 0 else \
             np.zeros(C.shape, np.float32)
         if bias is not None:

@@ -27,7 +27,7 @@ from codegen.config import DType
 from tuner.runtime.errors import DriverError, LibraryError
 
 __all__ = ["Operand", "operand", "bias_operand", "resolve_stream", "same_device", "empty_like",
-           "align_class", "out_dtype"]
+           "align_class", "out_dtype", "batch_stride"]
 
 #: element types by numpy dtype (bfloat16 has none: it comes through torch only)
 _NUMPY = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
@@ -150,19 +150,26 @@ def _dims(name, shape, strides, itemsize, column_major_ok: bool = True):
                  "of one)" + (", at a batch stride >= 0" if lead else ""))
 
 
-def _batch_stride(name, dims, strides) -> int:
-    """The one stride (bytes) between the problems of a batch whose batch dimensions are
-    dims[:-2]: each dimension's stride the next one's times its size (dimensions of size
-    1 aside), as x.view(-1, rows, cols) needs; LibraryError where they do not fold."""
+def batch_stride(dims, strides) -> int | None:
+    """The one stride between the problems of a batch whose batch dimensions are dims[:-2]
+    (0 for none): each dimension's stride the next one's times its size (dimensions of size
+    1 aside), as x.view(-1, rows, cols) needs; None where they do not fold so."""
     kept = [(d, s) for d, s in zip(dims[:-2], strides[:-2]) if d != 1]
-    for (_, outer), (d, inner) in zip(kept, kept[1:]):
-        if outer != inner * d:
-            size = "x".join(map(str, dims))
-            raise _error(f"{name} is {size} with strides ({', '.join(map(str, strides))}) "
-                         f"bytes: its batch dimensions do not fold into one (each "
-                         "dimension's stride must be the next one's times its size; "
-                         "a contiguous copy will do)")
+    if any(outer != inner * d for (_, outer), (d, inner) in zip(kept, kept[1:])):
+        return None
     return kept[-1][1] if kept else 0
+
+
+def _batch_stride(name, dims, strides) -> int:
+    """batch_stride (bytes), or LibraryError where the batch dimensions do not fold."""
+    bs = batch_stride(dims, strides)
+    if bs is None:
+        size = "x".join(map(str, dims))
+        raise _error(f"{name} is {size} with strides ({', '.join(map(str, strides))}) "
+                     f"bytes: its batch dimensions do not fold into one (each "
+                     "dimension's stride must be the next one's times its size; "
+                     "a contiguous copy will do)")
+    return bs
 
 
 def _device_of(ptr: int, name: str) -> int:

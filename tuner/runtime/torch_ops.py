@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from tuner.runtime import call, fast
+from tuner.runtime.operands import batch_stride
 from tuner.runtime.registry import key_of as _key
 from tuner.runtime.registry import library_key
 from tuner.runtime.registry import library_of as _library
@@ -45,10 +46,8 @@ def _served(x: Tensor) -> Tensor:
     batch dimensions (if several) one stride apart (a copy only of one that is not so)."""
     rows, cols = x.shape[-2], x.shape[-1]
     rs, cs = x.stride(-2), x.stride(-1)
-    if x.dim() > 3:  # batch dimensions that x.view(-1, rows, cols) would not take
-        kept = [(d, st) for d, st in zip(x.shape[:-2], x.stride()[:-2]) if d != 1]
-        if any(outer != inner * d for (_, outer), (d, inner) in zip(kept, kept[1:])):
-            return x.contiguous()
+    if x.dim() > 3 and batch_stride(x.shape, x.stride()) is None:  # (x.view(-1, rows,
+        return x.contiguous()  # cols) would not take them)
     if (cs == 1 or cols == 1) and (rs >= cols or rows == 1):
         return x
     if (rs == 1 or rows == 1) and cs >= rows:
