@@ -157,6 +157,20 @@ class Dev:
             shape=tuple(shape), typestr=typestr, data=(ptr, False), version=3, stream=None,
             strides=None if strides is None else tuple(s * size for s in strides))
 
+    def reshape(self, shape):
+        """The same memory with unit dimensions added or dropped (as cupy's view), or None
+        for any other reshape (the fake models no copy)."""
+        cai = self.__cuda_array_interface__
+        old, size = cai["shape"], np.dtype(cai["typestr"]).itemsize
+        st = [s // size for s in cai["strides"]] if cai["strides"] else \
+            [int(np.prod(old[i + 1:])) for i in range(len(old))]
+        kept = [(d, s) for d, s in zip(old, st) if d != 1]
+        if [d for d in shape if d != 1] != [d for d, _ in kept]:
+            return None
+        it = iter(kept)
+        strides = [1 if d == 1 else next(it)[1] for d in shape]
+        return Dev(shape, cai["data"][0], cai["typestr"], strides)
+
 
 def _at(t, m: int) -> float:
     return t(m) if callable(t) else t

@@ -229,6 +229,46 @@ def test_several_batch_dimensions_as_torch_matmul_takes_them(fast_on, tmp_path,
     check(torch_ops.matmul(x, b3, library=lib), x, b3, (2, 3, 40, 56))
 
 
+def test_vectors_as_torch_matmul_takes_them(fast_on, tmp_path, compile_cache):
+    """A 1-D operand is one row (A) or one column (B), from torch and cupy, C of
+    torch.matmul's shape (given, poisoned, or allocated): v @ W, W @ v, v @ v, v over a
+    batch of two dimensions, a strided vector (a row by columns); torch_ops.matmul alike,
+    and a vector that requires grad (torch's ops: its gradient). Against float64."""
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    from tuner.runtime import torch_ops
+
+    lib = _library(tmp_path, KernelConfig(), SHAPE, compile_cache)
+    m, n, k = SHAPE
+    gate = _gate(DType.F32, DType.F32, k)
+
+    def check(got, a, b):
+        torch.cuda.synchronize()
+        ref = torch.matmul(a.detach().double(), b.detach().double())
+        got = torch.as_tensor(got, device="cuda")
+        assert tuple(got.shape) == tuple(ref.shape)
+        assert ((got.double() - ref).norm() / ref.norm()).item() <= gate
+
+    v, w, big = (torch.randn(k, device="cuda"), torch.randn(k, n, device="cuda"),
+                 torch.randn(m, k, device="cuda"))
+    batch = torch.randn(2, 3, k, 40, device="cuda")
+    strided = torch.randn(2 * k, device="cuda")[::2]
+    for a, b in ((v, w), (big, v), (v, v), (v, batch), (strided, w),
+                 (batch.transpose(-1, -2), v)):
+        check(lib.gemm(a, b), a, b)
+        check(lib.gemm(cupy.asarray(a), cupy.asarray(b)), a, b)
+        check(torch_ops.matmul(a, b, library=lib), a, b)
+        shape = torch.matmul(a, b).shape
+        c = torch.full(shape, float("nan"), device="cuda")
+        assert lib.gemm(a, b, c) is c
+        check(c, a, b)
+    g = torch.randn(k, device="cuda", requires_grad=True)
+    y = lib.gemm(g, w)
+    y.backward(torch.ones_like(y))
+    assert ((g.grad.double() - w.double().sum(1)).norm() / w.double().sum(1).norm()).item() \
+        <= 1e-5
+
+
 def test_a_call_that_autograd_records_runs_torchs_ops_and_its_gradients_flow(
         fast_on, tmp_path, compile_cache):
     """With gradients on and an input requiring one, lib.gemm runs torch's own ops, so the

@@ -695,8 +695,8 @@ def test_3d_operands_are_batches_with_a_stride_each(fake):
       Dev((4, 100, 70), 0x30000, strides=(0, 70, 1))),
      "C's problems are 0 elements apart and each spans 7000: every problem of the batch "
      "needs a C of its own"),
-    ((Dev((100,), 0x10000), Dev((100, 70), 0x20000)),
-     r"A must be a 2-D matrix or a batch of them \(got 1 dimension\)"),
+    ((Dev((), 0x10000), Dev((100, 70), 0x20000)),
+     r"A must be a 2-D matrix or a batch of them \(got 0 dimensions\)"),
     ((Dev((2, 3, 100, 50), 0x10000, strides=(20000, 5000, 50, 1)), Dev((50, 70), 0x20000)),
      r"A is 2x3x100x50 with strides \(80000, 20000, 200, 4\) bytes: its batch dimensions "
      "do not fold into one"),
@@ -925,6 +925,41 @@ def test_several_batch_dimensions_run_as_one_batch_or_one_product_of_rows(lib, f
     made = lib.gemm(Dev((2, 0, 4, 5), 0x100000), Dev((5, 6), 0x200000))
     assert made.__cuda_array_interface__["shape"] == (2, 0, 4, 6)
     assert (len(fake.launches), len(fake.blas)) == (launches, blas)
+
+
+def test_vectors_are_one_row_or_one_column_as_torch_matmul_takes_them(lib, fake):
+    """A 1-D A is one row (1 x K), a 1-D B one column (K x N of 1), views of the caller's
+    memory; C is of torch.matmul's shape (the vector's dimension dropped: N, M, or a 0-D
+    dot product), given or allocated; a strided vector is a column-major row. A C of
+    another rank is refused in one line, before any launch."""
+    fake.times = {SMALL.name: 2.0, BIG.name: 2.0, "cublas": 1.0}
+    lib.gemm(Dev((50,), 0x100000), Dev((50, 70), 0x200000), Dev((70,), 0x300000), stream=3)
+    assert fake.blas[-1][1:4] == (1, 70, 50) and fake.blas_kw[-1]["batch"] == 1
+    lib.gemm(Dev((100, 50), 0x100000), Dev((50,), 0x200000), Dev((100,), 0x300000), stream=3)
+    assert fake.blas[-1][1:4] == (100, 1, 50)
+    lib.gemm(Dev((50,), 0x100000), Dev((50,), 0x200000), Dev((), 0x300000), stream=3)
+    assert fake.blas[-1][1:4] == (1, 1, 50)
+    # a vector over a batch: B of 4 problems, A's one row shared by them
+    lib.gemm(Dev((50,), 0x100000), Dev((4, 50, 70), 0x200000), Dev((4, 70), 0x300000),
+             stream=3)
+    assert fake.blas[-1][1:4] == (1, 70, 50) and fake.blas_kw[-1]["batch"] == 4
+    strided = Dev((50,), 0x100000, strides=(3,))  # every third element: 1 x 50 by columns
+    assert "f32 tn on sm_90" in lib.explain(strided, Dev((50, 70), 0x200000))
+    launches, blas = len(fake.launches), len(fake.blas)
+    for C, msg in ((Dev((1, 70), 0x300000), r"C is 1x70 \(2-D\); with A a vector, A @ B is 1-D"),
+                   (Dev((100, 1), 0x300000), r"with B a vector, A @ B is 1-D")):
+        A = Dev((50,), 0x100000) if "A a" in msg else Dev((100, 50), 0x100000)
+        B = Dev((50, 70), 0x200000) if "A a" in msg else Dev((50,), 0x200000)
+        with pytest.raises(LibraryError, match=msg) as e:
+            lib.gemm(A, B, C)
+        assert "\n" not in str(e.value)
+    assert (len(fake.launches), len(fake.blas)) == (launches, blas)
+    # numpy vectors with K = 0 (no GPU needed): C = beta C, or zeros of torch.matmul's shape
+    a0, b0 = np.ones(0, np.float32), np.ones((0, 5), np.float32)
+    assert lib.gemm(a0, b0).shape == (5,) and lib.gemm(a0, a0).shape == ()
+    assert lib.gemm(np.ones((6, 0), np.float32), a0).shape == (6,)
+    c = np.arange(5, dtype=np.float32)
+    assert lib.gemm(a0, b0, c, beta=2.0) is c and np.array_equal(c, 2 * np.arange(5))
 
 
 def test_plan_and_dispatch_keys_hold_the_variant_and_the_batch(lib, fake):

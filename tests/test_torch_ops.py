@@ -73,6 +73,11 @@ def test_fake_linear_and_matmul_return_what_the_ops_return():
                                 library=KEY).shape == (2, 3, 7, 9)
         assert torch_ops.matmul(torch.empty(1, 7, 32, device="cuda"), a4.transpose(-1, -2),
                                 library=KEY).shape == (2, 3, 7, 7)
+        v = torch.empty(32, device="cuda")  # vectors, as torch.matmul's
+        assert torch_ops.matmul(v, m, library=KEY).shape == (9,)
+        assert torch_ops.matmul(a4, v, library=KEY).shape == (2, 3, 7)
+        assert torch_ops.matmul(v, v, library=KEY).shape == ()
+        assert torch_ops.matmul(v, a4.transpose(-1, -2), library=KEY).shape == (2, 3, 7)
         h = torch.empty(7, 32, dtype=torch.bfloat16, device="cuda")
         hm = torch.empty(32, 9, dtype=torch.bfloat16, device="cuda")
         assert torch_ops.matmul(h, hm, library=KEY).dtype == torch.bfloat16

@@ -233,6 +233,9 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
     _scalars(alpha, beta)
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
+    if _rank(A) == 1 or _rank(B) == 1:
+        return _vector_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out,
+                            bias, act, static_b=static_b)
     t = type(A)
     if not _TENSORS and t.__module__.startswith("torch") \
             and t.__name__ in ("Tensor", "Parameter"):
@@ -251,6 +254,59 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
                              bias, act, static_b)
     except EmptyProblem as e:  # raised by request(), before any plan: nothing has run
         return _empty_call(e, C, beta, stream)
+
+
+def _shape(x) -> tuple | None:
+    """An operand's shape (None for what has none: gemm then says what it takes)."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        shape = (getattr(x, "__cuda_array_interface__", None) or {}).get("shape")
+    return None if shape is None else tuple(shape)
+
+
+def _rank(x) -> int | None:
+    shape = _shape(x)
+    return None if shape is None else len(shape)
+
+
+def _reshaped(x, shape, name: str):
+    """x as `shape`: a unit dimension added or dropped, a view of the same memory."""
+    try:
+        return x.reshape(shape)
+    except AttributeError:
+        raise LibraryError(f"{name} is a vector of {type(x).__name__}, which has no reshape: "
+                           "pass it as a matrix (1 x K, or K x 1)") from None
+
+
+def _as_matrices(A, B, C):
+    """torch.matmul's vectors as matrices: a 1-D A (K) is one row, 1 x K; a 1-D B (K) one
+    column, K x 1; a given C is of the product's shape, which loses that dimension again
+    (both vectors: a 0-D dot product). Returns (A, B, C as matrices, the product's shape
+    without them: a function of the matrices' product's shape)."""
+    sa, sb = _shape(A), _shape(B)
+    va, vb = len(sa) == 1, len(sb) == 1
+    A2 = _reshaped(A, (1, *sa), "A") if va else A
+    B2 = _reshaped(B, (*sb, 1), "B") if vb else B
+
+    def drop(shape: tuple) -> tuple:  # the matrices' product's shape -> torch.matmul's
+        return () if va and vb else shape[:-2] + shape[-1:] if va else shape[:-1]
+
+    if C is None:
+        return A2, B2, None, drop
+    sc, rank = _shape(C), 0 if va and vb else len(sb) - 1 if va else len(sa) - 1
+    if sc is None or len(sc) != rank:
+        raise LibraryError(f"C is {'x'.join(map(str, sc or ()))} ({len(sc or ())}-D); with "
+                           f"{'A' if va else 'B'} a vector, A @ B is {rank}-D, as torch.matmul's")
+    shape = (1, 1) if va and vb else sc[:-1] + (1, sc[-1]) if va else sc + (1,)
+    return A2, B2, _reshaped(C, shape, "C"), drop
+
+
+def _vector_call(lib, A, B, C, *args, **kw):
+    """A call with a vector operand (`_as_matrices`) run as the matrices' call (views, no
+    copy; the C++ path takes none of them): C as given, or the product of its shape."""
+    A2, B2, C2, drop = _as_matrices(A, B, C)
+    R = gemm(lib, A2, B2, C2, *args, **kw)
+    return C if C is not None else _reshaped(R, drop(_shape(R)), "C")
 
 
 def _autograd_call(A, B, C, alpha, stream, out, bias, act):
@@ -935,6 +991,8 @@ def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, b
     """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
     call reads them; nothing runs): Library.explain's view of a call. `offline`: without
     a GPU (the problem's gpu is None; its stream 0); `static_b`: gemm's."""
+    if _rank(A) == 1 or _rank(B) == 1:  # vectors, as the call takes them
+        A, B, C, _ = _as_matrices(A, B, C)
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
     a, c = _fold_rows(a, b, c) or (a, c)  # x @ W over a batch, as the call runs it

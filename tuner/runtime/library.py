@@ -348,11 +348,12 @@ class Library:
         torch.matmul's, a batch of one against many); an A whose problems' rows lie one
         after another (x.view(-1, K) takes them) times a 2-D B runs as one product of all
         its rows, as torch.matmul runs x @ W (C, given or made, likewise). C (M x N, or
-        the batch dimensions x M x N) is row-major;
-        its type is a given C's, or `out_dtype` (float32, float16, bfloat16: a torch, numpy
-        or cupy dtype, or a name), else the inputs' type for float16 and bfloat16 inputs
+        the batch dimensions x M x N) is row-major; its type is a given C's, or
+        `out_dtype` (float32, float16, bfloat16: a torch, numpy or cupy dtype, or a name),
+        else the inputs' type for float16 and bfloat16 inputs
         (as torch.matmul) and float32 for float32 ones; FP32 accumulation always, one
-        rounding to C's type.
+        rounding to C's type. A vector (1-D) is one row of A or one column of B, a view of
+        the caller's memory, and C loses that dimension, as torch.matmul's.
         `bias`: a vector of N elements of C's type or float32 (unit stride), added to every
         row; `activation`: "relu", "gelu" (erf), "gelu_tanh" or "silu", applied last, in
         FP32. Any dimension may be 0, as torch.matmul takes it: with M, N or the batch 0

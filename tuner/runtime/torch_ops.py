@@ -43,7 +43,10 @@ __all__ = ["gemm", "linear", "matmul", "library_key", "patch", "unpatch", "ACTIV
 
 def _served(x: Tensor) -> Tensor:
     """x as the library takes it: each matrix row- or column-major with a unit stride, its
-    batch dimensions (if several) one stride apart (a copy only of one that is not so)."""
+    batch dimensions (if several) one stride apart (a copy only of one that is not so); a
+    vector as it is."""
+    if x.dim() < 2:
+        return x
     rows, cols = x.shape[-2], x.shape[-1]
     rs, cs = x.stride(-2), x.stride(-1)
     if x.dim() > 3 and batch_stride(x.shape, x.stride()) is None:  # (x.view(-1, rows,
@@ -194,7 +197,12 @@ def _matmul(a: Tensor, b: Tensor, out_dtype: str, lib) -> Tensor:
 
 
 def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
-    return (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    sa = tuple(a.shape) if a.dim() > 1 else (1, a.shape[0])  # a vector: one row
+    sb = tuple(b.shape) if b.dim() > 1 else (b.shape[0], 1)  # ... one column
+    shape = (*torch.broadcast_shapes(sa[:-2], sb[:-2]), sa[-2], sb[-1])
+    if a.dim() == 1:
+        shape = shape[:-2] + shape[-1:]
+    return shape[:-1] if b.dim() == 1 else shape
 
 
 def _matmul_call(a: Tensor, b: Tensor, out_dtype: str, library: str) -> Tensor:
@@ -211,12 +219,13 @@ def _(a, b, out_dtype, library):
 
 
 def matmul(a: Tensor, b: Tensor, *, library, out_dtype=None) -> Tensor:
-    """a @ b as torch.matmul for operands of 2-D or more: (M x K) @ (K x N), or batches
-    (... x M x K) @ (... x K x N) whose batch dimensions broadcast (a 2-D operand, or a batch
-    of 1, shared by the other's whole batch; batch dimensions that lib.gemm cannot take as
-    one stride, a broadcast one among them, copied first, as torch.matmul copies them). C
-    is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16, bfloat16) asks for
-    another. `library`: a Library, or the string of :func:`library_key`."""
+    """a @ b as torch.matmul: (M x K) @ (K x N), a vector (K) as one row or one column, or
+    batches (... x M x K) @ (... x K x N) whose batch dimensions broadcast (a 2-D operand,
+    or a batch of 1, shared by the other's whole batch; batch dimensions that lib.gemm
+    cannot take as one stride, a broadcast one among them, copied first, as torch.matmul
+    copies them). C is of a's type (fp32 for fp32) unless `out_dtype` (float32, float16,
+    bfloat16) asks for another. `library`: a Library, or the string of
+    :func:`library_key`."""
     call = _matmul_call if _eager(a, b) else torch.ops.gemm_tune.matmul
     return call(a, b, _out_name(out_dtype), _key(library))
 
