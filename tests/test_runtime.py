@@ -946,12 +946,16 @@ def test_vectors_are_one_row_or_one_column_as_torch_matmul_takes_them(lib, fake)
     strided = Dev((50,), 0x100000, strides=(3,))  # every third element: 1 x 50 by columns
     assert "f32 tn on sm_90" in lib.explain(strided, Dev((50, 70), 0x200000))
     launches, blas = len(fake.launches), len(fake.blas)
-    for C, msg in ((Dev((1, 70), 0x300000), r"C is 1x70 \(2-D\); with A a vector, A @ B is 1-D"),
-                   (Dev((100, 1), 0x300000), r"with B a vector, A @ B is 1-D")):
-        A = Dev((50,), 0x100000) if "A a" in msg else Dev((100, 50), 0x100000)
-        B = Dev((50, 70), 0x200000) if "A a" in msg else Dev((50,), 0x200000)
+    v = Dev((50,), 0x100000)
+    for args, msg in (((v, Dev((50, 70), 0x200000), Dev((1, 70), 0x300000)),
+                       r"C is 1x70 \(2-D\); with A a vector, A @ B is 1-D"),
+                      ((Dev((100, 50), 0x100000), v, Dev((100, 1), 0x300000)),
+                       r"with B a vector, A @ B is 1-D"),
+                      ((v, Dev((), 0x200000), Dev((), 0x300000)),
+                       "B is 0-D: A and B have a dimension at least"),
+                      ((3, v, None), "A must be a numpy array")):
         with pytest.raises(LibraryError, match=msg) as e:
-            lib.gemm(A, B, C)
+            lib.gemm(*args)
         assert "\n" not in str(e.value)
     assert (len(fake.launches), len(fake.blas)) == (launches, blas)
     # numpy vectors with K = 0 (no GPU needed): C = beta C, or zeros of torch.matmul's shape

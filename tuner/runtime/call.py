@@ -233,7 +233,7 @@ def gemm(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline=True, out=No
     _scalars(alpha, beta)
     if C is None and beta != 0:
         raise LibraryError("beta != 0 needs a C to read")
-    if _rank(A) == 1 or _rank(B) == 1:
+    if _vectors(A, B):
         return _vector_call(lib, A, B, C, alpha, beta, mode, stream, measure, pipeline, out,
                             bias, act, static_b=static_b)
     t = type(A)
@@ -264,9 +264,10 @@ def _shape(x) -> tuple | None:
     return None if shape is None else tuple(shape)
 
 
-def _rank(x) -> int | None:
-    shape = _shape(x)
-    return None if shape is None else len(shape)
+def _vectors(A, B) -> bool:
+    """Is A or B a vector (1-D), both arrays (gemm refuses what is not one)?"""
+    sa, sb = _shape(A), _shape(B)
+    return sa is not None and sb is not None and 1 in (len(sa), len(sb))
 
 
 def _reshaped(x, shape, name: str):
@@ -284,6 +285,10 @@ def _as_matrices(A, B, C):
     (both vectors: a 0-D dot product). Returns (A, B, C as matrices, the product's shape
     without them: a function of the matrices' product's shape)."""
     sa, sb = _shape(A), _shape(B)
+    for name, shape in (("A", sa), ("B", sb)):
+        if not shape:
+            raise LibraryError(f"{name} is 0-D: A and B have a dimension at least (a vector), "
+                               "as torch.matmul's")
     va, vb = len(sa) == 1, len(sb) == 1
     A2 = _reshaped(A, (1, *sa), "A") if va else A
     B2 = _reshaped(B, (*sb, 1), "B") if vb else B
@@ -991,7 +996,7 @@ def problem_of(A, B, C=None, mode: DType | None = None, stream=None, out=None, b
     """The Problem lib.gemm(A, B, C, ...) makes of these operands (read and checked as a
     call reads them; nothing runs): Library.explain's view of a call. `offline`: without
     a GPU (the problem's gpu is None; its stream 0); `static_b`: gemm's."""
-    if _rank(A) == 1 or _rank(B) == 1:  # vectors, as the call takes them
+    if _vectors(A, B):  # as the call takes them
         A, B, C, _ = _as_matrices(A, B, C)
     a, b = operand(A, "A", inputs=True), operand(B, "B", inputs=True)
     c = None if C is None else operand(C, "C", writable=True)
