@@ -76,15 +76,20 @@ operands = st.one_of(matrices, st.none(), st.integers(), st.text(max_size=3),
 
 
 def _valid(a, b, c, beta):
-    """A and B float32 or float16 (one type), C float32 or float16 (FP32 accumulation)."""
-    ok = lambda x, types: isinstance(x, np.ndarray) and x.dtype in types and x.ndim == 2 \
-        and min(x.shape) >= 1
+    """A and B float32 or float16 (one type), matrices or vectors as torch.matmul takes them
+    (A of K elements one row, B of K one column); C float32 or float16 (FP32 accumulation)
+    of the product's shape (the vector's dimension dropped)."""
+    ok = lambda x, types, ranks: isinstance(x, np.ndarray) and x.dtype in types \
+        and x.ndim in ranks and min(x.shape, default=1) >= 1
     inputs = (np.float32, np.float16)
-    if not (ok(a, inputs) and ok(b, inputs)) or a.dtype != b.dtype or a.shape[1] != b.shape[0]:
+    if not (ok(a, inputs, (1, 2)) and ok(b, inputs, (1, 2))) or a.dtype != b.dtype \
+            or a.shape[-1] != b.shape[0]:
         return False
     if c is None:
         return beta == 0
-    return ok(c, (np.float32, np.float16)) and c.shape == (a.shape[0], b.shape[1]) and c.flags.writeable
+    want = a.shape[:-1] + b.shape[1:]
+    return ok(c, (np.float32, np.float16), (len(want),)) and c.shape == want \
+        and c.flags.writeable
 
 
 @pytest.mark.parametrize("a,b,c,msg", [
@@ -105,10 +110,24 @@ def test_valid_fp16_inputs_reach_the_gpu(offline_lib):
                          np.zeros((4, 5), np.float32))
 
 
+#: float32 scalars, vectors and matrices of up to 3 a side: shapes that often fit each other
+small = hnp.arrays(np.float32, hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=3))
+
+
 @SETTINGS
 @given(a=operands, b=operands, c=operands, beta=st.sampled_from([0.0, 1.0]),
        transpose=st.booleans())
 def test_library_api_checks_everything_before_the_gpu(offline_lib, a, b, c, beta, transpose):
+    _checked_before_the_gpu(offline_lib, a, b, c, beta, transpose)
+
+
+@SETTINGS
+@given(a=small, b=small, c=st.one_of(st.none(), small), beta=st.sampled_from([0.0, 1.0]))
+def test_vectors_and_matrices_are_checked_before_the_gpu(offline_lib, a, b, c, beta):
+    _checked_before_the_gpu(offline_lib, a, b, c, beta, False)
+
+
+def _checked_before_the_gpu(offline_lib, a, b, c, beta, transpose):
     if transpose and isinstance(a, np.ndarray) and a.ndim == 2:
         a = a.T  # a non-contiguous view
     try:

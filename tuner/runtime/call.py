@@ -299,8 +299,10 @@ def _as_matrices(A, B, C):
     if C is None:
         return A2, B2, None, drop
     sc, rank = _shape(C), 0 if va and vb else len(sb) - 1 if va else len(sa) - 1
-    if sc is None or len(sc) != rank:
-        raise LibraryError(f"C is {'x'.join(map(str, sc or ()))} ({len(sc or ())}-D); with "
+    if sc is None:  # not an array: the operand parse says what C must be
+        return A2, B2, C, drop
+    if len(sc) != rank:
+        raise LibraryError(f"C is {'x'.join(map(str, sc))} ({len(sc)}-D); with "
                            f"{'A' if va else 'B'} a vector, A @ B is {rank}-D, as torch.matmul's")
     shape = (1, 1) if va and vb else sc[:-1] + (1, sc[-1]) if va else sc + (1,)
     return A2, B2, _reshaped(C, shape, "C"), drop
