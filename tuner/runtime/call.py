@@ -265,7 +265,11 @@ def _shape(x) -> tuple | None:
 
 
 def _vectors(A, B) -> bool:
-    """Is A or B a vector (1-D), both arrays (gemm refuses what is not one)?"""
+    """Is A or B a vector (1-D), both arrays (gemm refuses what is not one)? (ndim first:
+    every call asks, and torch, numpy, cupy and pycuda arrays have it)"""
+    ra, rb = getattr(A, "ndim", None), getattr(B, "ndim", None)
+    if ra is not None and rb is not None:
+        return ra == 1 or rb == 1
     sa, sb = _shape(A), _shape(B)
     return sa is not None and sb is not None and 1 in (len(sa), len(sb))
 
