@@ -45,8 +45,13 @@ def header(dev) -> dict:
                 commit=commit())
 
 
+def gpu_slug(gpu: str) -> str:
+    """A GPU's name as result files carry it: "NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"."""
+    return gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+
+
 def write(name: str, data: dict, out_dir: Path | None = None) -> Path:
-    slug = data["gpu"].replace("NVIDIA ", "").replace(" ", "-").lower()
+    slug = gpu_slug(data["gpu"])
     path = Path(out_dir or RESULTS) / f"{name}-{slug}-{data['date'][:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")

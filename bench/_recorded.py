@@ -12,6 +12,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+from _common import gpu_slug
+
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES_DB = ROOT / "artifacts" / "studies.db"
 EXHAUSTIVE = sorted(p for p in (ROOT / "bench" / "results").glob("search-quality-exhaustive-*")
@@ -48,6 +50,7 @@ class Study:
     untimed: list[Point] = dataclasses.field(default_factory=list)  # pruned, with resources
     families: frozenset[str] | None = None  # the families a grid covered (None: all)
     variant: str | None = None  # the problem's Variant key (None: the plain problem)
+    gpu: str | None = None  # the GPU that timed it (None: not recorded)
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -77,7 +80,8 @@ def from_studies_db(db: Path = STUDIES_DB) -> list[Study]:
                 continue
             pts[kernel] = Point(kernel, float(value), int(f["registers"]), int(f["smem"]),
                                 int(f.get("spill_bytes", 0)))
-        out.append(Study(f"studies.db#{sid} {parts[3]}", shape, dtype, list(pts.values())))
+        out.append(Study(f"studies.db#{sid} {parts[3]}", shape, dtype, list(pts.values()),
+                         gpu=parts[0]))
     return out
 
 
@@ -98,16 +102,28 @@ def from_exhaustive(paths=EXHAUSTIVE) -> list[Study]:
         fam = ex.get("families")
         out.append(Study(f"{Path(p).name}", _shape(d["shape"]), d["dtype"], pts, True,
                          ex["valid"], untimed, frozenset(fam) if fam else None,
-                         d.get("variant")))
+                         d.get("variant"), d.get("gpu")))
     return out
 
 
+def recorded_gpu(studies: list[Study]) -> str:
+    """The GPUs that timed `studies`, in a line ("NVIDIA H100 80GB HBM3, NVIDIA H200")."""
+    return ", ".join(sorted({s.gpu for s in studies if s.gpu})) or "unknown"
+
+
+def recorded_slug(studies: list[Study]) -> str:
+    """recorded_gpu as a result file's name carries it ("h100-80gb-hbm3-h200")."""
+    return "-".join(sorted({gpu_slug(s.gpu) for s in studies if s.gpu})) or "unknown"
+
+
 def save_tune_studies(studies: list[Study], path: Path, **meta) -> None:
-    """`studies` (a tune's, from from_studies_db) as JSON: `meta` (gpu, date, commit) and
-    each study's timed kernels with their figures, which from_tune_studies reads back."""
-    doc = dict(meta, studies=[dict(name=s.name, shape="x".join(map(str, s.shape)),
-                                   dtype=s.dtype, points=[dataclasses.asdict(p) for p in s.points])
-                              for s in studies])
+    """`studies` (a tune's, from from_studies_db) as JSON: `meta` (date, commit), the GPU
+    that timed them (from their study names) and each study's timed kernels with their
+    figures, which from_tune_studies reads back."""
+    doc = dict(meta, gpu=recorded_gpu(studies),
+               studies=[dict(name=s.name, shape="x".join(map(str, s.shape)), dtype=s.dtype,
+                             points=[dataclasses.asdict(p) for p in s.points])
+                        for s in studies])
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -116,7 +132,8 @@ def from_tune_studies(paths=TUNE_STUDIES) -> list[Study]:
     for p in paths:
         d = json.loads(Path(p).read_text())
         out += [Study(f"{Path(p).name}#{i} {s['name']}", _shape(s["shape"]), s["dtype"],
-                      [Point(**pt) for pt in s["points"]]) for i, s in enumerate(d["studies"])]
+                      [Point(**pt) for pt in s["points"]], gpu=d.get("gpu"))
+                for i, s in enumerate(d["studies"])]
     return out
 
 

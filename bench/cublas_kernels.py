@@ -49,7 +49,7 @@ def cublas_files() -> list[str]:
 def main(argv=None) -> int:
     import torch
 
-    from _common import commit
+    from _common import commit, gpu_slug
     from library_vs_cublas import interleaved
     from codegen.config import DType
     from tuner.runtime import driver
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     print(f"ours: cuBLAS {doc['ours_cublas_version']}; torch {torch.__version__} "
           f"(CUDA {torch.version.cuda})")
     args.out.mkdir(parents=True, exist_ok=True)
-    slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    slug = gpu_slug(gpu)
     path = args.out / f"cublas-kernels-{commit()}-{slug}-{date}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {path}")

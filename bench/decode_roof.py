@@ -373,7 +373,7 @@ def _chosen(names: str, shape, dtype: DType, epilogue: bool,
 def _run(args, plan: dict) -> int:
     import torch
 
-    from _common import commit, cpp_path
+    from _common import commit, cpp_path, gpu_slug
     from codegen.compile import compile_many, nvcc_version
     from tuner.bench import tolerance
     from tuner.runtime import driver
@@ -392,7 +392,7 @@ def _run(args, plan: dict) -> int:
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                method=__doc__, rows=[])
     print(f"{gpu}: device copy {roof:.0f} GB/s; L2 {props.L2_cache_size >> 20} MiB", flush=True)
-    slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    slug = gpu_slug(gpu)
     tag = ("-epilogue" if args.epilogue else "") + ("-back-to-back" if args.back_to_back else "") \
         + ("-library" if args.library else "") + ("-alias-a" if args.alias_a else "")
     path = args.out / f"decode-roof{tag}-{slug}-{doc['date'][:10]}.json"

@@ -575,7 +575,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from _common import commit, cpp_path
+    from _common import commit, cpp_path, gpu_slug
     from tuner.runtime import driver
     from wgmma_vs_cublas import Timer
 
@@ -585,7 +585,7 @@ def main(argv=None) -> int:
                commit=commit(), rounds=ROUNDS, method=__doc__,
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                rows=[])
-    slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    slug = gpu_slug(gpu)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"layouts-epilogues-{slug}-{doc['date'][:10]}.json"
     cands = Candidates(args.library, args.family_trials)

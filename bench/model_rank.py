@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _recorded import Study, all_studies  # noqa: E402
+from _recorded import Study, all_studies, recorded_gpu, recorded_slug  # noqa: E402
 
 from codegen.arch import parse_arch  # noqa: E402
 from codegen.families import config_from_name, family_of  # noqa: E402
@@ -275,14 +275,14 @@ def main() -> None:
         from _recorded import from_studies_db, save_tune_studies
 
         save_tune_studies([s for db in args.studies_db for s in from_studies_db(db)],
-                          args.save_studies, gpu="NVIDIA H200", commit=args.commit,
+                          args.save_studies, commit=args.commit,
                           date=time.strftime("%Y-%m-%d"))
         print(f"wrote {args.save_studies}")
     studies = [s for s in all_studies(args.studies_db)
                if args.calibrate_stream and streams(s) or not args.calibrate_stream
                and ("fp32" if s.dtype == "f32" else s.dtype) in dtypes]
     prepared = _prepared(studies)
-    data = dict(benchmark="model_rank", gpu="NVIDIA H200 (recorded)", arch=ARCH.sm,
+    data = dict(benchmark="model_rank", gpu=f"{recorded_gpu(studies)} (recorded)", arch=ARCH.sm,
                 date=time.strftime("%Y-%m-%d"),
                 constants={k: getattr(model, k) for k in TUNED}, margin=model.PRUNE_MARGIN)
     if args.calibrate:
@@ -327,7 +327,7 @@ def main() -> None:
     name = ("model-rank-calibrate-stream" if args.calibrate_stream else
             ("model-rank-calibrate" if args.calibrate else "model-rank") + "".join(
                 f"-{d}" for d in sorted(dtypes - {"fp32"})))
-    path = args.out / f"{name}-cpu-recorded-h200-{data['date']}.json"
+    path = args.out / f"{name}-cpu-recorded-{recorded_slug(studies)}-{data['date']}.json"
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")

@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _recorded import Study, from_exhaustive, read_json  # noqa: E402
+from _recorded import (Study, from_exhaustive, read_json, recorded_gpu,  # noqa: E402
+                       recorded_slug)
 
 from codegen.arch import parse_arch  # noqa: E402
 from codegen.compile import CompileResult, Resources  # noqa: E402
@@ -173,7 +174,8 @@ def main() -> None:
     studies = [s for s in from_exhaustive() if args.record in s.name]
     rows = trials_to_within(studies, args.seeds, args.budget, args.sampler)
     data = dict(benchmark="simulate_search", date=time.strftime("%Y-%m-%d"),
-                note="replayed on recorded H200 timings (no GPU); budget counts compiled "
+                gpu=f"{recorded_gpu(studies)} (recorded)",
+                note="replayed on recorded timings (no GPU); budget counts compiled "
                      "candidates; a run that never came within 2% counts as budget + 1 in "
                      "the median", shapes=rows)
     for r in rows:
@@ -181,7 +183,8 @@ def main() -> None:
               f"{r['with_model']['median_compiled']}; without {r['without_model']['reached']}"
               f", median {r['without_model']['median_compiled']}")
     tag = f"-{args.record}" if args.record else ""
-    path = args.out / f"simulate-search-{args.sampler}{tag}-cpu-recorded-h200-{data['date']}.json"
+    path = (args.out / f"simulate-search-{args.sampler}{tag}-cpu-recorded-"
+            f"{recorded_slug(studies)}-{data['date']}.json")
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}")

@@ -277,7 +277,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from _common import commit
+    from _common import commit, gpu_slug
     from codegen.compile import compile_many, nvcc_version
     from tuner.runtime import driver
     from tuner.runtime.runners import runner_for
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
         doc["triton_version"] = triton.__version__
     except ImportError:
         doc["triton_version"] = None
-    slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    slug = gpu_slug(gpu)
     tag = ("" if args.dtypes == "f16,bf16" else "-" + args.dtypes.replace(",", "-")) + \
         ("-fp32c" if fp32_c else "") + ("-extra" if extra else "")
     path = args.out / f"wgmma-vs-cublas{tag}-{doc['commit']}-{slug}-{doc['date'][:10]}.json"

@@ -590,6 +590,42 @@ def _fresh_fp16_tunes() -> list:
     return _prepared(from_tune_studies([p for p in TUNE_STUDIES if "-fp16-" in p.name]))
 
 
+def test_recorded_studies_name_the_gpu_that_timed_them(tmp_path):
+    """A tune's studies.db names the GPU in each study's name; the JSON a GPU session saves
+    from it (bench/model_rank.py --save-studies) carries that GPU, and so does each saved
+    one in bench/results, as its file name does (four from H100s had read "NVIDIA H200")."""
+    import json
+    import re
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    from _recorded import (TUNE_STUDIES, from_studies_db, from_tune_studies, recorded_gpu,
+                           recorded_slug, save_tune_studies)
+
+    db = tmp_path / "studies.db"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    gpus = ("NVIDIA H200", "NVIDIA H100 80GB HBM3")
+    for i, gpu in enumerate(gpus):
+        study = optuna.create_study(storage=storage,
+                                    study_name=f"{gpu}|sm_90|cuda 13.0|abc|f32|nn|64x64x64")
+        trial = study.ask()
+        trial.set_user_attr("kernel", f"kernel_{i}")
+        trial.set_user_attr("figures", {"registers": 40 + i, "smem": 1024})
+        study.tell(trial, 10.0 + i)
+    studies = from_studies_db(db)
+    assert [s.gpu for s in studies] == list(gpus)
+    assert recorded_gpu(studies) == "NVIDIA H100 80GB HBM3, NVIDIA H200"
+    assert recorded_slug(studies) == "h100-80gb-hbm3-h200"
+    save_tune_studies(studies[1:], tmp_path / "saved.json", commit="abc", date="2026-12-06")
+    assert json.loads((tmp_path / "saved.json").read_text())["gpu"] == gpus[1]
+    (back,) = from_tune_studies([tmp_path / "saved.json"])
+    assert back.gpu == gpus[1] and back.points == studies[1].points
+    for path in TUNE_STUDIES:
+        card = re.search(r"-(h100|h200)-\d{4}-", path.name).group(1)
+        assert card in json.loads(path.read_text())["gpu"].lower(), path.name
+
+
 #: fresh tunes the model is known to rank below 0.6, and why (strict: each fails the test
 #: the day the model ranks it at 0.6 or more). Empty since the cooperative epilogue's
 #: slowdown (codegen/families/wgmma.py, EPILOGUE_SLOWDOWN): the three at 8192x8192x1024
