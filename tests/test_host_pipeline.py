@@ -163,12 +163,18 @@ def late(monkeypatch, request):
     return fake
 
 
-def _run(fake, m, n, k, alpha, beta, **kw):
+def _run(fake, m, n, k, alpha, beta, c_layout="rows", **kw):
+    """C = alpha A B + beta C through run_pipelined, against float64. `c_layout`: C's
+    memory, "rows" (one run of memory), "view" (the first n columns of a wider array, whose
+    other columns must stay as they were) or "fortran" (column-major)."""
     rng = np.random.default_rng()
     A = rng.standard_normal((m, k), dtype=np.float32)
     B = rng.standard_normal((k, n), dtype=np.float32)
     C0 = rng.standard_normal((m, n), dtype=np.float32)
-    C = C0.copy() if beta else np.full((m, n), np.nan, np.float32)
+    wide = np.full((m, n + 5), 7.0, np.float32)
+    C = wide[:, :n] if c_layout == "view" else np.empty((m, n), np.float32,
+                                                         order="F" if c_layout == "fortran" else "C")
+    C[...] = C0 if beta else np.nan
     plans = []
 
     def chunk_plan(rows, kk=None):
@@ -179,6 +185,7 @@ def _run(fake, m, n, k, alpha, beta, **kw):
     ref = alpha * (A.astype(np.float64) @ B) + (beta * C0.astype(np.float64) if beta else 0)
     assert not any(fake.queues.values())
     assert np.linalg.norm(C - ref) / np.linalg.norm(ref) <= 1e-6
+    assert (wide[:, n:] == 7.0).all()
     return plans
 
 
@@ -211,6 +218,16 @@ def test_row_chunks_alone_where_the_sum_must_not_be_split(late, repeat, kw):
     plans = _run(late, 193, 48, 50, 0.5, beta, **kw)
     assert all(kk is None for _, kk in plans)
     assert sum(rows for rows, _, _ in late.gemms) == 193
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+@pytest.mark.parametrize("beta", [0.0, 2.0])
+@pytest.mark.parametrize("c_layout", ["view", "fortran"])
+def test_a_c_whose_rows_are_not_one_run_of_memory(late, pinned, beta, c_layout):
+    """C a column slice of a wider array, or column-major: each chunk of C goes through a
+    buffer of its own both ways, never as if C[r0:r1] were contiguous (on the pageable path
+    that wrote C's rows over the wider array's other columns, and read beta's C wrong)."""
+    _run(late, 193, 48, 50, 0.5, beta, c_layout, pinned_staging=pinned)
 
 
 def test_pageable_copies_take_no_block(late):

@@ -216,6 +216,9 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
     up = streams[0] if block is None else streams[1]
     driver.call("cuEventRecord", b_ready, up)
     rows_max = max(r1 - r0 for r0, r1, _ in items)
+    # C's chunks go through buffers of their own (pinned, or pageable where C is a view
+    # whose rows are not one run of memory), copied into C as each chunk comes down
+    staged = pinned_staging or not C.flags.c_contiguous
     slots = []
     for s in streams:
         if s != up:
@@ -231,19 +234,21 @@ def run_pipelined(g, chunk_plan, A: np.ndarray, B: np.ndarray, C: np.ndarray, al
             if pinned_staging:
                 pc = _view(_PINNED.get(g, f"C{t % STREAMS}", rows_max * n * C.itemsize),
                            rows, n, C.dtype)
-            else:
+            elif C.flags.c_contiguous:
                 pc = C[r0:r1]
+            else:  # C's rows are not one run of memory (a view): staged in pageable memory
+                pc = np.empty((rows, n), C.dtype)
             if not gemm:  # rows of the first block: its C comes down once it is summed
                 driver.call("cuStreamWaitEvent", s, block_done, 0)
                 driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dBlock + r0 * n * C.itemsize,
                             pc.nbytes, s)
             else:
                 dA = _chunk_up(g, s, t % STREAMS, A[r0:r1], C[r0:r1] if beta else None,
-                               rows_max, pc, dC, pinned_staging)
+                               rows_max, pc if staged else None, dC, pinned_staging)
                 chunk_plan(rows).run(dA, dB, dC, alpha, beta, s, bias)
                 driver.call("cuMemcpyDtoHAsync", pc.ctypes.data, dC, pc.nbytes, s)
             driver.call("cuEventRecord", slot.event, s)
-            slot.pending = (C[r0:r1], pc) if pinned_staging else None
+            slot.pending = (C[r0:r1], pc) if staged else None
         for slot in slots:
             slot.drain()
     finally:
@@ -266,21 +271,24 @@ def _after_block(m: int, n: int, k: int, elem: int, top: int) -> list[tuple[int,
 
 
 def _chunk_up(g, s: int, slot: int, A: np.ndarray, C: np.ndarray | None, rows_max: int,
-              pc: np.ndarray, dC: int, pinned_staging: bool) -> int:
-    """A chunk's rows of A (and of C, where given: beta != 0) copied up on stream `s`,
-    through slot `slot`'s pinned buffers (C through `pc`) unless `pinned_staging` is off;
-    returns A's device buffer."""
+              pc: np.ndarray | None, dC: int, pinned_staging: bool) -> int:
+    """A chunk's rows of A (and of C, where given: beta != 0) copied up on stream `s`:
+    A through slot `slot`'s pinned buffer unless `pinned_staging` is off, C through its
+    staging buffer `pc` where it has one (None: C's rows go up from C itself, one run of
+    memory); returns A's device buffer."""
     rows, k = A.shape
     dA = driver.scratch().get(g, s, "host A", rows_max * k * A.itemsize)
     if pinned_staging:
         pa = _view(_PINNED.get(g, f"A{slot}", rows_max * k * A.itemsize), rows, k, A.dtype)
         copy_rows(pa, A)
-        if C is not None:
-            copy_rows(pc, C)
     else:
         pa = np.ascontiguousarray(A)
     driver.call("cuMemcpyHtoDAsync", dA, pa.ctypes.data, pa.nbytes, s)
     if C is not None:
+        if pc is None:
+            pc = C
+        else:
+            copy_rows(pc, C)
         driver.call("cuMemcpyHtoDAsync", dC, pc.ctypes.data, pc.nbytes, s)
     return dA
 
