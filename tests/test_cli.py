@@ -214,6 +214,7 @@ def test_shapes_file_errors_name_the_line(tmp_path, capsys, lines, msg):
     (["--shape", "8x8x8", "--timeout", "-3", "--dry-run"], "--timeout must be positive (got -3)"),
     (["--shape", "8x8x8", "--timeout", "nan"], "--timeout must be positive (got nan)"),
     (["--shape", "8x8x8", "--jobs", "0", "--dry-run"], "--jobs must be at least 1 (got 0)"),
+    (["--shape", "8x8x8", "--top", "-1", "--dry-run"], "--top must be at least 1 (got -1)"),
     (["tune", "--problems", "/nonexistent", "--timeout", "0"], "--timeout must be positive"),
     (["upgrade", "--jobs", "0"], "--jobs must be at least 1 (got 0)"),
     (["--shape", "8x8x8", "--devices", "0,x"], "expected distinct GPU numbers like 0,1"),

@@ -15,6 +15,7 @@ from _fake_gpu import Cai, Dev, FakeGpu
 from _library import BIG, SMALL, build
 from codegen.arch import ARCHS
 from codegen.config import DType, Layout
+from codegen.errors import UsageError
 from codegen.families._common import Variant
 from tuner.runtime import call, driver, measure, operands, runners
 from tuner.runtime.dispatch import DispatchTable, table_path
@@ -423,7 +424,8 @@ def _key(**kw):
 
 def test_table_round_trip_and_keying(tmp_path):
     t = DispatchTable(tmp_path / "dispatch.json")
-    d = dict(kernel="k", measured_ms={"k": 1.0, "cublas": 2.0}, date="2026-12-01T00:00:00")
+    d = dict(kernel=SMALL.name, measured_ms={SMALL.name: 1.0, "cublas": 2.0},
+             date="2026-12-01T00:00:00")
     t.put(_key(), d)
     again = DispatchTable(tmp_path / "dispatch.json")
     assert again.get(_key()) == d
@@ -457,10 +459,40 @@ def test_a_corrupt_table_is_set_aside_with_a_warning(tmp_path, caplog, text):
     assert DispatchTable(path).get(_key()) is not None
 
 
+def test_a_decision_that_cannot_be_read_is_measured_again_and_kept_aside(tmp_path, caplog):
+    """A table whose file reads but some of whose decisions do not (hand-edited, damaged):
+    those are no decision (measured again), the file is copied aside once with a warning,
+    and the readable decisions stay."""
+    path = tmp_path / "dispatch.json"
+    good = dict(kernel=SMALL.name, measured_ms={SMALL.name: 1.0, "cublas": 2.0},
+                measured_m=[3, 3], date="2026-12-01T00:00:00")
+    bad = {4: dict(good, measured_ms=[1, 2]), 5: dict(good, measured_m="x"), 6: "x",
+           7: dict(good, kernel=5), 8: dict(good, kernel="bogus"),
+           9: dict(good, device_ms={"cublas": "fast"}),
+           10: {k: v for k, v in good.items() if k != "date"}}
+    text = json.dumps({"schema": 3, "decisions": {_key(): good, **{
+        _key(m=m): d for m, d in bad.items()}}})
+    path.write_text(text)
+    t = DispatchTable(path)
+    with caplog.at_level(logging.WARNING):
+        assert t.get(_key()) == good
+        assert all(t.get(_key(m=m)) is None for m in bad)
+    assert "7 decision(s) cannot be read" in caplog.text
+    (aside,) = tmp_path.glob("dispatch.json.corrupt-*")
+    assert aside.read_text() == text
+    t.put(_key(m=4), dict(good, measured_m=[4, 4]))
+    assert json.loads(path.read_text())["decisions"] == {_key(): good,
+                                                         _key(m=4): dict(good, measured_m=[4, 4])}
+
+
+#: a kernel name per writer of the test below
+_WRITERS = [dataclasses.replace(SMALL, swizzle=s).name for s in (1, 2, 4, 8)]
+
+
 def _writer(path, worker, count):
     t = DispatchTable(path)
     for i in range(count):
-        t.put(_key(m=worker * 1000 + i), dict(kernel=f"w{worker}", measured_ms={}, date=""))
+        t.put(_key(m=worker * 1000 + i), dict(kernel=_WRITERS[worker], measured_ms={}, date=""))
 
 
 def test_concurrent_writers_lose_nothing(tmp_path):
@@ -474,7 +506,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         assert p.exitcode == 0
     decisions = json.loads(path.read_text())["decisions"]
     assert len(decisions) == 60
-    assert {d["kernel"] for d in decisions.values()} == {"w0", "w1", "w2", "w3"}
+    assert {d["kernel"] for d in decisions.values()} == set(_WRITERS)
 
 
 def test_prewarm_without_a_gpu_is_one_line(lib, tmp_path, capsys):
@@ -535,6 +567,16 @@ def test_gemm_batch_takes_numpy_pairs_only(lib, fake):
         lib.gemm_batch([(Cai(4, 4, 0x1000), np.ones((4, 4), np.float32))])
     with pytest.raises(LibraryError, match="2 outputs for 1"):
         lib.gemm_batch([(np.ones((4, 4), np.float32),) * 2], out=[None, None])
+    a = np.ones((4, 4), np.float32)
+    for pairs, said in (([(a,)], "item 0 is not an .A, B. pair .got tuple"),
+                        ([a], "item 0 is not an .A, B. pair .got ndarray"),
+                        (None, "takes a list of .A, B. pairs .*got NoneType")):
+        with pytest.raises(LibraryError, match=said):
+            lib.gemm_batch(pairs)
+    # beta reads C: an output allocated here would be read uninitialised
+    with pytest.raises(LibraryError, match="beta != 0 needs a C to read"):
+        lib.gemm_batch([(a, a), (a, a)], beta=1.0, out=[np.ones((4, 4), np.float32), None])
+    assert fake.launches == [] and fake.blas == []
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (5000, 700), (123457, 3)])
@@ -704,6 +746,12 @@ def test_3d_operands_are_batches_with_a_stride_each(fake):
      "A is 2x3x100x50 and B is 3x2x50x70: their batch dimensions do not broadcast"),
     ((Dev((2, 3, 100, 50), 0x10000), Dev((50, 70), 0x20000), Dev((6, 100, 70), 0x30000)),
      "C is 6x100x70; A @ B is 2x3x100x70"),
+    ((Dev((3, 1, 100, 50), 0x10000), Dev((1, 3, 50, 70), 0x20000),
+      Dev((3, 3, 100, 70), 0x30000)),
+     "A is 3x1x100x50 and B is 1x3x50x70: their batch dimensions broadcast to 3x3, 9 "
+     "problems, where a strided batch pairs A's 3 with B's 3 in step"),
+    ((Dev((3, 1, 100, 50), 0x10000), Dev((3, 50, 70), 0x20000)),
+     "broadcast to 3x3, 9 problems"),
     ((Dev((4, 100, 50), 0x10000, strides=(-5000, 50, 1)), Dev((50, 70), 0x20000)),
      r"A is 4x100x50 with strides \(-20000, 200, 4\) bytes: it must be row-major or "
      r"column-major \(each problem of the batch\) with a unit stride"),
@@ -719,6 +767,42 @@ def test_batch_and_epilogue_errors_are_one_line_before_any_launch(lib, fake, arg
     act = rest[3] if len(rest) > 3 else None
     with pytest.raises(LibraryError, match=msg) as e:
         lib.gemm(A, B, C, activation=act)
+    assert "\n" not in str(e.value)
+    assert fake.launches == [] and fake.blas == []
+
+
+def _bent(**cai):
+    """A device array whose __cuda_array_interface__ is 100x50 float32, changed by `cai`
+    (None: the key removed)."""
+    x = Dev((100, 50), 0x10000)
+    for key, v in cai.items():
+        if v is None:
+            del x.__cuda_array_interface__[key]
+        else:
+            x.__cuda_array_interface__[key] = v
+    return x
+
+
+@pytest.mark.parametrize("A,kw,said", [
+    (None, dict(out_dtype=("f4", -1)), r"out_dtype \('f4', -1\) is not float32, float16"),
+    (_bent(data=None), {}, r"A's __cuda_array_interface__ is malformed \(KeyError: 'data'\)"),
+    (_bent(typestr="zz"), {}, "A's __cuda_array_interface__ is malformed .TypeError"),
+    (_bent(strides=(4,)), {}, r"A's __cuda_array_interface__ is malformed \(shape \(100, 50\)"),
+    (_bent(shape=(100, -50)), {}, "A's __cuda_array_interface__ is malformed"),
+    (None, dict(stream=True), r"stream must be an int handle \(0 to 2\*\*64 - 1\).*bool True"),
+    (None, dict(stream=-1), "stream must be an int handle .*got int -1"),
+    (None, dict(stream=2**70), "stream must be an int handle"),
+    (None, dict(measure="no"), "measure must be True or False .got str 'no'."),
+    (None, dict(static_b="yes"), "static_b must be True or False"),
+    (None, dict(allow_tf32="no"), "allow_tf32 must be True or False"),
+])
+def test_call_arguments_out_of_their_kind_are_one_line(lib, fake, A, kw, said):
+    """Arguments a caller gets wrong in kind (a malformed array interface, a stream handle
+    no CUstream has, a word where a flag goes): one line, nothing launched (they had raised
+    KeyError or ValueError from inside, or been taken: measure="no" measured)."""
+    with pytest.raises(LibraryError, match=said) as e:
+        lib.gemm(A if A is not None else Dev((100, 50), 0x10000), Dev((50, 70), 0x20000),
+                 Dev((100, 70), 0x30000), **kw)
     assert "\n" not in str(e.value)
     assert fake.launches == [] and fake.blas == []
 
@@ -1141,6 +1225,32 @@ def test_empty_outputs_run_nothing(lib, fake):
         "call; A B has no terms: C = silu(beta * C + bias)")
     with pytest.raises(LibraryError, match=r"^explain: no size may be negative \(m = -1\)$"):
         lib.explain(-1, 4, 4)
+
+
+@pytest.mark.parametrize("args,kw,said", [
+    ((16, 16), {}, "explain: missing a required argument: 'k'"),
+    ((16, 16, "16"), {}, "explain: k must be a whole number .got str '16'."),
+    ((True, 16, 16), {}, "explain: m must be a whole number .got bool True."),
+    ((16, 16, 16), dict(batch=2.5), "explain: batch must be a whole number"),
+    ((16, 16, 16), dict(layout="xx"), "explain: layout 'xx' is not one of nn, nt, tn, tt"),
+    ((16, 16, 16), dict(bias="yes"), "explain: bias 'yes' is not one of none, out, f32"),
+    ((16, 16, 16), dict(activation="tanh"), "activation 'tanh' is not one of none, relu"),
+    ((16, 16, 16), dict(ld=16), r"explain: ld must be three whole numbers for A, B and C"),
+    ((16, 16, 16), dict(align=(3, 3, 3)), "explain: align must be three whole numbers .* "
+                                          "among 1, 2, 4, 8 and 16"),
+    ((16, 16, 16), dict(route="foo"), "explain: route 'foo' is not \"torch\" or"),
+    ((16, 16, 16), dict(gpu=0), "explain: gpu must name a GPU model"),
+    ((16, 16, 16), dict(device="0"), "explain: device must be a GPU's index"),
+    ((16, 16, 16, "int8"), {}, "unknown dtype 'int8'"),
+    ((16, 16, 16), dict(colour="red"), "explain: got an unexpected keyword argument 'colour'"),
+])
+def test_explain_by_shape_refuses_what_gemm_would_in_one_line(lib, fake, args, kw, said):
+    """explain(m, n, k, ...) takes its arguments as gemm takes a call's: anything else is
+    one line naming it, before any GPU or table is asked (it had raised TypeError,
+    KeyError or AttributeError from inside, or answered for an activation gemm refuses)."""
+    with pytest.raises(UsageError, match=said) as e:
+        lib.explain(*args, **kw)
+    assert "\n" not in str(e.value)
 
 
 def test_k_zero_is_the_epilogue_on_a_zero_product(lib, fake, monkeypatch):

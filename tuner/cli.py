@@ -369,6 +369,8 @@ def _run(argv) -> int:
         raise UsageError(f"--timeout must be positive (got {args.timeout:g})")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1 (got {args.jobs})")
+    if args.top < 1:
+        raise UsageError(f"--top must be at least 1 (got {args.top})")
     if args.problems is not None:
         return _run_problems(args)
     for option, given in (("--budget", args.budget), ("--m-buckets", args.m_buckets)):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import numbers
 from typing import Callable
 
@@ -720,10 +721,9 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
     from tuner.runtime.host import run_batch
 
     _scalars(alpha, beta)
-    pairs = list(pairs)
-    outs = list(outs) if outs is not None else [None] * len(pairs)
-    if len(outs) != len(pairs):
-        raise LibraryError(f"{len(outs)} outputs for {len(pairs)} (A, B) pairs")
+    pairs, outs = _batch_lists(pairs, outs)
+    if beta != 0 and any(C is None for C in outs):
+        raise LibraryError("beta != 0 needs a C to read: pass out=[C_0, C_1, ...]")
     items, results = [], []
     for (A, B), C in zip(pairs, outs):
         for x, name in ((A, "A"), (B, "B"), (C, "C")):
@@ -744,6 +744,24 @@ def gemm_batch(lib, pairs, alpha, beta, outs, mode, measure):
         with driver.entered(g):
             run_batch(g, items, alpha, beta)
     return results
+
+
+def _batch_lists(pairs, outs) -> tuple[list, list]:
+    """gemm_batch's (A, B) pairs and its outputs (None each where not given) as lists of
+    one length; LibraryError for anything else."""
+    try:
+        pairs = list(pairs)
+        outs = [None] * len(pairs) if outs is None else list(outs)
+    except TypeError:
+        raise LibraryError(f"gemm_batch takes a list of (A, B) pairs and out a list of C "
+                           f"(got {type(pairs).__name__} and {type(outs).__name__})") from None
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise LibraryError(f"gemm_batch's item {i} is not an (A, B) pair "
+                               f"(got {type(pair).__name__})")
+    if len(outs) != len(pairs):
+        raise LibraryError(f"{len(outs)} outputs for {len(pairs)} (A, B) pairs")
+    return pairs, outs
 
 
 def _staged(plan: Plan, a: Operand, b: Operand, c: Operand, alpha, beta, s: int,
@@ -793,6 +811,12 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
     except ValueError:  # (2 x 3 problems against 3 x 2: as many, but not the same ones)
         raise LibraryError(f"A is {_size(a)} and B is {_size(b)}: their batch dimensions "
                            "do not broadcast") from None
+    if batch and math.prod(lead) != batch:  # (3 x 1 against 1 x 3: 9 problems from 3 and 3)
+        raise LibraryError(
+            f"A is {_size(a)} and B is {_size(b)}: their batch dimensions broadcast to "
+            f"{'x'.join(map(str, lead))}, {math.prod(lead)} problems, where a strided batch "
+            f"pairs A's {a.batch} with B's {b.batch} in step: expand one of them "
+            "(torch_ops.matmul copies it)")
     if c is not None:
         nd = max(len(lead), len(c.lead)) > 1  # several batch dimensions: C must have them
         if (c.rows, c.cols) != (m, n) or c.batch != batch or (batch > 1 and not c.batched) \

@@ -77,6 +77,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -397,7 +398,7 @@ class DispatchTable:
                     and isinstance(data.get("decisions"), dict)):
                 raise ValueError("not a gemm-tune dispatch table of schema "
                                  f"{TABLE_SCHEMA}")
-            return data["decisions"]
+            return self._usable(data["decisions"])
         except (ValueError, UnicodeDecodeError) as e:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             with contextlib.suppress(OSError):
@@ -405,6 +406,22 @@ class DispatchTable:
             log.warning("dispatch table %s is corrupt (%s): set aside as %s; decisions "
                         "will be measured again", self.path, e, aside.name)
             return {}
+
+    def _usable(self, decisions: dict) -> dict:
+        """The decisions that can be read (:func:`malformed`); where some cannot, the file
+        is copied aside (*.corrupt-<time>, once) with a warning, and those cases are
+        measured again (the next decision written leaves them out)."""
+        bad = {key: why for key, d in decisions.items() if (why := malformed(d))}
+        if bad and self.path not in _SET_ASIDE:
+            _SET_ASIDE.add(self.path)
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            with contextlib.suppress(OSError):
+                shutil.copyfile(self.path, aside)
+            key, why = next(iter(bad.items()))
+            log.warning("dispatch table %s: %d decision(s) cannot be read (%s: %s); copied "
+                        "aside as %s, those cases will be measured again", self.path,
+                        len(bad), key, why, aside.name)
+        return {key: d for key, d in decisions.items() if key not in bad}
 
     def _lock(self):
         return file_lock(self.path.with_name(self.path.name + ".lock"))
@@ -421,6 +438,44 @@ class DispatchTable:
         except OSError as e:
             log.warning("dispatch table %s not written (%s): the decision holds for this "
                         "process only", self.path, e)
+
+
+#: tables whose unreadable decisions were copied aside in this process (once each)
+_SET_ASIDE: set = set()
+
+
+def _times(x) -> bool:
+    """A decision's figures: {name: milliseconds}."""
+    return isinstance(x, dict) and all(
+        isinstance(k, str) and isinstance(t, (int, float)) and not isinstance(t, bool)
+        and math.isfinite(t) for k, t in x.items())
+
+
+def malformed(d) -> str | None:
+    """Why a table decision cannot be used (a hand-edited or damaged table), or None."""
+    if not isinstance(d, dict):
+        return f"a {type(d).__name__}, not a decision"
+    kernel = d.get("kernel")
+    if kernel is not None:
+        try:
+            config_from_name(kernel if isinstance(kernel, str) else repr(kernel))
+        except Exception as e:  # noqa: BLE001 (any way a name fails to parse)
+            return f"kernel {kernel!r}: {e}"
+    if not _times(d.get("measured_ms")):
+        return f"measured_ms {d.get('measured_ms')!r:.60}"
+    for field in ("measured_ms_low", "device_ms", "device_ms_low"):
+        if d.get(field) is not None and not _times(d[field]):
+            return f"{field} {d[field]!r:.60}"
+    ms = d.get("measured_m")
+    if ms is not None and not (isinstance(ms, list) and len(ms) == 2 and all(
+            isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in ms)):
+        return f"measured_m {ms!r:.60}"
+    for field in ("date", "route", "pace", "gpu_alone"):
+        if field in d and not isinstance(d[field], str):
+            return f"{field} {d[field]!r:.60}"
+    if "date" not in d:
+        return "no date"
+    return None
 
 
 # ---- the rule ------------------------------------------------------------------------

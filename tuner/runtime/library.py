@@ -26,6 +26,7 @@ measuring off (load_library(..., measure=False), GEMM_TUNE_MEASURE=0).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import numbers
 import os
@@ -34,8 +35,10 @@ import threading
 import weakref
 from pathlib import Path
 
+import numpy as np
+
 from codegen.config import DType, Layout, config_from_name
-from codegen.families._common import Variant
+from codegen.families._common import BIASES, Variant
 from tuner.runtime import call, driver, measure
 from tuner.runtime.dispatch import (
     FULL_ALIGN, Case, Choice, Dispatcher, MBuckets, ld_class, packed_ld,
@@ -94,7 +97,7 @@ class Library:
         #: loads, or the library was loaded with measure=False. Off, nothing is timed or
         #: written at run time: exact entries, the dispatch table's decisions and the
         #: estimates decide, the same in every process (for multi-rank jobs)
-        self.measure = _measure_default() if measure is None else bool(measure)
+        self.measure = _measure_default() if measure is None else _flag("measure", measure)
         env_flag("GEMM_TUNE_FAST")  # its spelling checked now, not at the first torch call
         #: counts the calls of problems with no exact entry (GEMM_TUNE_RECORD, record())
         self.recorder: Recorder | None = Recorder.from_env()
@@ -219,9 +222,14 @@ class Library:
             >>> print(lib.explain(x, W.t(), bias=b, activation="gelu"))   # doctest: +SKIP
             >>> print(lib.explain(16, 4096, 4096, "fp16", gpu="H200"))     # doctest: +SKIP
         """
-        if args and not isinstance(args[0], numbers.Integral):
-            return self._explain_call(*args, **kw)
-        return self._explain_shape(*args, **kw)
+        form = self._explain_call if args and not isinstance(args[0], numbers.Integral) \
+            else self._explain_shape
+        try:
+            inspect.signature(form).bind(*args, **kw)
+        except TypeError as e:
+            raise LibraryError(f"explain: {e} (explain(A, B, C=None, ...) or explain(m, n, k, "
+                               "dtype, ...))") from None
+        return form(*args, **kw)
 
     def _explain_call(self, A, B, C=None, *, out_dtype=None, bias=None, activation=None,
                       allow_tf32: bool = False, allow_3xtf32: bool = False,
@@ -256,8 +264,10 @@ class Library:
                        layout: Layout | str = Layout.NN, out_dtype=None, bias: str = "none",
                        activation: str | None = None, batch: int = 1, ld: tuple | None = None,
                        align: tuple | None = None, route: str | None = None) -> str:
-        dtype = dtype if isinstance(dtype, DType) else DType.parse(dtype)
+        dtype = dtype if isinstance(dtype, DType) else DType.parse(str(dtype))
         sizes = dict(m=m, n=n, k=k, batch=batch)
+        bias = "none" if bias is None else bias
+        _check_shape_question(sizes, device, gpu, layout, bias, activation, ld, align, route)
         if any(v < 0 for v in sizes.values()):
             bad = ", ".join(f"{name} = {v}" for name, v in sizes.items() if v < 0)
             raise LibraryError(f"explain: no size may be negative ({bad})")
@@ -404,17 +414,18 @@ class Library:
             >>> y = lib.gemm(x, W.t(), bias=b, activation="gelu")  # doctest: +SKIP
         """
         fast = None  # the context word of a call the C++ path may serve (tuner.runtime.fast)
+        static_b = static_b if static_b is False else _flag("static_b", static_b)
         if stream is None and measure is None and out_dtype is None and not allow_tf32 \
                 and not allow_3xtf32 and (activation is None or type(activation) is str) \
                 and activation in _ACT_CODES:
-            fast = self.measure | _ACT_CODES[activation] << 2 | _STATIC_B * bool(static_b)
+            fast = self.measure | _ACT_CODES[activation] << 2 | _STATIC_B * static_b
             if self.fast is not None:
                 R = self.fast.call(A, B, C, bias, alpha, beta, fast)
                 if R is not None:
                     return R
         return call.gemm(self, A, B, C, alpha, beta, _mode(allow_tf32, allow_3xtf32),
-                         stream, self.measure if measure is None else measure, pipeline,
-                         out_dtype, bias, activation, fast, bool(static_b))
+                         stream, self.measure if measure is None else _flag("measure", measure),
+                         pipeline, out_dtype, bias, activation, fast, static_b)
 
     def gemm_batch(self, pairs, alpha: float = 1.0, beta: float = 0.0, out=None,
                    allow_tf32: bool = False, measure: bool | None = None,
@@ -425,7 +436,7 @@ class Library:
         float32 or the inputs' float16; read when beta != 0), else allocated as gemm
         would. Returns the C_i."""
         return call.gemm_batch(self, pairs, alpha, beta, out, _mode(allow_tf32, allow_3xtf32),
-                                 self.measure if measure is None else measure)
+                               self.measure if measure is None else _flag("measure", measure))
 
 
 class _Plans(dict):
@@ -456,8 +467,19 @@ def _explain_empty(m: int, n: int, k: int, batch: int, bias: bool, act: str) -> 
             f"no cuBLAS call; {what}")
 
 
+def _flag(name: str, value) -> bool:
+    """A call's yes-or-no argument: a bool (numpy's too), or 0 or 1; LibraryError for
+    anything else (measure="no" would read as yes)."""
+    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
+        return bool(value)
+    raise LibraryError(f"{name} must be True or False (got {type(value).__name__} "
+                       f"{value!r:.40})")
+
+
 def _mode(allow_tf32: bool, allow_3xtf32: bool) -> DType | None:
     """The fp32 request a call's flags make (see call.fp32_request)."""
+    allow_tf32, allow_3xtf32 = _flag("allow_tf32", allow_tf32), _flag("allow_3xtf32",
+                                                                      allow_3xtf32)
     if allow_tf32 and allow_3xtf32:
         raise LibraryError("allow_tf32 and allow_3xtf32 exclude each other")
     return DType.TF32 if allow_tf32 else DType.F32X3 if allow_3xtf32 else None
@@ -472,6 +494,41 @@ def _torch_sees_a_gpu() -> bool:
     except Exception:  # noqa: BLE001 - not installed, or installed without its libraries
         return False
     return bool(torch.cuda.is_available())
+
+
+def _whole(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_shape_question(sizes: dict, device, gpu, layout, bias, activation, ld, align,
+                          route) -> None:
+    """explain(m, n, k, ...)'s arguments as gemm would take them; LibraryError (one line)
+    for any other."""
+    def refuse(what: str) -> None:
+        raise LibraryError(f"explain: {what}")
+
+    for name, v in sizes.items():
+        if not _whole(v):
+            refuse(f"{name} must be a whole number (got {type(v).__name__} {v!r:.40})")
+    if device is not None and not _whole(device):
+        refuse(f"device must be a GPU's index (got {device!r:.40})")
+    if gpu is not None and not isinstance(gpu, str):
+        refuse(f"gpu must name a GPU model, e.g. \"H200\" (got {gpu!r:.40})")
+    if not isinstance(layout, Layout) and layout not in {x.value for x in Layout}:
+        refuse(f"layout {layout!r:.40} is not one of {', '.join(x.value for x in Layout)} "
+               "(A's letter first, t: column-major)")
+    if bias not in BIASES:
+        refuse(f"bias {bias!r:.40} is not one of {', '.join(BIASES)}")
+    if activation is not None:
+        call._activation(activation)
+    for name, v, ok in (("ld", ld, _whole), ("align", align, lambda a: a in (1, 2, 4, 8, 16))):
+        if v is not None and not (isinstance(v, (tuple, list)) and len(v) == 3
+                                  and all(_whole(x) and ok(x) for x in v)):
+            refuse(f"{name} must be three whole numbers for A, B and C"
+                   + (" among 1, 2, 4, 8 and 16 (bytes)" if name == "align" else "")
+                   + f" (got {v!r:.40})")
+    if route not in (None, "torch", "gemm-tune"):
+        refuse(f"route {route!r:.40} is not \"torch\" or \"gemm-tune\"")
 
 
 def _case(dtype: DType, m: int, n: int, k: int, layout, out_dtype, bias: str, activation,

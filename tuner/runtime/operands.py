@@ -20,6 +20,7 @@ else the legacy default stream (0).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 
@@ -105,7 +106,7 @@ def out_dtype(x) -> DType | None:
 def _np_dtype(kind):
     try:
         return np.dtype(kind)
-    except TypeError:
+    except (TypeError, ValueError):  # not a dtype at all (("f4", -1), say)
         return None
 
 
@@ -214,10 +215,9 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
         dims = _dims(name, x.shape, x.strides, x.dtype.itemsize, inputs)
         ptr, kind = int(x.gpudata), "pycuda"
     elif cai is not None:
-        dt = _elem(name, np.dtype(cai["typestr"]), inputs)
-        dims = _dims(name, cai["shape"], cai.get("strides"), np.dtype(cai["typestr"]).itemsize,
-                     inputs)
-        ptr, readonly = cai["data"]
+        typ, shape, strides, ptr, readonly = _interface(cai, name)
+        dt = _elem(name, typ, inputs)
+        dims = _dims(name, shape, strides, typ.itemsize, inputs)
         if writable and readonly:
             raise _error(f"{name} is read-only")
         kind = "cupy" if mod == "cupy" else "cai"
@@ -238,6 +238,27 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
                    lead=lead)
 
 
+def _interface(cai, name: str) -> tuple:
+    """(element dtype, shape, byte strides or None, pointer, read-only) of a
+    __cuda_array_interface__ dict; a one-line error where it is not one."""
+    def whole(v) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    try:
+        typ = np.dtype(cai["typestr"])
+        shape, strides, (ptr, readonly) = tuple(cai["shape"]), cai.get("strides"), cai["data"]
+        strides = None if strides is None else tuple(strides)
+    except (TypeError, KeyError, ValueError) as e:
+        raise _error(f"{name}'s __cuda_array_interface__ is malformed ({type(e).__name__}: "
+                     f"{e})") from None
+    if not (all(whole(v) and v >= 0 for v in shape) and whole(ptr)
+            and (strides is None or (len(strides) == len(shape)
+                                     and all(whole(v) for v in strides)))):
+        raise _error(f"{name}'s __cuda_array_interface__ is malformed (shape {shape}, "
+                     f"strides {strides}, data {cai['data']!r:.40})")
+    return typ, shape, strides, int(ptr), bool(readonly)
+
+
 def bias_operand(x, n: int, out: DType) -> tuple[Operand, str]:
     """The bias vector and its kind ("out": of C's type, "f32": fp32 beside 16-bit C): N
     elements with a unit stride, on the GPU."""
@@ -256,12 +277,9 @@ def bias_operand(x, n: int, out: DType) -> tuple[Operand, str]:
         if cai is None:
             raise _error("the bias must be a torch tensor, a cupy array or expose "
                          f"__cuda_array_interface__ (got {type(x).__name__})")
-        typ = np.dtype(cai["typestr"])
+        typ, shape, strides, ptr, _ = _interface(cai, "the bias")
         dt = _NUMPY.get(typ)
-        shape = tuple(cai["shape"])
-        strides = tuple(s // typ.itemsize for s in cai["strides"]) if cai.get("strides") \
-            else (1,) * len(shape)
-        ptr = int(cai["data"][0])
+        strides = tuple(s // typ.itemsize for s in strides) if strides else (1,) * len(shape)
         kind = "cupy" if mod == "cupy" else "cai"
         device = int(x.device.id) if kind == "cupy" else _device_of(ptr, "the bias")
     if len(shape) != 1 or shape[0] != n or (n > 1 and strides[0] != 1):
@@ -273,7 +291,8 @@ def bias_operand(x, n: int, out: DType) -> tuple[Operand, str]:
     elif dt is DType.F32:
         what = "f32"
     else:
-        name = getattr(dt, "short", str(getattr(x, "dtype", "?")).replace("torch.", ""))
+        name = getattr(dt, "short", None) or str(
+            getattr(x, "dtype", None) or typ).replace("torch.", "")
         raise _error(f"the bias is {name}; it must be of C's type ({out.short}) or float32")
     return Operand("bias", x, 1, n, n, ptr, device=device, dtype=dt, kind=kind), what
 
@@ -306,16 +325,23 @@ def resolve_stream(stream, ops: tuple[Operand, ...], device: int) -> int:
 
 
 def stream_handle(stream) -> int:
-    """An int handle of any stream object gemm-tune's callers use."""
-    if isinstance(stream, int):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):  # the CUDA Python stream protocol
-        return int(stream.__cuda_stream__()[1])
-    for attr in ("cuda_stream", "ptr", "handle"):  # torch, cupy, pycuda
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    raise _error(f"stream must be an int handle or a torch, cupy, pycuda or CUDA Python "
-                 f"stream (got {type(stream).__name__})")
+    """An int handle of any stream object gemm-tune's callers use: a CUstream's address
+    (0: the legacy default stream; 1 and 2, the per-thread and legacy default stream
+    handles), so 0 to 2**64 - 1."""
+    if isinstance(stream, bool):
+        handle = None  # a flag passed in the stream's place
+    elif isinstance(stream, numbers.Integral):
+        handle = int(stream)
+    elif hasattr(stream, "__cuda_stream__"):  # the CUDA Python stream protocol
+        handle = int(stream.__cuda_stream__()[1])
+    else:
+        attr = next((a for a in ("cuda_stream", "ptr", "handle") if hasattr(stream, a)), None)
+        handle = None if attr is None else int(getattr(stream, attr))  # torch, cupy, pycuda
+    if handle is None or not 0 <= handle < 2**64:
+        raise _error(f"stream must be an int handle (0 to 2**64 - 1) or a torch, cupy, "
+                     f"pycuda or CUDA Python stream (got {type(stream).__name__} "
+                     f"{stream!r:.40})")
+    return handle
 
 
 def empty_like(a: Operand, shape, device: int, dtype: DType = DType.F32):
