@@ -146,9 +146,11 @@ def _dims(name, shape, strides, itemsize, column_major_ok: bool = True):
     size = "x".join(map(str, dims))
     strides_text = ", ".join(map(str, st))
     each = " (each problem of the batch)" if lead else ""
+    like = "a contiguous array, or a transposed view of one" if column_major_ok else \
+        "a contiguous array, or a slice of one's rows or columns"
     raise _error(f"{name} is {size} with strides ({strides_text}) bytes: it must be "
-                 f"{what}{each} with a unit stride (a contiguous array, or a transposed view "
-                 "of one)" + (", at a batch stride >= 0" if lead else ""))
+                 f"{what}{each} with a unit stride ({like})"
+                 + (", at a batch stride >= 0" if lead else ""))
 
 
 def batch_stride(dims, strides) -> int | None:
