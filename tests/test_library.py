@@ -10,6 +10,7 @@ from codegen import DType, compile_config
 from tuner import LibraryError, load_library
 from tuner.cli import main
 from tuner.runtime.library import SCHEMA
+from tuner.runtime.manifest import Manifest
 
 
 @pytest.fixture
@@ -145,6 +146,61 @@ def test_bad_manifest_is_refused(lib, mutate, msg):
     path.write_text(mutate(path.read_text()))
     with pytest.raises(LibraryError, match=msg):
         load_library(lib.path)
+
+
+def _first(t: str, part: str, change) -> str:
+    """The manifest text `t` with its first entry ("entries") or kernel record ("kernels")
+    changed by `change` (that dict -> the new one)."""
+    data = json.loads(t)
+    if part == "entries":
+        data["entries"][0] = change(data["entries"][0])
+    else:
+        key = next(iter(data["kernels"]))
+        data["kernels"][key] = change(data["kernels"][key])
+    return json.dumps(data)
+
+
+def _without(field):
+    return lambda d: {k: v for k, v in d.items() if k != field}
+
+
+def _with(**kw):
+    return lambda d: dict(d, **kw)
+
+
+@pytest.mark.parametrize("part,change,msg", [
+    ("entries", _without("m"), "entry 0 has no m"),
+    ("entries", _without("gpu"), "entry 0 has no gpu"),
+    ("entries", _with(m="4096"), "entry 0 has m '4096'"),
+    ("entries", _with(m=0), "entry 0 has m 0"),
+    ("entries", _with(k=2**40), "entry 0 has k 1099511627776"),
+    ("entries", _with(tflops="fast"), "entry 0 has tflops 'fast'"),
+    ("entries", _with(ratio=None), "entry 0 has ratio None"),
+    ("entries", _with(cc="90"), "entry 0 has cc '90'"),
+    ("entries", _with(layout="zz"), "entry 0 has layout 'zz'"),
+    ("entries", _with(out="f64"), "entry 0 has out 'f64'"),
+    ("entries", _with(batch=-3), "entry 0 has batch -3"),
+    ("entries", _with(bias="weird"), "entry 0 has bias 'weird'"),
+    ("entries", lambda d: 5, "entry 0 is a int, not an entry"),
+    ("kernels", _without("cubin"), "has cubin None: a path inside the library is needed"),
+    ("kernels", _with(source="../precious.txt"), "has source '../precious.txt': a path inside"),
+    ("kernels", _with(source="/etc/passwd"), "has source '/etc/passwd': a path inside"),
+    ("kernels", _with(cubin=5), "has cubin 5"),
+    ("kernels", _with(config="x"), "has config 'x'"),
+    ("kernels", _with(arch="sm_xx"), "is filed under .* but names sm_xx/"),
+    ("kernels", lambda d: 5, "is a int, not a kernel record"),
+])
+def test_a_hand_edited_manifest_is_one_error_naming_what(lib, part, change, msg):
+    """Entries and kernel records are checked field by field when a library loads (they had
+    passed and crashed a later explain, list or report with KeyError, TypeError or
+    ZeroDivisionError; a kernel's file outside the library was read, and written by
+    upgrade)."""
+    path = lib.path / "manifest.json"
+    path.write_text(_first(path.read_text(), part, change))
+    for verify in (True, False):
+        with pytest.raises(LibraryError, match=msg) as e:
+            Manifest.load(lib.path, verify=verify)
+        assert "\n" not in str(e.value)
 
 
 def test_missing_library_is_one_error(tmp_path):

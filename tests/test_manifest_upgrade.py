@@ -112,3 +112,27 @@ def test_upgrade_adds_the_static_b_twins_a_library_lacks(tmp_path, compile_cache
     assert all(m.data["kernels"][k] == v for k, v in before["kernels"].items())
     assert m.data["kernels"][twin]["config"]["prefetch_b"] == 1
     assert m.entries == before["entries"] and upgrade(lib.path, jobs=1) == 0
+
+
+def test_upgrade_writes_nothing_outside_the_library_and_refuses_what_it_cannot_read(
+        tmp_path, compile_cache):
+    """An older manifest whose kernel record names a file outside the library (hand-edited,
+    or crafted) is refused before anything is compiled or written: upgrade had overwritten
+    that file with the generated CUDA. A truncated manifest is one LibraryError, as load's."""
+    lib = build(tmp_path / "lib", compile_cache, tmp_path / "art")
+    mpath = lib.path / "manifest.json"
+    data = json.loads(mpath.read_text())
+    data["schema"] = 1
+    key = next(iter(data["kernels"]))
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's own file\n")
+    data["kernels"][key]["source"] = "../precious.txt"
+    mpath.write_text(json.dumps(data))
+    with pytest.raises(LibraryError, match=r"has source '\.\./precious\.txt': a path inside"):
+        upgrade(lib.path, jobs=1)
+    assert precious.read_text() == "the user's own file\n"
+    text = mpath.read_text()
+    mpath.write_text(text[: len(text) // 2])
+    with pytest.raises(LibraryError, match="is unreadable"):
+        upgrade(lib.path, jobs=1)
+    assert mpath.read_text() == text[: len(text) // 2]  # kept as it was

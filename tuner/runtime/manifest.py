@@ -24,13 +24,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from codegen._io import atomic_write, atomic_write_json, file_lock
+from codegen.arch import parse_arch
 from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
-from codegen.families._common import Variant
-from tuner.runtime.errors import LibraryError
+from codegen.families._common import ACTIVATIONS, BIASES, Variant
+from tuner.runtime.errors import LibraryError, UsageError
 
 __all__ = ["SCHEMA", "Manifest", "ENTRY_KEY", "ENTRY_DEFAULTS", "entry_variant", "entry_batch",
            "as_variant", "upgrade", "static_b_twin"]
@@ -53,6 +55,97 @@ def _field(e: dict, f: str):
 
 def _same(a: dict, b: dict) -> bool:
     return all(_field(a, f) == _field(b, f) for f in ENTRY_KEY)
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _whole(x, low: int = 0, high: int = _INT32_MAX) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def _real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) \
+        and x >= 0
+
+
+#: an entry's fields that every reader takes, and what each must be
+_ENTRY_FIELDS = {
+    "gpu": lambda x: isinstance(x, str), "cc": lambda x: _whole(x, 10),
+    "arch": lambda x: isinstance(x, str), "kernel": lambda x: isinstance(x, str),
+    "dtype": lambda x: x in {d.short for d in DType},
+    "m": lambda x: _whole(x, 1), "n": lambda x: _whole(x, 1), "k": lambda x: _whole(x, 1),
+    "tflops": lambda x: _real(x) and x > 0, "cublas_tflops": _real, "ratio": _real,
+}
+#: ... and those an entry may lack (ENTRY_DEFAULTS), or hold as a record of its tune
+_ENTRY_OPTIONAL = {
+    "layout": lambda x: x in {v.value for v in Layout},
+    "out": lambda x: x in ("f32", "f16", "bf16"),
+    "bias": lambda x: x in BIASES, "act": lambda x: x in ACTIVATIONS,
+    "batch": lambda x: _whole(x, 1), "broadcast_b": lambda x: isinstance(x, bool),
+    "date": lambda x: isinstance(x, str), "resources": lambda x: isinstance(x, dict),
+    "timing": lambda x: isinstance(x, dict), "cublas_timing": lambda x: isinstance(x, dict),
+    "stats": lambda x: isinstance(x, dict), "top": lambda x: isinstance(x, list),
+}
+
+
+def _entry_reason(e) -> str | None:
+    """Why a manifest's entry cannot be read (None: it can)."""
+    if not isinstance(e, dict):
+        return f"is a {type(e).__name__}, not an entry"
+    for field, ok in _ENTRY_FIELDS.items():
+        if field not in e:
+            return f"has no {field}"
+        if not ok(e[field]):
+            return f"has {field} {e[field]!r:.40}"
+    for field, ok in _ENTRY_OPTIONAL.items():
+        if field in e and not ok(e[field]):
+            return f"has {field} {e[field]!r:.40}"
+    return None
+
+
+def _inside(rel) -> bool:
+    """Is `rel` a path inside the library (relative, no "..")?"""
+    return isinstance(rel, str) and bool(rel) and not Path(rel).is_absolute() \
+        and ".." not in Path(rel).parts
+
+
+def _kernel_reason(key, k) -> str | None:
+    """Why a manifest's kernel record cannot be read (None: it can)."""
+    if not isinstance(k, dict):
+        return f"is a {type(k).__name__}, not a kernel record"
+    for field in ("name", "arch", "source_sha256", "cubin_sha256"):
+        if not isinstance(k.get(field), str):
+            return f"has {field} {k.get(field)!r:.40}"
+    if key != f"{k['arch']}/{k['name']}":
+        return f"is filed under {key!r} but names {k['arch']}/{k['name']}"
+    try:
+        parse_arch(k["arch"])
+        config_from_name(k["name"])
+    except UsageError as e:
+        return str(e)
+    for field in ("source", "cubin", "meta"):
+        if field in k and not _inside(k[field]) or field != "meta" and field not in k:
+            return f"has {field} {k.get(field)!r:.60}: a path inside the library is needed"
+    if not isinstance(k.get("config"), dict):
+        return f"has config {k.get('config')!r:.40}"
+    return None
+
+
+def _structure_reason(data: dict) -> str | None:
+    """Why a manifest's kernels or entries cannot be read (a hand-edited or damaged one),
+    or None."""
+    for key, k in data["kernels"].items():
+        if (why := _kernel_reason(key, k)) is not None:
+            return f"kernel {key!r:.60} {why}"
+    replaced = data.get("replaced", [])
+    if not isinstance(replaced, list):
+        return f"its replaced entries are a {type(replaced).__name__}, not a list"
+    for what, entries in (("entry", data["entries"]), ("replaced entry", replaced)):
+        for i, e in enumerate(entries):
+            if (why := _entry_reason(e)) is not None:
+                return f"{what} {i} {why}"
+    return None
 
 
 def entry_variant(e: dict) -> Variant:
@@ -132,6 +225,8 @@ class Manifest:
             raise LibraryError(f"the library at {path} is of schema {schema}: its kernels take "
                                "an older argument list; recompile them with `gemm-tune upgrade "
                                f"--library {path}` (its entries are kept)")
+        if (why := _structure_reason(data)) is not None:
+            raise LibraryError(f"library manifest {mpath}: {why}")
         manifest = cls(path, data)
         if verify:
             manifest.verify()
@@ -300,12 +395,23 @@ def upgrade(path: str | Path, jobs: int | None = None, on_done=None,
             Manifest.load(path, verify=False)
             data = json.loads((path / "manifest.json").read_text())
             todo = [key for key, k in data["kernels"].items() if force or not _intact(path, k)]
-        except LibraryError:
-            data = json.loads((path / "manifest.json").read_text()) \
-                if (path / "manifest.json").is_file() else None
+        except LibraryError as why_not:  # an older schema's (upgraded below), or unreadable
+            try:
+                data = json.loads((path / "manifest.json").read_text())
+            except (OSError, UnicodeDecodeError, ValueError):
+                raise why_not from None
             if not isinstance(data, dict) or not isinstance(data.get("schema"), int) \
-                    or data["schema"] > SCHEMA or not isinstance(data.get("kernels"), dict):
-                raise
+                    or data["schema"] >= SCHEMA or not isinstance(data.get("kernels"), dict) \
+                    or not isinstance(data.get("entries"), list):
+                raise why_not from None
+            why = next((f"kernel {key!r:.60} {w}" for key, k in data["kernels"].items()
+                        if (w := _kernel_reason(key, k))), None) or next(
+                (f"entry {i} has no arch and kernel" for i, e in enumerate(data["entries"])
+                 if not (isinstance(e, dict) and isinstance(e.get("arch"), str)
+                         and isinstance(e.get("kernel"), str))), None)
+            if why is not None:
+                raise LibraryError(f"library manifest {path / 'manifest.json'}: {why}") \
+                    from None
             todo = list(data["kernels"])
         twins = _missing_twins(data)
         if not todo and not twins and data["schema"] == SCHEMA:
