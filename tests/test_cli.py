@@ -72,6 +72,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, msg):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["x", "-1", "1.5", ""])
+def test_a_bad_gemm_tune_device_is_one_line(capsys, monkeypatch, tmp_path, value):
+    """GEMM_TUNE_DEVICE names the tuning GPU by index: anything else is one line, exit 2
+    (it had raised ValueError from int())."""
+    monkeypatch.setenv("GEMM_TUNE_DEVICE", value)
+    code, out, err = _run(capsys, "--shape", "64x64x64", "--cache", str(tmp_path / "c.json"))
+    assert code == 2 and f"GEMM_TUNE_DEVICE={value!r} is not a GPU's index" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_installed_script_and_module_agree(tmp_path):
     """`gemm-tune` and `python -m tuner` are the same program (run from an unrelated directory)."""
     script = shutil.which("gemm-tune", path=str(Path(sys.executable).parent))

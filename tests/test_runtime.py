@@ -445,16 +445,19 @@ def test_table_beside_a_read_only_library_goes_to_the_user_cache(tmp_path, monke
     assert p.parent == tmp_path / "cache" / "dispatch" and p.suffix == ".json"
 
 
-@pytest.mark.parametrize("text", ["{trunc", "[1, 2]", '{"schema": 99, "decisions": {}}'])
+@pytest.mark.parametrize("text", [b"{trunc", b"[1, 2]", b'{"schema": 99, "decisions": {}}',
+                                  b'{"schema": 3, "decisions": {"\xff\xfe": 1}}',
+                                  b"[" * 100_000 + b"]" * 100_000],
+                         ids=["truncated", "a list", "schema 99", "not utf-8", "deep"])
 def test_a_corrupt_table_is_set_aside_with_a_warning(tmp_path, caplog, text):
     path = tmp_path / "dispatch.json"
-    path.write_text(text)
+    path.write_bytes(text)
     t = DispatchTable(path)
     with caplog.at_level(logging.WARNING):
         assert t.get(_key()) is None
     assert "is corrupt" in caplog.text and "set aside" in caplog.text
     aside = list(tmp_path.glob("dispatch.json.corrupt-*"))
-    assert len(aside) == 1 and aside[0].read_text() == text
+    assert len(aside) == 1 and aside[0].read_bytes() == text
     t.put(_key(), dict(kernel=None, measured_ms={}, date=""))
     assert DispatchTable(path).get(_key()) is not None
 
@@ -469,7 +472,8 @@ def test_a_decision_that_cannot_be_read_is_measured_again_and_kept_aside(tmp_pat
     bad = {4: dict(good, measured_ms=[1, 2]), 5: dict(good, measured_m="x"), 6: "x",
            7: dict(good, kernel=5), 8: dict(good, kernel="bogus"),
            9: dict(good, device_ms={"cublas": "fast"}),
-           10: {k: v for k, v in good.items() if k != "date"}}
+           10: {k: v for k, v in good.items() if k != "date"},
+           11: dict(good, measured_ms={"cublas": 10**400})}
     text = json.dumps({"schema": 3, "decisions": {_key(): good, **{
         _key(m=m): d for m, d in bad.items()}}})
     path.write_text(text)
@@ -477,7 +481,7 @@ def test_a_decision_that_cannot_be_read_is_measured_again_and_kept_aside(tmp_pat
     with caplog.at_level(logging.WARNING):
         assert t.get(_key()) == good
         assert all(t.get(_key(m=m)) is None for m in bad)
-    assert "7 decision(s) cannot be read" in caplog.text
+    assert "8 decision(s) cannot be read" in caplog.text
     (aside,) = tmp_path.glob("dispatch.json.corrupt-*")
     assert aside.read_text() == text
     t.put(_key(m=4), dict(good, measured_m=[4, 4]))

@@ -12,7 +12,7 @@ import functools
 import os
 
 from tuner.runtime import driver
-from tuner.runtime.errors import NoGPUError
+from tuner.runtime.errors import NoGPUError, UsageError
 
 __all__ = ["NoGPUError", "device", "cublas"]
 
@@ -20,7 +20,11 @@ __all__ = ["NoGPUError", "device", "cublas"]
 @functools.cache
 def device(index: int | None = None) -> driver.Gpu:
     """The tuning GPU, its primary context made current on this thread (once per process)."""
-    index = int(os.environ.get("GEMM_TUNE_DEVICE", 0)) if index is None else index
+    if index is None:
+        text = os.environ.get("GEMM_TUNE_DEVICE", "0")
+        if not text.strip().isdigit():
+            raise UsageError(f"GEMM_TUNE_DEVICE={text!r} is not a GPU's index (0, 1, ...)")
+        index = int(text)
     try:
         g = driver.gpu(index)
     except NoGPUError as e:

@@ -381,14 +381,14 @@ class DispatchTable:
 
     def _read(self) -> dict:
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as e:
             log.warning("dispatch table %s is unreadable (%s): not used", self.path, e)
             return {}
         try:
-            data = json.loads(text)
+            data = json.loads(raw.decode())
             old = isinstance(data, dict) and data.get("schema")
             if type(old) is int and 1 <= old < TABLE_SCHEMA:
                 log.info("dispatch table %s is of schema %d: its decisions will be measured "
@@ -399,7 +399,7 @@ class DispatchTable:
                 raise ValueError("not a gemm-tune dispatch table of schema "
                                  f"{TABLE_SCHEMA}")
             return self._usable(data["decisions"])
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             with contextlib.suppress(OSError):
                 os.replace(self.path, aside)
@@ -448,7 +448,7 @@ def _times(x) -> bool:
     """A decision's figures: {name: milliseconds}."""
     return isinstance(x, dict) and all(
         isinstance(k, str) and isinstance(t, (int, float)) and not isinstance(t, bool)
-        and math.isfinite(t) for k, t in x.items())
+        and 0 <= t < 1e9 for k, t in x.items())  # (an int of 10**400 has no float)
 
 
 def malformed(d) -> str | None:
@@ -468,7 +468,7 @@ def malformed(d) -> str | None:
             return f"{field} {d[field]!r:.60}"
     ms = d.get("measured_m")
     if ms is not None and not (isinstance(ms, list) and len(ms) == 2 and all(
-            isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in ms)):
+            isinstance(m, int) and not isinstance(m, bool) and 0 <= m < 2**31 for m in ms)):
         return f"measured_m {ms!r:.60}"
     for field in ("date", "route", "pace", "gpu_alone"):
         if field in d and not isinstance(d[field], str):
