@@ -588,9 +588,12 @@ def test_the_default_buckets_are_powers_of_two_to_64_then_multiples_of_128():
     exact = MBuckets.parse("exact")
     assert exact.of(777) == (777, 777) and str(exact) == "exact"
     assert MBuckets.parse("1, 8, +100").of(50) == (9, 100)
+    # the last bucket below 2**31 ends at the largest M a kernel takes, not a step past it
+    assert b.of(2**31 - 1) == (2**31 - 127, 2**31 - 1)
 
 
-@pytest.mark.parametrize("spec", ["", "1,2,4", "4,2,+128", "1,2,+0", "0,+8", "a,+8", "+x"])
+@pytest.mark.parametrize("spec", ["", "1,2,4", "4,2,+128", "1,2,+0", "0,+8", "a,+8", "+x",
+                                  "1,2,+128,+5", "+99999999999999999999", "1,4294967296,+8"])
 def test_a_bad_bucket_spec_is_one_line(spec, monkeypatch):
     from tuner.runtime.errors import LibraryError
 

@@ -115,6 +115,14 @@ def test_without_recorded_times_the_work_orders_them():
     ("\n" + _line(4, 4, 4, 1, 1.0, dtype="int7"), "line 2: not a recorded problem (unknown dtype"),
     (_line(4, 4, 4, 1, 1.0, layout="xy"), "line 1: not a recorded problem"),
     (_line(4, 4, 4, -1, 1.0), "line 1: calls must be at least 0"),
+    (_line(4, 4, 4, 1e400, 1.0), "line 1: calls must be at least 0, a whole number (got inf"),
+    (_line(4, 4, 4, 2.7, 1.0), "line 1: calls must be at least 0, a whole number (got 2.7"),
+    (_line(4, 4, 4, 1, "x"), "line 1: ms must be milliseconds, at least 0 (got 'x'"),
+    (_line(4, 4, 4, 1, [1]), "line 1: ms must be milliseconds"),
+    (_line(4, 4, 4, 1, 1.0, gpu=["a"]), "line 1: gpu must name a GPU (got "),
+    (_line(4, 4, 4, 1, 1.0, batch=2.5), "line 1: not a recorded problem (--batch must be a "
+                                        "whole number (got 2.5"),
+    ("[" * 100_000 + "]" * 100_000, "line 1: not a recorded problem (maximum recursion depth"),
     ('{"dtype": "f32", "m": 4, "n": 4}', "line 1: not a recorded problem (no 'k' field"),
     ("# only a comment\n", "names no problem"),
 ])

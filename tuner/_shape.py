@@ -122,6 +122,8 @@ def parse_act(text: str) -> str:
 
 def parse_batch(value) -> int:
     try:
+        if isinstance(value, (bool, float)):  # a flag, or a count with a fraction
+            raise ValueError
         batch = int(value)
     except (TypeError, ValueError):
         raise UsageError(f"--batch must be a whole number (got {value!r})") from None

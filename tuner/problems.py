@@ -89,16 +89,21 @@ def _parse(line: str, where: str) -> tuple[Task, dict]:
         bias, act = parse_epilogue(d.get("epilogue", "none"), out)
         batch = parse_batch(d.get("batch", 1))
         shape = parse_shape(f"{d['m']}x{d['n']}x{d['k']}")
-        calls = int(d.get("calls", 1))
+        calls, ms, gpu = d.get("calls", 1), d.get("ms"), d.get("gpu")
         broadcast = bool(d.get("broadcast_b", False)) and batch > 1
     except KeyError as e:
         raise UsageError(f"{where}: not a recorded problem (no {e.args[0]!r} field)") from None
-    except (ValueError, TypeError, AttributeError, UsageError) as e:
-        raise UsageError(f"{where}: not a recorded problem ({e})") from None
-    if calls < 0:
-        raise UsageError(f"{where}: calls must be at least 0 (got {calls})")
+    except (ValueError, TypeError, AttributeError, UsageError, RecursionError) as e:
+        raise UsageError(f"{where}: not a recorded problem ({str(e)[:200]})") from None
+    if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
+        raise UsageError(f"{where}: calls must be at least 0, a whole number (got {calls!r:.40})")
+    if ms is not None and not (isinstance(ms, (int, float)) and not isinstance(ms, bool)
+                               and 0 <= ms < 1e15):
+        raise UsageError(f"{where}: ms must be milliseconds, at least 0 (got {ms!r:.40})")
+    if gpu is not None and not isinstance(gpu, str):
+        raise UsageError(f"{where}: gpu must name a GPU (got {gpu!r:.40})")
     task = Task(dtype, shape, Variant(layout, out, bias, act), batch, broadcast)
-    return task, dict(calls=calls, ms=d.get("ms"), gpu=d.get("gpu"))
+    return task, dict(calls=calls, ms=ms, gpu=gpu)
 
 
 def merge(lines, source: str = "problems", buckets=None) -> list[Problem]:

@@ -125,6 +125,10 @@ TABLE_SCHEMA = 3
 M_BUCKETS_ENV = "GEMM_TUNE_M_BUCKETS"
 
 
+#: the largest M, N, K or batch a kernel takes (32-bit indices)
+_INT32_MAX = 2**31 - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class MBuckets:
     """Which Ms share a dispatch decision: a bucket per `bounds` (1, 2, 3-4, 5-8 ... for
@@ -153,7 +157,8 @@ class MBuckets:
             bounds = tuple(int(x) for x in items)
         except ValueError:
             step = bounds = None
-        if step is None or step < 1 or any(b < 1 for b in bounds) \
+        if step is None or any(x.startswith("+") for x in items) \
+                or not 1 <= step <= _INT32_MAX or any(not 1 <= b <= _INT32_MAX for b in bounds) \
                 or list(bounds) != sorted(set(bounds)):
             raise LibraryError(f"M-buckets {text!r}: give increasing bounds and then +STEP "
                                "(\"1,2,4,8,16,32,64,+128\"), or \"exact\"")
@@ -172,7 +177,7 @@ class MBuckets:
             i = bisect.bisect_left(bounds, m)
             return (bounds[i - 1] + 1 if i else 1), bounds[i]
         hi = -(-m // self.step) * self.step
-        return max(hi - self.step, bounds[-1] if bounds else 0) + 1, hi
+        return max(hi - self.step, bounds[-1] if bounds else 0) + 1, min(hi, _INT32_MAX)
 
     def text(self, m: int) -> str:
         """The bucket of `m` in words: "33-64", or "1" for a bucket of one M."""
