@@ -117,6 +117,26 @@ def test_corrupt_cache_is_reported_and_kept(capsys, tmp_path):
     assert bad.read_text() == "{truncated"
 
 
+@pytest.mark.parametrize("scheme,content,said", [
+    ("sqlite:///", b"not a database\n", "is not an SQLite database"),
+    ("journal://", b"garbage\n", "is not an Optuna journal file"),
+    ("sqlite:///", b"", "no studies there (FILE is empty)"),
+    ("journal://", None, "no studies there (FILE is not there)"),
+])
+def test_status_of_a_file_that_holds_no_studies_is_one_line_and_leaves_it(
+        capsys, tmp_path, scheme, content, said):
+    """`status` reads a store: a file that is not one (or not there, or empty) is one line,
+    exit 2, and the file is as it was (an empty one had become a 114 KB database, a garbage
+    journal had read as no studies, exit 0)."""
+    f = tmp_path / "studies"
+    if content is not None:
+        f.write_bytes(content)
+    code, out, err = _run(capsys, "status", "--storage", f"{scheme}{f}")
+    assert code == 2 and said.replace("FILE", str(f)) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (f.read_bytes() if f.exists() else None) == content
+
+
 def test_importing_loads_no_gpu_package():
     code = ("import sys, codegen, tuner, tuner.cli, tuner.search, tuner.cache, tuner.dryrun, "
             "tuner.bench, tuner.gpu, tuner.runtime.cublas, tuner.runtime.call, tuner.runtime.runners; "

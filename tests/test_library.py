@@ -300,6 +300,19 @@ def test_report_draws_the_figures(lib, tmp_path, capsys):
     assert BIG.name in page and "46.1 TFLOP/s" in page
 
 
+def test_report_refuses_a_studies_file_that_is_not_sqlite_and_keeps_it(lib, tmp_path, capsys):
+    """A studies.db that is not an SQLite database is one line naming it (it had been a
+    94-line sqlalchemy traceback), read and left as it was."""
+    db = tmp_path / "art" / "studies.db"
+    db.parent.mkdir(exist_ok=True)
+    db.write_text("not a database\n")
+    assert main(["report", "--shape", "4096x4096x4096", "--library", str(lib.path),
+                 "--artifacts", str(tmp_path / "art"), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"studies {db} is not an SQLite database" in err[0], err
+    assert db.read_text() == "not a database\n"
+
+
 def test_reduce_pass_is_modelled_apart():
     """A split-K kernel's reduce time does not shrink with the tile and wave efficiency."""
     from codegen import KernelConfig

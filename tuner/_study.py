@@ -32,6 +32,7 @@ dropped connection); after that a :class:`StorageError` names the storage in one
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import queue
@@ -97,6 +98,31 @@ def _retry(fn: Callable, what: str, retry_s: float, where: str):
             delay = min(delay * 2, 5.0)
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def not_a_store(path, kind: str) -> str | None:
+    """Why the file at `path` cannot be a study store of `kind` ("sqlite" or "journal"),
+    or None: it is one, is empty or is not there (a new store). Read, never written."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+    except (FileNotFoundError, IsADirectoryError):
+        return None if not Path(path).is_dir() else "is a directory"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if not first:
+        return None
+    if kind == "sqlite":
+        return None if first.startswith(SQLITE_HEADER) else "is not an SQLite database"
+    try:
+        op = json.loads(first)
+    except ValueError:
+        op = None
+    return None if isinstance(op, dict) and "op_code" in op else \
+        "is not an Optuna journal file"
+
+
 def open_storage(url, retry_s: float = 60.0):
     """An Optuna storage from a URL: an RDB URL (sqlite:///FILE, postgresql+psycopg://...,
     postgresql://... is taken as psycopg's) or journal:///PATH (a journal file, for several
@@ -110,6 +136,9 @@ def open_storage(url, retry_s: float = 60.0):
     if file and file != ":memory:" and not Path(file).parent.is_dir():
         # a file in a directory that is not there never opens: say so now, not after retries
         raise UsageError(f"--storage {url}: {Path(file).parent} is not a directory")
+    if file and file != ":memory:" and (why := not_a_store(
+            file, "journal" if url.startswith("journal:") else "sqlite")):
+        raise UsageError(f"--storage {url}: {file} {why}")
     if url.startswith("journal:///"):
         from optuna.storages.journal import JournalFileBackend
 

@@ -28,8 +28,9 @@ def device(index: int | None = None) -> driver.Gpu:
     try:
         g = driver.gpu(index)
     except NoGPUError as e:
-        raise NoGPUError(f"timing needs a CUDA GPU, and here {e}. Without one, --dry-run "
-                         "generates, compiles and models the candidates") from None
+        raise NoGPUError(f"timing needs a CUDA GPU, and here {e}. Without one, `gemm-tune "
+                         "--shape MxNxK --dry-run` generates, compiles and models the "
+                         "candidates") from None
     driver.call("cuCtxSetCurrent", g.ctx)
     return g
 

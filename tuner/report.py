@@ -34,8 +34,12 @@ def peak_tflops(arch, dtype: DType) -> float:
 def _study(db: Path, name: str):
     import optuna
 
-    if not db.is_file():
+    if not db.is_file() or db.stat().st_size == 0:
         return None
+    from tuner._study import not_a_store
+
+    if (why := not_a_store(db, "sqlite")) is not None:
+        raise UsageError(f"studies {db} {why}: move it aside (a tune writes a new one)")
     try:
         return optuna.load_study(study_name=name, storage=f"sqlite:///{db.resolve()}")
     except KeyError:
