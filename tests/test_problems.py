@@ -462,3 +462,25 @@ def test_recorded_variants_are_tuned_through_a_fake_gpu_into_the_cache_and_libra
     assert tt.run_problems(_tune_args(tmp_path, force=True, sampler="tpe"), merge(lines[:1]),
                            art) == 0
     assert benches[-1].measured[0] == held
+
+
+def test_a_studies_file_that_is_not_sqlite_stops_a_tune_before_its_search(tmp_path):
+    """The artifacts' studies.db is written when a search ends: one that is not SQLite is
+    said before the search starts, in one line, and kept (saving the study had failed after
+    the whole search, with a traceback)."""
+    import tuner.tune as tt
+    from _fakes import VariantBenchmark
+    from codegen import parse_arch
+
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "studies.db").write_text("not a database\n")
+    dev = SimpleNamespace(name="Fake H200", cc=90, sm="sm_90", arch=parse_arch("sm_90"),
+                          l2_bytes=50 << 20)
+    task = Task(DType.F32, (64, 64, 64), Variant(Layout.NN, DType.F32, "none", "none"), 1)
+    bench = VariantBenchmark(task.shape, variant=task.variant)
+    with pytest.raises(UsageError, match=f"studies {art / 'studies.db'} is not an SQLite "
+                                         "database: move it aside") as e:
+        tt._tune_with(_tune_args(tmp_path), task, art, dev, "key", [bench])
+    assert "\n" not in str(e.value) and not bench.measured
+    assert (art / "studies.db").read_text() == "not a database\n"
