@@ -118,3 +118,25 @@ def test_a_tasks_key_carries_its_variant_and_batch():
     assert str(task_key("NVIDIA H200", 90, "13.0", "0123456789abcdef", t)) == (
         "NVIDIA H200|sm_90|cuda 13.0|0123456789abcdef|f16|nt|16x4096x4096|f16|out|gelu"
         "|batch 8 B shared")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_take_the_permissions_of_a_plain_open(tmp_path, umask, mode):
+    """A library, a bundle, the cache and the tables are written atomically: through a
+    temporary file that mkstemp makes 0600, which a library shared with a team, or a bundle
+    built by another user, could not be read through (every file had been 0600)."""
+    import os
+    import stat
+
+    from codegen._io import atomic_write, atomic_write_json
+
+    old = os.umask(umask)
+    try:
+        paths = [atomic_write(tmp_path / "a.cu", "// x\n"),
+                 atomic_write_json(tmp_path / "b.json", {})]
+        with open(tmp_path / "c.txt", "w"):
+            pass
+    finally:
+        os.umask(old)
+    for p in paths + [tmp_path / "c.txt"]:
+        assert stat.S_IMODE(p.stat().st_mode) == mode, p
