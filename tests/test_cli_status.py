@@ -11,7 +11,7 @@ import optuna
 
 from _fakes import FakeBenchmark
 from tuner.cli import build_parser, build_subparsers, main
-from tuner.search import search
+from tuner.search import open_storage, search
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -48,6 +48,7 @@ def test_readme_recipe_runs_as_written(tmp_path, compile_cache, capsys):
 
 
 def test_status_names_a_missing_study(tmp_path, capsys):
-    url = f"journal:///{tmp_path / 'none.log'}"
+    url = f"journal:///{tmp_path / 'studies.log'}"
+    optuna.create_study(study_name="another", storage=open_storage(url))
     assert main(["status", "--storage", url, "--study", "nope"]) == 2
     assert "no study 'nope'" in capsys.readouterr().err

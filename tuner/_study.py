@@ -98,23 +98,38 @@ def _retry(fn: Callable, what: str, retry_s: float, where: str):
             delay = min(delay * 2, 5.0)
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-
 def not_a_store(path, kind: str) -> str | None:
     """Why the file at `path` cannot be a study store of `kind` ("sqlite" or "journal"),
-    or None: it is one, is empty or is not there (a new store). Read, never written."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(1 << 20)
-    except (FileNotFoundError, IsADirectoryError):
-        return None if not Path(path).is_dir() else "is a directory"
-    except OSError as e:
-        return f"cannot be read ({e.strerror or e})"
-    if not first:
+    or None: it is one, is empty or is not there (a new store). Read, never written. An
+    SQLite file is asked through SQLite itself, read-only: a plain open() and close() of it
+    would drop every POSIX lock this process's own SQLite connections hold on it (close()
+    releases a process's locks on the file), and another process could then write under
+    them (SQLite's "how to corrupt a database", 2.2)."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory"
+    if not path.is_file() or path.stat().st_size == 0:
         return None
     if kind == "sqlite":
-        return None if first.startswith(SQLITE_HEADER) else "is not an SQLite database"
+        import sqlite3
+        import urllib.parse
+
+        try:
+            con = sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro",
+                                  uri=True, timeout=30)
+            try:
+                con.execute("PRAGMA schema_version").fetchone()
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as e:  # (a lock held elsewhere is not the file's fault)
+            if "not a database" in str(e) or "malformed" in str(e):
+                return "is not an SQLite database"
+        return None
+    try:
+        with open(path, "rb") as f:  # (a journal's locks are files of their own)
+            first = f.readline(1 << 20)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
     try:
         op = json.loads(first)
     except ValueError:
