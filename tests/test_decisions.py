@@ -588,8 +588,11 @@ def test_the_default_buckets_are_powers_of_two_to_64_then_multiples_of_128():
     exact = MBuckets.parse("exact")
     assert exact.of(777) == (777, 777) and str(exact) == "exact"
     assert MBuckets.parse("1, 8, +100").of(50) == (9, 100)
-    # the last bucket below 2**31 ends at the largest M a kernel takes, not a step past it
-    assert b.of(2**31 - 1) == (2**31 - 127, 2**31 - 1)
+    # the last bucket ends at the largest M a kernel takes (MAX_DIM), not a step past it
+    from codegen.families._common import MAX_DIM
+
+    assert b.of(MAX_DIM - 5) == b.of(MAX_DIM) == (MAX_DIM - 127, MAX_DIM)
+    assert MBuckets.parse("1,+1000").of(MAX_DIM - 5)[1] == MAX_DIM
 
 
 @pytest.mark.parametrize("spec", ["", "1,2,4", "4,2,+128", "1,2,+0", "0,+8", "a,+8", "+x",

@@ -15,6 +15,7 @@ import pytest
 from _export_library import kernels, variant_library
 from _library import BIG, SMALL
 from codegen import DType
+from codegen.config import config_from_name
 from codegen.families._common import Variant
 from tuner.cli import main
 from tuner.runtime.dispatch import FULL_ALIGN, MAX_KERNEL_BATCH, describe
@@ -88,6 +89,21 @@ def test_export_builds_with_nvcc(bundle):
     assert f"gemm_tuned_launch_{BIG.name}" in dispatch and "{ 4096, 4096, 4096, 1, " in dispatch
     assert "{ 512, 512, 512, 8, " in dispatch  # an entry's batch is part of its key
     assert (out / "libgemm_tuned.so").stat().st_size > 10000
+    # each entry names the GPU model it was tuned on (the exact rule asks for the same
+    # model, as Python's), and the header lists them
+    gpus = sorted({e["gpu"] for e in lib.manifest["entries"]})
+    assert "const char* const kGpus[] = {\n" + "".join(f'    "{g}",\n' for g in gpus) \
+        + "};" in dispatch
+    assert f"for sm_90 (tuned on {', '.join(gpus)})." in (out / "gemm_tuned.h").read_text()
+    rows = re.findall(r"\{ (\d+), (\d+), (\d+), (\d+), \d+, \d+, [\d.e+]+, (\d+) \},", dispatch)
+    assert len(rows) == len(lib.manifest["entries"])
+    assert {int(r[4]) for r in rows} == set(range(len(gpus)))
+    # a split-K reduce pass runs only after its main kernel launched
+    reduce = next(k for k in lib.manifest["entries"] if config_from_name(k["kernel"]).reduce_pass)
+    launcher = (out / "kernels" / f"{reduce['kernel']}.cu").read_text()
+    main_at = launcher.index(f"    {reduce['kernel']}<<<grid")
+    assert launcher.index("    e = cudaGetLastError();\n    if (e == cudaSuccess) {", main_at) \
+        < launcher.index(f"{reduce['kernel']}_reduce<<<", main_at)
     # a cluster along N (A multicast) counts its tiles in pairs of columns, as tiles() does
     xn = kernels()["wgmma_ts_tt_f16_biasf32"][0]
     launcher = (out / "kernels" / f"{xn.name}.cu").read_text()
@@ -243,6 +259,8 @@ def test_the_plain_queries_are_the_plain_variants(bundle):
     (dict(batch=2, sC=512 * 512 - 1), INVALID_VALUE),  # the problems' C overlap
     (dict(batch=2, sA=-1, sC=512 * 512), INVALID_VALUE),
     (dict(A=0), INVALID_VALUE),
+    (dict(M=2**31 - 4095, lda=4096, transa=0), INVALID_VALUE),  # past MAX_DIM: 32-bit tiles
+    (dict(K=2**31 - 1, lda=2**31 - 1, ldb=2**31 - 1), INVALID_VALUE),
     (dict(transa=1, lda=512), NOT_SUPPORTED),  # f16 tn, f16 C, bias + gelu: none exported
     (dict(act=3), NOT_SUPPORTED),
     (dict(Ctype=CUDA_TYPE["f32"], bias_type=CUDA_TYPE["f32"]), NOT_SUPPORTED),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
-from codegen.families._common import ACTIVATIONS, BIASES, OUT_DTYPES, Variant
+from codegen.families._common import ACTIVATIONS, BIASES, MAX_DIM, OUT_DTYPES, Variant
 
 INT32_MAX = 2**31 - 1
 _SHAPE_RE = re.compile(r"^\s*(-?\d+)\s*[xX*,]\s*(-?\d+)\s*[xX*,]\s*(-?\d+)\s*$")
@@ -28,8 +28,8 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     for label, v in zip("MNK", dims):
         if v < 1:
             raise UsageError(f"{label} must be at least 1 (got {v} in {text!r})")
-        if v > INT32_MAX:
-            raise UsageError(f"{label}={v} exceeds the largest supported size {INT32_MAX}")
+        if v > MAX_DIM:
+            raise UsageError(f"{label}={v} exceeds the largest supported size {MAX_DIM}")
     return dims  # type: ignore[return-value]
 
 

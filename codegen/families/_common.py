@@ -84,6 +84,9 @@ class Layout(enum.Enum):
 OUT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 #: the bias vector (length N, added to every row of C): none, of C's type, or fp32
 BIASES = ("none", "out", "f32")
+#: the largest M, N or K a kernel takes: its tile counts, (M + BM - 1) / BM, and tile
+#: origins are 32-bit (a tile is at most 256 rows; split-K slices and clusters stay inside)
+MAX_DIM = 2**31 - 4096
 #: the activation the epilogue applies last, in FP32 (gelu: the erf form; gelu_tanh: the
 #: tanh approximation, as torch's approximate="tanh")
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")

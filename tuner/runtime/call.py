@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from codegen.config import DType, Layout
-from codegen.families._common import ACTIVATIONS, Variant
+from codegen.families._common import ACTIVATIONS, MAX_DIM, Variant
 from tuner.runtime import driver, fast
 from tuner.runtime.errors import LibraryError, Unsupported
 from tuner.runtime.manifest import static_b_twin
@@ -801,6 +801,9 @@ def check_call(a: Operand, b: Operand, c: Operand | None) -> tuple[int, int, int
         raise LibraryError(f"A is {_size(a)} and B is {_size(b)}: "
                            "A's columns must equal B's rows")
     m, n, k = a.rows, b.cols, a.cols
+    if max(m, n, k) > MAX_DIM:
+        raise LibraryError(f"A @ B is {m}x{n}x{k} (M x N x K): no size may exceed {MAX_DIM} "
+                           "(the kernels' tile counts are 32-bit)")
     batch = 0 if 0 in (a.batch, b.batch) else max(a.batch, b.batch)
     if a.batch not in (1, batch) or b.batch not in (1, batch):
         raise LibraryError(f"A is a batch of {a.batch} and B a batch of {b.batch}: batches "

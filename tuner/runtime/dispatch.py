@@ -84,7 +84,7 @@ from pathlib import Path
 from codegen._io import atomic_write_json, file_lock
 from codegen.arch import ARCHS, parse_arch
 from codegen.config import DType, config_from_name
-from codegen.families._common import Variant
+from codegen.families._common import MAX_DIM, Variant
 from codegen.occupancy import occupancy
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.manifest import as_variant, entry_batch
@@ -125,7 +125,7 @@ TABLE_SCHEMA = 3
 M_BUCKETS_ENV = "GEMM_TUNE_M_BUCKETS"
 
 
-#: the largest M, N, K or batch a kernel takes (32-bit indices)
+#: the largest bound or step of M-buckets
 _INT32_MAX = 2**31 - 1
 
 
@@ -177,7 +177,7 @@ class MBuckets:
             i = bisect.bisect_left(bounds, m)
             return (bounds[i - 1] + 1 if i else 1), bounds[i]
         hi = -(-m // self.step) * self.step
-        return max(hi - self.step, bounds[-1] if bounds else 0) + 1, min(hi, _INT32_MAX)
+        return max(hi - self.step, bounds[-1] if bounds else 0) + 1, max(m, min(hi, MAX_DIM))
 
     def text(self, m: int) -> str:
         """The bucket of `m` in words: "33-64", or "1" for a bucket of one M."""

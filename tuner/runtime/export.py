@@ -102,7 +102,8 @@ def _kernel_values(cfg, res: dict, limits) -> dict:
     return v
 
 
-def _group(dtype: DType, variant: Variant, entries: list[dict], index: dict) -> dict:
+def _group(dtype: DType, variant: Variant, entries: list[dict], index: dict,
+           gpus: list[str]) -> dict:
     """One dispatch table: the entries of an input type and variant, in manifest order (the
     order Python's rule meets them in)."""
     rows, first = [], {}
@@ -110,7 +111,7 @@ def _group(dtype: DType, variant: Variant, entries: list[dict], index: dict) -> 
         first.setdefault(e["kernel"], len(rows))
         rows.append(dict(m=e["m"], n=e["n"], k=e["k"], batch=entry_batch(e),
                          kernel=index[e["kernel"]], first=first[e["kernel"]],
-                         tflops=e["tflops"]))
+                         tflops=e["tflops"], gpu=gpus.index(e["gpu"])))
     plain = next((f for d, f, _ in EXPORTED if d is dtype), None) if variant.plain else None
     bias_t = variant.out if variant.bias == "out" else DType.F32
     return dict(dtype=dtype.short, cpp=dtype.cpp, a_t=_CUDA_TYPE[dtype],
@@ -174,12 +175,13 @@ def export(lib: Library, out: Path, arch: str | None = None) -> Path:
     for e in entries:
         by_key[(e["dtype"], entry_variant(e))].append(e)
     order = [d.short for d, _, _ in EXPORTED]
-    groups = [_group(DType.from_short(d), v, rows, index)
+    gpus = sorted({e["gpu"] for e in entries})
+    groups = [_group(DType.from_short(d), v, rows, index, gpus)
               for (d, v), rows in sorted(by_key.items(),
                                          key=lambda kv: (order.index(kv[0][0]), kv[0][1].key))]
     # wgmma (and any sm_XXa kernel) needs the architecture-specific target for the bundle
     target = f"{arch}a" if any(k["tma"] for k in kernels) else arch
-    values = dict(arch=arch, target=target, cc=limits.cc, gpu=entries[0]["gpu"],
+    values = dict(arch=arch, target=target, cc=limits.cc, gpus=gpus,
                   kernels=kernels, groups=groups,
                   plain=[dict(entry=f, ptr_t=p, a_t=_CUDA_TYPE[d], c_ptr_t=_C_NAME.get(d, p))
                          for d, f, p in EXPORTED],

@@ -31,7 +31,7 @@ from codegen._io import atomic_write, atomic_write_json, file_lock
 from codegen.arch import parse_arch
 from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
-from codegen.families._common import ACTIVATIONS, BIASES, Variant
+from codegen.families._common import ACTIVATIONS, BIASES, MAX_DIM, Variant
 from tuner.runtime.errors import LibraryError, UsageError
 
 __all__ = ["SCHEMA", "Manifest", "ENTRY_KEY", "ENTRY_DEFAULTS", "entry_variant", "entry_batch",
@@ -74,7 +74,8 @@ _ENTRY_FIELDS = {
     "gpu": lambda x: isinstance(x, str), "cc": lambda x: _whole(x, 10),
     "arch": lambda x: isinstance(x, str), "kernel": lambda x: isinstance(x, str),
     "dtype": lambda x: x in {d.short for d in DType},
-    "m": lambda x: _whole(x, 1), "n": lambda x: _whole(x, 1), "k": lambda x: _whole(x, 1),
+    "m": lambda x: _whole(x, 1, MAX_DIM), "n": lambda x: _whole(x, 1, MAX_DIM),
+    "k": lambda x: _whole(x, 1, MAX_DIM),
     "tflops": lambda x: _real(x) and x > 0, "cublas_tflops": _real, "ratio": _real,
 }
 #: ... and those an entry may lack (ENTRY_DEFAULTS), or hold as a record of its tune
