@@ -110,6 +110,10 @@ def test_export_builds_with_nvcc(bundle):
     assert xn.cluster_shape == (1, 2) and "(a cluster's blocks lie along N)" in launcher
     assert "const unsigned long long tiles = static_cast<unsigned long long>((tiles_m + 1 - 1) / 1)\n" \
            "        * ((tiles_n + 2 - 1) / 2) * batch;" in launcher
+    # a map the driver will not build: NotSupported without an encoder, else InvalidValue
+    assert launcher.count("        return map_error(r);") == 2  # A and B's, C's
+    assert "return r == CUDA_ERROR_NOT_FOUND ? cudaErrorNotSupported : cudaErrorInvalidValue;" \
+        in launcher
     # stream-K sizes its workspace by the grid it launches (the SMs, persistent)
     sk = kernels()["wgmma_nt_f16_streamk"][0]
     launcher = (out / "kernels" / f"{sk.name}.cu").read_text()
