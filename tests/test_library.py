@@ -175,6 +175,7 @@ def _with(**kw):
     ("entries", _with(m=0), "entry 0 has m 0"),
     ("entries", _with(k=2**40), "entry 0 has k 1099511627776"),
     ("entries", _with(tflops="fast"), "entry 0 has tflops 'fast'"),
+    ("entries", _with(tflops=10**400), "entry 0 has tflops 1000"),  # no float holds it
     ("entries", _with(ratio=None), "entry 0 has ratio None"),
     ("entries", _with(cc="90"), "entry 0 has cc '90'"),
     ("entries", _with(layout="zz"), "entry 0 has layout 'zz'"),

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
-from codegen.families._common import ACTIVATIONS, BIASES, MAX_DIM, OUT_DTYPES, Variant
-
-INT32_MAX = 2**31 - 1
+from codegen.families._common import (
+    ACTIVATIONS, BIASES, INT32_MAX, MAX_DIM, OUT_DTYPES, Variant,
+)
 _SHAPE_RE = re.compile(r"^\s*(-?\d+)\s*[xX*,]\s*(-?\d+)\s*[xX*,]\s*(-?\d+)\s*$")
 
 

@@ -138,6 +138,23 @@ def not_a_store(path, kind: str) -> str | None:
         "is not an Optuna journal file"
 
 
+def storage_file(url) -> Path | None:
+    """The file a storage URL names (sqlite:///FILE, journal:///PATH), or None (a server,
+    an in-memory database, a storage object)."""
+    if not isinstance(url, str):
+        return None
+    file = (url[len("sqlite:///"):] if url.startswith("sqlite:///")
+            else url[len("journal://"):] if url.startswith("journal:///") else None)
+    return Path(file) if file and file != ":memory:" else None
+
+
+def check_studies_file(db: Path) -> None:
+    """UsageError (one line) where the artifacts' studies.db is there and not an SQLite
+    database: a tune would fail to save its study into it, report to read one."""
+    if (why := not_a_store(db, "sqlite")) is not None:
+        raise UsageError(f"studies {db} {why}: move it aside (a tune writes a new one)")
+
+
 def open_storage(url, retry_s: float = 60.0):
     """An Optuna storage from a URL: an RDB URL (sqlite:///FILE, postgresql+psycopg://...,
     postgresql://... is taken as psycopg's) or journal:///PATH (a journal file, for several
@@ -146,18 +163,16 @@ def open_storage(url, retry_s: float = 60.0):
 
     if not isinstance(url, str):
         return url
-    file = (url[len("sqlite:///"):] if url.startswith("sqlite:///")
-            else url[len("journal://"):] if url.startswith("journal:///") else None)
-    if file and file != ":memory:" and not Path(file).parent.is_dir():
+    file = storage_file(url)
+    if file and not file.parent.is_dir():
         # a file in a directory that is not there never opens: say so now, not after retries
-        raise UsageError(f"--storage {url}: {Path(file).parent} is not a directory")
-    if file and file != ":memory:" and (why := not_a_store(
-            file, "journal" if url.startswith("journal:") else "sqlite")):
+        raise UsageError(f"--storage {url}: {file.parent} is not a directory")
+    if file and (why := not_a_store(file, "journal" if url.startswith("journal:") else "sqlite")):
         raise UsageError(f"--storage {url}: {file} {why}")
     if url.startswith("journal:///"):
         from optuna.storages.journal import JournalFileBackend
 
-        path = url[len("journal://"):]
+        path = str(file)
         return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=_FairLock(path)))
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 from codegen.config import DType, Family, config_from_dict, config_from_name
 from codegen.errors import ToolchainError, UsageError
@@ -364,14 +363,12 @@ def cmd_status(args, console) -> int:
     """`gemm-tune status --storage URL [--study NAME]`: what a shared study holds."""
     from rich.table import Table
 
-    from tuner._study import describe, open_storage, study_state
+    from tuner._study import describe, open_storage, storage_file, study_state
 
-    url = str(args.storage)
-    prefix = next((p for p in ("sqlite:///", "journal://") if url.startswith(p)), None)
-    file = Path(url[len(prefix):]) if prefix else None
+    file = storage_file(args.storage)
     if file is not None and (not file.is_file() or file.stat().st_size == 0):
         # (opening it would make a new, empty store of it)
-        raise UsageError(f"--storage {describe(url)}: no studies there ({file} is "
+        raise UsageError(f"--storage {describe(args.storage)}: no studies there ({file} is "
                          f"{'empty' if file.is_file() else 'not there'})")
     rows = study_state(open_storage(args.storage, retry_s=10.0), args.study)
     if args.json:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from codegen.config import DType, Layout
 from codegen.errors import UsageError
-from codegen.families._common import Variant
+from codegen.families._common import Variant, quantity, whole
 from tuner._shape import Task, parse_batch, parse_epilogue, parse_layout, parse_out, parse_shape
 
 __all__ = ["Problem", "read_problems", "merge"]
@@ -95,10 +95,9 @@ def _parse(line: str, where: str) -> tuple[Task, dict]:
         raise UsageError(f"{where}: not a recorded problem (no {e.args[0]!r} field)") from None
     except (ValueError, TypeError, AttributeError, UsageError, RecursionError) as e:
         raise UsageError(f"{where}: not a recorded problem ({str(e)[:200]})") from None
-    if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
+    if not whole(calls, 0):
         raise UsageError(f"{where}: calls must be at least 0, a whole number (got {calls!r:.40})")
-    if ms is not None and not (isinstance(ms, (int, float)) and not isinstance(ms, bool)
-                               and 0 <= ms < 1e15):
+    if ms is not None and not quantity(ms):
         raise UsageError(f"{where}: ms must be milliseconds, at least 0 (got {ms!r:.40})")
     if gpu is not None and not isinstance(gpu, str):
         raise UsageError(f"{where}: gpu must name a GPU (got {gpu!r:.40})")

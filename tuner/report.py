@@ -36,10 +36,9 @@ def _study(db: Path, name: str):
 
     if not db.is_file() or db.stat().st_size == 0:
         return None
-    from tuner._study import not_a_store
+    from tuner._study import check_studies_file
 
-    if (why := not_a_store(db, "sqlite")) is not None:
-        raise UsageError(f"studies {db} {why}: move it aside (a tune writes a new one)")
+    check_studies_file(db)
     try:
         return optuna.load_study(study_name=name, storage=f"sqlite:///{db.resolve()}")
     except KeyError:

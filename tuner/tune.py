@@ -490,13 +490,10 @@ def _tune_with(args, task: Task, artifacts, dev, key, workers, began: float | No
     from tuner.bench import baseline_label
     from tuner.search import confirm, save_study, search
 
-    shape, dtype = task.shape, task.dtype
-    from tuner._study import not_a_store
+    from tuner._study import check_studies_file
 
-    if (why := not_a_store(artifacts / "studies.db", "sqlite")) is not None:
-        # said before the search, not after it (where saving the study would fail)
-        raise UsageError(f"studies {artifacts / 'studies.db'} {why}: move it aside (a tune "
-                         "writes a new one)")
+    shape, dtype = task.shape, task.dtype
+    check_studies_file(artifacts / "studies.db")  # before the search, not when saving it
     bench = workers[0]
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(),
                TextColumn("pruned {task.fields[pruned]} failed {task.fields[failed]} "

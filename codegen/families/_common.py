@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import numbers
 import re
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -87,6 +88,22 @@ BIASES = ("none", "out", "f32")
 #: the largest M, N or K a kernel takes: its tile counts, (M + BM - 1) / BM, and tile
 #: origins are 32-bit (a tile is at most 256 rows; split-K slices and clusters stay inside)
 MAX_DIM = 2**31 - 4096
+#: the largest count a kernel's 32-bit arguments take (a batch, an M-bucket's bound)
+INT32_MAX = 2**31 - 1
+
+
+def whole(x, low: int | None = None, high: int | None = None) -> bool:
+    """Is `x` a whole number (an int, numpy's too, not a bool), within [low, high] where
+    given? What a size, count or index read from a user or a file must be."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) \
+        and (low is None or x >= low) and (high is None or x <= high)
+
+
+def quantity(x, high: float = 1e15) -> bool:
+    """Is `x` a measured amount (TFLOP/s, milliseconds) as a file may hold it: a real
+    number, not a bool, at least 0 and below `high` (NaN, infinities and an int too large
+    for a float are not)?"""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 <= x < high
 #: the activation the epilogue applies last, in FP32 (gelu: the erf form; gelu_tanh: the
 #: tanh approximation, as torch's approximate="tanh")
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")

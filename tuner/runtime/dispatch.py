@@ -84,7 +84,7 @@ from pathlib import Path
 from codegen._io import atomic_write_json, file_lock
 from codegen.arch import ARCHS, parse_arch
 from codegen.config import DType, config_from_name
-from codegen.families._common import MAX_DIM, Variant
+from codegen.families._common import INT32_MAX, MAX_DIM, Variant, quantity, whole
 from codegen.occupancy import occupancy
 from tuner.runtime.errors import LibraryError
 from tuner.runtime.manifest import as_variant, entry_batch
@@ -125,10 +125,6 @@ TABLE_SCHEMA = 3
 M_BUCKETS_ENV = "GEMM_TUNE_M_BUCKETS"
 
 
-#: the largest bound or step of M-buckets
-_INT32_MAX = 2**31 - 1
-
-
 @dataclasses.dataclass(frozen=True)
 class MBuckets:
     """Which Ms share a dispatch decision: a bucket per `bounds` (1, 2, 3-4, 5-8 ... for
@@ -158,7 +154,7 @@ class MBuckets:
         except ValueError:
             step = bounds = None
         if step is None or any(x.startswith("+") for x in items) \
-                or not 1 <= step <= _INT32_MAX or any(not 1 <= b <= _INT32_MAX for b in bounds) \
+                or not all(whole(x, 1, INT32_MAX) for x in (step, *bounds)) \
                 or list(bounds) != sorted(set(bounds)):
             raise LibraryError(f"M-buckets {text!r}: give increasing bounds and then +STEP "
                                "(\"1,2,4,8,16,32,64,+128\"), or \"exact\"")
@@ -405,12 +401,16 @@ class DispatchTable:
                                  f"{TABLE_SCHEMA}")
             return self._usable(data["decisions"])
         except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            aside = self._aside()
             with contextlib.suppress(OSError):
                 os.replace(self.path, aside)
             log.warning("dispatch table %s is corrupt (%s): set aside as %s; decisions "
                         "will be measured again", self.path, e, aside.name)
             return {}
+
+    def _aside(self) -> Path:
+        """Where a corrupt table (or a copy of one) is set aside."""
+        return self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
 
     def _usable(self, decisions: dict) -> dict:
         """The decisions that can be read (:func:`malformed`); where some cannot, the file
@@ -419,7 +419,7 @@ class DispatchTable:
         bad = {key: why for key, d in decisions.items() if (why := malformed(d))}
         if bad and self.path not in _SET_ASIDE:
             _SET_ASIDE.add(self.path)
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            aside = self._aside()
             with contextlib.suppress(OSError):
                 shutil.copyfile(self.path, aside)
             key, why = next(iter(bad.items()))
@@ -451,9 +451,8 @@ _SET_ASIDE: set = set()
 
 def _times(x) -> bool:
     """A decision's figures: {name: milliseconds}."""
-    return isinstance(x, dict) and all(
-        isinstance(k, str) and isinstance(t, (int, float)) and not isinstance(t, bool)
-        and 0 <= t < 1e9 for k, t in x.items())  # (an int of 10**400 has no float)
+    return isinstance(x, dict) and all(isinstance(k, str) and quantity(t, 1e9)
+                                       for k, t in x.items())
 
 
 def malformed(d) -> str | None:
@@ -461,9 +460,11 @@ def malformed(d) -> str | None:
     if not isinstance(d, dict):
         return f"a {type(d).__name__}, not a decision"
     kernel = d.get("kernel")
+    if kernel is not None and not isinstance(kernel, str):
+        return f"kernel {kernel!r:.40}"
     if kernel is not None:
         try:
-            config_from_name(kernel if isinstance(kernel, str) else repr(kernel))
+            config_from_name(kernel)
         except Exception as e:  # noqa: BLE001 (any way a name fails to parse)
             return f"kernel {kernel!r}: {e}"
     if not _times(d.get("measured_ms")):
@@ -472,8 +473,8 @@ def malformed(d) -> str | None:
         if d.get(field) is not None and not _times(d[field]):
             return f"{field} {d[field]!r:.60}"
     ms = d.get("measured_m")
-    if ms is not None and not (isinstance(ms, list) and len(ms) == 2 and all(
-            isinstance(m, int) and not isinstance(m, bool) and 0 <= m < 2**31 for m in ms)):
+    if ms is not None and not (isinstance(ms, list) and len(ms) == 2
+                               and all(whole(m, 0, INT32_MAX) for m in ms)):
         return f"measured_m {ms!r:.60}"
     for field in ("date", "route", "pace", "gpu_alone"):
         if field in d and not isinstance(d[field], str):

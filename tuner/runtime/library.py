@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from codegen.config import DType, Layout, config_from_name
-from codegen.families._common import BIASES, Variant
+from codegen.families._common import BIASES, Variant, whole
 from tuner.runtime import call, driver, measure
 from tuner.runtime.dispatch import (
     FULL_ALIGN, Case, Choice, Dispatcher, MBuckets, ld_class, packed_ld,
@@ -496,10 +496,6 @@ def _torch_sees_a_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _whole(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def _check_shape_question(sizes: dict, device, gpu, layout, bias, activation, ld, align,
                           route) -> None:
     """explain(m, n, k, ...)'s arguments as gemm would take them; LibraryError (one line)
@@ -508,9 +504,9 @@ def _check_shape_question(sizes: dict, device, gpu, layout, bias, activation, ld
         raise LibraryError(f"explain: {what}")
 
     for name, v in sizes.items():
-        if not _whole(v):
+        if not whole(v):
             refuse(f"{name} must be a whole number (got {type(v).__name__} {v!r:.40})")
-    if device is not None and not _whole(device):
+    if device is not None and not whole(device):
         refuse(f"device must be a GPU's index (got {device!r:.40})")
     if gpu is not None and not isinstance(gpu, str):
         refuse(f"gpu must name a GPU model, e.g. \"H200\" (got {gpu!r:.40})")
@@ -521,9 +517,9 @@ def _check_shape_question(sizes: dict, device, gpu, layout, bias, activation, ld
         refuse(f"bias {bias!r:.40} is not one of {', '.join(BIASES)}")
     if activation is not None:
         call._activation(activation)
-    for name, v, ok in (("ld", ld, _whole), ("align", align, lambda a: a in (1, 2, 4, 8, 16))):
+    for name, v, ok in (("ld", ld, whole), ("align", align, lambda a: a in (1, 2, 4, 8, 16))):
         if v is not None and not (isinstance(v, (tuple, list)) and len(v) == 3
-                                  and all(_whole(x) and ok(x) for x in v)):
+                                  and all(whole(x) and ok(x) for x in v)):
             refuse(f"{name} must be three whole numbers for A, B and C"
                    + (" among 1, 2, 4, 8 and 16 (bytes)" if name == "align" else "")
                    + f" (got {v!r:.40})")

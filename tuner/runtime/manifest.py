@@ -24,14 +24,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 from pathlib import Path
 
 from codegen._io import atomic_write, atomic_write_json, file_lock
 from codegen.arch import parse_arch
 from codegen.check import check
 from codegen.config import DType, Layout, config_from_dict, config_from_name
-from codegen.families._common import ACTIVATIONS, BIASES, MAX_DIM, Variant
+from codegen.families._common import (
+    ACTIVATIONS, BIASES, INT32_MAX, MAX_DIM, Variant, quantity, whole,
+)
 from tuner.runtime.errors import LibraryError, UsageError
 
 __all__ = ["SCHEMA", "Manifest", "ENTRY_KEY", "ENTRY_DEFAULTS", "entry_variant", "entry_batch",
@@ -57,33 +58,21 @@ def _same(a: dict, b: dict) -> bool:
     return all(_field(a, f) == _field(b, f) for f in ENTRY_KEY)
 
 
-_INT32_MAX = 2**31 - 1
-
-
-def _whole(x, low: int = 0, high: int = _INT32_MAX) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
-
-
-def _real(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) \
-        and x >= 0
-
-
 #: an entry's fields that every reader takes, and what each must be
 _ENTRY_FIELDS = {
-    "gpu": lambda x: isinstance(x, str), "cc": lambda x: _whole(x, 10),
+    "gpu": lambda x: isinstance(x, str), "cc": lambda x: whole(x, 10, INT32_MAX),
     "arch": lambda x: isinstance(x, str), "kernel": lambda x: isinstance(x, str),
     "dtype": lambda x: x in {d.short for d in DType},
-    "m": lambda x: _whole(x, 1, MAX_DIM), "n": lambda x: _whole(x, 1, MAX_DIM),
-    "k": lambda x: _whole(x, 1, MAX_DIM),
-    "tflops": lambda x: _real(x) and x > 0, "cublas_tflops": _real, "ratio": _real,
+    "m": lambda x: whole(x, 1, MAX_DIM), "n": lambda x: whole(x, 1, MAX_DIM),
+    "k": lambda x: whole(x, 1, MAX_DIM),
+    "tflops": lambda x: quantity(x) and x > 0, "cublas_tflops": quantity, "ratio": quantity,
 }
 #: ... and those an entry may lack (ENTRY_DEFAULTS), or hold as a record of its tune
 _ENTRY_OPTIONAL = {
     "layout": lambda x: x in {v.value for v in Layout},
     "out": lambda x: x in ("f32", "f16", "bf16"),
     "bias": lambda x: x in BIASES, "act": lambda x: x in ACTIVATIONS,
-    "batch": lambda x: _whole(x, 1), "broadcast_b": lambda x: isinstance(x, bool),
+    "batch": lambda x: whole(x, 1, INT32_MAX), "broadcast_b": lambda x: isinstance(x, bool),
     "date": lambda x: isinstance(x, str), "resources": lambda x: isinstance(x, dict),
     "timing": lambda x: isinstance(x, dict), "cublas_timing": lambda x: isinstance(x, dict),
     "stats": lambda x: isinstance(x, dict), "top": lambda x: isinstance(x, list),

@@ -20,11 +20,11 @@ else the legacy default stream (0).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import numpy as np
 
 from codegen.config import DType
+from codegen.families._common import whole
 from tuner.runtime.errors import DriverError, LibraryError
 
 __all__ = ["Operand", "operand", "bias_operand", "resolve_stream", "same_device", "empty_like",
@@ -243,9 +243,6 @@ def operand(x, name: str, writable: bool = False, inputs: bool = False) -> Opera
 def _interface(cai, name: str) -> tuple:
     """(element dtype, shape, byte strides or None, pointer, read-only) of a
     __cuda_array_interface__ dict; a one-line error where it is not one."""
-    def whole(v) -> bool:
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
     try:
         typ = np.dtype(cai["typestr"])
         shape, strides, (ptr, readonly) = tuple(cai["shape"]), cai.get("strides"), cai["data"]
@@ -253,7 +250,7 @@ def _interface(cai, name: str) -> tuple:
     except (TypeError, KeyError, ValueError) as e:
         raise _error(f"{name}'s __cuda_array_interface__ is malformed ({type(e).__name__}: "
                      f"{e})") from None
-    if not (all(whole(v) and v >= 0 for v in shape) and whole(ptr)
+    if not (all(whole(v, 0) for v in shape) and whole(ptr)
             and (strides is None or (len(strides) == len(shape)
                                      and all(whole(v) for v in strides)))):
         raise _error(f"{name}'s __cuda_array_interface__ is malformed (shape {shape}, "
@@ -330,9 +327,7 @@ def stream_handle(stream) -> int:
     """An int handle of any stream object gemm-tune's callers use: a CUstream's address
     (0: the legacy default stream; 1 and 2, the per-thread and legacy default stream
     handles), so 0 to 2**64 - 1."""
-    if isinstance(stream, bool):
-        handle = None  # a flag passed in the stream's place
-    elif isinstance(stream, numbers.Integral):
+    if whole(stream):  # (not a bool: a flag passed in the stream's place)
         handle = int(stream)
     elif hasattr(stream, "__cuda_stream__"):  # the CUDA Python stream protocol
         handle = int(stream.__cuda_stream__()[1])
